@@ -1,0 +1,1 @@
+"""aiayn: lightning_modules."""
