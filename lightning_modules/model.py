@@ -1,0 +1,352 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3, in plain PyTorch.
+
+Read top to bottom against the paper: config, scaled dot-product and multi-head attention
+(Eq. 1, Fig. 2, §3.2), position-wise FFN (Eq. 2, §3.3), positional encodings (§3.5), encoder and
+decoder layers and stacks (§3.1, Fig. 1), tied embeddings × √d_model (§3.4), and incremental
+decoding with a key/value cache. No Lightning here: training lives in `lightning_modules.module`.
+
+The paper is the default. Every deviation is one named config field and is said where it acts:
+`norm_first` (pre-LN instead of the paper's post-LN), `pe="none"` and `pe="rope"` (beyond the paper).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PAD = 0  # the data pipeline's SentencePiece model reserves id 0 for padding
+PE_TYPES = ("sinusoid", "learned", "none", "rope")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """One flat config, named with the paper's symbols (Table 3 columns)."""
+
+    N: int = 6  # layers in each of the encoder and decoder stacks
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    d_k: int | None = None  # None: d_model / h, as in the paper; free otherwise (Table 3 rows A, B)
+    d_v: int | None = None
+    P_drop: float = 0.1
+    eps_ls: float = 0.1
+    pe: str = "sinusoid"  # sinusoid (§3.5) | learned (row E) | none | rope (beyond the paper)
+    norm_first: bool = False  # False: the paper's post-LN, LayerNorm(x + Dropout(Sublayer(x)))
+    vocab_size: int = 37000  # one joint source/target vocabulary (§5.1)
+    max_len: int = 1024  # longest sequence the positional encoding covers
+
+    def __post_init__(self):
+        for name in ("N", "d_model", "d_ff", "h", "vocab_size", "max_len"):
+            _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
+        if self.d_k is None:
+            _require(self.d_model % self.h == 0, "d_k", f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}")
+            object.__setattr__(self, "d_k", self.d_model // self.h)
+        if self.d_v is None:
+            _require(self.d_model % self.h == 0, "d_v", f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}")
+            object.__setattr__(self, "d_v", self.d_model // self.h)
+        for name in ("d_k", "d_v"):
+            _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
+        for name in ("P_drop", "eps_ls"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"in [0, 1), got {value!r}")
+        _require(self.pe in PE_TYPES, "pe", f"one of {', '.join(PE_TYPES)}, got {self.pe!r}")
+        if self.pe == "sinusoid":
+            _require(self.d_model % 2 == 0, "d_model", "even for the sinusoid positional encoding")
+        if self.pe == "rope":
+            _require(self.d_k % 2 == 0, "d_k", "even for rotary positional encoding")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TransformerConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _require(ok: bool, field: str, what: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid model config: {field} must be {what}")
+
+
+# --- §3.2 Attention ---------------------------------------------------------------------------
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Q and K project to h·d_k, V to h·d_v, the output from h·d_v back to d_model, so d_k and d_v are
+    free of d_model / h (Table 3 rows A and B). Eq. 1 itself, softmax(QKᵀ/√d_k)V, is PyTorch's
+    `scaled_dot_product_attention`, which picks a fused kernel where one applies.
+    """
+
+    def __init__(self, d_model: int, h: int, d_k: int, d_v: int):
+        super().__init__()
+        self.h, self.d_k, self.d_v = h, d_k, d_v
+        self.w_q = nn.Linear(d_model, h * d_k)
+        self.w_k = nn.Linear(d_model, h * d_k)
+        self.w_v = nn.Linear(d_model, h * d_v)
+        self.w_o = nn.Linear(h * d_v, d_model)
+
+    def split(self, x: Tensor, d: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.h, d).transpose(1, 2)  # (B, h, T, d)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self.split(self.w_k(x), self.d_k), self.split(self.w_v(x), self.d_v)
+
+    def forward(
+        self,
+        x: Tensor,
+        kv: tuple[Tensor, Tensor],
+        mask: Tensor | None = None,
+        causal: bool = False,
+        rope: Tensor | None = None,
+    ) -> Tensor:
+        """x (B, T, d_model) queries; kv keys/values (B, h, S, d_k|d_v); mask (B, 1, 1, S) True = attend."""
+        q = self.split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
+        k, v = kv
+        if rope is not None:  # rotate queries at their positions; keys were rotated when projected
+            q = apply_rope(q, rope[-q.shape[2] :])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # (B, h, T, d_v)
+        B, _, T, _ = out.shape
+        return self.w_o(out.transpose(1, 2).reshape(B, T, self.h * self.d_v))
+
+
+# --- §3.3 Position-wise feed-forward network -----------------------------------------------------
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (Eq. 2)."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(F.relu(self.w_1(x)))
+
+
+# --- §3.5 Positional encoding ------------------------------------------------------------------
+
+
+def sinusoid_table(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
+    inv = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv)  # interleaved: even dimensions sin, odd dimensions cos
+    table[:, 1::2] = torch.cos(pos * inv)
+    return table.float()
+
+
+def rope_table(max_len: int, d: int) -> Tensor:
+    """Rotary angles (Su et al., 2021), beyond the paper: (max_len, d/2) as complex rotations."""
+    inv = torch.pow(10000.0, -torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv
+    return torch.stack([angles.cos(), angles.sin()], dim=-1).float()  # (max_len, d/2, 2)
+
+
+def apply_rope(x: Tensor, rot: Tensor) -> Tensor:
+    """Rotate dimension pairs (2i, 2i+1) of x (B, h, T, d) by the angles of rot (T, d/2, 2)."""
+    x2 = x.unflatten(-1, (-1, 2))  # (B, h, T, d/2, 2)
+    cos, sin = rot[..., 0], rot[..., 1]
+    a, b = x2[..., 0], x2[..., 1]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2).type_as(x)
+
+
+# --- §3.1 Encoder and decoder layers -----------------------------------------------------------
+
+
+class Residual(nn.Module):
+    """LayerNorm(x + Dropout(Sublayer(x))), the paper's post-LN (§3.1, §5.4).
+
+    With norm_first (a deviation, for the `pre-LN` extended row) it is x + Dropout(Sublayer(LayerNorm(x))),
+    and each stack ends with a final LayerNorm.
+    """
+
+    def __init__(self, d_model: int, p_drop: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(p_drop)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.norm_first:
+            return x + self.drop(sublayer(self.norm(x)))
+        return self.norm(x + self.drop(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.res_attn = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
+        self.res_ffn = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
+
+    def forward(self, x: Tensor, mask: Tensor, rope: Tensor | None) -> Tensor:
+        def attend(y):
+            k, v = self.self_attn.project_kv(y)
+            if rope is not None:
+                k = apply_rope(k, rope)
+            return self.self_attn(y, (k, v), mask=mask, rope=rope)
+
+        x = self.res_attn(x, attend)
+        return self.res_ffn(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, FFN; each in a residual block (§3.1)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.res_self = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
+        self.res_cross = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
+        self.res_ffn = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
+
+    def forward(
+        self,
+        y: Tensor,
+        memory_kv: tuple[Tensor, Tensor],
+        src_mask: Tensor,
+        rope: Tensor | None,
+        cache: dict | None = None,
+    ) -> Tensor:
+        def self_attend(z):
+            k, v = self.self_attn.project_kv(z)
+            if rope is not None:
+                k = apply_rope(k, rope[-z.shape[1] :])
+            if cache is None:  # training: the whole target at once, masked so position i sees ≤ i
+                return self.self_attn(z, (k, v), causal=True, rope=rope)
+            # incremental decoding: the cache grows by the new position; it sees all cached ones
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v  # (B, h, t, d_k), (B, h, t, d_v)
+            return self.self_attn(z, (k, v), rope=rope)
+
+        y = self.res_self(y, self_attend)
+        y = self.res_cross(y, lambda z: self.cross_attn(z, memory_kv, mask=src_mask))
+        return self.res_ffn(y, self.ffn)
+
+
+# --- §3.1 + §3.4 The model -------------------------------------------------------------------
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with one embedding matrix shared by source, target and the
+    pre-softmax projection (§3.4; a joint vocabulary makes sharing possible)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
+        self.drop = nn.Dropout(cfg.P_drop)  # on the sums of embeddings and positional encodings (§5.4)
+        if cfg.pe == "sinusoid":
+            self.register_buffer("pe_table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
+        elif cfg.pe == "learned":
+            self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
+        elif cfg.pe == "rope":
+            self.register_buffer("rope_table", rope_table(cfg.max_len, cfg.d_k), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.N))
+        # pre-LN stacks need a closing norm; the paper's post-LN output is already normalized
+        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # The paper does not state its initialization; this is tensor2tensor's and fairseq's:
+        # Xavier-uniform projections, zero biases, N(0, d_model^-0.5) embeddings so that the
+        # √d_model-scaled embeddings start at unit variance.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[PAD].zero_()
+        if self.cfg.pe == "learned":
+            nn.init.normal_(self.pos_embed.weight, std=self.cfg.d_model**-0.5)
+
+    def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """Embedding × √d_model (§3.4) plus the positional encoding (§3.5), then dropout."""
+        T = tokens.shape[1]
+        if offset + T > self.cfg.max_len:
+            raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.cfg.max_len}")
+        x = self.embed(tokens) * math.sqrt(self.cfg.d_model)
+        if self.cfg.pe == "sinusoid":
+            x = x + self.pe_table[offset : offset + T]
+        elif self.cfg.pe == "learned":
+            x = x + self.pos_embed.weight[offset : offset + T]
+        return self.drop(x)
+
+    def rope(self, length: int) -> Tensor | None:
+        return self.rope_table[:length] if self.cfg.pe == "rope" else None
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) token ids → memory (B, S, d_model) and key mask (B, 1, 1, S), True = real token."""
+        src_mask = (src != PAD)[:, None, None, :]
+        x = self.embed_tokens(src)
+        rope = self.rope(src.shape[1])
+        for layer in self.encoder:
+            x = layer(x, src_mask, rope)
+        return self.enc_norm(x), src_mask
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoder over the whole target: (B, T) → hidden states (B, T, d_model)."""
+        y = self.embed_tokens(tgt_in)
+        rope = self.rope(tgt_in.shape[1])
+        for layer in self.decoder:
+            y = layer(y, layer.cross_attn.project_kv(memory), src_mask, rope)
+        return self.dec_norm(y)
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """Pre-softmax linear transformation, sharing the embedding matrix (§3.4): logits (…, V)."""
+        return F.linear(hidden, self.embed.weight)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_mask = self.encode(src)
+        return self.project(self.decode(tgt_in, memory, src_mask))
+
+    # --- incremental decoding ---------------------------------------------------------------
+
+    def start_cache(self, memory: Tensor, src_mask: Tensor) -> dict:
+        """Encoder-decoder keys/values are computed once per source batch; self-attention caches
+        start empty and grow by one position per `decode_step`."""
+        layers = [{"cross": layer.cross_attn.project_kv(memory)} for layer in self.decoder]
+        return {"layers": layers, "src_mask": src_mask, "pos": 0}
+
+    def decode_step(self, tokens: Tensor, cache: dict) -> Tensor:
+        """tokens (B, 1), the latest target token per hypothesis → log-probabilities (B, V)."""
+        pos = cache["pos"]
+        y = self.embed_tokens(tokens, offset=pos)
+        rope = self.rope(pos + 1)
+        for layer, lc in zip(self.decoder, cache["layers"]):
+            y = layer(y, lc["cross"], cache["src_mask"], rope, cache=lc)
+        cache["pos"] = pos + 1
+        return F.log_softmax(self.project(self.dec_norm(y[:, -1])).float(), dim=-1)
+
+    @staticmethod
+    def reorder_cache(cache: dict, index: Tensor) -> None:
+        """Select hypotheses (rows) in place: beam reordering and dropping finished sentences."""
+        cache["src_mask"] = cache["src_mask"].index_select(0, index)
+        for lc in cache["layers"]:
+            lc["cross"] = tuple(t.index_select(0, index) for t in lc["cross"])
+            if "k" in lc:
+                lc["k"], lc["v"] = lc["k"].index_select(0, index), lc["v"].index_select(0, index)
+
+
+def count_params(cfg: TransformerConfig) -> int:
+    """Exact parameter count of a config, without allocating weights (meta device)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return sum(p.numel() for p in model.parameters())
