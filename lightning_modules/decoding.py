@@ -1,0 +1,118 @@
+"""Greedy and beam-search decoding with the model's key/value cache (paper §6.1).
+
+Beam search as in the paper: beam 4, length penalty lp(Y) = ((5 + |Y|) / 6)^α with α = 0.6
+(Wu et al., 2016), maximum output length = source length + 50, and early termination: a sentence
+stops once it has `beam` finished hypotheses (fairseq's rule), and the batch stops when every
+sentence has stopped. Finished sentences leave the batch, so long tails do not cost the batch.
+
+Written by hand because neither PyTorch nor Lightning ships a seq2seq beam search; the
+bookkeeping follows fairseq's SequenceGenerator (top 2·beam candidates, EOS among the top `beam`
+finishes a hypothesis, the best `beam` non-EOS candidates stay alive).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lightning_modules.model import PAD, Transformer
+
+
+def max_output_lengths(src: Tensor, extra: int, cap: int) -> Tensor:
+    """Source length + `extra` per sentence, capped by what the positional encoding covers."""
+    return ((src != PAD).sum(1) + extra).clamp(max=cap - 1)
+
+
+@torch.no_grad()
+def greedy(model: Transformer, src: Tensor, bos: int, eos: int, extra_len: int = 50) -> list[list[int]]:
+    """Argmax decoding; returns token ids per sentence without BOS/EOS."""
+    B = src.shape[0]
+    limits = max_output_lengths(src, extra_len, model.cfg.max_len)
+    memory, src_mask = model.encode(src)
+    cache = model.start_cache(memory, src_mask)
+    tokens = torch.full((B, 1), bos, dtype=torch.long, device=src.device)
+    out = [[] for _ in range(B)]
+    alive = torch.arange(B, device=src.device)
+    for step in range(int(limits.max())):
+        logp = model.decode_step(tokens, cache)
+        nxt = logp.argmax(-1)
+        nxt = torch.where(limits[alive] <= step, torch.full_like(nxt, eos), nxt)  # length cap: end here
+        for i, tok in zip(alive.tolist(), nxt.tolist()):
+            if tok != eos:
+                out[i].append(tok)
+        keep = (nxt != eos).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        if keep.numel() < alive.numel():
+            Transformer.reorder_cache(cache, keep)
+            alive, nxt = alive[keep], nxt[keep]
+        tokens = nxt[:, None]
+    return out
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the EOS token."""
+    return ((5 + length) / 6) ** alpha
+
+
+@torch.no_grad()
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    bos: int,
+    eos: int,
+    beam: int = 4,
+    alpha: float = 0.6,
+    extra_len: int = 50,
+) -> list[list[int]]:
+    """Batched beam search; returns the best hypothesis per sentence (ids without BOS/EOS)."""
+    B, K, dev = src.shape[0], beam, src.device
+    limits = max_output_lengths(src, extra_len, model.cfg.max_len)
+    memory, src_mask = model.encode(src)
+    cache = model.start_cache(memory, src_mask)
+    Transformer.reorder_cache(cache, torch.arange(B, device=dev).repeat_interleave(K))  # (B·K) rows
+
+    sent = torch.arange(B, device=dev)  # which sentence each active block of K rows belongs to
+    scores = torch.full((B, K), float("-inf"), device=dev)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    hyps = torch.full((B * K, 1), bos, dtype=torch.long, device=dev)
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+
+    for step in range(int(limits.max()) + 1):
+        n = sent.numel()
+        logp = model.decode_step(hyps[:, -1:], cache)  # (n·K, V)
+        V = logp.shape[-1]
+        at_limit = (limits[sent] <= step).repeat_interleave(K)
+        logp[at_limit] = torch.where(torch.arange(V, device=dev) == eos, 0.0, float("-inf"))
+        cand = (scores.view(n * K, 1) + logp).view(n, K * V)
+        top_scores, top_idx = cand.topk(2 * K, dim=1)  # (n, 2K)
+        top_beam, top_tok = top_idx // V, top_idx % V
+        is_eos = top_tok == eos
+
+        # EOS among the best K candidates finishes a hypothesis (normalized by its length penalty).
+        fin = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero().tolist()
+        for r, c in fin:
+            b, row = sent[r].item(), r * K + top_beam[r, c].item()
+            if len(finished[b]) < K:
+                score = top_scores[r, c].item() / length_penalty(step + 1, alpha)
+                finished[b].append((score, hyps[row, 1:].tolist()))
+
+        # The best K non-EOS candidates stay alive.
+        alive_scores = top_scores.masked_fill(is_eos, float("-inf"))
+        keep_scores, keep_pos = alive_scores.topk(K, dim=1)  # (n, K)
+        keep_rows = (torch.arange(n, device=dev)[:, None] * K + top_beam.gather(1, keep_pos)).view(-1)
+        keep_tok = top_tok.gather(1, keep_pos).view(-1)
+
+        done = torch.tensor([len(finished[b]) >= K for b in sent.tolist()], device=dev)
+        if bool(done.all()):
+            break
+        if bool(done.any()):  # drop finished sentences from the batch
+            live = (~done).nonzero().squeeze(1)
+            live_rows = (live[:, None] * K + torch.arange(K, device=dev)).view(-1)
+            keep_rows, keep_tok, keep_scores = keep_rows[live_rows], keep_tok[live_rows], keep_scores[live]
+            sent = sent[live]
+        Transformer.reorder_cache(cache, keep_rows)
+        hyps = torch.cat([hyps[keep_rows], keep_tok[:, None]], dim=1)
+        scores = keep_scores
+
+    return [max(f, key=lambda t: t[0])[1] if f else [] for f in finished]

@@ -1,0 +1,77 @@
+"""BLEU and perplexity as the paper reports them, each labelled as what it is.
+
+- sacreBLEU: corpus BLEU on detokenized output, with its signature (the comparable number).
+- tokenized BLEU with compound splitting: what the paper reported (tensor2tensor's
+  get_ende_bleu.sh: tokenize, split hyphenated compounds as "a ##AT##-##AT## b", multi-bleu). We
+  approximate its Moses tokenization with sacreBLEU's 13a tokenizer, so it is labelled "approx".
+- perplexity per wordpiece: exp(mean unsmoothed NLL over target tokens, EOS included, padding not).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import sacrebleu
+import torch
+from torch import Tensor
+
+from lightning_modules.decoding import beam_search, greedy
+from lightning_modules.model import PAD, Transformer
+
+TOK_BLEU_LABEL = "tokenized BLEU, 13a tokenization + compound splitting (approx. tensor2tensor get_ende_bleu.sh)"
+_COMPOUND = re.compile(r"(\S)-(\S)")
+
+
+def split_compounds(text: str) -> str:
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
+
+
+def bleu(hyps: list[str], refs: list[str]) -> dict:
+    """Both BLEUs of a detokenized system output against one reference per sentence."""
+    metric = sacrebleu.BLEU()
+    score = metric.corpus_score(hyps, [refs])
+    tok = sacrebleu.corpus_bleu([split_compounds(h) for h in hyps], [[split_compounds(r) for r in refs]])
+    return {"bleu": score.score, "bleu_signature": str(metric.get_signature()), "tok_bleu": tok.score}
+
+
+def nll_sum(model: Transformer, batch: dict) -> tuple[Tensor, int]:
+    """Summed unsmoothed NLL of the target tokens and their count (padding excluded)."""
+    logits = model(batch["src"], batch["tgt_in"])
+    nll = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1).float(), batch["tgt_out"].flatten(), ignore_index=PAD, reduction="sum"
+    )
+    return nll, int((batch["tgt_out"] != PAD).sum())
+
+
+def translate_batch(model: Transformer, src: Tensor, bos: int, eos: int, beam: int, alpha: float) -> list[list[int]]:
+    if beam <= 1:
+        return greedy(model, src, bos, eos)
+    return beam_search(model, src, bos, eos, beam=beam, alpha=alpha)
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, datamodule, split: str = "dev", beam: int = 4, alpha: float = 0.6) -> dict:
+    """Dev/test PPL and BLEU of `model` on a prepared TranslationDataModule split."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    loader = datamodule.eval_dataloader(split)
+    hyps: dict[int, str] = {}
+    total_nll, total_tokens = 0.0, 0
+    for batch in loader:
+        batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+        nll, n = nll_sum(model, batch)
+        total_nll, total_tokens = total_nll + float(nll), total_tokens + n
+        out = translate_batch(model, batch["src"], datamodule.bos_id, datamodule.eos_id, beam, alpha)
+        for i, ids in zip(batch["idx"].tolist(), out):
+            hyps[i] = datamodule.decode(ids)
+    model.train(was_training)
+    refs = datamodule.references(split)
+    ordered = [hyps[i] for i in range(len(refs))]
+    return {
+        "ppl": math.exp(total_nll / max(total_tokens, 1)),
+        **bleu(ordered, refs),
+        "n_sentences": len(refs),
+        "hypotheses": ordered,
+    }
