@@ -1,0 +1,115 @@
+"""The training system (Lightning): loss, optimizer, schedule, metrics. The model is `model.Transformer`.
+
+Paper §5.3-§5.4: Adam(β1=0.9, β2=0.98, ε=1e-9), lrate = d_model^-0.5 · min(step^-0.5,
+step · warmup_steps^-1.5) stepped per optimizer step, label smoothing ε_ls. `lr_factor` multiplies
+the schedule (1.0 = the paper; tensor2tensor calls it learning_rate).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_modules.evaluate import bleu, nll_sum, translate_batch
+from lightning_modules.model import PAD, Transformer, TransformerConfig
+
+
+def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """The paper's learning rate at optimizer step `step` (1-based)."""
+    step = max(step, 1)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, int]:
+    """Mean label-smoothed cross-entropy and mean NLL over non-pad target tokens.
+
+    The smoothed target puts 1 - ε on the reference and spreads ε uniformly over all V classes,
+    as `F.cross_entropy(label_smoothing=ε)` does (tensor2tensor spreads it over the V - 1 others;
+    the difference is ε/V on the reference). One log-softmax serves both numbers.
+    """
+    logp = F.log_softmax(logits.float(), dim=-1)
+    mask = target != PAD
+    n = int(mask.sum())
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -logp.mean(dim=-1)
+    loss = ((1.0 - eps) * nll + eps * smooth)[mask].sum() / max(n, 1)
+    return loss, nll[mask].sum() / max(n, 1), n
+
+
+class TranslationModule(pl.LightningModule):
+    """Trains a Transformer on batches from `data.TranslationDataModule`."""
+
+    def __init__(
+        self,
+        model_cfg: dict,
+        warmup: int = 4000,
+        lr_factor: float = 1.0,
+        beam: int = 4,
+        alpha: float = 0.6,
+        val_bleu: bool = True,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.cfg = TransformerConfig.from_dict(model_cfg)
+        self.model = Transformer(self.cfg)
+        self._t_last: float | None = None
+        self._tokens = 0
+        self._val: dict = {}
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.model(src, tgt_in)
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        logits = self.model(batch["src"], batch["tgt_in"])
+        loss, nll, n = label_smoothed_loss(logits, batch["tgt_out"], self.cfg.eps_ls)
+        self._tokens += batch["n_src_tokens"] + batch["n_tgt_tokens"]
+        bs = batch["src"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/nll", nll, batch_size=bs)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=bs)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        # tokens/s (source + target, non-pad) over the time since the previous batch ended
+        now = time.perf_counter()
+        if self._t_last is not None:
+            self.log("train/tokens_per_s", self._tokens / (now - self._t_last), prog_bar=True)
+        self._t_last, self._tokens = now, 0
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        nll, n = nll_sum(self.model, batch)
+        v = self._val
+        v["nll"] = v.get("nll", 0.0) + float(nll)
+        v["n"] = v.get("n", 0) + n
+        if self.hparams.val_bleu:
+            dm = self.trainer.datamodule
+            out = translate_batch(self.model, batch["src"], dm.bos_id, dm.eos_id, self.hparams.beam, self.hparams.alpha)
+            v.setdefault("hyps", {}).update(zip(batch["idx"].tolist(), (dm.decode(ids) for ids in out)))
+
+    def on_validation_epoch_end(self) -> None:
+        v, self._val = self._val, {}
+        parts = [v]
+        if self.trainer.world_size > 1:  # every rank decoded its own share of the dev set
+            parts = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(parts, v)
+        nll, n = sum(p.get("nll", 0.0) for p in parts), sum(p.get("n", 0) for p in parts)
+        self.log("val/ppl", math.exp(nll / max(n, 1)), prog_bar=True, rank_zero_only=True)
+        self.log("val/nll", nll / max(n, 1), rank_zero_only=True)
+        if self.hparams.val_bleu and not self.trainer.sanity_checking:
+            hyps = {i: h for p in parts for i, h in p.get("hyps", {}).items()}
+            refs = self.trainer.datamodule.references("dev")
+            order = sorted(hyps)
+            score = bleu([hyps[i] for i in order], [refs[i] for i in order])
+            self.log("val/bleu", score["bleu"], prog_bar=True, rank_zero_only=True)
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+        d, w, f = self.cfg.d_model, self.hparams.warmup, self.hparams.lr_factor
+        # LambdaLR counts scheduler steps from 0; the paper's step number is that + 1.
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d, w, f))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
