@@ -52,6 +52,7 @@ class TranslationModule(pl.LightningModule):
         beam: int = 4,
         alpha: float = 0.6,
         val_bleu: bool = True,
+        data: dict | None = None,  # the corpus/tokenizer identity, so a checkpoint names its data
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -59,6 +60,7 @@ class TranslationModule(pl.LightningModule):
         self.model = Transformer(self.cfg)
         self._t_last: float | None = None
         self._tokens = 0
+        self.total_tokens = 0  # source + target non-pad tokens trained on by this rank
         self._val: dict = {}
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -68,6 +70,7 @@ class TranslationModule(pl.LightningModule):
         logits = self.model(batch["src"], batch["tgt_in"])
         loss, nll, n = label_smoothed_loss(logits, batch["tgt_out"], self.cfg.eps_ls)
         self._tokens += batch["n_src_tokens"] + batch["n_tgt_tokens"]
+        self.total_tokens += batch["n_src_tokens"] + batch["n_tgt_tokens"]
         bs = batch["src"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
         self.log("train/nll", nll, batch_size=bs)

@@ -1,0 +1,203 @@
+"""`aiayn`: the command line. Each subcommand imports what it needs, so `aiayn rows` stays quick."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from ablations.errors import UserError
+
+log = logging.getLogger("aiayn")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def cmd_rows(args) -> None:
+    import pandas as pd
+
+    from ablations.presets import get_preset, resolve
+    from ablations.table import select_rows
+    from lightning_modules.model import TransformerConfig, count_params
+
+    preset = get_preset(args.preset)
+    records = []
+    for name in select_rows(args.rows, include_extended=args.extended):
+        r = resolve(name, preset.name)
+        cfg = TransformerConfig(**{k: r[k] for k in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")},
+                                vocab_size=preset.vocab_size)  # fmt: skip
+        records.append({
+            "row": r["row"], "group": r["group"], "N": r["N"], "d_model": r["d_model"], "d_ff": r["d_ff"], "h": r["h"],
+            "d_k": r["d_k"], "d_v": r["d_v"], "p_drop": r["P_drop"], "eps_ls": r["eps_ls"], "pe": r["pe"],
+            "norm_first": r["norm_first"], "train_steps": r["train_steps"], "params": count_params(cfg),
+            "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"], "paper_params_m": r["paper_params_m"],
+            "preset": preset.name, "corpus": preset.corpus, "vocab_size": preset.vocab_size,
+        })  # fmt: skip
+    if args.format == "json":
+        print(json.dumps(records, indent=2))
+        return
+    df = pd.DataFrame(records).drop(columns=["preset", "corpus", "vocab_size"])
+    df["params"] = (df["params"] / 1e6).map("{:.1f}M".format)
+    print(f"preset {preset.name}: {preset.description}")
+    print(f"rule: {preset.rule()}")
+    print(df.to_string(index=False, na_rep=""))
+
+
+def cmd_train(args) -> None:
+    from lightning_modules.train import TrainOptions, train
+
+    opts = TrainOptions(**{k: v for k, v in vars(args).items() if k in TrainOptions.__dataclass_fields__})
+    metrics = train(opts)
+    if metrics:
+        print(
+            f"{metrics['row']} seed {metrics['seed']}: dev BLEU {metrics['dev_bleu']:.2f} (sacreBLEU), "
+            f"dev PPL {metrics['dev_ppl']:.2f}, {metrics['params'] / 1e6:.2f}M params, {metrics['steps']} steps "
+            f"in {metrics['train_time_s']:.0f} s ({metrics['tokens_per_s']:.0f} tokens/s)"
+        )
+
+
+def _datamodule_for(module, args):
+    from lightning_modules.data import TranslationDataModule
+
+    ident = dict(module.hparams.data or {})
+    if args.data_dir:
+        ident["data_dir"] = args.data_dir
+    dm = TranslationDataModule(**ident, cache_dir=args.cache_dir, dev_subset=None)
+    dm.prepare_data()
+    dm.setup("validate")
+    return dm
+
+
+def cmd_eval(args) -> None:
+    from lightning_modules.checkpoints import load_module
+    from lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
+    from lightning_modules.model import count_params
+
+    module = load_module(args.ckpt)
+    dm = _datamodule_for(module, args)
+    result = evaluate(module.model, dm, args.split, beam=args.beam, alpha=args.alpha)
+    result.pop("hypotheses")
+    result.update(params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt), tok_bleu_label=TOK_BLEU_LABEL)
+    print(json.dumps(result, indent=2))
+
+
+def cmd_translate(args) -> None:
+    import torch
+
+    from lightning_modules.checkpoints import load_module
+    from lightning_modules.evaluate import translate_batch
+
+    module = load_module(args.ckpt)
+    dm = _datamodule_for(module, args)
+    try:
+        lines = open(args.input, encoding="utf-8").read().splitlines() if args.input != "-" else sys.stdin.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read input {args.input} ({e}); pass a UTF-8 text file, one sentence per line") from e
+    out = []
+    for start in range(0, len(lines), args.batch_size):
+        ids = dm.encode(lines[start : start + args.batch_size])
+        width = max((len(x) for x in ids), default=1)
+        src = torch.tensor([x + [0] * (width - len(x)) for x in ids], dtype=torch.long)
+        hyps = translate_batch(module.model, src, dm.bos_id, dm.eos_id, args.beam, args.alpha)
+        out.extend(dm.decode(h) for h in hyps)
+    text = "\n".join(out) + "\n"
+    if args.output:
+        from ablations.files import atomic_write_text
+
+        atomic_write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_average(args) -> None:
+    from lightning_modules.checkpoints import average, periodic_checkpoints
+
+    paths = periodic_checkpoints(args.run)
+    if args.last > len(paths):
+        raise UserError(f"--last {args.last} asks for more checkpoints than the {len(paths)} kept in {args.run}")
+    chosen = paths[-args.last :]
+    out = average(chosen, args.out)
+    print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aiayn", description="Table 3 of 'Attention Is All You Need', reproduced.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("rows", help="the Table 3 rows resolved at a preset (no training)")
+    r.add_argument("--preset", default="paper")
+    r.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all paper rows)")
+    r.add_argument("--extended", action="store_true", help="include the extended rows beyond the paper")
+    r.add_argument("--format", choices=("table", "json"), default="table")
+    r.set_defaults(func=cmd_rows)
+
+    t = sub.add_parser("train", help="train one (row, preset, corpus, seed); reruns resume")
+    t.add_argument("--row", default="base")
+    t.add_argument("--preset", default="tiny")
+    t.add_argument("--data", default=None, help="synthetic | multi30k | wmt14 | files (default: the preset's)")
+    t.add_argument("--data-dir", default=None)
+    t.add_argument("--src-lang", default="en")
+    t.add_argument("--tgt-lang", default="de")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", default="runs")
+    t.add_argument("--cache-dir", default=None, help="tokenizer/corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
+    t.add_argument("--accelerator", default="auto")
+    t.add_argument("--devices", type=_positive_int, default=1)
+    t.add_argument("--num-nodes", type=_positive_int, default=1)
+    t.add_argument("--strategy", default="auto")
+    t.add_argument("--precision", default="32-true")
+    t.add_argument("--max-steps", type=_positive_int, default=None)
+    t.add_argument("--max-tokens", type=_positive_int, default=None, help="tokens per side per device batch")
+    t.add_argument("--dev-subset", type=int, default=-1, help="dev sentences decoded at each validation")
+    t.add_argument("--num-workers", type=int, default=0)
+    t.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without an API key)")
+    t.add_argument("--no-progress", dest="progress", action="store_false")
+    t.set_defaults(func=cmd_train)
+
+    for name, helptext in (("eval", "BLEU, PPL and params of a checkpoint on a split"), ("translate", "translate a file")):
+        e = sub.add_parser(name, help=helptext)
+        e.add_argument("--ckpt", required=True)
+        e.add_argument("--beam", type=_positive_int, default=4)
+        e.add_argument("--alpha", type=float, default=0.6)
+        e.add_argument("--data-dir", default=None)
+        e.add_argument("--cache-dir", default=None)
+        if name == "eval":
+            e.add_argument("--split", choices=("dev", "test"), default="dev")
+            e.set_defaults(func=cmd_eval)
+        else:
+            e.add_argument("--input", required=True, help="source sentences, one per line ('-' for stdin)")
+            e.add_argument("--output", default=None)
+            e.add_argument("--batch-size", type=_positive_int, default=64)
+            e.set_defaults(func=cmd_translate)
+
+    a = sub.add_parser("average", help="average the last k periodic checkpoints of a run")
+    a.add_argument("--run", required=True, help="run directory or its checkpoints/ directory")
+    a.add_argument("--last", type=_positive_int, default=5)
+    a.add_argument("--out", required=True)
+    a.set_defaults(func=cmd_average)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args.func(args)
+    except UserError as e:
+        print(f"aiayn: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
