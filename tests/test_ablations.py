@@ -1,0 +1,106 @@
+"""Table 3 as data, the presets' scaling rule and `aiayn rows`."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ablations.cli import main
+from ablations.errors import UserError
+from ablations.presets import PRESETS, resolve
+from ablations.table import load_rows, select_rows
+from lightning_modules.model import Transformer, TransformerConfig, count_params
+
+PAPER_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
+              "D1", "D2", "D3", "D4", "E1", "big"]  # fmt: skip
+MODEL_KEYS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
+
+
+def config_of(row, preset, vocab):
+    r = resolve(row, preset)
+    return TransformerConfig(**{k: r[k] for k in MODEL_KEYS}, vocab_size=vocab)
+
+
+def test_table_holds_every_paper_row_with_its_reported_results():
+    rows = load_rows()
+    assert select_rows(None) == PAPER_ROWS
+    assert (rows["base"].paper_ppl, rows["base"].paper_bleu, rows["base"].paper_params_m) == (4.92, 25.8, 65)
+    assert (rows["big"].paper_bleu, rows["big"].paper_params_m) == (26.4, 213)
+    # a blank cell inherits from base: B1 changes d_k alone
+    assert rows["B1"].knobs | {"d_k": 64} == rows["base"].knobs
+    assert rows["big"].knobs["train_steps"] == 300_000 and rows["E1"].knobs["pe"] == "learned"
+
+
+def test_table_matches_the_shared_reference_transcription():
+    ref = Path(__file__).resolve().parents[2] / "shared" / "reference" / "table3.csv"
+    if not ref.exists():
+        pytest.skip(f"reference transcription not found at {ref}")
+    ours = Path(__file__).resolve().parents[1] / "ablations" / "table3.csv"
+    assert list(csv.reader(ours.open())) == list(csv.reader(ref.open()))
+
+
+@pytest.mark.parametrize("row", [r for r in PAPER_ROWS if load_rows()[r].paper_params_m])
+def test_paper_scale_params_within_5_percent_or_2_5m_of_the_paper(row):
+    ours = count_params(config_of(row, "paper", 37000)) / 1e6
+    paper = load_rows()[row].paper_params_m
+    assert abs(ours - paper) <= max(0.05 * paper, 2.5), (ours, paper)
+
+
+@pytest.mark.parametrize("row", ["B1", "B2", "C1", "C2", "C3", "C6", "C7"])
+def test_param_difference_from_base_within_1m_of_the_papers(row):
+    base = count_params(config_of("base", "paper", 37000)) / 1e6
+    ours = count_params(config_of(row, "paper", 37000)) / 1e6
+    paper = load_rows()[row].paper_params_m - load_rows()["base"].paper_params_m
+    assert abs((ours - base) - paper) <= 1.0, (ours - base, paper)
+
+
+def test_count_params_matches_a_built_model():
+    cfg = config_of("B1", "tiny", 1000)
+    assert count_params(cfg) == sum(p.numel() for p in Transformer(cfg).parameters())
+    assert count_params(config_of("base", "paper", 37000)) == 63_082_496  # pinned: 37000 x 512 shared + 6 + 6 layers
+
+
+@pytest.mark.parametrize("row", PAPER_ROWS + ["no-pe", "rope", "pre-ln"])
+def test_every_row_builds_and_runs_forward_at_tiny_scale(row):
+    torch.manual_seed(0)
+    model = Transformer(config_of(row, "tiny", 100))
+    logits = model(torch.randint(4, 100, (2, 9)), torch.randint(4, 100, (2, 7)))
+    assert logits.shape == (2, 7, 100) and torch.isfinite(logits).all()
+
+
+def test_preset_rule_scales_widths_and_depth_and_keeps_heads():
+    tiny, paper = PRESETS["tiny"], PRESETS["paper"]
+    b, big = resolve("base", "tiny"), resolve("big", "tiny")
+    assert (b["d_model"], b["d_ff"], b["d_k"], b["N"], b["h"]) == (128, 512, 16, 3, 8)
+    assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps
+    assert [resolve(r, "tiny")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 2, 3, 4]  # depth order kept
+    assert resolve("base", "paper")["train_steps"] == paper.train_steps == 100_000
+
+
+def test_select_rows_by_group_and_id():
+    assert select_rows("base,A,C3") == ["base", "A1", "A2", "A3", "A4", "C3"]
+    assert select_rows("extended") == ["no-pe", "rope", "pre-ln"]
+    with pytest.raises(UserError, match="unknown row or group 'Z9'"):
+        select_rows("base,Z9")
+
+
+def test_rows_json_at_paper_scale(capsys):
+    assert main(["rows", "--preset", "paper", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["row"] for r in rows] == PAPER_ROWS
+    keys = {"row", "group", "N", "d_model", "d_ff", "h", "d_k", "d_v", "p_drop", "eps_ls", "pe", "train_steps",
+            "params", "paper_ppl", "paper_bleu", "paper_params_m"}  # fmt: skip
+    assert keys <= set(rows[0])
+    assert rows[0]["params"] == 63_082_496 and rows[-1]["train_steps"] == 300_000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["rows", "--preset", "huge"], "unknown preset 'huge'; choose one of: paper, small, tiny"),
+    (["rows", "--rows", "F1"], "unknown row or group 'F1' in --rows"),
+])  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiayn: error: {message}") and err.count("\n") == 1

@@ -1,0 +1,113 @@
+"""The model against paper §3 and against PyTorch's own attention: numbers pinned."""
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_modules.decoding import beam_search, greedy
+from lightning_modules.model import PE_TYPES, MultiHeadAttention, Transformer, TransformerConfig, sinusoid_table
+
+
+def small_cfg(**kw):
+    return TransformerConfig(**{"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "vocab_size": 50, "P_drop": 0.0, "max_len": 64, **kw})
+
+
+def test_sinusoid_values_at_known_positions():
+    pe = sinusoid_table(64, 512)
+    # PE(pos, 2i) = sin(pos / 10000^(2i/512)), PE(pos, 2i+1) = cos(same), hand-computed
+    expected = {(0, 0): 0.0, (0, 1): 1.0, (1, 0): 0.8414709848, (1, 1): 0.5403023059, (2, 2): 0.9364147386,
+                (2, 3): -0.3508951941, (50, 100): 0.9130465830, (50, 101): -0.4078552895}  # fmt: skip
+    for (pos, i), value in expected.items():
+        assert pe[pos, i].item() == pytest.approx(value, abs=1e-6), (pos, i)
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [({"d_model": 30, "h": 4}, "d_k"), ({"P_drop": 1.0}, "P_drop"), ({"P_drop": -0.1}, "P_drop"),
+     ({"eps_ls": 1.5}, "eps_ls"), ({"pe": "fourier"}, "pe"), ({"N": 0}, "N"), ({"d_k": 0}, "d_k"),
+     ({"pe": "rope", "d_k": 7}, "d_k"), ({"vocab_size": -3}, "vocab_size")],
+)  # fmt: skip
+def test_impossible_configs_fail_at_construction_naming_the_field(kw, field):
+    with pytest.raises(ValueError, match=rf"invalid model config: {field} must be"):
+        small_cfg(**kw)
+
+
+def test_d_k_d_v_free_of_d_model_over_h():
+    cfg = small_cfg(h=2, d_k=5, d_v=7)
+    attn = Transformer(cfg).encoder[0].self_attn
+    assert attn.w_q.weight.shape == (10, 32) and attn.w_k.weight.shape == (10, 32)
+    assert attn.w_v.weight.shape == (14, 32) and attn.w_o.weight.shape == (32, 14)
+
+
+def test_attention_equals_torch_multihead_attention():
+    torch.manual_seed(0)
+    d, h = 32, 4
+    ours = MultiHeadAttention(d, h, d // h, d // h)
+    ref = nn.MultiheadAttention(d, h, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
+        ref.out_proj.weight.copy_(ours.w_o.weight)
+        ref.out_proj.bias.copy_(ours.w_o.bias)
+    x, mem = torch.randn(3, 5, d), torch.randn(3, 7, d)
+    keep = torch.ones(3, 7, dtype=torch.bool)
+    keep[1, 4:] = False
+    got = ours(x, ours.project_kv(mem), mask=keep[:, None, None, :])
+    want, _ = ref(x, mem, mem, key_padding_mask=~keep)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_is_equation_1_with_unequal_d_k_d_v():
+    torch.manual_seed(1)
+    attn = MultiHeadAttention(16, 2, 3, 5)
+    x = torch.randn(2, 4, 16)
+    q = attn.split(attn.w_q(x), 3)
+    k, v = attn.project_kv(x)
+    weights = torch.softmax(q @ k.transpose(-1, -2) / 3**0.5, dim=-1)  # softmax(QK^T / sqrt(d_k))
+    manual = attn.w_o((weights @ v).transpose(1, 2).reshape(2, 4, 10))
+    torch.testing.assert_close(attn(x, (k, v)), manual, atol=1e-5, rtol=1e-5)
+
+
+def test_embeddings_shared_and_scaled():
+    model = Transformer(small_cfg())
+    assert model.project(torch.eye(32)).shape == (32, 50)
+    torch.testing.assert_close(model.project(torch.eye(32)), model.embed.weight.T)
+    model.eval()
+    tok = torch.tensor([[7]])
+    torch.testing.assert_close(model.embed_tokens(tok)[0, 0], model.embed.weight[7] * 32**0.5 + model.pe_table[0])
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decoding_equals_full_decoding_step_by_step(pe, norm_first):
+    torch.manual_seed(0)
+    model = Transformer(small_cfg(pe=pe, norm_first=norm_first)).eval()
+    src = torch.randint(4, 50, (3, 7))
+    src[0, 5:] = 0
+    tgt = torch.randint(4, 50, (3, 6))
+    full = torch.log_softmax(model(src, tgt), dim=-1)
+    cache = model.start_cache(*model.encode(src))
+    for t in range(tgt.shape[1]):
+        step = model.decode_step(tgt[:, t : t + 1], cache)
+        assert cache["layers"][0]["k"].shape[2] == t + 1  # the self-attention cache grows by one
+        torch.testing.assert_close(step, full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_beam_one_equals_greedy_and_beam_four_is_no_worse():
+    torch.manual_seed(3)
+    model = Transformer(small_cfg()).eval()
+    src = torch.randint(4, 50, (5, 8))
+    src[2, 4:] = 0
+    g = greedy(model, src, bos=2, eos=3, extra_len=6)
+    assert beam_search(model, src, bos=2, eos=3, beam=1, extra_len=6) == g
+    assert all(len(y) <= int((s != 0).sum()) + 6 for y, s in zip(g, src))  # max length = |x| + extra
+
+
+def test_decoding_stops_at_eos():
+    torch.manual_seed(0)
+    model = Transformer(small_cfg()).eval()
+    with torch.no_grad():  # make EOS (id 3) overwhelmingly likely: every sentence ends at once
+        model.embed.weight[3] *= 50
+    src = torch.randint(4, 50, (2, 5))
+    assert greedy(model, src, 2, 3) == [[], []]
+    assert beam_search(model, src, 2, 3, beam=4) == [[], []]
