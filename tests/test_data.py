@@ -1,0 +1,513 @@
+"""Tests for lightning_modules/data.py: reading, corpora, SPM, caches, batching, collation, DataModule."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import logging
+import random
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from ablations.errors import UserError
+from lightning_modules import data as D
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+WORDS = (
+    "the a man woman dog cat runs sits on in under red blue green small big house street park ball "
+    "water child plays with two three people young old near bench tree car bike looks at"
+).split()
+
+
+def _sentences(n: int, seed: int, lo: int = 3, hi: int = 20) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(text) if path.name.endswith(".gz") else text)
+
+
+def _corpus(
+    root: Path, src="en", tgt="de", sizes=(400, 40, 30), names=("train", "dev", "test"), gz=False
+) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, n, seed in zip(names, sizes, (1, 2, 3), strict=True):
+        src_lines = _sentences(n, seed)
+        # A deterministic "translation": reversed word order, so lengths match the source.
+        _write(root / f"{name}.{src}{'.gz' if gz else ''}", src_lines)
+        _write(root / f"{name}.{tgt}{'.gz' if gz else ''}", [" ".join(s.split()[::-1]) for s in src_lines])
+    return root
+
+
+def _one_line_error(excinfo, *needles: str) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg
+    for needle in needles:
+        assert needle in msg, msg
+    return msg
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_parallel_plain_and_gz(tmp_path, gz):
+    _corpus(tmp_path, gz=gz)
+    src, tgt = D.read_parallel(tmp_path, "dev")
+    assert len(src) == len(tgt) == 40
+    assert src[0] == _sentences(40, 2)[0]  # trailing newline stripped, nothing else
+    assert tgt[0].split() == src[0].split()[::-1]
+
+
+def test_read_parallel_keeps_inner_whitespace(tmp_path):
+    _write(tmp_path / "x.en", ["  a  b ", "c"])
+    _write(tmp_path / "x.de", [" d", "e\t"])
+    assert D.read_parallel(tmp_path, "x") == (["  a  b ", "c"], [" d", "e\t"])
+
+
+def test_read_parallel_errors(tmp_path):
+    with pytest.raises(UserError) as e:
+        D.read_parallel(tmp_path / "nope", "train")
+    _one_line_error(e, str(tmp_path / "nope"), "does not exist", "--data-dir")
+
+    _write(tmp_path / "train.en", ["a"])
+    with pytest.raises(UserError) as e:
+        D.read_parallel(tmp_path, "train")
+    _one_line_error(e, "no file train.de", "--data-dir")
+
+    (tmp_path / "train.de").write_bytes(b"")
+    with pytest.raises(UserError) as e:
+        D.read_parallel(tmp_path, "train")
+    _one_line_error(e, str(tmp_path / "train.de"), "empty")
+
+    _write(tmp_path / "train.de", ["x", "y", "z"])
+    with pytest.raises(UserError) as e:
+        D.read_parallel(tmp_path, "train")
+    _one_line_error(e, str(tmp_path / "train.en"), "1 lines", str(tmp_path / "train.de"), "has 3")
+
+    (tmp_path / "train.de").write_bytes(b"ok\n")
+    (tmp_path / "train.en").unlink()
+    with gzip.open(tmp_path / "train.en.gz", "wb") as f:
+        f.write(b"fine\nbad \xff byte\n")
+    (tmp_path / "train.de").write_bytes(b"ok\nok\n")
+    with pytest.raises(UserError) as e:
+        D.read_parallel(tmp_path, "train")
+    _one_line_error(e, str(tmp_path / "train.en.gz"), "line 2", "UTF-8")
+
+
+# ------------------------------------------------------------------------------------------------ corpora
+
+
+def test_files_corpus_custom_languages(tmp_path):
+    root = _corpus(tmp_path / "c", src="fr", tgt="it", gz=True)
+    assert D.resolve_corpus("files", root, tmp_path / "cache", "fr", "it") == root
+    src, tgt = D.read_parallel(root, "test", "fr", "it")
+    assert len(src) == len(tgt) == 30
+    with pytest.raises(UserError) as e:
+        D.resolve_corpus("files", root, tmp_path / "cache", "en", "de")
+    _one_line_error(e, "no file train.en", "--data-dir")
+    with pytest.raises(UserError) as e:
+        D.resolve_corpus("files", None, tmp_path / "cache")
+    _one_line_error(e, "--data-dir")
+
+
+def test_unknown_corpus_lists_names(tmp_path):
+    with pytest.raises(UserError) as e:
+        D.resolve_corpus("europarl", None, tmp_path)
+    _one_line_error(e, "europarl", "synthetic", "multi30k", "wmt14", "files")
+
+
+def test_wmt14_without_datasets_is_user_error(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *args, **kwargs):
+        if name == "datasets":
+            raise ImportError("no datasets")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(UserError) as e:
+        D.resolve_corpus("wmt14", None, tmp_path)
+    _one_line_error(e, "pip install aiayn[online]", "--data-dir")
+
+
+def test_wmt14_local_dir(tmp_path):
+    root = _corpus(tmp_path / "w")
+    assert D.resolve_corpus("wmt14", root, tmp_path / "cache") == root
+
+
+def test_multi30k_download_failure_says_data_dir(tmp_path, monkeypatch):
+    def fail(url, timeout=None):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr(D.urllib.request, "urlopen", fail)
+    with pytest.raises(UserError) as e:
+        D.resolve_corpus("multi30k", None, tmp_path)
+    msg = _one_line_error(e, "raw.githubusercontent.com/multi30k/dataset", "--data-dir")
+    assert "train.en.gz" in msg
+    assert not list((tmp_path / "corpora" / "multi30k").glob("*"))  # no partial files left
+
+
+def test_multi30k_local_val_as_dev_without_test(tmp_path, caplog):
+    root = _corpus(tmp_path / "m", names=("train", "val", "x"), gz=True)
+    with caplog.at_level(logging.WARNING, logger=D.__name__):
+        out = D.resolve_corpus("multi30k", root, tmp_path / "cache")
+    assert "no test split" in caplog.text
+    assert D.read_parallel(out, "dev") == D.read_parallel(root, "val")
+    assert D.read_parallel(out, "test") == D.read_parallel(root, "val")
+    # A test split added later is picked up.
+    _write(root / "test.en.gz", ["t"])
+    _write(root / "test.de.gz", ["u"])
+    out = D.resolve_corpus("multi30k", root, tmp_path / "cache")
+    assert D.read_parallel(out, "test") == (["t"], ["u"])
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"shared Multi30k copy not found at {MULTI30K}")
+def test_multi30k_shared_copy(tmp_path):
+    out = D.resolve_corpus("multi30k", MULTI30K, tmp_path)
+    src, tgt = D.read_parallel(out, "dev")
+    assert len(src) == len(tgt) == 1014
+    assert D.find_split_file(out, "train", "de") is not None
+
+
+def test_synthetic_corpus(tmp_path, monkeypatch):
+    if importlib.util.find_spec("lightning_modules.synthetic") is None:
+        pytest.skip("lightning_modules/synthetic.py (write_corpus) not available yet")
+    import lightning_modules.synthetic as synthetic
+
+    calls = []
+    real = synthetic.write_corpus
+
+    def small(out_dir, seed=1234, **kwargs):
+        calls.append((Path(out_dir), seed))
+        return real(out_dir, seed=seed, n_train=200, n_dev=20, n_test=20)
+
+    monkeypatch.setattr(synthetic, "write_corpus", small)
+    out = D.resolve_corpus("synthetic", None, tmp_path)
+    assert calls == [(tmp_path / "corpora" / "synthetic-seed1234", 1234)]
+    assert len(D.read_parallel(out, "train")[0]) == 200
+    with pytest.raises(UserError) as e:
+        D.resolve_corpus("synthetic", None, tmp_path, "fr", "de")
+    _one_line_error(e, "synthetic", "--src-lang")
+
+
+# ------------------------------------------------------------------------------------------------ SPM
+
+
+@pytest.fixture(scope="module")
+def small_spm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spm")
+    src, tgt = _sentences(400, 11), _sentences(400, 12)
+    return D.train_spm(src, tgt, 120, root / "m"), (src, tgt)
+
+
+def test_spm_special_ids_and_round_trip(small_spm):
+    model, _ = small_spm
+    sp = D.load_spm(model)
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
+    assert sp.get_piece_size() == 120
+    text = "the small dog plays near the green tree"
+    ids = sp.encode(text)
+    assert 0 not in ids and 2 not in ids and 3 not in ids
+    assert sp.decode(ids) == text
+
+
+def test_spm_cached_not_retrained(small_spm, monkeypatch):
+    model, (src, tgt) = small_spm
+    mtime = model.stat().st_mtime_ns
+    import sentencepiece as spm
+
+    def boom(**kwargs):
+        raise AssertionError("retrained")
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", boom)
+    assert D.train_spm(src, tgt, 120, model.with_suffix("")) == model
+    assert model.stat().st_mtime_ns == mtime
+
+
+def test_spm_deterministic(tmp_path, small_spm):
+    model, (src, tgt) = small_spm
+    again = D.train_spm(src, tgt, 120, tmp_path / "m")
+    # Compare pieces and scores (.vocab): the .model also records the temporary training prefix.
+    assert again.with_suffix(".vocab").read_bytes() == model.with_suffix(".vocab").read_bytes()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # temp dir cleaned
+
+
+def test_spm_vocab_too_large_is_user_error(tmp_path):
+    with pytest.raises(UserError) as e:
+        D.train_spm(["a b c"], ["d e f"], 5000, tmp_path / "m")
+    _one_line_error(e, "5000", "smaller --vocab-size")
+    assert not (tmp_path / "m.model").exists()
+
+
+def test_spm_cache_key_changes_with_train_files(tmp_path):
+    root = _corpus(tmp_path / "c")
+    a = D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
+    assert a == D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
+    assert a != D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 400)
+    _write(root / "train.de", _sentences(401, 5))
+    assert a != D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
+
+
+def test_encoded_cache_written_once(tmp_path, small_spm, monkeypatch):
+    model, _ = small_spm
+    sp = D.load_spm(model)
+    root = _corpus(tmp_path / "c")
+    out = D.encoded_cache_path(tmp_path, model, root, "dev", "en", "de")
+    first = D.encode_split(sp, root, "dev", "en", "de", out)
+    flat, off = first["src"]
+    assert flat.dtype == torch.int32 and len(off) == 41
+    src, _ = D.read_parallel(root, "dev")
+    assert flat[off[3] : off[4]].tolist() == sp.encode(src[3])
+    monkeypatch.setattr(D, "read_parallel", lambda *a: pytest.fail("re-encoded"))
+    again = D.encode_split(sp, root, "dev", "en", "de", out)
+    assert torch.equal(again["tgt"][0], first["tgt"][0])
+
+
+# ------------------------------------------------------------------------------------------------ batching
+
+
+def _lengths(n: int = 3000, seed: int = 0) -> tuple[list[int], list[int]]:
+    # Multi30k-like: ~12-16 subword tokens on average, long right tail, correlated src/tgt lengths.
+    rng = random.Random(seed)
+    src = [max(1, int(rng.lognormvariate(2.5, 0.4))) for _ in range(n)]
+    tgt = [max(1, int(s * rng.uniform(0.8, 1.3))) for s in src]
+    return src, tgt
+
+
+def test_batches_within_budget_and_cover_epoch():
+    src, tgt = _lengths()
+    s = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
+    batches = list(s)
+    assert len(batches) == len(s)
+    for b in batches:
+        assert D.batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) <= 500
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(len(src)))
+
+
+def test_oversized_sentence_gets_batch_of_one():
+    s = D.TokenBucketSampler([5, 50, 6], [5, 60, 6], max_tokens=20, shuffle=False)
+    assert [1] in list(s)
+
+
+def test_epochs_differ_and_are_reproducible():
+    src, tgt = _lengths()
+    s = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
+    e0 = list(s)
+    s.set_epoch(1)
+    e1 = list(s)
+    assert e0 != e1
+    assert sorted(map(sorted, e0)) != sorted(map(sorted, e1))  # ties re-broken: batch contents change too
+    other = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
+    other.set_epoch(1)
+    assert list(other) == e1
+    other.set_epoch(0)
+    assert list(other) == e0
+    assert list(D.TokenBucketSampler(src, tgt, max_tokens=500, seed=4)) != e0
+
+
+def test_ranks_disjoint_equal_and_cover_all_but_trimmed():
+    src, tgt = _lengths(3004)
+    full = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=7)
+    all_batches = full.all_batches(2)
+    assert len(all_batches) % 2 == 1  # this fixture has an odd batch count, so one batch is trimmed
+    ranks = [D.TokenBucketSampler(src, tgt, max_tokens=500, seed=7, num_replicas=2, rank=r) for r in (0, 1)]
+    for r in ranks:
+        r.set_epoch(2)
+    got = [list(r) for r in ranks]
+    assert len(got[0]) == len(got[1]) == len(ranks[0]) == len(all_batches) // 2
+    seen = [{i for b in g for i in b} for g in got]
+    assert not seen[0] & seen[1]
+    # The union is every example except those of the last batch of the shuffled epoch order.
+    assert seen[0] | seen[1] == set(range(len(src))) - set(all_batches[-1])
+
+
+def test_uneven_ranks_padded_when_not_dropping():
+    src, tgt = _lengths(3004)
+    n = len(D.TokenBucketSampler(src, tgt, 500, shuffle=False).all_batches())
+    ranks = [D.TokenBucketSampler(src, tgt, 500, False, 0, 2, r, drop_uneven=False) for r in (0, 1)]
+    got = [list(r) for r in ranks]
+    assert n % 2 == 1 and len(got[0]) == len(got[1]) == (n + 1) // 2
+    assert {i for g in got for b in g for i in b} == set(range(len(src)))
+
+
+def test_resume_mid_epoch_matches_uninterrupted():
+    src, tgt = _lengths()
+    ref = D.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
+    ref.set_epoch(3)
+    expected = list(ref)
+    s = D.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
+    s.set_epoch(3)
+    it = iter(s)
+    head = [next(it) for _ in range(5)]
+    state = s.state_dict()
+    assert state == {"epoch": 3, "yielded": 5}
+    fresh = D.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
+    fresh.load_state_dict(state)
+    fresh.set_epoch(3)  # what Lightning does at epoch start: same epoch keeps the position
+    iter(fresh)  # an abandoned iterator (multi-worker DataLoaders create two) keeps the position
+    assert head + list(fresh) == expected
+    assert list(fresh) == expected  # a finished epoch clears the skip
+    fresh.set_epoch(4)
+    assert len(list(fresh)) == len(expected)  # next epoch starts from the beginning
+
+
+def test_padding_fraction_small_on_multi30k_like_lengths():
+    src, tgt = _lengths(29000)
+    s = D.TokenBucketSampler(src, tgt, max_tokens=4096)
+    frac = D.padding_stats(s.all_batches(), src, tgt)
+    assert 0.0 <= frac < 0.15, frac
+    assert D.padding_stats([[0, 1]], [2, 4], [1, 1]) == pytest.approx(1 - 10 / 12)
+
+
+def test_derive_accumulation():
+    assert D.derive_accumulation(25000, 4096, 1) == 7
+    assert D.derive_accumulation(25000, 25000, 1) == 1
+    assert D.derive_accumulation(50000, 4096, 8) == 2
+    assert D.derive_accumulation(100, 4096, 1) == 1
+    with pytest.raises(UserError):
+        D.derive_accumulation(0, 4096, 1)
+
+
+# ------------------------------------------------------------------------------------------------ collation
+
+
+def test_collate_shapes_and_specials():
+    ids = lambda *x: torch.tensor(x, dtype=torch.int32)
+    items = [(7, ids(10, 11, 12), ids(20, 21)), (2, ids(13), ids(22, 23, 24, 25))]
+    b = D.collate(items)
+    assert b["src"].tolist() == [[10, 11, 12], [13, 0, 0]]
+    assert b["tgt_in"].tolist() == [[2, 20, 21, 0, 0], [2, 22, 23, 24, 25]]
+    assert b["tgt_out"].tolist() == [[20, 21, 3, 0, 0], [22, 23, 24, 25, 3]]
+    assert all(b[k].dtype == torch.long for k in ("src", "tgt_in", "tgt_out", "idx"))
+    assert b["tgt_in"].shape == b["tgt_out"].shape
+    assert b["idx"].tolist() == [7, 2]
+    assert (b["n_src_tokens"], b["n_tgt_tokens"]) == (4, 8)
+    assert b["n_tgt_tokens"] == int((b["tgt_out"] != 0).sum())
+
+
+# ------------------------------------------------------------------------------------------------ DataModule
+
+
+@pytest.fixture()
+def tiny_dm(tmp_path):
+    root = _corpus(tmp_path / "corpus", src="en", tgt="de", sizes=(400, 40, 30))
+    # One over-long train pair (dropped) and one over-long dev pair (truncated, kept).
+    long = " ".join(["house"] * 80)
+    for split in ("train", "dev"):
+        for lang in ("en", "de"):
+            lines = (root / f"{split}.{lang}").read_text().splitlines()
+            _write(root / f"{split}.{lang}", lines + [long])
+    dm = D.TranslationDataModule(
+        corpus="files", data_dir=str(root), cache_dir=str(tmp_path / "cache"), vocab_size=150,
+        max_tokens=400, max_len=48, dev_subset=None,
+    )  # fmt: skip
+    return dm, root
+
+
+def test_datamodule_end_to_end(tiny_dm, caplog):
+    dm, root = tiny_dm
+    with caplog.at_level(logging.INFO, logger=D.__name__):
+        dm.prepare_data()
+        dm.setup("fit")
+    assert "dropped 1 of 401 train pairs" in caplog.text
+    assert (dm.vocab_size, dm.pad_id, dm.bos_id, dm.eos_id) == (150, 0, 2, 3)
+    train = next(iter(dm.train_dataloader()))
+    assert train["src"].shape[0] == train["tgt_in"].shape[0] == train["idx"].shape[0]
+    assert D.batch_cost(len(train["idx"]), train["src"].shape[1], train["tgt_in"].shape[1] - 1) <= 400
+    assert (train["tgt_in"][:, 0] == dm.bos_id).all()
+    val_batches = list(dm.val_dataloader())
+    val_idx = sorted(i for b in val_batches for i in b["idx"].tolist())
+    assert val_idx == list(range(41))  # nothing dropped from dev; the long pair is truncated
+    assert max(b["src"].shape[1] for b in val_batches) == 48
+    b = val_batches[0]
+    row = 0
+    refs = dm.references("dev")
+    assert dm.decode(b["tgt_out"][row].tolist()) == refs[int(b["idx"][row])]
+    assert dm.sources("dev")[int(b["idx"][row])] == D.read_parallel(root, "dev")[0][int(b["idx"][row])]
+    assert dm.decode([2, *dm.encode(["the red ball"])[0], 3, 0, 0, 17]) == "the red ball"
+    assert len(list(dm.test_dataloader())) >= 1
+    assert 0.0 <= dm.padding_fraction() < 0.5
+
+
+def test_datamodule_dev_subset_and_second_setup_uses_cache(tiny_dm, monkeypatch):
+    dm, root = tiny_dm
+    dm.setup("fit")
+    dm2 = D.TranslationDataModule(
+        corpus="files", data_dir=str(root), cache_dir=dm.cache_dir, vocab_size=150, max_tokens=400,
+        max_len=48, dev_subset=10,
+    )  # fmt: skip
+    monkeypatch.setattr(D, "train_spm", lambda *a, **k: pytest.fail("SPM retrained"))
+    monkeypatch.setattr(D, "read_parallel", lambda *a, **k: pytest.fail("re-read for encoding"))
+    dm2.setup("fit")
+    idx = sorted(i for b in dm2.val_dataloader() for i in b["idx"].tolist())
+    assert idx == list(range(10))
+    monkeypatch.undo()
+    assert len(dm2.references("dev")) == len(dm2.sources("dev")) == 10
+
+
+def test_datamodule_config_errors(tmp_path, monkeypatch):
+    with pytest.raises(UserError) as e:
+        D.TranslationDataModule(max_tokens=100, max_len=256)
+    _one_line_error(e, "--max-tokens", "--max-len")
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "env-cache"))
+    assert D.TranslationDataModule().cache_dir == tmp_path / "env-cache"
+
+
+class _Recorder(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[list[int]] = []
+
+    def training_step(self, batch, _):
+        self.seen.append(batch["idx"].tolist())
+        return (self.w * batch["src"].float().mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def _fit(dm, tmp_path, callbacks=(), ckpt=None):
+    model = _Recorder()
+    trainer = pl.Trainer(
+        max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=list(callbacks),
+        enable_checkpointing=bool(callbacks), default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
+    return model.seen
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "every_n_train_steps", "resume_step"),
+    [(0, 3, 3), (2, 5, 5), (0, None, 14)],
+    ids=["mid-epoch", "mid-epoch-2-workers", "epoch-end"],
+)
+def test_lightning_drives_epoch_and_resume(tiny_dm, tmp_path, num_workers, every_n_train_steps, resume_step):
+    """Lightning calls set_epoch via ``batch_sampler.sampler`` and saves/loads the DataLoader's state."""
+    dm, root = tiny_dm
+    mk = lambda: D.TranslationDataModule(
+        corpus="files", data_dir=str(root), cache_dir=dm.cache_dir, vocab_size=150, max_tokens=400,
+        max_len=48, num_workers=num_workers,
+    )  # fmt: skip
+    full = _fit(mk(), tmp_path / "a")
+    per_epoch = len(full) // 3
+    assert per_epoch == 14  # the fixture's batch count; resume_step=14 is the end of epoch 0
+    assert full[:per_epoch] != full[per_epoch : 2 * per_epoch]  # a new order each epoch
+    kw = {"every_n_train_steps": every_n_train_steps} if every_n_train_steps else {"every_n_epochs": 1}
+    cb = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=-1, **kw)
+    _fit(mk(), tmp_path / "b", callbacks=[cb])
+    ckpt = tmp_path / "ck" / f"epoch=0-step={resume_step}.ckpt"
+    state = torch.load(ckpt, weights_only=True)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert state == [{"epoch": 0, "yielded": resume_step}]
+    resumed = _fit(mk(), tmp_path / "c", ckpt=str(ckpt))
+    assert full[:resume_step] + resumed == full
