@@ -157,8 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--strategy", default="auto")
     t.add_argument("--precision", default="32-true")
     t.add_argument("--max-steps", type=_positive_int, default=None)
+    t.add_argument("--vocab-size", type=_positive_int, default=None, help="joint BPE vocabulary (default: the preset's)")
     t.add_argument("--max-tokens", type=_positive_int, default=None, help="tokens per side per device batch")
     t.add_argument("--dev-subset", type=int, default=-1, help="dev sentences decoded at each validation")
+    t.add_argument("--ckpt-every", type=_positive_int, default=None, help="steps between kept checkpoints")
+    t.add_argument("--ckpt-every-minutes", type=float, default=None, help="minutes between kept checkpoints")
+    t.add_argument("--eval-subset", type=_positive_int, default=None,
+                   help="final evaluation on the first K dev sentences (default: all, as the paper)")
     t.add_argument("--num-workers", type=int, default=0)
     t.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without an API key)")
     t.add_argument("--no-progress", dest="progress", action="store_false")
@@ -188,9 +193,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def configure_logging(level: int) -> None:
+    """Our packages log to stderr; Lightning keeps its own handler (configuring the root logger
+    would print each of its lines twice)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    for name in ("ablations", "lightning_modules", "sweeps", "reports", "aiayn"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         args.func(args)
     except UserError as e:

@@ -743,6 +743,8 @@ class TranslationDataModule(pl.LightningDataModule):
             self.cache_dir, self.corpus, corpus_dir, self.src_lang, self.tgt_lang, self.requested_vocab_size
         )
         if not prefix.with_name(prefix.name + ".model").is_file():
+            for split in ("dev", "test"):  # small: check them before minutes of tokenizer training
+                read_parallel(corpus_dir, split, self.src_lang, self.tgt_lang)
             src, tgt = read_parallel(corpus_dir, "train", self.src_lang, self.tgt_lang)
             train_spm(src, tgt, self.requested_vocab_size, prefix)
         return corpus_dir, prefix.with_name(prefix.name + ".model")

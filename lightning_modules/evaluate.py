@@ -52,11 +52,11 @@ def translate_batch(model: Transformer, src: Tensor, bos: int, eos: int, beam: i
 
 @torch.no_grad()
 def evaluate(model: Transformer, datamodule, split: str = "dev", beam: int = 4, alpha: float = 0.6) -> dict:
-    """Dev/test PPL and BLEU of `model` on a prepared TranslationDataModule split."""
+    """Dev/test PPL and BLEU of `model` on a set-up TranslationDataModule split (dev: its dev_subset)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    loader = datamodule.eval_dataloader(split)
+    loader = datamodule.val_dataloader() if split == "dev" else datamodule.test_dataloader()
     hyps: dict[int, str] = {}
     total_nll, total_tokens = 0.0, 0
     for batch in loader:

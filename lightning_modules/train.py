@@ -1,0 +1,246 @@
+"""Runs: train one (row, preset, corpus, seed), evaluate or average its checkpoints, translate a file.
+
+Every run lives in a directory that depends only on (preset, corpus, row, seed), so a rerun of the
+same command resumes from `checkpoints/last.ckpt` instead of starting over. The directory holds
+`config.json` (the resolved config, written before training), `checkpoints/`, `logs/version_N/metrics.csv`
+(Lightning's CSV logger, one per attempt: the training and validation curves), `dev.hyp` (final dev translations) and
+`metrics.json` (the result, written last and atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from ablations.errors import UserError
+from ablations.files import atomic_write_json, atomic_write_text
+from ablations.presets import get_preset, preset_dict, resolve
+from lightning_modules.data import TranslationDataModule, derive_accumulation
+from lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
+from lightning_modules.model import TransformerConfig, count_params
+from lightning_modules.module import TranslationModule
+
+log = logging.getLogger(__name__)
+MODEL_KEYS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
+
+
+@dataclass
+class TrainOptions:
+    """`aiayn train` flags (the Trainer's usual ones plus where data and results live)."""
+
+    row: str = "base"
+    preset: str = "tiny"
+    data: str | None = None  # corpus; None: the preset's
+    data_dir: str | None = None
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    seed: int = 0
+    out: str = "runs"
+    cache_dir: str | None = None
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    max_steps: int | None = None  # None: the preset's steps for the row
+    max_tokens: int | None = None  # per device per batch; None: the preset's
+    vocab_size: int | None = None  # joint BPE vocabulary; None: the preset's
+    dev_subset: int | None = -1  # -1: the preset's
+    ckpt_every: int | None = None  # optimizer steps between kept checkpoints; None: the preset's
+    ckpt_every_minutes: float | None = None  # instead, wall-clock minutes (the paper: 10)
+    eval_subset: int | None = None  # final evaluation on the first K dev sentences; None: all (the paper)
+    num_workers: int = 0
+    wandb: bool = False
+    progress: bool = True
+
+
+def run_dir(out: str | Path, preset: str, corpus: str, row: str, seed: int) -> Path:
+    return Path(out) / preset / corpus / row / f"seed{seed}"
+
+
+def model_config(resolved: dict, vocab_size: int, max_len: int) -> TransformerConfig:
+    try:
+        return TransformerConfig(**{k: resolved[k] for k in MODEL_KEYS}, vocab_size=vocab_size, max_len=max_len)
+    except ValueError as e:  # impossible row values: name the field and the fix
+        raise UserError(f"{e} (row {resolved['row']} at preset {resolved['preset']}); fix the row's line in ablations/") from e
+
+
+def build_datamodule(opts: TrainOptions, preset) -> TranslationDataModule:
+    dev_subset = preset.dev_subset if opts.dev_subset == -1 else opts.dev_subset
+    return TranslationDataModule(
+        corpus=opts.data or preset.corpus,
+        data_dir=opts.data_dir,
+        cache_dir=opts.cache_dir,
+        vocab_size=opts.vocab_size or preset.vocab_size,
+        max_tokens=opts.max_tokens or preset.max_tokens,
+        src_lang=opts.src_lang,
+        tgt_lang=opts.tgt_lang,
+        seed=opts.seed,
+        dev_subset=dev_subset,
+        max_len=preset.max_len,
+        num_workers=opts.num_workers,
+    )
+
+
+def data_identity(dm: TranslationDataModule) -> dict:
+    """The DataModule arguments that fix which tokens a model sees (saved in config and checkpoint)."""
+    return {"corpus": dm.corpus, "data_dir": dm.data_dir, "vocab_size": dm.requested_vocab_size,
+            "src_lang": dm.src_lang, "tgt_lang": dm.tgt_lang, "max_len": dm.max_len}  # fmt: skip
+
+
+def check_run_dir(path: Path, config: dict) -> None:
+    """A run directory holds one config: refuse to resume a run of another one."""
+    import json
+
+    saved_file = path / "config.json"
+    if not saved_file.exists():
+        return
+    try:
+        saved = json.loads(saved_file.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {saved_file} ({e}); delete the run directory {path} to start over") from e
+    for key in ("model", "data"):
+        if saved.get(key) != config[key]:
+            diff = {k: (saved.get(key, {}).get(k), v) for k, v in config[key].items() if saved.get(key, {}).get(k) != v}
+            raise UserError(
+                f"run directory {path} holds a run of another config ({key} differs: {diff}); "
+                f"use another --out or delete that directory"
+            )
+
+
+def ensure_writable(directory: Path) -> None:
+    probe = directory
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        raise UserError(f"output directory {directory} is not writable (nearest existing: {probe}); pass --out DIR")
+
+
+def train(opts: TrainOptions) -> dict:
+    """Train one run to completion (or resume it) and return its metrics.json content."""
+    preset = get_preset(opts.preset)
+    resolved = resolve(opts.row, opts.preset)
+    dm = build_datamodule(opts, preset)
+    corpus = dm.corpus
+    out_dir = run_dir(opts.out, preset.name, corpus, resolved["row"], opts.seed)
+    ensure_writable(out_dir)
+    dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
+    cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
+    steps = opts.max_steps or resolved["train_steps"]
+    world = opts.devices * opts.num_nodes if isinstance(opts.devices, int) else 1
+    accumulate = derive_accumulation(preset.tokens_per_step, dm.max_tokens, world)
+    config = {
+        "row": resolved,
+        "preset": preset_dict(preset),
+        "model": cfg.to_dict(),
+        "data": data_identity(dm),
+        "train": {
+            "seed": opts.seed, "steps": steps, "accumulate": accumulate, "world_size": world,
+            "effective_tokens_per_step": dm.max_tokens * world * accumulate, "precision": opts.precision,
+            "warmup": preset.warmup, "lr_factor": preset.lr_factor,
+        },
+    }  # fmt: skip
+    check_run_dir(out_dir, config)
+
+    pl.seed_everything(opts.seed, workers=True, verbose=False)
+    module = TranslationModule(cfg.to_dict(), warmup=preset.warmup, lr_factor=preset.lr_factor, data=config["data"])
+    trainer = build_trainer(opts, preset, out_dir, steps, accumulate, resolved)
+    if trainer.is_global_zero:
+        atomic_write_json(out_dir / "config.json", config)
+    last = out_dir / "checkpoints" / "last.ckpt"
+    t0 = time.perf_counter()
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=str(last) if last.exists() else None)
+    except Exception as e:
+        if trainer.is_global_zero:
+            write_metrics(out_dir, config, status="failed", error=f"{type(e).__name__}: {e}")
+        raise
+    train_time = time.perf_counter() - t0
+    if not trainer.is_global_zero:
+        return {}
+    # The final evaluation decodes the whole dev set (validation during training may use a subset).
+    full_dev = TranslationDataModule(
+        **config["data"], cache_dir=opts.cache_dir, max_tokens=dm.max_tokens, dev_subset=opts.eval_subset
+    )
+    full_dev.setup("validate")
+    result = evaluate(module.model, full_dev, "dev")
+    atomic_write_text(out_dir / "dev.hyp", "\n".join(result.pop("hypotheses")) + "\n")
+    return write_metrics(
+        out_dir, config, status="completed", steps=trainer.global_step, params=count_params(cfg),
+        train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
+        dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
+        dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=TOK_BLEU_LABEL, dev_ppl=round(result["ppl"], 4),
+        dev_sentences=result["n_sentences"],
+    )  # fmt: skip
+
+
+def write_metrics(out_dir: Path, config: dict, status: str, **fields) -> dict:
+    r = config["row"]
+    metrics = {
+        "row": r["row"], "group": r["group"], "seed": config["train"]["seed"], "preset": r["preset"],
+        "data": config["data"]["corpus"], "status": status, **fields,
+        "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"], "paper_params_m": r["paper_params_m"],
+        "config": {k: r[k] for k in MODEL_KEYS}, "deviations": r["deviations"],
+        "effective_tokens_per_step": config["train"]["effective_tokens_per_step"],
+        "host": platform.node(), "torch": torch.__version__, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }  # fmt: skip
+    atomic_write_json(out_dir / "metrics.json", metrics)
+    return metrics
+
+
+def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumulate: int, resolved: dict) -> pl.Trainer:
+    by_time = opts.ckpt_every_minutes is not None
+    ckpt = ModelCheckpoint(
+        dirpath=out_dir / "checkpoints",
+        filename="step{step:07d}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=None if by_time else (opts.ckpt_every or preset.ckpt_every),
+        train_time_interval=timedelta(minutes=opts.ckpt_every_minutes) if by_time else None,
+        save_top_k=preset.keep_ckpts,  # the newest k periodic checkpoints, for "average the last 5 / 20"
+        monitor="step",
+        mode="max",
+        save_last=True,
+    )
+    # One CSV log per attempt (logs/version_N/metrics.csv): Lightning's CSVLogger deletes an existing
+    # metrics.csv when it starts, which would lose the curve before a resume.
+    loggers = [CSVLogger(out_dir, name="logs")]
+    if opts.wandb:
+        from lightning.pytorch.loggers import WandbLogger
+
+        loggers.append(
+            WandbLogger(
+                project=f"aiayn-{preset.name}", group=resolved["row"], job_type="train",
+                name=f"{resolved['row']}-s{opts.seed}", save_dir=str(out_dir), config=resolved,
+                offline=not os.environ.get("WANDB_API_KEY"),
+            )
+        )  # fmt: skip
+    return pl.Trainer(
+        accelerator=opts.accelerator,
+        devices=opts.devices,
+        num_nodes=opts.num_nodes,
+        strategy=opts.strategy,
+        precision=opts.precision,
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        val_check_interval=min(preset.val_every, steps) * accumulate,  # counts batches, not optimizer steps
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        callbacks=[ckpt],
+        logger=loggers,
+        default_root_dir=out_dir,
+        enable_progress_bar=opts.progress,
+        enable_model_summary=False,
+        deterministic=opts.accelerator == "cpu",
+        use_distributed_sampler=False,  # the token-bucket sampler shards by rank itself
+        log_every_n_steps=10,
+    )

@@ -1,0 +1,138 @@
+"""`aiayn train/eval/average` end to end on the built-in corpus (a few steps), and bad input."""
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from ablations.cli import main
+
+FAST = ["--max-steps", "2", "--ckpt-every", "1", "--dev-subset", "4", "--eval-subset", "4", "--no-progress", "--accelerator", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    os.environ["AIAYN_CACHE"] = str(path)
+    yield path
+    os.environ.pop("AIAYN_CACHE", None)
+
+
+@pytest.fixture(scope="module")
+def trained(cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(out), *FAST]) == 0
+    return out / "tiny" / "synthetic" / "base" / "seed0"
+
+
+def test_train_writes_config_checkpoints_and_metrics(trained):
+    metrics = json.loads((trained / "metrics.json").read_text())
+    required = {"row", "seed", "preset", "data", "status", "dev_bleu", "dev_bleu_signature", "dev_ppl", "params",
+                "steps", "train_time_s", "tokens_per_s"}  # fmt: skip
+    assert required <= set(metrics)
+    assert (metrics["row"], metrics["seed"], metrics["preset"], metrics["data"]) == ("base", 0, "tiny", "synthetic")
+    assert metrics["status"] == "completed" and metrics["steps"] == 2 and metrics["dev_sentences"] == 4
+    assert metrics["dev_bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert metrics["dev_ppl"] > 1 and metrics["params"] > 1e6
+    config = json.loads((trained / "config.json").read_text())
+    assert config["model"]["d_model"] == 128 and config["model"]["vocab_size"] == 1000
+    assert (trained / "checkpoints" / "last.ckpt").is_file()
+    assert len((trained / "dev.hyp").read_text().splitlines()) == 4
+
+
+def test_rerun_of_a_finished_run_resumes_instead_of_restarting(trained, capsys):
+    before = json.loads((trained / "metrics.json").read_text())
+    out = trained.parents[3]
+    assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(out), *FAST]) == 0
+    after = json.loads((trained / "metrics.json").read_text())
+    assert after["steps"] == before["steps"] == 2  # resumed at max_steps: nothing retrained
+
+
+def test_a_run_directory_of_another_config_is_refused(trained, capsys):
+    config = json.loads((trained / "config.json").read_text())
+    tampered = dict(config, model=dict(config["model"], d_model=256))
+    (trained / "config.json").write_text(json.dumps(tampered))
+    try:
+        code = main(["train", "--row", "base", "--preset", "tiny", "--out", str(trained.parents[3]), *FAST])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert "holds a run of another config" in err and "d_model" in err and err.count("\n") == 1
+    finally:
+        (trained / "config.json").write_text(json.dumps(config))
+
+
+def test_eval_and_average_a_checkpoint(trained, capsys, tmp_path):
+    avg = tmp_path / "avg.ckpt"
+    assert main(["average", "--run", str(trained), "--last", "1", "--out", str(avg)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(avg), "--split", "test", "--beam", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["split"] == "test" and result["n_sentences"] == 1000 and result["ppl"] > 1
+
+
+def test_average_of_identical_checkpoints_is_that_checkpoint(trained, tmp_path):
+    from lightning_modules.checkpoints import average, periodic_checkpoints
+
+    last = periodic_checkpoints(trained)[-1]
+    out = average([last, last], tmp_path / "same.ckpt")
+    a, b = torch.load(last, weights_only=False)["state_dict"], torch.load(out, weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_truncated_checkpoint_is_a_clear_error(trained, tmp_path, capsys):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes((trained / "checkpoints" / "last.ckpt").read_bytes()[:1000])
+    assert main(["eval", "--ckpt", str(bad)]) == 2
+    assert "is unreadable" in capsys.readouterr().err
+
+
+def write_pair(d: Path, split: str, src: list[str], tgt: list[str], gz: bool = False):
+    d.mkdir(parents=True, exist_ok=True)
+    for lang, lines in (("en", src), ("de", tgt)):
+        data = ("\n".join(lines) + "\n").encode()
+        if gz:
+            (d / f"{split}.{lang}.gz").write_bytes(gzip.compress(data))
+        else:
+            (d / f"{split}.{lang}").write_bytes(data)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "has no file"),
+    ("empty", "is empty"),
+    ("mismatch", "line"),
+    ("utf8", "UTF-8"),
+])  # fmt: skip
+def test_bad_corpus_is_one_line_exit_2_and_writes_no_run(case, message, tmp_path, cache, capsys):
+    data = tmp_path / "corpus"
+    lines = [f"sentence number {i} ." for i in range(50)]
+    for split in ("train", "dev", "test"):
+        write_pair(data, split, lines, lines)
+    if case == "missing":
+        (data / "dev.de").unlink()
+    elif case == "empty":
+        (data / "test.en").write_text("")
+    elif case == "mismatch":
+        (data / "train.de").write_text("\n".join(lines[:40]) + "\n")
+    elif case == "utf8":
+        (data / "train.en").write_bytes(b"ok\n\xff\xfe broken\n" + b"x\n" * 48)
+    out = tmp_path / "runs"
+    code = main(["train", "--data", "files", "--data-dir", str(data), "--vocab-size", "60", "--out", str(out), *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("aiayn: error: ") and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--row", "Z1"], "unknown row 'Z1'"),
+    (["train", "--preset", "huge"], "unknown preset 'huge'"),
+    (["train", "--data", "europarl"], "europarl"),
+])  # fmt: skip
+def test_bad_flags_are_one_line_exit_2(argv, message, tmp_path, cache, capsys):
+    out = tmp_path / "runs"
+    assert main([*argv, "--out", str(out), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
