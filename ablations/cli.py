@@ -25,16 +25,15 @@ def _positive_int(text: str) -> int:
 def cmd_rows(args) -> None:
     import pandas as pd
 
-    from ablations.presets import get_preset, resolve
+    from ablations.presets import get_preset, model_config, resolve
     from ablations.table import select_rows
-    from lightning_modules.model import TransformerConfig, count_params
+    from lightning_modules.model import count_params
 
     preset = get_preset(args.preset)
     records = []
     for name in select_rows(args.rows, include_extended=args.extended):
         r = resolve(name, preset.name)
-        cfg = TransformerConfig(**{k: r[k] for k in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")},
-                                vocab_size=preset.vocab_size)  # fmt: skip
+        cfg = model_config(r, preset.vocab_size)
         records.append({
             "row": r["row"], "group": r["group"], "N": r["N"], "d_model": r["d_model"], "d_ff": r["d_ff"], "h": r["h"],
             "d_k": r["d_k"], "d_v": r["d_v"], "p_drop": r["P_drop"], "eps_ls": r["eps_ls"], "pe": r["pe"],
@@ -86,7 +85,9 @@ def cmd_eval(args) -> None:
     dm = _datamodule_for(module, args)
     result = evaluate(module.model, dm, args.split, beam=args.beam, alpha=args.alpha)
     result.pop("hypotheses")
-    result.update(params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt), tok_bleu_label=TOK_BLEU_LABEL)
+    result.update(
+        params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt), tok_bleu_label=TOK_BLEU_LABEL
+    )
     print(json.dumps(result, indent=2))
 
 
@@ -99,7 +100,11 @@ def cmd_translate(args) -> None:
     module = load_module(args.ckpt)
     dm = _datamodule_for(module, args)
     try:
-        lines = open(args.input, encoding="utf-8").read().splitlines() if args.input != "-" else sys.stdin.read().splitlines()
+        lines = (
+            open(args.input, encoding="utf-8").read().splitlines()
+            if args.input != "-"
+            else sys.stdin.read().splitlines()
+        )
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read input {args.input} ({e}); pass a UTF-8 text file, one sentence per line") from e
     out = []
@@ -157,19 +162,28 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--strategy", default="auto")
     t.add_argument("--precision", default="32-true")
     t.add_argument("--max-steps", type=_positive_int, default=None)
-    t.add_argument("--vocab-size", type=_positive_int, default=None, help="joint BPE vocabulary (default: the preset's)")
+    t.add_argument(
+        "--vocab-size", type=_positive_int, default=None, help="joint BPE vocabulary (default: the preset's)"
+    )
     t.add_argument("--max-tokens", type=_positive_int, default=None, help="tokens per side per device batch")
     t.add_argument("--dev-subset", type=int, default=-1, help="dev sentences decoded at each validation")
     t.add_argument("--ckpt-every", type=_positive_int, default=None, help="steps between kept checkpoints")
     t.add_argument("--ckpt-every-minutes", type=float, default=None, help="minutes between kept checkpoints")
-    t.add_argument("--eval-subset", type=_positive_int, default=None,
-                   help="final evaluation on the first K dev sentences (default: all, as the paper)")
+    t.add_argument(
+        "--eval-subset",
+        type=_positive_int,
+        default=None,
+        help="final evaluation on the first K dev sentences (default: all, as the paper)",
+    )
     t.add_argument("--num-workers", type=int, default=0)
     t.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without an API key)")
     t.add_argument("--no-progress", dest="progress", action="store_false")
     t.set_defaults(func=cmd_train)
 
-    for name, helptext in (("eval", "BLEU, PPL and params of a checkpoint on a split"), ("translate", "translate a file")):
+    for name, helptext in (
+        ("eval", "BLEU, PPL and params of a checkpoint on a split"),
+        ("translate", "translate a file"),
+    ):
         e = sub.add_parser(name, help=helptext)
         e.add_argument("--ckpt", required=True)
         e.add_argument("--beam", type=_positive_int, default=4)

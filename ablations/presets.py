@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass
 
 from ablations.errors import UserError
 from ablations.table import PAPER_BASE, Row, get_row, load_rows
+from lightning_modules.model import TransformerConfig
+
+MODEL_KEYS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,9 @@ PRESETS = {
             description="Multi30k En-De on one GPU: half width, half depth",
         ),
         Preset(
-            name="tiny", corpus="synthetic", vocab_size=1000, width=0.25, depth=0.5, train_steps=600,
-            tokens_per_step=2048, max_tokens=2048, warmup=200, lr_factor=1.0, dev_subset=100,
-            val_every=300, ckpt_every=100,
+            name="tiny", corpus="synthetic", vocab_size=1000, width=0.25, depth=0.5, train_steps=800,
+            tokens_per_step=1024, max_tokens=1024, warmup=400, lr_factor=1.0, dev_subset=100,
+            val_every=400, ckpt_every=100,
             description="the built-in synthetic corpus on a laptop CPU: quarter width, half depth",
         ),
     )
@@ -97,6 +100,16 @@ def resolve(row_name: str, preset_name: str) -> dict:
         "vocab_size": preset.vocab_size,
         "deviations": deviations(row),
     }
+
+
+def model_config(resolved: dict, vocab_size: int, max_len: int = 1024) -> TransformerConfig:
+    """The model config of a resolved row; impossible values name the field, the row and the fix."""
+    try:
+        return TransformerConfig(**{k: resolved[k] for k in MODEL_KEYS}, vocab_size=vocab_size, max_len=max_len)
+    except ValueError as e:
+        raise UserError(
+            f"{e} (row {resolved['row']} at preset {resolved['preset']}); fix the row's line in ablations/"
+        ) from e
 
 
 def deviations(row: Row) -> list[str]:

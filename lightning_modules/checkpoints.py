@@ -22,7 +22,9 @@ def load_raw(path: str | Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or not a checkpoint at all
-        raise UserError(f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint") from e
+        raise UserError(
+            f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint"
+        ) from e
     if "model_cfg" not in ckpt.get("hyper_parameters", {}):
         raise UserError(f"checkpoint {path} was not written by aiayn (no model_cfg in its hyper-parameters)")
     return ckpt
@@ -42,7 +44,9 @@ def periodic_checkpoints(run_or_dir: str | Path) -> list[Path]:
     """The kept periodic checkpoints of a run (or a checkpoints/ directory), oldest first."""
     d = Path(run_or_dir)
     d = d / "checkpoints" if (d / "checkpoints").is_dir() else d
-    found = sorted((p for p in d.glob("step*.ckpt") if _STEP.search(p.name)), key=lambda p: int(_STEP.search(p.name)[1]))
+    found = sorted(
+        (p for p in d.glob("step*.ckpt") if _STEP.search(p.name)), key=lambda p: int(_STEP.search(p.name)[1])
+    )
     if not found:
         raise UserError(f"no periodic checkpoints (stepNNNNNNN.ckpt) in {d}; pass a run directory that has trained")
     return found
@@ -61,7 +65,9 @@ def average(paths: list[Path], out: str | Path) -> Path:
             avg[key] = sum(c["state_dict"][key].double() for c in ckpts).div(len(ckpts)).to(value.dtype)
         else:
             avg[key] = value
-    result = {k: v for k, v in ckpts[-1].items() if k not in ("optimizer_states", "lr_schedulers", "loops", "callbacks")}
+    result = {
+        k: v for k, v in ckpts[-1].items() if k not in ("optimizer_states", "lr_schedulers", "loops", "callbacks")
+    }
     result["state_dict"] = avg
     result["averaged_from"] = [str(p) for p in paths]
     return atomic_torch_save(result, out)

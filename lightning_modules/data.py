@@ -116,9 +116,7 @@ def _read_lines(path: Path) -> list[str]:
         with opener(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError) as e:
-        raise UserError(
-            f"cannot read {path} ({e}); check the file or pass --data-dir with valid files"
-        ) from e
+        raise UserError(f"cannot read {path} ({e}); check the file or pass --data-dir with valid files") from e
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final newline does not start another sentence
@@ -128,8 +126,7 @@ def _read_lines(path: Path) -> list[str]:
             out.append(line.decode("utf-8").rstrip("\r"))
         except UnicodeDecodeError as e:
             raise UserError(
-                f"{path} line {i} is not valid UTF-8 ({e.reason}); "
-                "re-encode the file as UTF-8 (e.g. iconv -t utf-8)"
+                f"{path} line {i} is not valid UTF-8 ({e.reason}); re-encode the file as UTF-8 (e.g. iconv -t utf-8)"
             ) from e
     if not out:
         raise UserError(f"{path} is empty; provide a non-empty file with one sentence per line")
@@ -216,10 +213,7 @@ def _link_multi30k_dir(data_dir: Path, cache_dir: Path, src_lang: str, tgt_lang:
             "files"
         )
     test_name = "test"
-    if (
-        find_split_file(data_dir, "test", src_lang) is None
-        or find_split_file(data_dir, "test", tgt_lang) is None
-    ):
+    if find_split_file(data_dir, "test", src_lang) is None or find_split_file(data_dir, "test", tgt_lang) is None:
         log.warning("multi30k directory %s has no test split; using the %s split as test", data_dir, dev_name)
         test_name = dev_name
     key = hashlib.sha1(str(data_dir).encode()).hexdigest()[:12]
@@ -412,9 +406,7 @@ def _pack(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return flat, offsets
 
 
-def encoded_cache_path(
-    cache_dir: Path, spm_model: Path, corpus_dir: Path, split: str, src: str, tgt: str
-) -> Path:
+def encoded_cache_path(cache_dir: Path, spm_model: Path, corpus_dir: Path, split: str, src: str, tgt: str) -> Path:
     """``cache_dir/encoded/SPMSTEM-SPLIT-HASH.pt``: keyed by the SPM model and the split files' identity."""
     files = [find_split_file(corpus_dir, split, lang) for lang in (src, tgt)]
     return Path(cache_dir) / "encoded" / f"{Path(spm_model).stem}-{split}-{_files_identity(files)}.pt"
@@ -483,9 +475,7 @@ def derive_accumulation(target_tokens_per_step: int, max_tokens_per_batch: int, 
     return max(1, math.ceil(target_tokens_per_step / (max_tokens_per_batch * world_size)))
 
 
-def padding_stats(
-    batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int]
-) -> float:
+def padding_stats(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int]) -> float:
     """Fraction of padded positions over ``src`` plus ``tgt_in`` tensors of ``batches`` (0 = no waste)."""
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens) + 1
     real = padded = 0
@@ -714,9 +704,7 @@ class TranslationDataModule(pl.LightningDataModule):
                 "max_len tokens plus bos/eos fits in a batch; raise --max-tokens or lower --max-len"
             )
         if dev_subset is not None and dev_subset <= 0:
-            raise UserError(
-                f"--dev-subset must be positive, got {dev_subset}; pass a positive count or omit it"
-            )
+            raise UserError(f"--dev-subset must be positive, got {dev_subset}; pass a positive count or omit it")
         # Plain strings in hparams: Path objects would break weights_only checkpoint loading.
         data_dir = str(data_dir) if data_dir is not None else None
         cache_dir = str(cache_dir) if cache_dir is not None else None
@@ -804,9 +792,7 @@ class TranslationDataModule(pl.LightningDataModule):
         ok = (src_len <= self.max_len) & (tgt_len <= self.max_len) & (src_len > 0) & (tgt_len > 0)
         dropped = n - int(ok.sum())
         if dropped:
-            log.info(
-                "dropped %d of %d train pairs (empty or longer than %d tokens)", dropped, n, self.max_len
-            )
+            log.info("dropped %d of %d train pairs (empty or longer than %d tokens)", dropped, n, self.max_len)
         return EncodedPairs(data, keep[ok])
 
     # -- vocabulary ----------------------------------------------------------------------------------

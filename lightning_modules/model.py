@@ -43,10 +43,18 @@ class TransformerConfig:
         for name in ("N", "d_model", "d_ff", "h", "vocab_size", "max_len"):
             _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
         if self.d_k is None:
-            _require(self.d_model % self.h == 0, "d_k", f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}")
+            _require(
+                self.d_model % self.h == 0,
+                "d_k",
+                f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}",
+            )
             object.__setattr__(self, "d_k", self.d_model // self.h)
         if self.d_v is None:
-            _require(self.d_model % self.h == 0, "d_v", f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}")
+            _require(
+                self.d_model % self.h == 0,
+                "d_v",
+                f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}",
+            )
             object.__setattr__(self, "d_v", self.d_model // self.h)
         for name in ("d_k", "d_v"):
             _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")

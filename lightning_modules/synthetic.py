@@ -188,11 +188,9 @@ _ADJS = [(en, de, rank, frozenset(tags.split())) for en, de, rank, tags in _ADJS
 
 
 class _Verb:
-    __slots__ = ("en", "en3", "enpp", "de", "inf", "pp", "aux", "prefix", "frame", "subj", "obj", "obj2",
-                 "animal")
+    __slots__ = ("en", "en3", "enpp", "de", "inf", "pp", "aux", "prefix", "frame", "subj", "obj", "obj2", "animal")
 
-    def __init__(self, en, en3, enpp, de, inf, pp, frame, subj, obj="", obj2="", aux="h", prefix="",
-                 animal=None):
+    def __init__(self, en, en3, enpp, de, inf, pp, frame, subj, obj="", obj2="", aux="h", prefix="", animal=None):
         self.en, self.en3, self.enpp = en, en3, enpp
         self.de = de.split()  # 1sg, 2sg, 3sg, plural (1pl = 3pl)
         self.inf, self.pp, self.aux, self.prefix = inf, pp, aux, prefix
@@ -207,81 +205,171 @@ class _Verb:
 _VERBS = [
     # transitive, accusative object
     _Verb("see", "sees", "seen", "sehe siehst sieht sehen", "sehen", "gesehen", "tr", "animate", "any"),
-    _Verb("find", "finds", "found", "finde findest findet finden", "finden", "gefunden", "tr", "animate",
-          "any"),
-    _Verb("buy", "buys", "bought", "kaufe kaufst kauft kaufen", "kaufen", "gekauft", "tr", "person",
-          "thing food animal"),
+    _Verb("find", "finds", "found", "finde findest findet finden", "finden", "gefunden", "tr", "animate", "any"),
+    _Verb(
+        "buy", "buys", "bought", "kaufe kaufst kauft kaufen", "kaufen", "gekauft", "tr", "person", "thing food animal"
+    ),
     _Verb("read", "reads", "read", "lese liest liest lesen", "lesen", "gelesen", "tr", "person", "text"),
-    _Verb("eat", "eats", "eaten", "esse isst isst essen", "essen", "gegessen", "tr", "animate", "food",
-          animal=("fresse frisst frisst fressen", "fressen", "gefressen")),
-    _Verb("carry", "carries", "carried", "trage trägst trägt tragen", "tragen", "getragen", "tr", "animate",
-          "thing food"),
+    _Verb(
+        "eat",
+        "eats",
+        "eaten",
+        "esse isst isst essen",
+        "essen",
+        "gegessen",
+        "tr",
+        "animate",
+        "food",
+        animal=("fresse frisst frisst fressen", "fressen", "gefressen"),
+    ),
+    _Verb(
+        "carry", "carries", "carried", "trage trägst trägt tragen", "tragen", "getragen", "tr", "animate", "thing food"
+    ),
     _Verb("like", "likes", "liked", "mag magst mag mögen", "mögen", "gemocht", "tr", "animate", "any"),
     _Verb("hear", "hears", "heard", "höre hörst hört hören", "hören", "gehört", "tr", "animate", "animate"),
-    _Verb("open", "opens", "opened", "öffne öffnest öffnet öffnen", "öffnen", "geöffnet", "tr", "person",
-          "open"),
+    _Verb("open", "opens", "opened", "öffne öffnest öffnet öffnen", "öffnen", "geöffnet", "tr", "person", "open"),
     _Verb("build", "builds", "built", "baue baust baut bauen", "bauen", "gebaut", "tr", "person", "build"),
-    _Verb("catch", "catches", "caught", "fange fängst fängt fangen", "fangen", "gefangen", "tr", "animate",
-          "animal toy"),
-    _Verb("look for", "looks for", "looked for", "suche suchst sucht suchen", "suchen", "gesucht", "tr",
-          "animate", "any"),
-    _Verb("visit", "visits", "visited", "besuche besuchst besucht besuchen", "besuchen", "besucht", "tr",
-          "person", "person place"),
-    _Verb("cook", "cooks", "cooked", "koche kochst kocht kochen", "kochen", "gekocht", "tr", "person",
-          "food"),
+    _Verb(
+        "catch", "catches", "caught", "fange fängst fängt fangen", "fangen", "gefangen", "tr", "animate", "animal toy"
+    ),
+    _Verb(
+        "look for", "looks for", "looked for", "suche suchst sucht suchen", "suchen", "gesucht", "tr", "animate", "any"
+    ),
+    _Verb(
+        "visit",
+        "visits",
+        "visited",
+        "besuche besuchst besucht besuchen",
+        "besuchen",
+        "besucht",
+        "tr",
+        "person",
+        "person place",
+    ),
+    _Verb("cook", "cooks", "cooked", "koche kochst kocht kochen", "kochen", "gekocht", "tr", "person", "food"),
     # separable: the prefix goes to the end of a main clause and rejoins the verb when it is final
-    _Verb("call", "calls", "called", "rufe rufst ruft rufen", "rufen", "angerufen", "tr", "person", "person",
-          prefix="an"),
-    _Verb("invite", "invites", "invited", "lade lädst lädt laden", "laden", "eingeladen", "tr", "person",
-          "person", prefix="ein"),
-    _Verb("pick up", "picks up", "picked up", "hebe hebst hebt heben", "heben", "aufgehoben", "tr",
-          "person", "thing food", prefix="auf"),
-    _Verb("look at", "looks at", "looked at", "sehe siehst sieht sehen", "sehen", "angesehen", "tr",
-          "animate", "any", prefix="an"),
+    _Verb(
+        "call", "calls", "called", "rufe rufst ruft rufen", "rufen", "angerufen", "tr", "person", "person", prefix="an"
+    ),
+    _Verb(
+        "invite",
+        "invites",
+        "invited",
+        "lade lädst lädt laden",
+        "laden",
+        "eingeladen",
+        "tr",
+        "person",
+        "person",
+        prefix="ein",
+    ),
+    _Verb(
+        "pick up",
+        "picks up",
+        "picked up",
+        "hebe hebst hebt heben",
+        "heben",
+        "aufgehoben",
+        "tr",
+        "person",
+        "thing food",
+        prefix="auf",
+    ),
+    _Verb(
+        "look at",
+        "looks at",
+        "looked at",
+        "sehe siehst sieht sehen",
+        "sehen",
+        "angesehen",
+        "tr",
+        "animate",
+        "any",
+        prefix="an",
+    ),
     # intransitive
-    _Verb("sleep", "sleeps", "slept", "schlafe schläfst schläft schlafen", "schlafen", "geschlafen", "intr",
-          "animate"),
-    _Verb("play", "plays", "played", "spiele spielst spielt spielen", "spielen", "gespielt", "intr",
-          "animate"),
-    _Verb("work", "works", "worked", "arbeite arbeitest arbeitet arbeiten", "arbeiten", "gearbeitet", "intr",
-          "person"),
+    _Verb("sleep", "sleeps", "slept", "schlafe schläfst schläft schlafen", "schlafen", "geschlafen", "intr", "animate"),
+    _Verb("play", "plays", "played", "spiele spielst spielt spielen", "spielen", "gespielt", "intr", "animate"),
+    _Verb("work", "works", "worked", "arbeite arbeitest arbeitet arbeiten", "arbeiten", "gearbeitet", "intr", "person"),
     _Verb("wait", "waits", "waited", "warte wartest wartet warten", "warten", "gewartet", "intr", "animate"),
-    _Verb("sing", "sings", "sung", "singe singst singt singen", "singen", "gesungen", "intr",
-          "person flier"),
-    _Verb("swim", "swims", "swum", "schwimme schwimmst schwimmt schwimmen", "schwimmen", "geschwommen",
-          "intr", "animate", aux="s"),
-    _Verb("arrive", "arrives", "arrived", "komme kommst kommt kommen", "kommen", "angekommen", "intr",
-          "animate", aux="s", prefix="an"),
+    _Verb("sing", "sings", "sung", "singe singst singt singen", "singen", "gesungen", "intr", "person flier"),
+    _Verb(
+        "swim",
+        "swims",
+        "swum",
+        "schwimme schwimmst schwimmt schwimmen",
+        "schwimmen",
+        "geschwommen",
+        "intr",
+        "animate",
+        aux="s",
+    ),
+    _Verb(
+        "arrive",
+        "arrives",
+        "arrived",
+        "komme kommst kommt kommen",
+        "kommen",
+        "angekommen",
+        "intr",
+        "animate",
+        aux="s",
+        prefix="an",
+    ),
     # motion, with a directional PP
     _Verb("go", "goes", "gone", "gehe gehst geht gehen", "gehen", "gegangen", "motion", "animate", aux="s"),
-    _Verb("run", "runs", "run", "laufe läufst läuft laufen", "laufen", "gelaufen", "motion", "animate",
-          aux="s"),
-    _Verb("come", "comes", "come", "komme kommst kommt kommen", "kommen", "gekommen", "motion", "animate",
-          aux="s"),
-    _Verb("drive", "drives", "driven", "fahre fährst fährt fahren", "fahren", "gefahren", "motion", "person",
-          aux="s"),
-    _Verb("fly", "flies", "flown", "fliege fliegst fliegt fliegen", "fliegen", "geflogen", "motion",
-          "flier", aux="s"),
+    _Verb("run", "runs", "run", "laufe läufst läuft laufen", "laufen", "gelaufen", "motion", "animate", aux="s"),
+    _Verb("come", "comes", "come", "komme kommst kommt kommen", "kommen", "gekommen", "motion", "animate", aux="s"),
+    _Verb("drive", "drives", "driven", "fahre fährst fährt fahren", "fahren", "gefahren", "motion", "person", aux="s"),
+    _Verb("fly", "flies", "flown", "fliege fliegst fliegt fliegen", "fliegen", "geflogen", "motion", "flier", aux="s"),
     # dative object
-    _Verb("help", "helps", "helped", "helfe hilfst hilft helfen", "helfen", "geholfen", "dat", "animate",
-          "animate"),
-    _Verb("follow", "follows", "followed", "folge folgst folgt folgen", "folgen", "gefolgt", "dat",
-          "animate", "animate", aux="s"),
-    _Verb("thank", "thanks", "thanked", "danke dankst dankt danken", "danken", "gedankt", "dat", "person",
-          "person"),
+    _Verb("help", "helps", "helped", "helfe hilfst hilft helfen", "helfen", "geholfen", "dat", "animate", "animate"),
+    _Verb(
+        "follow",
+        "follows",
+        "followed",
+        "folge folgst folgt folgen",
+        "folgen",
+        "gefolgt",
+        "dat",
+        "animate",
+        "animate",
+        aux="s",
+    ),
+    _Verb("thank", "thanks", "thanked", "danke dankst dankt danken", "danken", "gedankt", "dat", "person", "person"),
     # ditransitive: dative recipient, accusative theme
-    _Verb("give", "gives", "given", "gebe gibst gibt geben", "geben", "gegeben", "ditr", "person",
-          "thing food", "animate"),
-    _Verb("show", "shows", "shown", "zeige zeigst zeigt zeigen", "zeigen", "gezeigt", "ditr", "person",
-          "thing animal", "person"),
-    _Verb("bring", "brings", "brought", "bringe bringst bringt bringen", "bringen", "gebracht", "ditr",
-          "person", "thing food", "animate"),
+    _Verb(
+        "give", "gives", "given", "gebe gibst gibt geben", "geben", "gegeben", "ditr", "person", "thing food", "animate"
+    ),
+    _Verb(
+        "show",
+        "shows",
+        "shown",
+        "zeige zeigst zeigt zeigen",
+        "zeigen",
+        "gezeigt",
+        "ditr",
+        "person",
+        "thing animal",
+        "person",
+    ),
+    _Verb(
+        "bring",
+        "brings",
+        "brought",
+        "bringe bringst bringt bringen",
+        "bringen",
+        "gebracht",
+        "ditr",
+        "person",
+        "thing food",
+        "animate",
+    ),
     # clausal complement: "that" + verb-final clause
     _Verb("know", "knows", "known", "weiß weißt weiß wissen", "wissen", "gewusst", "that", "person"),
     _Verb("say", "says", "said", "sage sagst sagt sagen", "sagen", "gesagt", "that", "person"),
     _Verb("think", "thinks", "thought", "denke denkst denkt denken", "denken", "gedacht", "that", "person"),
-    _Verb("believe", "believes", "believed", "glaube glaubst glaubt glauben", "glauben", "geglaubt", "that",
-          "person"),
+    _Verb("believe", "believes", "believed", "glaube glaubst glaubt glauben", "glauben", "geglaubt", "that", "person"),
 ]
 _BE = _Verb("be", "is", "been", "bin bist ist sind", "sein", "gewesen", "cop", "any", aux="s")
 _HAVE_DE = "habe hast hat haben".split()
@@ -326,26 +414,38 @@ _PREPS = [(en, de, case, kind, tags.split()) for en, de, case, kind, tags in _PR
 _PREPS_BY_KIND: dict[str, list] = {}
 for _p in _PREPS:
     _PREPS_BY_KIND.setdefault(_p[3], []).append(_p)
-_CONTRACTIONS = {("in", "dem"): "im", ("in", "das"): "ins", ("zu", "dem"): "zum", ("zu", "der"): "zur",
-                 ("von", "dem"): "vom"}
+_CONTRACTIONS = {
+    ("in", "dem"): "im",
+    ("in", "das"): "ins",
+    ("zu", "dem"): "zum",
+    ("zu", "der"): "zur",
+    ("von", "dem"): "vom",
+}
 
 # (English, German, may precede the main clause)
-_SUB_CONJS = [("because", "weil", False), ("when", "wenn", True), ("while", "während", True),
-              ("although", "obwohl", True), ("if", "wenn", True)]
+_SUB_CONJS = [
+    ("because", "weil", False),
+    ("when", "wenn", True),
+    ("while", "während", True),
+    ("although", "obwohl", True),
+    ("if", "wenn", True),
+]
 
 _PRONOUNS = [  # (English, German, person, number)
-    ("I", "ich", 1, "sg"), ("you", "du", 2, "sg"), ("he", "er", 3, "sg"), ("she", "sie", 3, "sg"),
-    ("we", "wir", 1, "pl"), ("they", "sie", 3, "pl"),
+    ("I", "ich", 1, "sg"),
+    ("you", "du", 2, "sg"),
+    ("he", "er", 3, "sg"),
+    ("she", "sie", 3, "sg"),
+    ("we", "wir", 1, "pl"),
+    ("they", "sie", 3, "pl"),
 ]
 _DE_PRON = {"m": "er", "f": "sie", "n": "es"}
 _PERSON_TAGS = frozenset(["person", "animate", "any"])
 
 # ------------------------------------------------------------------------------------------ morphology
 
-_DER = {"nom": ("der", "die", "das", "die"), "acc": ("den", "die", "das", "die"),
-        "dat": ("dem", "der", "dem", "den")}
-_DIES_ENDINGS = {"nom": ("er", "e", "es", "e"), "acc": ("en", "e", "es", "e"),
-                 "dat": ("em", "er", "em", "en")}
+_DER = {"nom": ("der", "die", "das", "die"), "acc": ("den", "die", "das", "die"), "dat": ("dem", "der", "dem", "den")}
+_DIES_ENDINGS = {"nom": ("er", "e", "es", "e"), "acc": ("en", "e", "es", "e"), "dat": ("em", "er", "em", "en")}
 _GENDER_INDEX = {"m": 0, "f": 1, "n": 2}
 
 
@@ -550,8 +650,7 @@ def _add_pp(rng: random.Random, clause: _Clause, kind: str, exclude) -> None:
     clause.pps.append((prep, np))
 
 
-def _make_clause(rng: random.Random, subj: _Subj | None = None, frame: str | None = None,
-                 main: bool = True) -> _Clause:
+def _make_clause(rng: random.Random, subj: _Subj | None = None, frame: str | None = None, main: bool = True) -> _Clause:
     if frame is None:
         frame = rng.choices(_FRAME_NAMES, cum_weights=_FRAME_CUM)[0]
     verbs = _VERBS_BY_FRAME[frame]
@@ -677,7 +776,7 @@ def _de_pp(pp) -> str:
     short = _CONTRACTIONS.get((de_prep, det))
     if short:
         # The contraction absorbs the article; the adjectives keep their weak endings.
-        return short + " " + np.de(case)[len(det) + 1:]
+        return short + " " + np.de(case)[len(det) + 1 :]
     return de_prep + " " + np.de(case)
 
 
@@ -758,8 +857,7 @@ def _pronoun_safe(antecedent: _Subj, clause: _Clause) -> bool:
 
     Otherwise "the dog sees the cat because it ..." would leave the German er/sie a coin flip.
     """
-    return all((np.noun.en_pron if np.number == "sg" else "they") != antecedent.en_pron
-               for np in clause.nps())
+    return all((np.noun.en_pron if np.number == "sg" else "they") != antecedent.en_pron for np in clause.nps())
 
 
 def _maybe_pronoun(rng: random.Random, antecedent: _Clause, p: float) -> _Subj | None:
@@ -822,8 +920,9 @@ def _n_words(text: str) -> int:
     return len(text.split())
 
 
-def generate(seed: int = 1234, n_train: int = 24000, n_dev: int = 1000, n_test: int = 1000
-             ) -> dict[str, list[tuple[str, str]]]:
+def generate(
+    seed: int = 1234, n_train: int = 24000, n_dev: int = 1000, n_test: int = 1000
+) -> dict[str, list[tuple[str, str]]]:
     """Return {"train": [(en, de), ...], "dev": [...], "test": [...]}.
 
     Splits are disjoint by English sentence and free of duplicates, sizes are exactly as requested,
@@ -844,14 +943,13 @@ def generate(seed: int = 1234, n_train: int = 24000, n_dev: int = 1000, n_test: 
         if attempts > max_attempts:
             raise ValueError(f"could not generate {total} distinct sentences; ask for fewer")
         en, de = _sentence(rng)
-        if en in seen or not (MIN_WORDS <= _n_words(en) <= MAX_WORDS
-                              and MIN_WORDS <= _n_words(de) <= MAX_WORDS):
+        if en in seen or not (MIN_WORDS <= _n_words(en) <= MAX_WORDS and MIN_WORDS <= _n_words(de) <= MAX_WORDS):
             continue
         seen.add(en)
         pairs.append((en, de))
     out, start = {}, 0
     for name, n in zip(SPLIT_NAMES, sizes, strict=True):
-        out[name] = pairs[start:start + n]
+        out[name] = pairs[start : start + n]
         start += n
     return out
 
@@ -860,8 +958,14 @@ def generate(seed: int = 1234, n_train: int = 24000, n_dev: int = 1000, n_test: 
 
 
 def _meta(seed: int, n_train: int, n_dev: int, n_test: int) -> dict:
-    return {"generator": "aiayn.synthetic", "grammar_version": GRAMMAR_VERSION, "seed": seed,
-            "n_train": n_train, "n_dev": n_dev, "n_test": n_test}
+    return {
+        "generator": "aiayn.synthetic",
+        "grammar_version": GRAMMAR_VERSION,
+        "seed": seed,
+        "n_train": n_train,
+        "n_dev": n_dev,
+        "n_test": n_test,
+    }
 
 
 def _corpus_files() -> list[str]:
@@ -876,8 +980,9 @@ def _is_complete(out_dir: pathlib.Path, meta: dict) -> bool:
     return stored == meta and all((out_dir / name).is_file() for name in _corpus_files())
 
 
-def write_corpus(out_dir: str | os.PathLike, seed: int = 1234, n_train: int = 24000, n_dev: int = 1000,
-                 n_test: int = 1000) -> pathlib.Path:
+def write_corpus(
+    out_dir: str | os.PathLike, seed: int = 1234, n_train: int = 24000, n_dev: int = 1000, n_test: int = 1000
+) -> pathlib.Path:
     """Write {train,dev,test}.{en,de} and meta.json into out_dir, or reuse a matching corpus there.
 
     The corpus is built in a temporary sibling directory and renamed into place, so an interrupted run
@@ -894,8 +999,9 @@ def write_corpus(out_dir: str | os.PathLike, seed: int = 1234, n_train: int = 24
         if not out_dir.is_dir():
             raise UserError(f"corpus path {out_dir} exists and is not a directory; pass another path")
         if any(out_dir.iterdir()) and not (out_dir / "meta.json").exists():
-            raise UserError(f"{out_dir} is not empty and holds no synthetic corpus (no meta.json); "
-                            "pass an empty or new directory")
+            raise UserError(
+                f"{out_dir} is not empty and holds no synthetic corpus (no meta.json); pass an empty or new directory"
+            )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     corpus = generate(seed, n_train, n_dev, n_test)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))

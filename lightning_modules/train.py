@@ -24,14 +24,13 @@ from lightning.pytorch.loggers import CSVLogger
 
 from ablations.errors import UserError
 from ablations.files import atomic_write_json, atomic_write_text
-from ablations.presets import get_preset, preset_dict, resolve
+from ablations.presets import MODEL_KEYS, get_preset, model_config, preset_dict, resolve
 from lightning_modules.data import TranslationDataModule, derive_accumulation
 from lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
-from lightning_modules.model import TransformerConfig, count_params
+from lightning_modules.model import count_params
 from lightning_modules.module import TranslationModule
 
 log = logging.getLogger(__name__)
-MODEL_KEYS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
 
 
 @dataclass
@@ -66,13 +65,6 @@ class TrainOptions:
 
 def run_dir(out: str | Path, preset: str, corpus: str, row: str, seed: int) -> Path:
     return Path(out) / preset / corpus / row / f"seed{seed}"
-
-
-def model_config(resolved: dict, vocab_size: int, max_len: int) -> TransformerConfig:
-    try:
-        return TransformerConfig(**{k: resolved[k] for k in MODEL_KEYS}, vocab_size=vocab_size, max_len=max_len)
-    except ValueError as e:  # impossible row values: name the field and the fix
-        raise UserError(f"{e} (row {resolved['row']} at preset {resolved['preset']}); fix the row's line in ablations/") from e
 
 
 def build_datamodule(opts: TrainOptions, preset) -> TranslationDataModule:

@@ -9,18 +9,16 @@ import torch
 
 from ablations.cli import main
 from ablations.errors import UserError
-from ablations.presets import PRESETS, resolve
+from ablations.presets import PRESETS, model_config, resolve
 from ablations.table import load_rows, select_rows
-from lightning_modules.model import Transformer, TransformerConfig, count_params
+from lightning_modules.model import Transformer, count_params
 
 PAPER_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
               "D1", "D2", "D3", "D4", "E1", "big"]  # fmt: skip
-MODEL_KEYS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
 
 
 def config_of(row, preset, vocab):
-    r = resolve(row, preset)
-    return TransformerConfig(**{k: r[k] for k in MODEL_KEYS}, vocab_size=vocab)
+    return model_config(resolve(row, preset), vocab)
 
 
 def test_table_holds_every_paper_row_with_its_reported_results():

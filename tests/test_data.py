@@ -32,9 +32,7 @@ def _write(path: Path, lines: list[str]) -> None:
     path.write_bytes(gzip.compress(text) if path.name.endswith(".gz") else text)
 
 
-def _corpus(
-    root: Path, src="en", tgt="de", sizes=(400, 40, 30), names=("train", "dev", "test"), gz=False
-) -> Path:
+def _corpus(root: Path, src="en", tgt="de", sizes=(400, 40, 30), names=("train", "dev", "test"), gz=False) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for name, n, seed in zip(names, sizes, (1, 2, 3), strict=True):
         src_lines = _sentences(n, seed)

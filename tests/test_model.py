@@ -9,7 +9,9 @@ from lightning_modules.model import PE_TYPES, MultiHeadAttention, Transformer, T
 
 
 def small_cfg(**kw):
-    return TransformerConfig(**{"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "vocab_size": 50, "P_drop": 0.0, "max_len": 64, **kw})
+    return TransformerConfig(
+        **{"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "vocab_size": 50, "P_drop": 0.0, "max_len": 64, **kw}
+    )
 
 
 def test_sinusoid_values_at_known_positions():

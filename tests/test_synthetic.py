@@ -58,17 +58,20 @@ def test_golden_first_pairs_of_seed_1():
     c = syn.generate(seed=1, n_train=2, n_dev=1, n_test=1)
     assert c["train"] == [
         ("The horse helps the pig.", "Das Pferd hilft dem Schwein."),
-        ("They help the black dog when a warm house has been new, and the daughters can show my fathers "
-         "three bags.",
-         "Sie helfen dem schwarzen Hund, wenn ein warmes Haus neu gewesen ist, und die Töchter können "
-         "meinen Vätern drei Taschen zeigen."),
+        (
+            "They help the black dog when a warm house has been new, and the daughters can show my fathers three bags.",
+            "Sie helfen dem schwarzen Hund, wenn ein warmes Haus neu gewesen ist, und die Töchter können "
+            "meinen Vätern drei Taschen zeigen.",
+        ),
     ]
     assert c["dev"] == [("My lazy boy can visit a farmer.", "Mein fauler Junge kann einen Bauern besuchen.")]
     assert c["test"] == [
-        ("The clever old mother has picked up the picture if she has carried two cups at night, and on my "
-         "bridge the big boys have carried the small book.",
-         "Die kluge alte Mutter hat das Bild aufgehoben, wenn sie in der Nacht zwei Tassen getragen hat, und "
-         "auf meiner Brücke haben die großen Jungen das kleine Buch getragen."),
+        (
+            "The clever old mother has picked up the picture if she has carried two cups at night, and on my "
+            "bridge the big boys have carried the small book.",
+            "Die kluge alte Mutter hat das Bild aufgehoben, wenn sie in der Nacht zwei Tassen getragen hat, und "
+            "auf meiner Brücke haben die großen Jungen das kleine Buch getragen.",
+        ),
     ]
 
 
@@ -124,20 +127,52 @@ def test_surface_form(corpus):
 
 def test_every_phenomenon_occurs(corpus):
     de = "\n".join(p[1] for p in corpus["train"])
-    for marker in [", weil ", ", dass ", ", obwohl ", "Wenn ", " kein", " nicht ", " den ", " dem ", " im ",
-                   " zum ", " zur ", " ins ", " mit ", " für ", " durch ", " ist ", " hat ", " kann ", "?",
-                   " isst", " frisst", " ruft ", " anruft", "Heute ", "Gestern "]:
+    for marker in [
+        ", weil ",
+        ", dass ",
+        ", obwohl ",
+        "Wenn ",
+        " kein",
+        " nicht ",
+        " den ",
+        " dem ",
+        " im ",
+        " zum ",
+        " zur ",
+        " ins ",
+        " mit ",
+        " für ",
+        " durch ",
+        " ist ",
+        " hat ",
+        " kann ",
+        "?",
+        " isst",
+        " frisst",
+        " ruft ",
+        " anruft",
+        "Heute ",
+        "Gestern ",
+    ]:
         assert marker in de, marker
 
 
 # --------------------------------------------------------------------------------- German morphology
 
 
-@pytest.mark.parametrize(("det", "case", "expected"), [
-    ("the", "nom", "der große Hund"), ("the", "acc", "den großen Hund"), ("the", "dat", "dem großen Hund"),
-    ("a", "nom", "ein großer Hund"), ("a", "acc", "einen großen Hund"), ("a", "dat", "einem großen Hund"),
-    ("this", "acc", "diesen großen Hund"), ("my", "dat", "meinem großen Hund"),
-])
+@pytest.mark.parametrize(
+    ("det", "case", "expected"),
+    [
+        ("the", "nom", "der große Hund"),
+        ("the", "acc", "den großen Hund"),
+        ("the", "dat", "dem großen Hund"),
+        ("a", "nom", "ein großer Hund"),
+        ("a", "acc", "einen großen Hund"),
+        ("a", "dat", "einem großen Hund"),
+        ("this", "acc", "diesen großen Hund"),
+        ("my", "dat", "meinem großen Hund"),
+    ],
+)
 def test_masculine_articles_and_adjective_endings(det, case, expected):
     assert np_("dog", "sg", det, "big").de(case) == expected
 
@@ -297,8 +332,9 @@ def test_write_corpus_writes_and_reuses(tmp_path):
     os.utime(out / "train.en", ns=(1, 1))  # make any rewrite visible even on coarse clocks
     assert syn.write_corpus(str(out), seed=2, n_train=40, n_dev=7, n_test=5) == out
     assert (out / "train.en").stat().st_mtime_ns == 1
-    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "train.en"} == \
-        {k: v for k, v in stamps.items() if k != "train.en"}
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "train.en"} == {
+        k: v for k, v in stamps.items() if k != "train.en"
+    }
 
     syn.write_corpus(out, seed=3, n_train=40, n_dev=7, n_test=5)  # new parameters: regenerated
     assert json.loads((out / "meta.json").read_text())["seed"] == 3

@@ -10,7 +10,19 @@ import torch
 
 from ablations.cli import main
 
-FAST = ["--max-steps", "2", "--ckpt-every", "1", "--dev-subset", "4", "--eval-subset", "4", "--no-progress", "--accelerator", "cpu"]
+FAST = [
+    "--max-steps",
+    "2",
+    "--ckpt-every",
+    "1",
+    "--dev-subset",
+    "4",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
