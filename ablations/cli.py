@@ -208,15 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configure_logging(level: int) -> None:
-    """Our packages log to stderr; Lightning keeps its own handler (configuring the root logger
-    would print each of its lines twice)."""
+    """Our packages log to stderr; the root logger is left alone (Lightning has its own handler, so
+    a root handler would print each of its lines twice)."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     for name in ("ablations", "lightning_modules", "sweeps", "reports", "aiayn"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.setLevel(level)
-        logger.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -148,3 +148,22 @@ def test_bad_flags_are_one_line_exit_2(argv, message, tmp_path, cache, capsys):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_translate_a_file(trained, tmp_path, capsys):
+    src = tmp_path / "in.en"
+    src.write_text("The dog sees the cat.\nToday the small boy sleeps in the garden.\n")
+    out = tmp_path / "out.de"
+    ckpt = trained / "checkpoints" / "last.ckpt"
+    assert main(["translate", "--ckpt", str(ckpt), "--input", str(src), "--output", str(out), "--beam", "2"]) == 0
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_a_clear_error(trained, tmp_path, capsys):
+    ckpt = torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)
+    ckpt["hyper_parameters"]["model_cfg"]["d_ff"] = 64  # weights of d_ff=512 under a config of d_ff=64
+    bad = tmp_path / "other.ckpt"
+    torch.save(ckpt, bad)
+    assert main(["eval", "--ckpt", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "does not match its own config" in err and err.count("\n") == 1

@@ -1,0 +1,22 @@
+"""Slow tier (`pytest -m slow`): the README's main command, trained for real on the CPU."""
+
+import json
+
+import pytest
+
+from ablations.cli import main
+
+# Measured with `aiayn train --row base --preset tiny` on a 2-core CPU (BENCHMARKS.md); the floor
+# leaves a margin for run-to-run differences of thread scheduling, not for a broken model.
+TINY_BASE_DEV_BLEU = 57.48
+MARGIN = 8.0
+
+
+@pytest.mark.slow
+def test_tiny_base_row_learns_the_synthetic_corpus(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
+    assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(tmp_path / "runs"), "--no-progress"]) == 0
+    metrics = json.loads((tmp_path / "runs/tiny/synthetic/base/seed0/metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["dev_sentences"] == 1000
+    assert metrics["dev_bleu"] >= TINY_BASE_DEV_BLEU - MARGIN, metrics
+    assert metrics["dev_ppl"] < 10, metrics
