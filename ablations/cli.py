@@ -134,6 +134,21 @@ def cmd_average(args) -> None:
     print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {out}")
 
 
+def cmd_bench(args) -> None:
+    from lightning_modules.bench import main as bench_main
+
+    code = bench_main(args.bench_args)
+    if code:
+        raise SystemExit(code)
+
+
+def cmd_report(args) -> None:
+    from reports.build import write_reports
+
+    for path in write_reports(args.runs, args.out, preset=args.preset):
+        print(path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aiayn", description="Table 3 of 'Attention Is All You Need', reproduced.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -199,6 +214,16 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--batch-size", type=_positive_int, default=64)
             e.set_defaults(func=cmd_translate)
 
+    b = sub.add_parser("bench", help="training and decoding speed, side by side with peers", add_help=False)
+    b.add_argument("bench_args", nargs=argparse.REMAINDER, help="see `aiayn bench --help`")
+    b.set_defaults(func=cmd_bench)
+
+    rp = sub.add_parser("report", help="Table 3 report tables and plots from every metrics.json under --runs")
+    rp.add_argument("--runs", default="runs")
+    rp.add_argument("--out", default="reports")
+    rp.add_argument("--preset", default=None, help="only this preset (default: every preset found)")
+    rp.set_defaults(func=cmd_report)
+
     a = sub.add_parser("average", help="average the last k periodic checkpoints of a run")
     a.add_argument("--run", required=True, help="run directory or its checkpoints/ directory")
     a.add_argument("--last", type=_positive_int, default=5)
@@ -219,7 +244,11 @@ def configure_logging(level: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # `aiayn bench` owns its flags (argparse.REMAINDER drops leading options)
+        args = argparse.Namespace(func=cmd_bench, bench_args=argv[1:], verbose=False)
+    else:
+        args = build_parser().parse_args(argv)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         args.func(args)
