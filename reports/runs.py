@@ -1,0 +1,128 @@
+"""Reading finished (and failed) runs: every metrics.json under a runs directory, and their curves."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ablations.errors import UserError
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("row", "seed", "preset", "status")  # without these a metrics.json cannot be placed in the table
+
+
+@dataclass(frozen=True)
+class Run:
+    dir: Path
+    metrics: dict
+
+    @property
+    def row(self) -> str:
+        return str(self.metrics["row"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.metrics["seed"])
+
+    @property
+    def preset(self) -> str:
+        return str(self.metrics["preset"])
+
+    @property
+    def data(self) -> str:
+        return str(self.metrics.get("data") or "")
+
+    @property
+    def completed(self) -> bool:
+        return self.metrics["status"] == "completed"
+
+
+@dataclass
+class Scan:
+    runs: list[Run] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (path relative to runs_dir, reason)
+
+
+def _load(path: Path) -> dict:
+    """One metrics.json; ValueError (with a short reason) when it cannot be used."""
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"unreadable ({type(e).__name__})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from e
+    if not isinstance(metrics, dict):
+        raise ValueError("not a JSON object")
+    missing = [k for k in REQUIRED if k not in metrics]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    try:
+        int(metrics["seed"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"seed {metrics['seed']!r} is not an integer") from e
+    return metrics
+
+
+def scan(runs_dir: str | Path) -> Scan:
+    """Every metrics.json under `runs_dir` (recursively); corrupt ones are skipped, named and logged."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise UserError(
+            f"runs directory {str(runs_dir)!r} does not exist; train some rows first (`aiayn train`) or pass --runs DIR"
+        )
+    paths = sorted(runs_dir.rglob("metrics.json"))
+    # a run's own metrics.json sits in its run directory; Lightning's logs/ never hold one, but be safe
+    paths = [p for p in paths if "logs" not in p.relative_to(runs_dir).parts[:-1]]
+    if not paths:
+        raise UserError(
+            f"no metrics.json under {str(runs_dir)!r}; train some rows first (`aiayn train`) or pass --runs DIR"
+        )
+    out = Scan()
+    for path in paths:
+        try:
+            out.runs.append(Run(path.parent, _load(path)))
+        except ValueError as e:
+            rel = path.relative_to(runs_dir)
+            log.warning("skipping %s: %s", path, e)
+            out.skipped.append((rel, str(e)))
+    return out
+
+
+def read_text_lines(path: Path) -> list[str] | None:
+    """Lines of a dev.hyp / dev.ref (without the final newline), or None when missing or unreadable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text.rstrip("\n").split("\n") if text else []
+
+
+def _version(p: Path) -> int:
+    m = re.fullmatch(r"version_(\d+)", p.parent.name)
+    return int(m.group(1)) if m else -1
+
+
+def read_curve(run_dir: Path, metric: str = "val/bleu") -> pd.DataFrame:
+    """`step` and `metric` over all attempts (logs/version_N, by N); a step logged twice keeps the later attempt."""
+    frames = []
+    for i, path in enumerate(sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=_version)):
+        try:
+            df = pd.read_csv(path)
+        except (OSError, ValueError, pd.errors.ParserError) as e:
+            log.warning("skipping curve %s: %s", path, e)
+            continue
+        if "step" not in df.columns or metric not in df.columns:
+            continue
+        df = df[["step", metric]].dropna()
+        frames.append(df.assign(_attempt=i))
+    if not frames:
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), metric: pd.Series(dtype="float64")})
+    df = pd.concat(frames, ignore_index=True)
+    df = df.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
+    return df[["step", metric]].astype({"step": "int64"}).reset_index(drop=True)

@@ -1,0 +1,171 @@
+"""Table 3 of one (preset, corpus) from its runs: one line per row, in the paper's order, with the paper beside us."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+
+from ablations.presets import Preset, scale
+from ablations.table import load_rows
+from reports import significance
+from reports.runs import Run, read_text_lines
+
+log = logging.getLogger(__name__)
+
+SETTINGS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
+SIGN_MIN_PAPER_DELTA = 0.3  # the paper's |Δ BLEU| below this is within its own noise: no sign to agree with
+COLUMNS = [
+    "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
+    "paper_ppl", "paper_bleu", "paper_params_m", "delta_bleu", "paper_delta_bleu", "signs_agree",
+    "bootstrap_seed", "bootstrap_p", "sig",
+]  # fmt: skip
+
+
+def row_order(names: set[str]) -> list[str]:
+    """The paper's rows (then the extended ones) in table order, then rows unknown to ablations/, sorted."""
+    known = [r for r in load_rows() if r in names]
+    return known + sorted(names - set(known))
+
+
+def _settings(row: str, runs: list[Run], preset: Preset | None) -> dict:
+    """The row's settings as run (metrics.json's config), else as the preset's rule would run it."""
+    for run in sorted(runs, key=lambda r: (not r.completed, r.seed)):
+        config = run.metrics.get("config")
+        if isinstance(config, dict) and config:
+            return {k: config.get(k) for k in SETTINGS}
+    paper = load_rows().get(row)
+    if paper is not None and preset is not None:
+        return {k: scale(paper, preset)[k] for k in SETTINGS}
+    return dict.fromkeys(SETTINGS)
+
+
+def _steps(row: str, done: list[Run], preset: Preset | None):
+    """Optimizer steps the completed runs trained (a/b when they differ); the preset's plan when none completed."""
+    steps = sorted({int(r.metrics["steps"]) for r in done if r.metrics.get("steps") is not None})
+    if len(steps) == 1:
+        return steps[0]
+    if steps:
+        return "/".join(map(str, steps))
+    paper = load_rows().get(row)
+    return scale(paper, preset)["train_steps"] if paper is not None and preset is not None else None
+
+
+def _mean_std(values: list) -> tuple[float, float]:
+    s = pd.Series([v for v in values if v is not None], dtype="float64").dropna()
+    if s.empty:
+        return np.nan, np.nan
+    return float(s.mean()), float(s.std(ddof=1)) if len(s) > 1 else np.nan
+
+
+def _paper(row: str, runs: list[Run]) -> tuple:
+    paper = load_rows().get(row)
+    if paper is not None:
+        return paper.paper_ppl, paper.paper_bleu, paper.paper_params_m
+    m = runs[0].metrics
+    return m.get("paper_ppl"), m.get("paper_bleu"), m.get("paper_params_m")
+
+
+def _num(x) -> float:
+    return np.nan if x is None else float(x)
+
+
+class _Files:
+    """dev.hyp / dev.ref of runs, each read once."""
+
+    def __init__(self):
+        self._cache = {}
+
+    def lines(self, run: Run, name: str) -> list[str] | None:
+        key = (run.dir, name)
+        if key not in self._cache:
+            self._cache[key] = read_text_lines(run.dir / name)
+        return self._cache[key]
+
+
+def _bootstrap(row_runs: dict[int, Run], base_runs: dict[int, Run], files: _Files) -> tuple[int | None, float | None]:
+    """(seed, p) of the paired bootstrap of the row's hypotheses against base's, seed 0 or the first common seed."""
+    seeds = sorted(
+        s
+        for s in set(row_runs) & set(base_runs)
+        if files.lines(row_runs[s], "dev.hyp") is not None and files.lines(base_runs[s], "dev.hyp") is not None
+    )
+    if not seeds:
+        return None, None
+    seed = 0 if 0 in seeds else seeds[0]
+    row_run, base_run = row_runs[seed], base_runs[seed]
+    refs = files.lines(row_run, "dev.ref")
+    base_refs = files.lines(base_run, "dev.ref")
+    if refs is None:
+        refs = base_refs
+    if refs is None or (base_refs is not None and base_refs != refs):
+        log.warning("no paired bootstrap for %s: dev.ref missing or differs from base's", row_run.dir)
+        return None, None
+    try:
+        p = significance.paired_bootstrap(files.lines(base_run, "dev.hyp"), files.lines(row_run, "dev.hyp"), refs)
+    except ValueError as e:
+        log.warning("no paired bootstrap for %s: %s", row_run.dir, e)
+        return None, None
+    return seed, p
+
+
+def build_table(runs: list[Run], preset: Preset | None) -> pd.DataFrame:
+    """One line per row that has any run (completed or not), columns COLUMNS, numbers unrounded."""
+    by_row: dict[str, list[Run]] = {}
+    for run in runs:
+        by_row.setdefault(run.row, []).append(run)
+    paper_rows = load_rows()
+    completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
+    files = _Files()
+    records = []
+    for row in row_order(set(by_row)):
+        rs = by_row[row]
+        done = sorted(completed[row].values(), key=lambda r: r.seed)
+        ppl, ppl_std = _mean_std([r.metrics.get("dev_ppl") for r in done])
+        bleu, bleu_std = _mean_std([r.metrics.get("dev_bleu") for r in done])
+        params, _ = _mean_std([r.metrics.get("params") for r in done])
+        paper_ppl, paper_bleu, paper_params = _paper(row, rs)
+        group = paper_rows[row].group if row in paper_rows else str(rs[0].metrics.get("group") or "other")
+        seed, p = (None, None) if row == "base" else _bootstrap(completed[row], completed.get("base", {}), files)
+        records.append(
+            {
+                "group": group, "row": row, **_settings(row, rs, preset), "steps": _steps(row, done, preset),
+                "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu, "bleu_std": bleu_std,
+                "params_m": params / 1e6, "paper_ppl": _num(paper_ppl), "paper_bleu": _num(paper_bleu),
+                "paper_params_m": _num(paper_params), "bootstrap_seed": seed, "bootstrap_p": _num(p),
+            }
+        )  # fmt: skip
+    df = pd.DataFrame.from_records(records)
+    base = df[df["row"] == "base"]
+    our_base = base["bleu"].iloc[0] if len(base) else np.nan
+    paper_base = paper_rows["base"].paper_bleu
+    not_base = df["row"] != "base"
+    df["delta_bleu"] = (df["bleu"] - our_base).where(not_base)
+    # the paper's BLEUs have one decimal: round away float noise (25.5 - 25.8 = -0.3000000000000007)
+    df["paper_delta_bleu"] = (df["paper_bleu"] - paper_base).round(6).where(not_base)
+    eligible = df["delta_bleu"].notna() & df["paper_delta_bleu"].notna()
+    eligible &= df["paper_delta_bleu"].abs() >= SIGN_MIN_PAPER_DELTA
+    agree = np.sign(df["delta_bleu"]) == np.sign(df["paper_delta_bleu"])
+    df["signs_agree"] = np.where(eligible, np.where(agree, "yes", "no"), "")
+    df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
+    df["bootstrap_seed"] = df["bootstrap_seed"].astype("Int64")
+    for k in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "n"):
+        df[k] = df[k].astype("Int64")
+    return df[COLUMNS]
+
+
+def rounded(df: pd.DataFrame) -> pd.DataFrame:
+    """The CSV's numbers: BLEU, PPL, params and deltas to 2 decimals, p to 4."""
+    out = df.copy()
+    for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu"):
+        out[k] = out[k].round(2)
+    out["bootstrap_p"] = out["bootstrap_p"].round(4)
+    return out
+
+
+def sign_score(df: pd.DataFrame) -> tuple[int, int, list[str]]:
+    """(agreeing rows, rows with a sign to agree with, the rows that disagree)."""
+    judged = df[df["signs_agree"] != ""]
+    disagree = list(judged.loc[judged["signs_agree"] == "no", "row"])
+    return int((judged["signs_agree"] == "yes").sum()), len(judged), disagree
