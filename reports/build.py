@@ -57,10 +57,10 @@ def write_reports(runs_dir: str | Path, out_dir: str | Path, preset: str | None 
     if preset is not None:
         keys = [k for k in keys if k[0] == preset]
     if not keys:
-        what = f"of preset {preset!r} " if preset else "readable "
+        what = f"metrics.json of preset {preset!r}" if preset else "readable metrics.json"
         there = sorted({r.preset for r in found.runs})
         raise UserError(
-            f"no {what}metrics.json under {str(runs_dir)!r} (presets found: {', '.join(there) or 'none'}; "
+            f"no {what} under {str(runs_dir)!r} (presets found: {', '.join(there) or 'none'}; "
             f"{len(found.skipped)} file(s) skipped); train the preset first or pick another --preset"
         )
     command = command_line(runs_dir, out_dir, preset)
