@@ -2,9 +2,10 @@
 
 Every run lives in a directory that depends only on (preset, corpus, row, seed), so a rerun of the
 same command resumes from `checkpoints/last.ckpt` instead of starting over. The directory holds
-`config.json` (the resolved config, written before training), `checkpoints/`, `logs/version_N/metrics.csv`
-(Lightning's CSV logger, one per attempt: the training and validation curves), `dev.hyp` (final dev translations) and
-`metrics.json` (the result, written last and atomically).
+`config.json` (the resolved config, written before training), `checkpoints/`,
+`logs/version_N/metrics.csv` (Lightning's CSV logger, one per attempt: training and validation
+curves), `dev.hyp`/`dev.ref` (final dev translations and their references) and `metrics.json`
+(the result, written last and atomically).
 """
 
 from __future__ import annotations
@@ -166,7 +167,9 @@ def train(opts: TrainOptions) -> dict:
     )
     full_dev.setup("validate")
     result = evaluate(module.model, full_dev, "dev")
+    # hypotheses and their references side by side: the report's paired bootstrap needs both
     atomic_write_text(out_dir / "dev.hyp", "\n".join(result.pop("hypotheses")) + "\n")
+    atomic_write_text(out_dir / "dev.ref", "\n".join(full_dev.references("dev")) + "\n")
     return write_metrics(
         out_dir, config, status="completed", steps=trainer.global_step, params=count_params(cfg),
         train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
