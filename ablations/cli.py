@@ -149,6 +149,33 @@ def cmd_report(args) -> None:
         print(path)
 
 
+def cmd_table3(args) -> None:
+    from sweeps.table3 import SweepOptions, run_table3
+
+    opts = SweepOptions(
+        preset=args.preset, rows=args.rows, extended=args.extended, seeds=args.seeds, storage=args.storage,
+        out=args.out, report=args.report or None, data=args.data, data_dir=args.data_dir, wandb=args.wandb,
+    )  # fmt: skip
+    summary = run_table3(opts)
+    print(f"table3 {args.preset}: {summary['completed']} completed, {summary['failed']} failed of {summary['ran']} run "
+          f"({summary['pairs']} pairs in the table)")  # fmt: skip
+    for path in summary.get("report", []):
+        print(path)
+
+
+def cmd_sweep_export(args) -> None:
+    from ablations.files import atomic_write_text
+    from sweeps.export import wandb_yaml
+
+    if not args.wandb:
+        raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
+    text = wandb_yaml(args.preset, args.rows, args.seeds, args.extended)
+    if args.out:
+        atomic_write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aiayn", description="Table 3 of 'Attention Is All You Need', reproduced.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -217,6 +244,30 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="training and decoding speed, side by side with peers", add_help=False)
     b.add_argument("bench_args", nargs=argparse.REMAINDER, help="see `aiayn bench --help`")
     b.set_defaults(func=cmd_bench)
+
+    t3 = sub.add_parser("table3", help="run Table 3 as a sweep (Optuna keeps the books), then write the report")
+    t3.add_argument("--preset", default="tiny")
+    t3.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all paper rows)")
+    t3.add_argument("--extended", action="store_true", help="include the extended rows beyond the paper")
+    t3.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per row")
+    t3.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///OUT/optuna.db)")
+    t3.add_argument("--out", default="runs")
+    t3.add_argument("--report", default="reports", help="report directory ('' for none)")
+    t3.add_argument("--data", default=None)
+    t3.add_argument("--data-dir", default=None)
+    t3.add_argument("--wandb", action="store_true")
+    t3.set_defaults(func=cmd_table3)
+
+    sw = sub.add_parser("sweep", help="sweep definitions generated from ablations/")
+    swsub = sw.add_subparsers(dest="sweep_command", required=True)
+    ex = swsub.add_parser("export", help="write a sweep definition (to stdout without --out)")
+    ex.add_argument("--wandb", action="store_true", help="a W&B sweep YAML (grid over row x seed)")
+    ex.add_argument("--preset", default="tiny")
+    ex.add_argument("--rows", default=None)
+    ex.add_argument("--extended", action="store_true")
+    ex.add_argument("--seeds", type=_positive_int, default=1)
+    ex.add_argument("--out", default=None)
+    ex.set_defaults(func=cmd_sweep_export)
 
     rp = sub.add_parser("report", help="Table 3 report tables and plots from every metrics.json under --runs")
     rp.add_argument("--runs", default="runs")

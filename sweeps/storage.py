@@ -1,0 +1,44 @@
+"""Optuna storages by URL: SQLite for one machine, a journal file for a shared filesystem, any RDB
+(PostgreSQL, MySQL) for many nodes. Passwords never appear in messages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+
+from ablations.errors import UserError
+
+RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
+
+
+def mask(url: str) -> str:
+    """The URL with any password replaced by ***."""
+    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.BaseStorage:
+    """`sqlite:///PATH`, `postgresql://USER:PASS@HOST/DB`, `mysql://…`, or `journal:///PATH` (a file)."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0] if ":" in url else ""
+    if scheme == "journal":
+        path = Path(url.split(":", 1)[1].removeprefix("//"))
+        if not path.parent.is_dir():
+            raise UserError(
+                f"journal storage {url}: directory {path.parent} does not exist; create it or pick another path"
+            )
+        return JournalStorage(JournalFileBackend(str(path)))
+    if scheme not in RDB_SCHEMES:
+        raise UserError(
+            f"storage URL {mask(url)!r} has an unknown scheme; use sqlite:///PATH, journal:///PATH, "
+            f"postgresql://USER@HOST/DB or mysql://USER@HOST/DB"
+        )
+    if scheme == "sqlite" and create_dir is not None:
+        Path(create_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        return RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
+    except Exception as e:  # driver missing, host unreachable, bad credentials, malformed URL
+        reason = mask(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot open storage {mask(url)} ({reason}); check the URL, the server and its driver") from e

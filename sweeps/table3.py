@@ -1,0 +1,204 @@
+"""`aiayn table3`: every selected (row, seed) of Table 3 trained once, books kept by Optuna.
+
+Optuna keeps the books, nothing more: one study per (preset, corpus); each (row, seed) is enqueued
+once as a fixed-parameter trial; workers pop queued trials (Optuna's pop is atomic: a trial moves
+WAITING → RUNNING for exactly one worker) and never let the sampler invent new ones. Each training
+run is its own `aiayn train` process (so a DDP run never has Optuna inside its ranks); the trial
+records the run directory and the metrics, and its value is the dev BLEU.
+
+Re-running the same command skips completed pairs and retries failed ones. Two workers on one
+storage run each pair once: the queue pop is atomic, and a per-pair file lock guards the rare race
+where two drivers enqueue the same pair at the same moment.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from ablations.errors import UserError
+from ablations.presets import get_preset
+from ablations.table import load_rows, select_rows
+from sweeps.storage import open_storage
+
+log = logging.getLogger(__name__)
+MAX_SEED = 9999
+
+
+@dataclass
+class SweepOptions:
+    preset: str = "tiny"
+    rows: str | None = None
+    extended: bool = False
+    seeds: int = 1
+    storage: str | None = None  # None: sqlite:///OUT/optuna.db
+    out: str = "runs"
+    report: str | None = "reports"
+    data: str | None = None
+    data_dir: str | None = None
+    wandb: bool = False
+    train_args: tuple[str, ...] = ()  # passed through to every `aiayn train`
+
+
+def grid(opts: SweepOptions) -> list[tuple[str, int]]:
+    """The (row, seed) pairs the sweep owes: the table's selected rows × seeds 0..N-1."""
+    if not 1 <= opts.seeds <= MAX_SEED + 1:
+        raise UserError(f"--seeds must be at least 1, got {opts.seeds}; pass --seeds 1 or more")
+    return [(row, seed) for row in select_rows(opts.rows, opts.extended) for seed in range(opts.seeds)]
+
+
+def study_name(preset: str, corpus: str) -> str:
+    return f"table3-{preset}-{corpus}"
+
+
+def pair_of(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
+    params = trial.system_attrs.get("fixed_params") or trial.params
+    return (params["row"], int(params["seed"])) if "row" in params and "seed" in params else None
+
+
+def enqueue_pending(study: optuna.Study, pairs: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial."""
+    busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
+    taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
+    pending = [p for p in pairs if p not in taken]
+    for row, seed in pending:
+        study.enqueue_trial({"row": row, "seed": seed})
+    return pending
+
+
+def lock_dir(opts: SweepOptions) -> Path:
+    return Path(opts.out) / ".locks"
+
+
+def completed_elsewhere(study: optuna.Study, pair: tuple[str, int], number: int) -> bool:
+    return any(
+        t.state == TrialState.COMPLETE and t.number != number and pair_of(t) == pair
+        for t in study.get_trials(deepcopy=False)
+    )
+
+
+@contextmanager
+def pair_lock(path: Path, wait: bool = False):
+    """An exclusive file lock (fcntl; works across processes on one machine and on most shared
+    filesystems); yields False at once if another process holds it, unless `wait`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def train_command(opts: SweepOptions, row: str, seed: int) -> list[str]:
+    cmd = [sys.executable, "-m", "ablations.cli", "train", "--row", row, "--seed", str(seed)]
+    cmd += ["--preset", opts.preset, "--out", opts.out, "--no-progress"]
+    if opts.data:
+        cmd += ["--data", opts.data]
+    if opts.data_dir:
+        cmd += ["--data-dir", opts.data_dir]
+    if opts.wandb:
+        cmd.append("--wandb")
+    return cmd + list(opts.train_args)
+
+
+def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
+    """Train one pair in its own process; return its metrics.json (status failed if it died)."""
+    from lightning_modules.train import run_dir  # torch-free callers of grid() need not import Lightning
+
+    directory = run_dir(opts.out, opts.preset, corpus, row, seed)
+    logfile = directory.parent / f"seed{seed}.log"
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "w") as out:
+        proc = subprocess.run(train_command(opts, row, seed), stdout=out, stderr=subprocess.STDOUT)
+    metrics_file = directory / "metrics.json"
+    if proc.returncode == 0 and metrics_file.is_file():
+        return json.loads(metrics_file.read_text())
+    tail = logfile.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    return {"row": row, "seed": seed, "status": "failed", "error": f"exit {proc.returncode}: {tail[0][:300]}"}
+
+
+def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runner=None) -> tuple[int, int]:
+    """Pop and run queued trials until the queue is empty; returns (completed, failed) by this worker."""
+    runner = runner or run_pair
+    done = failed = 0
+    t_start = time.perf_counter()
+    while any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+        trial = study.ask()
+        pair = pair_of(study._storage.get_trial(trial._trial_id))
+        if pair is None:  # another worker emptied the queue between our check and ask()
+            study.tell(trial, state=TrialState.FAIL)
+            break
+        row, seed = pair
+        # the queued values; the same choices in every trial (Optuna forbids a changing categorical space)
+        trial.suggest_categorical("row", list(load_rows()))
+        trial.suggest_int("seed", 0, MAX_SEED)
+        with pair_lock(lock_dir(opts) / f"{opts.preset}-{corpus}-{row}-seed{seed}.lock") as mine:
+            if not mine or completed_elsewhere(study, (row, seed), trial.number):
+                # the same pair, enqueued twice by racing drivers, is running or done in another worker
+                trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            t0 = time.perf_counter()
+            metrics = runner(opts, corpus, row, seed)
+            elapsed = time.perf_counter() - t0
+            trial.set_user_attr("metrics", {k: v for k, v in metrics.items() if k != "config"})
+            trial.set_user_attr("run_dir", str(Path(opts.out) / opts.preset / corpus / row / f"seed{seed}"))
+            if metrics.get("status") == "completed":  # told while holding the lock: no duplicate can start
+                study.tell(trial, metrics["dev_bleu"])
+                done += 1
+                result = f"BLEU {metrics['dev_bleu']:.2f}"
+            else:
+                study.tell(trial, state=TrialState.FAIL)
+                failed += 1
+                result = f"{metrics.get('status', 'failed').upper()} ({metrics.get('error', '?')})"
+        finished = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+        eta = (time.perf_counter() - t_start) / (done + failed) * max(total - finished, 0)
+        log.info("[%d/%d] %s seed %d: %s in %s; ETA %s", finished, total, row, seed, result, _hms(elapsed), _hms(eta))
+    return done, failed
+
+
+def _hms(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def run_table3(opts: SweepOptions, runner=None) -> dict:
+    """Enqueue what is pending, work the queue, write the report; return a summary."""
+    preset = get_preset(opts.preset)
+    corpus = opts.data or preset.corpus
+    pairs = grid(opts)
+    out = Path(opts.out)
+    name = study_name(preset.name, corpus)
+    # Drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race.
+    with pair_lock(lock_dir(opts) / f"{name}.setup.lock", wait=True):
+        storage = open_storage(opts.storage or f"sqlite:///{(out / 'optuna.db').resolve()}", create_dir=out)
+        study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+        study.set_user_attr("preset", preset.name)
+        study.set_user_attr("corpus", corpus)
+        pending = enqueue_pending(study, pairs)
+    log.info(
+        "table3 %s on %s: %d pairs, %d to run (%s)", preset.name, corpus, len(pairs), len(pending), study.study_name
+    )
+    done, failed = work(study, opts, corpus, total=len(pairs), runner=runner)
+    summary = {"pairs": len(pairs), "ran": done + failed, "completed": done, "failed": failed}
+    if opts.report:
+        from reports.build import write_reports
+
+        summary["report"] = [str(p) for p in write_reports(opts.out, opts.report, preset=preset.name)]
+    return summary
