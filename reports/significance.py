@@ -22,19 +22,28 @@ def bootstrap_seed() -> str:
 
 def paired_bootstrap(base_hyps: list[str], row_hyps: list[str], refs: list[str], n_samples: int = N_SAMPLES) -> float:
     """p-value of the BLEU difference between `row_hyps` and `base_hyps` on the same references."""
-    if not (len(base_hyps) == len(row_hyps) == len(refs)) or not refs:
-        raise ValueError(
-            f"hypotheses and references differ in length ({len(base_hyps)}, {len(row_hyps)}, {len(refs)} lines)"
-        )
+    return paired_bootstrap_many(base_hyps, {"row": row_hyps}, refs, n_samples)["row"]
+
+
+def paired_bootstrap_many(
+    base_hyps: list[str], systems: dict[str, list[str]], refs: list[str], n_samples: int = N_SAMPLES
+) -> dict[str, float]:
+    """p-value of each system against base, in one PairedTest (base's statistics computed once).
+
+    Each system is resampled with the same seeded indices, so its p equals that of a test of it alone.
+    """
+    for name, hyps in {"base": base_hyps, **systems}.items():
+        if len(hyps) != len(refs) or not refs:
+            raise ValueError(f"{name}: {len(hyps)} hypotheses for {len(refs)} references")
     test = PairedTest(
-        [("base", base_hyps), ("row", row_hyps)],
+        [("base", base_hyps), *systems.items()],
         {"BLEU": BLEU()},
         references=[refs],
         test_type="bs",
         n_samples=n_samples,
     )
     _, scores = test()
-    return float(scores["BLEU"][1].p_value)
+    return {name: float(result.p_value) for name, result in zip(scores["System"][1:], scores["BLEU"][1:])}
 
 
 def mark(p: float | None) -> str:

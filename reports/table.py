@@ -84,30 +84,46 @@ class _Files:
         return self._cache[key]
 
 
-def _bootstrap(row_runs: dict[int, Run], base_runs: dict[int, Run], files: _Files) -> tuple[int | None, float | None]:
-    """(seed, p) of the paired bootstrap of the row's hypotheses against base's, seed 0 or the first common seed."""
+def _pairing(row_runs: dict[int, Run], base_runs: dict[int, Run], files: _Files):
+    """(seed, row hypotheses, base run) for the paired bootstrap: seed 0 or the first seed both have dev.hyp for."""
     seeds = sorted(
         s
         for s in set(row_runs) & set(base_runs)
         if files.lines(row_runs[s], "dev.hyp") is not None and files.lines(base_runs[s], "dev.hyp") is not None
     )
     if not seeds:
-        return None, None
+        return None
     seed = 0 if 0 in seeds else seeds[0]
     row_run, base_run = row_runs[seed], base_runs[seed]
-    refs = files.lines(row_run, "dev.ref")
-    base_refs = files.lines(base_run, "dev.ref")
-    if refs is None:
-        refs = base_refs
-    if refs is None or (base_refs is not None and base_refs != refs):
-        log.warning("no paired bootstrap for %s: dev.ref missing or differs from base's", row_run.dir)
-        return None, None
-    try:
-        p = significance.paired_bootstrap(files.lines(base_run, "dev.hyp"), files.lines(row_run, "dev.hyp"), refs)
-    except ValueError as e:
-        log.warning("no paired bootstrap for %s: %s", row_run.dir, e)
-        return None, None
-    return seed, p
+    refs, base_refs = files.lines(row_run, "dev.ref"), files.lines(base_run, "dev.ref")
+    if base_refs is None or (refs is not None and refs != base_refs):
+        log.warning("no paired bootstrap for %s: base's dev.ref is missing or differs from the row's", row_run.dir)
+        return None
+    return seed, files.lines(row_run, "dev.hyp"), base_run
+
+
+def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str, tuple[int, float]]:
+    """row -> (seed, p) of its paired bootstrap against base; one PairedTest per base seed used."""
+    base_runs = completed.get("base", {})
+    by_seed: dict[int, dict[str, list[str]]] = {}
+    for row, runs in completed.items():
+        pairing = None if row == "base" else _pairing(runs, base_runs, files)
+        if pairing is not None:
+            by_seed.setdefault(pairing[0], {})[row] = pairing[1]
+    out = {}
+    for seed, systems in sorted(by_seed.items()):
+        base_run = base_runs[seed]
+        base_hyps, refs = files.lines(base_run, "dev.hyp"), files.lines(base_run, "dev.ref")
+        usable = {row: hyps for row, hyps in systems.items() if len(hyps) == len(refs)}
+        for row in systems.keys() - usable.keys():
+            log.warning("no paired bootstrap for %s seed %d: dev.hyp and base's dev.ref differ in length", row, seed)
+        try:
+            ps = significance.paired_bootstrap_many(base_hyps, usable, refs) if usable else {}
+        except ValueError as e:
+            log.warning("no paired bootstrap against base seed %d: %s", seed, e)
+            continue
+        out.update({row: (seed, p) for row, p in ps.items()})
+    return out
 
 
 def build_table(runs: list[Run], preset: Preset | None) -> pd.DataFrame:
@@ -118,6 +134,7 @@ def build_table(runs: list[Run], preset: Preset | None) -> pd.DataFrame:
     paper_rows = load_rows()
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
     files = _Files()
+    tested = _bootstrap(completed, files)
     records = []
     for row in row_order(set(by_row)):
         rs = by_row[row]
@@ -127,7 +144,7 @@ def build_table(runs: list[Run], preset: Preset | None) -> pd.DataFrame:
         params, _ = _mean_std([r.metrics.get("params") for r in done])
         paper_ppl, paper_bleu, paper_params = _paper(row, rs)
         group = paper_rows[row].group if row in paper_rows else str(rs[0].metrics.get("group") or "other")
-        seed, p = (None, None) if row == "base" else _bootstrap(completed[row], completed.get("base", {}), files)
+        seed, p = tested.get(row, (None, None))
         records.append(
             {
                 "group": group, "row": row, **_settings(row, rs, preset), "steps": _steps(row, done, preset),

@@ -32,6 +32,7 @@ import pytest
 
 from ablations.cli import main
 from ablations.errors import UserError
+from reports import significance
 from reports.build import write_reports
 from reports.runs import read_curve, scan
 
@@ -219,3 +220,18 @@ def test_cli_prints_written_paths(tmp_path, capsys, monkeypatch):
     printed = io.StringIO(capsys.readouterr().out).read().split()
     assert printed[0].endswith("table3-tiny.md") and len(printed) == 7
     assert all(Path(p).is_file() for p in printed)
+
+
+def test_batched_bootstrap_equals_one_test_per_row(monkeypatch):
+    monkeypatch.delenv("SACREBLEU_SEED", raising=False)
+    runs = FIXTURES / "runs" / "tiny" / "synthetic"
+    lines = lambda p: p.read_text(encoding="utf-8").splitlines()
+    refs, base = lines(runs / "base/seed0/dev.ref"), lines(runs / "base/seed0/dev.hyp")
+    c1 = lines(runs / "C1/seed0/dev.hyp")
+    near = base[:-1] + ["sie schreibt einen Brief ."]  # one sentence off base: not significant
+    many = significance.paired_bootstrap_many(base, {"C1": c1, "near": near}, refs)
+    alone = {name: significance.paired_bootstrap(base, hyps, refs) for name, hyps in (("C1", c1), ("near", near))}
+    assert many == alone
+    assert many["C1"] < 0.05 < many["near"]
+    with pytest.raises(ValueError):
+        significance.paired_bootstrap(base, c1[:-1], refs)
