@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ablations.errors import UserError
+from ablations.files import temp_beside
 from lightning_modules.module import TranslationModule
 
 _STEP = re.compile(r"step(\d+)\.ckpt$")
@@ -76,7 +76,7 @@ def average(paths: list[Path], out: str | Path) -> Path:
 def atomic_torch_save(obj, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_beside(path)
     os.close(fd)
     try:
         torch.save(obj, tmp)
