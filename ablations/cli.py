@@ -155,12 +155,21 @@ def cmd_table3(args) -> None:
     opts = SweepOptions(
         preset=args.preset, rows=args.rows, extended=args.extended, seeds=args.seeds, storage=args.storage,
         out=args.out, report=args.report or None, data=args.data, data_dir=args.data_dir, wandb=args.wandb,
+        train_args=tuple(_passthrough(args, ("max_steps", "eval_subset", "accelerator", "devices"))),
     )  # fmt: skip
     summary = run_table3(opts)
     print(f"table3 {args.preset}: {summary['completed']} completed, {summary['failed']} failed of {summary['ran']} run "
           f"({summary['pairs']} pairs in the table)")  # fmt: skip
     for path in summary.get("report", []):
         print(path)
+
+
+def _passthrough(args, names):
+    """`aiayn train` flags given to `aiayn table3`, rebuilt for each training process."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            yield from (f"--{name.replace('_', '-')}", str(value))
 
 
 def cmd_sweep_export(args) -> None:
@@ -256,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     t3.add_argument("--data", default=None)
     t3.add_argument("--data-dir", default=None)
     t3.add_argument("--wandb", action="store_true")
+    t3.add_argument("--max-steps", type=_positive_int, default=None, help="cap every row's steps (quick looks only)")
+    t3.add_argument("--eval-subset", type=_positive_int, default=None, help="final evaluation on K dev sentences")
+    t3.add_argument("--accelerator", default=None)
+    t3.add_argument("--devices", type=_positive_int, default=None)
     t3.set_defaults(func=cmd_table3)
 
     sw = sub.add_parser("sweep", help="sweep definitions generated from ablations/")

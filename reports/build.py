@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import logging
-import os
 import re
 from pathlib import Path
 
@@ -95,8 +94,6 @@ def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: 
         ".html": html_page(table, notes, title, notice, plot_links),
     }
     files = [atomic_write_text(out_dir / f"{name}{suffix}", text) for suffix, text in texts.items()]
-    for path in files:
-        os.chmod(path, plots.readable_mode())  # atomic_write_text's mkstemp leaves 0600
     return files + written
 
 

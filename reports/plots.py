@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from ablations.files import temp_beside  # noqa: E402
+
 GROUP_ORDER = ("base", "A", "B", "C", "D", "E", "big", "extended")
 
 
@@ -21,23 +22,15 @@ def _color(group: str, groups: list[str]) -> str:
     return f"C{groups.index(group) % 10}"
 
 
-def readable_mode() -> int:
-    """rw for everyone the umask allows (mkstemp's files are owner-only; reports are for sharing)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def save_png(fig, path: Path) -> Path:
     """Save `fig` to a temp file beside `path`, then os.replace: readers never see half a PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, readable_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

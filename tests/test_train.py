@@ -167,3 +167,13 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_a_clear_error(train
     assert main(["eval", "--ckpt", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "does not match its own config" in err and err.count("\n") == 1
+
+
+def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    out = tmp_path / "runs"
+    assert main(["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--wandb", *FAST]) == 0
+    run = out / "tiny" / "synthetic" / "C1" / "seed0"
+    offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(offline) == 1 and offline[0].stat().st_size > 0
