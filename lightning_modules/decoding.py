@@ -44,7 +44,7 @@ def greedy(model: Transformer, src: Tensor, bos: int, eos: int, extra_len: int =
         if keep.numel() == 0:
             break
         if keep.numel() < alive.numel():
-            Transformer.reorder_cache(cache, keep)
+            model.reorder_cache(cache, keep)
             alive, nxt = alive[keep], nxt[keep]
         tokens = nxt[:, None]
     return out
@@ -70,7 +70,7 @@ def beam_search(
     limits = max_output_lengths(src, extra_len, model.cfg.max_len)
     memory, src_mask = model.encode(src)
     cache = model.start_cache(memory, src_mask)
-    Transformer.reorder_cache(cache, torch.arange(B, device=dev).repeat_interleave(K))  # (B·K) rows
+    model.reorder_cache(cache, torch.arange(B, device=dev).repeat_interleave(K))  # (B·K) rows
 
     sent = torch.arange(B, device=dev)  # which sentence each active block of K rows belongs to
     scores = torch.full((B, K), float("-inf"), device=dev)
@@ -111,7 +111,7 @@ def beam_search(
             live_rows = (live[:, None] * K + torch.arange(K, device=dev)).view(-1)
             keep_rows, keep_tok, keep_scores = keep_rows[live_rows], keep_tok[live_rows], keep_scores[live]
             sent = sent[live]
-        Transformer.reorder_cache(cache, keep_rows)
+        model.reorder_cache(cache, keep_rows)
         hyps = torch.cat([hyps[keep_rows], keep_tok[:, None]], dim=1)
         scores = keep_scores
 

@@ -1,0 +1,580 @@
+"""`aiayn bench`: training and beam-search speed of aiayn's Transformer, side by side with peers.
+
+For one set of model dimensions, vocabulary, token batch and precision it measures
+
+- training: source+target non-pad tokens/s over timed optimizer steps (forward, label-smoothed loss,
+  backward, Adam step) after warm-up, and the step's peak memory (CUDA: `max_memory_allocated`;
+  CPU: peak resident set size above the level before the step, sampled every millisecond by a thread
+  in a separate, untimed step, after glibc's `malloc_trim` returned freed memory, so approximate);
+- decoding: beam search (beam 4) sentences/s on a fixed set of source sentences, every
+  implementation run to the same maximum output length (see `_zero_eos_row`);
+- with `--peers`, the same for `torch.nn.Transformer` in a thin wrapper with aiayn's embeddings,
+  sinusoids, tying and dropout placement (`TorchTransformerPeer`), decoded by aiayn's own beam
+  search without a key/value cache (nn.Transformer has none: every step recomputes the whole
+  prefix, which is how nn.Transformer users decode), and Hugging Face `MarianMTModel` from a
+  matching `MarianConfig` (no pretrained weights) decoded by its `generate`.
+
+Implementations are measured round-robin (aiayn, torch, marian, aiayn, ...) over `--trials` rounds
+and medians are reported, so a noisy machine slows them alike. On CUDA the step runs under bf16
+autocast with no host synchronization inside the timed steps, and the model FLOPs of a step
+(`flops_per_step`, counted analytically) give TFLOP/s and MFU against the device's bf16 dense peak.
+`--padding` adds the padding waste of the token-bucket batches on the synthetic corpus and, with
+`--multi30k-dir`, on Multi30k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import logging
+import math
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_modules.decoding import beam_search
+from lightning_modules.model import PAD, Transformer, TransformerConfig, sinusoid_table
+from lightning_modules.module import projected_label_smoothed_loss
+
+log = logging.getLogger(__name__)
+
+BOS, EOS = 2, 3  # the data pipeline's ids (PAD 0, UNK 1, BOS 2, EOS 3)
+IMPLS = ("aiayn", "torch_nn_transformer", "hf_marian")
+
+# bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' data sheets
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0}
+
+
+# --- configurations -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    model: TransformerConfig
+    tokens_per_side: int  # padded positions per side in the training batch
+    seq_len: int  # padded length of the training batch's sentences
+    note: str
+
+
+def bench_config(name: str, device: str, layers: int | None = None, tokens: int | None = None) -> BenchConfig:
+    """`tiny`: the tiny preset's base row; `base`: the paper's base widths, vocabulary 8000, 2 layers per stack
+    on CPU (6 on CUDA) to keep CPU runs short; `paper`: the paper's base row at 37000 vocabulary, 25k+25k tokens."""
+    from ablations.presets import model_config, resolve
+
+    if name == "tiny":
+        cfg, tok, T, note = model_config(resolve("base", "tiny"), 1000), 1024, 32, "tiny preset, base row"
+    elif name == "base":
+        n = 6 if device == "cuda" else 2
+        cfg = model_config(resolve("base", "paper") | {"N": n}, 8000)
+        tok, T, note = 2048 if device == "cpu" else 8192, 32, f"paper base widths, N={n}, vocabulary 8000"
+    elif name == "paper":
+        cfg, tok, T, note = model_config(resolve("base", "paper"), 37000), 25000, 40, "paper base row, vocabulary 37000"
+    else:
+        raise ValueError(f"unknown bench config {name!r}; choose tiny, base or paper")
+    if layers is not None:
+        cfg = TransformerConfig.from_dict(cfg.to_dict() | {"N": layers})
+        note += f" (N overridden to {layers})"
+    return BenchConfig(name, cfg, tokens or tok, T, note)
+
+
+def training_batch(cfg: TransformerConfig, tokens_per_side: int, seq_len: int, seed: int = 0) -> dict:
+    """A fixed batch like the token-bucket sampler's: B = tokens/seq_len sentences whose source and
+    target lengths are drawn uniformly from [0.8·T, T], padded to T (about 10% padding)."""
+    g = torch.Generator().manual_seed(seed)
+    B = max(1, tokens_per_side // seq_len)
+    lo = max(2, int(0.8 * seq_len))
+
+    def side(length):
+        lens = torch.randint(lo, length + 1, (B,), generator=g)
+        ids = torch.randint(4, cfg.vocab_size, (B, length), generator=g)
+        return ids.masked_fill(torch.arange(length)[None, :] >= lens[:, None], PAD)
+
+    src, tgt = side(seq_len), side(seq_len + 1)  # target with BOS … EOS: input and output shifted by one
+    tgt[:, 0] = BOS
+    tgt_in, tgt_out = tgt[:, :-1].clone(), tgt[:, 1:].clone()
+    return {
+        "src": src,
+        "tgt_in": tgt_in,
+        "tgt_out": tgt_out,
+        "n_src_tokens": int((src != PAD).sum()),
+        "n_tgt_tokens": int((tgt_out != PAD).sum()),
+    }
+
+
+def decode_sources(cfg: TransformerConfig, n: int, src_len: int, seed: int = 1) -> Tensor:
+    """n source sentences of exactly src_len tokens (no padding, so every implementation's length
+    limit, src_len + extra, is the same for every sentence)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, cfg.vocab_size, (n, src_len), generator=g)
+
+
+# --- FLOPs ----------------------------------------------------------------------------------------
+
+
+def flops_per_step(cfg: TransformerConfig, src_tokens: int, tgt_tokens: int, src_len: int, tgt_len: int) -> float:
+    """Model FLOPs of one training step (forward + backward), counted analytically.
+
+    `src_tokens`/`tgt_tokens` are the positions computed (padded, B·S and B·T); `src_len`/`tgt_len` the
+    padded lengths that each query attends over. A matmul of an (m × k) by a (k × n) matrix costs 2·m·k·n.
+    Forward, per position:
+    - encoder layer: projections 2·(2·d·h·d_k + 2·d·h·d_v) (Q, K, V, O), FFN 2·(2·d·d_ff);
+      attention QKᵀ and AV: 2·S·h·(d_k + d_v);
+    - decoder layer: self-attention as the encoder's over T (the causal square counted whole, as dense
+      kernels compute it), cross-attention Q and O per target position and K, V per source position
+      (2·d·h·d_k + 2·d·h·d_v each side), its QKᵀ/AV over S, FFN;
+    - output projection 2·d·V per target position (embedding lookups, layer norms, softmax, the loss
+      and the optimizer are not matmuls and not counted).
+    Backward is twice the forward (gradients with respect to both inputs of every matmul): step = 3 × forward.
+    """
+    d, h, dk, dv, ff, N, V = cfg.d_model, cfg.h, cfg.d_k, cfg.d_v, cfg.d_ff, cfg.N, cfg.vocab_size
+    qo = 2 * (d * h * dk + h * dv * d)  # Q and output projections, per query position
+    kv = 2 * (d * h * dk + d * h * dv)  # K and V projections, per key position
+    ffn = 2 * 2 * d * ff
+    attn = lambda keys: 2 * keys * h * (dk + dv)  # QKᵀ and AV per query position
+    enc = N * src_tokens * (qo + kv + ffn + attn(src_len))
+    dec = N * (tgt_tokens * (qo + kv + attn(tgt_len) + qo + attn(src_len) + ffn) + src_tokens * kv)
+    out = tgt_tokens * 2 * d * V
+    return 3.0 * (enc + dec + out)
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    for key in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):  # "H100 PCIe" before "H100"
+        if key in device_name:
+            return PEAK_BF16_TFLOPS[key]
+    return None
+
+
+# --- peers ----------------------------------------------------------------------------------------
+
+
+class TorchTransformerPeer(nn.Module):
+    """`torch.nn.Transformer` with aiayn's surroundings: one embedding shared by source, target and the
+    output projection, × √d_model, interleaved sinusoids, dropout on embedding sums and sub-layer outputs.
+
+    Built to do the same work: post-LN, ReLU, no final stack norms (nn.Transformer adds them by default;
+    the paper's post-LN output is already normalized), and nn.Transformer's extra dropouts on attention
+    probabilities and the FFN's hidden layer switched off (the paper has neither). With that its parameter
+    count equals aiayn's exactly. It has no key/value cache: `decode_step` reruns the decoder over the whole
+    prefix, which is how nn.Transformer is decoded; the interface is aiayn's, so aiayn's beam search drives it.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD)
+        self.register_buffer("pe_table", sinusoid_table(cfg.max_len, d), persistent=False)
+        self.drop = nn.Dropout(cfg.P_drop)
+        enc_layer = nn.TransformerEncoderLayer(d, cfg.h, cfg.d_ff, cfg.P_drop, "relu", batch_first=True)
+        dec_layer = nn.TransformerDecoderLayer(d, cfg.h, cfg.d_ff, cfg.P_drop, "relu", batch_first=True)
+        encoder = nn.TransformerEncoder(enc_layer, cfg.N, norm=None, enable_nested_tensor=False)
+        decoder = nn.TransformerDecoder(dec_layer, cfg.N, norm=None)
+        self.transformer = nn.Transformer(
+            d, cfg.h, cfg.N, cfg.N, cfg.d_ff, cfg.P_drop, "relu", custom_encoder=encoder, custom_decoder=decoder,
+            batch_first=True, norm_first=False,
+        )  # fmt: skip
+        for layer in [*encoder.layers, *decoder.layers]:
+            layer.dropout = nn.Identity()  # FFN hidden-layer dropout: not in the paper
+            for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                if attn is not None:
+                    attn.dropout = 0.0  # attention-probability dropout: not in the paper
+        nn.init.normal_(self.embed.weight, std=d**-0.5)
+        with torch.no_grad():
+            self.embed.weight[PAD].zero_()
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        return self.drop(self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.pe_table[: tokens.shape[1]])
+
+    def _decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor) -> Tensor:
+        T = tgt_in.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(T, device=tgt_in.device, dtype=memory.dtype)
+        y = self.transformer.decoder(
+            self._embed(tgt_in), memory, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=src_pad
+        )
+        return F.linear(y, self.embed.weight)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_pad = self.encode(src)
+        return self._decode(tgt_in, memory, src_pad)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        src_pad = src == PAD  # nn.Transformer's convention: True = padding
+        return self.transformer.encoder(self._embed(src), src_key_padding_mask=src_pad), src_pad
+
+    def start_cache(self, memory: Tensor, src_pad: Tensor) -> dict:
+        return {"memory": memory, "src_pad": src_pad, "prefix": memory.new_empty(memory.shape[0], 0, dtype=torch.long)}
+
+    def decode_step(self, tokens: Tensor, cache: dict) -> Tensor:
+        cache["prefix"] = prefix = torch.cat([cache["prefix"], tokens], dim=1)  # (B, t): the whole prefix again
+        logits = self._decode(prefix, cache["memory"], cache["src_pad"])[:, -1]
+        return F.log_softmax(logits.float(), dim=-1)
+
+    @staticmethod
+    def reorder_cache(cache: dict, index: Tensor) -> None:
+        for key in ("memory", "src_pad", "prefix"):
+            cache[key] = cache[key].index_select(0, index)
+
+
+def marian_config(cfg: TransformerConfig):
+    """A `MarianConfig` of the same sizes: post-LN, ReLU, dropout only where aiayn has it, shared and tied
+    embeddings × √d_model, static (non-interleaved) sinusoids, PAD 0, BOS as decoder start, EOS 3."""
+    from transformers import MarianConfig
+
+    return MarianConfig(
+        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.N, decoder_layers=cfg.N, encoder_attention_heads=cfg.h, decoder_attention_heads=cfg.h,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=cfg.P_drop,
+        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=cfg.max_len, scale_embedding=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
+        bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS, init_std=cfg.d_model**-0.5,
+    )  # fmt: skip
+
+
+def build_marian(cfg: TransformerConfig):
+    from transformers import MarianMTModel
+
+    if cfg.d_k * cfg.h != cfg.d_model or cfg.d_v * cfg.h != cfg.d_model:
+        raise ValueError("MarianMTModel needs d_k = d_v = d_model / h")
+    return MarianMTModel._from_config(marian_config(cfg), attn_implementation="sdpa")
+
+
+def _zero_eos_row(model: nn.Module, impl: str) -> None:
+    """Untrained models end sentences at random; zeroing EOS's (tied) embedding row gives EOS the logit 0,
+    far below the top 2·beam of a vocabulary's N(0, σ) logits, so every implementation decodes every
+    sentence to the same length limit (the worst case, and the same work for all)."""
+    weight = model.get_input_embeddings().weight if impl == "hf_marian" else model.embed.weight
+    with torch.no_grad():
+        weight[EOS].zero_()
+
+
+def build(impl: str, cfg: TransformerConfig, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    if impl == "aiayn":
+        model = Transformer(cfg)
+    elif impl == "torch_nn_transformer":
+        model = TorchTransformerPeer(cfg)
+    elif impl == "hf_marian":
+        model = build_marian(cfg)
+    else:
+        raise ValueError(impl)
+    _zero_eos_row(model, impl)
+    return model
+
+
+def trainable_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# --- measurement ----------------------------------------------------------------------------------
+
+
+def _logits(impl: str, model: nn.Module, batch: dict) -> Tensor:
+    if impl == "hf_marian":
+        out = model(
+            input_ids=batch["src"], attention_mask=(batch["src"] != PAD).long(), decoder_input_ids=batch["tgt_in"]
+        )
+        return out.logits
+    return model(batch["src"], batch["tgt_in"])
+
+
+class Trainer:
+    """One implementation's training step: forward, label-smoothed loss (ε_ls of the config), backward, Adam."""
+
+    def __init__(self, impl: str, model: nn.Module, cfg: TransformerConfig, batch: dict, device: torch.device):
+        self.impl, self.model, self.cfg, self.device = impl, model, cfg, device
+        self.batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+        self.opt = torch.optim.Adam(
+            [p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.98), eps=1e-9
+        )
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        b = self.batch
+        with self.autocast:
+            if self.impl == "aiayn":  # aiayn's training_step: projection and loss fused, no (B, T, V) logits
+                memory, src_mask = self.model.encode(b["src"])
+                hidden = self.model.decode(b["tgt_in"], memory, src_mask)
+                weight, eps = self.model.embed.weight, self.cfg.eps_ls
+                loss, _, _ = projected_label_smoothed_loss(hidden, weight, b["tgt_out"], eps)
+            else:  # a peer's user: logits, then PyTorch's own label-smoothed cross-entropy
+                logits = _logits(self.impl, self.model, b).flatten(0, 1)
+                loss = F.cross_entropy(
+                    logits.float(), b["tgt_out"].flatten(), ignore_index=PAD, label_smoothing=self.cfg.eps_ls
+                )
+        loss.backward()  # no .item(): nothing here waits for the device
+        self.opt.step()
+
+    def timed(self, steps: int) -> float:
+        """Seconds per step over `steps` steps, synchronizing only before and after."""
+        _sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        _sync(self.device)
+        return (time.perf_counter() - t0) / steps
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def decode(impl: str, model: nn.Module, sources: Tensor, batch: int, beam: int, extra: int, alpha: float) -> int:
+    """Beam-search every source in batches; returns the number of sentences decoded."""
+    model.eval()
+    try:
+        for i in range(0, sources.shape[0], batch):
+            src = sources[i : i + batch]
+            if impl == "hf_marian":
+                # aiayn decodes src_len + extra tokens then forces EOS: src_len + extra + 1 decoder steps
+                model.generate(
+                    input_ids=src, attention_mask=torch.ones_like(src), num_beams=beam, do_sample=False,
+                    max_new_tokens=src.shape[1] + extra + 1, length_penalty=alpha, early_stopping=True,
+                    num_return_sequences=1, decoder_start_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+                    forced_eos_token_id=EOS, use_cache=True,
+                )  # fmt: skip
+            else:
+                beam_search(model, src, BOS, EOS, beam=beam, alpha=alpha, extra_len=extra)
+    finally:
+        model.train()
+    return sources.shape[0]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _trim_heap() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory_mb(fn, device: torch.device) -> float:
+    """Peak memory of one call of fn above the level before it: CUDA max_memory_allocated, CPU sampled RSS."""
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        _sync(device)
+        return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    if not os.path.exists("/proc/self/statm"):  # not Linux: whole-process peak, an upper bound
+        fn()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    _trim_heap()
+    base, peak, stop = _rss_bytes(), [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        t.join()
+    peak[0] = max(peak[0], _rss_bytes())
+    return max(0, peak[0] - base) / 2**20
+
+
+def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict]:
+    """Padding waste of the token-bucket batches of the training split (one epoch's batches)."""
+    from lightning_modules.data import TranslationDataModule
+
+    setups = [("synthetic", None, 1000, 1024)]
+    if multi30k_dir:
+        setups += [("multi30k", multi30k_dir, 8000, 8192), ("multi30k", multi30k_dir, 8000, 4096)]
+    out = []
+    for corpus, data_dir, vocab, max_tokens in setups:
+        log.info("padding: %s, vocabulary %d, max_tokens %d", corpus, vocab, max_tokens)
+        dm = TranslationDataModule(
+            corpus=corpus, data_dir=data_dir, cache_dir=cache_dir, vocab_size=vocab, max_tokens=max_tokens
+        )
+        dm.setup("fit")
+        frac = dm.padding_fraction("train")
+        out.append({"corpus": corpus, "vocab_size": vocab, "max_tokens": max_tokens, "padding_fraction": frac})
+        log.info("padding: %s max_tokens %d: %.2f%% padded positions", corpus, max_tokens, 100 * frac)
+    return out
+
+
+def run(args) -> list[dict]:
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bc = bench_config(args.config, device.type, args.layers, args.tokens)
+    cfg = bc.model
+    impls = list(IMPLS if args.peers else IMPLS[:1])
+    if args.peers:
+        try:
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+        except ImportError:
+            log.warning("transformers is not installed: hf_marian skipped (pip install 'aiayn[bench]')")
+            impls.remove("hf_marian")
+    batch = training_batch(cfg, bc.tokens_per_side, bc.seq_len)
+    sources = decode_sources(cfg, args.decode_sentences, args.decode_src_len)
+    B, S = batch["src"].shape
+    T = batch["tgt_in"].shape[1]
+    flops = flops_per_step(cfg, B * S, B * T, S, T)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    peak = peak_bf16_tflops(device_name) if device.type == "cuda" else None
+    log.info("config %s: %s; batch %d×%d, %s, %d threads", bc.name, bc.note, B, S, device_name, torch.get_num_threads())
+
+    models = {impl: build(impl, cfg).to(device) for impl in impls}
+    trainers = {impl: Trainer(impl, models[impl], cfg, batch, device) for impl in impls}
+    tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
+    step_s: dict[str, list[float]] = {impl: [] for impl in impls}
+    dec_s: dict[str, list[float]] = {impl: [] for impl in impls}
+    mem: dict[str, float] = {}
+    for impl in impls:  # warm-up (allocator, kernels, Adam state), then one untimed step for memory
+        for _ in range(args.warmup):
+            trainers[impl].step()
+        mem[impl] = peak_memory_mb(trainers[impl].step, device)
+        params = trainable_params(models[impl])
+        log.info("%s: warm, %s params, training step peak memory %.0f MB", impl, params, mem[impl])
+        decode(impl, models[impl], sources[: min(2, len(sources))], args.decode_batch, args.beam, 2, args.alpha)
+    for trial in range(args.trials):  # round robin: a slow spell of the machine hits every implementation
+        for impl in impls:
+            s = trainers[impl].timed(args.steps)
+            step_s[impl].append(s)
+            log.info("trial %d %s: training %.3f s/step, %.0f tokens/s", trial + 1, impl, s, tokens / s)
+        for impl in impls:
+            _sync(device)
+            t0 = time.perf_counter()
+            n = decode(impl, models[impl], sources, args.decode_batch, args.beam, args.decode_extra, args.alpha)
+            _sync(device)
+            dec_s[impl].append(time.perf_counter() - t0)
+            log.info("trial %d %s: decoding %.2f sentences/s", trial + 1, impl, n / dec_s[impl][-1])
+
+    results = []
+    for impl in impls:
+        s, d = statistics.median(step_s[impl]), statistics.median(dec_s[impl])
+        r = {
+            "impl": impl,
+            "config": bc.name,
+            "config_note": bc.note,
+            "model": cfg.to_dict(),
+            "device": device.type,
+            "device_name": device_name,
+            "threads": torch.get_num_threads(),
+            "precision": "bf16-mixed" if device.type == "cuda" else "fp32",
+            "torch": torch.__version__,
+            "params": trainable_params(models[impl]),
+            "batch_sentences": B,
+            "batch_padded_positions_per_side": B * S,
+            "batch_tokens": tokens,
+            "trials": args.trials,
+            "steps_per_trial": args.steps,
+            "train_step_s": s,
+            "train_tokens_per_s": tokens / s,
+            "peak_mem_mb": mem[impl],
+            "decode_sentences": len(sources),
+            "decode_src_len": args.decode_src_len,
+            "decode_max_len": args.decode_src_len + args.decode_extra,
+            "beam": args.beam,
+            "alpha": args.alpha,
+            "decode_sentences_per_s": len(sources) / d,
+            "flops_per_step": flops,
+            "achieved_tflops": flops / s / 1e12,
+        }
+        if peak:
+            r["peak_bf16_tflops"] = peak
+            r["mfu"] = flops / s / 1e12 / peak
+        results.append(r)
+    if args.padding:
+        pad = padding_report(args.multi30k_dir, args.cache_dir)
+        for r in results:
+            r["padding"] = pad
+    return results
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+def table(results: list[dict]) -> str:
+    base = results[0]
+    lines = [
+        "| implementation | train tokens/s | × aiayn | step s | peak MB | decode sent/s | × aiayn | params |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['impl']} | {r['train_tokens_per_s']:.0f} "
+            f"| {r['train_tokens_per_s'] / base['train_tokens_per_s']:.2f} "
+            f"| {r['train_step_s']:.3f} | {r['peak_mem_mb']:.0f} | {r['decode_sentences_per_s']:.2f} "
+            f"| {r['decode_sentences_per_s'] / base['decode_sentences_per_s']:.2f} | {r['params']:,} |"
+        )
+    r = base
+    lines.append(
+        f"\nmodel FLOPs per training step {r['flops_per_step'] / 1e9:.1f} GFLOP; "
+        f"aiayn {r['achieved_tflops'] * 1e3:.1f} "
+        f"GFLOP/s" + (f", MFU {100 * r['mfu']:.1f}% of {r['peak_bf16_tflops']:.0f} TFLOP/s bf16" if "mfu" in r else "")
+    )
+    for p in r.get("padding", []):
+        lines.append(f"padding {p['corpus']} (max_tokens {p['max_tokens']}): {100 * p['padding_fraction']:.2f}%")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aiayn bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="tiny", choices=("tiny", "base", "paper"))
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
+    p.add_argument("--peers", action="store_true", help="also torch.nn.Transformer and transformers' MarianMTModel")
+    p.add_argument("--json", type=Path, default=None, help="write the results here, one object per implementation")
+    p.add_argument("--layers", type=int, default=None, help="override N (layers per stack)")
+    p.add_argument("--tokens", type=int, default=None, help="padded positions per side in the training batch")
+    p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per trial")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the first trial")
+    p.add_argument("--trials", type=int, default=5, help="round-robin rounds; medians are reported")
+    p.add_argument("--decode-sentences", type=int, default=32)
+    p.add_argument("--decode-batch", type=int, default=16, help="sentences per beam-search batch")
+    p.add_argument("--decode-src-len", type=int, default=20, help="source length of the decoded sentences")
+    p.add_argument("--decode-extra", type=int, default=20, help="maximum output length = source length + this")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (aiayn: GNMT's; Marian: score/len^α)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    p.add_argument("--padding", action="store_true", help="also the padding waste of token-bucket batches")
+    p.add_argument("--multi30k-dir", default=None, help="Multi30k files for --padding (train.en.gz, ...)")
+    p.add_argument("--cache-dir", default=None, help="tokenizer/encoded-data cache for --padding")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("aiayn bench: error: --device cuda but no CUDA device is available; use --device cpu", file=sys.stderr)
+        return 2
+    results = run(args)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0

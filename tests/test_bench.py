@@ -1,0 +1,168 @@
+"""`aiayn bench`: optimized paths equal the straightforward ones, the FLOP count, the peers' sizes, the CLI.
+
+No timing is asserted here; BENCHMARKS.md has the measured numbers.
+"""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from lightning_modules import bench
+from lightning_modules.decoding import beam_search
+from lightning_modules.model import Transformer, TransformerConfig
+from lightning_modules.module import label_smoothed_loss, projected_label_smoothed_loss
+
+
+def small_cfg(**kw):
+    return TransformerConfig(
+        **{"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "vocab_size": 50, "P_drop": 0.0, "max_len": 64, **kw}
+    )
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 5, 7, 1000])
+def test_projected_loss_equals_straightforward_loss_and_gradients(chunk):
+    """Fused projection + label-smoothed loss, chunked over positions: loss, NLL and both gradients equal the
+    straightforward F.linear + log_softmax path within 1e-5 (float32)."""
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 8, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    target = torch.randint(1, 50, (3, 8))
+    target[0, 5:] = 0  # padding: excluded from loss, NLL and gradients
+    ref_loss, ref_nll, ref_n = label_smoothed_loss(F.linear(hidden, weight), target, eps=0.1)
+    ref_loss.backward()
+    ref_gh, ref_gw = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    loss, nll, n = projected_label_smoothed_loss(hidden, weight, target, eps=0.1, chunk=chunk)
+    (2.0 * loss).backward()  # an upstream gradient other than 1 scales the stored gradients
+    assert int(n) == ref_n == 21
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hidden.grad, 2.0 * ref_gh, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weight.grad, 2.0 * ref_gw, atol=1e-5, rtol=1e-5)
+
+
+def test_training_step_loss_equals_module_loss_on_the_model():
+    """The module's training path (fused loss on the decoder's hidden states, tied weight) equals the loss of
+    the model's logits, and so gives the model's parameters the same gradients."""
+    torch.manual_seed(0)
+    model = Transformer(small_cfg())
+    src, tgt_in, tgt_out = torch.randint(4, 50, (3, 6)), torch.randint(4, 50, (3, 5)), torch.randint(4, 50, (3, 5))
+    tgt_out[1, 3:] = 0
+    ref, _, _ = label_smoothed_loss(model(src, tgt_in), tgt_out, 0.1)
+    ref.backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    memory, mask = model.encode(src)
+    loss, _, _ = projected_label_smoothed_loss(model.decode(tgt_in, memory, mask), model.embed.weight, tgt_out, 0.1)
+    loss.backward()
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    for p, g in zip(model.parameters(), ref_grads):
+        torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-5)
+
+
+def test_flops_per_step_by_hand():
+    # N=1, d_model=4, h=2, d_k=d_v=2, d_ff=8, V=10; one sentence, source 3 positions, target 2.
+    cfg = TransformerConfig(N=1, d_model=4, d_ff=8, h=2, vocab_size=10, max_len=16)
+    # per position, forward: Q and O projections 2·(4·4 + 4·4) = 64; K and V 64; FFN 2·(4·8 + 8·4) = 128;
+    # attention QKᵀ + AV over k keys: 2·k·2·(2 + 2) = 16·k
+    enc = 3 * (64 + 64 + 128 + 16 * 3)  # 912
+    dec = 2 * (64 + 64 + 16 * 2 + 64 + 16 * 3 + 128) + 3 * 64  # self, cross (Q, O), FFN; cross K, V on source: 992
+    out = 2 * 2 * 4 * 10  # output projection: 160
+    assert bench.flops_per_step(cfg, 3, 2, 3, 2) == 3 * (enc + dec + out) == 6192
+
+
+def test_flops_per_step_matches_torch_flop_counter():
+    """The analytic count equals PyTorch's FlopCounterMode over aiayn's real training step (forward and
+    backward, fused loss included; it counts matmuls, not embeddings or norms). Attention runs on SDPA's math
+    backend here, whose matmuls the counter sees (it has no formula for the CPU flash-attention kernel)."""
+    cfg = small_cfg(P_drop=0.0)
+    model = Transformer(cfg)
+    B, S, T = 2, 7, 5
+    src, tgt_in, tgt_out = torch.randint(4, 50, (B, S)), torch.randint(4, 50, (B, T)), torch.randint(4, 50, (B, T))
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        memory, mask = model.encode(src)
+        loss, _, _ = projected_label_smoothed_loss(model.decode(tgt_in, memory, mask), model.embed.weight, tgt_out, 0.1)
+        loss.backward()
+    assert counter.get_total_flops() == bench.flops_per_step(cfg, B * S, B * T, S, T)
+
+
+def test_peak_table():
+    assert bench.peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert bench.peak_bf16_tflops("NVIDIA H100 PCIe") == 756.0
+    assert bench.peak_bf16_tflops("NVIDIA H200") == 989.0
+    assert bench.peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert bench.peak_bf16_tflops("Tesla T4") is None
+
+
+def _copy_into_torch_peer(ours: Transformer, peer: bench.TorchTransformerPeer) -> None:
+    """aiayn's weights into the nn.Transformer wrapper (Q, K, V packed into in_proj)."""
+
+    def attn(dst, src):
+        dst.in_proj_weight.copy_(torch.cat([src.w_q.weight, src.w_k.weight, src.w_v.weight]))
+        dst.in_proj_bias.copy_(torch.cat([src.w_q.bias, src.w_k.bias, src.w_v.bias]))
+        dst.out_proj.weight.copy_(src.w_o.weight)
+        dst.out_proj.bias.copy_(src.w_o.bias)
+
+    def ffn_norms(dst, src, norms):
+        dst.linear1.load_state_dict(src.ffn.w_1.state_dict())
+        dst.linear2.load_state_dict(src.ffn.w_2.state_dict())
+        for d, s in zip((dst.norm1, dst.norm2, getattr(dst, "norm3", None)), norms):
+            d.load_state_dict(s.norm.state_dict())
+
+    with torch.no_grad():
+        peer.embed.weight.copy_(ours.embed.weight)
+        for d, s in zip(peer.transformer.encoder.layers, ours.encoder):
+            attn(d.self_attn, s.self_attn)
+            ffn_norms(d, s, (s.res_attn, s.res_ffn))
+        for d, s in zip(peer.transformer.decoder.layers, ours.decoder):
+            attn(d.self_attn, s.self_attn)
+            attn(d.multihead_attn, s.cross_attn)
+            ffn_norms(d, s, (s.res_self, s.res_cross, s.res_ffn))
+
+
+def test_torch_peer_is_the_same_function_with_the_same_parameter_count():
+    """Same parameter count exactly; with aiayn's weights copied in, the same logits (eval) and the same beam
+    search output: the cacheless prefix-recomputing decode_step equals aiayn's cached one."""
+    torch.manual_seed(0)
+    cfg = small_cfg()
+    ours, peer = Transformer(cfg).eval(), bench.TorchTransformerPeer(cfg).eval()
+    assert bench.trainable_params(peer) == bench.trainable_params(ours)
+    _copy_into_torch_peer(ours, peer)
+    src, tgt_in = torch.randint(4, 50, (3, 6)), torch.randint(4, 50, (3, 5))
+    src[2, 4:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(peer(src, tgt_in), ours(src, tgt_in), atol=1e-4, rtol=1e-4)
+    assert beam_search(peer, src, 2, 3, extra_len=5) == beam_search(ours, src, 2, 3, extra_len=5)
+
+
+def test_marian_peer_sizes():
+    """Marian from a matching config: the same trainable parameters; its only extra parameters are the two
+    frozen sinusoid tables (encoder and decoder, max_len × d_model each); final_logits_bias is a buffer."""
+    pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[test]')")
+    cfg = small_cfg()
+    marian, ours = bench.build("hf_marian", cfg), bench.build("aiayn", cfg)
+    assert bench.trainable_params(marian) == bench.trainable_params(ours)
+    all_params = sum(p.numel() for p in marian.parameters())
+    assert all_params == bench.trainable_params(ours) + 2 * cfg.max_len * cfg.d_model
+    assert marian.final_logits_bias.shape == (1, cfg.vocab_size)
+    assert marian.get_input_embeddings().weight is marian.get_output_embeddings().weight  # tied
+
+
+def test_bench_cli_writes_json(tmp_path):
+    pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[test]')")
+    out = tmp_path / "bench.json"
+    argv = ["--config", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1",
+            "--decode-sentences", "2", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu",
+            "--peers", "--json", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    results = json.loads(out.read_text())
+    assert [r["impl"] for r in results] == ["aiayn", "torch_nn_transformer", "hf_marian"]
+    for r in results:
+        for key in ("train_tokens_per_s", "decode_sentences_per_s", "peak_mem_mb", "model", "device", "params"):
+            assert key in r, key
+        assert r["train_tokens_per_s"] > 0 and r["decode_sentences_per_s"] > 0
+        assert r["model"]["d_model"] == 128 and r["model"]["vocab_size"] == 1000 and r["device"] == "cpu"
