@@ -164,6 +164,13 @@ def cmd_table3(args) -> None:
         print(path)
 
 
+def cmd_hpo(args) -> None:
+    from sweeps.hpo import HpoOptions, run_hpo
+
+    result = run_hpo(HpoOptions(**{k: v for k, v in vars(args).items() if k in HpoOptions.__dataclass_fields__}))
+    print(json.dumps(result, indent=2))
+
+
 def _passthrough(args, names):
     """`aiayn train` flags given to `aiayn table3`, rebuilt for each training process."""
     for name in names:
@@ -270,6 +277,17 @@ def build_parser() -> argparse.ArgumentParser:
     t3.add_argument("--accelerator", default=None)
     t3.add_argument("--devices", type=_positive_int, default=None)
     t3.set_defaults(func=cmd_table3)
+
+    hp = sub.add_parser("hpo", help="Optuna TPE over lr factor, warmup, dropout, label smoothing of one row")
+    hp.add_argument("--row", default="base")
+    hp.add_argument("--preset", default="tiny")
+    hp.add_argument("--trials", type=int, default=10)
+    hp.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///OUT/hpo.db)")
+    hp.add_argument("--out", default="runs")
+    hp.add_argument("--seed", type=int, default=0)
+    hp.add_argument("--max-steps", type=_positive_int, default=None)
+    hp.add_argument("--eval-subset", type=_positive_int, default=None)
+    hp.set_defaults(func=cmd_hpo)
 
     sw = sub.add_parser("sweep", help="sweep definitions generated from ablations/")
     swsub = sw.add_subparsers(dest="sweep_command", required=True)

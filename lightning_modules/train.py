@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
+import optuna
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
@@ -62,6 +63,11 @@ class TrainOptions:
     num_workers: int = 0
     wandb: bool = False
     progress: bool = True
+    # for hyper-parameter search (`aiayn hpo`): knob overrides, a run directory per trial, callbacks
+    overrides: dict | None = None  # any of P_drop, eps_ls, warmup, lr_factor
+    run_dir: str | None = None
+    callbacks: tuple = ()
+    val_per_epoch: bool = False  # validate at epoch ends (the pruning callback reports step = epoch)
 
 
 def run_dir(out: str | Path, preset: str, corpus: str, row: str, seed: int) -> Path:
@@ -122,10 +128,12 @@ def ensure_writable(directory: Path) -> None:
 def train(opts: TrainOptions) -> dict:
     """Train one run to completion (or resume it) and return its metrics.json content."""
     preset = get_preset(opts.preset)
-    resolved = resolve(opts.row, opts.preset)
+    overrides = dict(opts.overrides or {})
+    resolved = resolve(opts.row, opts.preset) | {k: overrides.pop(k) for k in ("P_drop", "eps_ls") if k in overrides}
+    schedule = {"warmup": preset.warmup, "lr_factor": preset.lr_factor} | overrides
     dm = build_datamodule(opts, preset)
     corpus = dm.corpus
-    out_dir = run_dir(opts.out, preset.name, corpus, resolved["row"], opts.seed)
+    out_dir = Path(opts.run_dir) if opts.run_dir else run_dir(opts.out, preset.name, corpus, resolved["row"], opts.seed)
     ensure_writable(out_dir)
     dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
@@ -140,13 +148,13 @@ def train(opts: TrainOptions) -> dict:
         "train": {
             "seed": opts.seed, "steps": steps, "accumulate": accumulate, "world_size": world,
             "effective_tokens_per_step": dm.max_tokens * world * accumulate, "precision": opts.precision,
-            "warmup": preset.warmup, "lr_factor": preset.lr_factor,
+            **schedule,
         },
     }  # fmt: skip
     check_run_dir(out_dir, config)
 
     pl.seed_everything(opts.seed, workers=True, verbose=False)
-    module = TranslationModule(cfg.to_dict(), warmup=preset.warmup, lr_factor=preset.lr_factor, data=config["data"])
+    module = TranslationModule(cfg.to_dict(), **schedule, data=config["data"])
     trainer = build_trainer(opts, preset, out_dir, steps, accumulate, resolved)
     if trainer.is_global_zero:
         atomic_write_json(out_dir / "config.json", config)
@@ -156,7 +164,8 @@ def train(opts: TrainOptions) -> dict:
         trainer.fit(module, datamodule=dm, ckpt_path=str(last) if last.exists() else None)
     except Exception as e:
         if trainer.is_global_zero:
-            write_metrics(out_dir, config, status="failed", error=f"{type(e).__name__}: {e}")
+            status = "pruned" if isinstance(e, optuna.TrialPruned) else "failed"
+            write_metrics(out_dir, config, status=status, error=f"{type(e).__name__}: {e}")
         raise
     train_time = time.perf_counter() - t0
     if not trainer.is_global_zero:
@@ -227,10 +236,11 @@ def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumul
         precision=opts.precision,
         max_steps=steps,
         accumulate_grad_batches=accumulate,
-        val_check_interval=min(preset.val_every, steps) * accumulate,  # counts batches, not optimizer steps
-        check_val_every_n_epoch=None,
+        # counts batches, not optimizer steps
+        val_check_interval=None if opts.val_per_epoch else min(preset.val_every, steps) * accumulate,
+        check_val_every_n_epoch=1 if opts.val_per_epoch else None,
         num_sanity_val_steps=0,
-        callbacks=[ckpt],
+        callbacks=[ckpt, *opts.callbacks],
         logger=loggers,
         default_root_dir=out_dir,
         enable_progress_bar=opts.progress,

@@ -4,6 +4,7 @@ The bookkeeping tests use a stand-in runner that writes no model; the real runs 
 """
 
 import importlib.util
+import json
 import sys
 import threading
 import time
@@ -169,3 +170,20 @@ def test_unknown_scheme_is_a_user_error_without_the_password():
     with pytest.raises(UserError) as e:
         open_storage("mongodb://admin:s3cret@db/x")
     assert "s3cret" not in str(e.value) and "***" in str(e.value)
+
+
+@pytest.mark.slow
+def test_hpo_runs_trials_and_saves_the_best(tmp_path, monkeypatch, capsys):
+    """Three short in-process trials: TPE suggestions inside the search space, best params saved.
+    (Three steps end before the first epoch-end validation, so pruning is not exercised here.)"""
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "runs"
+    argv = ["hpo", "--row", "C1", "--preset", "tiny", "--trials", "3", "--out", str(out), "--max-steps", "3",
+            "--eval-subset", "4"]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    best = json.loads((out / "hpo/tiny/C1/best.json").read_text())
+    assert best == result and result["trials"] == 3
+    assert set(result["best_params"]) == {"lr_factor", "warmup", "P_drop", "eps_ls"}
+    assert 0.25 <= result["best_params"]["lr_factor"] <= 4.0 and 0.0 <= result["best_params"]["P_drop"] <= 0.4
+    assert result["best_dev_ppl"] > 1
