@@ -8,6 +8,9 @@ sentence has stopped. Finished sentences leave the batch, so long tails do not c
 Written by hand because neither PyTorch nor Lightning ships a seq2seq beam search; the
 bookkeeping follows fairseq's SequenceGenerator (top 2·beam candidates, EOS among the top `beam`
 finishes a hypothesis, the best `beam` non-EOS candidates stay alive).
+
+Any model with `Transformer`'s decoding interface works here (`encode`, `start_cache`, `decode_step`,
+`reorder_cache`, `cfg.max_len`); `aiayn bench` drives its torch.nn.Transformer peer with it.
 """
 
 from __future__ import annotations
