@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -22,20 +23,28 @@ def temp_beside(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w"):
+    """A file to write `path` through: on success it is fsynced and renamed over `path`; on any error
+    (or a kill) `path` keeps its old content or stays absent, and the temporary file is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temp_beside(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_open(path) as f:
+        f.write(text)
+    return Path(path)
 
 
 def atomic_write_json(path: str | os.PathLike, obj) -> Path:

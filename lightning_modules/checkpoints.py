@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import torch
 
 from ablations.errors import UserError
-from ablations.files import temp_beside
+from ablations.files import atomic_open
 from lightning_modules.module import TranslationModule
 
 _STEP = re.compile(r"step(\d+)\.ckpt$")
@@ -74,14 +73,6 @@ def average(paths: list[Path], out: str | Path) -> Path:
 
 
 def atomic_torch_save(obj, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temp_beside(path)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_open(path, "wb") as f:
+        torch.save(obj, f)
+    return Path(path)

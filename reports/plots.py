@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import matplotlib
@@ -13,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from ablations.files import temp_beside  # noqa: E402
+from ablations.files import atomic_open  # noqa: E402
 
 GROUP_ORDER = ("base", "A", "B", "C", "D", "E", "big", "extended")
 
@@ -24,17 +23,9 @@ def _color(group: str, groups: list[str]) -> str:
 
 def save_png(fig, path: Path) -> Path:
     """Save `fig` to a temp file beside `path`, then os.replace: readers never see half a PNG."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temp_beside(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_open(path, "wb") as f:
             fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     finally:
         plt.close(fig)
     return path
