@@ -8,7 +8,7 @@ from ablations.cli import main
 
 # Measured with `aiayn train --row base --preset tiny` on a 2-core CPU (BENCHMARKS.md); the floor
 # leaves a margin for run-to-run differences of thread scheduling, not for a broken model.
-TINY_BASE_DEV_BLEU = 57.48
+TINY_BASE_DEV_BLEU = 54.21
 MARGIN = 8.0
 
 
