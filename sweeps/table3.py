@@ -139,7 +139,8 @@ def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runne
     t_start = time.perf_counter()
     while any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
         trial = study.ask()
-        pair = pair_of(study._storage.get_trial(trial._trial_id))
+        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+        pair = pair_of(frozen)  # the queued (row, seed), from the trial's fixed params
         if pair is None:  # another worker emptied the queue between our check and ask()
             study.tell(trial, state=TrialState.FAIL)
             break
