@@ -49,3 +49,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike, obj) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
+    import torch  # lazily: the CLI's light commands import this module without torch
+
+    with atomic_open(path, "wb") as f:
+        torch.save(obj, f)
+    return Path(path)

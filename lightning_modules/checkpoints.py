@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ablations.errors import UserError
-from ablations.files import atomic_open
+from ablations.files import atomic_torch_save
 from lightning_modules.module import TranslationModule
 
 _STEP = re.compile(r"step(\d+)\.ckpt$")
@@ -70,9 +70,3 @@ def average(paths: list[Path], out: str | Path) -> Path:
     result["state_dict"] = avg
     result["averaged_from"] = [str(p) for p in paths]
     return atomic_torch_save(result, out)
-
-
-def atomic_torch_save(obj, path: str | Path) -> Path:
-    with atomic_open(path, "wb") as f:
-        torch.save(obj, f)
-    return Path(path)

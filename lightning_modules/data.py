@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ablations.errors import UserError
+from ablations.files import atomic_open, atomic_torch_save
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +70,9 @@ def _tmp_sibling(path: Path) -> Path:
 
 
 def _atomic_write_lines(path: Path, lines: Sequence[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         for line in lines:
             f.write(line.replace("\n", " ") + "\n")  # one sentence per line, always
-    os.replace(tmp, path)
-
-
-def _atomic_torch_save(obj: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(path)
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def find_split_file(data_dir: Path, split: str, lang: str) -> Path | None:
@@ -419,7 +410,7 @@ def encode_split(sp, corpus_dir: Path, split: str, src_lang: str, tgt_lang: str,
     src, tgt = read_parallel(corpus_dir, split, src_lang, tgt_lang)
     start = time.perf_counter()
     data = {"src": _pack(sp.encode(src)), "tgt": _pack(sp.encode(tgt))}
-    _atomic_torch_save(data, out)
+    atomic_torch_save(data, out)
     log.info("encoded %s (%d pairs) in %.1fs -> %s", split, len(src), time.perf_counter() - start, out)
     return data
 
