@@ -42,20 +42,14 @@ class TransformerConfig:
     def __post_init__(self):
         for name in ("N", "d_model", "d_ff", "h", "vocab_size", "max_len"):
             _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
-        if self.d_k is None:
-            _require(
-                self.d_model % self.h == 0,
-                "d_k",
-                f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}",
-            )
-            object.__setattr__(self, "d_k", self.d_model // self.h)
-        if self.d_v is None:
-            _require(
-                self.d_model % self.h == 0,
-                "d_v",
-                f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}",
-            )
-            object.__setattr__(self, "d_v", self.d_model // self.h)
+        for name in ("d_k", "d_v"):  # None: d_model / h, as in the paper
+            if getattr(self, name) is None:
+                _require(
+                    self.d_model % self.h == 0,
+                    name,
+                    f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}",
+                )
+                object.__setattr__(self, name, self.d_model // self.h)
         for name in ("d_k", "d_v"):
             _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
         for name in ("P_drop", "eps_ls"):
