@@ -171,6 +171,33 @@ def cmd_hpo(args) -> None:
     print(json.dumps(result, indent=2))
 
 
+def cmd_slurm(args) -> None:
+    from sweeps.slurm import SlurmOptions, submit
+
+    passed = ("max_steps", "eval_subset", "max_tokens", "precision", "ckpt_every", "vocab_size", "cache_dir")
+    train_args = tuple(_passthrough(args, passed)) + (("--wandb",) if args.wandb else ())
+    fields = SlurmOptions.__dataclass_fields__
+    opts = SlurmOptions(
+        kind=args.slurm_command, train_args=train_args, setup=tuple(args.setup), extra_sbatch=tuple(args.sbatch),
+        **{k: v for k, v in vars(args).items() if k in fields and k not in ("setup", "train_args", "kind")},
+    )  # fmt: skip
+    summary = submit(opts)
+    if opts.dry_run and summary.get("text"):
+        sys.stdout.write(summary["text"])
+    print(f"# slurm {opts.kind} {opts.preset}: {summary['pairs']} pairs, {summary['completed']} completed, "
+          f"{summary['in_slurm']} queued or running, {summary['pending']} "
+          f"{'to submit (dry run: nothing submitted)' if opts.dry_run else 'submitted'}"
+          + (f"; job {summary['job']}, script {summary['script']}" if summary["job"] else "")
+          + (f"; script {summary['script']}" if opts.dry_run and summary["script"] else ""))  # fmt: skip
+    results = summary.get("results", {})
+    for pair, status in results.items():
+        print(f"{pair}: {status}")
+    for path in summary.get("report", []):
+        print(path)
+    if any(status != "completed" for status in results.values()):
+        raise SystemExit(1)
+
+
 def _passthrough(args, names):
     """`aiayn train` flags given to `aiayn table3`, rebuilt for each training process."""
     for name in names:
@@ -277,6 +304,51 @@ def build_parser() -> argparse.ArgumentParser:
     t3.add_argument("--accelerator", default=None)
     t3.add_argument("--devices", type=_positive_int, default=None)
     t3.set_defaults(func=cmd_table3)
+
+    sl = sub.add_parser("slurm", help="submit Table 3 (or one run) to SLURM as a job array; requeued on preemption")
+    slsub = sl.add_subparsers(dest="slurm_command", required=True)
+    for name, helptext in (("table3", "one array task per pending (row, seed)"), ("train", "one run")):
+        sp = slsub.add_parser(name, help=helptext)
+        sp.add_argument("--preset", default="tiny")
+        if name == "table3":
+            sp.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all)")
+            sp.add_argument("--extended", action="store_true")
+            sp.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 per row")
+            sp.add_argument("--report", default="reports", help="report directory written after --wait ('' for none)")
+        else:
+            sp.add_argument("--row", default="base")
+            sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--out", default="runs", help="run directories, scripts and logs (shared when --nodes > 1)")
+        sp.add_argument("--partition", default=None)
+        sp.add_argument("--account", default=None)
+        sp.add_argument("--time", default=None, help="time limit per attempt, HH:MM:SS or D-HH:MM:SS")
+        sp.add_argument("--nodes", type=_positive_int, default=1)
+        sp.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs = srun tasks per node")
+        sp.add_argument("--tasks-per-node", type=_positive_int, default=None, help="with --accelerator cpu")
+        sp.add_argument("--cpus-per-task", type=_positive_int, default=None)
+        sp.add_argument("--mem", default=None, help="memory per node, e.g. 64G")
+        sp.add_argument("--accelerator", choices=("gpu", "cuda", "cpu"), default="gpu")
+        sp.add_argument("--devices", type=_positive_int, default=None, help="if given, must equal the tasks per node")
+        sp.add_argument("--num-nodes", type=_positive_int, default=None, help="if given, must equal --nodes")
+        sp.add_argument("--strategy", default=None, help="default: ddp when more than one device in all")
+        sp.add_argument("--precision", default=None)
+        sp.add_argument("--signal-lead", type=_positive_int, default=90, help="seconds of warning before the limit")
+        sp.add_argument("--max-parallel", type=_positive_int, default=None, help="array tasks running at once")
+        sp.add_argument("--setup", action="append", default=[], help="shell line before srun (repeatable)")
+        sp.add_argument("--sbatch", action="append", default=[], help="another #SBATCH option, e.g. --qos=high")
+        sp.add_argument("--assume-shared", action="store_true", help="--out is shared though /proc/mounts says not")
+        sp.add_argument("--data", default=None)
+        sp.add_argument("--data-dir", default=None)
+        sp.add_argument("--cache-dir", default=None)
+        sp.add_argument("--vocab-size", type=_positive_int, default=None)
+        sp.add_argument("--max-steps", type=_positive_int, default=None)
+        sp.add_argument("--max-tokens", type=_positive_int, default=None, help="tokens per side per device batch")
+        sp.add_argument("--ckpt-every", type=_positive_int, default=None)
+        sp.add_argument("--eval-subset", type=_positive_int, default=None)
+        sp.add_argument("--wandb", action="store_true")
+        sp.add_argument("--dry-run", action="store_true", help="write and print the script, submit nothing")
+        sp.add_argument("--wait", action="store_true", help="block until the jobs end; exit 1 if any run failed")
+        sp.set_defaults(func=cmd_slurm)
 
     hp = sub.add_parser("hpo", help="Optuna TPE over lr factor, warmup, dropout, label smoothing of one row")
     hp.add_argument("--row", default="base")

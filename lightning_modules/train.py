@@ -11,8 +11,10 @@ curves), `dev.hyp`/`dev.ref` (final dev translations and their references) and `
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +25,7 @@ import optuna
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from ablations.errors import UserError
 from ablations.files import atomic_write_json, atomic_write_text
@@ -74,6 +77,18 @@ def run_dir(out: str | Path, preset: str, corpus: str, row: str, seed: int) -> P
     return Path(out) / preset / corpus / row / f"seed{seed}"
 
 
+def world_size(opts: TrainOptions) -> int:
+    return opts.devices * opts.num_nodes if isinstance(opts.devices, int) else 1
+
+
+def device_tokens(preset, world: int) -> int:
+    """Tokens per side per device batch when --max-tokens is not given: the preset's budget split over
+    the devices, so one optimizer step keeps the preset's tokens (the paper's 25k on 8 GPUs: 3125
+    each; on 1 GPU: 25k, or accumulation with a smaller --max-tokens), but above max_len (a
+    sentence must fit in a batch)."""
+    return min(preset.max_tokens, max(math.ceil(preset.tokens_per_step / world), preset.max_len + 1))
+
+
 def build_datamodule(opts: TrainOptions, preset) -> TranslationDataModule:
     dev_subset = preset.dev_subset if opts.dev_subset == -1 else opts.dev_subset
     return TranslationDataModule(
@@ -81,7 +96,7 @@ def build_datamodule(opts: TrainOptions, preset) -> TranslationDataModule:
         data_dir=opts.data_dir,
         cache_dir=opts.cache_dir,
         vocab_size=opts.vocab_size or preset.vocab_size,
-        max_tokens=opts.max_tokens or preset.max_tokens,
+        max_tokens=opts.max_tokens or device_tokens(preset, world_size(opts)),
         src_lang=opts.src_lang,
         tgt_lang=opts.tgt_lang,
         seed=opts.seed,
@@ -138,7 +153,7 @@ def train(opts: TrainOptions) -> dict:
     dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
     steps = opts.max_steps or resolved["train_steps"]
-    world = opts.devices * opts.num_nodes if isinstance(opts.devices, int) else 1
+    world = world_size(opts)
     accumulate = derive_accumulation(preset.tokens_per_step, dm.max_tokens, world)
     config = {
         "row": resolved,
@@ -158,16 +173,27 @@ def train(opts: TrainOptions) -> dict:
     trainer = build_trainer(opts, preset, out_dir, steps, accumulate, resolved)
     if trainer.is_global_zero:
         atomic_write_json(out_dir / "config.json", config)
-    last = out_dir / "checkpoints" / "last.ckpt"
+        t = config["train"]
+        log.info(
+            "%d tokens per side per optimizer step = %d per device batch x %d devices x %d accumulated "
+            "(preset: %d)", t["effective_tokens_per_step"], dm.max_tokens, world, accumulate, preset.tokens_per_step
+        )  # fmt: skip
+        if t["effective_tokens_per_step"] > 1.1 * preset.tokens_per_step:
+            log.warning("more tokens per step than the preset's; pass a smaller --max-tokens")
+    resume = resume_checkpoint(out_dir)
     t0 = time.perf_counter()
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=str(last) if last.exists() else None)
+        trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
     except Exception as e:
         if trainer.is_global_zero:
             status = "pruned" if isinstance(e, optuna.TrialPruned) else "failed"
             write_metrics(out_dir, config, status=status, error=f"{type(e).__name__}: {e}")
         raise
     train_time = time.perf_counter() - t0
+    if SLURMEnvironment.detect():
+        # Lightning's requeue handler is gone after fit: a time-limit warning during the final
+        # evaluation must not kill it (SIGUSR1's default action); the limit itself still ends the job.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     if not trainer.is_global_zero:
         return {}
     # The final evaluation decodes the whole dev set (validation during training may use a subset).
@@ -186,6 +212,26 @@ def train(opts: TrainOptions) -> dict:
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=TOK_BLEU_LABEL, dev_ppl=round(result["ppl"], 4),
         dev_sentences=result["n_sentences"],
     )  # fmt: skip
+
+
+def resume_checkpoint(out_dir: Path) -> Path | None:
+    """The checkpoint a rerun resumes from: the newest of `checkpoints/last.ckpt` and the
+    `hpc_ckpt_N.ckpt` that Lightning's SLURM requeue handler saves on the warning signal (it would
+    only look for those when fit() gets no ckpt_path). Newest = highest global step; an unreadable
+    file (killed mid-save) is passed over."""
+    candidates = [out_dir / "checkpoints" / "last.ckpt", *out_dir.glob("hpc_ckpt_*.ckpt")]
+    best, best_step = None, -1
+    for path in candidates:
+        if not path.is_file():
+            continue
+        try:  # mmap: reads the step without loading the tensors
+            step = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"]
+        except Exception as e:
+            log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
+            continue
+        if step >= best_step:  # on a tie the later candidate (an hpc checkpoint) wins
+            best, best_step = path, step
+    return best
 
 
 def write_metrics(out_dir: Path, config: dict, status: str, **fields) -> dict:

@@ -1,0 +1,438 @@
+"""`aiayn slurm table3` / `aiayn slurm train`: Table 3 (or one run) as a SLURM job array.
+
+Mechanism: a generated sbatch script, submitted with `sbatch`, one array task per pending
+(row, seed); each task runs `srun aiayn train ...` with one task per device, so Lightning's
+SLURMEnvironment finds its ranks in SLURM_PROCID / SLURM_LOCALID / SLURM_NODEID. Why sbatch and not
+submitit: the script is plain text that `--dry-run` can show and a user can read, edit and
+resubmit by hand; the job runs the same `aiayn train` command as a laptop (no pickled Python
+function, no extra dependency); and Lightning already ships the requeue handler we need, which
+submitit would duplicate (it would have to be switched off in Lightning, or the other way round).
+
+Requeue: exactly one handler is in charge, Lightning's (SLURMEnvironment with auto_requeue=True,
+requeue_signal=SIGUSR1, its defaults under SLURM). The script asks for `--signal=USR1@LEAD`
+(without `B:`, so every srun task gets it: the save hits a DDP barrier) and `--requeue`. On the
+signal Lightning saves `hpc_ckpt_N.ckpt` in the run directory and rank 0 runs `scontrol requeue`;
+the restarted task runs the same `aiayn train` command, which resumes from the newest of the run's
+`checkpoints/last.ckpt` and `hpc_ckpt_N.ckpt` (lightning_modules.train.resume_checkpoint). The run
+directory depends only on (preset, corpus, row, seed), never on the job id.
+
+Books, on the shared filesystem under --out: a pair is done when its run directory's metrics.json
+says `completed`; it is queued or running when `OUT/slurm/pairs/<pair>.json` names a job that
+`squeue` still lists; anything else (never run, failed, killed) is submitted again. Optuna is not
+used here: a study would need a live driver to tell it when each job ends, and the run directories
+already hold the answer. `aiayn report` reads the same metrics.json files.
+
+Multi-node: `--nodes M` gives Trainer `num_nodes=M`; the run directory must then be on a
+filesystem that every node sees (NFS, Lustre, GPFS, ...), checked from /proc/mounts.
+Two array tasks on one node get distinct DDP ports: Lightning derives MASTER_PORT from the job id,
+which differs between array tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ablations.errors import UserError
+from ablations.files import atomic_write_json, atomic_write_text
+from ablations.presets import get_preset
+from ablations.table import get_row, select_rows
+from sweeps.table3 import MAX_SEED
+
+log = logging.getLogger(__name__)
+
+# Filesystems that several machines mount as one (a run directory there is seen by every node).
+SHARED_FS = {
+    "nfs", "nfs4", "lustre", "gpfs", "beegfs", "ceph", "cifs", "smb3", "glusterfs", "fuse.glusterfs",
+    "fuse.cephfs", "fuse.sshfs", "wekafs", "panfs", "orangefs", "pvfs2", "9p", "virtiofs", "fuse.juicefs",
+}  # fmt: skip
+# Strategies that start their own processes: under srun, SLURM starts one process per device instead.
+SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+# srun runs this; `aiayn` is on PATH wherever the package is installed (jobs inherit the submitter's env).
+TRAIN = "aiayn train"
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+@dataclass
+class SlurmOptions:
+    """What to run (table3: rows x seeds; train: one row and seed) and how to ask SLURM for it."""
+
+    kind: str = "table3"  # table3 | train
+    preset: str = "tiny"
+    rows: str | None = None  # table3
+    extended: bool = False
+    seeds: int = 1  # table3: seeds 0..N-1
+    row: str = "base"  # train
+    seed: int = 0
+    out: str = "runs"
+    report: str | None = "reports"  # table3 --wait: the report directory (None: none)
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # SLURM's formats: MM, HH:MM:SS, D-HH:MM:SS ...
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    tasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None  # e.g. 64G; None: the partition's default
+    accelerator: str = "gpu"
+    devices: int | None = None  # Trainer settings, if given: must agree with the SLURM ones
+    num_nodes: int | None = None
+    strategy: str | None = None  # None: ddp when more than one device in all, else auto
+    signal_lead: int = 90  # seconds between the warning signal (USR1) and the time limit
+    max_parallel: int | None = None  # array tasks running at once (None: no throttle)
+    setup: tuple[str, ...] = ()  # shell lines before srun (module load ..., source venv/bin/activate)
+    assume_shared: bool = False  # the run directory is on a shared filesystem that /proc/mounts misnames
+    train_args: tuple[str, ...] = ()  # passed through to every `aiayn train`
+    data: str | None = None
+    data_dir: str | None = None
+    dry_run: bool = False
+    wait: bool = False
+    poll_s: float = 5.0
+    extra_sbatch: tuple[str, ...] = ()  # more #SBATCH directives (--qos=high, --constraint=a100)
+
+
+# ---- checks: every mistake a user can make is found here, before anything is written or submitted
+
+
+def time_limit_seconds(text: str | None) -> int:
+    """SLURM's --time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds."""
+    m = _TIME.match(text or "")
+    if not m:
+        raise UserError(f"--time {text!r} is not a SLURM time limit; pass --time HH:MM:SS (or D-HH:MM:SS)")
+    days, a, b, c = (int(x) if x else None for x in m.groups())
+    if days is None:  # MM | MM:SS | HH:MM:SS
+        h, mnt, s = (0, a, b or 0) if c is None else (a, b, c)
+    else:  # D-HH | D-HH:MM | D-HH:MM:SS
+        h, mnt, s = a, b or 0, c or 0
+    return (days or 0) * 86400 + h * 3600 + mnt * 60 + s
+
+
+def tasks_per_node(opts: SlurmOptions) -> int:
+    """srun tasks per node = Trainer devices per node; checks that the SLURM and Trainer settings agree."""
+    if opts.accelerator not in ("gpu", "cuda", "cpu"):
+        raise UserError(
+            f"--accelerator {opts.accelerator} cannot be matched to SLURM resources; pass --accelerator gpu or cpu"
+        )
+    if opts.accelerator == "cpu":
+        if opts.gpus_per_node:
+            raise UserError(
+                f"--gpus-per-node {opts.gpus_per_node} asks for GPUs but --accelerator cpu trains on CPUs; "
+                "drop --gpus-per-node and pass --tasks-per-node T"
+            )
+        per_node, what = opts.tasks_per_node or 1, "--tasks-per-node"
+    else:
+        if not opts.gpus_per_node:
+            raise UserError(
+                "--gpus-per-node is missing; pass --gpus-per-node G (one srun task per GPU), "
+                "or --accelerator cpu --tasks-per-node T for a CPU cluster"
+            )
+        if opts.tasks_per_node not in (None, opts.gpus_per_node):
+            raise UserError(
+                f"--tasks-per-node {opts.tasks_per_node} differs from --gpus-per-node {opts.gpus_per_node}; "
+                "Lightning runs one srun task per GPU: drop --tasks-per-node"
+            )
+        per_node, what = opts.gpus_per_node, "--gpus-per-node"
+    if opts.devices is not None and opts.devices != per_node:
+        raise UserError(
+            f"--devices {opts.devices} differs from {what} {per_node}; the Trainer needs one device per srun task: "
+            f"drop --devices (it follows {what})"
+        )
+    if opts.num_nodes is not None and opts.num_nodes != opts.nodes:
+        raise UserError(
+            f"--num-nodes {opts.num_nodes} differs from --nodes {opts.nodes}; drop --num-nodes (it follows --nodes)"
+        )
+    if opts.strategy in SPAWNING and per_node * opts.nodes > 1:
+        raise UserError(
+            f"--strategy {opts.strategy} starts its own processes, but under srun SLURM starts one per device; "
+            "pass --strategy ddp"
+        )
+    return per_node
+
+
+def filesystem_of(path: Path) -> tuple[str, str]:
+    """(mount point, filesystem type) holding `path` (its nearest existing ancestor), from /proc/mounts."""
+    probe = path.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    best = ("/", "unknown")
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return best
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount = parts[1].replace("\\040", " ")
+        inside = probe == Path(mount) or Path(mount) in probe.parents
+        if inside and len(mount) >= len(best[0]):
+            best = (mount, parts[2])
+    return best
+
+
+def check_shared(opts: SlurmOptions) -> None:
+    if opts.nodes <= 1 or opts.assume_shared:
+        return
+    mount, fstype = filesystem_of(Path(opts.out))
+    if fstype not in SHARED_FS and not fstype.startswith("fuse."):
+        raise UserError(
+            f"--out {opts.out} is on a local filesystem ({fstype} at {mount}) but --nodes {opts.nodes} needs a "
+            "run directory every node sees; pass --out on a shared filesystem (NFS, Lustre, GPFS, ...) "
+            "or --assume-shared if it is one"
+        )
+
+
+def check(opts: SlurmOptions) -> int:
+    """Validate everything; return tasks per node. Raises UserError before anything is written."""
+    get_preset(opts.preset)
+    if not opts.partition:
+        raise UserError("--partition is missing; pass --partition NAME (see `sinfo -s` for the cluster's partitions)")
+    limit = time_limit_seconds(opts.time)
+    if opts.signal_lead >= limit:
+        raise UserError(
+            f"--time {opts.time} leaves no room for the warning signal {opts.signal_lead} s before the limit; "
+            "pass a longer --time or a smaller --signal-lead"
+        )
+    per_node = tasks_per_node(opts)
+    check_shared(opts)
+    if not opts.dry_run and shutil.which("sbatch") is None:
+        raise UserError("sbatch is not on PATH (no SLURM client here); run on a SLURM login node, or pass --dry-run")
+    return per_node
+
+
+# ---- books: which (row, seed) pairs are done, queued or running, and which to submit
+
+
+def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
+    if opts.kind == "train":
+        return [(get_row(opts.row).row, opts.seed)]  # an unknown row names the rows there are
+    if not 1 <= opts.seeds <= MAX_SEED + 1:
+        raise UserError(f"--seeds must be at least 1, got {opts.seeds}; pass --seeds 1 or more")
+    return [(row, seed) for row in select_rows(opts.rows, opts.extended) for seed in range(opts.seeds)]
+
+
+def corpus_of(opts: SlurmOptions) -> str:
+    return opts.data or get_preset(opts.preset).corpus
+
+
+def pair_dir(opts: SlurmOptions, row: str, seed: int) -> Path:
+    from lightning_modules.train import run_dir
+
+    return run_dir(Path(opts.out).resolve(), get_preset(opts.preset).name, corpus_of(opts), row, seed)
+
+
+def marker(opts: SlurmOptions, row: str, seed: int) -> Path:
+    return Path(opts.out) / "slurm" / "pairs" / f"{opts.preset}-{corpus_of(opts)}-{row}-seed{seed}.json"
+
+
+def run_status(opts: SlurmOptions, row: str, seed: int) -> str:
+    """metrics.json's status ('completed', 'failed', ...) or 'missing'."""
+    try:
+        return json.loads((pair_dir(opts, row, seed) / "metrics.json").read_text()).get("status", "missing")
+    except (OSError, ValueError):
+        return "missing"
+
+
+def live_jobs() -> set[str]:
+    """Job ids SLURM still holds (pending, running, requeued), array tasks one by one (`123_4`)."""
+    if shutil.which("squeue") is None:
+        return set()
+    proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"squeue failed ({proc.stderr.strip()[:200]}); check that the SLURM controller is up")
+    return set(proc.stdout.split())
+
+
+def job_of(opts: SlurmOptions, row: str, seed: int) -> str | None:
+    try:
+        return json.loads(marker(opts, row, seed).read_text())["job"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def classify(opts: SlurmOptions, todo: list[tuple[str, int]], live: set[str]) -> dict[str, list]:
+    """Split pairs into completed, in SLURM (queued or running) and pending (to submit)."""
+    books = {"completed": [], "in_slurm": [], "pending": []}
+    for row, seed in todo:
+        if run_status(opts, row, seed) == "completed":
+            books["completed"].append((row, seed))
+        elif job_of(opts, row, seed) in live:
+            books["in_slurm"].append((row, seed))
+        else:
+            books["pending"].append((row, seed))
+    return books
+
+
+# ---- the script
+
+
+def job_name(opts: SlurmOptions) -> str:
+    if opts.kind == "train":
+        return f"aiayn-{opts.preset}-{opts.row}-s{opts.seed}"
+    return f"aiayn-table3-{opts.preset}"
+
+
+def train_command(opts: SlurmOptions, per_node: int) -> list[str]:
+    """`aiayn train` with Trainer settings that match the allocation ($ROW and $SEED from the array),
+    as the command followed by one "--flag value" string per option."""
+    world = per_node * opts.nodes
+    strategy = opts.strategy or ("ddp" if world > 1 else "auto")
+    options = [("--preset", opts.preset), ("--row", '"$ROW"'), ("--seed", '"$SEED"'),
+               ("--out", shlex.quote(str(Path(opts.out).resolve()))), ("--accelerator", opts.accelerator),
+               ("--devices", str(per_node)), ("--num-nodes", str(opts.nodes)), ("--strategy", strategy)]  # fmt: skip
+    if opts.data:
+        options.append(("--data", shlex.quote(opts.data)))
+    if opts.data_dir:
+        options.append(("--data-dir", shlex.quote(str(Path(opts.data_dir).resolve()))))
+    args = list(opts.train_args)
+    while args:  # "--flag value" pairs, or a lone "--flag"
+        flag = args.pop(0)
+        value = args.pop(0) if args and not args[0].startswith("--") else None
+        options.append((flag, shlex.quote(value)) if value is not None else (flag,))
+    return [TRAIN, *(" ".join(o) for o in options), "--no-progress"]
+
+
+def render(opts: SlurmOptions, todo: list[tuple[str, int]], per_node: int) -> str:
+    """The sbatch script: one array task per (row, seed) in `todo`."""
+    out = Path(opts.out).resolve()
+    name = job_name(opts)
+    array = f"0-{len(todo) - 1}" + (f"%{opts.max_parallel}" if opts.max_parallel else "")
+    directives = [
+        f"--job-name={name}",
+        f"--partition={opts.partition}",
+        *([f"--account={opts.account}"] if opts.account else []),
+        f"--time={opts.time}",
+        f"--nodes={opts.nodes}",
+        f"--ntasks-per-node={per_node}",
+        *([f"--gpus-per-node={opts.gpus_per_node}"] if opts.accelerator != "cpu" else []),
+        *([f"--cpus-per-task={opts.cpus_per_task}"] if opts.cpus_per_task else []),
+        *([f"--mem={opts.mem}"] if opts.mem else []),
+        f"--array={array}",
+        f"--output={out}/slurm/logs/{name}-%A_%a.out",
+        "--open-mode=append",  # a requeued task appends to its log
+        f"--signal=USR1@{opts.signal_lead}",  # to every task (no B:): Lightning saves and requeues
+        "--requeue",
+        *(d if d.startswith("--") else f"--{d}" for d in opts.extra_sbatch),
+    ]
+    pair_words = " ".join(f"{row}:{seed}" for row, seed in todo)
+    lines = [
+        "#!/bin/bash",
+        f"# Generated by `aiayn slurm {opts.kind}`; one array task per (row, seed), {per_node * opts.nodes} "
+        "DDP ranks each.",
+        "# Requeue: Lightning's SLURM auto-requeue (USR1 -> hpc checkpoint -> scontrol requeue); the rerun",
+        "# of the same `aiayn train` resumes from the run directory's newest checkpoint.",
+        *(f"#SBATCH {d}" for d in directives),
+        "set -euo pipefail",
+        *opts.setup,
+        f"PAIRS=({pair_words})",
+        'PAIR="${PAIRS[$SLURM_ARRAY_TASK_ID]}"',
+        'ROW="${PAIR%%:*}"',
+        'SEED="${PAIR##*:}"',
+        'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
+        'echo "aiayn: row $ROW seed $SEED, attempt $((${SLURM_RESTART_COUNT:-0} + 1)),'
+        ' job ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID} on ${SLURM_JOB_NODELIST}"',
+        "srun --kill-on-bad-exit=1 " + " \\\n    ".join(_wrap(train_command(opts, per_node))),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(words: list[str], width: int = 100) -> list[str]:
+    """Join words into lines of at most `width` characters (a long command stays readable)."""
+    lines, current = [], ""
+    for w in words:
+        if current and len(current) + 1 + len(w) > width:
+            lines.append(current)
+            current = w
+        else:
+            current = f"{current} {w}".strip()
+    return [*lines, current]
+
+
+def script_path(opts: SlurmOptions) -> Path:
+    return Path(opts.out) / "slurm" / f"{job_name(opts)}.sbatch"
+
+
+# ---- submit and wait
+
+
+def check_partition(name: str) -> None:
+    """A partition the controller does not know is the user's mistake (sinfo lists the real ones)."""
+    if shutil.which("sinfo") is None:
+        return  # sbatch will say it
+    proc = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise UserError(f"sinfo failed ({' '.join(proc.stderr.split())[:200]}); check that the SLURM controller is up")
+    known = proc.stdout.split()
+    if name not in known:
+        raise UserError(f"partition {name!r} does not exist on this cluster; pass --partition {' or '.join(known)}")
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost ancestor of `path` (or `path`) that does not exist yet: what a write would create."""
+    missing = None
+    for p in [path, *path.parents]:
+        if p.exists():
+            return missing
+        missing = p
+    return missing
+
+
+def sbatch(script: Path) -> str:
+    """Submit; return the job id. sbatch's own complaint (a partition it does not know) is the user's."""
+    proc = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        problem = " ".join(proc.stderr.split())[:300] or f"exit {proc.returncode}"
+        raise UserError(f"sbatch refused {script} ({problem}); fix the SLURM options (partition, account, time)")
+    return proc.stdout.strip().split(";")[0]
+
+
+def wait_for(jobs: set[str], poll_s: float) -> None:
+    """Block until SLURM holds none of `jobs` (array tasks `123_4`); a requeued task stays held."""
+    while True:
+        left = jobs & live_jobs()
+        if not left:
+            return
+        time.sleep(poll_s)
+
+
+def submit(opts: SlurmOptions) -> dict:
+    """Check, write the script, submit it (unless a dry run), optionally wait; return a summary."""
+    per_node = check(opts)
+    todo = pairs(opts)
+    books = classify(opts, todo, set() if opts.dry_run else live_jobs())
+    summary = {"pairs": len(todo), **{k: len(v) for k, v in books.items()}, "job": None, "script": None}
+    pending = books["pending"]
+    if pending:
+        if not opts.dry_run:
+            check_partition(opts.partition)
+        text = render(opts, pending, per_node)
+        new_dir = first_missing(script_path(opts).parent / "logs")
+        path = atomic_write_text(script_path(opts), text)
+        (path.parent / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's directory
+        summary.update(script=str(path), text=text)
+        if not opts.dry_run:
+            try:
+                job = sbatch(path)
+            except UserError:  # nothing submitted: leave nothing written either
+                shutil.rmtree(new_dir) if new_dir else path.unlink()
+                raise
+            summary["job"] = job
+            for i, (row, seed) in enumerate(pending):
+                atomic_write_json(marker(opts, row, seed), {"job": f"{job}_{i}", "row": row, "seed": seed,
+                                                            "script": str(path), "submitted": time.time()})  # fmt: skip
+    if opts.wait and not opts.dry_run:
+        watched = {job_of(opts, r, s) for r, s in pending + books["in_slurm"]} - {None}
+        wait_for(watched, opts.poll_s)
+        summary["results"] = {f"{r} seed {s}": run_status(opts, r, s) for r, s in todo}
+        if opts.kind == "table3" and opts.report and "completed" in summary["results"].values():
+            from reports.build import write_reports
+
+            summary["report"] = [str(p) for p in write_reports(opts.out, opts.report, preset=opts.preset)]
+    return summary
