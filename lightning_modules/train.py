@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import platform
-import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,7 +24,6 @@ import optuna
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from ablations.errors import UserError
 from ablations.files import atomic_write_json, atomic_write_text
@@ -34,6 +32,7 @@ from lightning_modules.data import TranslationDataModule, derive_accumulation
 from lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
 from lightning_modules.model import count_params
 from lightning_modules.module import TranslationModule
+from lightning_modules.requeue import CHECKPOINT_NAME, slurm_parts
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +189,9 @@ def train(opts: TrainOptions) -> dict:
             write_metrics(out_dir, config, status=status, error=f"{type(e).__name__}: {e}")
         raise
     train_time = time.perf_counter() - t0
-    if SLURMEnvironment.detect():
-        # Lightning's requeue handler is gone after fit: a time-limit warning during the final
-        # evaluation must not kill it (SIGUSR1's default action); the limit itself still ends the job.
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal: SLURM restarts it
+        log.info("%s seed %d: checkpointed at step %d and requeued", resolved["row"], opts.seed, trainer.global_step)
+        return {}
     if not trainer.is_global_zero:
         return {}
     # The final evaluation decodes the whole dev set (validation during training may use a subset).
@@ -215,11 +213,10 @@ def train(opts: TrainOptions) -> dict:
 
 
 def resume_checkpoint(out_dir: Path) -> Path | None:
-    """The checkpoint a rerun resumes from: the newest of `checkpoints/last.ckpt` and the
-    `hpc_ckpt_N.ckpt` that Lightning's SLURM requeue handler saves on the warning signal (it would
-    only look for those when fit() gets no ckpt_path). Newest = highest global step; an unreadable
-    file (killed mid-save) is passed over."""
-    candidates = [out_dir / "checkpoints" / "last.ckpt", *out_dir.glob("hpc_ckpt_*.ckpt")]
+    """The checkpoint a rerun resumes from: the newer of `checkpoints/last.ckpt` (periodic) and
+    `checkpoints/requeue.ckpt` (saved on SLURM's warning signal, lightning_modules/requeue.py).
+    Newer = higher global step; an unreadable file (killed mid-save) is passed over."""
+    candidates = [out_dir / "checkpoints" / "last.ckpt", out_dir / "checkpoints" / CHECKPOINT_NAME]
     best, best_step = None, -1
     for path in candidates:
         if not path.is_file():
@@ -229,7 +226,7 @@ def resume_checkpoint(out_dir: Path) -> Path | None:
         except Exception as e:
             log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
             continue
-        if step >= best_step:  # on a tie the later candidate (an hpc checkpoint) wins
+        if step >= best_step:  # on a tie the later candidate (the requeue checkpoint) wins
             best, best_step = path, step
     return best
 
@@ -264,6 +261,8 @@ def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumul
     # One CSV log per attempt (logs/version_N/metrics.csv): Lightning's CSVLogger deletes an existing
     # metrics.csv when it starts, which would lose the curve before a resume.
     loggers = [CSVLogger(out_dir, name="logs")]
+    # under SLURM: Lightning's requeue handler off, ours (checkpoint at a step boundary) on
+    slurm_plugins, slurm_callbacks = slurm_parts(out_dir / "checkpoints")
     if opts.wandb:
         from lightning.pytorch.loggers import WandbLogger
 
@@ -286,7 +285,8 @@ def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumul
         val_check_interval=None if opts.val_per_epoch else min(preset.val_every, steps) * accumulate,
         check_val_every_n_epoch=1 if opts.val_per_epoch else None,
         num_sanity_val_steps=0,
-        callbacks=[ckpt, *opts.callbacks],
+        callbacks=[ckpt, *opts.callbacks, *slurm_callbacks],
+        plugins=slurm_plugins,
         logger=loggers,
         default_root_dir=out_dir,
         enable_progress_bar=opts.progress,
