@@ -192,7 +192,7 @@ def check_shared(opts: SlurmOptions) -> None:
 
 def check(opts: SlurmOptions) -> int:
     """Validate everything; return tasks per node. Raises UserError before anything is written."""
-    get_preset(opts.preset)
+    pairs(opts)  # an unknown preset, row or group, or --seeds 0
     if not opts.partition:
         raise UserError("--partition is missing; pass --partition NAME (see `sinfo -s` for the cluster's partitions)")
     limit = time_limit_seconds(opts.time)
@@ -212,6 +212,7 @@ def check(opts: SlurmOptions) -> int:
 
 
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
+    get_preset(opts.preset)
     if opts.kind == "train":
         return [(get_row(opts.row).row, opts.seed)]  # an unknown row names the rows there are
     if not 1 <= opts.seeds <= MAX_SEED + 1:

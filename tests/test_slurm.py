@@ -1,0 +1,321 @@
+"""`aiayn slurm`: the generated script, the books, bad input (fast); and on a real SLURM cluster
+(slow; scripts/slurm-local-up.sh brings one up): a two-row Table 3 array with its report, and a
+job that gets the warning signal, is requeued and resumes from its checkpoint.
+
+The SLURM tests skip where `sbatch` is not on PATH or no controller answers, unless
+AIAYN_REQUIRE_SLURM=1 (CI sets it), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ablations.cli import main
+from sweeps import slurm
+from sweeps.slurm import SlurmOptions, classify, render, time_limit_seconds
+
+ARGS_CPU = ["--accelerator", "cpu", "--tasks-per-node", "2", "--partition", "debug", "--time", "00:30:00"]
+
+
+def _no_sbatch_path(tmp_path) -> str:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir(exist_ok=True)
+    return str(empty)
+
+
+# ---- bad input: one line, exit 2, nothing written or submitted
+
+BAD = [
+    # (what, argv after `aiayn slurm`, words the message must hold)
+    ("missing partition", ["table3", "--gpus-per-node", "8", "--time", "1:00:00"], "--partition is missing"),
+    ("missing gpus-per-node", ["table3", "--partition", "p", "--time", "1:00:00"], "--gpus-per-node is missing"),
+    ("gpus on a cpu run", ["table3", *ARGS_CPU, "--gpus-per-node", "2"], "--accelerator cpu trains on CPUs"),
+    (
+        "devices vs gpus-per-node",
+        ["table3", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "8", "--devices", "4"],
+        "--devices 4 differs from --gpus-per-node 8",
+    ),  # fmt: skip
+    (
+        "num-nodes vs nodes",
+        ["table3", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "8", "--num-nodes", "2"],
+        "--num-nodes 2 differs from --nodes 1",
+    ),  # fmt: skip
+    (
+        "tasks vs gpus",
+        ["train", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "8", "--tasks-per-node", "4"],
+        "--tasks-per-node 4 differs from --gpus-per-node 8",
+    ),  # fmt: skip
+    ("spawning strategy", ["table3", *ARGS_CPU, "--strategy", "ddp_spawn"], "pass --strategy ddp"),
+    ("bad time", ["table3", "--accelerator", "cpu", "--partition", "p", "--time", "soon"], "is not a SLURM time"),
+    ("no time", ["table3", "--accelerator", "cpu", "--partition", "p"], "is not a SLURM time"),
+    (
+        "time under the warning",
+        ["table3", "--accelerator", "cpu", "--partition", "p", "--time", "1"],
+        "no room for the warning signal",
+    ),  # fmt: skip
+    ("seeds 0", ["table3", *ARGS_CPU, "--seeds", "0"], "--seeds must be at least 1"),
+    ("unknown row", ["train", *ARGS_CPU, "--row", "Z9"], "unknown row 'Z9'"),
+    ("unknown preset", ["table3", *ARGS_CPU, "--preset", "huge"], "unknown preset 'huge'"),
+    ("local run dir, 2 nodes", ["table3", *ARGS_CPU, "--nodes", "2"], "needs a run directory every node sees"),
+    ("no sbatch on PATH", ["table3", *ARGS_CPU], "sbatch is not on PATH"),
+]
+
+
+@pytest.mark.parametrize("what,argv,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_one_line_exit_2_nothing_written(what, argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", _no_sbatch_path(tmp_path))  # and so nothing can be submitted by any case
+    out = tmp_path / "runs"
+    assert main(["slurm", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("aiayn: error: ") and message in err[0], err
+    assert ";" in err[0]  # problem; fix
+    assert not out.exists()
+
+
+def test_local_run_dir_is_refused_for_two_nodes_unless_declared_shared(tmp_path):
+    mount, fstype = slurm.filesystem_of(tmp_path)
+    assert fstype not in slurm.SHARED_FS and Path(tmp_path).resolve().is_relative_to(mount)
+    opts = SlurmOptions(out=str(tmp_path), nodes=2, gpus_per_node=8, partition="p", time="1:00:00", dry_run=True)
+    with pytest.raises(slurm.UserError, match="local filesystem"):
+        slurm.check(opts)
+    opts.assume_shared = True
+    assert slurm.check(opts) == 8
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs sbatch and a SLURM controller (sinfo)")
+def test_unknown_partition_is_refused_before_anything_is_written(tmp_path, capsys):
+    if not _slurm_up():
+        pytest.skip("no SLURM controller answers; run scripts/slurm-local-up.sh")
+    out = tmp_path / "runs"
+    argv = ["slurm", "train", "--accelerator", "cpu", "--partition", "no-such-partition", "--time", "10:00"]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert "partition 'no-such-partition' does not exist" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("90", 5400), ("10:30", 630), ("01:00:00", 3600), ("2-00:00:00", 172800), ("1-12", 129600), ("0-1:30", 5400)],
+)
+def test_time_limit_formats(text, seconds):
+    assert time_limit_seconds(text) == seconds
+
+
+# ---- the script
+
+
+def test_dry_run_writes_and_prints_an_array_of_the_pending_pairs(tmp_path, capsys):
+    out = tmp_path / "runs"
+    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base,A1", "--seeds", "2", *ARGS_CPU,
+            "--max-steps", "20", "--setup", "module load python", "--out", str(out), "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    script = out / "slurm" / "aiayn-table3-tiny.sbatch"
+    text = script.read_text()
+    assert printed.startswith(text) and "dry run: nothing submitted" in printed
+    for directive in ("--array=0-3", "--nodes=1", "--ntasks-per-node=2", "--partition=debug", "--time=00:30:00",
+                      "--signal=USR1@90", "--requeue", "--open-mode=append"):  # fmt: skip
+        assert f"#SBATCH {directive}\n" in text, directive
+    assert "--gpus-per-node" not in text
+    assert "PAIRS=(base:0 base:1 A1:0 A1:1)" in text and "module load python\n" in text
+    assert "--devices 2" in text and "--num-nodes 1" in text and "--strategy ddp" in text and "--max-steps 20" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert not (out / "slurm" / "pairs").exists()  # a dry run submits nothing, so it books nothing
+
+
+def test_array_task_runs_its_own_pair(tmp_path):
+    """Run the generated script with `srun` replaced by a recorder: task 3 trains A1 seed 1."""
+    opts = SlurmOptions(preset="tiny", rows="base,A1", seeds=2, accelerator="cpu", tasks_per_node=2,
+                        partition="debug", time="10:00", out=str(tmp_path / "runs"))  # fmt: skip
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(opts, slurm.pairs(opts), 2))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/srun-args\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "3",
+           "SLURM_ARRAY_JOB_ID": "41", "SLURM_JOB_NODELIST": "node1"}  # fmt: skip
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "row A1 seed 1, attempt 1, job 41_3 on node1" in proc.stdout
+    args = (tmp_path / "srun-args").read_text().split()
+    assert args[:3] == ["--kill-on-bad-exit=1", "aiayn", "train"]
+    assert args[args.index("--row") + 1] == "A1" and args[args.index("--seed") + 1] == "1"
+    assert args[args.index("--out") + 1] == str((tmp_path / "runs").resolve())
+
+
+def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
+    opts = SlurmOptions(preset="paper", nodes=2, gpus_per_node=8, partition="gpu", time="2-00:00:00",
+                        out=str(tmp_path), assume_shared=True, train_args=("--precision", "bf16-mixed"))  # fmt: skip
+    per_node = slurm.check(opts)
+    text = render(opts, [("big", 0)], per_node)
+    assert "#SBATCH --nodes=2\n" in text and "#SBATCH --ntasks-per-node=8\n" in text
+    assert "#SBATCH --gpus-per-node=8\n" in text and "#SBATCH --array=0-0\n" in text
+    assert "--devices 8" in text and "--num-nodes 2" in text and "--precision bf16-mixed" in text
+
+
+# ---- the books
+
+
+def _metrics(opts, row, seed, status):
+    d = slurm.pair_dir(opts, row, seed)
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps({"row": row, "seed": seed, "status": status}))
+
+
+def test_books_skip_completed_and_queued_pairs_and_retry_failed_ones(tmp_path):
+    opts = SlurmOptions(preset="tiny", rows="base,A1,A2,A3", accelerator="cpu", out=str(tmp_path))
+    _metrics(opts, "base", 0, "completed")
+    _metrics(opts, "A1", 0, "failed")
+    for row, job in (("A2", "7_2"), ("A3", "7_3")):  # A2's job is still in SLURM, A3's is gone
+        slurm.marker(opts, row, 0).parent.mkdir(parents=True, exist_ok=True)
+        slurm.marker(opts, row, 0).write_text(json.dumps({"job": job}))
+    books = classify(opts, slurm.pairs(opts), live={"7_2", "8_0"})
+    assert books == {"completed": [("base", 0)], "in_slurm": [("A2", 0)], "pending": [("A1", 0), ("A3", 0)]}
+
+
+# ---- the requeue handler, in one process (no SLURM needed)
+
+
+def test_requeue_handler_checkpoints_at_the_step_it_was_signalled_and_stops(tmp_path, monkeypatch):
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from lightning_modules.requeue import CHECKPOINT_NAME, RequeueOnSignal
+
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(var, raising=False)  # outside SLURM: saves, and has nothing to requeue
+
+    class SignalAt(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 3:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        requeue = RequeueOnSignal(tmp_path)
+        trainer = pl.Trainer(max_steps=50, accumulate_grad_batches=2, callbacks=[SignalAt(), requeue],
+                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, accelerator="cpu", devices=1)  # fmt: skip
+        trainer.fit(BoringModel())
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert requeue.requeued and trainer.global_step == 3
+    saved = torch.load(tmp_path / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 3
+
+
+def test_resume_takes_the_checkpoint_with_the_highest_step(tmp_path):
+    from lightning_modules.train import resume_checkpoint
+
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    assert resume_checkpoint(tmp_path) is None
+    torch.save({"global_step": 40}, ckpts / "last.ckpt")
+    assert resume_checkpoint(tmp_path) == ckpts / "last.ckpt"
+    torch.save({"global_step": 43}, ckpts / "requeue.ckpt")
+    assert resume_checkpoint(tmp_path) == ckpts / "requeue.ckpt"
+    torch.save({"global_step": 50}, ckpts / "last.ckpt")  # periodic saves after the resume
+    assert resume_checkpoint(tmp_path) == ckpts / "last.ckpt"
+    (ckpts / "last.ckpt").write_bytes(b"truncated")  # a kill mid-save: fall back to the other one
+    assert resume_checkpoint(tmp_path) == ckpts / "requeue.ckpt"
+
+
+# ---- on a real SLURM cluster
+
+
+def _slurm_up() -> bool:
+    proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    return proc.returncode == 0 and any(s in proc.stdout for s in ("idle", "mix", "alloc"))
+
+
+@pytest.fixture
+def cluster() -> str:
+    """The default partition of a live SLURM cluster, or skip (fail under AIAYN_REQUIRE_SLURM=1)."""
+    reason = None
+    if shutil.which("sbatch") is None:
+        reason = "sbatch is not on PATH (no SLURM client); CI brings a cluster up with scripts/slurm-local-up.sh"
+    elif not _slurm_up():
+        reason = "sbatch is on PATH but no SLURM controller answers; run scripts/slurm-local-up.sh"
+    if reason:
+        if os.environ.get("AIAYN_REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    partitions = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True).stdout.split()
+    return next((p.rstrip("*") for p in partitions if p.endswith("*")), partitions[0])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))  # jobs inherit the submitter's environment
+
+
+def _logs(out: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((out / "slurm" / "logs").glob("*.out")))
+
+
+def _run(argv, out: Path, capsys) -> str:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # --wait: a run failed
+        code = e.code
+    printed = capsys.readouterr().out
+    assert code == 0, f"{printed}\n--- job logs ---\n{_logs(out)[-6000:]}"
+    return printed
+
+
+@pytest.mark.slow
+def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
+    out, reports = tmp_path / "runs", tmp_path / "reports"
+    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base,A1", "--accelerator", "cpu",
+            "--tasks-per-node", "2", "--partition", cluster, "--time", "00:20:00", "--max-steps", "20",
+            "--eval-subset", "20", "--out", str(out), "--report", str(reports), "--wait"]  # fmt: skip
+    printed = _run(argv, out, capsys)
+    assert "2 submitted" in printed and "base seed 0: completed" in printed and "A1 seed 0: completed" in printed
+    for row in ("base", "A1"):
+        run = out / "tiny" / "synthetic" / row / "seed0"
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert metrics["status"] == "completed" and metrics["steps"] == 20
+        assert json.loads((run / "config.json").read_text())["train"]["world_size"] == 2
+    assert len(list(out.rglob("metrics.json"))) == 2  # rank 0 alone writes
+    logs = _logs(out)
+    assert logs.count("All distributed processes registered. Starting with 2 processes") == 2
+    report = (reports / "table3-tiny.md").read_text()
+    assert "| base " in report and "| A1 " in report
+    assert "2 completed, 0 queued or running, 0 submitted" in _run(argv, out, capsys)  # the books: nothing again
+
+
+@pytest.mark.slow
+def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cache, tmp_path, capsys):
+    out, steps = tmp_path / "runs", 80
+    argv = ["slurm", "train", "--preset", "tiny", "--row", "base", "--accelerator", "cpu", "--tasks-per-node",
+            "2", "--partition", cluster, "--time", "00:20:00", "--max-steps", str(steps), "--ckpt-every", "5",
+            "--eval-subset", "20", "--out", str(out)]  # fmt: skip
+    assert "1 submitted" in _run(argv, out, capsys)
+    run = out / "tiny" / "synthetic" / "base" / "seed0"
+    job = json.loads(slurm.marker(SlurmOptions(preset="tiny", out=str(out)), "base", 0).read_text())["job"]
+    # training is under way once the first periodic checkpoint exists (a guard against a hang, not a timing)
+    deadline = time.monotonic() + 600
+    while not (run / "checkpoints" / "step0000005.ckpt").exists():
+        assert time.monotonic() < deadline and job in slurm.live_jobs(), _logs(out)[-6000:]
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)  # what SLURM sends LEAD s before the limit
+    printed = _run([*argv, "--wait"], out, capsys)  # the same command: the job is still booked, so it waits
+    assert "1 queued or running, 0 submitted" in printed and "base seed 0: completed" in printed
+    logs = _logs(out)
+    assert "attempt 1," in logs and "attempt 2," in logs and "attempt 3," not in logs
+    requeue_ckpt = run / "checkpoints" / "requeue.ckpt"
+    assert f"Restoring states from the checkpoint path at {requeue_ckpt}" in logs
+    saved_at = torch.load(requeue_ckpt, map_location="cpu", weights_only=False)["global_step"]
+    assert 5 <= saved_at < steps
+    assert json.loads((run / "metrics.json").read_text())["steps"] == steps
+    assert (run / "logs" / "version_1" / "metrics.csv").exists()  # the second attempt's curve
