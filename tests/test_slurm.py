@@ -91,10 +91,7 @@ def test_local_run_dir_is_refused_for_two_nodes_unless_declared_shared(tmp_path)
     assert slurm.check(opts) == 8
 
 
-@pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs sbatch and a SLURM controller (sinfo)")
-def test_unknown_partition_is_refused_before_anything_is_written(tmp_path, capsys):
-    if not _slurm_up():
-        pytest.skip("no SLURM controller answers; run scripts/slurm-local-up.sh")
+def test_unknown_partition_is_refused_before_anything_is_written(cluster, tmp_path, capsys):
     out = tmp_path / "runs"
     argv = ["slurm", "train", "--accelerator", "cpu", "--partition", "no-such-partition", "--time", "10:00"]
     assert main([*argv, "--out", str(out)]) == 2
