@@ -11,30 +11,39 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from ablations.errors import UserError
+from ablations.secrets import redact
 
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
 
 
 def mask(url: str) -> str:
-    """The URL with any password replaced by ***."""
-    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
+    """The URL with any password (and any other secret: see ablations.secrets) replaced by ***."""
+    return redact(re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url))
 
 
-def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.BaseStorage:
-    """`sqlite:///PATH`, `postgresql://USER:PASS@HOST/DB`, `mysql://…`, or `journal:///PATH` (a file)."""
+def check_url(url: str) -> str:
+    """The URL's scheme, or a UserError for an unknown scheme or a journal in a missing directory
+    (checked before anything is created)."""
     scheme = url.split(":", 1)[0].split("+", 1)[0] if ":" in url else ""
     if scheme == "journal":
         path = Path(url.split(":", 1)[1].removeprefix("//"))
         if not path.parent.is_dir():
             raise UserError(
-                f"journal storage {url}: directory {path.parent} does not exist; create it or pick another path"
+                f"journal storage {mask(url)}: directory {path.parent} does not exist; create it or pick another path"
             )
-        return JournalStorage(JournalFileBackend(str(path)))
-    if scheme not in RDB_SCHEMES:
+    elif scheme not in RDB_SCHEMES:
         raise UserError(
             f"storage URL {mask(url)!r} has an unknown scheme; use sqlite:///PATH, journal:///PATH, "
             f"postgresql://USER@HOST/DB or mysql://USER@HOST/DB"
         )
+    return scheme
+
+
+def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.BaseStorage:
+    """`sqlite:///PATH`, `postgresql://USER:PASS@HOST/DB`, `mysql://…`, or `journal:///PATH` (a file)."""
+    scheme = check_url(url)
+    if scheme == "journal":
+        return JournalStorage(JournalFileBackend(url.split(":", 1)[1].removeprefix("//")))
     if scheme == "sqlite" and create_dir is not None:
         Path(create_dir).mkdir(parents=True, exist_ok=True)
     try:

@@ -9,6 +9,13 @@ records the run directory and the metrics, and its value is the dev BLEU.
 Re-running the same command skips completed pairs and retries failed ones. Two workers on one
 storage run each pair once: the queue pop is atomic, and a per-pair file lock guards the rare race
 where two drivers enqueue the same pair at the same moment.
+
+A worker that dies (SIGKILL, node lost) leaves its trial RUNNING. Optuna's heartbeat would fail such
+trials, but it exists only for RDB storages (SQLite included), not for the journal, and is only
+beaten by `study.optimize`, not by ask/tell workers. Our sign of life is the per-pair lock instead:
+the worker holds it (a kernel flock, released when its process dies, however it dies) for as long
+as the pair runs. `fail_stale_trials`, at every driver start, fails each RUNNING trial whose lock
+is free, and the pair is enqueued again; the same for every storage.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -28,6 +37,7 @@ from optuna.trial import TrialState
 
 from ablations.errors import UserError
 from ablations.presets import get_preset
+from ablations.secrets import redact
 from ablations.table import load_rows, select_rows
 from sweeps.storage import open_storage
 
@@ -80,6 +90,40 @@ def lock_dir(opts: SweepOptions) -> Path:
     return Path(opts.out) / ".locks"
 
 
+def pair_lock_path(opts: SweepOptions, corpus: str, row: str, seed: int) -> Path:
+    return lock_dir(opts) / f"{opts.preset}-{corpus}-{row}-seed{seed}.lock"
+
+
+def fail_stale_trials(study: optuna.Study, opts: SweepOptions, corpus: str, grace_s: float = 600.0) -> list:
+    """Fail the RUNNING trials whose worker is dead, so that their pairs are enqueued again; return
+    those pairs. A worker holds its pair's lock while the pair runs and records itself in the trial
+    (`worker`), so a claimed trial whose lock is free is stale. A trial not claimed yet (its worker
+    is between ask() and the lock, a moment) counts as stale only after `grace_s` seconds."""
+    stale = []
+    now = time.time()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pair = pair_of(t)
+        started = t.datetime_start.timestamp() if t.datetime_start else now
+        if pair is None or ("worker" not in t.user_attrs and now - started < grace_s):
+            continue
+        with pair_lock(pair_lock_path(opts, corpus, *pair)) as free:
+            if not free:
+                continue  # a live worker holds it
+            fresh = next(f for f in study.get_trials(deepcopy=False) if f.number == t.number)
+            if fresh.state != TrialState.RUNNING:
+                continue  # its worker finished it between our two reads
+            worker = t.user_attrs.get("worker", "unknown")
+            try:
+                optuna.trial.Trial(study, t._trial_id).set_user_attr("stale", f"worker {worker} died; enqueued again")
+                study.tell(t.number, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # finished after all (our read was older than the storage): not stale
+            log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
+                        t.number, *pair, worker)  # fmt: skip
+            stale.append(pair)
+    return stale
+
+
 def completed_elsewhere(study: optuna.Study, pair: tuple[str, int], number: int) -> bool:
     return any(
         t.state == TrialState.COMPLETE and t.number != number and pair_of(t) == pair
@@ -129,7 +173,7 @@ def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
     if proc.returncode == 0 and metrics_file.is_file():
         return json.loads(metrics_file.read_text())
     tail = logfile.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-    return {"row": row, "seed": seed, "status": "failed", "error": f"exit {proc.returncode}: {tail[0][:300]}"}
+    return {"row": row, "seed": seed, "status": "failed", "error": redact(f"exit {proc.returncode}: {tail[0][:300]}")}
 
 
 def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runner=None) -> tuple[int, int]:
@@ -148,12 +192,13 @@ def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runne
         # the queued values; the same choices in every trial (Optuna forbids a changing categorical space)
         trial.suggest_categorical("row", list(load_rows()))
         trial.suggest_int("seed", 0, MAX_SEED)
-        with pair_lock(lock_dir(opts) / f"{opts.preset}-{corpus}-{row}-seed{seed}.lock") as mine:
+        with pair_lock(pair_lock_path(opts, corpus, row, seed)) as mine:
             if not mine or completed_elsewhere(study, (row, seed), trial.number):
                 # the same pair, enqueued twice by racing drivers, is running or done in another worker
                 trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
                 study.tell(trial, state=TrialState.PRUNED)
                 continue
+            trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")  # holds the lock: see fail_stale_trials
             t0 = time.perf_counter()
             metrics = runner(opts, corpus, row, seed)
             elapsed = time.perf_counter() - t0
@@ -192,6 +237,7 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
         study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
         study.set_user_attr("preset", preset.name)
         study.set_user_attr("corpus", corpus)
+        fail_stale_trials(study, opts, corpus)
         pending = enqueue_pending(study, pairs)
     log.info(
         "table3 %s on %s: %d pairs, %d to run (%s)", preset.name, corpus, len(pairs), len(pending), study.study_name
