@@ -51,12 +51,38 @@ def cmd_rows(args) -> None:
     print(df.to_string(index=False, na_rep=""))
 
 
+def parse_overrides(items: list[str] | None) -> dict:
+    """`--set KEY=VALUE` (repeatable, or several pairs in one): the value typed as the key's column."""
+    from ablations.table import KNOBS
+
+    types = {**{k: t for k, t in KNOBS.items() if k != "train_steps"}, "warmup": int, "lr_factor": float}
+    out = {}
+    for item in (pair for arg in items or () for pair in arg.split()):
+        key, eq, text = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"--set {item}: expected KEY=VALUE; e.g. --set d_model=256")
+        if key not in types:
+            raise UserError(f"--set {key}: unknown key; use one of {', '.join(types)}")
+        if key == "norm_first" and text.lower() not in ("true", "false"):
+            raise UserError(f"--set {item}: norm_first must be true or false; e.g. --set norm_first=true")
+        try:
+            out[key] = types[key](text)
+        except ValueError:
+            kind = {int: "an integer", float: "a number"}.get(types[key], "a value")
+            raise UserError(f"--set {item}: {key} must be {kind}; e.g. --set {key}=1") from None
+    return out
+
+
 def cmd_train(args) -> None:
     from lightning_modules.train import TrainOptions, train
 
-    opts = TrainOptions(**{k: v for k, v in vars(args).items() if k in TrainOptions.__dataclass_fields__})
+    fields = TrainOptions.__dataclass_fields__
+    opts = TrainOptions(**{k: v for k, v in vars(args).items() if k in fields and k != "overrides"})
+    opts.overrides = parse_overrides(args.overrides)
     metrics = train(opts)
-    if metrics:
+    if metrics.get("status") == "diverged":
+        print(f"{metrics['row']} seed {metrics['seed']}: diverged ({metrics['error']}); metrics.json status diverged")
+    elif metrics:
         print(
             f"{metrics['row']} seed {metrics['seed']}: dev BLEU {metrics['dev_bleu']:.2f} (sacreBLEU), "
             f"dev PPL {metrics['dev_ppl']:.2f}, {metrics['params'] / 1e6:.2f}M params, {metrics['steps']} steps "
@@ -143,15 +169,25 @@ def cmd_bench(args) -> None:
 
 
 def cmd_report(args) -> None:
+    from ablations.files import check_writable_dir
     from reports.build import write_reports
 
+    check_writable_dir(args.out, "--out")
     for path in write_reports(args.runs, args.out, preset=args.preset):
         print(path)
 
 
 def cmd_table3(args) -> None:
+    from ablations.files import check_writable_dir
     from sweeps.table3 import SweepOptions, run_table3
 
+    check_writable_dir(args.out, "--out")
+    if args.report:
+        check_writable_dir(args.report, "--report")
+    if args.storage:
+        from sweeps.storage import check_url
+
+        check_url(args.storage)  # before the sweep takes its setup lock under --out
     opts = SweepOptions(
         preset=args.preset, rows=args.rows, extended=args.extended, seeds=args.seeds, storage=args.storage,
         out=args.out, report=args.report or None, data=args.data, data_dir=args.data_dir, wandb=args.wandb,
@@ -219,8 +255,22 @@ def cmd_sweep_export(args) -> None:
         sys.stdout.write(text)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (`aiayn: error: …; <fix>`, exit 2), not usage + error."""
+
+    def error(self, message: str):
+        raise UserError(f"{message}; see `{self.prog} --help`")
+
+
+def _fail(message: str) -> int:
+    from ablations.secrets import redact
+
+    print(f"aiayn: error: {redact(message)}", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="aiayn", description="Table 3 of 'Attention Is All You Need', reproduced.")
+    p = _Parser(prog="aiayn", description="Table 3 of 'Attention Is All You Need', reproduced.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -254,6 +304,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dev-subset", type=int, default=-1, help="dev sentences decoded at each validation")
     t.add_argument("--ckpt-every", type=_positive_int, default=None, help="steps between kept checkpoints")
     t.add_argument("--ckpt-every-minutes", type=float, default=None, help="minutes between kept checkpoints")
+    t.add_argument("--val-every", type=_positive_int, default=None, help="steps between validations")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a knob of the row: N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, pe, norm_first, warmup, "
+        "lr_factor (repeatable; listed among the run's deviations)",
+    )
     t.add_argument(
         "--eval-subset",
         type=_positive_int,
@@ -389,8 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
 def configure_logging(level: int) -> None:
     """Our packages log to stderr; the root logger is left alone (Lightning has its own handler, so
     a root handler would print each of its lines twice)."""
+    from ablations.secrets import RedactFilter
+
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactFilter())
     for name in ("ablations", "lightning_modules", "sweeps", "reports", "aiayn"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
@@ -402,13 +464,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # `aiayn bench` owns its flags (argparse.REMAINDER drops leading options)
         args = argparse.Namespace(func=cmd_bench, bench_args=argv[1:], verbose=False)
     else:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except UserError as e:
+            return _fail(str(e))
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         args.func(args)
     except UserError as e:
-        print(f"aiayn: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
     return 0
 
 

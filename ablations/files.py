@@ -8,11 +8,27 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from ablations.errors import UserError
+
 
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> None:
+    """A UserError unless `directory` exists as a writable directory or can be created (checked on the
+    nearest existing ancestor, so nothing is created here). A regular file in the path is caught even
+    as root, where permission bits do not stop writes."""
+    directory = Path(directory)
+    probe = directory.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"output directory {directory} cannot be created: {probe} is not a directory; pass {flag} DIR")
+    if not os.access(probe, os.W_OK):
+        raise UserError(f"output directory {directory} is not writable (nearest existing: {probe}); pass {flag} DIR")
 
 
 def temp_beside(path: Path) -> tuple[int, str]:

@@ -26,12 +26,22 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from ablations.errors import UserError
-from ablations.files import atomic_write_json, atomic_write_text
+from ablations.files import atomic_write_json, atomic_write_text, check_writable_dir
 from ablations.presets import MODEL_KEYS, get_preset, model_config, preset_dict, resolve
+from ablations.secrets import redact_obj
 from lightning_modules.data import TranslationDataModule, derive_accumulation
 from lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
 from lightning_modules.model import count_params
 from lightning_modules.module import TranslationModule
+from lightning_modules.reliability import (
+    AtomicCheckpointIO,
+    Diverged,
+    DivergenceGuard,
+    RNGStates,
+    hold_run_lock,
+    is_launch_rank_zero,
+    remove_stale_temps,
+)
 from lightning_modules.requeue import CHECKPOINT_NAME, slurm_parts
 
 log = logging.getLogger(__name__)
@@ -61,12 +71,13 @@ class TrainOptions:
     dev_subset: int | None = -1  # -1: the preset's
     ckpt_every: int | None = None  # optimizer steps between kept checkpoints; None: the preset's
     ckpt_every_minutes: float | None = None  # instead, wall-clock minutes (the paper: 10)
+    val_every: int | None = None  # optimizer steps between validations; None: the preset's
     eval_subset: int | None = None  # final evaluation on the first K dev sentences; None: all (the paper)
     num_workers: int = 0
     wandb: bool = False
     progress: bool = True
     # for hyper-parameter search (`aiayn hpo`): knob overrides, a run directory per trial, callbacks
-    overrides: dict | None = None  # any of P_drop, eps_ls, warmup, lr_factor
+    overrides: dict | None = None  # `--set KEY=VALUE`: model knobs (MODEL_KEYS), warmup, lr_factor
     run_dir: str | None = None
     callbacks: tuple = ()
     val_per_epoch: bool = False  # validate at epoch ends (the pruning callback reports step = epoch)
@@ -122,33 +133,60 @@ def check_run_dir(path: Path, config: dict) -> None:
         saved = json.loads(saved_file.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {saved_file} ({e}); delete the run directory {path} to start over") from e
-    for key in ("model", "data"):
-        if saved.get(key) != config[key]:
-            diff = {k: (saved.get(key, {}).get(k), v) for k, v in config[key].items() if saved.get(key, {}).get(k) != v}
+    views = {"model": lambda c: c.get("model"), "data": lambda c: c.get("data"),
+             "schedule": lambda c: {k: c.get("train", {}).get(k) for k in SCHEDULE_KEYS}}  # fmt: skip
+    for key, view in views.items():
+        if view(saved) != view(config):
+            old, new = view(saved) or {}, view(config)
+            diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
             raise UserError(
                 f"run directory {path} holds a run of another config ({key} differs: {diff}); "
                 f"use another --out or delete that directory"
             )
 
 
-def ensure_writable(directory: Path) -> None:
-    probe = directory
-    while not probe.exists():
-        probe = probe.parent
-    if not os.access(probe, os.W_OK):
-        raise UserError(f"output directory {directory} is not writable (nearest existing: {probe}); pass --out DIR")
+SCHEDULE_KEYS = ("warmup", "lr_factor")
+
+
+def apply_overrides(resolved: dict, preset, overrides: dict | None) -> tuple[dict, dict]:
+    """The row's knobs and the schedule with `--set` values applied and checked (a UserError naming
+    the value); each override is listed among the run's deviations. Setting d_model or h without
+    d_k/d_v makes those d_model/h again, as in the paper."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(MODEL_KEYS) - set(SCHEDULE_KEYS))
+    if unknown:
+        raise UserError(f"--set {unknown[0]}: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}")
+    resolved = dict(resolved)
+    if {"d_model", "h"} & set(overrides):
+        for name in ("d_k", "d_v"):
+            resolved[name] = overrides.get(name)
+    resolved.update({k: v for k, v in overrides.items() if k in MODEL_KEYS})
+    schedule = {"warmup": preset.warmup, "lr_factor": preset.lr_factor}
+    schedule.update({k: v for k, v in overrides.items() if k in SCHEDULE_KEYS})
+    if schedule["warmup"] <= 0 or schedule["lr_factor"] <= 0:
+        raise UserError(
+            f"--set warmup={schedule['warmup']} lr_factor={schedule['lr_factor']}: both must be positive; "
+            "change the --set value"
+        )
+    if overrides:
+        given = " ".join(f"{k}={v}" for k, v in overrides.items())
+        try:  # the checks of TransformerConfig, before any data is prepared or anything written
+            cfg = model_config(resolved, preset.vocab_size)
+            resolved["d_k"], resolved["d_v"] = cfg.d_k, cfg.d_v
+        except UserError as e:
+            raise UserError(f"{str(e.__cause__ or e)} (--set {given}); change the --set value") from e
+        resolved["deviations"] = [*resolved["deviations"], f"--set {given}"]
+    return resolved, schedule
 
 
 def train(opts: TrainOptions) -> dict:
     """Train one run to completion (or resume it) and return its metrics.json content."""
     preset = get_preset(opts.preset)
-    overrides = dict(opts.overrides or {})
-    resolved = resolve(opts.row, opts.preset) | {k: overrides.pop(k) for k in ("P_drop", "eps_ls") if k in overrides}
-    schedule = {"warmup": preset.warmup, "lr_factor": preset.lr_factor} | overrides
+    resolved, schedule = apply_overrides(resolve(opts.row, opts.preset), preset, opts.overrides)
     dm = build_datamodule(opts, preset)
     corpus = dm.corpus
     out_dir = Path(opts.run_dir) if opts.run_dir else run_dir(opts.out, preset.name, corpus, resolved["row"], opts.seed)
-    ensure_writable(out_dir)
+    check_writable_dir(out_dir, "--out")
     dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
     steps = opts.max_steps or resolved["train_steps"]
@@ -167,11 +205,16 @@ def train(opts: TrainOptions) -> dict:
     }  # fmt: skip
     check_run_dir(out_dir, config)
 
+    # One process per run directory (rank 0 holds the lock until it returns); leftovers of writes
+    # that a kill interrupted are removed. Nothing is written before this point.
+    run_lock = hold_run_lock(out_dir) if is_launch_rank_zero() else None  # noqa: F841 (held, not used)
+    if run_lock is not None:
+        remove_stale_temps(out_dir)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(cfg.to_dict(), **schedule, data=config["data"])
     trainer = build_trainer(opts, preset, out_dir, steps, accumulate, resolved)
     if trainer.is_global_zero:
-        atomic_write_json(out_dir / "config.json", config)
+        atomic_write_json(out_dir / "config.json", redact_obj(config))
         t = config["train"]
         log.info(
             "%d tokens per side per optimizer step = %d per device batch x %d devices x %d accumulated "
@@ -183,6 +226,11 @@ def train(opts: TrainOptions) -> dict:
     t0 = time.perf_counter()
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
+    except Diverged as e:  # a result, not a crash: last.ckpt keeps the last finite state
+        log.warning("%s seed %d diverged: %s", resolved["row"], opts.seed, e)
+        if not trainer.is_global_zero:
+            return {}
+        return write_metrics(out_dir, config, status="diverged", diverged_at_step=e.step, error=str(e))
     except Exception as e:
         if trainer.is_global_zero:
             status = "pruned" if isinstance(e, optuna.TrialPruned) else "failed"
@@ -241,6 +289,7 @@ def write_metrics(out_dir: Path, config: dict, status: str, **fields) -> dict:
         "effective_tokens_per_step": config["train"]["effective_tokens_per_step"],
         "host": platform.node(), "torch": torch.__version__, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
+    metrics = redact_obj(metrics)
     atomic_write_json(out_dir / "metrics.json", metrics)
     return metrics
 
@@ -282,11 +331,12 @@ def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumul
         max_steps=steps,
         accumulate_grad_batches=accumulate,
         # counts batches, not optimizer steps
-        val_check_interval=None if opts.val_per_epoch else min(preset.val_every, steps) * accumulate,
+        val_check_interval=None if opts.val_per_epoch else min(opts.val_every or preset.val_every, steps) * accumulate,
         check_val_every_n_epoch=1 if opts.val_per_epoch else None,
         num_sanity_val_steps=0,
-        callbacks=[ckpt, *opts.callbacks, *slurm_callbacks],
-        plugins=slurm_plugins,
+        # RNGStates: exact resume; DivergenceGuard: NaN/inf loss ends the run as `diverged`
+        callbacks=[RNGStates(), DivergenceGuard(), ckpt, *opts.callbacks, *slurm_callbacks],
+        plugins=[AtomicCheckpointIO(), *slurm_plugins],  # checkpoints: written to a temporary file and renamed
         logger=loggers,
         default_root_dir=out_dir,
         enable_progress_bar=opts.progress,

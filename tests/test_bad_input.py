@@ -1,0 +1,203 @@
+"""Bad input, tabled: every mistake a user can make on the command line, in a config, a corpus, a
+checkpoint or a storage URL gives one exact line `aiayn: error: <problem>; <fix>` on stderr, exit
+status 2, and writes nothing (no run directory, report, database or lock); stderr holds nothing else
+but INFO log lines of the work done before the mistake was found (e.g. tokenizer training).
+
+(SLURM options have their own table in tests/test_slurm.py.) An unwritable output directory is a
+path under a regular file: CI runs as root, where permission bits do not stop a write.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from ablations.cli import main
+from ablations.presets import PRESETS, model_config, resolve
+from ablations.table import load_rows
+from lightning_modules.data import CORPORA
+
+ROWS = ", ".join(load_rows())
+GROUPS = ", ".join(sorted({r.group for r in load_rows().values()}))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("AIAYN_CACHE")
+    os.environ["AIAYN_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("AIAYN_CACHE", None)
+    else:
+        os.environ["AIAYN_CACHE"] = old
+
+
+def corpus(tmp: Path, break_it=None) -> None:
+    lines = [f"sentence number {i} ." for i in range(50)]
+    d = tmp / "corpus"
+    d.mkdir()
+    for split in ("train", "dev", "test"):
+        for lang in ("en", "de"):
+            (d / f"{split}.{lang}").write_text("\n".join(lines) + "\n")
+    if break_it == "empty":
+        (d / "test.en").write_text("")
+    elif break_it == "mismatch":
+        (d / "train.de").write_text("\n".join(lines[:40]) + "\n")
+    elif break_it == "missing":
+        (d / "dev.de").unlink()
+    elif break_it == "utf8":
+        (d / "train.en").write_bytes(b"ok\n\xff\xfe broken\n" + b"x\n" * 48)
+
+
+def checkpoint(tmp: Path, kind: str) -> None:
+    from lightning_modules.model import TransformerConfig
+    from lightning_modules.module import TranslationModule
+
+    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64).to_dict()
+    ckpt = {"hyper_parameters": {"model_cfg": cfg}, "state_dict": TranslationModule(cfg).state_dict()}
+    path = tmp / "model.ckpt"
+    if kind == "foreign":
+        torch.save({"state_dict": {}}, path)
+        return
+    if kind == "other-config":  # weights of d_ff=32 under a config that says d_ff=64
+        ckpt["hyper_parameters"]["model_cfg"] = dict(cfg, d_ff=64)
+    torch.save(ckpt, path)
+    if kind == "truncated":
+        path.write_bytes(path.read_bytes()[:1000])
+
+
+def base_d_model() -> int:
+    return resolve("base", "tiny")["d_model"]
+
+
+def other_run(tmp: Path) -> None:
+    """The run directory of base/seed0 holding a run whose d_model is one more than base's."""
+    cfg = model_config(resolve("base", "tiny"), 60, max_len=512).to_dict()
+    d = tmp / "runs" / "tiny" / "files" / "base" / "seed0"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"model": dict(cfg, d_model=base_d_model() + 1), "data": {}}))
+
+
+def regular_file(tmp: Path) -> None:
+    (tmp / "afile").write_text("not a directory\n")
+
+
+TRAIN = ["train", "--out", "{tmp}/runs", "--max-steps", "2", "--no-progress", "--accelerator", "cpu"]
+FILES = ["--data", "files", "--data-dir", "{tmp}/corpus", "--vocab-size", "60"]
+T3 = ["table3", "--out", "{tmp}/runs", "--report", "{tmp}/reports"]
+
+
+CASES = {
+    # --- the command line
+    "unknown row": (TRAIN + ["--row", "Z1"], None, f"unknown row 'Z1'; choose one of: {ROWS} (see `aiayn rows`)"),
+    "unknown preset": (TRAIN + ["--preset", "huge"], None,
+                       f"unknown preset 'huge'; choose one of: {', '.join(PRESETS)}"),
+    "unknown corpus": (TRAIN + ["--data", "europarl"], None,
+                       f"unknown corpus 'europarl'; use --corpus with one of {', '.join(CORPORA)}"),
+    "zero steps": (TRAIN + ["--max-steps", "0"], None,
+                   "argument --max-steps: expected a positive integer, got 0; see `aiayn train --help`"),
+    "zero dev subset": (TRAIN + ["--dev-subset", "0"], None,
+                        "--dev-subset must be positive, got 0; pass a positive count or omit it"),
+    "max tokens below max len": (TRAIN + ["--max-tokens", "100"], None,
+                                 "--max-tokens 100 must be larger than --max-len 256 so that a sentence of max_len "
+                                 "tokens plus bos/eos fits in a batch; raise --max-tokens or lower --max-len"),
+    "unknown table3 row": (T3 + ["--rows", "base,Q"], None,
+                           f"unknown row or group 'Q' in --rows; rows are {ROWS}; groups are {GROUPS}"),
+    "zero seeds": (T3 + ["--seeds", "0"], None, "--seeds must be at least 1, got 0; pass --seeds 1 or more"),
+    # --- configs (--set)
+    "d_model not divisible by h": (TRAIN + ["--set", "d_model=100 h=8"], None,
+                                   "invalid model config: d_k must be set explicitly: d_model=100 is not divisible "
+                                   "by h=8 (--set d_model=100 h=8); change the --set value"),
+    "negative dropout": (TRAIN + ["--set", "P_drop=-0.1"], None,
+                         "invalid model config: P_drop must be in [0, 1), got -0.1 (--set P_drop=-0.1); "
+                         "change the --set value"),
+    "dropout over 1": (TRAIN + ["--set", "P_drop=1.5"], None,
+                       "invalid model config: P_drop must be in [0, 1), got 1.5 (--set P_drop=1.5); "
+                       "change the --set value"),
+    "unknown pe": (TRAIN + ["--set", "pe=fourier"], None,
+                   "invalid model config: pe must be one of sinusoid, learned, none, rope, got 'fourier' "
+                   "(--set pe=fourier); change the --set value"),
+    "unknown --set key": (TRAIN + ["--set", "dropout=0.1"], None,
+                          "--set dropout: unknown key; use one of N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, pe, "
+                          "norm_first, warmup, lr_factor"),
+    "--set without =": (TRAIN + ["--set", "d_model"], None,
+                        "--set d_model: expected KEY=VALUE; e.g. --set d_model=256"),
+    "--set not a number": (TRAIN + ["--set", "N=two"], None, "--set N=two: N must be an integer; e.g. --set N=1"),
+    "--set zero lr factor": (TRAIN + ["--set", "lr_factor=0"], None,
+                             "--set warmup=400 lr_factor=0.0: both must be positive; change the --set value"),
+    # --- corpora
+    "empty corpus file": (TRAIN + FILES, lambda t: corpus(t, "empty"),
+                          "{tmp}/corpus/test.en is empty; provide a non-empty file with one sentence per line"),
+    "mismatched line counts": (TRAIN + FILES, lambda t: corpus(t, "mismatch"),
+                               "{tmp}/corpus/train.en has 50 lines but {tmp}/corpus/train.de has 40; the files must "
+                               "be line-aligned translations (same number of lines)"),
+    "missing corpus file": (TRAIN + FILES, lambda t: corpus(t, "missing"),
+                            "corpus directory {tmp}/corpus has no file dev.de (expected dev.en/dev.de, plain or .gz); "
+                            "pass --data-dir pointing at a directory with train/dev/test files"),
+    "non-UTF-8 corpus": (TRAIN + FILES, lambda t: corpus(t, "utf8"),
+                         "{tmp}/corpus/train.en line 2 is not valid UTF-8 (invalid start byte); re-encode the file as "
+                         "UTF-8 (e.g. iconv -t utf-8)"),
+    # --- run directories and checkpoints
+    "run directory of another config": (TRAIN + FILES, lambda t: (corpus(t), other_run(t)),
+                                        "run directory {tmp}/runs/tiny/files/base/seed0 holds a run of another config "
+                                        f"(model differs: {{'d_model': ({base_d_model() + 1}, {base_d_model()})}}); "
+                                        "use another --out or delete that directory"),
+    "truncated checkpoint": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "truncated"),
+                             "checkpoint {tmp}/model.ckpt is unreadable (RuntimeError); it is truncated or not an "
+                             "aiayn checkpoint"),
+    "checkpoint of another config": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "other-config"),
+                                     "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading "
+                                     "state_dict for TranslationModule:)"),
+    "checkpoint not by aiayn": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "foreign"),
+                                "checkpoint {tmp}/model.ckpt was not written by aiayn (no model_cfg in its "
+                                "hyper-parameters)"),
+    "missing checkpoint": (["translate", "--ckpt", "{tmp}/none.ckpt", "--input", "-"], None,
+                           "checkpoint {tmp}/none.ckpt does not exist; pass the path of a .ckpt file (see "
+                           "RUN/checkpoints/)"),
+    "average without checkpoints": (["average", "--run", "{tmp}", "--out", "{tmp}/avg.ckpt"], None,
+                                    "no periodic checkpoints (stepNNNNNNN.ckpt) in {tmp}; pass a run directory that "
+                                    "has trained"),
+    # --- storages
+    "unknown storage scheme": (T3 + ["--storage", "redis://localhost/0"], None,
+                               "storage URL 'redis://localhost/0' has an unknown scheme; use sqlite:///PATH, "
+                               "journal:///PATH, postgresql://USER@HOST/DB or mysql://USER@HOST/DB"),
+    "unknown scheme with a password": (T3 + ["--storage", "mongodb://admin:s3cret@db/x"], None,
+                                       "storage URL 'mongodb://admin:***@db/x' has an unknown scheme; use "
+                                       "sqlite:///PATH, journal:///PATH, postgresql://USER@HOST/DB or "
+                                       "mysql://USER@HOST/DB"),
+    "journal in a missing directory": (T3 + ["--storage", "journal://{tmp}/nowhere/j.log"], None,
+                                       "journal storage journal://{tmp}/nowhere/j.log: directory {tmp}/nowhere does "
+                                       "not exist; create it or pick another path"),
+    # --- output directories
+    "unwritable run directory": (["train", "--out", "{tmp}/afile/runs"], regular_file,
+                                 "output directory {tmp}/afile/runs/tiny/synthetic/base/seed0 cannot be created: "
+                                 "{tmp}/afile is not a directory; pass --out DIR"),
+    "unwritable sweep directory": (["table3", "--out", "{tmp}/afile/runs"], regular_file,
+                                   "output directory {tmp}/afile/runs cannot be created: {tmp}/afile is not a "
+                                   "directory; pass --out DIR"),
+    "unwritable report directory": (["report", "--runs", "{tmp}", "--out", "{tmp}/afile/rep"], regular_file,
+                                    "output directory {tmp}/afile/rep cannot be created: {tmp}/afile is not a "
+                                    "directory; pass --out DIR"),
+    "no runs to report": (["report", "--runs", "{tmp}/runs", "--out", "{tmp}/rep"], None,
+                          "runs directory '{tmp}/runs' does not exist; train some rows first (`aiayn train`) or pass "
+                          "--runs DIR"),
+}  # fmt: skip
+
+
+def tree(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_exact_line_exit_2_and_writes_nothing(case, tmp_path, capsys):
+    argv, setup, message = CASES[case]
+    if setup:
+        setup(tmp_path)
+    before = tree(tmp_path)
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = [line for line in capsys.readouterr().err.splitlines(keepends=True) if not line.startswith("INFO ")]
+    assert (code, err) == (2, [f"aiayn: error: {message.replace('{tmp}', str(tmp_path))}\n"])
+    assert tree(tmp_path) == before  # no run directory, report, database, lock or cache entry under it

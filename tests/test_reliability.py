@@ -1,0 +1,420 @@
+"""Fault injection: exact resume after SIGKILL, sweeps that lose and duplicate nothing, divergence as a
+result, atomic writes under a kill, and secrets that never reach a file or a terminal.
+
+Real training runs use a 1-layer, 32-wide model (`--set`) on the tiny preset's corpus with explicit
+step, checkpoint and validation counts, so nothing here depends on the tiny preset's defaults.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import lightning.pytorch as pl
+import optuna
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ablations.cli import main
+from ablations.table import load_rows
+from sweeps.storage import open_storage
+from sweeps.table3 import MAX_SEED, SweepOptions, fail_stale_trials, pair_lock, pair_lock_path, run_table3, study_name
+
+ROOT = Path(__file__).resolve().parents[1]
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+SMALL_MODEL = ["--set", "N=1 d_model=32 d_ff=64 h=2"]
+QUIET = ["--no-progress", "--accelerator", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("AIAYN_CACHE")
+    os.environ["AIAYN_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("AIAYN_CACHE", None)
+    else:
+        os.environ["AIAYN_CACHE"] = old
+
+
+def aiayn(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "ablations.cli", *argv]
+
+
+def run_dir(out: Path, row: str = "base", seed: int = 0) -> Path:
+    return out / "tiny" / "synthetic" / row / f"seed{seed}"
+
+
+# --- exact resume ------------------------------------------------------------------------------
+
+
+class Toy(pl.LightningModule):
+    """Dropout between two layers: its masks come from the global torch RNG, as in the Transformer."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def toy_fit(tmp_path, steps, val_every=None, ckpt=None, callbacks=None):
+    from lightning_modules.reliability import RNGStates
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(12, 4, generator=g), torch.randn(12, 1, generator=g))
+    pl.seed_everything(0, verbose=False)
+    model = Toy()
+    trainer = pl.Trainer(
+        max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=ckpt is None and callbacks is not None, callbacks=[RNGStates(), *(callbacks or [])],
+        val_check_interval=val_every, check_val_every_n_epoch=1 if val_every else None,
+        limit_val_batches=1 if val_every else 0, num_sanity_val_steps=0, deterministic=True,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4), ckpt_path=ckpt)
+    return model
+
+
+def test_validation_and_restarts_leave_no_trace_in_the_training_rng(tmp_path):
+    """Bitwise: validation every step (each start of a validation loader draws from the global RNG)
+    and a restart from a checkpoint give the weights of a plain uninterrupted run."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    plain = toy_fit(tmp_path / "a", 6)
+    validated = toy_fit(tmp_path / "b", 6, val_every=1)
+    ckpt = ModelCheckpoint(tmp_path / "c", "s{step}", every_n_train_steps=3, save_top_k=-1)
+    ckpt.auto_insert_metric_name = False
+    toy_fit(tmp_path / "c", 3, callbacks=[ckpt])
+    pl.seed_everything(123, verbose=False)  # a restarted process's RNG is anywhere
+    resumed = toy_fit(tmp_path / "d", 6, ckpt=str(tmp_path / "c" / "s3.ckpt"))
+    for other in (validated, resumed):
+        for a, b in zip(plain.state_dict().values(), other.state_dict().values()):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
+    """SIGKILL after the first checkpoint, restart with the same command: same final weights,
+    optimizer state, dev translations and dev metrics as an uninterrupted run (CPU, deterministic)."""
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    common = ["train", "--preset", "tiny", "--max-steps", "30", "--ckpt-every", "10", "--val-every", "5",
+              "--dev-subset", "2", "--eval-subset", "4", *SMALL_MODEL, *QUIET]  # fmt: skip
+    env = dict(os.environ, AIAYN_CACHE=str(cache))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(aiayn(*common, "--out", str(whole)), env=env, check=True, capture_output=True)
+
+    proc = subprocess.Popen(aiayn(*common, "--out", str(killed)), env=env, stderr=subprocess.DEVNULL)
+    first = run_dir(killed) / "checkpoints" / "step0000010.ckpt"
+    while not first.exists():
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, 4.0))  # somewhere in steps 10..30 (~0.5-1 s per step here)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir(killed) / "metrics.json").exists(), f"killed too late (random seed {seed})"
+    subprocess.run(aiayn(*common, "--out", str(killed)), env=env, check=True, capture_output=True)
+
+    a, b = run_dir(whole), run_dir(killed)
+    ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
+    same = ("status", "steps", "dev_bleu", "dev_tok_bleu", "dev_ppl", "dev_sentences", "params")
+    assert {k: ma[k] for k in same} == {k: mb[k] for k in same}, f"random seed {seed}"
+    assert (a / "dev.hyp").read_text() == (b / "dev.hyp").read_text()
+    ca, cb = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=False) for d in (a, b))
+    assert ca["global_step"] == cb["global_step"] == 30
+    assert all(torch.equal(ca["state_dict"][k], cb["state_dict"][k]) for k in ca["state_dict"]), f"seed {seed}"
+    sa, sb = ca["optimizer_states"][0]["state"], cb["optimizer_states"][0]["state"]
+    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in ("exp_avg", "exp_avg_sq"))
+    assert ca["lr_schedulers"] == cb["lr_schedulers"]
+    assert len(list((b / "logs").glob("version_*"))) == 2  # it was really interrupted and resumed
+
+
+# --- divergence --------------------------------------------------------------------------------
+
+
+def test_a_diverging_run_ends_with_status_diverged_its_step_and_a_finite_last_checkpoint(cache, tmp_path, capsys):
+    out = tmp_path / "runs"
+    argv = ["train", "--preset", "tiny", "--max-steps", "20", "--ckpt-every", "1", "--val-every", "100",
+            "--dev-subset", "2", "--eval-subset", "2", "--set", "N=1 d_model=32 d_ff=64 h=2 lr_factor=1e9 warmup=1",
+            "--out", str(out), *QUIET]  # fmt: skip
+    assert main(argv) == 0
+    metrics = json.loads((run_dir(out) / "metrics.json").read_text())
+    step = metrics["diverged_at_step"]
+    assert metrics["status"] == "diverged" and 1 <= step < 20
+    assert metrics["error"] in (f"loss nan at optimizer step {step}", f"loss inf at optimizer step {step}")
+    assert "dev_bleu" not in metrics
+    printed = capsys.readouterr().out
+    assert f"base seed 0: diverged ({metrics['error']}); metrics.json status diverged" in printed
+    last = run_dir(out) / "checkpoints" / "last.ckpt"
+    if step == 1:
+        assert not last.exists()
+    else:  # the diverged step was never saved: a rerun resumes from finite weights
+        ckpt = torch.load(last, weights_only=False)
+        assert ckpt["global_step"] == step - 1
+        assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    assert main(["report", "--runs", str(out), "--out", str(tmp_path / "rep")]) == 0
+    report = (tmp_path / "rep" / "table3-tiny.md").read_text()
+    assert f"base seed 0: diverged: {metrics['error']}" in report
+
+
+def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
+    calls = []
+
+    def runner(opts, corpus, row, seed):
+        calls.append((row, seed))
+        if row == "A1":
+            return {"row": row, "seed": seed, "status": "diverged", "diverged_at_step": 7,
+                    "error": "loss nan at optimizer step 7"}  # fmt: skip
+        return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
+
+    opts = SweepOptions(preset="tiny", rows="base,A1,A2", out=str(tmp_path / "runs"), report=None)
+    assert run_table3(opts, runner=runner) == {"pairs": 3, "ran": 3, "completed": 2, "failed": 1}
+    study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
+    (failed,) = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert failed.params == {"row": "A1", "seed": 0} and failed.user_attrs["metrics"]["status"] == "diverged"
+    assert sorted(calls) == [("A1", 0), ("A2", 0), ("base", 0)]
+
+
+# --- sweeps: dead workers ----------------------------------------------------------------------
+
+
+def sweep_opts(tmp_path, storage, **kw):
+    url = f"sqlite:///{tmp_path}/runs/optuna.db" if storage == "sqlite" else f"journal:///{tmp_path}/runs/j.log"
+    return SweepOptions(**{"preset": "tiny", "out": str(tmp_path / "runs"), "report": None, "storage": url, **kw})
+
+
+def claimed_trial(opts, worker="ghost:1"):
+    """A trial popped by a worker that then died: RUNNING, claimed, its pair lock free."""
+    (Path(opts.out)).mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(study_name=study_name("tiny", "synthetic"), storage=open_storage(opts.storage),
+                                direction="maximize", load_if_exists=True)  # fmt: skip
+    study.enqueue_trial({"row": "base", "seed": 0})
+    trial = study.ask()
+    trial.suggest_categorical("row", list(load_rows()))  # as a worker does
+    trial.suggest_int("seed", 0, MAX_SEED)
+    if worker:
+        trial.set_user_attr("worker", worker)
+    return study, trial
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, opts, corpus, row, seed):
+        self.calls.append((row, seed))
+        return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_a_trial_left_running_by_a_dead_worker_is_failed_and_its_pair_run_once(tmp_path, storage):
+    opts = sweep_opts(tmp_path, storage, rows="base,A1")
+    study, trial = claimed_trial(opts)
+    runner = Recorder()
+    assert run_table3(opts, runner=runner)["completed"] == 2
+    assert sorted(runner.calls) == [("A1", 0), ("base", 0)]
+    states = Counter((t.params.get("row"), t.state.name) for t in study.get_trials())
+    assert states == Counter({("base", "FAIL"): 1, ("base", "COMPLETE"): 1, ("A1", "COMPLETE"): 1})
+    stale = study.get_trials()[trial.number]
+    assert stale.user_attrs["stale"] == "worker ghost:1 died; enqueued again"
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_a_trial_whose_worker_holds_the_pair_lock_is_left_alone(tmp_path, storage):
+    opts = sweep_opts(tmp_path, storage, rows="base,A1")
+    study, trial = claimed_trial(opts, worker="alive:2")
+    runner = Recorder()
+    with pair_lock(pair_lock_path(opts, "synthetic", "base", 0)) as mine:  # the live worker
+        assert mine
+        run_table3(opts, runner=runner)
+    assert runner.calls == [("A1", 0)]
+    assert study.get_trials()[trial.number].state == optuna.trial.TrialState.RUNNING
+
+
+def test_an_unclaimed_running_trial_is_stale_only_after_the_grace_period(tmp_path):
+    opts = sweep_opts(tmp_path, "sqlite", rows="base")
+    study, trial = claimed_trial(opts, worker=None)  # between ask() and the lock, or died there
+    assert fail_stale_trials(study, opts, "synthetic") == []
+    assert fail_stale_trials(study, opts, "synthetic", grace_s=0) == [("base", 0)]
+    assert study.get_trials()[trial.number].state == optuna.trial.TrialState.FAIL
+
+
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_way_and_restarted_runs_every_pair_exactly_once(cache, tmp_path):
+    """SIGKILL the driver and its training process while the second of three pairs trains; the
+    rerun fails the stale trial, trains that pair and the third, and never the first again."""
+    out = tmp_path / "runs"
+    argv = aiayn("table3", "--preset", "tiny", "--rows", "base,A1,A2", "--out", str(out), "--report", "",
+                 "--max-steps", "3", "--eval-subset", "2", "--accelerator", "cpu")  # fmt: skip
+    env = dict(os.environ, AIAYN_CACHE=str(cache))
+    driver = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second = out / "tiny" / "synthetic" / "A1" / "seed0.log"
+    while not second.exists():
+        assert driver.poll() is None, "the sweep ended early"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    workers = _children(driver.pid)
+    driver.send_signal(signal.SIGKILL)
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    driver.wait()
+    assert not (out / "tiny" / "synthetic" / "A1" / "seed0" / "metrics.json").exists()
+
+    subprocess.run(argv, env=env, check=True, capture_output=True)
+    study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out}/optuna.db")
+    states = Counter((t.params["row"], t.state.name) for t in study.get_trials())
+    assert states == Counter({("base", "COMPLETE"): 1, ("A1", "FAIL"): 1, ("A1", "COMPLETE"): 1, ("A2", "COMPLETE"): 1})
+    for row in ("base", "A1", "A2"):
+        assert json.loads((run_dir(out, row) / "metrics.json").read_text())["status"] == "completed"
+    assert len(list((run_dir(out, "base") / "logs").glob("version_*"))) == 1  # base never trained again
+
+
+# --- atomic writes under a kill ----------------------------------------------------------------
+
+KILL_MID_WRITE = textwrap.dedent("""
+    import io, os, signal, sys, torch
+    from lightning_modules.reliability import AtomicCheckpointIO
+    from ablations.files import atomic_write_json
+    target = sys.argv[1]
+    if target.endswith(".ckpt"):
+        AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(1000)}, target)
+        real_save = torch.save
+        def save_half_then_die(obj, f, *a, **k):  # a kill in the middle of writing the new version
+            buf = io.BytesIO(); real_save(obj, buf); f.write(buf.getvalue()[: len(buf.getvalue()) // 2]); f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = save_half_then_die
+        AtomicCheckpointIO().save_checkpoint({"step": 2, "w": torch.zeros(1000)}, target)
+    else:
+        atomic_write_json(target, {"status": "completed", "dev_bleu": 1.0})
+        real_fsync = os.fsync
+        os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # written, not yet renamed
+        atomic_write_json(target, {"status": "completed", "dev_bleu": 2.0})
+""")
+
+
+@pytest.mark.parametrize("name", ["last.ckpt", "metrics.json"])
+def test_a_kill_during_a_write_leaves_the_old_file_and_a_restart_clears_the_temp(tmp_path, name):
+    from lightning_modules.reliability import remove_stale_temps
+
+    target = tmp_path / name
+    proc = subprocess.run([sys.executable, "-c", KILL_MID_WRITE, str(target)], cwd=ROOT, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-500:]
+    if name.endswith(".ckpt"):
+        old = torch.load(target, weights_only=False)
+        assert old["step"] == 1 and torch.equal(old["w"], torch.ones(1000))
+    else:
+        assert json.loads(target.read_text()) == {"status": "completed", "dev_bleu": 1.0}
+    (temp,) = [p for p in tmp_path.iterdir() if p.name != name]  # the kill left the temporary file
+    assert temp.name.startswith(f".{name}.") and temp.name.endswith(".tmp")
+    assert remove_stale_temps(tmp_path) == [temp] and [p.name for p in tmp_path.iterdir()] == [name]
+
+
+def test_the_trainer_writes_checkpoints_through_the_atomic_checkpoint_io(tmp_path):
+    from ablations.presets import get_preset
+    from lightning_modules.reliability import AtomicCheckpointIO, DivergenceGuard, RNGStates
+    from lightning_modules.train import TrainOptions, build_trainer
+
+    trainer = build_trainer(TrainOptions(accelerator="cpu"), get_preset("tiny"), tmp_path, 10, 1, {"row": "base"})
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    kinds = [type(c) for c in trainer.callbacks]
+    assert kinds.index(RNGStates) < kinds.index(DivergenceGuard) < kinds.index(type(trainer.checkpoint_callback))
+
+
+def test_a_report_write_that_fails_midway_keeps_the_old_report(tmp_path, monkeypatch):
+    import reports.build as build
+
+    runs = ROOT / "tests" / "fixtures" / "report" / "runs"
+    out = tmp_path / "rep"
+    build.write_reports(runs, out, preset="tiny")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    real = build.atomic_write_text
+    calls = []
+
+    def fail_on_the_third(path, text):
+        calls.append(path)
+        if len(calls) == 3:
+            from ablations.files import atomic_open
+
+            with atomic_open(path) as f:
+                f.write(text[: len(text) // 2])
+                raise OSError("disk full")
+        return real(path, text + "changed")
+
+    monkeypatch.setattr(build, "atomic_write_text", fail_on_the_third)
+    with pytest.raises(OSError):
+        build.write_reports(runs, out, preset="tiny")
+    assert calls[2].read_bytes() == before[calls[2]]  # the file being written when it failed: old content
+    assert {p for p in out.rglob("*") if p.is_file()} == set(before)  # no temporary file left
+
+
+# --- secrets -----------------------------------------------------------------------------------
+
+KEY = "0123456789abcdef0123456789abcdef01234567"  # shaped like a W&B API key; fake
+PASSWORD = "hunter2-Pa55"
+
+
+def test_redact_masks_url_passwords_named_keys_and_secret_env_values(monkeypatch):
+    from ablations.secrets import redact
+
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    text = f"postgresql://me:{PASSWORD}@db:5432/aiayn api_key={PASSWORD} key {KEY}; tokens_per_s=9 pe=rope"
+    assert redact(text) == "postgresql://me:***@db:5432/aiayn api_key=*** key ***; tokens_per_s=9 pe=rope"
+
+
+def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_path, monkeypatch, capsys, caplog):
+    """A W&B run with WANDB_API_KEY set, then a run that fails with the key and a storage password in
+    its error: every file written (W&B's offline files included) and everything printed is masked."""
+    import lightning_modules.module as module
+
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "runs"
+    fast = ["--preset", "tiny", "--max-steps", "2", "--val-every", "100", "--dev-subset", "2", "--eval-subset", "2",
+            *SMALL_MODEL, *QUIET, "--out", str(out)]  # fmt: skip
+    try:
+        assert main(["train", "--row", "C1", "--wandb", *fast]) == 0
+    finally:
+        import wandb
+
+        wandb.finish()  # train() leaves its W&B run open; the next W&B run in this process would reuse it
+
+    def leak(self, batch, batch_idx):
+        raise RuntimeError(f"cannot log to postgresql://me:{PASSWORD}@db/aiayn with WANDB_API_KEY={KEY}")
+
+    monkeypatch.setattr(module.TranslationModule, "training_step", leak)
+    with pytest.raises(RuntimeError):
+        main(["train", "--row", "C2", *fast])
+    failed = json.loads((run_dir(out, "C2") / "metrics.json").read_text())
+    assert failed["status"] == "failed" and "postgresql://me:***@db/aiayn with WANDB_API_KEY=***" in failed["error"]
+    assert main(["report", "--runs", str(out), "--out", str(tmp_path / "rep")]) == 0
+    printed = capsys.readouterr()
+    written = [p for d in (out, tmp_path / "rep") for p in d.rglob("*") if p.is_file()]
+    assert any(p.name == "config.json" for p in written) and any(p.suffix == ".wandb" for p in written)
+    for p in written:
+        data = p.read_bytes()
+        assert KEY.encode() not in data and PASSWORD.encode() not in data, p
+    for text in (printed.out, printed.err, caplog.text):
+        assert KEY not in text and PASSWORD not in text
