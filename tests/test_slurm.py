@@ -151,13 +151,14 @@ def test_array_task_runs_its_own_pair(tmp_path):
 
 
 def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
-    opts = SlurmOptions(preset="paper", nodes=2, gpus_per_node=8, partition="gpu", time="2-00:00:00",
+    opts = SlurmOptions(preset="paper", nodes=2, gpus_per_node=8, cpus_per_task=8, partition="gpu", time="2-00:00:00",
                         out=str(tmp_path), assume_shared=True, train_args=("--precision", "bf16-mixed"))  # fmt: skip
     per_node = slurm.check(opts)
     text = render(opts, [("big", 0)], per_node)
     assert "#SBATCH --nodes=2\n" in text and "#SBATCH --ntasks-per-node=8\n" in text
     assert "#SBATCH --gpus-per-node=8\n" in text and "#SBATCH --array=0-0\n" in text
     assert "--devices 8" in text and "--num-nodes 2" in text and "--precision bf16-mixed" in text
+    assert "#SBATCH --cpus-per-task=8\n" in text and "srun --kill-on-bad-exit=1 --cpus-per-task=8 aiayn train" in text
 
 
 # ---- the books
