@@ -15,6 +15,7 @@ import pandas as pd
 from ablations.errors import UserError
 from ablations.files import atomic_write_text
 from ablations.presets import PRESETS, Preset, get_preset
+from ablations.secrets import redact
 from reports import plots, significance
 from reports.runs import Run, Scan, read_curve, scan
 from reports.table import SIGN_MIN_PAPER_DELTA, build_table, rounded, sign_score
@@ -93,7 +94,8 @@ def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: 
         ".tex": latex(table, notes, title, notice),
         ".html": html_page(table, notes, title, notice, plot_links),
     }
-    files = [atomic_write_text(out_dir / f"{name}{suffix}", text) for suffix, text in texts.items()]
+    # masked again: a metrics.json written by an older aiayn (or by hand) may hold a secret in its error
+    files = [atomic_write_text(out_dir / f"{name}{suffix}", redact(text)) for suffix, text in texts.items()]
     return files + written
 
 

@@ -409,7 +409,12 @@ def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_p
         main(["train", "--row", "C2", *fast])
     failed = json.loads((run_dir(out, "C2") / "metrics.json").read_text())
     assert failed["status"] == "failed" and "postgresql://me:***@db/aiayn with WANDB_API_KEY=***" in failed["error"]
+    old = run_dir(out, "C3")  # a metrics.json from before masking: the report masks it too
+    old.mkdir(parents=True)
+    (old / "metrics.json").write_text(json.dumps(dict(failed, row="C3", error=f"postgresql://me:{PASSWORD}@db")))
     assert main(["report", "--runs", str(out), "--out", str(tmp_path / "rep")]) == 0
+    assert "C3 seed 0: failed: postgresql://me:***@db" in (tmp_path / "rep" / "table3-tiny.md").read_text()
+    (old / "metrics.json").unlink()
     printed = capsys.readouterr()
     written = [p for d in (out, tmp_path / "rep") for p in d.rglob("*") if p.is_file()]
     assert any(p.name == "config.json" for p in written) and any(p.suffix == ".wandb" for p in written)
