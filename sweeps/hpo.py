@@ -60,6 +60,9 @@ def objective(opts: HpoOptions, trial: optuna.Trial) -> float:
         )
     )  # fmt: skip
     trial.set_user_attr("run_dir", str(run))
+    if metrics.get("status") == "diverged":  # a result, not a crash: the search goes on without it
+        trial.set_user_attr("diverged_at_step", metrics["diverged_at_step"])
+        raise optuna.TrialPruned(f"diverged: {metrics['error']}")
     trial.set_user_attr("dev_bleu", metrics["dev_bleu"])
     log.info("trial %d: dev PPL %.3f, BLEU %.2f with %s", trial.number, metrics["dev_ppl"], metrics["dev_bleu"], params)
     return metrics["dev_ppl"]
