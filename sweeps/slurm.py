@@ -399,10 +399,14 @@ def sbatch(script: Path) -> str:
 
 def wait_for(jobs: set[str], poll_s: float) -> None:
     """Block until SLURM holds none of `jobs` (array tasks `123_4`); a requeued task stays held."""
+    reported = None
     while True:
         left = jobs & live_jobs()
         if not left:
             return
+        if len(left) != reported:
+            log.info("waiting for %d SLURM task(s): %s", len(left), " ".join(sorted(left)))
+            reported = len(left)
         time.sleep(poll_s)
 
 

@@ -8,6 +8,7 @@ AIAYN_REQUIRE_SLURM=1 (CI sets it), where they fail instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -231,6 +232,7 @@ def test_resume_takes_the_checkpoint_with_the_highest_step(tmp_path):
 # ---- on a real SLURM cluster
 
 
+@functools.cache  # sinfo waits ~10 s for a controller that is down: ask once
 def _slurm_up() -> bool:
     proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
     return proc.returncode == 0 and any(s in proc.stdout for s in ("idle", "mix", "alloc"))
