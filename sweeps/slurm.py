@@ -243,10 +243,10 @@ def run_status(opts: SlurmOptions, row: str, seed: int) -> str:
 
 
 def live_jobs() -> set[str]:
-    """Job ids SLURM still holds (pending, running, requeued), array tasks one by one (`123_4`)."""
+    """This user's job ids SLURM still holds (pending, running, requeued), array tasks one by one (`123_4`)."""
     if shutil.which("squeue") is None:
         return set()
-    proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
+    proc = subprocess.run(["squeue", "--me", "-h", "-r", "-o", "%i"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"squeue failed ({proc.stderr.strip()[:200]}); check that the SLURM controller is up")
     return set(proc.stdout.split())
