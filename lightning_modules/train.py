@@ -175,7 +175,7 @@ def apply_overrides(resolved: dict, preset, overrides: dict | None) -> tuple[dic
             resolved["d_k"], resolved["d_v"] = cfg.d_k, cfg.d_v
         except UserError as e:
             raise UserError(f"{str(e.__cause__ or e)} (--set {given}); change the --set value") from e
-        resolved["deviations"] = [*resolved["deviations"], f"--set {given}"]
+        resolved["deviations"] = [*resolved["deviations"], f"overridden: {given}"]
     return resolved, schedule
 
 

@@ -161,6 +161,7 @@ def test_a_diverging_run_ends_with_status_diverged_its_step_and_a_finite_last_ch
     assert metrics["status"] == "diverged" and 1 <= step < 20
     assert metrics["error"] in (f"loss nan at optimizer step {step}", f"loss inf at optimizer step {step}")
     assert "dev_bleu" not in metrics
+    assert metrics["deviations"][-1] == "overridden: N=1 d_model=32 d_ff=64 h=2 lr_factor=1000000000.0 warmup=1"
     printed = capsys.readouterr().out
     assert f"base seed 0: diverged ({metrics['error']}); metrics.json status diverged" in printed
     last = run_dir(out) / "checkpoints" / "last.ckpt"
