@@ -77,8 +77,10 @@ def one_process(tmp_path_factory, cache):
 
 @pytest.mark.slow
 def test_two_processes_reach_the_loss_of_one_with_the_same_effective_batch(one_process, cache, tmp_path):
-    _finish(_train(tmp_path, cache, "--devices", "2", "--strategy", "ddp"))
+    offline = {"WANDB_MODE": "offline", "WANDB_API_KEY": "", "WANDB_SILENT": "true"}
+    _finish(_train(tmp_path, cache, "--devices", "2", "--strategy", "ddp", "--wandb", env=offline))
     (m2, t2), (m1, t1) = _result(tmp_path), one_process
+    assert len(list(tmp_path.rglob("offline-run-*"))) == 1  # one W&B run, from rank 0
     assert t2["world_size"] == 2 and t1["world_size"] == 1
     assert t1["accumulate"] == 2 * t2["accumulate"], (t1, t2)
     assert t1["effective_tokens_per_step"] == t2["effective_tokens_per_step"] == m2["effective_tokens_per_step"]
