@@ -163,11 +163,9 @@ def apply_overrides(resolved: dict, preset, overrides: dict | None) -> tuple[dic
     resolved.update({k: v for k, v in overrides.items() if k in MODEL_KEYS})
     schedule = {"warmup": preset.warmup, "lr_factor": preset.lr_factor}
     schedule.update({k: v for k, v in overrides.items() if k in SCHEDULE_KEYS})
-    if schedule["warmup"] <= 0 or schedule["lr_factor"] <= 0:
-        raise UserError(
-            f"--set warmup={schedule['warmup']} lr_factor={schedule['lr_factor']}: both must be positive; "
-            "change the --set value"
-        )
+    for key in SCHEDULE_KEYS:
+        if schedule[key] <= 0:
+            raise UserError(f"--set {key}={schedule[key]}: {key} must be positive; change the --set value")
     if overrides:
         given = " ".join(f"{k}={v}" for k, v in overrides.items())
         try:  # the checks of TransformerConfig, before any data is prepared or anything written

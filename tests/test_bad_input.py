@@ -127,7 +127,9 @@ CASES = {
                         "--set d_model: expected KEY=VALUE; e.g. --set d_model=256"),
     "--set not a number": (TRAIN + ["--set", "N=two"], None, "--set N=two: N must be an integer; e.g. --set N=1"),
     "--set zero lr factor": (TRAIN + ["--set", "lr_factor=0"], None,
-                             "--set warmup=400 lr_factor=0.0: both must be positive; change the --set value"),
+                             "--set lr_factor=0.0: lr_factor must be positive; change the --set value"),
+    "--set negative warmup": (TRAIN + ["--set", "warmup=-5"], None,
+                              "--set warmup=-5: warmup must be positive; change the --set value"),
     # --- corpora
     "empty corpus file": (TRAIN + FILES, lambda t: corpus(t, "empty"),
                           "{tmp}/corpus/test.en is empty; provide a non-empty file with one sentence per line"),
