@@ -81,6 +81,28 @@ def other_run(tmp: Path) -> None:
     (d / "config.json").write_text(json.dumps({"model": dict(cfg, d_model=base_d_model() + 1), "data": {}}))
 
 
+HELD = []  # locks held by a "running" process during one test
+
+
+@pytest.fixture(autouse=True)
+def release_locks():
+    yield
+    while HELD:
+        HELD.pop().close()
+
+
+def busy_run(tmp: Path) -> None:
+    """Another process trains base/seed0: it holds RUN/.lock (flock)."""
+    import fcntl
+
+    corpus(tmp)
+    d = tmp / "runs" / "tiny" / "files" / "base" / "seed0"
+    d.mkdir(parents=True)
+    f = open(d / ".lock", "a+")
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    HELD.append(f)
+
+
 def regular_file(tmp: Path) -> None:
     (tmp / "afile").write_text("not a directory\n")
 
@@ -147,6 +169,9 @@ CASES = {
                                         "run directory {tmp}/runs/tiny/files/base/seed0 holds a run of another config "
                                         f"(model differs: {{'d_model': ({base_d_model() + 1}, {base_d_model()})}}); "
                                         "use another --out or delete that directory"),
+    "run directory in use": (TRAIN + FILES, busy_run,
+                             "run directory {tmp}/runs/tiny/files/base/seed0 is being trained by another process; "
+                             "wait for it to finish or stop it"),
     "truncated checkpoint": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "truncated"),
                              "checkpoint {tmp}/model.ckpt is unreadable (RuntimeError); it is truncated or not an "
                              "aiayn checkpoint"),
