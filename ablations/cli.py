@@ -191,7 +191,7 @@ def cmd_table3(args) -> None:
     opts = SweepOptions(
         preset=args.preset, rows=args.rows, extended=args.extended, seeds=args.seeds, storage=args.storage,
         out=args.out, report=args.report or None, data=args.data, data_dir=args.data_dir, wandb=args.wandb,
-        train_args=tuple(_passthrough(args, ("max_steps", "eval_subset", "accelerator", "devices"))),
+        train_args=tuple(_passthrough(args, ("max_steps", "eval_subset", "accelerator", "devices"))), jobs=args.jobs,
     )  # fmt: skip
     summary = run_table3(opts)
     print(f"table3 {args.preset}: {summary['completed']} completed, {summary['failed']} failed of {summary['ran']} run "
@@ -362,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     t3.add_argument("--eval-subset", type=_positive_int, default=None, help="final evaluation on K dev sentences")
     t3.add_argument("--accelerator", default=None)
     t3.add_argument("--devices", type=_positive_int, default=None)
+    t3.add_argument(
+        "--jobs", type=_positive_int, default=None,
+        help="training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)",
+    )  # fmt: skip
     t3.set_defaults(func=cmd_table3)
 
     sl = sub.add_parser("slurm", help="submit Table 3 (or one run) to SLURM as a job array; requeued on preemption")

@@ -32,6 +32,7 @@ class Preset:
     val_every: int  # optimizer steps between validations
     ckpt_every: int  # optimizer steps between kept checkpoints
     description: str
+    sweep_jobs: int = 1  # `aiayn table3` runs this many training processes at once (CPU presets: 2)
     keep_ckpts: int = 20  # enough for the paper's "average the last 5 / last 20"
     max_len: int = 256  # training sentences longer than this (in tokens) are dropped
 

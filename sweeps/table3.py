@@ -10,6 +10,10 @@ Re-running the same command skips completed pairs and retries failed ones. Two w
 storage run each pair once: the queue pop is atomic, and a per-pair file lock guards the rare race
 where two drivers enqueue the same pair at the same moment.
 
+Pairs are enqueued longest first (estimated cost: steps x parameters), so that with `--jobs N` (N
+training processes at once, each with its share of the CPU threads) the long `big` row does not
+start last and leave the other workers idle (longest-processing-time-first scheduling).
+
 A worker that dies (SIGKILL, node lost) leaves its trial RUNNING. Optuna's heartbeat would fail such
 trials, but it exists only for RDB storages (SQLite included), not for the journal, and is only
 beaten by `study.optimize`, not by ask/tell workers. Our sign of life is the per-pair lock instead:
@@ -28,6 +32,7 @@ import platform
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +63,7 @@ class SweepOptions:
     data_dir: str | None = None
     wandb: bool = False
     train_args: tuple[str, ...] = ()  # passed through to every `aiayn train`
+    jobs: int | None = None  # training processes at once in this driver; None: the preset's sweep_jobs
 
 
 def grid(opts: SweepOptions) -> list[tuple[str, int]]:
@@ -76,11 +82,26 @@ def pair_of(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
     return (params["row"], int(params["seed"])) if "row" in params and "seed" in params else None
 
 
-def enqueue_pending(study: optuna.Study, pairs: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial."""
+def estimated_cost(row: str, preset: str) -> float:
+    """A run's relative cost for ordering the queue: its steps x its parameters (a proxy for FLOPs)."""
+    from ablations.presets import model_config, resolve  # lazy: torch is needed only here
+    from lightning_modules.model import count_params
+
+    resolved = resolve(row, preset)
+    return resolved["train_steps"] * count_params(model_config(resolved, resolved["vocab_size"]))
+
+
+def enqueue_pending(
+    study: optuna.Study, pairs: list[tuple[str, int]], preset: str | None = None
+) -> list[tuple[str, int]]:
+    """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial.
+    With `preset`, the longest runs are enqueued first (workers pop in enqueue order)."""
     busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
     taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
     pending = [p for p in pairs if p not in taken]
+    if preset is not None:
+        cost = {row: estimated_cost(row, preset) for row in {row for row, _ in pending}}
+        pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
     for row, seed in pending:
         study.enqueue_trial({"row": row, "seed": seed})
     return pending
@@ -167,8 +188,12 @@ def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
     directory = run_dir(opts.out, opts.preset, corpus, row, seed)
     logfile = directory.parent / f"seed{seed}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    jobs = opts.jobs or 1
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:  # share the cores: N processes x all cores would thrash
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
     with open(logfile, "w") as out:
-        proc = subprocess.run(train_command(opts, row, seed), stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(train_command(opts, row, seed), stdout=out, stderr=subprocess.STDOUT, env=env)
     metrics_file = directory / "metrics.json"
     if proc.returncode == 0 and metrics_file.is_file():
         return json.loads(metrics_file.read_text())
@@ -182,7 +207,10 @@ def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runne
     done = failed = 0
     t_start = time.perf_counter()
     while any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
-        trial = study.ask()
+        # Optuna's pop (WAITING -> RUNNING) is a read-then-write; PostgreSQL/MySQL lock the row, SQLite
+        # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic.
+        with pair_lock(lock_dir(opts) / f"{study.study_name}.pop.lock", wait=True):
+            trial = study.ask()
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
         pair = pair_of(frozen)  # the queued (row, seed), from the trial's fixed params
         if pair is None:  # another worker emptied the queue between our check and ask()
@@ -213,7 +241,8 @@ def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runne
                 failed += 1
                 result = f"{metrics.get('status', 'failed').upper()} ({metrics.get('error', '?')})"
         finished = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
-        eta = (time.perf_counter() - t_start) / (done + failed) * max(total - finished, 0)
+        # this worker's pace x what is left, shared by the driver's workers
+        eta = (time.perf_counter() - t_start) / (done + failed) * max(total - finished, 0) / (opts.jobs or 1)
         log.info("[%d/%d] %s seed %d: %s in %s; ETA %s", finished, total, row, seed, result, _hms(elapsed), _hms(eta))
     return done, failed
 
@@ -229,20 +258,36 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     preset = get_preset(opts.preset)
     corpus = opts.data or preset.corpus
     pairs = grid(opts)
+    jobs = opts.jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
     out = Path(opts.out)
     name = study_name(preset.name, corpus)
     # Drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race.
     with pair_lock(lock_dir(opts) / f"{name}.setup.lock", wait=True):
-        storage = open_storage(opts.storage or f"sqlite:///{(out / 'optuna.db').resolve()}", create_dir=out)
+        url = opts.storage or f"sqlite:///{(out / 'optuna.db').resolve()}"
+        storage = open_storage(url, create_dir=out)
         study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
         study.set_user_attr("preset", preset.name)
         study.set_user_attr("corpus", corpus)
         fail_stale_trials(study, opts, corpus)
-        pending = enqueue_pending(study, pairs)
+        pending = enqueue_pending(study, pairs, preset=preset.name)
     log.info(
-        "table3 %s on %s: %d pairs, %d to run (%s)", preset.name, corpus, len(pairs), len(pending), study.study_name
-    )
-    done, failed = work(study, opts, corpus, total=len(pairs), runner=runner)
+        "table3 %s on %s: %d pairs, %d to run (%s), %d at a time",
+        preset.name, corpus, len(pairs), len(pending), study.study_name, jobs,
+    )  # fmt: skip
+    if jobs == 1:
+        done, failed = work(study, opts, corpus, total=len(pairs), runner=runner)
+    else:
+        # Threads suffice: each worker waits on its own training subprocess. Each opens its own storage
+        # (Optuna caches trial states per storage object), exactly as separate drivers would.
+        def worker() -> tuple[int, int]:
+            return work(optuna.load_study(study_name=name, storage=open_storage(url)), opts, corpus, len(pairs), runner)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            futures = [pool.submit(worker) for _ in range(jobs)]
+            results = [f.result() for f in futures]
+        done, failed = sum(r[0] for r in results), sum(r[1] for r in results)
     summary = {"pairs": len(pairs), "ran": done + failed, "completed": done, "failed": failed}
     if opts.report:
         from reports.build import write_reports

@@ -19,7 +19,7 @@ from ablations.cli import main
 from ablations.errors import UserError
 from ablations.table import select_rows
 from sweeps.export import wandb_sweep, wandb_yaml
-from sweeps.table3 import SweepOptions, grid, run_table3
+from sweeps.table3 import SweepOptions, estimated_cost, grid, run_pair, run_table3
 
 ROOT = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -63,6 +63,51 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     assert (
         done[0].user_attrs["run_dir"].endswith(f"tiny/synthetic/{done[0].params['row']}/seed{done[0].params['seed']}")
     )
+
+
+def test_queue_runs_longest_first(tmp_path):
+    runner = FakeRunner()
+    run_table3(opts(tmp_path, rows="base,C,big", jobs=1), runner=runner)
+    cost = {row: estimated_cost(row, "tiny") for row in select_rows("base,C,big")}
+    assert [row for row, _ in runner.calls] == sorted(cost, key=lambda r: -cost[r])
+    assert runner.calls[0] == ("big", 0) and runner.calls[-1] == ("C1", 0)  # 3x steps, widest / shallowest
+
+
+class ConcurrencyRunner(FakeRunner):
+    """Also records how many pairs ran at the same moment."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.active = self.most = 0
+
+    def __call__(self, opts, corpus, row, seed):
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        try:
+            return super().__call__(opts, corpus, row, seed)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_jobs_run_pairs_at_once_each_exactly_once(tmp_path, jobs):
+    runner = ConcurrencyRunner(delay=0.5)  # long enough for every worker to pop its first pair meanwhile
+    summary = run_table3(opts(tmp_path, rows="base,A", seeds=2, jobs=jobs), runner=runner)
+    assert summary == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0}
+    assert set(Counter(runner.calls).values()) == {1} and len(runner.calls) == 10
+    assert runner.most == jobs
+
+
+def test_jobs_share_the_cores_between_training_processes(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("subprocess.run", lambda cmd, env, **kw: seen.append(env) or type("P", (), {"returncode": 1}))
+    for jobs in (1, 2, 3):
+        run_pair(opts(tmp_path, jobs=jobs), "synthetic", "base", 0)
+    assert ["OMP_NUM_THREADS" in seen[0], seen[1]["OMP_NUM_THREADS"], seen[2]["OMP_NUM_THREADS"]] == [False, "4", "2"]
 
 
 def test_a_failing_row_does_not_stop_the_sweep_and_is_retried_on_rerun(tmp_path):
