@@ -410,6 +410,15 @@ def wait_for(jobs: set[str], poll_s: float) -> None:
         time.sleep(poll_s)
 
 
+def outcome(opts: SlurmOptions, row: str, seed: int) -> str:
+    """'completed', or what went wrong and the task's log."""
+    status = run_status(opts, row, seed)
+    if status == "completed":
+        return status
+    log_file = Path(opts.out).resolve() / "slurm" / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
+    return f"{'no metrics.json' if status == 'missing' else status}; see {log_file}"
+
+
 def submit(opts: SlurmOptions) -> dict:
     """Check, write the script, submit it (unless a dry run), optionally wait; return a summary."""
     per_node = check(opts)
@@ -438,7 +447,7 @@ def submit(opts: SlurmOptions) -> dict:
     if opts.wait and not opts.dry_run:
         watched = {job_of(opts, r, s) for r, s in pending + books["in_slurm"]} - {None}
         wait_for(watched, opts.poll_s)
-        summary["results"] = {f"{r} seed {s}": run_status(opts, r, s) for r, s in todo}
+        summary["results"] = {f"{r} seed {s}": outcome(opts, r, s) for r, s in todo}
         if opts.kind == "table3" and opts.report and "completed" in summary["results"].values():
             from reports.build import write_reports
 

@@ -319,3 +319,17 @@ def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cac
     assert 5 <= saved_at < steps
     assert json.loads((run / "metrics.json").read_text())["steps"] == steps
     assert (run / "logs" / "version_1" / "metrics.csv").exists()  # the second attempt's curve
+
+
+@pytest.mark.slow
+def test_wait_exits_1_and_names_the_log_when_a_task_fails(cluster, cache, tmp_path, capsys):
+    out = tmp_path / "runs"
+    argv = ["slurm", "train", "--preset", "tiny", "--accelerator", "cpu", "--partition", cluster, "--time", "05:00",
+            "--data", "files", "--data-dir", str(tmp_path / "no-such-corpus"), "--out", str(out), "--wait"]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("base seed 0:"))
+    log_file = Path(line.split("; see ")[1])
+    assert "no metrics.json" in line and log_file.is_file()
+    assert "aiayn: error: " in log_file.read_text() and "no-such-corpus" in log_file.read_text()
