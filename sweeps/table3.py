@@ -206,14 +206,17 @@ def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runne
     runner = runner or run_pair
     done = failed = 0
     t_start = time.perf_counter()
-    while any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+    while True:
         # Optuna's pop (WAITING -> RUNNING) is a read-then-write; PostgreSQL/MySQL lock the row, SQLite
-        # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic.
+        # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic,
+        # and checking the queue under it keeps ask() from inventing a trial when the queue is empty.
         with pair_lock(lock_dir(opts) / f"{study.study_name}.pop.lock", wait=True):
+            if not any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+                break
             trial = study.ask()
         frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
         pair = pair_of(frozen)  # the queued (row, seed), from the trial's fixed params
-        if pair is None:  # another worker emptied the queue between our check and ask()
+        if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
             study.tell(trial, state=TrialState.FAIL)
             break
         row, seed = pair

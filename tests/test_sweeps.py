@@ -98,6 +98,8 @@ def test_jobs_run_pairs_at_once_each_exactly_once(tmp_path, jobs):
     assert summary == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0}
     assert set(Counter(runner.calls).values()) == {1} and len(runner.calls) == 10
     assert runner.most == jobs
+    study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
+    assert len(study.trials) == 10  # no worker invented a trial when it found the queue empty
 
 
 def test_jobs_share_the_cores_between_training_processes(tmp_path, monkeypatch):
