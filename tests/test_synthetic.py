@@ -48,6 +48,13 @@ def clause(verb: str, s: _Subj, acc: _NP | None = None, dat: _NP | None = None, 
 
 @pytest.fixture(scope="module")
 def corpus():
+    """The whole grammar (up to 40 words): what the grammar tests below check."""
+    return syn.generate(seed=99, n_train=4000, n_dev=300, n_test=300, max_words=syn.GRAMMAR_MAX_WORDS)
+
+
+@pytest.fixture(scope="module")
+def short():
+    """The default corpus: the grammar's sentences of up to 10 words."""
     return syn.generate(seed=99, n_train=4000, n_dev=300, n_test=300)
 
 
@@ -55,7 +62,7 @@ def corpus():
 
 
 def test_golden_first_pairs_of_seed_1():
-    c = syn.generate(seed=1, n_train=2, n_dev=1, n_test=1)
+    c = syn.generate(seed=1, n_train=2, n_dev=1, n_test=1, max_words=syn.GRAMMAR_MAX_WORDS)
     assert c["train"] == [
         ("The horse helps the pig.", "Das Pferd hilft dem Schwein."),
         (
@@ -118,6 +125,16 @@ def test_length_distribution(corpus):
         assert sum(n >= 25 for n in lengths) >= 0.05 * len(lengths)
 
 
+def test_default_corpus_is_the_grammars_short_sentences(short):
+    pairs = [p for split in short.values() for p in split]
+    for side in (0, 1):
+        lengths = [len(p[side].split()) for p in pairs]
+        assert min(lengths) >= 5 and max(lengths) <= syn.MAX_WORDS == 10
+        assert 7 <= statistics.mean(lengths) <= 8.5, statistics.mean(lengths)
+    with pytest.raises(ValueError, match="max_words must be in"):
+        syn.generate(seed=1, n_train=3, max_words=4)
+
+
 def test_surface_form(corpus):
     for en, de in corpus["train"][:500]:
         for s in (en, de):
@@ -125,8 +142,9 @@ def test_surface_form(corpus):
         assert (en[-1] == "?") == (de[-1] == "?")
 
 
-def test_every_phenomenon_occurs(corpus):
-    de = "\n".join(p[1] for p in corpus["train"])
+@pytest.mark.parametrize("which", ["corpus", "short"])
+def test_every_phenomenon_occurs(which, request):
+    de = "\n".join(p[1] for p in request.getfixturevalue(which)["train"])
     for marker in [
         ", weil ",
         ", dass ",
