@@ -61,7 +61,7 @@ PRESETS = {
             description="Multi30k En-De on one GPU: half width, half depth",
         ),
         Preset(
-            name="tiny", corpus="synthetic", vocab_size=1000, width=0.25, depth=1 / 3, train_steps=250,
+            name="tiny", corpus="synthetic", vocab_size=1000, width=0.25, depth=1 / 3, train_steps=225,
             tokens_per_step=1024, max_tokens=1024, warmup=200, lr_factor=0.5, dev_subset=50,
             val_every=50, ckpt_every=50, sweep_jobs=2,
             description="the built-in synthetic corpus on a laptop CPU, the whole table in 15 minutes on 2 cores: "

@@ -27,10 +27,12 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -181,6 +183,51 @@ def train_command(opts: SweepOptions, row: str, seed: int) -> list[str]:
     return cmd + list(opts.train_args)
 
 
+_FORKSERVER = None
+_FORKSERVER_LOCK = threading.Lock()
+
+
+def _forkserver():
+    """A multiprocessing forkserver that has imported Lightning and aiayn once. Each training process
+    is forked from it instead of starting a fresh interpreter: importing torch + Lightning takes ~5 s,
+    a tenth of a tiny row. (Forked from the forkserver, not from this multi-threaded driver, which
+    fork() would make unsafe.)"""
+    global _FORKSERVER
+    with _FORKSERVER_LOCK:
+        if _FORKSERVER is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["ablations.cli", "lightning_modules.train"])
+            _FORKSERVER = ctx
+        return _FORKSERVER
+
+
+def _train_in_child(argv: list[str], logfile: str, threads: int | None) -> None:
+    """`aiayn train ARGV` in a forkserver child, stdout and stderr to `logfile`; exits with its status."""
+    fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+    from ablations.cli import main
+
+    sys.argv = ["aiayn", *argv]
+    sys.exit(main(argv))
+
+
+def _one_process(opts: SweepOptions) -> bool:
+    """A run that is one process (no DDP ranks to launch) can be forked from the forkserver; Lightning
+    launches DDP ranks by re-running the command line, which only a fresh process has."""
+    args = list(opts.train_args)
+    for flag in ("--devices", "--num-nodes"):
+        if flag in args and args[args.index(flag) + 1] != "1":
+            return False
+    return True
+
+
 def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
     """Train one pair in its own process; return its metrics.json (status failed if it died)."""
     from lightning_modules.train import run_dir  # torch-free callers of grid() need not import Lightning
@@ -188,24 +235,38 @@ def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
     directory = run_dir(opts.out, opts.preset, corpus, row, seed)
     logfile = directory.parent / f"seed{seed}.log"
     logfile.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
     jobs = opts.jobs or 1
-    if jobs > 1 and "OMP_NUM_THREADS" not in env:  # share the cores: N processes x all cores would thrash
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
-    with open(logfile, "w") as out:
-        proc = subprocess.run(train_command(opts, row, seed), stdout=out, stderr=subprocess.STDOUT, env=env)
+    # share the cores: N processes x all cores would thrash
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 and "OMP_NUM_THREADS" not in os.environ else None
+    cmd = train_command(opts, row, seed)
+    if _one_process(opts):
+        child = _forkserver().Process(target=_train_in_child, args=(cmd[3:], str(logfile), threads))
+        child.start()
+        child.join()
+        returncode = child.exitcode
+    else:
+        env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+        with open(logfile, "w") as out:
+            returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
     metrics_file = directory / "metrics.json"
-    if proc.returncode == 0 and metrics_file.is_file():
+    if returncode == 0 and metrics_file.is_file():
         return json.loads(metrics_file.read_text())
     tail = logfile.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-    return {"row": row, "seed": seed, "status": "failed", "error": redact(f"exit {proc.returncode}: {tail[0][:300]}")}
+    return {"row": row, "seed": seed, "status": "failed", "error": redact(f"exit {returncode}: {tail[0][:300]}")}
 
 
-def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runner=None) -> tuple[int, int]:
-    """Pop and run queued trials until the queue is empty; returns (completed, failed) by this worker."""
+def _n_finished(study: optuna.Study) -> int:
+    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and "row" in t.params for t in study.get_trials())
+
+
+def work(
+    study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runner=None, pace: tuple | None = None
+) -> tuple[int, int]:
+    """Pop and run queued trials until the queue is empty; returns (completed, failed) by this worker.
+    `pace` = (start time, pairs finished before it), shared by a driver's workers, for the sweep's ETA."""
     runner = runner or run_pair
     done = failed = 0
-    t_start = time.perf_counter()
+    t_start, finished_before = pace or (time.perf_counter(), _n_finished(study))
     while True:
         # Optuna's pop (WAITING -> RUNNING) is a read-then-write; PostgreSQL/MySQL lock the row, SQLite
         # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic,
@@ -244,8 +305,9 @@ def work(study: optuna.Study, opts: SweepOptions, corpus: str, total: int, runne
                 failed += 1
                 result = f"{metrics.get('status', 'failed').upper()} ({metrics.get('error', '?')})"
         finished = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
-        # this worker's pace x what is left, shared by the driver's workers
-        eta = (time.perf_counter() - t_start) / (done + failed) * max(total - finished, 0) / (opts.jobs or 1)
+        # the driver's pace so far (all its workers) x what is left; longest pairs run first, so it errs long
+        ran = max(_n_finished(study) - finished_before, 1)
+        eta = (time.perf_counter() - t_start) / ran * max(total - finished, 0)
         log.info("[%d/%d] %s seed %d: %s in %s; ETA %s", finished, total, row, seed, result, _hms(elapsed), _hms(eta))
     return done, failed
 
@@ -284,8 +346,11 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     else:
         # Threads suffice: each worker waits on its own training subprocess. Each opens its own storage
         # (Optuna caches trial states per storage object), exactly as separate drivers would.
+        pace = (time.perf_counter(), _n_finished(study))
+
         def worker() -> tuple[int, int]:
-            return work(optuna.load_study(study_name=name, storage=open_storage(url)), opts, corpus, len(pairs), runner)
+            one = optuna.load_study(study_name=name, storage=open_storage(url))
+            return work(one, opts, corpus, len(pairs), runner, pace)
 
         with ThreadPoolExecutor(jobs) as pool:
             futures = [pool.submit(worker) for _ in range(jobs)]

@@ -275,8 +275,9 @@ def test_an_unclaimed_running_trial_is_stale_only_after_the_grace_period(tmp_pat
 
 
 def _children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in found]
+    """Every descendant (training processes are forked from the sweep's forkserver, a grandchild)."""
+    found = [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    return found + [d for p in found for d in _children(p)]
 
 
 @pytest.mark.slow

@@ -70,7 +70,7 @@ def test_queue_runs_longest_first(tmp_path):
     run_table3(opts(tmp_path, rows="base,C,big", jobs=1), runner=runner)
     cost = {row: estimated_cost(row, "tiny") for row in select_rows("base,C,big")}
     assert [row for row, _ in runner.calls] == sorted(cost, key=lambda r: -cost[r])
-    assert runner.calls[0] == ("big", 0) and runner.calls[-1] == ("C1", 0)  # 3x steps, widest / shallowest
+    assert runner.calls[0] == ("big", 0) and runner.calls[-1] == ("C4", 0)  # 3x steps and widest; narrowest
 
 
 class ConcurrencyRunner(FakeRunner):
@@ -102,14 +102,32 @@ def test_jobs_run_pairs_at_once_each_exactly_once(tmp_path, jobs):
     assert len(study.trials) == 10  # no worker invented a trial when it found the queue empty
 
 
-def test_jobs_share_the_cores_between_training_processes(tmp_path, monkeypatch):
-    seen = []
+def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserver(tmp_path, monkeypatch):
+    forked, spawned = [], []
+
+    class FakeProcess:
+        def __init__(self, target, args):
+            forked.append(args)
+            self.args, self.exitcode = args, 1
+
+        def start(self):  # the child would write its log
+            Path(self.args[1]).write_text("RuntimeError: boom\n")
+
+        def join(self):
+            pass
+
+    monkeypatch.setattr("sweeps.table3._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
+    monkeypatch.setattr(
+        "subprocess.run", lambda cmd, env, **kw: spawned.append(env) or type("P", (), {"returncode": 1})
+    )
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 8)
-    monkeypatch.setattr("subprocess.run", lambda cmd, env, **kw: seen.append(env) or type("P", (), {"returncode": 1}))
     for jobs in (1, 2, 3):
-        run_pair(opts(tmp_path, jobs=jobs), "synthetic", "base", 0)
-    assert ["OMP_NUM_THREADS" in seen[0], seen[1]["OMP_NUM_THREADS"], seen[2]["OMP_NUM_THREADS"]] == [False, "4", "2"]
+        assert run_pair(opts(tmp_path, jobs=jobs), "synthetic", "base", 0)["status"] == "failed"
+    assert [threads for _, _, threads in forked] == [None, 4, 2]
+    assert forked[0][0][:5] == ["train", "--row", "base", "--seed", "0"]
+    run_pair(opts(tmp_path, jobs=2, train_args=("--devices", "2")), "synthetic", "base", 0)  # DDP: a fresh process
+    assert len(forked) == 3 and spawned[0]["OMP_NUM_THREADS"] == "4"
 
 
 def test_a_failing_row_does_not_stop_the_sweep_and_is_retried_on_rerun(tmp_path):
