@@ -71,9 +71,11 @@ def test_every_row_builds_and_runs_forward_at_tiny_scale(row):
 def test_preset_rule_scales_widths_and_depth_and_keeps_heads():
     tiny, paper = PRESETS["tiny"], PRESETS["paper"]
     b, big = resolve("base", "tiny"), resolve("big", "tiny")
-    assert (b["d_model"], b["d_ff"], b["d_k"], b["N"], b["h"]) == (128, 512, 16, 3, 8)
-    assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps
-    assert [resolve(r, "tiny")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 2, 3, 4]  # depth order kept
+    assert (b["d_model"], b["d_ff"], b["d_k"], b["N"], b["h"]) == (128, 512, 16, 2, 8)
+    assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps == 675
+    # depth x 1/3, rounded: the order is kept (never reversed), but N=2 and N=4 both become 1
+    assert [resolve(r, "tiny")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 1, 2, 3]
+    assert [resolve(r, "small")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 2, 3, 4]
     assert resolve("base", "paper")["train_steps"] == paper.train_steps == 100_000
 
 
