@@ -287,7 +287,7 @@ def resolve_corpus(
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     data_dir = Path(data_dir).expanduser() if data_dir is not None else None
     if name not in CORPORA:
-        raise UserError(f"unknown corpus {name!r}; use --corpus with one of {', '.join(CORPORA)}")
+        raise UserError(f"unknown corpus {name!r}; use --data with one of {', '.join(CORPORA)}")
     if name == "synthetic":
         _check_en_de(name, src_lang, tgt_lang)
         from lightning_modules.synthetic import write_corpus  # lazy: only this corpus needs it
@@ -691,8 +691,8 @@ class TranslationDataModule(pl.LightningDataModule):
         super().__init__()
         if max_tokens <= max_len:
             raise UserError(
-                f"--max-tokens {max_tokens} must be larger than --max-len {max_len} so that a sentence of "
-                "max_len tokens plus bos/eos fits in a batch; raise --max-tokens or lower --max-len"
+                f"--max-tokens {max_tokens} must be larger than the preset's max_len {max_len} so that a sentence of "
+                "max_len tokens plus bos/eos fits in a batch; raise --max-tokens"
             )
         if dev_subset is not None and dev_subset <= 0:
             raise UserError(f"--dev-subset must be positive, got {dev_subset}; pass a positive count or omit it")

@@ -100,7 +100,8 @@ def read_text_lines(path: Path) -> list[str] | None:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    return text.rstrip("\n").split("\n") if text else []
+    # only the one final newline goes: an empty last hypothesis is still a line
+    return (text[:-1] if text.endswith("\n") else text).split("\n") if text else []
 
 
 def _version(p: Path) -> int:

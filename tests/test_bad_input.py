@@ -118,14 +118,14 @@ CASES = {
     "unknown preset": (TRAIN + ["--preset", "huge"], None,
                        f"unknown preset 'huge'; choose one of: {', '.join(PRESETS)}"),
     "unknown corpus": (TRAIN + ["--data", "europarl"], None,
-                       f"unknown corpus 'europarl'; use --corpus with one of {', '.join(CORPORA)}"),
+                       f"unknown corpus 'europarl'; use --data with one of {', '.join(CORPORA)}"),
     "zero steps": (TRAIN + ["--max-steps", "0"], None,
                    "argument --max-steps: expected a positive integer, got 0; see `aiayn train --help`"),
     "zero dev subset": (TRAIN + ["--dev-subset", "0"], None,
                         "--dev-subset must be positive, got 0; pass a positive count or omit it"),
     "max tokens below max len": (TRAIN + ["--max-tokens", "100"], None,
-                                 "--max-tokens 100 must be larger than --max-len 256 so that a sentence of max_len "
-                                 "tokens plus bos/eos fits in a batch; raise --max-tokens or lower --max-len"),
+                                 "--max-tokens 100 must be larger than the preset's max_len 256 so that a sentence of "
+                                 "max_len tokens plus bos/eos fits in a batch; raise --max-tokens"),
     "unknown table3 row": (T3 + ["--rows", "base,Q"], None,
                            f"unknown row or group 'Q' in --rows; rows are {ROWS}; groups are {GROUPS}"),
     "zero seeds": (T3 + ["--seeds", "0"], None, "--seeds must be at least 1, got 0; pass --seeds 1 or more"),

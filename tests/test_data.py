@@ -455,7 +455,7 @@ def test_datamodule_dev_subset_and_second_setup_uses_cache(tiny_dm, monkeypatch)
 def test_datamodule_config_errors(tmp_path, monkeypatch):
     with pytest.raises(UserError) as e:
         D.TranslationDataModule(max_tokens=100, max_len=256)
-    _one_line_error(e, "--max-tokens", "--max-len")
+    _one_line_error(e, "--max-tokens", "max_len")
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "env-cache"))
     assert D.TranslationDataModule().cache_dir == tmp_path / "env-cache"
 
