@@ -249,13 +249,25 @@ def train(opts: TrainOptions) -> dict:
     # hypotheses and their references side by side: the report's paired bootstrap needs both
     atomic_write_text(out_dir / "dev.hyp", "\n".join(result.pop("hypotheses")) + "\n")
     atomic_write_text(out_dir / "dev.ref", "\n".join(full_dev.references("dev")) + "\n")
-    return write_metrics(
+    metrics = write_metrics(
         out_dir, config, status="completed", steps=trainer.global_step, params=count_params(cfg),
         train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
         dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=TOK_BLEU_LABEL, dev_ppl=round(result["ppl"], 4),
         dev_sentences=result["n_sentences"],
     )  # fmt: skip
+    finish_wandb(trainer, metrics)
+    return metrics
+
+
+def finish_wandb(trainer: pl.Trainer, metrics: dict) -> None:
+    """Put the final dev figures in the W&B run's summary and close the run (else the next run in this
+    process, e.g. an `aiayn hpo` trial, would log into it)."""
+    for logger in trainer.loggers:
+        if type(logger).__name__ == "WandbLogger":
+            run = logger.experiment
+            run.summary.update({"dev/bleu": metrics["dev_bleu"], "dev/ppl": metrics["dev_ppl"], "status": "completed"})
+            run.finish()
 
 
 def resume_checkpoint(out_dir: Path) -> Path | None:

@@ -177,3 +177,6 @@ def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
     run = out / "tiny" / "synthetic" / "C1" / "seed0"
     offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
+    import wandb
+
+    assert wandb.run is None  # finished: the next run in this process starts its own
