@@ -110,6 +110,20 @@ def test_validation_and_restarts_leave_no_trace_in_the_training_rng(tmp_path):
             assert torch.equal(a, b)
 
 
+KILL_AT_STEP = """
+import os, signal, sys
+from ablations.cli import main
+from lightning_modules.module import TranslationModule
+step, end = int(sys.argv[1]), TranslationModule.on_train_batch_end
+def on_train_batch_end(self, *args):
+    end(self, *args)
+    if self.trainer.global_step >= step:
+        os.kill(os.getpid(), signal.SIGKILL)
+TranslationModule.on_train_batch_end = on_train_batch_end
+main(sys.argv[2:])
+"""
+
+
 @pytest.mark.slow
 def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     """SIGKILL after the first checkpoint, restart with the same command: same final weights,
@@ -122,15 +136,14 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(aiayn(*common, "--out", str(whole)), env=env, check=True, capture_output=True)
 
-    proc = subprocess.Popen(aiayn(*common, "--out", str(killed)), env=env, stderr=subprocess.DEVNULL)
-    first = run_dir(killed) / "checkpoints" / "step0000010.ckpt"
-    while not first.exists():
-        assert proc.poll() is None, "the run ended before its first checkpoint"
-        time.sleep(0.05)
-    time.sleep(rng.uniform(0.0, 4.0))  # somewhere in steps 10..30 (~0.5-1 s per step here)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run_dir(killed) / "metrics.json").exists(), f"killed too late (random seed {seed})"
+    # SIGKILL at a random step after the first checkpoint: the process kills itself when that step's batch
+    # ends (after the checkpoint callbacks), whatever the speed of the machine
+    step = rng.randint(11, 29)
+    proc = subprocess.run([sys.executable, "-c", KILL_AT_STEP, str(step), *common, "--out", str(killed)], env=env,
+                          capture_output=True)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert not (run_dir(killed) / "metrics.json").exists()
+    assert (run_dir(killed) / "checkpoints" / "step0000010.ckpt").exists(), f"random seed {seed}, step {step}"
     subprocess.run(aiayn(*common, "--out", str(killed)), env=env, check=True, capture_output=True)
 
     a, b = run_dir(whole), run_dir(killed)
