@@ -8,7 +8,6 @@ path under a regular file: CI runs as root, where permission bits do not stop a 
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,16 +22,7 @@ ROWS = ", ".join(load_rows())
 GROUPS = ", ".join(sorted({r.group for r in load_rows().values()}))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("AIAYN_CACHE")
-    os.environ["AIAYN_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("AIAYN_CACHE", None)
-    else:
-        os.environ["AIAYN_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("cache")  # tests/conftest.py: a fresh AIAYN_CACHE for the module
 
 
 def corpus(tmp: Path, break_it=None) -> None:

@@ -34,18 +34,6 @@ SMALL_MODEL = ["--set", "N=1 d_model=32 d_ff=64 h=2"]
 QUIET = ["--no-progress", "--accelerator", "cpu"]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("AIAYN_CACHE")
-    os.environ["AIAYN_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("AIAYN_CACHE", None)
-    else:
-        os.environ["AIAYN_CACHE"] = old
-
-
 def aiayn(*argv: str) -> list[str]:
     return [sys.executable, "-m", "ablations.cli", *argv]
 

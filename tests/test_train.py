@@ -2,7 +2,6 @@
 
 import gzip
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,6 @@ FAST = [
     "--accelerator",
     "cpu",
 ]
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    os.environ["AIAYN_CACHE"] = str(path)
-    yield path
-    os.environ.pop("AIAYN_CACHE", None)
 
 
 @pytest.fixture(scope="module")
