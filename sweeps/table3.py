@@ -32,7 +32,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -183,22 +182,15 @@ def train_command(opts: SweepOptions, row: str, seed: int) -> list[str]:
     return cmd + list(opts.train_args)
 
 
-_FORKSERVER = None
-_FORKSERVER_LOCK = threading.Lock()
-
-
 def _forkserver():
     """A multiprocessing forkserver that has imported Lightning and aiayn once. Each training process
     is forked from it instead of starting a fresh interpreter: importing torch + Lightning takes ~5 s,
     a tenth of a tiny row. (Forked from the forkserver, not from this multi-threaded driver, which
-    fork() would make unsafe.)"""
-    global _FORKSERVER
-    with _FORKSERVER_LOCK:
-        if _FORKSERVER is None:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["ablations.cli", "lightning_modules.train"])
-            _FORKSERVER = ctx
-        return _FORKSERVER
+    fork() would make unsafe.) The forkserver is one per process and starts with the first child; the
+    preload list only matters then."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["ablations.cli", "lightning_modules.train"])
+    return ctx
 
 
 def _train_in_child(argv: list[str], logfile: str, threads: int | None) -> None:
@@ -255,8 +247,8 @@ def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
     return {"row": row, "seed": seed, "status": "failed", "error": redact(f"exit {returncode}: {tail[0][:300]}")}
 
 
-def _n_finished(study: optuna.Study) -> int:
-    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and "row" in t.params for t in study.get_trials())
+def _n_finished(trials: list[optuna.trial.FrozenTrial]) -> int:
+    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and "row" in t.params for t in trials)
 
 
 def work(
@@ -266,7 +258,7 @@ def work(
     `pace` = (start time, pairs finished before it), shared by a driver's workers, for the sweep's ETA."""
     runner = runner or run_pair
     done = failed = 0
-    t_start, finished_before = pace or (time.perf_counter(), _n_finished(study))
+    t_start, finished_before = pace or (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
     while True:
         # Optuna's pop (WAITING -> RUNNING) is a read-then-write; PostgreSQL/MySQL lock the row, SQLite
         # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic,
@@ -304,9 +296,10 @@ def work(
                 study.tell(trial, state=TrialState.FAIL)
                 failed += 1
                 result = f"{metrics.get('status', 'failed').upper()} ({metrics.get('error', '?')})"
-        finished = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
+        trials = study.get_trials(deepcopy=False)
+        finished = sum(t.state == TrialState.COMPLETE for t in trials)
         # the driver's pace so far (all its workers) x what is left; longest pairs run first, so it errs long
-        ran = max(_n_finished(study) - finished_before, 1)
+        ran = max(_n_finished(trials) - finished_before, 1)
         eta = (time.perf_counter() - t_start) / ran * max(total - finished, 0)
         log.info("[%d/%d] %s seed %d: %s in %s; ETA %s", finished, total, row, seed, result, _hms(elapsed), _hms(eta))
     return done, failed
@@ -341,21 +334,17 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
         "table3 %s on %s: %d pairs, %d to run (%s), %d at a time",
         preset.name, corpus, len(pairs), len(pending), study.study_name, jobs,
     )  # fmt: skip
-    if jobs == 1:
-        done, failed = work(study, opts, corpus, total=len(pairs), runner=runner)
-    else:
-        # Threads suffice: each worker waits on its own training subprocess. Each opens its own storage
-        # (Optuna caches trial states per storage object), exactly as separate drivers would.
-        pace = (time.perf_counter(), _n_finished(study))
+    # Threads suffice: each worker waits on its own training process. Each opens its own storage
+    # (Optuna caches trial states per storage object), exactly as separate drivers would.
+    pace = (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
 
-        def worker() -> tuple[int, int]:
-            one = optuna.load_study(study_name=name, storage=open_storage(url))
-            return work(one, opts, corpus, len(pairs), runner, pace)
+    def worker() -> tuple[int, int]:
+        one = optuna.load_study(study_name=name, storage=open_storage(url))
+        return work(one, opts, corpus, len(pairs), runner, pace)
 
-        with ThreadPoolExecutor(jobs) as pool:
-            futures = [pool.submit(worker) for _ in range(jobs)]
-            results = [f.result() for f in futures]
-        done, failed = sum(r[0] for r in results), sum(r[1] for r in results)
+    with ThreadPoolExecutor(jobs) as pool:
+        results = [f.result() for f in [pool.submit(worker) for _ in range(jobs)]]
+    done, failed = sum(r[0] for r in results), sum(r[1] for r in results)
     summary = {"pairs": len(pairs), "ran": done + failed, "completed": done, "failed": failed}
     if opts.report:
         from reports.build import write_reports
