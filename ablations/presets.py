@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ablations.errors import UserError
-from ablations.table import PAPER_BASE, Row, get_row, load_rows
-from lightning_modules.model import TransformerConfig
+from aiayn.ablations.table import PAPER_BASE, Row, get_row, load_rows
+from aiayn.common.errors import UserError
 
-MODEL_KEYS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
+# The corpora a run can train on (`--data`); each preset names its own.
+CORPORA = ("synthetic", "multi30k", "wmt14", "files")
 
 
 @dataclass(frozen=True)
@@ -104,16 +104,6 @@ def resolve(row_name: str, preset_name: str) -> dict:
         "vocab_size": preset.vocab_size,
         "deviations": deviations(row),
     }
-
-
-def model_config(resolved: dict, vocab_size: int, max_len: int = 1024) -> TransformerConfig:
-    """The model config of a resolved row; impossible values name the field, the row and the fix."""
-    try:
-        return TransformerConfig(**{k: resolved[k] for k in MODEL_KEYS}, vocab_size=vocab_size, max_len=max_len)
-    except ValueError as e:
-        raise UserError(
-            f"{e} (row {resolved['row']} at preset {resolved['preset']}); fix the row's line in ablations/"
-        ) from e
 
 
 def deviations(row: Row) -> list[str]:

@@ -1,1 +1,2 @@
-"""aiayn: lightning_modules."""
+"""aiayn.lightning_modules: one run. The model (paper §3), its LightningModule and DataModule, decoding,
+evaluation, training, the Trainer's callbacks, and the run directory (rundir.py)."""

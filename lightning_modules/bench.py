@@ -24,8 +24,8 @@ autocast with no host synchronization inside the timed steps, and the model FLOP
 
 from __future__ import annotations
 
-import argparse
 import ctypes
+import dataclasses
 import gc
 import json
 import logging
@@ -33,7 +33,6 @@ import math
 import os
 import resource
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -43,13 +42,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_modules.decoding import beam_search
-from lightning_modules.model import PAD, Transformer, TransformerConfig, sinusoid_table
-from lightning_modules.module import projected_label_smoothed_loss
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_text
+from aiayn.lightning_modules.decoding import beam_search
+from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.module import projected_label_smoothed_loss
+from aiayn.lightning_modules.options import BenchOptions
 
 log = logging.getLogger(__name__)
 
-BOS, EOS = 2, 3  # the data pipeline's ids (PAD 0, UNK 1, BOS 2, EOS 3)
 IMPLS = ("aiayn", "torch_nn_transformer", "hf_marian")
 
 # bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' data sheets
@@ -71,7 +72,8 @@ class BenchConfig:
 def bench_config(name: str, device: str, layers: int | None = None, tokens: int | None = None) -> BenchConfig:
     """`tiny`: the tiny preset's base row; `base`: the paper's base widths, vocabulary 8000, 2 layers per stack
     on CPU (6 on CUDA) to keep CPU runs short; `paper`: the paper's base row at 37000 vocabulary, 25k+25k tokens."""
-    from ablations.presets import model_config, resolve
+    from aiayn.ablations.presets import resolve
+    from aiayn.lightning_modules.config import model_config
 
     if name == "tiny":
         cfg, tok, T, note = model_config(resolve("base", "tiny"), 1000), 1024, 32, "tiny preset, base row"
@@ -400,7 +402,7 @@ def peak_memory_mb(fn, device: torch.device) -> float:
 
 def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict]:
     """Padding waste of the token-bucket batches of the training split (one epoch's batches)."""
-    from lightning_modules.data import TranslationDataModule
+    from aiayn.lightning_modules.data import TranslationDataModule
 
     setups = [("synthetic", None, 1000, 1024)]
     if multi30k_dir:
@@ -418,7 +420,7 @@ def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict
     return out
 
 
-def run(args) -> list[dict]:
+def run(args: BenchOptions) -> list[dict]:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -544,37 +546,12 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="aiayn bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="tiny", choices=("tiny", "base", "paper"))
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
-    p.add_argument("--peers", action="store_true", help="also torch.nn.Transformer and transformers' MarianMTModel")
-    p.add_argument("--json", type=Path, default=None, help="write the results here, one object per implementation")
-    p.add_argument("--layers", type=int, default=None, help="override N (layers per stack)")
-    p.add_argument("--tokens", type=int, default=None, help="padded positions per side in the training batch")
-    p.add_argument("--steps", type=int, default=3, help="timed optimizer steps per trial")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the first trial")
-    p.add_argument("--trials", type=int, default=5, help="round-robin rounds; medians are reported")
-    p.add_argument("--decode-sentences", type=int, default=32)
-    p.add_argument("--decode-batch", type=int, default=16, help="sentences per beam-search batch")
-    p.add_argument("--decode-src-len", type=int, default=20, help="source length of the decoded sentences")
-    p.add_argument("--decode-extra", type=int, default=20, help="maximum output length = source length + this")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (aiayn: GNMT's; Marian: score/len^α)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
-    p.add_argument("--padding", action="store_true", help="also the padding waste of token-bucket batches")
-    p.add_argument("--multi30k-dir", default=None, help="Multi30k files for --padding (train.en.gz, ...)")
-    p.add_argument("--cache-dir", default=None, help="tokenizer/encoded-data cache for --padding")
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("aiayn bench: error: --device cuda but no CUDA device is available; use --device cpu", file=sys.stderr)
-        return 2
-    results = run(args)
+def main(opts: BenchOptions) -> int:
+    device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available; use --device cpu")
+    results = run(dataclasses.replace(opts, device=device))
     print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if opts.json:
+        atomic_write_text(opts.json, json.dumps(results, indent=2) + "\n")
     return 0

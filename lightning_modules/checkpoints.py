@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
-from ablations.errors import UserError
-from ablations.files import atomic_torch_save
-from lightning_modules.module import TranslationModule
-
-_STEP = re.compile(r"step(\d+)\.ckpt$")
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_torch_save
+from aiayn.lightning_modules.module import TranslationModule
+from aiayn.lightning_modules.rundir import RunDir
 
 
 def load_raw(path: str | Path) -> dict:
@@ -42,12 +40,11 @@ def load_module(path: str | Path) -> TranslationModule:
 def periodic_checkpoints(run_or_dir: str | Path) -> list[Path]:
     """The kept periodic checkpoints of a run (or a checkpoints/ directory), oldest first."""
     d = Path(run_or_dir)
-    d = d / "checkpoints" if (d / "checkpoints").is_dir() else d
-    found = sorted(
-        (p for p in d.glob("step*.ckpt") if _STEP.search(p.name)), key=lambda p: int(_STEP.search(p.name)[1])
-    )
+    run = RunDir(d.parent) if d.name == "checkpoints" and not (d / "checkpoints").is_dir() else RunDir(d)
+    found = run.periodic_checkpoints()
     if not found:
-        raise UserError(f"no periodic checkpoints (stepNNNNNNN.ckpt) in {d}; pass a run directory that has trained")
+        where = run.checkpoints if run.checkpoints.is_dir() else d
+        raise UserError(f"no periodic checkpoints (stepNNNNNNN.ckpt) in {where}; pass a run directory that has trained")
     return found
 
 

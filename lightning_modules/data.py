@@ -29,7 +29,6 @@ import shutil
 import tempfile
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -38,13 +37,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ablations.errors import UserError
-from ablations.files import atomic_open, atomic_torch_save
+from aiayn.ablations.presets import CORPORA
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_open, atomic_symlink, atomic_torch_save
+from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK
 
 log = logging.getLogger(__name__)
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-CORPORA = ("synthetic", "multi30k", "wmt14", "files")
 SPLITS = ("train", "dev", "test")
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}.{lang}.gz"
 # Our split name -> file stem in the multi30k GitHub repository.
@@ -62,11 +61,6 @@ _CACHE_VERSION = "1"  # bump to invalidate every SPM / encoded cache after a for
 def default_cache_dir() -> Path:
     """``$AIAYN_CACHE`` if set, else ``~/.cache/aiayn``."""
     return Path(os.environ.get("AIAYN_CACHE") or "~/.cache/aiayn").expanduser()
-
-
-def _tmp_sibling(path: Path) -> Path:
-    # Same directory as the target so os.replace is an atomic rename on one filesystem.
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 def _atomic_write_lines(path: Path, lines: Sequence[str]) -> None:
@@ -183,12 +177,6 @@ def _require_layout(data_dir: Path, splits: Sequence[str], src_lang: str, tgt_la
                 )
 
 
-def _atomic_symlink(target: Path, link: Path) -> None:
-    tmp = _tmp_sibling(link)
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-
-
 def _link_multi30k_dir(data_dir: Path, cache_dir: Path, src_lang: str, tgt_lang: str) -> Path:
     """Expose a local Multi30k directory (``val`` as dev, test optional) in the train/dev/test layout.
 
@@ -217,19 +205,13 @@ def _link_multi30k_dir(data_dir: Path, cache_dir: Path, src_lang: str, tgt_lang:
             for stale in (out / f"{split}.{lang}", out / f"{split}.{lang}.gz"):
                 if stale.is_symlink() and stale.name != f"{split}.{lang}{suffix}":
                     stale.unlink(missing_ok=True)  # the user's file switched between plain and .gz
-            _atomic_symlink(src, out / f"{split}.{lang}{suffix}")
+            atomic_symlink(src, out / f"{split}.{lang}{suffix}")
     return out
 
 
 def _download(url: str, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(dest)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
-            shutil.copyfileobj(r, f)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with urllib.request.urlopen(url, timeout=60) as r, atomic_open(dest, "wb") as f:
+        shutil.copyfileobj(r, f)
 
 
 def _download_multi30k(cache_dir: Path) -> Path:
@@ -290,7 +272,7 @@ def resolve_corpus(
         raise UserError(f"unknown corpus {name!r}; use --data with one of {', '.join(CORPORA)}")
     if name == "synthetic":
         _check_en_de(name, src_lang, tgt_lang)
-        from lightning_modules.synthetic import write_corpus  # lazy: only this corpus needs it
+        from aiayn.lightning_modules.synthetic import write_corpus  # lazy: only this corpus needs it
 
         return Path(write_corpus(cache_dir / "corpora" / "synthetic-seed1234", seed=1234))
     if name == "multi30k":
@@ -359,8 +341,8 @@ def train_spm(
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(text), model_prefix=str(tmp_prefix), vocab_size=vocab_size,
-            model_type="bpe", character_coverage=1.0, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID,
-            eos_id=EOS_ID, input_sentence_size=SPM_INPUT_SENTENCES, shuffle_input_sentence=True,
+            model_type="bpe", character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS,
+            eos_id=EOS, input_sentence_size=SPM_INPUT_SENTENCES, shuffle_input_sentence=True,
             num_threads=num_threads or min(os.cpu_count() or 1, 16), minloglevel=2,
         )  # fmt: skip
         os.replace(tmp_prefix.with_name(prefix.name + ".vocab"), vocab)
@@ -642,15 +624,15 @@ def collate(items: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> dict:
     b = len(items)
     s = max(len(x[1]) for x in items)
     t = max(len(x[2]) for x in items) + 1
-    src = torch.full((b, max(s, 1)), PAD_ID, dtype=torch.long)
-    tgt_in = torch.full((b, t), PAD_ID, dtype=torch.long)
-    tgt_out = torch.full((b, t), PAD_ID, dtype=torch.long)
+    src = torch.full((b, max(s, 1)), PAD, dtype=torch.long)
+    tgt_in = torch.full((b, t), PAD, dtype=torch.long)
+    tgt_out = torch.full((b, t), PAD, dtype=torch.long)
     for row, (_, x, y) in enumerate(items):
         src[row, : len(x)] = x
-        tgt_in[row, 0] = BOS_ID
+        tgt_in[row, 0] = BOS
         tgt_in[row, 1 : len(y) + 1] = y
         tgt_out[row, : len(y)] = y
-        tgt_out[row, len(y)] = EOS_ID
+        tgt_out[row, len(y)] = EOS
     return {
         "src": src,
         "tgt_in": tgt_in,
@@ -705,7 +687,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.requested_vocab_size, self.max_tokens = vocab_size, max_tokens
         self.src_lang, self.tgt_lang, self.seed = src_lang, tgt_lang, seed
         self.dev_subset, self.max_len, self.num_workers = dev_subset, max_len, num_workers
-        self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
         self.sp = None
         self._corpus_dir: Path | None = None
         self._encoded: dict[str, dict] = {}
@@ -800,9 +782,9 @@ class TranslationDataModule(pl.LightningDataModule):
         """Text of ``ids`` up to the first eos, ignoring pad and bos."""
         out = []
         for i in (int(x) for x in ids):
-            if i == EOS_ID:
+            if i == EOS:
                 break
-            if i not in (PAD_ID, BOS_ID):
+            if i not in (PAD, BOS):
                 out.append(i)
         return self._need_sp().decode(out)
 
@@ -856,9 +838,6 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> ResumableDataLoader:
         return self._loader("test")
-
-    def sampler(self, split: str = "train") -> TokenBucketSampler:
-        return self._samplers[split]
 
     def padding_fraction(self, split: str = "train") -> float:
         """Padding waste of the current epoch's batches of ``split`` (all ranks together)."""

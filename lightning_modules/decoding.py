@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lightning_modules.model import PAD, Transformer
+from aiayn.lightning_modules.model import PAD, Transformer
 
 
 def max_output_lengths(src: Tensor, extra: int, cap: int) -> Tensor:

@@ -16,8 +16,8 @@ import sacrebleu
 import torch
 from torch import Tensor
 
-from lightning_modules.decoding import beam_search, greedy
-from lightning_modules.model import PAD, Transformer
+from aiayn.lightning_modules.decoding import beam_search, greedy
+from aiayn.lightning_modules.model import PAD, Transformer
 
 TOK_BLEU_LABEL = "tokenized BLEU, 13a tokenization + compound splitting (approx. tensor2tensor get_ende_bleu.sh)"
 _COMPOUND = re.compile(r"(\S)-(\S)")

@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-PAD = 0  # the data pipeline's SentencePiece model reserves id 0 for padding
+# The reserved ids of the one joint vocabulary (§3.4); the data pipeline's SentencePiece model is
+# trained with exactly these (lightning_modules/data.py), and decoding starts at BOS and stops at EOS.
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
 PE_TYPES = ("sinusoid", "learned", "none", "rope")
 
 

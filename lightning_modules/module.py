@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_modules.evaluate import bleu, nll_sum, translate_batch
-from lightning_modules.model import PAD, Transformer, TransformerConfig
+from aiayn.lightning_modules.evaluate import bleu, nll_sum, translate_batch
+from aiayn.lightning_modules.model import PAD, Transformer, TransformerConfig
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

@@ -48,7 +48,7 @@ import random
 import shutil
 import tempfile
 
-from ablations.errors import UserError
+from aiayn.common.errors import UserError
 
 __all__ = ["generate", "write_corpus"]
 

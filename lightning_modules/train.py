@@ -1,11 +1,10 @@
-"""Runs: train one (row, preset, corpus, seed), evaluate or average its checkpoints, translate a file.
+"""One run: train a (row, preset, corpus, seed) to completion, or resume it, and evaluate it.
 
-Every run lives in a directory that depends only on (preset, corpus, row, seed), so a rerun of the
-same command resumes from `checkpoints/last.ckpt` instead of starting over. The directory holds
-`config.json` (the resolved config, written before training), `checkpoints/`,
-`logs/version_N/metrics.csv` (Lightning's CSV logger, one per attempt: training and validation
-curves), `dev.hyp`/`dev.ref` (final dev translations and their references) and `metrics.json`
-(the result, written last and atomically).
+`train(TrainOptions(...))` is the function every caller uses: the command line (`aiayn train`), the
+sweep's worker processes (`aiayn table3`), `aiayn hpo`'s trials. It resolves the row at the preset's
+scale (ablations/), applies `--set` overrides, prepares the data, writes the resolved config into the
+run directory (lightning_modules/rundir.py owns its layout), fits with Lightning, decodes the whole dev
+set on the device it trained on, and writes `metrics.json`.
 """
 
 from __future__ import annotations
@@ -13,85 +12,36 @@ from __future__ import annotations
 import logging
 import math
 import os
-import platform
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
 import optuna
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from ablations.errors import UserError
-from ablations.files import atomic_write_json, atomic_write_text, check_writable_dir
-from ablations.presets import MODEL_KEYS, get_preset, model_config, preset_dict, resolve
-from ablations.secrets import redact_obj
-from lightning_modules.data import TranslationDataModule, derive_accumulation
-from lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
-from lightning_modules.model import count_params
-from lightning_modules.module import TranslationModule
-from lightning_modules.reliability import (
+from aiayn.ablations.presets import Preset, get_preset, preset_dict, resolve
+from aiayn.common.files import check_writable_dir
+from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
     Diverged,
     DivergenceGuard,
     RNGStates,
-    hold_run_lock,
-    is_launch_rank_zero,
-    remove_stale_temps,
+    slurm_parts,
 )
-from lightning_modules.requeue import CHECKPOINT_NAME, slurm_parts
+from aiayn.lightning_modules.config import apply_overrides, model_config
+from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
+from aiayn.lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
+from aiayn.lightning_modules.model import count_params
+from aiayn.lightning_modules.module import TranslationModule
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class TrainOptions:
-    """`aiayn train` flags (the Trainer's usual ones plus where data and results live)."""
-
-    row: str = "base"
-    preset: str = "tiny"
-    data: str | None = None  # corpus; None: the preset's
-    data_dir: str | None = None
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    seed: int = 0
-    out: str = "runs"
-    cache_dir: str | None = None
-    accelerator: str = "auto"
-    devices: int = 1
-    num_nodes: int = 1
-    strategy: str = "auto"
-    precision: str = "32-true"
-    max_steps: int | None = None  # None: the preset's steps for the row
-    max_tokens: int | None = None  # per device per batch; None: the preset's
-    vocab_size: int | None = None  # joint BPE vocabulary; None: the preset's
-    dev_subset: int | None = -1  # -1: the preset's
-    ckpt_every: int | None = None  # optimizer steps between kept checkpoints; None: the preset's
-    ckpt_every_minutes: float | None = None  # instead, wall-clock minutes (the paper: 10)
-    val_every: int | None = None  # optimizer steps between validations; None: the preset's
-    eval_subset: int | None = None  # final evaluation on the first K dev sentences; None: all (the paper)
-    num_workers: int = 0
-    wandb: bool = False
-    progress: bool = True
-    # for hyper-parameter search (`aiayn hpo`): knob overrides, a run directory per trial, callbacks
-    overrides: dict | None = None  # `--set KEY=VALUE`: model knobs (MODEL_KEYS), warmup, lr_factor
-    run_dir: str | None = None
-    callbacks: tuple = ()
-    val_per_epoch: bool = False  # validate at epoch ends (the pruning callback reports step = epoch)
-
-
-def run_dir(out: str | Path, preset: str, corpus: str, row: str, seed: int) -> Path:
-    return Path(out) / preset / corpus / row / f"seed{seed}"
-
-
-def world_size(opts: TrainOptions) -> int:
-    return opts.devices * opts.num_nodes if isinstance(opts.devices, int) else 1
-
-
-def device_tokens(preset, world: int) -> int:
+def device_tokens(preset: Preset, world: int) -> int:
     """Tokens per side per device batch when --max-tokens is not given: the preset's budget split over
     the devices, so one optimizer step keeps the preset's tokens (the paper's 25k on 8 GPUs: 3125
     each; on 1 GPU: 25k, or accumulation with a smaller --max-tokens), but above max_len (a
@@ -99,18 +49,17 @@ def device_tokens(preset, world: int) -> int:
     return min(preset.max_tokens, max(math.ceil(preset.tokens_per_step / world), preset.max_len + 1))
 
 
-def build_datamodule(opts: TrainOptions, preset) -> TranslationDataModule:
-    dev_subset = preset.dev_subset if opts.dev_subset == -1 else opts.dev_subset
+def build_datamodule(opts: TrainOptions, preset: Preset) -> TranslationDataModule:
     return TranslationDataModule(
         corpus=opts.data or preset.corpus,
         data_dir=opts.data_dir,
         cache_dir=opts.cache_dir,
         vocab_size=opts.vocab_size or preset.vocab_size,
-        max_tokens=opts.max_tokens or device_tokens(preset, world_size(opts)),
+        max_tokens=opts.max_tokens or device_tokens(preset, opts.world_size),
         src_lang=opts.src_lang,
         tgt_lang=opts.tgt_lang,
         seed=opts.seed,
-        dev_subset=dev_subset,
+        dev_subset=preset.dev_subset if opts.dev_subset == -1 else opts.dev_subset,
         max_len=preset.max_len,
         num_workers=opts.num_workers,
     )
@@ -122,73 +71,36 @@ def data_identity(dm: TranslationDataModule) -> dict:
             "src_lang": dm.src_lang, "tgt_lang": dm.tgt_lang, "max_len": dm.max_len}  # fmt: skip
 
 
-def check_run_dir(path: Path, config: dict) -> None:
-    """A run directory holds one config: refuse to resume a run of another one."""
-    import json
+def is_launch_rank_zero() -> bool:
+    """Whether this process is global rank 0, from the launcher's environment (before any Trainer
+    exists): RANK, LOCAL_RANK, SLURM_PROCID (Lightning's order) and, across nodes, NODE_RANK."""
+    from lightning.fabric.utilities.rank_zero import _get_rank
 
-    saved_file = path / "config.json"
-    if not saved_file.exists():
-        return
-    try:
-        saved = json.loads(saved_file.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {saved_file} ({e}); delete the run directory {path} to start over") from e
-    views = {"model": lambda c: c.get("model"), "data": lambda c: c.get("data"),
-             "schedule": lambda c: {k: c.get("train", {}).get(k) for k in SCHEDULE_KEYS}}  # fmt: skip
-    for key, view in views.items():
-        if view(saved) != view(config):
-            old, new = view(saved) or {}, view(config)
-            diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
-            raise UserError(
-                f"run directory {path} holds a run of another config ({key} differs: {diff}); "
-                f"use another --out or delete that directory"
-            )
+    return (_get_rank() or 0) == 0 and int(os.environ.get("NODE_RANK", "0") or 0) == 0
 
 
-SCHEDULE_KEYS = ("warmup", "lr_factor")
+def train(
+    opts: TrainOptions,
+    *,
+    run_dir: str | Path | None = None,
+    callbacks: tuple = (),
+    val_per_epoch: bool = False,
+) -> dict:
+    """Train one run to completion (or resume it) and return its metrics.json content ({} on ranks
+    other than 0, and when the run was checkpointed for a SLURM requeue).
 
-
-def apply_overrides(resolved: dict, preset, overrides: dict | None) -> tuple[dict, dict]:
-    """The row's knobs and the schedule with `--set` values applied and checked (a UserError naming
-    the value); each override is listed among the run's deviations. Setting d_model or h without
-    d_k/d_v makes those d_model/h again, as in the paper."""
-    overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - set(MODEL_KEYS) - set(SCHEDULE_KEYS))
-    if unknown:
-        raise UserError(f"--set {unknown[0]}: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}")
-    resolved = dict(resolved)
-    if {"d_model", "h"} & set(overrides):
-        for name in ("d_k", "d_v"):
-            resolved[name] = overrides.get(name)
-    resolved.update({k: v for k, v in overrides.items() if k in MODEL_KEYS})
-    schedule = {"warmup": preset.warmup, "lr_factor": preset.lr_factor}
-    schedule.update({k: v for k, v in overrides.items() if k in SCHEDULE_KEYS})
-    for key in SCHEDULE_KEYS:
-        if schedule[key] <= 0:
-            raise UserError(f"--set {key}={schedule[key]}: {key} must be positive; change the --set value")
-    if overrides:
-        given = " ".join(f"{k}={v}" for k, v in overrides.items())
-        try:  # the checks of TransformerConfig, before any data is prepared or anything written
-            cfg = model_config(resolved, preset.vocab_size)
-            resolved["d_k"], resolved["d_v"] = cfg.d_k, cfg.d_v
-        except UserError as e:
-            raise UserError(f"{str(e.__cause__ or e)} (--set {given}); change the --set value") from e
-        resolved["deviations"] = [*resolved["deviations"], f"overridden: {given}"]
-    return resolved, schedule
-
-
-def train(opts: TrainOptions) -> dict:
-    """Train one run to completion (or resume it) and return its metrics.json content."""
+    For `aiayn hpo`: `run_dir` instead of OUT/PRESET/CORPUS/ROW/seedN, extra Lightning `callbacks`
+    (Optuna's pruning callback) and validation at epoch ends (`val_per_epoch`: the pruning callback
+    reports the epoch as its step)."""
     preset = get_preset(opts.preset)
     resolved, schedule = apply_overrides(resolve(opts.row, opts.preset), preset, opts.overrides)
     dm = build_datamodule(opts, preset)
-    corpus = dm.corpus
-    out_dir = Path(opts.run_dir) if opts.run_dir else run_dir(opts.out, preset.name, corpus, resolved["row"], opts.seed)
-    check_writable_dir(out_dir, "--out")
+    run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, dm.corpus, resolved["row"], opts.seed)
+    check_writable_dir(run.path, "--out")
     dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
     steps = opts.max_steps or resolved["train_steps"]
-    world = world_size(opts)
+    world = opts.world_size
     accumulate = derive_accumulation(preset.tokens_per_step, dm.max_tokens, world)
     config = {
         "row": resolved,
@@ -201,18 +113,18 @@ def train(opts: TrainOptions) -> dict:
             **schedule,
         },
     }  # fmt: skip
-    check_run_dir(out_dir, config)
+    run.check_config(config)
 
     # One process per run directory (rank 0 holds the lock until it returns); leftovers of writes
     # that a kill interrupted are removed. Nothing is written before this point.
-    run_lock = hold_run_lock(out_dir) if is_launch_rank_zero() else None  # noqa: F841 (held, not used)
+    run_lock = run.hold_lock() if is_launch_rank_zero() else None  # noqa: F841 (held, not used)
     if run_lock is not None:
-        remove_stale_temps(out_dir)
+        run.remove_stale_temps()
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(cfg.to_dict(), **schedule, data=config["data"])
-    trainer = build_trainer(opts, preset, out_dir, steps, accumulate, resolved)
+    trainer = build_trainer(opts, preset, run, steps, accumulate, resolved, callbacks, val_per_epoch)
     if trainer.is_global_zero:
-        atomic_write_json(out_dir / "config.json", redact_obj(config))
+        run.write_config(config)
         t = config["train"]
         log.info(
             "%d tokens per side per optimizer step = %d per device batch x %d devices x %d accumulated "
@@ -220,7 +132,7 @@ def train(opts: TrainOptions) -> dict:
         )  # fmt: skip
         if t["effective_tokens_per_step"] > 1.1 * preset.tokens_per_step:
             log.warning("more tokens per step than the preset's; pass a smaller --max-tokens")
-    resume = resume_checkpoint(out_dir)
+    resume = run.resume_checkpoint()
     t0 = time.perf_counter()
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
@@ -228,11 +140,11 @@ def train(opts: TrainOptions) -> dict:
         log.warning("%s seed %d diverged: %s", resolved["row"], opts.seed, e)
         if not trainer.is_global_zero:
             return {}
-        return write_metrics(out_dir, config, status="diverged", diverged_at_step=e.step, error=str(e))
+        return run.write_metrics(config, status="diverged", diverged_at_step=e.step, error=str(e))
     except Exception as e:
         if trainer.is_global_zero:
             status = "pruned" if isinstance(e, optuna.TrialPruned) else "failed"
-            write_metrics(out_dir, config, status=status, error=f"{type(e).__name__}: {e}")
+            run.write_metrics(config, status=status, error=f"{type(e).__name__}: {e}")
         raise
     train_time = time.perf_counter() - t0
     if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal: SLURM restarts it
@@ -246,11 +158,9 @@ def train(opts: TrainOptions) -> dict:
     )
     full_dev.setup("validate")
     result = evaluate(module.model, full_dev, "dev")
-    # hypotheses and their references side by side: the report's paired bootstrap needs both
-    atomic_write_text(out_dir / "dev.hyp", "\n".join(result.pop("hypotheses")) + "\n")
-    atomic_write_text(out_dir / "dev.ref", "\n".join(full_dev.references("dev")) + "\n")
-    metrics = write_metrics(
-        out_dir, config, status="completed", steps=trainer.global_step, params=count_params(cfg),
+    run.write_dev(result.pop("hypotheses"), full_dev.references("dev"))
+    metrics = run.write_metrics(
+        config, status="completed", steps=trainer.global_step, params=count_params(cfg),
         train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
         dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=TOK_BLEU_LABEL, dev_ppl=round(result["ppl"], 4),
@@ -270,44 +180,19 @@ def finish_wandb(trainer: pl.Trainer, metrics: dict) -> None:
             run.finish()
 
 
-def resume_checkpoint(out_dir: Path) -> Path | None:
-    """The checkpoint a rerun resumes from: the newer of `checkpoints/last.ckpt` (periodic) and
-    `checkpoints/requeue.ckpt` (saved on SLURM's warning signal, lightning_modules/requeue.py).
-    Newer = higher global step; an unreadable file (killed mid-save) is passed over."""
-    candidates = [out_dir / "checkpoints" / "last.ckpt", out_dir / "checkpoints" / CHECKPOINT_NAME]
-    best, best_step = None, -1
-    for path in candidates:
-        if not path.is_file():
-            continue
-        try:  # mmap: reads the step without loading the tensors
-            step = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"]
-        except Exception as e:
-            log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
-            continue
-        if step >= best_step:  # on a tie the later candidate (the requeue checkpoint) wins
-            best, best_step = path, step
-    return best
-
-
-def write_metrics(out_dir: Path, config: dict, status: str, **fields) -> dict:
-    r = config["row"]
-    metrics = {
-        "row": r["row"], "group": r["group"], "seed": config["train"]["seed"], "preset": r["preset"],
-        "data": config["data"]["corpus"], "status": status, **fields,
-        "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"], "paper_params_m": r["paper_params_m"],
-        "config": {k: r[k] for k in MODEL_KEYS}, "deviations": r["deviations"],
-        "effective_tokens_per_step": config["train"]["effective_tokens_per_step"],
-        "host": platform.node(), "torch": torch.__version__, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }  # fmt: skip
-    metrics = redact_obj(metrics)
-    atomic_write_json(out_dir / "metrics.json", metrics)
-    return metrics
-
-
-def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumulate: int, resolved: dict) -> pl.Trainer:
+def build_trainer(
+    opts: TrainOptions,
+    preset: Preset,
+    run: RunDir,
+    steps: int,
+    accumulate: int,
+    resolved: dict,
+    callbacks: tuple = (),
+    val_per_epoch: bool = False,
+) -> pl.Trainer:
     by_time = opts.ckpt_every_minutes is not None
     ckpt = ModelCheckpoint(
-        dirpath=out_dir / "checkpoints",
+        dirpath=run.checkpoints,
         filename="step{step:07d}",
         auto_insert_metric_name=False,
         every_n_train_steps=None if by_time else (opts.ckpt_every or preset.ckpt_every),
@@ -319,16 +204,16 @@ def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumul
     )
     # One CSV log per attempt (logs/version_N/metrics.csv): Lightning's CSVLogger deletes an existing
     # metrics.csv when it starts, which would lose the curve before a resume.
-    loggers = [CSVLogger(out_dir, name="logs")]
+    loggers = [CSVLogger(run.path, name=run.logs.name)]
     # under SLURM: Lightning's requeue handler off, ours (checkpoint at a step boundary) on
-    slurm_plugins, slurm_callbacks = slurm_parts(out_dir / "checkpoints")
+    slurm_plugins, slurm_callbacks = slurm_parts(run.checkpoints)
     if opts.wandb:
         from lightning.pytorch.loggers import WandbLogger
 
         loggers.append(
             WandbLogger(
                 project=f"aiayn-{preset.name}", group=resolved["row"], job_type="train",
-                name=f"{resolved['row']}-s{opts.seed}", save_dir=str(out_dir), config=resolved,
+                name=f"{resolved['row']}-s{opts.seed}", save_dir=str(run.path), config=resolved,
                 offline=not os.environ.get("WANDB_API_KEY"),
             )
         )  # fmt: skip
@@ -341,14 +226,14 @@ def build_trainer(opts: TrainOptions, preset, out_dir: Path, steps: int, accumul
         max_steps=steps,
         accumulate_grad_batches=accumulate,
         # counts batches, not optimizer steps
-        val_check_interval=None if opts.val_per_epoch else min(opts.val_every or preset.val_every, steps) * accumulate,
-        check_val_every_n_epoch=1 if opts.val_per_epoch else None,
+        val_check_interval=None if val_per_epoch else min(opts.val_every or preset.val_every, steps) * accumulate,
+        check_val_every_n_epoch=1 if val_per_epoch else None,
         num_sanity_val_steps=0,
         # RNGStates: exact resume; DivergenceGuard: NaN/inf loss ends the run as `diverged`
-        callbacks=[RNGStates(), DivergenceGuard(), ckpt, *opts.callbacks, *slurm_callbacks],
+        callbacks=[RNGStates(), DivergenceGuard(), ckpt, *callbacks, *slurm_callbacks],
         plugins=[AtomicCheckpointIO(), *slurm_plugins],  # checkpoints: written to a temporary file and renamed
         logger=loggers,
-        default_root_dir=out_dir,
+        default_root_dir=run.path,
         enable_progress_bar=opts.progress,
         enable_model_summary=False,
         deterministic=opts.accelerator == "cpu",

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from ablations.files import atomic_open  # noqa: E402
+from aiayn.common.files import atomic_open  # noqa: E402
 
 GROUP_ORDER = ("base", "A", "B", "C", "D", "E", "big", "extended")
 

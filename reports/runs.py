@@ -6,21 +6,33 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import pandas as pd
 
-from ablations.errors import UserError
+from aiayn.common.errors import UserError
+from aiayn.lightning_modules.rundir import REQUIRED_METRICS, RunDir
 
 log = logging.getLogger(__name__)
-
-REQUIRED = ("row", "seed", "preset", "status")  # without these a metrics.json cannot be placed in the table
 
 
 @dataclass(frozen=True)
 class Run:
     dir: Path
     metrics: dict
+
+    @property
+    def files(self) -> RunDir:
+        return RunDir(self.dir)
+
+    @cached_property
+    def config(self) -> dict:
+        """config.json (the resolved config), or {} when it is missing or unreadable."""
+        try:
+            return self.files.read_config() or {}
+        except UserError:
+            return {}
 
     @property
     def row(self) -> str:
@@ -59,7 +71,7 @@ def _load(path: Path) -> dict:
         raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from e
     if not isinstance(metrics, dict):
         raise ValueError("not a JSON object")
-    missing = [k for k in REQUIRED if k not in metrics]
+    missing = [k for k in REQUIRED_METRICS if k not in metrics]
     if missing:
         raise ValueError(f"missing field(s) {', '.join(missing)}")
     try:
@@ -112,7 +124,7 @@ def _version(p: Path) -> int:
 def read_curve(run_dir: Path, metric: str = "val/bleu") -> pd.DataFrame:
     """`step` and `metric` over all attempts (logs/version_N, by N); a step logged twice keeps the later attempt."""
     frames = []
-    for i, path in enumerate(sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=_version)):
+    for i, path in enumerate(sorted(RunDir(run_dir).logs.glob("version_*/metrics.csv"), key=_version)):
         try:
             df = pd.read_csv(path)
         except (OSError, ValueError, pd.errors.ParserError) as e:

@@ -7,14 +7,13 @@ import logging
 import numpy as np
 import pandas as pd
 
-from ablations.presets import Preset, scale
-from ablations.table import load_rows
-from reports import significance
-from reports.runs import Run, read_text_lines
+from aiayn.ablations.table import MODEL_KEYS, load_rows
+from aiayn.reports import significance
+from aiayn.reports.runs import Run, read_text_lines
 
 log = logging.getLogger(__name__)
 
-SETTINGS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pe", "norm_first")
+SETTINGS = MODEL_KEYS
 SIGN_MIN_PAPER_DELTA = 0.3  # the paper's |Δ BLEU| below this is within its own noise: no sign to agree with
 COLUMNS = [
     "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
@@ -29,27 +28,24 @@ def row_order(names: set[str]) -> list[str]:
     return known + sorted(names - set(known))
 
 
-def _settings(row: str, runs: list[Run], preset: Preset | None) -> dict:
-    """The row's settings as run (metrics.json's config), else as the preset's rule would run it."""
+def _settings(runs: list[Run]) -> dict:
+    """The row's settings as run (metrics.json's config; a completed run's first)."""
     for run in sorted(runs, key=lambda r: (not r.completed, r.seed)):
         config = run.metrics.get("config")
         if isinstance(config, dict) and config:
             return {k: config.get(k) for k in SETTINGS}
-    paper = load_rows().get(row)
-    if paper is not None and preset is not None:
-        return {k: scale(paper, preset)[k] for k in SETTINGS}
     return dict.fromkeys(SETTINGS)
 
 
-def _steps(row: str, done: list[Run], preset: Preset | None):
-    """Optimizer steps the completed runs trained (a/b when they differ); the preset's plan when none completed."""
+def _steps(runs: list[Run], done: list[Run]):
+    """Optimizer steps the completed runs trained (a/b when they differ); the planned steps when none completed."""
     steps = sorted({int(r.metrics["steps"]) for r in done if r.metrics.get("steps") is not None})
     if len(steps) == 1:
         return steps[0]
     if steps:
         return "/".join(map(str, steps))
-    paper = load_rows().get(row)
-    return scale(paper, preset)["train_steps"] if paper is not None and preset is not None else None
+    planned = sorted({int(r.metrics["planned_steps"]) for r in runs if r.metrics.get("planned_steps") is not None})
+    return "/".join(map(str, planned)) if len(planned) > 1 else (planned[0] if planned else None)
 
 
 def _mean_std(values: list) -> tuple[float, float]:
@@ -59,10 +55,8 @@ def _mean_std(values: list) -> tuple[float, float]:
     return float(s.mean()), float(s.std(ddof=1)) if len(s) > 1 else np.nan
 
 
-def _paper(row: str, runs: list[Run]) -> tuple:
-    paper = load_rows().get(row)
-    if paper is not None:
-        return paper.paper_ppl, paper.paper_bleu, paper.paper_params_m
+def _paper(runs: list[Run]) -> tuple:
+    """The paper's dev PPL, BLEU and params of the row, as its runs recorded them."""
     m = runs[0].metrics
     return m.get("paper_ppl"), m.get("paper_bleu"), m.get("paper_params_m")
 
@@ -80,7 +74,7 @@ class _Files:
     def lines(self, run: Run, name: str) -> list[str] | None:
         key = (run.dir, name)
         if key not in self._cache:
-            self._cache[key] = read_text_lines(run.dir / name)
+            self._cache[key] = read_text_lines(getattr(run.files, name))  # name: dev_hyp | dev_ref
         return self._cache[key]
 
 
@@ -89,17 +83,17 @@ def _pairing(row_runs: dict[int, Run], base_runs: dict[int, Run], files: _Files)
     seeds = sorted(
         s
         for s in set(row_runs) & set(base_runs)
-        if files.lines(row_runs[s], "dev.hyp") is not None and files.lines(base_runs[s], "dev.hyp") is not None
+        if files.lines(row_runs[s], "dev_hyp") is not None and files.lines(base_runs[s], "dev_hyp") is not None
     )
     if not seeds:
         return None
     seed = 0 if 0 in seeds else seeds[0]
     row_run, base_run = row_runs[seed], base_runs[seed]
-    refs, base_refs = files.lines(row_run, "dev.ref"), files.lines(base_run, "dev.ref")
+    refs, base_refs = files.lines(row_run, "dev_ref"), files.lines(base_run, "dev_ref")
     if base_refs is None or (refs is not None and refs != base_refs):
         log.warning("no paired bootstrap for %s: base's dev.ref is missing or differs from the row's", row_run.dir)
         return None
-    return seed, files.lines(row_run, "dev.hyp"), base_run
+    return seed, files.lines(row_run, "dev_hyp"), base_run
 
 
 def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str, tuple[int, float]]:
@@ -113,7 +107,7 @@ def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str,
     out = {}
     for seed, systems in sorted(by_seed.items()):
         base_run = base_runs[seed]
-        base_hyps, refs = files.lines(base_run, "dev.hyp"), files.lines(base_run, "dev.ref")
+        base_hyps, refs = files.lines(base_run, "dev_hyp"), files.lines(base_run, "dev_ref")
         usable = {row: hyps for row, hyps in systems.items() if len(hyps) == len(refs)}
         for row in systems.keys() - usable.keys():
             log.warning("no paired bootstrap for %s seed %d: dev.hyp and base's dev.ref differ in length", row, seed)
@@ -126,12 +120,11 @@ def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str,
     return out
 
 
-def build_table(runs: list[Run], preset: Preset | None) -> pd.DataFrame:
+def build_table(runs: list[Run]) -> pd.DataFrame:
     """One line per row that has any run (completed or not), columns COLUMNS, numbers unrounded."""
     by_row: dict[str, list[Run]] = {}
     for run in runs:
         by_row.setdefault(run.row, []).append(run)
-    paper_rows = load_rows()
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
     files = _Files()
     tested = _bootstrap(completed, files)
@@ -142,21 +135,22 @@ def build_table(runs: list[Run], preset: Preset | None) -> pd.DataFrame:
         ppl, ppl_std = _mean_std([r.metrics.get("dev_ppl") for r in done])
         bleu, bleu_std = _mean_std([r.metrics.get("dev_bleu") for r in done])
         params, _ = _mean_std([r.metrics.get("params") for r in done])
-        paper_ppl, paper_bleu, paper_params = _paper(row, rs)
-        group = paper_rows[row].group if row in paper_rows else str(rs[0].metrics.get("group") or "other")
+        paper_ppl, paper_bleu, paper_params = _paper(rs)
+        group = str(rs[0].metrics.get("group") or "other")
         seed, p = tested.get(row, (None, None))
         records.append(
             {
-                "group": group, "row": row, **_settings(row, rs, preset), "steps": _steps(row, done, preset),
+                "group": group, "row": row, **_settings(rs), "steps": _steps(rs, done),
                 "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu, "bleu_std": bleu_std,
                 "params_m": params / 1e6, "paper_ppl": _num(paper_ppl), "paper_bleu": _num(paper_bleu),
                 "paper_params_m": _num(paper_params), "bootstrap_seed": seed, "bootstrap_p": _num(p),
             }
         )  # fmt: skip
     df = pd.DataFrame.from_records(records)
+    df["steps"] = pd.Series([r["steps"] for r in records], dtype=object)  # ints, "a/b" or blank: never floats
     base = df[df["row"] == "base"]
     our_base = base["bleu"].iloc[0] if len(base) else np.nan
-    paper_base = paper_rows["base"].paper_bleu
+    paper_base = base["paper_bleu"].iloc[0] if len(base) else np.nan
     not_base = df["row"] != "base"
     df["delta_bleu"] = (df["bleu"] - our_base).where(not_base)
     # the paper's BLEUs have one decimal: round away float noise (25.5 - 25.8 = -0.3000000000000007)

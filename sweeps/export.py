@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import yaml
 
-from ablations.presets import get_preset
-from ablations.table import select_rows
+from aiayn.ablations.presets import get_preset
+from aiayn.ablations.table import select_rows
+from aiayn.common.options import to_argv
+from aiayn.lightning_modules.options import TrainOptions
 
 
 def wandb_sweep(preset: str, rows: str | None = None, seeds: int = 1, extended: bool = False) -> dict:
@@ -25,7 +27,7 @@ def wandb_sweep(preset: str, rows: str | None = None, seeds: int = 1, extended: 
             "row": {"values": select_rows(rows, include_extended=extended)},
             "seed": {"values": list(range(seeds))},
         },
-        "command": ["aiayn", "train", "--preset", p.name, "--wandb", "${args}"],
+        "command": ["aiayn", "train", *to_argv(TrainOptions(preset=p.name, wandb=True), always=("preset",)), "${args}"],
     }
 
 

@@ -9,29 +9,30 @@ ranks (every rank would ask for its own trial). The objective is the final dev p
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
 
-from ablations.errors import UserError
-from ablations.files import atomic_write_json
-from ablations.presets import get_preset, resolve
-from sweeps.storage import open_storage
+from aiayn.ablations.presets import get_preset, resolve
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_json
+from aiayn.common.options import option
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.rundir import RunDir
+from aiayn.sweeps.storage import open_storage
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class HpoOptions:
-    row: str = "base"
-    preset: str = "tiny"
-    trials: int = 10
-    storage: str | None = None  # None: sqlite:///OUT/hpo.db
-    out: str = "runs"
-    seed: int = 0
-    max_steps: int | None = None
-    eval_subset: int | None = None
+    """`aiayn hpo`: how many trials, where Optuna keeps the study, and how each trial trains (`train`:
+    every `aiayn train` option; the searched knobs are set per trial on top of its `--set`)."""
+
+    trials: int = option(10, "trials to run (a rerun adds to the same study)")
+    storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/hpo.db)")
+    train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
 
 def suggest(trial: optuna.Trial, preset) -> dict:
@@ -47,19 +48,17 @@ def suggest(trial: optuna.Trial, preset) -> dict:
 def objective(opts: HpoOptions, trial: optuna.Trial) -> float:
     from optuna_integration import PyTorchLightningPruningCallback
 
-    from lightning_modules.train import TrainOptions, train
+    from aiayn.lightning_modules.train import train
 
-    preset = get_preset(opts.preset)
+    t = opts.train
+    preset = get_preset(t.preset)
     params = suggest(trial, preset)
-    run = Path(opts.out) / "hpo" / preset.name / opts.row / f"trial{trial.number:04d}"
+    run = RunDir.hpo_trial(t.out, preset.name, t.row, trial.number)
     metrics = train(
-        TrainOptions(
-            row=opts.row, preset=preset.name, seed=opts.seed, out=opts.out, run_dir=str(run), overrides=params,
-            callbacks=(PyTorchLightningPruningCallback(trial, monitor="val/ppl"),), val_per_epoch=True,
-            max_steps=opts.max_steps, eval_subset=opts.eval_subset, accelerator="cpu", progress=False,
-        )
+        replace(t, overrides={**t.overrides, **params}, progress=False), run_dir=run.path,
+        callbacks=(PyTorchLightningPruningCallback(trial, monitor="val/ppl"),), val_per_epoch=True,
     )  # fmt: skip
-    trial.set_user_attr("run_dir", str(run))
+    trial.set_user_attr("run_dir", str(run.path))
     if metrics.get("status") == "diverged":  # a result, not a crash: the search goes on without it
         trial.set_user_attr("diverged_at_step", metrics["diverged_at_step"])
         raise optuna.TrialPruned(f"diverged: {metrics['error']}")
@@ -69,26 +68,27 @@ def objective(opts: HpoOptions, trial: optuna.Trial) -> float:
 
 
 def run_hpo(opts: HpoOptions) -> dict:
+    t = opts.train
     if opts.trials < 1:
         raise UserError(f"--trials must be at least 1, got {opts.trials}")
-    resolve(opts.row, opts.preset)  # unknown row or preset: fail before any study exists
-    out = Path(opts.out)
+    resolve(t.row, t.preset)  # unknown row or preset: fail before any study exists
+    out = Path(t.out)
     storage = open_storage(opts.storage or f"sqlite:///{(out / 'hpo.db').resolve()}", create_dir=out)
     study = optuna.create_study(
-        study_name=f"hpo-{opts.preset}-{opts.row}",
+        study_name=f"hpo-{t.preset}-{t.row}",
         storage=storage,
         direction="minimize",
-        sampler=optuna.samplers.TPESampler(seed=opts.seed),
+        sampler=optuna.samplers.TPESampler(seed=t.seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
         load_if_exists=True,
     )
-    study.optimize(lambda t: objective(opts, t), n_trials=opts.trials, catch=())
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    study.optimize(lambda trial: objective(opts, trial), n_trials=opts.trials, catch=())
+    complete = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
-        raise UserError(f"no hpo trial of {opts.row} at {opts.preset} completed (all pruned or failed); add --trials")
+        raise UserError(f"no hpo trial of {t.row} at {t.preset} completed (all pruned or failed); add --trials")
     best = study.best_trial
-    result = {"row": opts.row, "preset": opts.preset, "study": study.study_name, "best_trial": best.number,
+    result = {"row": t.row, "preset": t.preset, "study": study.study_name, "best_trial": best.number,
               "best_dev_ppl": best.value, "best_params": best.params, "dev_bleu": best.user_attrs.get("dev_bleu"),
-              "trials": len(study.trials), "pruned": sum(t.state.name == "PRUNED" for t in study.trials)}  # fmt: skip
-    atomic_write_json(out / "hpo" / opts.preset / opts.row / "best.json", result)
+              "trials": len(study.trials), "pruned": sum(x.state.name == "PRUNED" for x in study.trials)}  # fmt: skip
+    atomic_write_json(out / "hpo" / t.preset / t.row / "best.json", result)
     return result

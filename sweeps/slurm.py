@@ -8,7 +8,7 @@ resubmit by hand; the job runs the same `aiayn train` command as a laptop (no pi
 function, no extra dependency); and submitit's requeue hook (`checkpoint()`) runs on one process,
 where a DDP checkpoint needs every rank (it deadlocks on the save's barrier).
 
-Requeue: exactly one handler is in charge, aiayn's RequeueOnSignal (lightning_modules/requeue.py),
+Requeue: exactly one handler is in charge, aiayn's RequeueOnSignal (lightning_modules/callbacks.py),
 with Lightning's own switched off (`SLURMEnvironment(auto_requeue=False)`): Lightning 2.6 saves
 inside the signal handler, which hangs DDP when the ranks are at different points of a step
 (reproduced here). The script asks for `--signal=USR1@LEAD` (without `B:`, so every srun task gets
@@ -38,14 +38,16 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ablations.errors import UserError
-from ablations.files import atomic_write_json, atomic_write_text
-from ablations.presets import get_preset
-from ablations.table import get_row, select_rows
-from sweeps.table3 import MAX_SEED
+from aiayn.ablations.presets import get_preset
+from aiayn.ablations.table import Selection, get_row
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_json, atomic_write_text
+from aiayn.common.options import option, to_argv
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -62,41 +64,42 @@ _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 @dataclass
-class SlurmOptions:
-    """What to run (table3: rows x seeds; train: one row and seed) and how to ask SLURM for it."""
+class SlurmResources:
+    """What to ask SLURM for, per array task (one run)."""
 
-    kind: str = "table3"  # table3 | train
-    preset: str = "tiny"
-    rows: str | None = None  # table3
-    extended: bool = False
-    seeds: int = 1  # table3: seeds 0..N-1
-    row: str = "base"  # train
-    seed: int = 0
-    out: str = "runs"
-    report: str | None = "reports"  # table3 --wait: the report directory (None: none)
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None  # SLURM's formats: MM, HH:MM:SS, D-HH:MM:SS ...
-    nodes: int = 1
-    gpus_per_node: int | None = None
-    tasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    mem: str | None = None  # e.g. 64G; None: the partition's default
-    accelerator: str = "gpu"
-    devices: int | None = None  # Trainer settings, if given: must agree with the SLURM ones
-    num_nodes: int | None = None
-    strategy: str | None = None  # None: ddp when more than one device in all, else auto
-    signal_lead: int = 90  # seconds between the warning signal (USR1) and the time limit
-    max_parallel: int | None = None  # array tasks running at once (None: no throttle)
-    setup: tuple[str, ...] = ()  # shell lines before srun (module load ..., source venv/bin/activate)
-    assume_shared: bool = False  # the run directory is on a shared filesystem that /proc/mounts misnames
-    train_args: tuple[str, ...] = ()  # passed through to every `aiayn train`
-    data: str | None = None
-    data_dir: str | None = None
-    dry_run: bool = False
-    wait: bool = False
-    poll_s: float = 5.0
-    extra_sbatch: tuple[str, ...] = ()  # more #SBATCH directives (--qos=high, --constraint=a100)
+    partition: str | None = option(None, "the partition (see `sinfo -s` for the cluster's)")
+    account: str | None = option(None, "the account to charge")
+    time: str | None = option(None, "time limit per attempt, HH:MM:SS or D-HH:MM:SS (SLURM's formats)")
+    nodes: int = option(1, "nodes per run (the Trainer's num_nodes)", positive=True)
+    gpus_per_node: int | None = option(None, "GPUs per node = srun tasks per node", positive=True)
+    tasks_per_node: int | None = option(None, "srun tasks per node, with --accelerator cpu", positive=True)
+    cpus_per_task: int | None = option(None, "CPU cores per srun task (OMP_NUM_THREADS follows)", positive=True)
+    mem: str | None = option(None, "memory per node, e.g. 64G (default: the partition's)")
+    signal_lead: int = option(90, "seconds between the warning signal (USR1) and the time limit", positive=True)
+    max_parallel: int | None = option(None, "array tasks running at once (default: no throttle)", positive=True)
+    setup: tuple[str, ...] = option((), "a shell line before srun, e.g. 'source venv/bin/activate' (repeatable)")
+    sbatch: tuple[str, ...] = option((), "another #SBATCH option, e.g. --qos=high (repeatable)")
+    assume_shared: bool = option(False, "--out is on a shared filesystem though /proc/mounts says not")
+
+
+def _slurm_train_template() -> TrainOptions:
+    # devices, num_nodes, strategy None: they follow the SLURM resources (checked to agree where given)
+    return TrainOptions(accelerator="gpu", devices=None, num_nodes=None, strategy=None, progress=False)
+
+
+@dataclass
+class SlurmOptions:
+    """`aiayn slurm table3|train`: what to run (table3: `select`'s rows x seeds; train: `train`'s row
+    and seed), how each run trains (`train`), what to ask SLURM for (`resources`), and whether to wait."""
+
+    kind: str = option("table3", cli=False)  # table3 | train
+    select: Selection = field(default_factory=Selection)
+    train: TrainOptions = field(default_factory=_slurm_train_template)
+    resources: SlurmResources = field(default_factory=SlurmResources)
+    report: str | None = option(None, "report directory written after --wait (default: OUT/reports; '' for none)")
+    dry_run: bool = option(False, "write and print the script, submit nothing")
+    wait: bool = option(False, "block until the jobs end; exit 1 if any run did not complete")
+    poll_s: float = option(5.0, cli=False)
 
 
 # ---- checks: every mistake a user can make is found here, before anything is written or submitted
@@ -117,41 +120,42 @@ def time_limit_seconds(text: str | None) -> int:
 
 def tasks_per_node(opts: SlurmOptions) -> int:
     """srun tasks per node = Trainer devices per node; checks that the SLURM and Trainer settings agree."""
-    if opts.accelerator not in ("gpu", "cuda", "cpu"):
+    res, t = opts.resources, opts.train
+    if t.accelerator not in ("gpu", "cuda", "cpu"):
         raise UserError(
-            f"--accelerator {opts.accelerator} cannot be matched to SLURM resources; pass --accelerator gpu or cpu"
+            f"--accelerator {t.accelerator} cannot be matched to SLURM resources; pass --accelerator gpu or cpu"
         )
-    if opts.accelerator == "cpu":
-        if opts.gpus_per_node:
+    if t.accelerator == "cpu":
+        if res.gpus_per_node:
             raise UserError(
-                f"--gpus-per-node {opts.gpus_per_node} asks for GPUs but --accelerator cpu trains on CPUs; "
+                f"--gpus-per-node {res.gpus_per_node} asks for GPUs but --accelerator cpu trains on CPUs; "
                 "drop --gpus-per-node and pass --tasks-per-node T"
             )
-        per_node, what = opts.tasks_per_node or 1, "--tasks-per-node"
+        per_node, what = res.tasks_per_node or 1, "--tasks-per-node"
     else:
-        if not opts.gpus_per_node:
+        if not res.gpus_per_node:
             raise UserError(
                 "--gpus-per-node is missing; pass --gpus-per-node G (one srun task per GPU), "
                 "or --accelerator cpu --tasks-per-node T for a CPU cluster"
             )
-        if opts.tasks_per_node not in (None, opts.gpus_per_node):
+        if res.tasks_per_node not in (None, res.gpus_per_node):
             raise UserError(
-                f"--tasks-per-node {opts.tasks_per_node} differs from --gpus-per-node {opts.gpus_per_node}; "
+                f"--tasks-per-node {res.tasks_per_node} differs from --gpus-per-node {res.gpus_per_node}; "
                 "Lightning runs one srun task per GPU: drop --tasks-per-node"
             )
-        per_node, what = opts.gpus_per_node, "--gpus-per-node"
-    if opts.devices is not None and opts.devices != per_node:
+        per_node, what = res.gpus_per_node, "--gpus-per-node"
+    if t.devices is not None and t.devices != per_node:
         raise UserError(
-            f"--devices {opts.devices} differs from {what} {per_node}; the Trainer needs one device per srun task: "
+            f"--devices {t.devices} differs from {what} {per_node}; the Trainer needs one device per srun task: "
             f"drop --devices (it follows {what})"
         )
-    if opts.num_nodes is not None and opts.num_nodes != opts.nodes:
+    if t.num_nodes is not None and t.num_nodes != res.nodes:
         raise UserError(
-            f"--num-nodes {opts.num_nodes} differs from --nodes {opts.nodes}; drop --num-nodes (it follows --nodes)"
+            f"--num-nodes {t.num_nodes} differs from --nodes {res.nodes}; drop --num-nodes (it follows --nodes)"
         )
-    if opts.strategy in SPAWNING and per_node * opts.nodes > 1:
+    if t.strategy in SPAWNING and per_node * res.nodes > 1:
         raise UserError(
-            f"--strategy {opts.strategy} starts its own processes, but under srun SLURM starts one per device; "
+            f"--strategy {t.strategy} starts its own processes, but under srun SLURM starts one per device; "
             "pass --strategy ddp"
         )
     return per_node
@@ -179,13 +183,13 @@ def filesystem_of(path: Path) -> tuple[str, str]:
 
 
 def check_shared(opts: SlurmOptions) -> None:
-    if opts.nodes <= 1 or opts.assume_shared:
+    if opts.resources.nodes <= 1 or opts.resources.assume_shared:
         return
-    mount, fstype = filesystem_of(Path(opts.out))
+    mount, fstype = filesystem_of(Path(opts.train.out))
     if fstype not in SHARED_FS and not fstype.startswith("fuse."):
         raise UserError(
-            f"--out {opts.out} is on a local filesystem ({fstype} at {mount}) but --nodes {opts.nodes} needs a "
-            "run directory every node sees; pass --out on a shared filesystem (NFS, Lustre, GPFS, ...) "
+            f"--out {opts.train.out} is on a local filesystem ({fstype} at {mount}) but --nodes {opts.resources.nodes} "
+            "needs a run directory every node sees; pass --out on a shared filesystem (NFS, Lustre, GPFS, ...) "
             "or --assume-shared if it is one"
         )
 
@@ -193,12 +197,13 @@ def check_shared(opts: SlurmOptions) -> None:
 def check(opts: SlurmOptions) -> int:
     """Validate everything; return tasks per node. Raises UserError before anything is written."""
     pairs(opts)  # an unknown preset, row or group, or --seeds 0
-    if not opts.partition:
+    res = opts.resources
+    if not res.partition:
         raise UserError("--partition is missing; pass --partition NAME (see `sinfo -s` for the cluster's partitions)")
-    limit = time_limit_seconds(opts.time)
-    if opts.signal_lead >= limit:
+    limit = time_limit_seconds(res.time)
+    if res.signal_lead >= limit:
         raise UserError(
-            f"--time {opts.time} leaves no room for the warning signal {opts.signal_lead} s before the limit; "
+            f"--time {res.time} leaves no room for the warning signal {res.signal_lead} s before the limit; "
             "pass a longer --time or a smaller --signal-lead"
         )
     per_node = tasks_per_node(opts)
@@ -212,34 +217,22 @@ def check(opts: SlurmOptions) -> int:
 
 
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
-    get_preset(opts.preset)
+    get_preset(opts.train.preset)
     if opts.kind == "train":
-        return [(get_row(opts.row).row, opts.seed)]  # an unknown row names the rows there are
-    if not 1 <= opts.seeds <= MAX_SEED + 1:
-        raise UserError(f"--seeds must be at least 1, got {opts.seeds}; pass --seeds 1 or more")
-    return [(row, seed) for row in select_rows(opts.rows, opts.extended) for seed in range(opts.seeds)]
+        return [(get_row(opts.train.row).row, opts.train.seed)]  # an unknown row names the rows there are
+    return opts.select.pairs()
 
 
 def corpus_of(opts: SlurmOptions) -> str:
-    return opts.data or get_preset(opts.preset).corpus
+    return opts.train.data or get_preset(opts.train.preset).corpus
 
 
-def pair_dir(opts: SlurmOptions, row: str, seed: int) -> Path:
-    from lightning_modules.train import run_dir
-
-    return run_dir(Path(opts.out).resolve(), get_preset(opts.preset).name, corpus_of(opts), row, seed)
+def run_of(opts: SlurmOptions, row: str, seed: int) -> RunDir:
+    return RunDir.of(Path(opts.train.out).resolve(), get_preset(opts.train.preset).name, corpus_of(opts), row, seed)
 
 
 def marker(opts: SlurmOptions, row: str, seed: int) -> Path:
-    return Path(opts.out) / "slurm" / "pairs" / f"{opts.preset}-{corpus_of(opts)}-{row}-seed{seed}.json"
-
-
-def run_status(opts: SlurmOptions, row: str, seed: int) -> str:
-    """metrics.json's status ('completed', 'failed', ...) or 'missing'."""
-    try:
-        return json.loads((pair_dir(opts, row, seed) / "metrics.json").read_text()).get("status", "missing")
-    except (OSError, ValueError):
-        return "missing"
+    return Path(opts.train.out) / "slurm" / "pairs" / f"{opts.train.preset}-{corpus_of(opts)}-{row}-seed{seed}.json"
 
 
 def live_jobs() -> set[str]:
@@ -263,7 +256,7 @@ def classify(opts: SlurmOptions, todo: list[tuple[str, int]], live: set[str]) ->
     """Split pairs into completed, in SLURM (queued or running) and pending (to submit)."""
     books = {"completed": [], "in_slurm": [], "pending": []}
     for row, seed in todo:
-        if run_status(opts, row, seed) == "completed":
+        if run_of(opts, row, seed).status() == "completed":
             books["completed"].append((row, seed))
         elif job_of(opts, row, seed) in live:
             books["in_slurm"].append((row, seed))
@@ -277,63 +270,65 @@ def classify(opts: SlurmOptions, todo: list[tuple[str, int]], live: set[str]) ->
 
 def job_name(opts: SlurmOptions) -> str:
     if opts.kind == "train":
-        return f"aiayn-{opts.preset}-{opts.row}-s{opts.seed}"
-    return f"aiayn-table3-{opts.preset}"
+        return f"aiayn-{opts.train.preset}-{opts.train.row}-s{opts.train.seed}"
+    return f"aiayn-table3-{opts.train.preset}"
 
 
 def train_command(opts: SlurmOptions, per_node: int) -> list[str]:
-    """`aiayn train` with Trainer settings that match the allocation ($ROW and $SEED from the array),
-    as the command followed by one "--flag value" string per option."""
-    world = per_node * opts.nodes
-    strategy = opts.strategy or ("ddp" if world > 1 else "auto")
-    options = [("--preset", opts.preset), ("--row", '"$ROW"'), ("--seed", '"$SEED"'),
-               ("--out", shlex.quote(str(Path(opts.out).resolve()))), ("--accelerator", opts.accelerator),
-               ("--devices", str(per_node)), ("--num-nodes", str(opts.nodes)), ("--strategy", strategy)]  # fmt: skip
-    if opts.data:
-        options.append(("--data", shlex.quote(opts.data)))
-    if opts.data_dir:
-        options.append(("--data-dir", shlex.quote(str(Path(opts.data_dir).resolve()))))
-    args = list(opts.train_args)
-    while args:  # "--flag value" pairs, or a lone "--flag"
-        flag = args.pop(0)
-        value = args.pop(0) if args and not args[0].startswith("--") else None
-        options.append((flag, shlex.quote(value)) if value is not None else (flag,))
-    return [TRAIN, *(" ".join(o) for o in options), "--no-progress"]
+    """`aiayn train` with Trainer settings that match the allocation ($ROW and $SEED from the array), as
+    the command followed by one "--flag value" string per option. The options are `opts.train`'s,
+    written by `to_argv` (the one place that turns options into a command line)."""
+    world = per_node * opts.resources.nodes
+    t = opts.train
+    fixed = replace(
+        t, row=TrainOptions.row, seed=TrainOptions.seed, out=str(Path(t.out).resolve()),
+        data_dir=str(Path(t.data_dir).resolve()) if t.data_dir else None, devices=per_node,
+        num_nodes=opts.resources.nodes, strategy=t.strategy or ("ddp" if world > 1 else "auto"), progress=False,
+    )  # fmt: skip
+    argv = to_argv(fixed, always=("preset", "out", "accelerator", "devices", "num_nodes", "strategy"))
+    options = ['--row "$ROW"', '--seed "$SEED"']
+    for word in argv:  # "--flag value" pairs, or a lone "--flag"
+        if word.startswith("--"):
+            options.append(word)
+        else:
+            options[-1] += " " + shlex.quote(word)
+    return [TRAIN, *options]
 
 
 def render(opts: SlurmOptions, todo: list[tuple[str, int]], per_node: int) -> str:
     """The sbatch script: one array task per (row, seed) in `todo`."""
-    out = Path(opts.out).resolve()
+    out = Path(opts.train.out).resolve()
+    res = opts.resources
     name = job_name(opts)
-    array = f"0-{len(todo) - 1}" + (f"%{opts.max_parallel}" if opts.max_parallel else "")
+    array = f"0-{len(todo) - 1}" + (f"%{res.max_parallel}" if res.max_parallel else "")
     directives = [
         f"--job-name={name}",
-        f"--partition={opts.partition}",
-        *([f"--account={opts.account}"] if opts.account else []),
-        f"--time={opts.time}",
-        f"--nodes={opts.nodes}",
+        f"--partition={res.partition}",
+        *([f"--account={res.account}"] if res.account else []),
+        f"--time={res.time}",
+        f"--nodes={res.nodes}",
         f"--ntasks-per-node={per_node}",
-        *([f"--gpus-per-node={opts.gpus_per_node}"] if opts.accelerator != "cpu" else []),
-        *([f"--cpus-per-task={opts.cpus_per_task}"] if opts.cpus_per_task else []),
-        *([f"--mem={opts.mem}"] if opts.mem else []),
+        *([f"--gpus-per-node={res.gpus_per_node}"] if opts.train.accelerator != "cpu" else []),
+        *([f"--cpus-per-task={res.cpus_per_task}"] if res.cpus_per_task else []),
+        *([f"--mem={res.mem}"] if res.mem else []),
         f"--array={array}",
         f"--output={out}/slurm/logs/{name}-%A_%a.out",
         "--open-mode=append",  # a requeued task appends to its log
-        f"--signal=USR1@{opts.signal_lead}",  # to every task (no B:): all ranks save, rank 0 requeues
+        f"--signal=USR1@{res.signal_lead}",  # to every task (no B:): all ranks save, rank 0 requeues
         "--requeue",
-        *(d if d.startswith("--") else f"--{d}" for d in opts.extra_sbatch),
+        *(d if d.startswith("--") else f"--{d}" for d in res.sbatch),
     ]
     pair_words = " ".join(f"{row}:{seed}" for row, seed in todo)
-    cpus = f" --cpus-per-task={opts.cpus_per_task}" if opts.cpus_per_task else ""
+    cpus = f" --cpus-per-task={res.cpus_per_task}" if res.cpus_per_task else ""
     lines = [
         "#!/bin/bash",
-        f"# Generated by `aiayn slurm {opts.kind}`; one array task per (row, seed), {per_node * opts.nodes} "
+        f"# Generated by `aiayn slurm {opts.kind}`; one array task per (row, seed), {per_node * res.nodes} "
         "DDP ranks each.",
         "# USR1 before the time limit: aiayn checkpoints after the current step and requeues the task;",
         "# the requeued task reruns the same `aiayn train`, which resumes from that checkpoint.",
         *(f"#SBATCH {d}" for d in directives),
         "set -euo pipefail",
-        *opts.setup,
+        *res.setup,
         f"PAIRS=({pair_words})",
         'PAIR="${PAIRS[$SLURM_ARRAY_TASK_ID]}"',
         'ROW="${PAIR%%:*}"',
@@ -360,7 +355,7 @@ def _wrap(words: list[str], width: int = 100) -> list[str]:
 
 
 def script_path(opts: SlurmOptions) -> Path:
-    return Path(opts.out) / "slurm" / f"{job_name(opts)}.sbatch"
+    return Path(opts.train.out) / "slurm" / f"{job_name(opts)}.sbatch"
 
 
 # ---- submit and wait
@@ -412,15 +407,16 @@ def wait_for(jobs: set[str], poll_s: float) -> None:
 
 def outcome(opts: SlurmOptions, row: str, seed: int) -> str:
     """'completed', or what went wrong and the task's log."""
-    status = run_status(opts, row, seed)
+    status = run_of(opts, row, seed).status()
     if status == "completed":
         return status
-    log_file = Path(opts.out).resolve() / "slurm" / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
+    log_file = Path(opts.train.out).resolve() / "slurm" / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
     return f"{'no metrics.json' if status == 'missing' else status}; see {log_file}"
 
 
 def submit(opts: SlurmOptions) -> dict:
-    """Check, write the script, submit it (unless a dry run), optionally wait; return a summary."""
+    """Check, write the script, submit it (unless a dry run), optionally wait; return a summary
+    (`results`: each pair's outcome, after --wait)."""
     per_node = check(opts)
     todo = pairs(opts)
     books = classify(opts, todo, set() if opts.dry_run else live_jobs())
@@ -428,7 +424,7 @@ def submit(opts: SlurmOptions) -> dict:
     pending = books["pending"]
     if pending:
         if not opts.dry_run:
-            check_partition(opts.partition)
+            check_partition(opts.resources.partition)
         text = render(opts, pending, per_node)
         new_dir = first_missing(script_path(opts).parent / "logs")
         path = atomic_write_text(script_path(opts), text)
@@ -448,8 +444,4 @@ def submit(opts: SlurmOptions) -> dict:
         watched = {job_of(opts, r, s) for r, s in pending + books["in_slurm"]} - {None}
         wait_for(watched, opts.poll_s)
         summary["results"] = {f"{r} seed {s}": outcome(opts, r, s) for r, s in todo}
-        if opts.kind == "table3" and opts.report and "completed" in summary["results"].values():
-            from reports.build import write_reports
-
-            summary["report"] = [str(p) for p in write_reports(opts.out, opts.report, preset=opts.preset)]
     return summary

@@ -3,22 +3,16 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import optuna
 from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from ablations.errors import UserError
-from ablations.secrets import redact
+from aiayn.common.errors import UserError
+from aiayn.common.secrets import redact
 
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
-
-
-def mask(url: str) -> str:
-    """The URL with any password (and any other secret: see ablations.secrets) replaced by ***."""
-    return redact(re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url))
 
 
 def check_url(url: str) -> str:
@@ -29,11 +23,11 @@ def check_url(url: str) -> str:
         path = Path(url.split(":", 1)[1].removeprefix("//"))
         if not path.parent.is_dir():
             raise UserError(
-                f"journal storage {mask(url)}: directory {path.parent} does not exist; create it or pick another path"
+                f"journal storage {redact(url)}: directory {path.parent} does not exist; create it or pick another path"
             )
     elif scheme not in RDB_SCHEMES:
         raise UserError(
-            f"storage URL {mask(url)!r} has an unknown scheme; use sqlite:///PATH, journal:///PATH, "
+            f"storage URL {redact(url)!r} has an unknown scheme; use sqlite:///PATH, journal:///PATH, "
             f"postgresql://USER@HOST/DB or mysql://USER@HOST/DB"
         )
     return scheme
@@ -49,5 +43,7 @@ def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.Ba
     try:
         return RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
     except Exception as e:  # driver missing, host unreachable, bad credentials, malformed URL
-        reason = mask(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot open storage {mask(url)} ({reason}); check the URL, the server and its driver") from e
+        reason = redact(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"cannot open storage {redact(url)} ({reason}); check the URL, the server and its driver"
+        ) from e

@@ -3,7 +3,7 @@
 Optuna keeps the books, nothing more: one study per (preset, corpus); each (row, seed) is enqueued
 once as a fixed-parameter trial; workers pop queued trials (Optuna's pop is atomic: a trial moves
 WAITING → RUNNING for exactly one worker) and never let the sampler invent new ones. Each training
-run is its own `aiayn train` process (so a DDP run never has Optuna inside its ranks); the trial
+run is its own process (so a DDP run never has Optuna inside its ranks); the trial
 records the run directory and the metrics, and its value is the dev BLEU.
 
 Re-running the same command skips completed pairs and retries failed ones. Two workers on one
@@ -24,8 +24,6 @@ is free, and the pair is enqueued again; the same for every storage.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import multiprocessing
 import os
@@ -34,44 +32,44 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
-from ablations.errors import UserError
-from ablations.presets import get_preset
-from ablations.secrets import redact
-from ablations.table import load_rows, select_rows
-from sweeps.storage import open_storage
+from aiayn.ablations.presets import get_preset, resolve
+from aiayn.ablations.table import MAX_SEED, Selection, load_rows
+from aiayn.common.errors import UserError
+from aiayn.common.locks import file_lock
+from aiayn.common.options import option, to_argv
+from aiayn.common.secrets import redact
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.rundir import RunDir
+from aiayn.sweeps.storage import open_storage
 
 log = logging.getLogger(__name__)
-MAX_SEED = 9999
 
 
 @dataclass
 class SweepOptions:
-    preset: str = "tiny"
-    rows: str | None = None
-    extended: bool = False
-    seeds: int = 1
-    storage: str | None = None  # None: sqlite:///OUT/optuna.db
-    out: str = "runs"
-    report: str | None = "reports"
-    data: str | None = None
-    data_dir: str | None = None
-    wandb: bool = False
-    train_args: tuple[str, ...] = ()  # passed through to every `aiayn train`
-    jobs: int | None = None  # training processes at once in this driver; None: the preset's sweep_jobs
+    """`aiayn table3`: which pairs (`select`), how each trains (`train`: every `aiayn train` option but
+    the row and seed, which the sweep sets), where the books and the report go, how many at once."""
+
+    select: Selection = field(default_factory=Selection)
+    storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/optuna.db)")
+    report: str | None = option(None, "report directory (default: OUT/reports; '' for none)")
+    jobs: int | None = option(
+        None, "training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)", positive=True
+    )
+    train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
 
-def grid(opts: SweepOptions) -> list[tuple[str, int]]:
-    """The (row, seed) pairs the sweep owes: the table's selected rows × seeds 0..N-1."""
-    if not 1 <= opts.seeds <= MAX_SEED + 1:
-        raise UserError(f"--seeds must be at least 1, got {opts.seeds}; pass --seeds 1 or more")
-    return [(row, seed) for row in select_rows(opts.rows, opts.extended) for seed in range(opts.seeds)]
+def report_dir(report: str | None, out: str) -> Path | None:
+    """Where a sweep's report goes: `--report DIR`, OUT/reports by default, none for ''."""
+    if report == "":
+        return None
+    return Path(report) if report is not None else Path(out) / "reports"
 
 
 def study_name(preset: str, corpus: str) -> str:
@@ -85,11 +83,10 @@ def pair_of(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
 
 def estimated_cost(row: str, preset: str) -> float:
     """A run's relative cost for ordering the queue: its steps x its parameters (a proxy for FLOPs)."""
-    from ablations.presets import model_config, resolve  # lazy: torch is needed only here
-    from lightning_modules.model import count_params
+    from aiayn.lightning_modules.config import params_of  # lazy: torch is needed only here
 
     resolved = resolve(row, preset)
-    return resolved["train_steps"] * count_params(model_config(resolved, resolved["vocab_size"]))
+    return resolved["train_steps"] * params_of(resolved)
 
 
 def enqueue_pending(
@@ -109,11 +106,11 @@ def enqueue_pending(
 
 
 def lock_dir(opts: SweepOptions) -> Path:
-    return Path(opts.out) / ".locks"
+    return Path(opts.train.out) / ".locks"
 
 
 def pair_lock_path(opts: SweepOptions, corpus: str, row: str, seed: int) -> Path:
-    return lock_dir(opts) / f"{opts.preset}-{corpus}-{row}-seed{seed}.lock"
+    return lock_dir(opts) / f"{opts.train.preset}-{corpus}-{row}-seed{seed}.lock"
 
 
 def fail_stale_trials(study: optuna.Study, opts: SweepOptions, corpus: str, grace_s: float = 600.0) -> list:
@@ -128,7 +125,7 @@ def fail_stale_trials(study: optuna.Study, opts: SweepOptions, corpus: str, grac
         started = t.datetime_start.timestamp() if t.datetime_start else now
         if pair is None or ("worker" not in t.user_attrs and now - started < grace_s):
             continue
-        with pair_lock(pair_lock_path(opts, corpus, *pair)) as free:
+        with file_lock(pair_lock_path(opts, corpus, *pair)) as free:
             if not free:
                 continue  # a live worker holds it
             fresh = next(f for f in study.get_trials(deepcopy=False) if f.number == t.number)
@@ -153,35 +150,6 @@ def completed_elsewhere(study: optuna.Study, pair: tuple[str, int], number: int)
     )
 
 
-@contextmanager
-def pair_lock(path: Path, wait: bool = False):
-    """An exclusive file lock (fcntl; works across processes on one machine and on most shared
-    filesystems); yields False at once if another process holds it, unless `wait`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def train_command(opts: SweepOptions, row: str, seed: int) -> list[str]:
-    cmd = [sys.executable, "-m", "ablations.cli", "train", "--row", row, "--seed", str(seed)]
-    cmd += ["--preset", opts.preset, "--out", opts.out, "--no-progress"]
-    if opts.data:
-        cmd += ["--data", opts.data]
-    if opts.data_dir:
-        cmd += ["--data-dir", opts.data_dir]
-    if opts.wandb:
-        cmd.append("--wandb")
-    return cmd + list(opts.train_args)
-
-
 def _forkserver():
     """A multiprocessing forkserver that has imported Lightning and aiayn once. Each training process
     is forked from it instead of starting a fresh interpreter: importing torch + Lightning takes ~5 s,
@@ -189,61 +157,62 @@ def _forkserver():
     fork() would make unsafe.) The forkserver is one per process and starts with the first child; the
     preload list only matters then."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["ablations.cli", "lightning_modules.train"])
+    ctx.set_forkserver_preload(["aiayn.lightning_modules.train"])
     return ctx
 
 
-def _train_in_child(argv: list[str], logfile: str, threads: int | None) -> None:
-    """`aiayn train ARGV` in a forkserver child, stdout and stderr to `logfile`; exits with its status."""
+def _train_in_child(opts: TrainOptions, logfile: str, threads: int | None) -> None:
+    """`train(opts)` in a forkserver child, stdout and stderr to `logfile`; exits with the status the
+    `aiayn train` command would."""
     fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    if threads:
-        import torch
+    import torch
 
+    from aiayn.common.errors import print_error
+    from aiayn.common.logs import configure_logging
+    from aiayn.lightning_modules.train import train
+
+    if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
-    from ablations.cli import main
+    configure_logging(logging.INFO)
+    try:
+        train(opts)
+    except UserError as e:
+        sys.exit(print_error(e))
+    sys.exit(0)
 
-    sys.argv = ["aiayn", *argv]
-    sys.exit(main(argv))
 
-
-def _one_process(opts: SweepOptions) -> bool:
-    """A run that is one process (no DDP ranks to launch) can be forked from the forkserver; Lightning
-    launches DDP ranks by re-running the command line, which only a fresh process has."""
-    args = list(opts.train_args)
-    for flag in ("--devices", "--num-nodes"):
-        if flag in args and args[args.index(flag) + 1] != "1":
-            return False
-    return True
+def train_process_command(opts: TrainOptions) -> list[str]:
+    """A fresh `aiayn train` process for `opts`: the way to start a run that launches DDP ranks
+    (Lightning starts the other ranks by re-running the command line, which only a fresh process has)."""
+    return [sys.executable, "-m", "aiayn", "train", *to_argv(opts, always=("row", "preset", "seed"))]
 
 
 def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
     """Train one pair in its own process; return its metrics.json (status failed if it died)."""
-    from lightning_modules.train import run_dir  # torch-free callers of grid() need not import Lightning
-
-    directory = run_dir(opts.out, opts.preset, corpus, row, seed)
-    logfile = directory.parent / f"seed{seed}.log"
-    logfile.parent.mkdir(parents=True, exist_ok=True)
+    run = RunDir.of(opts.train.out, opts.train.preset, corpus, row, seed)
+    run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
+    train_opts = replace(opts.train, row=row, seed=seed, progress=False)
     jobs = opts.jobs or 1
     # share the cores: N processes x all cores would thrash
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 and "OMP_NUM_THREADS" not in os.environ else None
-    cmd = train_command(opts, row, seed)
-    if _one_process(opts):
-        child = _forkserver().Process(target=_train_in_child, args=(cmd[3:], str(logfile), threads))
+    if train_opts.world_size == 1:
+        child = _forkserver().Process(target=_train_in_child, args=(train_opts, str(run.sweep_log), threads))
         child.start()
         child.join()
         returncode = child.exitcode
     else:
         env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
-        with open(logfile, "w") as out:
+        with open(run.sweep_log, "w") as out:
+            cmd = train_process_command(train_opts)
             returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-    metrics_file = directory / "metrics.json"
-    if returncode == 0 and metrics_file.is_file():
-        return json.loads(metrics_file.read_text())
-    tail = logfile.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    metrics = run.read_metrics()
+    if returncode == 0 and metrics is not None:
+        return metrics
+    tail = run.sweep_log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
     return {"row": row, "seed": seed, "status": "failed", "error": redact(f"exit {returncode}: {tail[0][:300]}")}
 
 
@@ -263,7 +232,7 @@ def work(
         # Optuna's pop (WAITING -> RUNNING) is a read-then-write; PostgreSQL/MySQL lock the row, SQLite
         # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic,
         # and checking the queue under it keeps ask() from inventing a trial when the queue is empty.
-        with pair_lock(lock_dir(opts) / f"{study.study_name}.pop.lock", wait=True):
+        with file_lock(lock_dir(opts) / f"{study.study_name}.pop.lock", wait=True):
             if not any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
                 break
             trial = study.ask()
@@ -276,7 +245,7 @@ def work(
         # the queued values; the same choices in every trial (Optuna forbids a changing categorical space)
         trial.suggest_categorical("row", list(load_rows()))
         trial.suggest_int("seed", 0, MAX_SEED)
-        with pair_lock(pair_lock_path(opts, corpus, row, seed)) as mine:
+        with file_lock(pair_lock_path(opts, corpus, row, seed)) as mine:
             if not mine or completed_elsewhere(study, (row, seed), trial.number):
                 # the same pair, enqueued twice by racing drivers, is running or done in another worker
                 trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
@@ -287,7 +256,7 @@ def work(
             metrics = runner(opts, corpus, row, seed)
             elapsed = time.perf_counter() - t0
             trial.set_user_attr("metrics", {k: v for k, v in metrics.items() if k != "config"})
-            trial.set_user_attr("run_dir", str(Path(opts.out) / opts.preset / corpus / row / f"seed{seed}"))
+            trial.set_user_attr("run_dir", str(RunDir.of(opts.train.out, opts.train.preset, corpus, row, seed).path))
             if metrics.get("status") == "completed":  # told while holding the lock: no duplicate can start
                 study.tell(trial, metrics["dev_bleu"])
                 done += 1
@@ -313,16 +282,16 @@ def _hms(seconds: float) -> str:
 
 def run_table3(opts: SweepOptions, runner=None) -> dict:
     """Enqueue what is pending, work the queue, write the report; return a summary."""
-    preset = get_preset(opts.preset)
-    corpus = opts.data or preset.corpus
-    pairs = grid(opts)
+    preset = get_preset(opts.train.preset)
+    corpus = opts.train.data or preset.corpus
+    pairs = opts.select.pairs()
     jobs = opts.jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
-    out = Path(opts.out)
+    out = Path(opts.train.out)
     name = study_name(preset.name, corpus)
     # Drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race.
-    with pair_lock(lock_dir(opts) / f"{name}.setup.lock", wait=True):
+    with file_lock(lock_dir(opts) / f"{name}.setup.lock", wait=True):
         url = opts.storage or f"sqlite:///{(out / 'optuna.db').resolve()}"
         storage = open_storage(url, create_dir=out)
         study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
@@ -345,9 +314,4 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     with ThreadPoolExecutor(jobs) as pool:
         results = [f.result() for f in [pool.submit(worker) for _ in range(jobs)]]
     done, failed = sum(r[0] for r in results), sum(r[1] for r in results)
-    summary = {"pairs": len(pairs), "ran": done + failed, "completed": done, "failed": failed}
-    if opts.report:
-        from reports.build import write_reports
-
-        summary["report"] = [str(p) for p in write_reports(opts.out, opts.report, preset=preset.name)]
-    return summary
+    return {"pairs": len(pairs), "ran": done + failed, "completed": done, "failed": failed}

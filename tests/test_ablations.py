@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations.cli import main
-from ablations.errors import UserError
-from ablations.presets import PRESETS, model_config, resolve
-from ablations.table import load_rows, select_rows
-from lightning_modules.model import Transformer, count_params
+from aiayn.ablations.presets import PRESETS, resolve
+from aiayn.ablations.table import load_rows, select_rows
+from aiayn.cli import main
+from aiayn.common.errors import UserError
+from aiayn.lightning_modules.config import model_config
+from aiayn.lightning_modules.model import Transformer, count_params
 
 PAPER_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
               "D1", "D2", "D3", "D4", "E1", "big"]  # fmt: skip

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations.cli import main
-from ablations.presets import PRESETS, model_config, resolve
-from ablations.table import load_rows
-from lightning_modules.data import CORPORA
+from aiayn.ablations.presets import CORPORA, PRESETS, resolve
+from aiayn.ablations.table import load_rows
+from aiayn.cli import main
+from aiayn.lightning_modules.config import model_config
 
 ROWS = ", ".join(load_rows())
 GROUPS = ", ".join(sorted({r.group for r in load_rows().values()}))
@@ -43,8 +43,8 @@ def corpus(tmp: Path, break_it=None) -> None:
 
 
 def checkpoint(tmp: Path, kind: str) -> None:
-    from lightning_modules.model import TransformerConfig
-    from lightning_modules.module import TranslationModule
+    from aiayn.lightning_modules.model import TransformerConfig
+    from aiayn.lightning_modules.module import TranslationModule
 
     cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64).to_dict()
     ckpt = {"hyper_parameters": {"model_cfg": cfg}, "state_dict": TranslationModule(cfg).state_dict()}

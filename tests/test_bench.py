@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_modules import bench
-from lightning_modules.decoding import beam_search
-from lightning_modules.model import Transformer, TransformerConfig
-from lightning_modules.module import label_smoothed_loss, projected_label_smoothed_loss
+from aiayn.cli import main
+from aiayn.lightning_modules import bench
+from aiayn.lightning_modules.decoding import beam_search
+from aiayn.lightning_modules.model import Transformer, TransformerConfig
+from aiayn.lightning_modules.module import label_smoothed_loss, projected_label_smoothed_loss
 
 
 def small_cfg(**kw):
@@ -158,7 +159,7 @@ def test_bench_cli_writes_json(tmp_path):
     argv = ["--config", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1",
             "--decode-sentences", "2", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu",
             "--peers", "--json", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
+    assert main(["bench", *argv]) == 0
     results = json.loads(out.read_text())
     assert [r["impl"] for r in results] == ["aiayn", "torch_nn_transformer", "hf_marian"]
     for r in results:

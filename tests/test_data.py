@@ -12,8 +12,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from ablations.errors import UserError
-from lightning_modules import data as D
+from aiayn.common.errors import UserError
+from aiayn.lightning_modules import data as D
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 WORDS = (
@@ -176,9 +176,9 @@ def test_multi30k_shared_copy(tmp_path):
 
 
 def test_synthetic_corpus(tmp_path, monkeypatch):
-    if importlib.util.find_spec("lightning_modules.synthetic") is None:
+    if importlib.util.find_spec("aiayn.lightning_modules.synthetic") is None:
         pytest.skip("lightning_modules/synthetic.py (write_corpus) not available yet")
-    import lightning_modules.synthetic as synthetic
+    import aiayn.lightning_modules.synthetic as synthetic
 
     calls = []
     real = synthetic.write_corpus

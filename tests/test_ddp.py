@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from ablations.presets import get_preset
-from lightning_modules.data import derive_accumulation
-from lightning_modules.train import device_tokens
+from aiayn.ablations.presets import get_preset
+from aiayn.lightning_modules.data import derive_accumulation
+from aiayn.lightning_modules.train import device_tokens
 
 ROW, STEPS, REL_TOL = "D1", 20, 1e-4
 
@@ -44,7 +44,7 @@ def test_paper_on_one_gpu_with_a_smaller_budget_accumulates():
 
 
 def _train(out: Path, cache: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "ablations.cli", "train", "--preset", "tiny", "--row", ROW, "--accelerator", "cpu",
+    cmd = [sys.executable, "-m", "aiayn", "train", "--preset", "tiny", "--row", ROW, "--accelerator", "cpu",
            "--max-steps", str(STEPS), "--eval-subset", "50", "--out", str(out), "--no-progress", *extra]  # fmt: skip
     env = {**os.environ, "AIAYN_CACHE": str(cache), **(env or {})}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

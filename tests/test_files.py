@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from ablations.files import atomic_open, atomic_write_json, atomic_write_text
+from aiayn.common.files import atomic_open, atomic_write_json, atomic_write_text
 
 
 def test_an_error_mid_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):

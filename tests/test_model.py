@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.decoding import beam_search, greedy
-from lightning_modules.model import PE_TYPES, MultiHeadAttention, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.decoding import beam_search, greedy
+from aiayn.lightning_modules.model import PE_TYPES, MultiHeadAttention, Transformer, TransformerConfig, sinusoid_table
 
 
 def small_cfg(**kw):

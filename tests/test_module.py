@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_modules.module import TranslationModule, label_smoothed_loss, noam_lr
+from aiayn.lightning_modules.module import TranslationModule, label_smoothed_loss, noam_lr
 
 
 def test_lr_at_step_1_warmup_and_twice_warmup():

@@ -23,10 +23,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ablations.cli import main
-from ablations.table import load_rows
-from sweeps.storage import open_storage
-from sweeps.table3 import MAX_SEED, SweepOptions, fail_stale_trials, pair_lock, pair_lock_path, run_table3, study_name
+from aiayn.ablations.table import MAX_SEED, Selection, load_rows
+from aiayn.cli import main
+from aiayn.common.locks import file_lock
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.sweeps.storage import open_storage
+from aiayn.sweeps.table3 import SweepOptions, fail_stale_trials, pair_lock_path, run_table3, study_name
 
 ROOT = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -35,7 +37,7 @@ QUIET = ["--no-progress", "--accelerator", "cpu"]
 
 
 def aiayn(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "ablations.cli", *argv]
+    return [sys.executable, "-m", "aiayn", *argv]
 
 
 def run_dir(out: Path, row: str = "base", seed: int = 0) -> Path:
@@ -64,7 +66,7 @@ class Toy(pl.LightningModule):
 
 
 def toy_fit(tmp_path, steps, val_every=None, ckpt=None, callbacks=None):
-    from lightning_modules.reliability import RNGStates
+    from aiayn.lightning_modules.callbacks import RNGStates
 
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(12, 4, generator=g), torch.randn(12, 1, generator=g))
@@ -100,8 +102,8 @@ def test_validation_and_restarts_leave_no_trace_in_the_training_rng(tmp_path):
 
 KILL_AT_STEP = """
 import os, signal, sys
-from ablations.cli import main
-from lightning_modules.module import TranslationModule
+from aiayn.cli import main
+from aiayn.lightning_modules.module import TranslationModule
 step, end = int(sys.argv[1]), TranslationModule.on_train_batch_end
 def on_train_batch_end(self, *args):
     end(self, *args)
@@ -187,7 +189,7 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
                     "error": "loss nan at optimizer step 7"}  # fmt: skip
         return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
 
-    opts = SweepOptions(preset="tiny", rows="base,A1,A2", out=str(tmp_path / "runs"), report=None)
+    opts = SweepOptions(select=Selection(rows="base,A1,A2"), train=TrainOptions(out=str(tmp_path / "runs")))
     assert run_table3(opts, runner=runner) == {"pairs": 3, "ran": 3, "completed": 2, "failed": 1}
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
     # (trials without params: a worker's ask() after the queue emptied, failed at once; see table3.work)
@@ -197,15 +199,15 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
 
 
 def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeypatch):
-    import lightning_modules.train as train_mod
-    from sweeps.hpo import HpoOptions, run_hpo
+    import aiayn.lightning_modules.train as train_mod
+    from aiayn.sweeps.hpo import HpoOptions, run_hpo
 
     results = iter([
         {"status": "diverged", "diverged_at_step": 3, "error": "loss nan at optimizer step 3"},
         {"status": "completed", "dev_ppl": 9.5, "dev_bleu": 1.0},
     ])  # fmt: skip
-    monkeypatch.setattr(train_mod, "train", lambda opts: next(results))
-    result = run_hpo(HpoOptions(row="base", preset="tiny", trials=2, out=str(tmp_path)))
+    monkeypatch.setattr(train_mod, "train", lambda opts, **hooks: next(results))
+    result = run_hpo(HpoOptions(trials=2, train=TrainOptions(row="base", preset="tiny", out=str(tmp_path))))
     assert (result["trials"], result["pruned"], result["best_trial"], result["best_dev_ppl"]) == (2, 1, 1, 9.5)
     study = optuna.load_study(study_name="hpo-tiny-base", storage=f"sqlite:///{tmp_path}/hpo.db")
     assert study.trials[0].user_attrs["diverged_at_step"] == 3
@@ -216,12 +218,12 @@ def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeyp
 
 def sweep_opts(tmp_path, storage, **kw):
     url = f"sqlite:///{tmp_path}/runs/optuna.db" if storage == "sqlite" else f"journal:///{tmp_path}/runs/j.log"
-    return SweepOptions(**{"preset": "tiny", "out": str(tmp_path / "runs"), "report": None, "storage": url, **kw})
+    return SweepOptions(select=Selection(**kw), storage=url, train=TrainOptions(out=str(tmp_path / "runs")))
 
 
 def claimed_trial(opts, worker="ghost:1"):
     """A trial popped by a worker that then died: RUNNING, claimed, its pair lock free."""
-    (Path(opts.out)).mkdir(parents=True, exist_ok=True)
+    (Path(opts.train.out)).mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(study_name=study_name("tiny", "synthetic"), storage=open_storage(opts.storage),
                                 direction="maximize", load_if_exists=True)  # fmt: skip
     study.enqueue_trial({"row": "base", "seed": 0})
@@ -260,7 +262,7 @@ def test_a_trial_whose_worker_holds_the_pair_lock_is_left_alone(tmp_path, storag
     opts = sweep_opts(tmp_path, storage, rows="base,A1")
     study, trial = claimed_trial(opts, worker="alive:2")
     runner = Recorder()
-    with pair_lock(pair_lock_path(opts, "synthetic", "base", 0)) as mine:  # the live worker
+    with file_lock(pair_lock_path(opts, "synthetic", "base", 0)) as mine:  # the live worker
         assert mine
         run_table3(opts, runner=runner)
     assert runner.calls == [("A1", 0)]
@@ -329,8 +331,8 @@ def test_a_sweep_killed_mid_way_and_restarted_runs_every_pair_exactly_once(cache
 
 KILL_MID_WRITE = textwrap.dedent("""
     import io, os, signal, sys, torch
-    from lightning_modules.reliability import AtomicCheckpointIO
-    from ablations.files import atomic_write_json
+    from aiayn.lightning_modules.callbacks import AtomicCheckpointIO
+    from aiayn.common.files import atomic_write_json
     target = sys.argv[1]
     if target.endswith(".ckpt"):
         AtomicCheckpointIO().save_checkpoint({"step": 1, "w": torch.ones(1000)}, target)
@@ -350,7 +352,7 @@ KILL_MID_WRITE = textwrap.dedent("""
 
 @pytest.mark.parametrize("name", ["last.ckpt", "metrics.json"])
 def test_a_kill_during_a_write_leaves_the_old_file_and_a_restart_clears_the_temp(tmp_path, name):
-    from lightning_modules.reliability import remove_stale_temps
+    from aiayn.common.files import remove_stale_temps
 
     target = tmp_path / name
     proc = subprocess.run([sys.executable, "-c", KILL_MID_WRITE, str(target)], cwd=ROOT, capture_output=True)
@@ -366,18 +368,21 @@ def test_a_kill_during_a_write_leaves_the_old_file_and_a_restart_clears_the_temp
 
 
 def test_the_trainer_writes_checkpoints_through_the_atomic_checkpoint_io(tmp_path):
-    from ablations.presets import get_preset
-    from lightning_modules.reliability import AtomicCheckpointIO, DivergenceGuard, RNGStates
-    from lightning_modules.train import TrainOptions, build_trainer
+    from aiayn.ablations.presets import get_preset
+    from aiayn.lightning_modules.callbacks import AtomicCheckpointIO, DivergenceGuard, RNGStates
+    from aiayn.lightning_modules.rundir import RunDir
+    from aiayn.lightning_modules.train import build_trainer
 
-    trainer = build_trainer(TrainOptions(accelerator="cpu"), get_preset("tiny"), tmp_path, 10, 1, {"row": "base"})
+    trainer = build_trainer(
+        TrainOptions(accelerator="cpu"), get_preset("tiny"), RunDir(tmp_path), 10, 1, {"row": "base"}
+    )
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     kinds = [type(c) for c in trainer.callbacks]
     assert kinds.index(RNGStates) < kinds.index(DivergenceGuard) < kinds.index(type(trainer.checkpoint_callback))
 
 
 def test_a_report_write_that_fails_midway_keeps_the_old_report(tmp_path, monkeypatch):
-    import reports.build as build
+    import aiayn.reports.build as build
 
     runs = ROOT / "tests" / "fixtures" / "report" / "runs"
     out = tmp_path / "rep"
@@ -389,7 +394,7 @@ def test_a_report_write_that_fails_midway_keeps_the_old_report(tmp_path, monkeyp
     def fail_on_the_third(path, text):
         calls.append(path)
         if len(calls) == 3:
-            from ablations.files import atomic_open
+            from aiayn.common.files import atomic_open
 
             with atomic_open(path) as f:
                 f.write(text[: len(text) // 2])
@@ -410,7 +415,7 @@ PASSWORD = "hunter2-Pa55"
 
 
 def test_redact_masks_url_passwords_named_keys_and_secret_env_values(monkeypatch):
-    from ablations.secrets import redact
+    from aiayn.common.secrets import redact
 
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     text = f"postgresql://me:{PASSWORD}@db:5432/aiayn api_key={PASSWORD} key {KEY}; tokens_per_s=9 pe=rope"
@@ -420,7 +425,7 @@ def test_redact_masks_url_passwords_named_keys_and_secret_env_values(monkeypatch
 def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_path, monkeypatch, capsys, caplog):
     """A W&B run with WANDB_API_KEY set, then a run that fails with the key and a storage password in
     its error: every file written (W&B's offline files included) and everything printed is masked."""
-    import lightning_modules.module as module
+    import aiayn.lightning_modules.module as module
 
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_MODE", "offline")

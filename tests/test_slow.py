@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from ablations.cli import main
+from aiayn.cli import main
 
 # Measured by `aiayn table3` (one thread per run) on a 2-core CPU: base row, BENCHMARKS.md. One thread makes
 # the run deterministic for a given torch; the floor leaves a margin for other CPUs' kernels (at 225 steps the

@@ -20,11 +20,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations.cli import main
-from sweeps import slurm
-from sweeps.slurm import SlurmOptions, classify, render, time_limit_seconds
+from aiayn.ablations.table import Selection
+from aiayn.cli import main
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.sweeps import slurm
+from aiayn.sweeps.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
 
 ARGS_CPU = ["--accelerator", "cpu", "--tasks-per-node", "2", "--partition", "debug", "--time", "00:30:00"]
+
+
+def slurm_opts(rows=None, seeds=1, resources=None, dry_run=False, **train) -> SlurmOptions:
+    return SlurmOptions(
+        select=Selection(rows=rows, seeds=seeds), resources=resources or SlurmResources(), dry_run=dry_run,
+        train=TrainOptions(**{"accelerator": "gpu", "devices": None, "num_nodes": None, "strategy": None,
+                              "progress": False, **train}),
+    )  # fmt: skip
 
 
 def _no_sbatch_path(tmp_path) -> str:
@@ -85,10 +95,11 @@ def test_bad_input_one_line_exit_2_nothing_written(what, argv, message, tmp_path
 def test_local_run_dir_is_refused_for_two_nodes_unless_declared_shared(tmp_path):
     mount, fstype = slurm.filesystem_of(tmp_path)
     assert fstype not in slurm.SHARED_FS and Path(tmp_path).resolve().is_relative_to(mount)
-    opts = SlurmOptions(out=str(tmp_path), nodes=2, gpus_per_node=8, partition="p", time="1:00:00", dry_run=True)
+    resources = SlurmResources(nodes=2, gpus_per_node=8, partition="p", time="1:00:00")
+    opts = slurm_opts(out=str(tmp_path), resources=resources, dry_run=True)
     with pytest.raises(slurm.UserError, match="local filesystem"):
         slurm.check(opts)
-    opts.assume_shared = True
+    opts.resources.assume_shared = True
     assert slurm.check(opts) == 8
 
 
@@ -132,8 +143,8 @@ def test_dry_run_writes_and_prints_an_array_of_the_pending_pairs(tmp_path, capsy
 
 def test_array_task_runs_its_own_pair(tmp_path):
     """Run the generated script with `srun` replaced by a recorder: task 3 trains A1 seed 1."""
-    opts = SlurmOptions(preset="tiny", rows="base,A1", seeds=2, accelerator="cpu", tasks_per_node=2,
-                        partition="debug", time="10:00", out=str(tmp_path / "runs"))  # fmt: skip
+    opts = slurm_opts(rows="base,A1", seeds=2, accelerator="cpu", out=str(tmp_path / "runs"),
+                      resources=SlurmResources(tasks_per_node=2, partition="debug", time="10:00"))  # fmt: skip
     script = tmp_path / "job.sbatch"
     script.write_text(render(opts, slurm.pairs(opts), 2))
     bin_dir = tmp_path / "bin"
@@ -152,8 +163,9 @@ def test_array_task_runs_its_own_pair(tmp_path):
 
 
 def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
-    opts = SlurmOptions(preset="paper", nodes=2, gpus_per_node=8, cpus_per_task=8, partition="gpu", time="2-00:00:00",
-                        out=str(tmp_path), assume_shared=True, train_args=("--precision", "bf16-mixed"))  # fmt: skip
+    resources = SlurmResources(nodes=2, gpus_per_node=8, cpus_per_task=8, partition="gpu", time="2-00:00:00",
+                               assume_shared=True)  # fmt: skip
+    opts = slurm_opts(preset="paper", out=str(tmp_path), precision="bf16-mixed", resources=resources)
     per_node = slurm.check(opts)
     text = render(opts, [("big", 0)], per_node)
     assert "#SBATCH --nodes=2\n" in text and "#SBATCH --ntasks-per-node=8\n" in text
@@ -166,13 +178,13 @@ def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
 
 
 def _metrics(opts, row, seed, status):
-    d = slurm.pair_dir(opts, row, seed)
+    d = slurm.run_of(opts, row, seed).path
     d.mkdir(parents=True)
     (d / "metrics.json").write_text(json.dumps({"row": row, "seed": seed, "status": status}))
 
 
 def test_books_skip_completed_and_queued_pairs_and_retry_failed_ones(tmp_path):
-    opts = SlurmOptions(preset="tiny", rows="base,A1,A2,A3", accelerator="cpu", out=str(tmp_path))
+    opts = slurm_opts(rows="base,A1,A2,A3", accelerator="cpu", out=str(tmp_path))
     _metrics(opts, "base", 0, "completed")
     _metrics(opts, "A1", 0, "failed")
     for row, job in (("A2", "7_2"), ("A3", "7_3")):  # A2's job is still in SLURM, A3's is gone
@@ -189,7 +201,8 @@ def test_requeue_handler_checkpoints_at_the_step_it_was_signalled_and_stops(tmp_
     import lightning.pytorch as pl
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from lightning_modules.requeue import CHECKPOINT_NAME, RequeueOnSignal
+    from aiayn.lightning_modules.callbacks import RequeueOnSignal
+    from aiayn.lightning_modules.rundir import REQUEUE_CHECKPOINT
 
     for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(var, raising=False)  # outside SLURM: saves, and has nothing to requeue
@@ -209,12 +222,15 @@ def test_requeue_handler_checkpoints_at_the_step_it_was_signalled_and_stops(tmp_
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert requeue.requeued and trainer.global_step == 3
-    saved = torch.load(tmp_path / CHECKPOINT_NAME, map_location="cpu", weights_only=False)
+    saved = torch.load(tmp_path / REQUEUE_CHECKPOINT, map_location="cpu", weights_only=False)
     assert saved["global_step"] == 3
 
 
 def test_resume_takes_the_checkpoint_with_the_highest_step(tmp_path):
-    from lightning_modules.train import resume_checkpoint
+    from aiayn.lightning_modules.rundir import RunDir
+
+    def resume_checkpoint(path):
+        return RunDir(path).resume_checkpoint()
 
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()
@@ -305,7 +321,7 @@ def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cac
             "--eval-subset", "20", "--out", str(out)]  # fmt: skip
     assert "1 submitted" in _run(argv, out, capsys)
     run = out / "tiny" / "synthetic" / "base" / "seed0"
-    job = json.loads(slurm.marker(SlurmOptions(preset="tiny", out=str(out)), "base", 0).read_text())["job"]
+    job = json.loads(slurm.marker(slurm_opts(out=str(out)), "base", 0).read_text())["job"]
     # training is under way once the first periodic checkpoint exists (a guard against a hang, not a timing)
     deadline = time.monotonic() + 600
     while not (run / "checkpoints" / "step0000005.ckpt").exists():

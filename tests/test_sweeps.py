@@ -3,9 +3,7 @@
 The bookkeeping tests use a stand-in runner that writes no model; the real runs are in the slow tier.
 """
 
-import importlib.util
 import json
-import sys
 import threading
 import time
 from collections import Counter
@@ -15,11 +13,12 @@ import optuna
 import pytest
 import yaml
 
-from ablations.cli import main
-from ablations.errors import UserError
-from ablations.table import select_rows
-from sweeps.export import wandb_sweep, wandb_yaml
-from sweeps.table3 import SweepOptions, estimated_cost, grid, run_pair, run_table3
+from aiayn.ablations.table import Selection, select_rows
+from aiayn.cli import main
+from aiayn.common.errors import UserError
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.sweeps.export import wandb_sweep, wandb_yaml
+from aiayn.sweeps.table3 import SweepOptions, estimated_cost, run_pair, run_table3
 
 ROOT = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -40,8 +39,15 @@ class FakeRunner:
         return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 10.0 + seed}
 
 
-def opts(tmp_path, **kw):
-    return SweepOptions(**{"preset": "tiny", "out": str(tmp_path / "runs"), "report": None, **kw})
+def opts(tmp_path, rows=None, seeds=1, jobs=None, storage=None, **train):
+    return SweepOptions(
+        select=Selection(rows=rows, seeds=seeds), storage=storage, report="", jobs=jobs,
+        train=TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False, **train),
+    )  # fmt: skip
+
+
+def grid(opts):
+    return opts.select.pairs()
 
 
 def test_grid_is_the_tables_rows_times_seeds(tmp_path):
@@ -116,18 +122,21 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
         def join(self):
             pass
 
-    monkeypatch.setattr("sweeps.table3._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
+    monkeypatch.setattr("aiayn.sweeps.table3._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
     monkeypatch.setattr(
-        "subprocess.run", lambda cmd, env, **kw: spawned.append(env) or type("P", (), {"returncode": 1})
+        "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
     )
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     for jobs in (1, 2, 3):
         assert run_pair(opts(tmp_path, jobs=jobs), "synthetic", "base", 0)["status"] == "failed"
     assert [threads for _, _, threads in forked] == [None, 4, 2]
-    assert forked[0][0][:5] == ["train", "--row", "base", "--seed", "0"]
-    run_pair(opts(tmp_path, jobs=2, train_args=("--devices", "2")), "synthetic", "base", 0)  # DDP: a fresh process
-    assert len(forked) == 3 and spawned[0]["OMP_NUM_THREADS"] == "4"
+    assert (forked[0][0].row, forked[0][0].seed, forked[0][0].progress) == ("base", 0, False)
+    run_pair(opts(tmp_path, jobs=2, devices=2), "synthetic", "base", 0)  # DDP: a fresh process
+    assert len(forked) == 3 and spawned[0][1]["OMP_NUM_THREADS"] == "4"
+    cmd = spawned[0][0]
+    assert cmd[1:4] == ["-m", "aiayn", "train"] and cmd[cmd.index("--devices") + 1] == "2"
+    assert "--no-progress" in cmd and cmd[cmd.index("--row") + 1] == "base"
 
 
 def test_a_failing_row_does_not_stop_the_sweep_and_is_retried_on_rerun(tmp_path):
@@ -163,18 +172,12 @@ def test_two_workers_on_one_storage_run_each_pair_once(tmp_path, storage):
 
 
 def load_wandb_sweeps():
-    """W&B's open-source sweep engine (PyPI `sweeps`), loaded as `wandb_sweeps`: its import name clashes
-    with this project's `sweeps/` package, so CI installs it with --target into .cache/wandb-sweeps."""
-    path = Path(ROOT / ".cache" / "wandb-sweeps" / "sweeps" / "__init__.py")
-    if not path.exists():
-        pytest.skip(
-            f"W&B's sweeps package not found at {path}; `pip install --no-deps --target .cache/wandb-sweeps sweeps`"
-        )
-    spec = importlib.util.spec_from_file_location("wandb_sweeps", path, submodule_search_locations=[str(path.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["wandb_sweeps"] = module
-    spec.loader.exec_module(module)
-    return module
+    """W&B's open-source sweep engine, PyPI `sweeps` (the `wandb[sweeps]` extra, a test dependency). It is
+    a top-level `sweeps` package; ours installs as `aiayn.sweeps`, so the two live side by side."""
+    import sweeps
+
+    assert hasattr(sweeps, "schema_violations_from_proposed_config"), f"not W&B's sweeps: {sweeps.__file__}"
+    return sweeps
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "paper"])
@@ -230,7 +233,7 @@ def test_bad_sweep_input_is_one_line_exit_2(argv, message, tmp_path, capsys):
 
 
 def test_unknown_scheme_is_a_user_error_without_the_password():
-    from sweeps.storage import open_storage
+    from aiayn.sweeps.storage import open_storage
 
     with pytest.raises(UserError) as e:
         open_storage("mongodb://admin:s3cret@db/x")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablations.cli import main
+from aiayn.cli import main
 
 FAST = [
     "--max-steps",
@@ -77,7 +77,7 @@ def test_eval_and_average_a_checkpoint(trained, capsys, tmp_path):
 
 
 def test_average_of_identical_checkpoints_is_that_checkpoint(trained, tmp_path):
-    from lightning_modules.checkpoints import average, periodic_checkpoints
+    from aiayn.lightning_modules.checkpoints import average, periodic_checkpoints
 
     last = periodic_checkpoints(trained)[-1]
     out = average([last, last], tmp_path / "same.ckpt")

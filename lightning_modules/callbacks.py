@@ -1,5 +1,5 @@
-"""What lets a run survive a kill: exact resume, divergence as a result, atomic checkpoints, one
-process per run directory.
+"""What the Trainer gets beyond Lightning's defaults: exact resume, divergence as a result, atomic
+checkpoints, and preemption under SLURM.
 
 - :class:`RNGStates` makes a resumed run draw the same random numbers as an uninterrupted one.
   Lightning saves the model, optimizer, scheduler, loop counters and our data loader's position,
@@ -12,19 +12,34 @@ process per run directory.
   leave no trace in the training run's random numbers.
 - :class:`DivergenceGuard` stops a run whose loss is NaN or inf (:class:`Diverged`, with the step)
   before the checkpoint of that step is written, so `last.ckpt` keeps the last finite state.
-- :class:`AtomicCheckpointIO` writes Lightning's checkpoints to a temporary file beside the target
-  and renames it. (Lightning's own `_atomic_save` stages the bytes in memory and, for a local path,
-  in a temporary file under /tmp that is then *moved*: a copy across filesystems, unsynced, so a
-  kill mid-copy leaves a truncated `last.ckpt`.)
-- :func:`hold_run_lock` keeps two processes (a restarted sweep worker and the orphan of a killed
-  one, or two hands typing the same command) from training one run directory at once.
+- :class:`AtomicCheckpointIO` (a plugin) writes Lightning's checkpoints to a temporary file beside
+  the target and renames it. (Lightning's own `_atomic_save` stages the bytes in memory and, for a
+  local path, in a temporary file under /tmp that is then *moved*: a copy across filesystems,
+  unsynced, so a kill mid-copy leaves a truncated `last.ckpt`.)
+- :class:`RequeueOnSignal`: on SLURM's warning signal, checkpoint at a step boundary and requeue.
+
+Preemption under SLURM. `aiayn slurm` asks SLURM for `--signal=USR1@LEAD --requeue`; every srun task
+(DDP rank) gets SIGUSR1 some seconds before the time limit (or `scancel --signal=USR1 JOB` sends it
+by hand). :class:`RequeueOnSignal` is the one requeue handler in charge: the Trainer is built with
+`SLURMEnvironment(auto_requeue=False)` so Lightning's own handler is off. Lightning 2.6's handler
+saves the checkpoint inside the signal handler, wherever each rank happens to be; under DDP one
+rank then waits in the save's barrier while another waits in the backward all-reduce, and the job
+hangs until SLURM kills it (reproduced here with 2 CPU ranks; Lightning issue #21406). Here the
+signal handler only sets a flag; after each optimizer step every rank joins one all-reduce of the
+flag (a single scalar), so all ranks see the decision at the same step, save
+`checkpoints/requeue.ckpt` together (Lightning's save_checkpoint is collective), and rank 0 runs
+`scontrol requeue`. Training then stops; `train()` skips the final evaluation and writes no
+metrics.json, and the requeued job runs the same `aiayn train`, which resumes from the newest
+checkpoint of the run directory (`RunDir.resume_checkpoint`).
 """
 
 from __future__ import annotations
 
-import fcntl
+import logging
 import os
 import random
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +48,10 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from ablations.errors import UserError
-from ablations.files import atomic_torch_save
+from aiayn.common.files import atomic_torch_save
+from aiayn.lightning_modules.rundir import REQUEUE_CHECKPOINT
+
+log = logging.getLogger(__name__)
 
 
 def capture_rng() -> dict:
@@ -117,32 +134,61 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, path)
 
 
-def hold_run_lock(directory: Path):
-    """An exclusive lock on `directory/.lock`, held until the returned file is closed (or the process
-    dies); a UserError if another process holds it. Creates `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    f = open(directory / ".lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise UserError(
-            f"run directory {directory} is being trained by another process; wait for it to finish or stop it"
-        ) from None
-    return f
+REQUEUE_SIGNAL = signal.SIGUSR1
 
 
-def remove_stale_temps(directory: Path) -> list[Path]:
-    """Temporary files of atomic writes that a kill left behind (never read; removed on restart)."""
-    stale = [p for p in directory.rglob(".*.tmp") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
+def slurm_job_id() -> str | None:
+    """The id `scontrol requeue` takes: `ARRAYJOB_TASK` for an array task, else the job id."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array_job}_{task}" if array_job and task else os.environ.get("SLURM_JOB_ID")
 
 
-def is_launch_rank_zero() -> bool:
-    """Whether this process is global rank 0, from the launcher's environment (before any Trainer
-    exists): RANK, LOCAL_RANK, SLURM_PROCID (Lightning's order) and, across nodes, NODE_RANK."""
-    from lightning.fabric.utilities.rank_zero import _get_rank
+class RequeueOnSignal(pl.Callback):
+    """Checkpoint to `ckpt_dir/requeue.ckpt` and requeue the SLURM job after the step in which any
+    rank received `REQUEUE_SIGNAL`. Installs its (flag-only) signal handler when constructed, so a
+    signal during data preparation is not lost either."""
 
-    return (_get_rank() or 0) == 0 and int(os.environ.get("NODE_RANK", "0") or 0) == 0
+    def __init__(self, ckpt_dir: str | Path) -> None:
+        self.path = Path(ckpt_dir) / REQUEUE_CHECKPOINT
+        self.signalled = False
+        self.requeued = False
+        self._last_step = -1
+        signal.signal(REQUEUE_SIGNAL, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:  # only a flag: no I/O, no collectives in a handler
+        self.signalled = True
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self._last_step:  # inside an accumulation window: not a step boundary
+            return
+        self._last_step = trainer.global_step
+        # every rank reaches this point after every optimizer step, so the all-reduce lines up
+        if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
+            return
+        log.info("requeue signal: saving %s at step %d", self.path, trainer.global_step)
+        trainer.save_checkpoint(self.path)
+        if trainer.is_global_zero:
+            self._requeue()
+        self.requeued = True
+        trainer.should_stop = True
+
+    def _requeue(self) -> None:
+        job = slurm_job_id()
+        if job is None:
+            log.warning("requeue signal outside SLURM: checkpoint saved, nothing to requeue")
+            return
+        proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if proc.returncode == 0:
+            log.info("requeued SLURM job %s", job)
+        else:
+            log.warning("scontrol requeue %s failed (%s)", job, proc.stderr.strip() or proc.returncode)
+
+
+def slurm_parts(ckpt_dir: str | Path) -> tuple[list, list]:
+    """(plugins, callbacks) for the Trainer: under SLURM, its environment with Lightning's requeue
+    handler off and ours on; elsewhere nothing."""
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    if not SLURMEnvironment.detect():
+        return [], []
+    return [SLURMEnvironment(auto_requeue=False)], [RequeueOnSignal(ckpt_dir)]

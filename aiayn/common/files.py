@@ -8,7 +8,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from ablations.errors import UserError
+from aiayn.common.errors import UserError
 
 
 def _umask() -> int:
@@ -32,11 +32,30 @@ def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> Non
 
 
 def temp_beside(path: Path) -> tuple[int, str]:
-    """A temporary file in the target's directory (so os.replace is atomic), with the permissions a
-    plain open() would give (mkstemp's are owner-only)."""
+    """A new temporary file `.NAME.XXXX.tmp` in the target's directory (so os.replace is atomic), with
+    the permissions a plain open() would give (mkstemp's are owner-only). A kill leaves such files
+    behind; they are never read, and `remove_stale_temps` matches this name."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.chmod(tmp, 0o666 & ~_umask())
     return fd, tmp
+
+
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Temporary files of atomic writes that a kill left behind under `directory`."""
+    stale = [p for p in Path(directory).rglob(".*.tmp") if p.is_file() or p.is_symlink()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def atomic_symlink(target: str | os.PathLike, link: str | os.PathLike) -> None:
+    """Point `link` at `target`, replacing any link there in one rename."""
+    link = Path(link)
+    fd, tmp = temp_beside(link)
+    os.close(fd)
+    os.unlink(tmp)  # the name only: a symlink cannot be created over a file
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
 
 
 @contextmanager

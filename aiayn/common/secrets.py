@@ -13,7 +13,7 @@ import os
 import re
 
 MASK = "***"
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:)[^\s@/]*@")
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:)[^\s@]*@")
 _NAMED = re.compile(r"(?i)(\b[\w.-]*(?:api[_-]?key|password|passwd|secret|token)['\"]?\s*[=:]\s*['\"]?)[^\s'\",;&]+")
 _SECRET_ENV = re.compile(r"(?i)^(WANDB_API_KEY|.*_API_KEY|.*_TOKEN|.*_PASSWORD|.*_SECRET)$")
 _MIN_LEN = 6  # shorter env values (e.g. "1") would mask ordinary text

@@ -1,0 +1,17 @@
+"""aiayn: Table 3 of "Attention Is All You Need", reproduced as sweeps and generated reports.
+
+Layers, bottom to top (each imports only those below it; tests/test_layers.py checks this):
+
+- ``aiayn.common``: plumbing every layer shares (errors, atomic files, secrets, locks, options).
+- ``aiayn.ablations`` (``ablations/``): what to run, as data: Table 3, the extended rows, the presets.
+- ``aiayn.lightning_modules`` (``lightning_modules/``): one run: model, data, training, evaluation.
+- ``aiayn.sweeps`` (``sweeps/``) and ``aiayn.reports`` (``reports/``): many runs, and their tables.
+- ``aiayn.cli``: the ``aiayn`` command.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("aiayn")
+except PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "0+unknown"

@@ -1,0 +1,345 @@
+"""`aiayn`: the command line, the top of the import graph.
+
+Each subcommand turns its arguments into the options dataclass of the layer that does the work (the
+parsers are generated from those dataclasses: aiayn.common.options), calls that layer's function,
+and prints the result. Heavy imports (torch, Lightning) happen inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from aiayn import __version__
+from aiayn.common.errors import UserError, print_error
+from aiayn.common.logs import configure_logging
+from aiayn.common.options import HelpFormatter, add_options, from_args, positive_int
+from aiayn.lightning_modules.options import BenchOptions, TrainOptions
+from aiayn.sweeps.hpo import HpoOptions
+from aiayn.sweeps.slurm import SlurmOptions
+from aiayn.sweeps.table3 import SweepOptions, report_dir
+
+# Options a sweep sets for each of its runs, not the user.
+PER_RUN = ("train.row", "train.seed", "train.progress")
+# `aiayn slurm`: the Trainer's devices, nodes and strategy follow the SLURM resources unless given.
+SLURM_DEFAULTS = {"train.accelerator": "gpu", "train.devices": None, "train.num_nodes": None, "train.strategy": None}
+
+
+# ---- one run
+
+
+def cmd_rows(args) -> None:
+    import pandas as pd
+
+    from aiayn.ablations.presets import get_preset, resolve
+    from aiayn.ablations.table import MODEL_KEYS, get_row, select_rows
+    from aiayn.lightning_modules.config import params_of
+
+    preset = get_preset(args.preset)
+    records = []
+    for name in select_rows(args.rows, include_extended=args.extended):
+        r = resolve(name, preset.name)
+        records.append({
+            "row": r["row"], "group": r["group"], **{k if k != "P_drop" else "p_drop": r[k] for k in MODEL_KEYS},
+            "train_steps": r["train_steps"],
+            "params": params_of(r), "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"],
+            "paper_params_m": r["paper_params_m"], "note": get_row(name).note, "preset": preset.name,
+            "corpus": preset.corpus, "vocab_size": preset.vocab_size,
+        })  # fmt: skip
+    if args.format == "json":
+        print(json.dumps(records, indent=2))
+        return
+    df = pd.DataFrame(records).drop(columns=["preset", "corpus", "vocab_size"])
+    df["params"] = (df["params"] / 1e6).map("{:.1f}M".format)
+    if not df["note"].any():
+        df = df.drop(columns=["note"])
+    print(f"preset {preset.name}: {preset.description}")
+    print(f"rule: {preset.rule()}")
+    print(df.to_string(index=False, na_rep=""))
+
+
+def cmd_train(args) -> None:
+    from aiayn.lightning_modules.train import train
+
+    metrics = train(from_args(TrainOptions, args))
+    if metrics.get("status") == "diverged":
+        print(f"{metrics['row']} seed {metrics['seed']}: diverged ({metrics['error']}); metrics.json status diverged")
+    elif metrics:
+        print(
+            f"{metrics['row']} seed {metrics['seed']}: dev BLEU {metrics['dev_bleu']:.2f} (sacreBLEU), "
+            f"dev PPL {metrics['dev_ppl']:.2f}, {metrics['params'] / 1e6:.2f}M params, {metrics['steps']} steps "
+            f"in {metrics['train_time_s']:.0f} s ({metrics['tokens_per_s']:.0f} tokens/s)"
+        )
+
+
+def _datamodule_for(module, args):
+    from aiayn.lightning_modules.data import TranslationDataModule
+
+    ident = dict(module.hparams.data or {})
+    if args.data_dir:
+        ident["data_dir"] = args.data_dir
+    dm = TranslationDataModule(**ident, cache_dir=args.cache_dir, dev_subset=None)
+    dm.prepare_data()
+    dm.setup("validate")
+    return dm
+
+
+def cmd_eval(args) -> None:
+    from aiayn.lightning_modules.checkpoints import load_module
+    from aiayn.lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
+    from aiayn.lightning_modules.model import count_params
+
+    module = load_module(args.ckpt)
+    dm = _datamodule_for(module, args)
+    result = evaluate(module.model, dm, args.split, beam=args.beam, alpha=args.alpha)
+    result.pop("hypotheses")
+    result.update(
+        params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt), tok_bleu_label=TOK_BLEU_LABEL
+    )
+    print(json.dumps(result, indent=2))
+
+
+def cmd_translate(args) -> None:
+    import torch
+
+    from aiayn.common.files import atomic_write_text
+    from aiayn.lightning_modules.checkpoints import load_module
+    from aiayn.lightning_modules.evaluate import translate_batch
+    from aiayn.lightning_modules.model import PAD
+
+    module = load_module(args.ckpt)
+    dm = _datamodule_for(module, args)
+    try:
+        lines = Path(args.input).read_text(encoding="utf-8") if args.input != "-" else sys.stdin.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read input {args.input} ({e}); pass a UTF-8 text file, one sentence per line") from e
+    lines = lines.splitlines()
+    out = []
+    for start in range(0, len(lines), args.batch_size):
+        ids = dm.encode(lines[start : start + args.batch_size])
+        width = max((len(x) for x in ids), default=1)
+        src = torch.tensor([x + [PAD] * (width - len(x)) for x in ids], dtype=torch.long)
+        hyps = translate_batch(module.model, src, dm.bos_id, dm.eos_id, args.beam, args.alpha)
+        out.extend(dm.decode(h) for h in hyps)
+    text = "\n".join(out) + "\n"
+    if args.output:
+        atomic_write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_average(args) -> None:
+    from aiayn.lightning_modules.checkpoints import average, periodic_checkpoints
+
+    paths = periodic_checkpoints(args.run)
+    if args.last > len(paths):
+        raise UserError(f"--last {args.last} asks for more checkpoints than the {len(paths)} kept in {args.run}")
+    chosen = paths[-args.last :]
+    out = average(chosen, args.out)
+    print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {out}")
+
+
+def cmd_bench(args) -> None:
+    from aiayn.lightning_modules.bench import main as bench_main
+
+    bench_main(from_args(BenchOptions, args))
+
+
+# ---- many runs
+
+
+def _report(runs_dir, out_dir, preset: str | None) -> None:
+    """Write the report of `runs_dir` into `out_dir` and print the files written."""
+    from aiayn.reports.build import write_reports
+
+    for path in write_reports(runs_dir, out_dir, preset=preset):
+        print(path)
+
+
+def cmd_report(args) -> None:
+    from aiayn.common.files import check_writable_dir
+
+    out = args.out or str(Path(args.runs) / "reports")
+    check_writable_dir(out, "--out")
+    _report(args.runs, out, args.preset)
+
+
+def cmd_table3(args) -> None:
+    from aiayn.common.files import check_writable_dir
+    from aiayn.sweeps.storage import check_url
+    from aiayn.sweeps.table3 import run_table3
+
+    opts = from_args(SweepOptions, args)
+    check_writable_dir(opts.train.out, "--out")
+    report = report_dir(opts.report, opts.train.out)
+    if report:
+        check_writable_dir(report, "--report")
+    if opts.storage:
+        check_url(opts.storage)  # before the sweep takes its setup lock under --out
+    summary = run_table3(opts)
+    print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed of "
+          f"{summary['ran']} run ({summary['pairs']} pairs in the table)")  # fmt: skip
+    if report:
+        _report(opts.train.out, report, opts.train.preset)
+
+
+def cmd_hpo(args) -> None:
+    from aiayn.sweeps.hpo import run_hpo
+
+    print(json.dumps(run_hpo(from_args(HpoOptions, args)), indent=2))
+
+
+def cmd_slurm(args) -> None:
+    from aiayn.sweeps.slurm import submit
+
+    opts = from_args(SlurmOptions, args, kind=args.slurm_command)
+    summary = submit(opts)
+    if opts.dry_run and summary.get("text"):
+        sys.stdout.write(summary["text"])
+    print(f"# slurm {opts.kind} {opts.train.preset}: {summary['pairs']} pairs, {summary['completed']} completed, "
+          f"{summary['in_slurm']} queued or running, {summary['pending']} "
+          f"{'to submit (dry run: nothing submitted)' if opts.dry_run else 'submitted'}"
+          + (f"; job {summary['job']}, script {summary['script']}" if summary["job"] else "")
+          + (f"; script {summary['script']}" if opts.dry_run and summary["script"] else ""))  # fmt: skip
+    results = summary.get("results", {})
+    for pair, status in results.items():
+        print(f"{pair}: {status}")
+    report = report_dir(opts.report, opts.train.out)
+    if opts.kind == "table3" and report and "completed" in results.values():
+        _report(opts.train.out, report, opts.train.preset)
+    if any(status != "completed" for status in results.values()):
+        raise SystemExit(1)
+
+
+def cmd_sweep_export(args) -> None:
+    from aiayn.common.files import atomic_write_text
+    from aiayn.sweeps.export import wandb_yaml
+
+    if not args.wandb:
+        raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
+    text = wandb_yaml(args.preset, args.rows, args.seeds, args.extended)
+    if args.out:
+        atomic_write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+
+
+# ---- the parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (`aiayn: error: …; <fix>`, exit 2), not usage + error."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise UserError(f"{message}; see `{self.prog} --help`")
+
+
+def _rows_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all paper rows)")
+    p.add_argument("--extended", action="store_true", help="include the extended rows beyond the paper")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="aiayn", description="Table 3 of 'Attention Is All You Need', reproduced.")
+    p.add_argument("--version", action="version", version=f"aiayn {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("rows", help="the Table 3 rows resolved at a preset (no training)")
+    r.add_argument("--preset", default="paper")
+    _rows_arguments(r)
+    r.add_argument("--format", choices=("table", "json"), default="table")
+    r.set_defaults(func=cmd_rows)
+
+    t = sub.add_parser("train", help="train one (row, preset, corpus, seed); reruns resume")
+    add_options(t, TrainOptions)
+    t.set_defaults(func=cmd_train)
+
+    for name, helptext in (
+        ("eval", "BLEU, PPL and params of a checkpoint on a split"),
+        ("translate", "translate a file"),
+    ):
+        e = sub.add_parser(name, help=helptext)
+        e.add_argument("--ckpt", required=True)
+        e.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
+        e.add_argument("--alpha", type=float, default=0.6, help="length penalty α")
+        e.add_argument("--data-dir", default=None)
+        e.add_argument("--cache-dir", default=None)
+        if name == "eval":
+            e.add_argument("--split", choices=("dev", "test"), default="dev")
+            e.set_defaults(func=cmd_eval)
+        else:
+            e.add_argument("--input", required=True, help="source sentences, one per line ('-' for stdin)")
+            e.add_argument("--output", default=None, help="translations (default: stdout)")
+            e.add_argument("--batch-size", type=positive_int, default=64, help="sentences per beam-search batch")
+            e.set_defaults(func=cmd_translate)
+
+    b = sub.add_parser("bench", help="training and decoding speed, side by side with peers")
+    add_options(b, BenchOptions)
+    b.set_defaults(func=cmd_bench)
+
+    t3 = sub.add_parser("table3", help="run Table 3 as a sweep (Optuna keeps the books), then write the report")
+    add_options(t3, SweepOptions, skip=PER_RUN)
+    t3.set_defaults(func=cmd_table3)
+
+    sl = sub.add_parser("slurm", help="submit Table 3 (or one run) to SLURM as a job array; requeued on preemption")
+    slsub = sl.add_subparsers(dest="slurm_command", required=True, parser_class=_Parser)
+    sp = slsub.add_parser("table3", help="one array task per pending (row, seed)")
+    add_options(sp, SlurmOptions, skip=PER_RUN, defaults=SLURM_DEFAULTS)
+    sp.set_defaults(func=cmd_slurm)
+    sp = slsub.add_parser("train", help="one run")
+    add_options(sp, SlurmOptions, skip=("select.rows", "select.extended", "select.seeds", "report", "train.progress"),
+                defaults=SLURM_DEFAULTS)  # fmt: skip
+    sp.set_defaults(func=cmd_slurm)
+
+    hp = sub.add_parser("hpo", help="Optuna TPE over lr factor, warmup, dropout, label smoothing of one row")
+    add_options(hp, HpoOptions, skip=("train.progress",))
+    hp.set_defaults(func=cmd_hpo)
+
+    sw = sub.add_parser("sweep", help="sweep definitions generated from ablations/")
+    swsub = sw.add_subparsers(dest="sweep_command", required=True, parser_class=_Parser)
+    ex = swsub.add_parser("export", help="write a sweep definition (to stdout without --out)")
+    ex.add_argument("--wandb", action="store_true", help="a W&B sweep YAML (grid over row x seed)")
+    ex.add_argument("--preset", default="tiny")
+    _rows_arguments(ex)
+    ex.add_argument("--seeds", type=positive_int, default=1, help="seeds 0..N-1 per row")
+    ex.add_argument("--out", default=None)
+    ex.set_defaults(func=cmd_sweep_export)
+
+    rp = sub.add_parser("report", help="Table 3 report tables and plots from every metrics.json under --runs")
+    rp.add_argument("--runs", default="runs")
+    rp.add_argument("--out", default=None, help="report directory (default: RUNS/reports)")
+    rp.add_argument("--preset", default=None, help="only this preset (default: every preset found)")
+    rp.set_defaults(func=cmd_report)
+
+    a = sub.add_parser("average", help="average the last k periodic checkpoints of a run")
+    a.add_argument("--run", required=True, help="run directory or its checkpoints/ directory")
+    a.add_argument("--last", type=positive_int, default=5, help="how many of the newest periodic checkpoints")
+    a.add_argument("--out", required=True)
+    a.set_defaults(func=cmd_average)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as e:
+        return print_error(e)
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        args.func(args)
+    except UserError as e:
+        return print_error(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

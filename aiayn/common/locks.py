@@ -1,0 +1,45 @@
+"""File locks (fcntl.flock): one process at a time per lock file, on one machine and on shared
+filesystems with working flock (local disks, NFSv4, Lustre with `flock` mounts). The kernel drops a
+lock when its process dies, however it dies, so a lock is also a sign of life."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+def try_lock(path: str | os.PathLike) -> IO | None:
+    """An exclusive lock on `path` (created with its directory), held until the returned file is
+    closed or the process dies; None at once if another process holds it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike, wait: bool = False):
+    """Hold an exclusive lock on `path` for the `with` block; yields False at once if another process
+    holds it (unless `wait`, which blocks until it is free)."""
+    if wait:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held = open(path, "a+")
+        fcntl.flock(held, fcntl.LOCK_EX)
+    else:
+        held = try_lock(path)
+    if held is None:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        held.close()  # closing the file releases the lock

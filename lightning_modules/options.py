@@ -1,0 +1,83 @@
+"""The options of the commands that work on one run (`aiayn train`, `aiayn bench`), as dataclasses.
+
+The command line is generated from them (aiayn.common.options), so each default lives here only.
+Importing this module is cheap (no torch, no Lightning): the CLI builds every parser from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiayn.ablations.presets import CORPORA
+from aiayn.ablations.table import format_overrides, parse_overrides
+from aiayn.common.options import option
+
+
+@dataclass
+class TrainOptions:
+    """What `aiayn train` takes: which run, where its data and results live, and the Trainer's settings."""
+
+    row: str = option("base", "the Table 3 row (see `aiayn rows`)")
+    preset: str = option("tiny", "the scale: paper, small or tiny (see README, Presets)")
+    data: str | None = option(None, f"corpus: {' | '.join(CORPORA)} (default: the preset's)")
+    data_dir: str | None = option(None, "the corpus's files (multi30k, wmt14: instead of a download; files: required)")
+    src_lang: str = option("en", "source language of the corpus files")
+    tgt_lang: str = option("de", "target language of the corpus files")
+    seed: int = option(0, "the run's seed (the run directory is seedN)")
+    out: str = option("runs", "run directories go under OUT/PRESET/CORPUS/ROW/seedN")
+    cache_dir: str | None = option(None, "tokenizer/corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
+    accelerator: str = option("auto", "Lightning accelerator: auto, cpu, gpu, cuda, ...")
+    devices: int = option(1, "devices per node (DDP ranks)", positive=True)
+    num_nodes: int = option(1, "nodes (world size = devices x nodes)", positive=True)
+    strategy: str = option("auto", "Lightning strategy, e.g. ddp")
+    precision: str = option("32-true", "Lightning precision, e.g. bf16-mixed")
+    max_steps: int | None = option(None, "optimizer steps (default: the preset's for the row)", positive=True)
+    max_tokens: int | None = option(
+        None, "tokens per side per device batch; accumulation makes up the preset's tokens per step", positive=True
+    )
+    vocab_size: int | None = option(None, "joint BPE vocabulary (default: the preset's)", positive=True)
+    dev_subset: int = option(-1, "dev sentences beam-decoded at each validation (-1: the preset's)")
+    ckpt_every: int | None = option(None, "optimizer steps between kept checkpoints (default: the preset's)",
+                                    positive=True)  # fmt: skip
+    ckpt_every_minutes: float | None = option(None, "instead, wall-clock minutes between kept checkpoints")
+    val_every: int | None = option(None, "optimizer steps between validations (default: the preset's)", positive=True)
+    eval_subset: int | None = option(
+        None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
+    )
+    num_workers: int = option(0, "data loader worker processes")
+    wandb: bool = option(False, "log to Weights & Biases (offline without an API key)")
+    progress: bool = option(True, "Lightning's progress bar")
+    overrides: dict = option(
+        default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,
+        help="change a knob of the row: N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, pe, norm_first, warmup, "
+        "lr_factor (repeatable; listed among the run's deviations)",
+    )  # fmt: skip
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+@dataclass
+class BenchOptions:
+    """What `aiayn bench` measures (lightning_modules/bench.py): one model's training and decoding speed."""
+
+    config: str = option("tiny", "model sizes", choices=("tiny", "base", "paper"))
+    device: str = option("auto", "auto: cuda when available", choices=("auto", "cpu", "cuda"))
+    peers: bool = option(False, "also torch.nn.Transformer and transformers' MarianMTModel")
+    json: str | None = option(None, "write the results here, one object per implementation")
+    layers: int | None = option(None, "override N (layers per stack)", positive=True)
+    tokens: int | None = option(None, "padded positions per side in the training batch", positive=True)
+    steps: int = option(3, "timed optimizer steps per trial", positive=True)
+    warmup: int = option(2, "untimed steps before the first trial")
+    trials: int = option(5, "round-robin rounds; medians are reported", positive=True)
+    decode_sentences: int = option(32, "sentences decoded per trial", positive=True)
+    decode_batch: int = option(16, "sentences per beam-search batch", positive=True)
+    decode_src_len: int = option(20, "source length of the decoded sentences", positive=True)
+    decode_extra: int = option(20, "maximum output length = source length + this")
+    beam: int = option(4, "beam size", positive=True)
+    alpha: float = option(0.6, "length penalty (aiayn: GNMT's; Marian: score/len^alpha)")
+    threads: int | None = option(None, "torch.set_num_threads (default: torch's own)", positive=True)
+    padding: bool = option(False, "also the padding waste of token-bucket batches")
+    multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
+    cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")

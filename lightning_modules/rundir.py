@@ -1,0 +1,206 @@
+"""The run directory: the one module that knows its layout, its files and what they say.
+
+A run's directory depends only on (preset, corpus, row, seed), so rerunning the same command resumes
+it instead of starting over::
+
+    OUT/PRESET/CORPUS/ROW/seedS/
+        config.json            the resolved config, written before training; a run of another config is refused
+        checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM's warning)
+        logs/version_N/        Lightning's CSV log of attempt N (training and validation curves)
+        dev.hyp, dev.ref       the final dev translations and their references, line by line
+        metrics.json           the result, written last (see `RunDir.write_metrics` for its fields)
+        .lock                  held by the one process that trains the run
+    OUT/PRESET/CORPUS/ROW/seedS.log   the training process's output when a sweep ran it
+
+`aiayn hpo` trials live in `OUT/hpo/PRESET/ROW/trialNNNN/` with the same inside. Every file is
+written atomically (aiayn.common.files); temporary files a kill leaves behind are removed when the run
+restarts. Nothing here imports torch at import time: sweeps and reports read run directories too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from aiayn.ablations.table import MODEL_KEYS, SCHEDULE_KNOBS
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_json, atomic_write_text, remove_stale_temps
+from aiayn.common.locks import try_lock
+from aiayn.common.secrets import redact_obj
+
+log = logging.getLogger(__name__)
+
+REQUEUE_CHECKPOINT = "requeue.ckpt"
+STATUSES = ("completed", "failed", "diverged", "pruned")
+# without these a metrics.json cannot be placed in a table
+REQUIRED_METRICS = ("row", "seed", "preset", "status")
+# the parts of config.json that must match for a rerun to resume a run directory
+IDENTITY = ("model", "data", "schedule")
+_STEP_CKPT = re.compile(r"step(\d+)\.ckpt$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def of(cls, out: str | Path, preset: str, corpus: str, row: str, seed: int) -> RunDir:
+        return cls(Path(out) / preset / corpus / row / f"seed{seed}")
+
+    @classmethod
+    def hpo_trial(cls, out: str | Path, preset: str, row: str, number: int) -> RunDir:
+        return cls(Path(out) / "hpo" / preset / row / f"trial{number:04d}")
+
+    # ---- layout
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def dev_hyp(self) -> Path:
+        return self.path / "dev.hyp"
+
+    @property
+    def dev_ref(self) -> Path:
+        return self.path / "dev.ref"
+
+    @property
+    def sweep_log(self) -> Path:
+        return self.path.parent / f"{self.path.name}.log"
+
+    # ---- config.json
+
+    def read_config(self) -> dict | None:
+        if not self.config_file.exists():
+            return None
+        try:
+            return json.loads(self.config_file.read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(
+                f"cannot read {self.config_file} ({e}); delete the run directory {self.path} to start over"
+            ) from e
+
+    def check_config(self, config: dict) -> None:
+        """A run directory holds one config: refuse to resume a run of another one."""
+        saved = self.read_config()
+        if saved is None:
+            return
+        for key in IDENTITY:
+            old, new = _identity(saved, key) or {}, _identity(config, key)
+            if old != new:
+                diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+                raise UserError(
+                    f"run directory {self.path} holds a run of another config ({key} differs: {diff}); "
+                    f"use another --out or delete that directory"
+                )
+
+    def write_config(self, config: dict) -> None:
+        atomic_write_json(self.config_file, redact_obj(config))
+
+    # ---- metrics.json
+
+    def read_metrics(self) -> dict | None:
+        """metrics.json, or None when there is none (or it is unreadable)."""
+        try:
+            return json.loads(self.metrics_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def status(self) -> str:
+        """'completed', 'failed', 'diverged', 'pruned', or 'missing' (no metrics.json yet)."""
+        metrics = self.read_metrics()
+        return metrics.get("status", "missing") if isinstance(metrics, dict) else "missing"
+
+    def write_metrics(self, config: dict, status: str, **fields) -> dict:
+        """The result of a run, from its config and what training measured (`fields`: dev_bleu,
+        dev_ppl, steps, ... on completion; error on failure). Secrets are masked."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        r, t = config["row"], config["train"]
+        metrics = {
+            "row": r["row"], "group": r["group"], "seed": t["seed"], "preset": r["preset"],
+            "data": config["data"]["corpus"], "status": status, **fields, "planned_steps": t["steps"],
+            "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"], "paper_params_m": r["paper_params_m"],
+            "config": {k: r[k] for k in MODEL_KEYS}, "deviations": r["deviations"],
+            "effective_tokens_per_step": t["effective_tokens_per_step"],
+            "host": platform.node(), "torch": _torch_version(),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }  # fmt: skip
+        metrics = redact_obj(metrics)
+        atomic_write_json(self.metrics_file, metrics)
+        return metrics
+
+    def write_dev(self, hypotheses: list[str], references: list[str]) -> None:
+        """Final dev translations and their references, side by side (the report's paired bootstrap)."""
+        atomic_write_text(self.dev_hyp, "\n".join(hypotheses) + "\n")
+        atomic_write_text(self.dev_ref, "\n".join(references) + "\n")
+
+    # ---- one process per run, and restarts
+
+    def hold_lock(self) -> IO:
+        """The run's lock, held until the returned file is closed (or the process dies); a UserError
+        if another process trains this run. Creates the directory."""
+        held = try_lock(self.path / ".lock")
+        if held is None:
+            raise UserError(
+                f"run directory {self.path} is being trained by another process; wait for it to finish or stop it"
+            )
+        return held
+
+    def remove_stale_temps(self) -> list[Path]:
+        return remove_stale_temps(self.path)
+
+    def periodic_checkpoints(self) -> list[Path]:
+        """The kept periodic checkpoints (stepNNNNNNN.ckpt), oldest first."""
+        found = [p for p in self.checkpoints.glob("step*.ckpt") if _STEP_CKPT.search(p.name)]
+        return sorted(found, key=lambda p: int(_STEP_CKPT.search(p.name)[1]))
+
+    def resume_checkpoint(self) -> Path | None:
+        """The checkpoint a rerun resumes from: the newer of `last.ckpt` (periodic) and `requeue.ckpt`
+        (saved on SLURM's warning signal). Newer = higher global step; an unreadable file (killed
+        mid-save) is passed over."""
+        import torch  # lazily: readers of run directories (reports, sweeps) need no torch
+
+        best, best_step = None, -1
+        for path in (self.checkpoints / "last.ckpt", self.checkpoints / REQUEUE_CHECKPOINT):
+            if not path.is_file():
+                continue
+            try:  # mmap: reads the step without loading the tensors
+                step = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"]
+            except Exception as e:
+                log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
+                continue
+            if step >= best_step:  # on a tie the later candidate (the requeue checkpoint) wins
+                best, best_step = path, step
+        return best
+
+
+def _identity(config: dict, key: str) -> dict | None:
+    if key == "schedule":
+        return {k: config.get("train", {}).get(k) for k in SCHEDULE_KNOBS}
+    return config.get(key)
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__

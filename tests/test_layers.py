@@ -1,0 +1,169 @@
+"""The import layers (README, Architecture): each layer imports only the layers below it.
+
+    aiayn.common  <  aiayn.ablations  <  aiayn.lightning_modules  <  aiayn.sweeps | aiayn.reports  <  aiayn.cli
+
+sweeps and reports sit side by side and import neither each other nor the CLI. Every import counts,
+also one inside a function (a lazy import is still a dependency), and there are no import cycles
+between modules. Read from the source (ast), so nothing is imported to check it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK = {"common": 0, "ablations": 1, "lightning_modules": 2, "sweeps": 3, "reports": 3, "cli": 4}
+
+
+def package_dirs() -> dict[str, Path]:
+    """Import name -> directory, from pyproject.toml's package-dir mapping (the one source of the layout)."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name: ROOT / path for name, path in mapping.items()}
+
+
+def modules() -> dict[str, Path]:
+    """Every aiayn module: dotted name -> file."""
+    out = {}
+    dirs = package_dirs()
+    for package, directory in dirs.items():
+        for path in directory.glob("*.py"):
+            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    for sub in (ROOT / "aiayn").iterdir():  # aiayn's own subpackages (aiayn.common)
+        if sub.is_dir() and (sub / "__init__.py").exists() and f"aiayn.{sub.name}" not in dirs:
+            for path in sub.glob("*.py"):
+                out[f"aiayn.{sub.name}" + ("" if path.stem == "__init__" else f".{path.stem}")] = path
+    return out
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in RANK:
+        return parts[1]
+    return "cli"  # aiayn, aiayn.cli, aiayn.__main__
+
+
+def imports(path: Path) -> set[str]:
+    """The aiayn modules `path` imports (module level or inside functions), plus any top-level names
+    it imports that shadow our directories (`import sweeps` would be W&B's package, not ours)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n.split(".")[0] == "aiayn" or n.split(".")[0] in RANK}
+    return found
+
+
+def resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The module an imported name refers to (`aiayn.x.y.Thing` -> `aiayn.x.y`)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def edges() -> dict[str, set[str]]:
+    known = modules()
+    graph = {}
+    for module, path in known.items():
+        targets = {resolve(n, known) or n for n in imports(path)}
+        graph[module] = {t for t in targets if t != module}
+    return graph
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if target.split(".")[0] != "aiayn":
+                bad.append(f"{module} imports {target}: not an aiayn module (install names are aiayn.*)")
+                continue
+            below = RANK[layer(target)] < RANK[layer(module)]
+            if target == "aiayn" or layer(target) == layer(module) or below:  # the root only holds __version__
+                continue
+            bad.append(f"{module} ({layer(module)}) imports {target} ({layer(target)})")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_every_module_is_found():
+    found = modules()
+    for name in ("aiayn.cli", "aiayn.common.files", "aiayn.ablations.table", "aiayn.lightning_modules.train",
+                 "aiayn.sweeps.table3", "aiayn.reports.build"):  # fmt: skip
+        assert name in found, name
+    assert len(found) > 30
+
+
+def test_each_layer_imports_only_the_layers_below():
+    assert violations(edges()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(edges()) == []
+
+
+@pytest.mark.parametrize("layer_name", ["common", "ablations"])
+def test_the_bottom_layers_import_no_torch_or_lightning_at_module_level(layer_name):
+    """`aiayn rows`, the sweep driver and reports read tables and run directories without torch."""
+    for module, path in modules().items():
+        if layer(module) != layer_name:
+            continue
+        tree = ast.parse(path.read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {n for n in names if n.split(".")[0] in ("torch", "lightning")}, module
+
+
+def test_the_model_file_imports_no_lightning():
+    names = {n for n in imports_all(modules()["aiayn.lightning_modules.model"])}
+    assert not {n for n in names if n.split(".")[0] in ("lightning", "pytorch_lightning")}
+
+
+def imports_all(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_the_checker_catches_an_upward_import_and_a_cycle():
+    """The checks above can fail: a fake graph with a forbidden import and a cycle."""
+    graph = {
+        "aiayn.ablations.table": {"aiayn.lightning_modules.model"},  # up: forbidden
+        "aiayn.sweeps.table3": {"aiayn.reports.build"},  # sideways between sweeps and reports: forbidden
+        "aiayn.lightning_modules.a": {"aiayn.lightning_modules.b"},
+        "aiayn.lightning_modules.b": {"aiayn.lightning_modules.a"},
+        "aiayn.cli": {"aiayn.sweeps.table3", "aiayn.common.files"},  # down: allowed
+    }
+    assert violations(graph) == [
+        "aiayn.ablations.table (ablations) imports aiayn.lightning_modules.model (lightning_modules)",
+        "aiayn.sweeps.table3 (sweeps) imports aiayn.reports.build (reports)",
+    ]
+    assert cycles(graph) == [["aiayn.lightning_modules.a", "aiayn.lightning_modules.b", "aiayn.lightning_modules.a"]]
