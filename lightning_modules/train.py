@@ -32,7 +32,7 @@ from aiayn.lightning_modules.callbacks import (
 )
 from aiayn.lightning_modules.config import apply_overrides, model_config
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
-from aiayn.lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
+from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.model import count_params
 from aiayn.lightning_modules.module import TranslationModule
 from aiayn.lightning_modules.options import TrainOptions
@@ -163,8 +163,8 @@ def train(
         config, status="completed", steps=trainer.global_step, params=count_params(cfg),
         train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
         dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
-        dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=TOK_BLEU_LABEL, dev_ppl=round(result["ppl"], 4),
-        dev_sentences=result["n_sentences"],
+        dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=result["tok_bleu_label"],
+        dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"],
     )  # fmt: skip
     finish_wandb(trainer, metrics)
     return metrics
