@@ -93,7 +93,7 @@ def test_every_optimizer_step_gets_a_whole_accumulation_window(replicas, accumul
 
 
 def test_an_epoch_of_the_datamodule_is_whole_optimizer_steps(tmp_path):
-    from tests.test_data import _corpus
+    from test_data import _corpus
 
     root = _corpus(tmp_path / "corpus", sizes=(400, 20, 20))
     dm = D.TranslationDataModule(corpus="files", data_dir=str(root), cache_dir=str(tmp_path / "cache"),
@@ -130,7 +130,7 @@ def test_batches_are_cut_at_the_budget_in_real_target_tokens_not_padded_position
     """Multi30k-like lengths (targets 0.8-1.3 x sources): a budget of padded positions would leave batches 5%
     short of it in real target tokens; cut in real target tokens, they fall short only by the sentence that
     did not fit."""
-    from tests.test_data import _lengths
+    from test_data import _lengths
 
     src, tgt = _lengths()
     s = D.TokenBucketSampler(src, tgt, max_tokens=1024, shuffle=False)
