@@ -24,8 +24,10 @@ class Preset:
     width: float  # factor on d_model, d_ff, d_k, d_v
     depth: float  # factor on N
     train_steps: int  # optimizer steps for base; other rows scale with the paper's steps
-    tokens_per_step: int  # tokens per side (source, and target) per optimizer step, all devices together
-    max_tokens: int  # tokens per side in one batch on one device; accumulation makes up the rest
+    # real target tokens (EOS included, padding not) per optimizer step, all devices together: the paper's
+    # "approximately 25000 source tokens and 25000 target tokens"; the source side comes as the corpus gives it
+    tokens_per_step: int
+    max_tokens: int  # real target tokens in one batch on one device; accumulation makes up the rest
     warmup: int  # the schedule's warmup_steps (paper: 4000)
     lr_factor: float  # multiplies the paper's schedule (1.0 = the paper)
     dev_subset: int | None  # dev sentences beam-decoded for val/bleu during training (final eval: all)
@@ -40,7 +42,7 @@ class Preset:
         return (
             f"d_model, d_ff, d_k, d_v x {self.width:g}; N x {self.depth:.3g} (rounded, >= 1); h, P_drop, eps_ls, "
             f"pe unchanged; {self.train_steps} steps (x3 for big, as in the paper); "
-            f"{self.tokens_per_step} tokens per side per step; learning rate x {self.lr_factor:g} of the paper's "
+            f"{self.tokens_per_step} real target tokens per step; learning rate x {self.lr_factor:g} of the paper's "
             f"schedule with warmup {self.warmup}; vocabulary {self.vocab_size}"
         )
 

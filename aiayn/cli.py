@@ -89,17 +89,44 @@ def _datamodule_for(module, args):
 
 def cmd_eval(args) -> None:
     from aiayn.lightning_modules.checkpoints import load_module
-    from aiayn.lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
+    from aiayn.lightning_modules.evaluate import evaluate
     from aiayn.lightning_modules.model import count_params
 
     module = load_module(args.ckpt)
     dm = _datamodule_for(module, args)
     result = evaluate(module.model, dm, args.split, beam=args.beam, alpha=args.alpha)
     result.pop("hypotheses")
-    result.update(
-        params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt), tok_bleu_label=TOK_BLEU_LABEL
-    )
+    result.update(params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt))
     print(json.dumps(result, indent=2))
+
+
+def _read_sentences(path: str, flag: str) -> list[str]:
+    """One sentence per line; only the final newline ends no sentence (an empty last line is a sentence)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"cannot read {flag} {path} ({type(e).__name__}); pass a UTF-8 text file, one sentence per line"
+        ) from e
+    lines = (text[:-1] if text.endswith("\n") else text).split("\n") if text else []
+    return [line.rstrip("\r") for line in lines]
+
+
+def cmd_score(args) -> None:
+    from aiayn.lightning_modules.bleu import bleu
+
+    hyps, refs = _read_sentences(args.hyp, "--hyp"), _read_sentences(args.ref, "--ref")
+    if len(hyps) != len(refs) or not refs:
+        raise UserError(
+            f"--hyp {args.hyp} has {len(hyps)} lines and --ref {args.ref} has {len(refs)}; pass line-aligned, "
+            "non-empty files (one sentence per line)"
+        )
+    result = bleu(hyps, refs, lang=args.lang)
+    if args.json:
+        print(json.dumps({**result, "n_sentences": len(refs)}, indent=2))
+    else:
+        print(f"BLEU {result['bleu']:.2f} ({result['bleu_signature']})")
+        print(f"tokenized BLEU {result['tok_bleu']:.2f} ({result['tok_bleu_label']})")
 
 
 def cmd_translate(args) -> None:
@@ -280,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--output", default=None, help="translations (default: stdout)")
             e.add_argument("--batch-size", type=positive_int, default=64, help="sentences per beam-search batch")
             e.set_defaults(func=cmd_translate)
+
+    sc = sub.add_parser("score", help="BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU")
+    sc.add_argument("--hyp", required=True, help="detokenized system output, one sentence per line")
+    sc.add_argument("--ref", required=True, help="detokenized references, line by line with --hyp")
+    sc.add_argument("--lang", default="de", help="target language, for the Moses tokenizer of the tokenized BLEU")
+    sc.add_argument("--json", action="store_true", help="print bleu, bleu_signature, tok_bleu, tok_bleu_label as JSON")
+    sc.set_defaults(func=cmd_score)
 
     b = sub.add_parser("bench", help="training and decoding speed, side by side with peers")
     add_options(b, BenchOptions)

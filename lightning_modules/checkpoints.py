@@ -49,14 +49,20 @@ def periodic_checkpoints(run_or_dir: str | Path) -> list[Path]:
 
 
 def average(paths: list[Path], out: str | Path) -> Path:
-    """Average the parameters of `paths` into a new checkpoint (written atomically)."""
+    """Average the parameters of `paths` into a new checkpoint (written atomically): floating-point tensors
+    are the float64 mean cast back to their dtype; other tensors (counters) and everything else are the last
+    checkpoint's."""
     ckpts = [load_raw(p) for p in paths]
-    first = ckpts[0]
+    first, last = ckpts[0], ckpts[-1]
     for p, c in zip(paths[1:], ckpts[1:]):
-        if c["hyper_parameters"]["model_cfg"] != first["hyper_parameters"]["model_cfg"]:
-            raise UserError(f"checkpoint {p} has another model config than {paths[0]}; average checkpoints of one run")
+        for what in ("model_cfg", "data"):
+            if c["hyper_parameters"].get(what) != first["hyper_parameters"].get(what):
+                raise UserError(
+                    f"checkpoint {p} has another {'model config' if what == 'model_cfg' else 'data config'} than "
+                    f"{paths[0]}; average checkpoints of one run"
+                )
     avg = {}
-    for key, value in first["state_dict"].items():
+    for key, value in last["state_dict"].items():
         if value.is_floating_point():
             avg[key] = sum(c["state_dict"][key].double() for c in ckpts).div(len(ckpts)).to(value.dtype)
         else:

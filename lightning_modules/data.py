@@ -10,7 +10,7 @@ processes are cheap and harmless; the loser of a race just overwrites an identic
    eos=3), keyed by corpus identity and vocabulary size (:func:`spm_cache_prefix`).
 3. :func:`encode_split` encodes each split once into a ``.pt`` file (flat int32 ids + offsets).
 4. :class:`TokenBucketSampler` groups sentences of similar length into batches of at most
-   ``max_tokens`` padded positions, shards them over DDP ranks and can resume mid-epoch.
+   ``max_tokens`` real target tokens, shards them over DDP ranks and can resume mid-epoch.
 5. :func:`collate` pads a batch into ``src``/``tgt_in``/``tgt_out`` tensors.
 
 :class:`TranslationDataModule` wires these together for Lightning. With several devices the Trainer
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import logging
 import math
 import os
@@ -210,8 +211,21 @@ def _link_multi30k_dir(data_dir: Path, cache_dir: Path, src_lang: str, tgt_lang:
 
 
 def _download(url: str, dest: Path) -> None:
-    with urllib.request.urlopen(url, timeout=60) as r, atomic_open(dest, "wb") as f:
-        shutil.copyfileobj(r, f)
+    """`url` into `dest`, whole or not at all. A server that closes early can leave a short body that a
+    reader of the stream takes for the end, so the length is checked against Content-Length and a .gz
+    file must decompress before it is renamed into place (the files are small: kept in memory)."""
+    with urllib.request.urlopen(url, timeout=60) as r:
+        data = r.read()
+        expected = r.headers.get("Content-Length")
+    if expected is not None and len(data) != int(expected):
+        raise OSError(f"incomplete download: {len(data)} of {expected} bytes")
+    if dest.name.endswith(".gz"):
+        try:
+            gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise OSError(f"incomplete download: not a whole gzip file ({e})") from e
+    with atomic_open(dest, "wb") as f:
+        f.write(data)
 
 
 def _download_multi30k(cache_dir: Path) -> Path:
@@ -225,7 +239,7 @@ def _download_multi30k(cache_dir: Path) -> Path:
             log.info("downloading %s", url)
             try:
                 _download(url, dest)
-            except OSError as e:  # URLError and HTTPError are OSErrors
+            except (OSError, http.client.HTTPException) as e:  # URLError, HTTPError; IncompleteRead
                 raise UserError(
                     f"could not download Multi30k from {url} ({e}); pass --data-dir pointing at a local "
                     "Multi30k copy (train/val/test .en/.de files)"
@@ -423,6 +437,11 @@ class EncodedPairs(Dataset):
 # --------------------------------------------------------------------------------------------------
 
 
+# A batch's padded tensors may hold at most this many times its budget of real target tokens: a guard for
+# pathological batches (long sources with short targets), not a limit that sorted batches normally reach.
+PADDED_LIMIT = 2
+
+
 def batch_cost(n_sentences: int, longest_src: int, longest_tgt: int) -> int:
     """Padded positions of a batch: ``B * max(S, T + 1)``.
 
@@ -434,10 +453,10 @@ def batch_cost(n_sentences: int, longest_src: int, longest_tgt: int) -> int:
 
 
 def derive_accumulation(target_tokens_per_step: int, max_tokens_per_batch: int, world_size: int = 1) -> int:
-    """Gradient-accumulation steps so one optimizer step sees about ``target_tokens_per_step`` tokens.
+    """Gradient-accumulation steps so one optimizer step sees about ``target_tokens_per_step`` target tokens.
 
     Fairseq's ``update_freq``: ``ceil(target / (max_tokens * world_size))``, at least 1. The paper's
-    ~25k source + 25k target tokens per step on 8 GPUs becomes e.g. 7 steps of 4096 tokens on one GPU.
+    ~25k target tokens per step on 8 GPUs becomes e.g. 7 batches of 4096 on one GPU.
     """
     if target_tokens_per_step <= 0 or max_tokens_per_batch <= 0 or world_size <= 0:
         raise UserError(
@@ -460,14 +479,22 @@ def padding_stats(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt
 
 
 class TokenBucketSampler(Sampler[list[int]]):
-    """Batch sampler: similar-length sentences in batches of at most ``max_tokens`` padded positions.
+    """Batch sampler: similar-length sentences in batches of at most ``max_tokens`` real target tokens.
+
+    The budget counts what the paper counts ("batches of approximately 25000 source tokens and 25000
+    target tokens"): real tokens, not padded positions; the target side, EOS included (what the loss
+    normalizes by), so that an optimizer step of ``A`` batches on ``W`` devices trains on about
+    ``A · W · max_tokens`` target tokens; the source side comes as the corpus gives it. Padded positions
+    (:func:`batch_cost`) are kept under ``PADDED_LIMIT × max_tokens`` (sorted batches stay far below).
 
     Per epoch: sort by ``max(src, tgt + 1)`` (ties broken randomly per epoch when shuffling), cut
-    greedily so :func:`batch_cost` <= ``max_tokens`` (a lone sentence over budget still forms a batch
-    of one; the DataModule prevents that by requiring ``max_tokens > max_len``), shuffle batch order
-    with ``(seed, epoch)``. For DDP the batch list is cut to a multiple of ``num_replicas`` (the last
-    batches after shuffling are dropped when ``drop_uneven``; otherwise the first ones are repeated)
-    and rank r takes batches ``r::num_replicas``: disjoint shares, same count on every rank.
+    greedily at the budget (a lone sentence over budget still forms a batch of one; the DataModule
+    prevents that by requiring ``max_tokens > max_len``), shuffle batch order with ``(seed, epoch)``.
+    For DDP with ``accumulate`` batches per optimizer step, the batch list is cut to a multiple of
+    ``num_replicas · accumulate`` (the last batches after shuffling are dropped when ``drop_uneven``,
+    so no optimizer step gets an incomplete accumulation window at the end of an epoch; otherwise the
+    first ones are repeated up to a multiple of ``num_replicas``) and rank r takes batches
+    ``r::num_replicas``: disjoint shares, same count on every rank.
 
     Resumable: ``state_dict()`` = ``{"epoch", "yielded"}``; after ``load_state_dict`` iterations
     of that epoch skip the batches already yielded, until one finishes or ``set_epoch`` moves to
@@ -485,6 +512,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         drop_uneven: bool = True,
+        accumulate: int = 1,
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} outside [0, {num_replicas})")
@@ -494,6 +522,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         )
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.num_replicas, self.rank, self.drop_uneven = num_replicas, rank, drop_uneven
+        self.accumulate = accumulate
         self.epoch, self.yielded, self._skip = 0, 0, 0
         self._len = len(self._rank_share(self.all_batches(0)))  # batch count is the same every epoch
 
@@ -508,12 +537,15 @@ class TokenBucketSampler(Sampler[list[int]]):
         rng = np.random.default_rng([self.seed, epoch])
         tie = rng.random(len(key)) if self.shuffle else np.arange(len(key))
         order = np.lexsort((tie, key))
-        batches, start, longest = [], 0, 0
+        batches, start, real = [], 0, 0
         for pos, i in enumerate(order.tolist()):
-            longest = max(longest, int(key[i]))  # sorted ascending, so this is key[i]
-            if pos > start and (pos - start + 1) * longest > self.max_tokens:
+            tgt = int(self.tgt_lens[i]) + 1  # + EOS
+            longest = int(key[i])  # sorted ascending: the longest so far
+            padded = (pos - start + 1) * longest
+            if pos > start and (real + tgt > self.max_tokens or padded > PADDED_LIMIT * self.max_tokens):
                 batches.append(order[start:pos].tolist())
-                start = pos
+                start, real = pos, 0
+            real += tgt
         if start < len(order):
             batches.append(order[start:].tolist())
         if self.shuffle:
@@ -523,7 +555,7 @@ class TokenBucketSampler(Sampler[list[int]]):
     def _rank_share(self, batches: list[list[int]]) -> list[list[int]]:
         n = len(batches)
         if self.drop_uneven:
-            batches = batches[: n - n % self.num_replicas]
+            batches = batches[: n - n % (self.num_replicas * self.accumulate)]
         elif n % self.num_replicas:
             batches = batches + batches[: self.num_replicas - n % self.num_replicas]
         return batches[self.rank :: self.num_replicas]
@@ -652,8 +684,10 @@ class TranslationDataModule(pl.LightningDataModule):
     """Corpus -> SPM -> cached ids -> token-bucket DataLoaders (see the module docstring).
 
     Train pairs with more than ``max_len`` tokens on either side are dropped (count logged); dev/test
-    pairs are truncated to ``max_len`` instead so every reference is scored. ``max_tokens`` is per
-    device and per batch; it must exceed ``max_len`` so every sentence fits in a batch.
+    pairs are truncated to ``max_len`` instead so every reference is scored. ``max_tokens`` is real target
+    tokens per device and per batch; it must exceed ``max_len`` so every sentence fits in a batch.
+    ``accumulate`` (batches per optimizer step) makes each rank's training batches per epoch a multiple of
+    it, so that every optimizer step has a whole accumulation window.
     """
 
     def __init__(
@@ -669,6 +703,7 @@ class TranslationDataModule(pl.LightningDataModule):
         dev_subset: int | None = None,
         max_len: int = 256,
         num_workers: int = 0,
+        accumulate: int = 1,
     ) -> None:
         super().__init__()
         if max_tokens <= max_len:
@@ -687,6 +722,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.requested_vocab_size, self.max_tokens = vocab_size, max_tokens
         self.src_lang, self.tgt_lang, self.seed = src_lang, tgt_lang, seed
         self.dev_subset, self.max_len, self.num_workers = dev_subset, max_len, num_workers
+        self.accumulate = accumulate
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
         self.sp = None
         self._corpus_dir: Path | None = None
@@ -736,7 +772,7 @@ class TranslationDataModule(pl.LightningDataModule):
             train = split == "train"
             self._samplers[split] = TokenBucketSampler(
                 ds.src_lens, ds.tgt_lens, self.max_tokens, shuffle=train, seed=self.seed,
-                num_replicas=world, rank=rank, drop_uneven=train,
+                num_replicas=world, rank=rank, drop_uneven=train, accumulate=self.accumulate if train else 1,
             )  # fmt: skip
 
     def _world(self) -> tuple[int, int]:

@@ -4,6 +4,9 @@ Beam search as in the paper: beam 4, length penalty lp(Y) = ((5 + |Y|) / 6)^α w
 (Wu et al., 2016), maximum output length = source length + 50, and early termination: a sentence
 stops once it has `beam` finished hypotheses (fairseq's rule), and the batch stops when every
 sentence has stopped. Finished sentences leave the batch, so long tails do not cost the batch.
+At the length limit every hypothesis ends with EOS, which costs its real log-probability (fairseq
+masks every other token; a free EOS would favour hypotheses that run to the limit). PAD, BOS and UNK
+are never generated (their log-probabilities are -inf at every step, greedy and beam alike).
 
 Written by hand because neither PyTorch nor Lightning ships a seq2seq beam search; the
 bookkeeping follows fairseq's SequenceGenerator (top 2·beam candidates, EOS among the top `beam`
@@ -18,7 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from aiayn.lightning_modules.model import PAD, Transformer
+from aiayn.lightning_modules.model import BOS, PAD, UNK, Transformer
+
+NEVER_GENERATED = (PAD, BOS, UNK)
 
 
 def max_output_lengths(src: Tensor, extra: int, cap: int) -> Tensor:
@@ -38,6 +43,7 @@ def greedy(model: Transformer, src: Tensor, bos: int, eos: int, extra_len: int =
     alive = torch.arange(B, device=src.device)
     for step in range(int(limits.max())):
         logp = model.decode_step(tokens, cache)
+        logp[:, NEVER_GENERATED] = float("-inf")
         nxt = logp.argmax(-1)
         nxt = torch.where(limits[alive] <= step, torch.full_like(nxt, eos), nxt)  # length cap: end here
         for i, tok in zip(alive.tolist(), nxt.tolist()):
@@ -85,8 +91,10 @@ def beam_search(
         n = sent.numel()
         logp = model.decode_step(hyps[:, -1:], cache)  # (n·K, V)
         V = logp.shape[-1]
+        logp[:, NEVER_GENERATED] = float("-inf")
         at_limit = (limits[sent] <= step).repeat_interleave(K)
-        logp[at_limit] = torch.where(torch.arange(V, device=dev) == eos, 0.0, float("-inf"))
+        # at the limit only EOS, at its real log-probability
+        logp[at_limit] = torch.where(torch.arange(V, device=dev) == eos, logp[at_limit], float("-inf"))
         cand = (scores.view(n * K, 1) + logp).view(n, K * V)
         top_scores, top_idx = cand.topk(2 * K, dim=1)  # (n, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V

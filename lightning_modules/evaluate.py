@@ -1,38 +1,23 @@
 """BLEU and perplexity as the paper reports them, each labelled as what it is.
 
 - sacreBLEU: corpus BLEU on detokenized output, with its signature (the comparable number).
-- tokenized BLEU with compound splitting: what the paper reported (tensor2tensor's
-  get_ende_bleu.sh: tokenize, split hyphenated compounds as "a ##AT##-##AT## b", multi-bleu). We
-  approximate its Moses tokenization with sacreBLEU's 13a tokenizer, so it is labelled "approx".
+- tokenized BLEU with compound splitting: what the paper reported (tensor2tensor's get_ende_bleu.sh:
+  Moses tokenizer, then "a ##AT##-##AT## b", then multi-bleu), in `bleu.py`.
 - perplexity per wordpiece: exp(mean unsmoothed NLL over target tokens, EOS included, padding not).
 """
 
 from __future__ import annotations
 
 import math
-import re
 
-import sacrebleu
 import torch
 from torch import Tensor
 
+from aiayn.lightning_modules.bleu import bleu
 from aiayn.lightning_modules.decoding import beam_search, greedy
 from aiayn.lightning_modules.model import PAD, Transformer
 
-TOK_BLEU_LABEL = "tokenized BLEU, 13a tokenization + compound splitting (approx. tensor2tensor get_ende_bleu.sh)"
-_COMPOUND = re.compile(r"(\S)-(\S)")
-
-
-def split_compounds(text: str) -> str:
-    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
-
-
-def bleu(hyps: list[str], refs: list[str]) -> dict:
-    """Both BLEUs of a detokenized system output against one reference per sentence."""
-    metric = sacrebleu.BLEU()
-    score = metric.corpus_score(hyps, [refs])
-    tok = sacrebleu.corpus_bleu([split_compounds(h) for h in hyps], [[split_compounds(r) for r in refs]])
-    return {"bleu": score.score, "bleu_signature": str(metric.get_signature()), "tok_bleu": tok.score}
+__all__ = ["bleu", "evaluate", "nll_sum", "translate_batch"]
 
 
 def nll_sum(model: Transformer, batch: dict) -> tuple[Tensor, int]:
@@ -71,7 +56,7 @@ def evaluate(model: Transformer, datamodule, split: str = "dev", beam: int = 4, 
     ordered = [hyps[i] for i in range(len(refs))]
     return {
         "ppl": math.exp(total_nll / max(total_tokens, 1)),
-        **bleu(ordered, refs),
+        **bleu(ordered, refs, lang=datamodule.tgt_lang),
         "n_sentences": len(refs),
         "hypotheses": ordered,
     }

@@ -3,6 +3,13 @@
 Paper §5.3-§5.4: Adam(β1=0.9, β2=0.98, ε=1e-9), lrate = d_model^-0.5 · min(step^-0.5,
 step · warmup_steps^-1.5) stepped per optimizer step, label smoothing ε_ls. `lr_factor` multiplies
 the schedule (1.0 = the paper; tensor2tensor calls it learning_rate).
+
+Loss normalization, as fairseq's trainer and tensor2tensor do it: the gradient of an optimizer step is that
+of the label-smoothed loss summed over every target token of the update (all its accumulated batches, all
+devices) divided by the number of those tokens, so each token weighs the same whether the update came from
+one batch on 8 GPUs or 8 accumulated batches on one. Each batch returns its summed loss; Lightning divides it
+by the accumulation count A and DDP averages the ranks' gradients, so before the optimizer step the
+gradients are multiplied by A · W / (the update's target tokens, one all-reduce of the counts).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Ten
 
 
 def projected_label_smoothed_loss(
-    hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int | None = None
+    hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int | None = None, reduction: str = "mean"
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`label_smoothed_loss(F.linear(hidden, weight), target, eps)` without the (B, T, V) logits.
 
@@ -53,20 +60,23 @@ def projected_label_smoothed_loss(
     (d loss / d logits = softmax - (1 - ε)·onehot - ε/V per non-pad position, / n) and backward only
     scales them: no logits are recomputed. Equal to the straightforward loss within 1e-5 (float32),
     tested in tests/test_bench.py. Returns (loss, nll, n) like `label_smoothed_loss`, n a tensor:
-    nothing here waits for the device.
+    nothing here waits for the device. `reduction="sum"`: loss and NLL summed over the n tokens, not
+    averaged (the training step's; the optimizer step divides by the update's tokens).
     """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     hidden, target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
     chunk = chunk or max(1, 2**25 // weight.shape[0])  # 128 MB of float32 logits per chunk
-    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps, chunk)
+    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps, chunk, reduction == "mean")
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int):
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int, mean: bool):
         V = weight.shape[0]
         mask = target != PAD
         n = mask.sum()
-        inv_n = 1.0 / n.clamp(min=1).float()
+        inv_n = 1.0 / n.clamp(min=1).float() if mean else hidden.new_ones((), dtype=torch.float32)
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
@@ -99,7 +109,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         gh = grad_h * g_loss if grad_h is not None else None
         gw = (grad_w * g_loss).to(ctx.weight_dtype) if grad_w is not None else None
-        return gh, gw, None, None, None
+        return gh, gw, None, None, None, None
 
 
 class TranslationModule(pl.LightningModule):
@@ -122,6 +132,9 @@ class TranslationModule(pl.LightningModule):
         self._t_last: float | None = None
         self._tokens = 0
         self.total_tokens = 0  # source + target non-pad tokens trained on by this rank
+        self._window = [0, 0]  # real source, target tokens of this rank's batches since the last optimizer step
+        # over the whole run (all ranks, kept in checkpoints): optimizer steps and their real tokens
+        self.trained = {"steps": 0, "src_tokens": 0, "tgt_tokens": 0}
         self._val: dict = {}
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -131,14 +144,41 @@ class TranslationModule(pl.LightningModule):
         # = label_smoothed_loss(self.model(src, tgt_in), ...) without materializing (B, T, V) logits
         memory, src_mask = self.model.encode(batch["src"])
         hidden = self.model.decode(batch["tgt_in"], memory, src_mask)
-        loss, nll, _ = projected_label_smoothed_loss(hidden, self.model.embed.weight, batch["tgt_out"], self.cfg.eps_ls)
-        self._tokens += batch["n_src_tokens"] + batch["n_tgt_tokens"]
-        self.total_tokens += batch["n_src_tokens"] + batch["n_tgt_tokens"]
+        loss, nll, _ = projected_label_smoothed_loss(
+            hidden, self.model.embed.weight, batch["tgt_out"], self.cfg.eps_ls, reduction="sum"
+        )
+        n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]
+        self._tokens += n_src + n_tgt
+        self.total_tokens += n_src + n_tgt
+        self._window[0] += n_src
+        self._window[1] += n_tgt
         bs = batch["src"].shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
-        self.log("train/nll", nll, batch_size=bs)
+        self.log("train/loss", loss.detach() / n_tgt, prog_bar=True, batch_size=bs)  # per target token
+        self.log("train/nll", nll / n_tgt, batch_size=bs)
         self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=bs)
-        return loss
+        return loss  # summed: on_before_optimizer_step divides the update's gradient by its target tokens
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Normalize the update by its real target tokens (see the module docstring), and count them."""
+        counts = torch.tensor(self._window, dtype=torch.float64, device=self.device)
+        self._window = [0, 0]
+        if self.trainer.world_size > 1:
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        n_src, n_tgt = (int(c) for c in counts.tolist())
+        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / max(n_tgt, 1)
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, scale)
+        self.trained["steps"] += 1
+        self.trained["src_tokens"] += n_src
+        self.trained["tgt_tokens"] += n_tgt
+        self.log("train/src_tokens_per_step", float(n_src), rank_zero_only=True)
+        self.log("train/tgt_tokens_per_step", float(n_tgt), rank_zero_only=True)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["aiayn_trained"] = dict(self.trained)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.trained = dict(checkpoint.get("aiayn_trained", self.trained))
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         # tokens/s (source + target, non-pad) over the time since the previous batch ended
@@ -170,7 +210,7 @@ class TranslationModule(pl.LightningModule):
             hyps = {i: h for p in parts for i, h in p.get("hyps", {}).items()}
             refs = self.trainer.datamodule.references("dev")
             order = sorted(hyps)
-            score = bleu([hyps[i] for i in order], [refs[i] for i in order])
+            score = bleu([hyps[i] for i in order], [refs[i] for i in order], lang=self.trainer.datamodule.tgt_lang)
             self.log("val/bleu", score["bleu"], prog_bar=True, rank_zero_only=True)
 
     def configure_optimizers(self):

@@ -33,7 +33,7 @@ class TrainOptions:
     precision: str = option("32-true", "Lightning precision, e.g. bf16-mixed")
     max_steps: int | None = option(None, "optimizer steps (default: the preset's for the row)", positive=True)
     max_tokens: int | None = option(
-        None, "tokens per side per device batch; accumulation makes up the preset's tokens per step", positive=True
+        None, "real target tokens per device batch; accumulation makes up the preset's tokens per step", positive=True
     )
     vocab_size: int | None = option(None, "joint BPE vocabulary (default: the preset's)", positive=True)
     dev_subset: int = option(-1, "dev sentences beam-decoded at each validation (-1: the preset's)")

@@ -32,7 +32,7 @@ from aiayn.lightning_modules.callbacks import (
 )
 from aiayn.lightning_modules.config import apply_overrides, model_config
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
-from aiayn.lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
+from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.model import count_params
 from aiayn.lightning_modules.module import TranslationModule
 from aiayn.lightning_modules.options import TrainOptions
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def device_tokens(preset: Preset, world: int) -> int:
-    """Tokens per side per device batch when --max-tokens is not given: the preset's budget split over
+    """Real target tokens per device batch when --max-tokens is not given: the preset's budget split over
     the devices, so one optimizer step keeps the preset's tokens (the paper's 25k on 8 GPUs: 3125
     each; on 1 GPU: 25k, or accumulation with a smaller --max-tokens), but above max_len (a
     sentence must fit in a batch)."""
@@ -50,12 +50,14 @@ def device_tokens(preset: Preset, world: int) -> int:
 
 
 def build_datamodule(opts: TrainOptions, preset: Preset) -> TranslationDataModule:
+    max_tokens = opts.max_tokens or device_tokens(preset, opts.world_size)
     return TranslationDataModule(
         corpus=opts.data or preset.corpus,
         data_dir=opts.data_dir,
         cache_dir=opts.cache_dir,
         vocab_size=opts.vocab_size or preset.vocab_size,
-        max_tokens=opts.max_tokens or device_tokens(preset, opts.world_size),
+        max_tokens=max_tokens,
+        accumulate=derive_accumulation(preset.tokens_per_step, max_tokens, opts.world_size),
         src_lang=opts.src_lang,
         tgt_lang=opts.tgt_lang,
         seed=opts.seed,
@@ -101,7 +103,7 @@ def train(
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
     steps = opts.max_steps or resolved["train_steps"]
     world = opts.world_size
-    accumulate = derive_accumulation(preset.tokens_per_step, dm.max_tokens, world)
+    accumulate = dm.accumulate
     config = {
         "row": resolved,
         "preset": preset_dict(preset),
@@ -109,6 +111,7 @@ def train(
         "data": data_identity(dm),
         "train": {
             "seed": opts.seed, "steps": steps, "accumulate": accumulate, "world_size": world,
+            # the budget: real target tokens (EOS included) per optimizer step; metrics.json has what arrived
             "effective_tokens_per_step": dm.max_tokens * world * accumulate, "precision": opts.precision,
             **schedule,
         },
@@ -127,8 +130,9 @@ def train(
         run.write_config(config)
         t = config["train"]
         log.info(
-            "%d tokens per side per optimizer step = %d per device batch x %d devices x %d accumulated "
-            "(preset: %d)", t["effective_tokens_per_step"], dm.max_tokens, world, accumulate, preset.tokens_per_step
+            "budget: %d real target tokens per optimizer step = %d per device batch x %d devices x %d accumulated "
+            "(preset: %d); the tokens that arrive are logged as train/src_tokens_per_step, train/tgt_tokens_per_step",
+            t["effective_tokens_per_step"], dm.max_tokens, world, accumulate, preset.tokens_per_step
         )  # fmt: skip
         if t["effective_tokens_per_step"] > 1.1 * preset.tokens_per_step:
             log.warning("more tokens per step than the preset's; pass a smaller --max-tokens")
@@ -152,22 +156,40 @@ def train(
         return {}
     if not trainer.is_global_zero:
         return {}
+    per_step = real_tokens_per_step(module)
+    log.info(
+        "real tokens per optimizer step (mean over %d steps): %.0f source, %.0f target (budget: %d target)",
+        module.trained["steps"], per_step["src_tokens_per_step"], per_step["tgt_tokens_per_step"],
+        config["train"]["effective_tokens_per_step"],
+    )  # fmt: skip
     # The final evaluation decodes the whole dev set (validation during training may use a subset).
     full_dev = TranslationDataModule(
         **config["data"], cache_dir=opts.cache_dir, max_tokens=dm.max_tokens, dev_subset=opts.eval_subset
     )
     full_dev.setup("validate")
+    # On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU
+    # (a paper-scale beam decode of newstest2013 there would take hours).
+    module.to(trainer.strategy.root_device)
     result = evaluate(module.model, full_dev, "dev")
     run.write_dev(result.pop("hypotheses"), full_dev.references("dev"))
     metrics = run.write_metrics(
         config, status="completed", steps=trainer.global_step, params=count_params(cfg),
         train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
         dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
-        dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=TOK_BLEU_LABEL, dev_ppl=round(result["ppl"], 4),
-        dev_sentences=result["n_sentences"],
+        dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=result["tok_bleu_label"],
+        dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"], **per_step,
     )  # fmt: skip
     finish_wandb(trainer, metrics)
     return metrics
+
+
+def real_tokens_per_step(module: TranslationModule) -> dict:
+    """Mean real source and target tokens per optimizer step over the run (all devices, every attempt)."""
+    t, steps = module.trained, max(module.trained["steps"], 1)
+    return {
+        "src_tokens_per_step": round(t["src_tokens"] / steps, 1),
+        "tgt_tokens_per_step": round(t["tgt_tokens"] / steps, 1),
+    }
 
 
 def finish_wandb(trainer: pl.Trainer, metrics: dict) -> None:

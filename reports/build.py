@@ -18,7 +18,14 @@ from aiayn.common.files import atomic_write_text
 from aiayn.common.secrets import redact
 from aiayn.reports import plots, significance
 from aiayn.reports.runs import Run, Scan, read_curve, scan
-from aiayn.reports.table import SIGN_MIN_PAPER_DELTA, build_table, rounded, sign_score
+from aiayn.reports.table import (
+    CONVERGED_MAX_GAIN,
+    SIGN_MIN_PAPER_DELTA,
+    build_table,
+    comparable_rows,
+    rounded,
+    sign_score,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +33,8 @@ log = logging.getLogger(__name__)
 GLOBAL_DEVIATIONS = (
     "label smoothing spreads ε over all V classes (PyTorch), not the V − 1 others (tensor2tensor)",
     "initialization (not stated in the paper): Xavier-uniform projections, N(0, d_model^-0.5) embeddings",
-    "the paper's tokenized BLEU is only approximated (`dev_tok_bleu`: 13a tokenizer + compound splitting, not Moses);"
-    " the table's BLEU is sacreBLEU on detokenized output",
+    "the table's BLEU is sacreBLEU on detokenized output; the paper's tokenized BLEU (Moses tokenizer, compound "
+    "splitting, multi-bleu) is each run's `dev_tok_bleu` in metrics.json (`aiayn score` scores any output so)",
 )
 PLOTS = {
     "bleu_vs_params.png": "dev BLEU vs parameters",
@@ -179,6 +186,7 @@ def _notes(table, runs, preset, data, skipped) -> list[tuple[str, list[str]]]:
         notes.append((f"Signs agree on {agree} of {judged} rows{which}.", []))
     else:
         notes.append((f"Signs agree: no row yet with both Δ and the paper's |Δ| ≥ {SIGN_MIN_PAPER_DELTA:g}.", []))
+    notes.append(_convergence_note(table))
     tested = table[table["bootstrap_p"].notna()]
     seeds = sorted(set(tested["bootstrap_seed"].astype(int)))
     notes.append(
@@ -221,6 +229,33 @@ def _notes(table, runs, preset, data, skipped) -> list[tuple[str, list[str]]]:
         )
     )
     return notes
+
+
+def _convergence_note(table: pd.DataFrame) -> tuple[str, list[str]]:
+    marked = table[table["converged"] != ""]
+    climbing = list(marked.loc[marked["converged"] == "no", "row"])
+    seeds = sorted(set(marked["curve_seed"].dropna().astype(int)))
+    text = (
+        f"converged: `yes` where the row's validation BLEU (val/bleu on the validation subset, seed "
+        f"{'/'.join(map(str, seeds)) or '0'}) rose by less than {CONVERGED_MAX_GAIN:.0%} of its last value over the "
+        f"last validation interval, `no` where it rose more (the gain is `last_gain` in the CSV); blank without a "
+        f"curve. {len(marked) - len(climbing)} of {len(marked)} rows with a curve converged"
+        + (f" (still climbing: {', '.join(climbing)})." if climbing else ".")
+    )
+    comparable = comparable_rows(table)
+    if comparable:
+        text += (
+            f" The paper compares near-converged models; its signs can be compared with ours on {', '.join(comparable)}"
+            " (the row and base converged). Elsewhere a Δ BLEU says how much sooner one row starts learning than"
+            " another, not which converges to the better model."
+        )
+    else:
+        text += (
+            " The paper compares near-converged models; here no row with a sign verdict converged along with base, so"
+            " the Δ BLEUs say how much sooner a row starts learning than base, not which converges to the better"
+            " model, and sign agreement with the paper is not evidence about the architectures."
+        )
+    return text, []
 
 
 def _one_line(text) -> str:
@@ -276,11 +311,12 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
             "paper Δ BLEU": table["paper_delta_bleu"].map(lambda x: _fmt(x, "+.1f")),
             "signs agree": table["signs_agree"],
             "sig.": table["sig"],
+            "converged": table["converged"],
         }
     )
 
 
-LEFT = {"group", "row", "PE", "LN", "signs agree", "sig."}
+LEFT = {"group", "row", "PE", "LN", "signs agree", "sig.", "converged"}
 
 
 def _md_table(table: pd.DataFrame) -> str:

@@ -9,16 +9,20 @@ import pandas as pd
 
 from aiayn.ablations.table import MODEL_KEYS, load_rows
 from aiayn.reports import significance
-from aiayn.reports.runs import Run, read_text_lines
+from aiayn.reports.runs import Run, read_curve, read_text_lines
 
 log = logging.getLogger(__name__)
 
 SETTINGS = MODEL_KEYS
 SIGN_MIN_PAPER_DELTA = 0.3  # the paper's |Δ BLEU| below this is within its own noise: no sign to agree with
+# A row is converged when its validation BLEU rose by less than this fraction of its last value over the last
+# validation interval. The paper compares models trained to near convergence; a row still climbing when it
+# stops is compared by how fast it starts learning.
+CONVERGED_MAX_GAIN = 0.05
 COLUMNS = [
     "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
     "paper_ppl", "paper_bleu", "paper_params_m", "delta_bleu", "paper_delta_bleu", "signs_agree",
-    "bootstrap_seed", "bootstrap_p", "sig",
+    "bootstrap_seed", "bootstrap_p", "sig", "curve_seed", "last_gain", "converged",
 ]  # fmt: skip
 
 
@@ -120,6 +124,17 @@ def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str,
     return out
 
 
+def convergence(runs: list[Run]) -> tuple[int | None, float]:
+    """(seed, gain) from the validation curve of the row's lowest completed seed that has one: gain is the last
+    validation interval's rise in val/bleu relative to the last value (NaN with fewer than two points)."""
+    for run in sorted((r for r in runs if r.completed), key=lambda r: r.seed):
+        curve = read_curve(run.dir)["val/bleu"].tolist()
+        if len(curve) >= 2:
+            last, before = curve[-1], curve[-2]
+            return run.seed, (last - before) / last if last > 0 else np.inf
+    return None, np.nan
+
+
 def build_table(runs: list[Run]) -> pd.DataFrame:
     """One line per row that has any run (completed or not), columns COLUMNS, numbers unrounded."""
     by_row: dict[str, list[Run]] = {}
@@ -138,12 +153,15 @@ def build_table(runs: list[Run]) -> pd.DataFrame:
         paper_ppl, paper_bleu, paper_params = _paper(rs)
         group = str(rs[0].metrics.get("group") or "other")
         seed, p = tested.get(row, (None, None))
+        curve_seed, gain = convergence(rs)
         records.append(
             {
                 "group": group, "row": row, **_settings(rs), "steps": _steps(rs, done),
                 "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu, "bleu_std": bleu_std,
                 "params_m": params / 1e6, "paper_ppl": _num(paper_ppl), "paper_bleu": _num(paper_bleu),
                 "paper_params_m": _num(paper_params), "bootstrap_seed": seed, "bootstrap_p": _num(p),
+                "curve_seed": curve_seed, "last_gain": gain,
+                "converged": "" if pd.isna(gain) else ("yes" if gain < CONVERGED_MAX_GAIN else "no"),
             }
         )  # fmt: skip
     df = pd.DataFrame.from_records(records)
@@ -161,6 +179,7 @@ def build_table(runs: list[Run]) -> pd.DataFrame:
     df["signs_agree"] = np.where(eligible, np.where(agree, "yes", "no"), "")
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
     df["bootstrap_seed"] = df["bootstrap_seed"].astype("Int64")
+    df["curve_seed"] = df["curve_seed"].astype("Int64")
     for k in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "n"):
         df[k] = df[k].astype("Int64")
     return df[COLUMNS]
@@ -172,7 +191,17 @@ def rounded(df: pd.DataFrame) -> pd.DataFrame:
     for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu"):
         out[k] = out[k].round(2)
     out["bootstrap_p"] = out["bootstrap_p"].round(4)
+    out["last_gain"] = out["last_gain"].round(4)
     return out
+
+
+def comparable_rows(df: pd.DataFrame) -> list[str]:
+    """Rows with a sign verdict whose run and base's both converged: where the comparison with the paper is one
+    of near-converged models, as the paper's is."""
+    base = df.loc[df["row"] == "base", "converged"]
+    if base.empty or base.iloc[0] != "yes":
+        return []
+    return list(df.loc[(df["signs_agree"] != "") & (df["converged"] == "yes"), "row"])
 
 
 def sign_score(df: pd.DataFrame) -> tuple[int, int, list[str]]:

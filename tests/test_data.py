@@ -6,6 +6,7 @@ import gzip
 import importlib.util
 import logging
 import random
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -153,6 +154,103 @@ def test_multi30k_download_failure_says_data_dir(tmp_path, monkeypatch):
     assert not list((tmp_path / "corpora" / "multi30k").glob("*"))  # no partial files left
 
 
+def test_wmt14_export_maps_train_validation_test_to_train_dev_test(tmp_path, monkeypatch):
+    """Hugging Face's `wmt14 de-en` splits (a fake `datasets` module): validation is newstest2013, our dev."""
+    import types
+
+    calls = []
+
+    def load_dataset(*args):
+        calls.append(args)
+        pairs = lambda split, n: [{"de": f"{split} satz {i}", "en": f"{split} sentence {i}"} for i in range(n)]
+        return {"train": {"translation": pairs("train", 3)}, "validation": {"translation": pairs("validation", 2)},
+                "test": {"translation": pairs("test", 1)}}  # fmt: skip
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    out = D.resolve_corpus("wmt14", None, tmp_path)
+    assert calls == [("wmt14", "de-en")]
+    for ours, theirs, n in (("train", "train", 3), ("dev", "validation", 2), ("test", "test", 1)):
+        assert D.read_parallel(out, ours) == ([f"{theirs} sentence {i}" for i in range(n)],
+                                              [f"{theirs} satz {i}" for i in range(n)])  # fmt: skip
+    assert not list(out.glob(".*.tmp"))
+    D.resolve_corpus("wmt14", None, tmp_path)
+    assert len(calls) == 1  # exported once
+
+
+class _Multi30kServer:
+    """A local HTTP server of Multi30k's remote files; `truncate` names files sent half-way with the whole
+    Content-Length (the connection then closes)."""
+
+    def __init__(self, files: dict[str, bytes]):
+        import http.server
+        import threading
+
+        self.files, self.truncate, self.served = files, set(), []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                name = self.path.lstrip("/")
+                server.served.append(name)
+                if name not in server.files:
+                    self.send_error(404)
+                    return
+                body = server.files[name]
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[: len(body) // 2] if name in server.truncate else body)
+                self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/{{name}}.{{lang}}.gz"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture()
+def multi30k_server(monkeypatch):
+    files = {}
+    for split, remote in D.MULTI30K_REMOTE.items():
+        for lang, lines in (("en", _sentences(5, len(remote))), ("de", _sentences(5, len(remote) + 1))):
+            files[f"{remote}.{lang}.gz"] = gzip.compress(("\n".join([split, *lines]) + "\n").encode())
+    server = _Multi30kServer(files)
+    monkeypatch.setattr(D, "MULTI30K_URL", server.url)
+    yield server
+    server.close()
+
+
+def test_multi30k_download_from_a_server(tmp_path, multi30k_server):
+    out = D.resolve_corpus("multi30k", None, tmp_path)
+    for split, remote in D.MULTI30K_REMOTE.items():
+        for lang in ("en", "de"):
+            assert (out / f"{split}.{lang}.gz").read_bytes() == multi30k_server.files[f"{remote}.{lang}.gz"]
+        assert D.read_parallel(out, split)[0][0] == split  # val is our dev, test_2016_flickr our test
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files
+    n = len(multi30k_server.served)
+    D.resolve_corpus("multi30k", None, tmp_path)
+    assert len(multi30k_server.served) == n == 6  # downloaded once
+
+
+def test_multi30k_partial_download_is_an_error_and_leaves_nothing(tmp_path, multi30k_server):
+    multi30k_server.truncate.add("val.de.gz")
+    with pytest.raises(UserError) as e:
+        D.resolve_corpus("multi30k", None, tmp_path)
+    assert "incomplete" in _one_line_error(e, "val.de.gz", "--data-dir").lower()
+    out = tmp_path / "corpora" / "multi30k"
+    assert sorted(p.name for p in out.iterdir()) == ["dev.en.gz", "train.de.gz", "train.en.gz"]  # whole files only
+    multi30k_server.truncate.clear()
+    D.resolve_corpus("multi30k", None, tmp_path)  # the next run fetches what is missing
+    assert (out / "dev.de.gz").read_bytes() == multi30k_server.files["val.de.gz"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
 def test_multi30k_local_val_as_dev_without_test(tmp_path, caplog):
     root = _corpus(tmp_path / "m", names=("train", "val", "x"), gz=True)
     with caplog.at_level(logging.WARNING, logger=D.__name__):
@@ -286,7 +384,8 @@ def test_batches_within_budget_and_cover_epoch():
     batches = list(s)
     assert len(batches) == len(s)
     for b in batches:
-        assert D.batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) <= 500
+        assert sum(tgt[i] + 1 for i in b) <= 500
+        assert D.batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) <= 2 * 500
     flat = sorted(i for b in batches for i in b)
     assert flat == list(range(len(src)))
 
@@ -420,7 +519,8 @@ def test_datamodule_end_to_end(tiny_dm, caplog):
     assert (dm.vocab_size, dm.pad_id, dm.bos_id, dm.eos_id) == (150, 0, 2, 3)
     train = next(iter(dm.train_dataloader()))
     assert train["src"].shape[0] == train["tgt_in"].shape[0] == train["idx"].shape[0]
-    assert D.batch_cost(len(train["idx"]), train["src"].shape[1], train["tgt_in"].shape[1] - 1) <= 400
+    assert train["n_tgt_tokens"] <= 400  # real target tokens; padded positions stay under twice that
+    assert D.batch_cost(len(train["idx"]), train["src"].shape[1], train["tgt_in"].shape[1] - 1) <= 2 * 400
     assert (train["tgt_in"][:, 0] == dm.bos_id).all()
     val_batches = list(dm.val_dataloader())
     val_idx = sorted(i for b in val_batches for i in b["idx"].tolist())
@@ -487,7 +587,7 @@ def _fit(dm, tmp_path, callbacks=(), ckpt=None):
 
 @pytest.mark.parametrize(
     ("num_workers", "every_n_train_steps", "resume_step"),
-    [(0, 3, 3), (2, 5, 5), (0, None, 14)],
+    [(0, 3, 3), (2, 5, 5), (0, None, 13)],
     ids=["mid-epoch", "mid-epoch-2-workers", "epoch-end"],
 )
 def test_lightning_drives_epoch_and_resume(tiny_dm, tmp_path, num_workers, every_n_train_steps, resume_step):
@@ -499,7 +599,7 @@ def test_lightning_drives_epoch_and_resume(tiny_dm, tmp_path, num_workers, every
     )  # fmt: skip
     full = _fit(mk(), tmp_path / "a")
     per_epoch = len(full) // 3
-    assert per_epoch == 14  # the fixture's batch count; resume_step=14 is the end of epoch 0
+    assert per_epoch == 13  # the fixture's batch count (of 400 real target tokens); resume_step=13 ends epoch 0
     assert full[:per_epoch] != full[per_epoch : 2 * per_epoch]  # a new order each epoch
     kw = {"every_n_train_steps": every_n_train_steps} if every_n_train_steps else {"every_n_epochs": 1}
     cb = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ck", save_top_k=-1, **kw)

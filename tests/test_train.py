@@ -46,6 +46,76 @@ def test_train_writes_config_checkpoints_and_metrics(trained):
     assert len((trained / "dev.hyp").read_text().splitlines()) == 4
 
 
+SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "100"]
+
+
+@pytest.fixture
+def batches_trained(monkeypatch):
+    """The `idx` of every batch a training step sees, in order."""
+    from aiayn.lightning_modules.module import TranslationModule
+
+    seen, step = [], TranslationModule.training_step
+
+    def recording(self, batch, batch_idx):
+        seen.append(batch["idx"].tolist())
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(TranslationModule, "training_step", recording)
+    return seen
+
+
+def test_a_resumed_run_trains_exactly_the_batches_it_had_not(cache, tmp_path, batches_trained):
+    """A rerun of a finished run trains nothing; raising --max-steps trains the batches an uninterrupted run
+    trains after the checkpoint, no batch twice, none skipped."""
+    run = lambda out, steps: main(["train", "--out", str(tmp_path / out), *SMALL, *FAST, "--max-steps", str(steps)])
+    assert run("whole", 4) == 0
+    whole = list(batches_trained)
+    assert len(whole) == 4 and len({tuple(b) for b in whole}) == 4
+    batches_trained.clear()
+    assert run("split", 2) == 0 and batches_trained == whole[:2]
+    batches_trained.clear()
+    assert run("split", 2) == 0 and batches_trained == []  # finished: nothing retrained
+    metrics = json.loads((tmp_path / "split/tiny/synthetic/base/seed0/metrics.json").read_text())
+    assert metrics["steps"] == 2
+    assert run("split", 4) == 0 and batches_trained == whole[2:]
+    metrics = json.loads((tmp_path / "split/tiny/synthetic/base/seed0/metrics.json").read_text())
+    assert metrics["steps"] == 4
+
+
+def test_metrics_record_the_real_tokens_per_optimizer_step(trained):
+    metrics = json.loads((trained / "metrics.json").read_text())
+    budget = json.loads((trained / "config.json").read_text())["train"]["effective_tokens_per_step"]
+    assert budget == metrics["effective_tokens_per_step"] == 1024
+    assert 0.9 * budget <= metrics["tgt_tokens_per_step"] <= budget  # two steps: what arrived, not the budget
+    assert 0 < metrics["src_tokens_per_step"] < budget
+
+
+def test_the_final_evaluation_runs_on_the_device_the_run_trained_on(cache, tmp_path, monkeypatch):
+    """Lightning's teardown moves the model to the CPU after fit(); the final evaluation must move it back to
+    the strategy's device. A CPU-only machine cannot train anywhere else, so the strategy's device is
+    changed to `meta` as fit() ends: the evaluation must see the model there."""
+    import lightning.pytorch as pl
+
+    from aiayn.lightning_modules import train as T
+
+    seen = []
+
+    def evaluate(model, dm, split):
+        seen.append(next(model.parameters()).device)
+        return {"ppl": 1.0, "bleu": 0.0, "bleu_signature": "", "tok_bleu": 0.0, "tok_bleu_label": "",
+                "n_sentences": 0, "hypotheses": []}  # fmt: skip
+
+    class MoveStrategy(pl.Callback):
+        def on_fit_end(self, trainer, pl_module):
+            trainer.strategy._root_device = torch.device("meta")
+
+    monkeypatch.setattr(T, "evaluate", evaluate)
+    opts = T.TrainOptions(out=str(tmp_path), max_steps=1, dev_subset=2, progress=False, accelerator="cpu",
+                          overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2})  # fmt: skip
+    T.train(opts, callbacks=(MoveStrategy(),))
+    assert seen == [torch.device("meta")]
+
+
 def test_rerun_of_a_finished_run_resumes_instead_of_restarting(trained, capsys):
     before = json.loads((trained / "metrics.json").read_text())
     out = trained.parents[3]
@@ -74,6 +144,56 @@ def test_eval_and_average_a_checkpoint(trained, capsys, tmp_path):
     assert main(["eval", "--ckpt", str(avg), "--split", "test", "--beam", "1"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["split"] == "test" and result["n_sentences"] == 1000 and result["ppl"] > 1
+
+
+def _checkpoint(path: Path, step: int, seed: int, model_cfg: dict | None = None) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    hparams = {"model_cfg": model_cfg or {"d_model": 4}, "data": {"corpus": "x"}}
+    ckpt = {"global_step": step, "hyper_parameters": hparams,
+            "state_dict": {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g) * 1e3,
+                           "count": torch.tensor([step])}}  # fmt: skip
+    torch.save(ckpt, path)
+    return ckpt
+
+
+def test_three_checkpoints_average_to_their_float64_mean(tmp_path):
+    from aiayn.lightning_modules.checkpoints import average
+
+    paths = [tmp_path / f"step{s:07d}.ckpt" for s in (10, 20, 30)]
+    ckpts = [_checkpoint(p, s, seed=s) for p, s in zip(paths, (10, 20, 30))]
+    out = torch.load(average(paths, tmp_path / "avg.ckpt"), weights_only=False)
+    for key in ("w", "b"):
+        mean = sum(c["state_dict"][key].double() for c in ckpts) / 3
+        assert torch.equal(out["state_dict"][key], mean.float())
+        assert not torch.equal(out["state_dict"][key], ckpts[0]["state_dict"][key])
+    assert torch.equal(out["state_dict"]["count"], torch.tensor([30]))  # not a float: the newest one's
+    assert out["averaged_from"] == [str(p) for p in paths]
+
+
+def test_average_last_k_picks_by_step_number(tmp_path, capsys):
+    """step99.ckpt is older than step0000100.ckpt though it sorts after it by name; file times say nothing."""
+    import os
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    names = {"step0000100.ckpt": 100, "step99.ckpt": 99, "step0000250.ckpt": 250, "step0000005.ckpt": 5}
+    for name, step in names.items():
+        _checkpoint(ckpts / name, step, seed=step)
+        os.utime(ckpts / name, (10**9 - step * 1000, 10**9 - step * 1000))  # the newest step has the oldest time
+    assert main(["average", "--run", str(tmp_path / "run"), "--last", "2", "--out", str(tmp_path / "avg.ckpt")]) == 0
+    out = torch.load(tmp_path / "avg.ckpt", weights_only=False)
+    assert out["averaged_from"] == [str(ckpts / "step0000100.ckpt"), str(ckpts / "step0000250.ckpt")]
+
+
+def test_average_refuses_a_checkpoint_of_another_config(tmp_path, capsys):
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    _checkpoint(ckpts / "step0000001.ckpt", 1, seed=1)
+    _checkpoint(ckpts / "step0000002.ckpt", 2, seed=2, model_cfg={"d_model": 8})
+    out = tmp_path / "avg.ckpt"
+    assert main(["average", "--run", str(tmp_path / "run"), "--last", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "has another model config" in err and err.count("\n") == 1 and not out.exists()
 
 
 def test_average_of_identical_checkpoints_is_that_checkpoint(trained, tmp_path):
