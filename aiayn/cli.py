@@ -39,14 +39,15 @@ def cmd_rows(args) -> None:
     from aiayn.lightning_modules.config import params_of
 
     preset = get_preset(args.preset)
+    tables = tuple(args.table or ())
     records = []
-    for name in select_rows(args.rows, include_extended=args.extended):
-        r = resolve(name, preset.name)
+    for name in select_rows(args.rows, include_extended=args.extended, tables=tables):
+        r = resolve(name, preset.name, tables)
         records.append({
             "row": r["row"], "group": r["group"], **{k if k != "P_drop" else "p_drop": r[k] for k in MODEL_KEYS},
             "train_steps": r["train_steps"],
             "params": params_of(r), "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"],
-            "paper_params_m": r["paper_params_m"], "note": get_row(name).note, "preset": preset.name,
+            "paper_params_m": r["paper_params_m"], "note": get_row(name, tables).note, "preset": preset.name,
             "corpus": preset.corpus, "vocab_size": preset.vocab_size,
         })  # fmt: skip
     if args.format == "json":
@@ -220,7 +221,7 @@ def cmd_sweep_export(args) -> None:
 
     if not args.wandb:
         raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
-    text = wandb_yaml(args.preset, args.rows, args.seeds, args.extended)
+    text = wandb_yaml(args.preset, args.rows, args.seeds, args.extended, tuple(args.table or ()))
     if args.out:
         atomic_write_text(args.out, text)
     else:
@@ -244,6 +245,13 @@ class _Parser(argparse.ArgumentParser):
 def _rows_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all paper rows)")
     p.add_argument("--extended", action="store_true", help="include the extended rows beyond the paper")
+    p.add_argument(
+        "--table",
+        action="append",
+        metavar="FILE",
+        default=None,
+        help="a table file of your own rows, in the layout of ablations/extended.csv (repeatable)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,9 @@ class TrainOptions:
     """What `aiayn train` takes: which run, where its data and results live, and the Trainer's settings."""
 
     row: str = option("base", "the Table 3 row (see `aiayn rows`)")
+    table: tuple[str, ...] = option(
+        (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
+    )
     preset: str = option("tiny", "the scale: paper, small or tiny (see README, Presets)")
     data: str | None = option(None, f"corpus: {' | '.join(CORPORA)} (default: the preset's)")
     data_dir: str | None = option(None, "the corpus's files (multi30k, wmt14: instead of a download; files: required)")

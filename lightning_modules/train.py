@@ -93,7 +93,7 @@ def train(
     (Optuna's pruning callback) and validation at epoch ends (`val_per_epoch`: the pruning callback
     reports the epoch as its step)."""
     preset = get_preset(opts.preset)
-    resolved, schedule = apply_overrides(resolve(opts.row, opts.preset), preset, opts.overrides)
+    resolved, schedule = apply_overrides(resolve(opts.row, opts.preset, opts.table), preset, opts.overrides)
     dm = build_datamodule(opts, preset)
     run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, dm.corpus, resolved["row"], opts.seed)
     check_writable_dir(run.path, "--out")

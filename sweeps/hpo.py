@@ -71,7 +71,7 @@ def run_hpo(opts: HpoOptions) -> dict:
     t = opts.train
     if opts.trials < 1:
         raise UserError(f"--trials must be at least 1, got {opts.trials}")
-    resolve(t.row, t.preset)  # unknown row or preset: fail before any study exists
+    resolve(t.row, t.preset, t.table)  # unknown row or preset: fail before any study exists
     out = Path(t.out)
     storage = open_storage(opts.storage or f"sqlite:///{(out / 'hpo.db').resolve()}", create_dir=out)
     study = optuna.create_study(

@@ -39,7 +39,7 @@ import optuna
 from optuna.trial import TrialState
 
 from aiayn.ablations.presets import get_preset, resolve
-from aiayn.ablations.table import MAX_SEED, Selection, load_rows
+from aiayn.ablations.table import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.locks import file_lock
 from aiayn.common.options import option, to_argv
@@ -77,31 +77,42 @@ def study_name(preset: str, corpus: str) -> str:
 
 
 def pair_of(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
+    """The (row, seed) a trial stands for: its user attributes `row` and `seed`. A study made before
+    aiayn 0.2 kept them as fixed parameters (the row a categorical over the rows of that day); those
+    trials are read as they are, so an old study keeps its completed pairs and takes new rows."""
+    attrs = trial.user_attrs
+    if "row" in attrs and "seed" in attrs:
+        return str(attrs["row"]), int(attrs["seed"])
     params = trial.system_attrs.get("fixed_params") or trial.params
     return (params["row"], int(params["seed"])) if "row" in params and "seed" in params else None
 
 
-def estimated_cost(row: str, preset: str) -> float:
+def estimated_cost(row: str, preset: str, tables: tuple[str, ...] = ()) -> float:
     """A run's relative cost for ordering the queue: its steps x its parameters (a proxy for FLOPs)."""
     from aiayn.lightning_modules.config import params_of  # lazy: torch is needed only here
 
-    resolved = resolve(row, preset)
+    resolved = resolve(row, preset, tables)
     return resolved["train_steps"] * params_of(resolved)
 
 
 def enqueue_pending(
-    study: optuna.Study, pairs: list[tuple[str, int]], preset: str | None = None
+    study: optuna.Study, pairs: list[tuple[str, int]], preset: str | None = None, tables: tuple[str, ...] = ()
 ) -> list[tuple[str, int]]:
     """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial.
-    With `preset`, the longest runs are enqueued first (workers pop in enqueue order)."""
+    With `preset`, the longest runs are enqueued first (workers pop in enqueue order).
+
+    The pair is the trial's user attributes, not a parameter: Optuna requires a categorical
+    parameter to keep the same choices in every trial of a study, so a row stored as one would freeze
+    the table at the study's first run (a row added later failed with "CategoricalDistribution does
+    not support dynamic value space"). The trial has no parameters at all: nothing is sampled."""
     busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
     taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
     pending = [p for p in pairs if p not in taken]
     if preset is not None:
-        cost = {row: estimated_cost(row, preset) for row in {row for row, _ in pending}}
+        cost = {row: estimated_cost(row, preset, tables) for row in {row for row, _ in pending}}
         pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
     for row, seed in pending:
-        study.enqueue_trial({"row": row, "seed": seed})
+        study.enqueue_trial({}, user_attrs={"row": row, "seed": seed})
     return pending
 
 
@@ -217,7 +228,7 @@ def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
 
 
 def _n_finished(trials: list[optuna.trial.FrozenTrial]) -> int:
-    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and "row" in t.params for t in trials)
+    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and pair_of(t) is not None for t in trials)
 
 
 def work(
@@ -242,9 +253,9 @@ def work(
             study.tell(trial, state=TrialState.FAIL)
             break
         row, seed = pair
-        # the queued values; the same choices in every trial (Optuna forbids a changing categorical space)
-        trial.suggest_categorical("row", list(load_rows()))
-        trial.suggest_int("seed", 0, MAX_SEED)
+        if "row" not in frozen.user_attrs:  # queued by aiayn 0.1 as fixed parameters: say it the new way too
+            trial.set_user_attr("row", row)
+            trial.set_user_attr("seed", seed)
         with file_lock(pair_lock_path(opts, corpus, row, seed)) as mine:
             if not mine or completed_elsewhere(study, (row, seed), trial.number):
                 # the same pair, enqueued twice by racing drivers, is running or done in another worker
@@ -284,7 +295,7 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     """Enqueue what is pending, work the queue, write the report; return a summary."""
     preset = get_preset(opts.train.preset)
     corpus = opts.train.data or preset.corpus
-    pairs = opts.select.pairs()
+    pairs = opts.select.pairs(opts.train.table)
     jobs = opts.jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
@@ -298,7 +309,7 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
         study.set_user_attr("preset", preset.name)
         study.set_user_attr("corpus", corpus)
         fail_stale_trials(study, opts, corpus)
-        pending = enqueue_pending(study, pairs, preset=preset.name)
+        pending = enqueue_pending(study, pairs, preset=preset.name, tables=opts.train.table)
     log.info(
         "table3 %s on %s: %d pairs, %d to run (%s), %d at a time",
         preset.name, corpus, len(pairs), len(pending), study.study_name, jobs,

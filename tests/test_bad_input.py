@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aiayn.ablations.presets import CORPORA, PRESETS, resolve
-from aiayn.ablations.table import load_rows
+from aiayn.ablations.table import COLUMNS, TABLE_FILES, load_rows
 from aiayn.cli import main
 from aiayn.lightning_modules.config import model_config
 
@@ -57,6 +57,11 @@ def checkpoint(tmp: Path, kind: str) -> None:
     torch.save(ckpt, path)
     if kind == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
+
+
+def table(text: str):
+    """A user's table file {tmp}/t.csv holding `text`."""
+    return lambda tmp: (tmp / "t.csv").write_text(text)
 
 
 def base_d_model() -> int:
@@ -177,6 +182,24 @@ CASES = {
     "average without checkpoints": (["average", "--run", "{tmp}", "--out", "{tmp}/avg.ckpt"], None,
                                     "no periodic checkpoints (stepNNNNNNN.ckpt) in {tmp}; pass a run directory that "
                                     "has trained"),
+    # --- a user's table file (--table)
+    # (each through a command that would train or sweep little if the check were missing)
+    "table with an unknown column": (T3 + ["--table", "{tmp}/t.csv", "--rows", "x", "--max-steps", "1",
+                                           "--eval-subset", "1"], table("row,group,dff\nx,mine,4096\n"),
+                                     "table {tmp}/t.csv line 1: unknown column 'dff'; the columns are "
+                                     f"{', '.join(COLUMNS)}"),
+    "table redefining a paper row": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nbase,mine,2\n"),
+                                     f"table {{tmp}}/t.csv line 2: row 'base' is already defined ({TABLE_FILES[0]} "
+                                     "line 2); give the row another name"),
+    "table with a duplicate row": (TRAIN + ["--table", "{tmp}/t.csv", "--row", "x"],
+                                   table("row,group,N\nx,mine,2\nx,mine,3\n"),
+                                   "table {tmp}/t.csv line 3: row 'x' is already defined ({tmp}/t.csv line 2); "
+                                   "give the row another name"),
+    "table with a bad cell": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,mine,two\n"),
+                              "table {tmp}/t.csv line 2: N must be an integer, got 'two'; fix that cell"),
+    "missing table": (["rows", "--table", "{tmp}/none.csv"], None,
+                      "table {tmp}/none.csv does not exist; pass --table with a CSV file in the layout of "
+                      "ablations/extended.csv"),
     # --- storages
     "unknown storage scheme": (T3 + ["--storage", "redis://localhost/0"], None,
                                "storage URL 'redis://localhost/0' has an unknown scheme; use sqlite:///PATH, "

@@ -65,9 +65,11 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     assert run_table3(opts(tmp_path, rows="base,C", seeds=2), runner=again)["ran"] == 0 and again.calls == []
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) == 16 and {t.params["row"] for t in done} == set(select_rows("base,C"))
+    assert len(done) == 16 and {t.user_attrs["row"] for t in done} == set(select_rows("base,C"))
     assert (
-        done[0].user_attrs["run_dir"].endswith(f"tiny/synthetic/{done[0].params['row']}/seed{done[0].params['seed']}")
+        done[0]
+        .user_attrs["run_dir"]
+        .endswith(f"tiny/synthetic/{done[0].user_attrs['row']}/seed{done[0].user_attrs['seed']}")
     )
 
 
