@@ -17,7 +17,7 @@ from aiayn import __version__
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.logs import configure_logging
 from aiayn.common.options import HelpFormatter, add_options, from_args, positive_int
-from aiayn.lightning_modules.options import BenchOptions, TrainOptions
+from aiayn.lightning_modules.options import BenchOptions, EvalOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
 from aiayn.sweeps.table3 import SweepOptions, report_dir
@@ -76,69 +76,44 @@ def cmd_train(args) -> None:
         )
 
 
-def _datamodule_for(module, args):
-    from aiayn.lightning_modules.data import TranslationDataModule
-
-    ident = dict(module.hparams.data or {})
-    if args.data_dir:
-        ident["data_dir"] = args.data_dir
-    dm = TranslationDataModule(**ident, cache_dir=args.cache_dir, dev_subset=None)
-    dm.prepare_data()
-    dm.setup("validate")
-    return dm
-
-
 def cmd_eval(args) -> None:
-    from aiayn.lightning_modules.checkpoints import load_module
-    from aiayn.lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
-    from aiayn.lightning_modules.model import count_params
+    from aiayn.lightning_modules.translate import Translator, read_sentences, split_of
 
-    module = load_module(args.ckpt)
-    dm = _datamodule_for(module, args)
-    result = evaluate(module.model, dm, args.split, beam=args.beam, alpha=args.alpha)
-    result.pop("hypotheses")
-    result.update(
-        params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt), tok_bleu_label=TOK_BLEU_LABEL
-    )
-    print(json.dumps(result, indent=2))
+    opts = from_args(EvalOptions, args)
+    if (opts.src is None) != (opts.ref is None):
+        raise UserError("pass both --src FILE and --ref FILE (or --split dev|test)")
+    if opts.src and opts.split:
+        raise UserError("--split and --src/--ref each name a test set; pass one of them")
+    if opts.src:  # read (and checked) before the model loads
+        sources, refs = read_sentences(opts.src, "--src"), read_sentences(opts.ref, "--ref")
+        test_set = {"src": opts.src, "ref": opts.ref}
+    translator = Translator.from_options(opts.model)
+    if not opts.src:
+        test_set = {"split": opts.split or "dev", "corpus": translator.data.get("corpus")}
+        sources, refs = split_of(translator.data, test_set["split"], opts.data_dir, opts.cache_dir)
+    print(json.dumps({**test_set, **translator.evaluate(sources, refs, name="--src line")}, indent=2))
 
 
 def cmd_translate(args) -> None:
-    import torch
+    from aiayn.common.files import atomic_write_text, check_writable_dir
+    from aiayn.lightning_modules.translate import Translator, read_sentences
 
-    from aiayn.common.files import atomic_write_text
-    from aiayn.lightning_modules.checkpoints import load_module
-    from aiayn.lightning_modules.evaluate import translate_batch
-    from aiayn.lightning_modules.model import PAD
-
-    module = load_module(args.ckpt)
-    dm = _datamodule_for(module, args)
-    try:
-        lines = Path(args.input).read_text(encoding="utf-8") if args.input != "-" else sys.stdin.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read input {args.input} ({e}); pass a UTF-8 text file, one sentence per line") from e
-    lines = lines.splitlines()
-    out = []
-    for start in range(0, len(lines), args.batch_size):
-        ids = dm.encode(lines[start : start + args.batch_size])
-        width = max((len(x) for x in ids), default=1)
-        src = torch.tensor([x + [PAD] * (width - len(x)) for x in ids], dtype=torch.long)
-        hyps = translate_batch(module.model, src, dm.bos_id, dm.eos_id, args.beam, args.alpha)
-        out.extend(dm.decode(h) for h in hyps)
-    text = "\n".join(out) + "\n"
-    if args.output:
-        atomic_write_text(args.output, text)
+    opts = from_args(TranslateOptions, args)
+    if opts.output:
+        check_writable_dir(Path(opts.output).parent, "--output")
+    lines = read_sentences(opts.input)  # all of it, checked, before anything is decoded or written
+    translator = Translator.from_options(opts.model)
+    text = "".join(line + "\n" for line in translator.translate(lines, name="input line"))
+    if opts.output:
+        atomic_write_text(opts.output, text)
     else:
         sys.stdout.write(text)
 
 
 def cmd_average(args) -> None:
-    from aiayn.lightning_modules.checkpoints import average, periodic_checkpoints
+    from aiayn.lightning_modules.checkpoints import average, last_checkpoints
 
-    paths = periodic_checkpoints(args.run)
-    if args.last > len(paths):
-        raise UserError(f"--last {args.last} asks for more checkpoints than the {len(paths)} kept in {args.run}")
-    chosen = paths[-args.last :]
+    chosen = last_checkpoints(args.run, args.last)
     out = average(chosen, args.out)
     print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {out}")
 
@@ -270,24 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(t, TrainOptions)
     t.set_defaults(func=cmd_train)
 
-    for name, helptext in (
-        ("eval", "BLEU, PPL and params of a checkpoint on a split"),
-        ("translate", "translate a file"),
-    ):
-        e = sub.add_parser(name, help=helptext)
-        e.add_argument("--ckpt", required=True)
-        e.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
-        e.add_argument("--alpha", type=float, default=0.6, help="length penalty α")
-        e.add_argument("--data-dir", default=None)
-        e.add_argument("--cache-dir", default=None)
-        if name == "eval":
-            e.add_argument("--split", choices=("dev", "test"), default="dev")
-            e.set_defaults(func=cmd_eval)
-        else:
-            e.add_argument("--input", required=True, help="source sentences, one per line ('-' for stdin)")
-            e.add_argument("--output", default=None, help="translations (default: stdout)")
-            e.add_argument("--batch-size", type=positive_int, default=64, help="sentences per beam-search batch")
-            e.set_defaults(func=cmd_translate)
+    e = sub.add_parser("eval", help="BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split")
+    add_options(e, EvalOptions)
+    e.set_defaults(func=cmd_eval)
+    tr = sub.add_parser("translate", help="translate sentences (a file or stdin) with a run or a checkpoint")
+    add_options(tr, TranslateOptions)
+    tr.set_defaults(func=cmd_translate)
 
     b = sub.add_parser("bench", help="training and decoding speed, side by side with peers")
     add_options(b, BenchOptions)

@@ -6,7 +6,7 @@ Importing this module is cheap (no torch, no Lightning): the CLI builds every pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiayn.ablations.presets import CORPORA
 from aiayn.ablations.table import format_overrides, parse_overrides
@@ -39,6 +39,10 @@ class TrainOptions:
         None, "tokens per side per device batch; accumulation makes up the preset's tokens per step", positive=True
     )
     vocab_size: int | None = option(None, "joint BPE vocabulary (default: the preset's)", positive=True)
+    tokenizer: str | None = option(
+        None, "a SentencePiece model to use instead of training one (e.g. another run's tokenizer.model)",
+        metavar="FILE",
+    )  # fmt: skip
     dev_subset: int = option(-1, "dev sentences beam-decoded at each validation (-1: the preset's)")
     ckpt_every: int | None = option(None, "optimizer steps between kept checkpoints (default: the preset's)",
                                     positive=True)  # fmt: skip
@@ -59,6 +63,52 @@ class TrainOptions:
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
+
+
+@dataclass
+class ModelSource:
+    """Which trained model `aiayn translate` and `aiayn eval` use, and how it decodes (the paper's beam
+    settings by default). Everything it needs travels in the checkpoint: no corpus, no cache."""
+
+    run: str | None = option(None, "a run directory: its checkpoints/last.ckpt (or the mean of the last K, --average)",
+                             metavar="DIR")  # fmt: skip
+    ckpt: str | None = option(None, "a checkpoint file instead (e.g. one written by `aiayn average`)", metavar="FILE")
+    average: int | None = option(
+        None, "with --run: the mean of its last K kept checkpoints (the paper's Table 2 practice)", positive=True,
+        metavar="K",
+    )  # fmt: skip
+    device: str = option("auto", "auto: the GPU when one is visible", choices=("auto", "cpu", "cuda"))
+    beam: int = option(4, "beam size (1: greedy); the paper's 4", positive=True)
+    alpha: float = option(0.6, "length penalty alpha; the paper's 0.6")
+    extra_len: int = option(50, "longest output = source length + this; the paper's 50")
+    max_tokens: int = option(4096, "source tokens per batch, padding included", positive=True)
+    tokenizer: str | None = option(
+        None, "the SentencePiece model, for a checkpoint written before aiayn 0.2 (later ones carry theirs)",
+        metavar="FILE",
+    )  # fmt: skip
+
+
+@dataclass
+class TranslateOptions:
+    """`aiayn translate`: sentences in, translations out, one per line."""
+
+    model: ModelSource = field(default_factory=ModelSource)
+    input: str = option("-", "source sentences, one per line, UTF-8 ('-': stdin)", metavar="FILE")
+    output: str | None = option(None, "the translations, one per line (default: stdout)", metavar="FILE")
+
+
+@dataclass
+class EvalOptions:
+    """`aiayn eval`: BLEU (both kinds) and perplexity of a model on a test set: files, or a split of the
+    corpus the model was trained on."""
+
+    model: ModelSource = field(default_factory=ModelSource)
+    src: str | None = option(None, "source sentences, one per line", metavar="FILE")
+    ref: str | None = option(None, "their reference translations, line by line", metavar="FILE")
+    split: str | None = option(None, "instead of --src/--ref: a split of the model's corpus (default: dev)",
+                               choices=("dev", "test"))  # fmt: skip
+    data_dir: str | None = option(None, "with --split: where the corpus's files are now")
+    cache_dir: str | None = option(None, "with --split: the corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
 
 
 @dataclass

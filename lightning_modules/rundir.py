@@ -5,6 +5,7 @@ it instead of starting over::
 
     OUT/PRESET/CORPUS/ROW/seedS/
         config.json            the resolved config, written before training; a run of another config is refused
+        tokenizer.model        the run's SentencePiece model (its sha256 in config.json and in every checkpoint)
         checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM's warning)
         logs/version_N/        Lightning's CSV log of attempt N (training and validation curves)
         dev.hyp, dev.ref       the final dev translations and their references, line by line
@@ -30,7 +31,14 @@ from typing import IO
 
 from aiayn.ablations.table import MODEL_KEYS, SCHEDULE_KNOBS
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json, atomic_write_text, remove_stale_temps
+from aiayn.common.files import (
+    atomic_open,
+    atomic_write_json,
+    atomic_write_text,
+    remove_stale_temps,
+    sha256_bytes,
+    sha256_file,
+)
 from aiayn.common.locks import try_lock
 from aiayn.common.secrets import redact_obj
 
@@ -70,6 +78,14 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints / "last.ckpt"
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.path / "tokenizer.model"
 
     @property
     def logs(self) -> Path:
@@ -115,6 +131,25 @@ class RunDir:
 
     def write_config(self, config: dict) -> None:
         atomic_write_json(self.config_file, redact_obj(config))
+
+    # ---- tokenizer.model
+
+    def write_tokenizer(self, model: Path) -> str:
+        """Copy the SentencePiece model the run trains with into the run directory (once); return its
+        sha256. A run directory keeps one tokenizer: another one is refused."""
+        data = Path(model).read_bytes()
+        sha = sha256_bytes(data)
+        if self.tokenizer_file.is_file():
+            held = sha256_file(self.tokenizer_file)
+            if held != sha:
+                raise UserError(
+                    f"run directory {self.path} was trained with another tokenizer (sha256 {held[:12]}, not "
+                    f"{sha[:12]} of {model}); use another --out or drop --tokenizer"
+                )
+            return sha
+        with atomic_open(self.tokenizer_file, "wb") as f:
+            f.write(data)
+        return sha
 
     # ---- metrics.json
 

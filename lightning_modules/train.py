@@ -22,12 +22,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from aiayn.ablations.presets import Preset, get_preset, preset_dict, resolve
-from aiayn.common.files import check_writable_dir
+from aiayn.common.errors import UserError
+from aiayn.common.files import check_writable_dir, sha256_file
+from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
     Diverged,
     DivergenceGuard,
     RNGStates,
+    RunFilesInCheckpoint,
     slurm_parts,
 )
 from aiayn.lightning_modules.config import apply_overrides, model_config
@@ -49,7 +52,7 @@ def device_tokens(preset: Preset, world: int) -> int:
     return min(preset.max_tokens, max(math.ceil(preset.tokens_per_step / world), preset.max_len + 1))
 
 
-def build_datamodule(opts: TrainOptions, preset: Preset) -> TranslationDataModule:
+def build_datamodule(opts: TrainOptions, preset: Preset, tokenizer: Path | None = None) -> TranslationDataModule:
     return TranslationDataModule(
         corpus=opts.data or preset.corpus,
         data_dir=opts.data_dir,
@@ -62,7 +65,20 @@ def build_datamodule(opts: TrainOptions, preset: Preset) -> TranslationDataModul
         dev_subset=preset.dev_subset if opts.dev_subset == -1 else opts.dev_subset,
         max_len=preset.max_len,
         num_workers=opts.num_workers,
+        tokenizer=tokenizer,
     )
+
+
+def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
+    """The SentencePiece model a run uses instead of training one: `--tokenizer`, else the run's own
+    (a resumed run keeps the tokenizer it started with, whatever the cache holds now); None: train one."""
+    own = run.tokenizer_file if run.tokenizer_file.is_file() else None
+    if opts.tokenizer and own and sha256_file(opts.tokenizer) != sha256_file(own):
+        raise UserError(
+            f"run directory {run.path} was trained with another tokenizer than --tokenizer {opts.tokenizer}; "
+            f"use another --out or drop --tokenizer"
+        )
+    return Path(opts.tokenizer) if opts.tokenizer else own
 
 
 def data_identity(dm: TranslationDataModule) -> dict:
@@ -94,9 +110,10 @@ def train(
     reports the epoch as its step)."""
     preset = get_preset(opts.preset)
     resolved, schedule = apply_overrides(resolve(opts.row, opts.preset, opts.table), preset, opts.overrides)
-    dm = build_datamodule(opts, preset)
-    run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, dm.corpus, resolved["row"], opts.seed)
+    corpus = opts.data or preset.corpus
+    run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, corpus, resolved["row"], opts.seed)
     check_writable_dir(run.path, "--out")
+    dm = build_datamodule(opts, preset, tokenizer_for(opts, run))
     dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
     steps = opts.max_steps or resolved["train_steps"]
@@ -112,6 +129,7 @@ def train(
             "effective_tokens_per_step": dm.max_tokens * world * accumulate, "precision": opts.precision,
             **schedule,
         },
+        "tokenizer": {"file": run.tokenizer_file.name, "sha256": sha256_file(dm.tokenizer_model)},
     }  # fmt: skip
     run.check_config(config)
 
@@ -122,9 +140,12 @@ def train(
         run.remove_stale_temps()
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(cfg.to_dict(), **schedule, data=config["data"])
-    trainer = build_trainer(opts, preset, run, steps, accumulate, resolved, callbacks, val_per_epoch)
+    # every checkpoint carries the config and the tokenizer: it can translate without the run directory
+    embed = RunFilesInCheckpoint(redact_obj(config), dm.tokenizer_model)
+    trainer = build_trainer(opts, preset, run, steps, accumulate, resolved, (embed, *callbacks), val_per_epoch)
     if trainer.is_global_zero:
         run.write_config(config)
+        run.write_tokenizer(dm.tokenizer_model)
         t = config["train"]
         log.info(
             "%d tokens per side per optimizer step = %d per device batch x %d devices x %d accumulated "
@@ -154,8 +175,9 @@ def train(
         return {}
     # The final evaluation decodes the whole dev set (validation during training may use a subset).
     full_dev = TranslationDataModule(
-        **config["data"], cache_dir=opts.cache_dir, max_tokens=dm.max_tokens, dev_subset=opts.eval_subset
-    )
+        **config["data"], cache_dir=opts.cache_dir, max_tokens=dm.max_tokens, dev_subset=opts.eval_subset,
+        tokenizer=dm.tokenizer_model,
+    )  # fmt: skip
     full_dev.setup("validate")
     result = evaluate(module.model, full_dev, "dev")
     run.write_dev(result.pop("hypotheses"), full_dev.references("dev"))

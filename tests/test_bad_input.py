@@ -172,11 +172,11 @@ CASES = {
                              "aiayn checkpoint"),
     "checkpoint of another config": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "other-config"),
                                      "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading "
-                                     "state_dict for TranslationModule:)"),
+                                     "state_dict for Transformer:)"),
     "checkpoint not by aiayn": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "foreign"),
                                 "checkpoint {tmp}/model.ckpt was not written by aiayn (no model_cfg in its "
                                 "hyper-parameters)"),
-    "missing checkpoint": (["translate", "--ckpt", "{tmp}/none.ckpt", "--input", "-"], None,
+    "missing checkpoint": (["eval", "--ckpt", "{tmp}/none.ckpt"], None,
                            "checkpoint {tmp}/none.ckpt does not exist; pass the path of a .ckpt file (see "
                            "RUN/checkpoints/)"),
     "average without checkpoints": (["average", "--run", "{tmp}", "--out", "{tmp}/avg.ckpt"], None,
