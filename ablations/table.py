@@ -10,6 +10,7 @@ everything here is "what to run", so nothing imports torch.
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -116,10 +117,23 @@ def read_table(path: str | Path) -> list[tuple[int, dict]]:
     return out
 
 
-@cache
 def load_rows(tables: tuple[str, ...] = ()) -> dict[str, Row]:
     """Every row of ablations/ (table3.csv, then extended.csv) and then of the user's `tables`, in file
-    order, resolved against base. A row name defined twice is a UserError naming both places."""
+    order, resolved against base. A row name defined twice is a UserError naming both places. Read
+    once per state of the files: a user's table edited meanwhile is read again."""
+    return _load_rows(tuple(tables), tuple(_stamp(t) for t in tables))
+
+
+def _stamp(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+@cache
+def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
     raw, where = [], {}
     for path in (*TABLE_FILES, *(Path(t) for t in tables)):
         for line, r in read_table(path):

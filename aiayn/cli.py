@@ -11,12 +11,13 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from aiayn import __version__
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.logs import configure_logging
-from aiayn.common.options import HelpFormatter, add_options, from_args, positive_int
+from aiayn.common.options import HelpFormatter, add_options, from_args, parser_defaults, positive_int
 from aiayn.lightning_modules.options import BenchOptions, EvalOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
@@ -63,9 +64,13 @@ def cmd_rows(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from aiayn.lightning_modules.train import train
+    from aiayn.lightning_modules.train import plan, train
 
-    metrics = train(from_args(TrainOptions, args))
+    opts = _with_config_tokenizer(replace(from_args(TrainOptions, args), row_config=_row_config(args)), args)
+    if args.print_config:
+        print(json.dumps(plan(opts).config, indent=2))
+        return
+    metrics = train(opts)
     if metrics.get("status") == "diverged":
         print(f"{metrics['row']} seed {metrics['seed']}: diverged ({metrics['error']}); metrics.json status diverged")
     elif metrics:
@@ -74,6 +79,34 @@ def cmd_train(args) -> None:
             f"dev PPL {metrics['dev_ppl']:.2f}, {metrics['params'] / 1e6:.2f}M params, {metrics['steps']} steps "
             f"in {metrics['train_time_s']:.0f} s ({metrics['tokens_per_s']:.0f} tokens/s)"
         )
+
+
+def _row_config(args) -> dict | None:
+    """With --config of a run's config.json: that run's resolved row, if the row and preset are still its."""
+    row = getattr(args, "config_row", None)
+    if row and row.get("row") == args.row and row.get("preset") == args.preset:
+        return row
+    return None
+
+
+def _with_config_tokenizer(opts: TrainOptions, args) -> TrainOptions:
+    """With --config RUN/config.json for a run elsewhere: RUN's tokenizer.model, when it is the one that
+    config.json names (so the run is reproduced even where the cache holds another tokenizer)."""
+    if not args.config or opts.tokenizer or opts.row_config is None:
+        return opts
+    from aiayn.ablations.presets import get_preset
+    from aiayn.common.files import sha256_file
+    from aiayn.lightning_modules.rundir import RunDir
+
+    source = Path(args.config).parent
+    sibling = source / "tokenizer.model"
+    recorded = args.config_tokenizer
+    target = RunDir.of(opts.out, get_preset(opts.preset).name, opts.data or get_preset(opts.preset).corpus,
+                       opts.row, opts.seed)  # fmt: skip
+    elsewhere = target.path.resolve() != source.resolve()
+    if recorded and elsewhere and sibling.is_file() and sha256_file(sibling) == recorded:
+        return replace(opts, tokenizer=str(sibling))
+    return opts
 
 
 def cmd_eval(args) -> None:
@@ -243,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train one (row, preset, corpus, seed); reruns resume")
     add_options(t, TrainOptions)
+    t.add_argument("--config", metavar="FILE", default=None,
+                   help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
+                   "flags given here override it (--set and --table add to it)")  # fmt: skip
+    t.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the run's resolved config.json and exit: nothing prepared, trained or written",
+    )
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split")
@@ -298,10 +339,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line. `aiayn train --config FILE`: FILE's options become the train parser's
+    defaults (argparse's own layering), so the flags given on the command line override them."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "train" and args.config:
+        from aiayn.lightning_modules.options import read_config_file
+
+        values, row, tokenizer_sha = read_config_file(args.config)
+        train_parser = next(a for a in parser._actions if a.dest == "command").choices["train"]
+        train_parser.set_defaults(**parser_defaults(TrainOptions, values))
+        args = parser.parse_args(argv)
+        args.config_row, args.config_tokenizer = row, tokenizer_sha
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(argv)
     except UserError as e:
         return print_error(e)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)

@@ -6,10 +6,12 @@ Importing this module is cheap (no torch, no Lightning): the CLI builds every pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from aiayn.ablations.presets import CORPORA
 from aiayn.ablations.table import format_overrides, parse_overrides
+from aiayn.common.errors import UserError
 from aiayn.common.options import option
 
 
@@ -60,9 +62,85 @@ class TrainOptions:
         "lr_factor (repeatable; listed among the run's deviations)",
     )  # fmt: skip
 
+    # `aiayn train --config` of a run's config.json: that run's resolved row, trained as it was
+    row_config: dict | None = option(None, cli=False)
+
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
+
+
+# Options that say where and how a run is watched, not what it is: left out of config.json's "options".
+NOT_RECORDED = ("cache_dir", "progress", "num_workers", "row_config")
+
+
+def options_record(opts: TrainOptions) -> dict:
+    """The options of a run as config.json records them (`aiayn train --config` reads them back)."""
+    out = {}
+    for f in fields(opts):
+        if f.name not in NOT_RECORDED:
+            value = getattr(opts, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def read_config_file(path: str | Path) -> tuple[dict, dict | None, str | None]:
+    """`aiayn train --config FILE`: the TrainOptions values FILE gives, and, when FILE is a run's
+    config.json, that run's resolved row and its tokenizer's sha256. FILE is JSON or YAML (a superset
+    of JSON): a run's config.json (its "options"; one written by aiayn 0.1 has none, they are read
+    from its sections) or a mapping of `aiayn train` options by name (`max_steps: 2`,
+    `set: {d_model: 256}`)."""
+    import yaml  # lazily: building the CLI's parsers needs no YAML
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {path} ({getattr(e, 'strerror', None) or type(e).__name__}); pass "
+                        f"a run's config.json or a YAML file of `aiayn train` options") from None  # fmt: skip
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where else ""
+        raise UserError(f"config {path} is neither JSON nor YAML ({getattr(e, 'problem', None) or e}{at}); "
+                        f"fix the file") from None  # fmt: skip
+    if not isinstance(doc, dict):
+        raise UserError(f"config {path} is not a mapping of options; pass a run's config.json or a YAML file "
+                        f"like `row: C3`")  # fmt: skip
+    row = doc.get("row") if isinstance(doc.get("row"), dict) else None
+    if "options" in doc:
+        values = doc["options"]
+    elif row is not None:
+        values = _options_of_old_config(doc)
+    else:
+        values = doc
+    names = {f.name for f in fields(TrainOptions) if f.name != "row_config"}
+    out = {}
+    for key, value in (values or {}).items():
+        name = {"set": "overrides"}.get(str(key), str(key).replace("-", "_"))
+        if name not in names:
+            raise UserError(f"config {path}: unknown option {key!r}; use the option names of `aiayn train --help` "
+                            f"(e.g. max_steps, set)")  # fmt: skip
+        out[name] = value
+    tokenizer = doc.get("tokenizer") if isinstance(doc.get("tokenizer"), dict) else {}
+    return out, row, tokenizer.get("sha256") if row is not None else None
+
+
+def _options_of_old_config(doc: dict) -> dict:
+    """The options of a config.json written by aiayn 0.1 (no "options" section), from what it recorded."""
+    row, data, t = doc["row"], doc.get("data", {}), doc.get("train", {})
+    mark = "overridden: "
+    given = next((d.removeprefix(mark) for d in row.get("deviations", []) if d.startswith(mark)), "")
+    world, accumulate = t.get("world_size", 1), t.get("accumulate", 1)
+    per_step = t.get("effective_tokens_per_step")
+    values = {
+        "row": row.get("row"), "preset": row.get("preset"), "seed": t.get("seed", 0), "max_steps": t.get("steps"),
+        "precision": t.get("precision", "32-true"), "devices": world, "data": data.get("corpus"),
+        "data_dir": data.get("data_dir"), "src_lang": data.get("src_lang", "en"),
+        "tgt_lang": data.get("tgt_lang", "de"), "vocab_size": data.get("vocab_size"),
+        "overrides": parse_overrides(given.split()),
+        "max_tokens": per_step // (world * accumulate) if per_step else None,
+    }  # fmt: skip
+    return {k: v for k, v in values.items() if v is not None}
 
 
 @dataclass

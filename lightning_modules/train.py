@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from aiayn.ablations.presets import Preset, get_preset, preset_dict, resolve
+from aiayn.ablations.table import MODEL_KEYS
 from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
 from aiayn.common.secrets import redact_obj
@@ -36,9 +38,9 @@ from aiayn.lightning_modules.callbacks import (
 from aiayn.lightning_modules.config import apply_overrides, model_config
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.evaluate import TOK_BLEU_LABEL, evaluate
-from aiayn.lightning_modules.model import count_params
+from aiayn.lightning_modules.model import TransformerConfig, count_params
 from aiayn.lightning_modules.module import TranslationModule
-from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.options import TrainOptions, options_record
 from aiayn.lightning_modules.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -95,26 +97,48 @@ def is_launch_rank_zero() -> bool:
     return (_get_rank() or 0) == 0 and int(os.environ.get("NODE_RANK", "0") or 0) == 0
 
 
-def train(
-    opts: TrainOptions,
-    *,
-    run_dir: str | Path | None = None,
-    callbacks: tuple = (),
-    val_per_epoch: bool = False,
-) -> dict:
-    """Train one run to completion (or resume it) and return its metrics.json content ({} on ranks
-    other than 0, and when the run was checkpointed for a SLURM requeue).
+@dataclass
+class Plan:
+    """A run resolved from its options, before any data is prepared: what config.json will say."""
 
-    For `aiayn hpo`: `run_dir` instead of OUT/PRESET/CORPUS/ROW/seedN, extra Lightning `callbacks`
-    (Optuna's pruning callback) and validation at epoch ends (`val_per_epoch`: the pruning callback
-    reports the epoch as its step)."""
+    preset: Preset
+    resolved: dict  # the row at the preset's scale, --set applied
+    schedule: dict
+    run: RunDir
+    dm: TranslationDataModule
+    cfg: TransformerConfig
+    steps: int
+    accumulate: int
+    config: dict  # config.json; its tokenizer sha256 is None until the tokenizer exists
+
+
+def row_of(opts: TrainOptions) -> dict:
+    """The row to train: from the table (ablations/ and --table), or, for `aiayn train --config` of a
+    run's config.json, that run's own row as it was resolved (so the run is reproduced even if its
+    table changed since or is not at hand); its --set values are applied again by the caller."""
+    if opts.row_config is None:
+        return resolve(opts.row, opts.preset, opts.table)
+    row = dict(opts.row_config)
+    row["deviations"] = [d for d in row.get("deviations", []) if not str(d).startswith("overridden: ")]
+    try:
+        now = resolve(opts.row, opts.preset, opts.table)
+    except UserError:
+        now = None  # the table is not at hand: the config's row is all there is
+    changed = {k: (row.get(k), now[k]) for k in (*MODEL_KEYS, "train_steps") if now and row.get(k) != now[k]}
+    if changed:
+        log.warning("row %s of the config file differs from its table now (config, table: %s); training the "
+                    "config file's", opts.row, changed)  # fmt: skip
+    return row
+
+
+def plan(opts: TrainOptions, run_dir: str | Path | None = None) -> Plan:
+    """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     preset = get_preset(opts.preset)
-    resolved, schedule = apply_overrides(resolve(opts.row, opts.preset, opts.table), preset, opts.overrides)
+    resolved, schedule = apply_overrides(row_of(opts), preset, opts.overrides)
     corpus = opts.data or preset.corpus
     run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, corpus, resolved["row"], opts.seed)
-    check_writable_dir(run.path, "--out")
-    dm = build_datamodule(opts, preset, tokenizer_for(opts, run))
-    dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
+    tokenizer = tokenizer_for(opts, run)
+    dm = build_datamodule(opts, preset, tokenizer)
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
     steps = opts.max_steps or resolved["train_steps"]
     world = opts.world_size
@@ -129,8 +153,33 @@ def train(
             "effective_tokens_per_step": dm.max_tokens * world * accumulate, "precision": opts.precision,
             **schedule,
         },
-        "tokenizer": {"file": run.tokenizer_file.name, "sha256": sha256_file(dm.tokenizer_model)},
+        "tokenizer": {"file": run.tokenizer_file.name, "sha256": sha256_file(tokenizer) if tokenizer else None},
+        "options": options_record(opts),  # `aiayn train --config config.json` trains this run again
     }  # fmt: skip
+    return Plan(preset, resolved, schedule, run, dm, cfg, steps, accumulate, config)
+
+
+def train(
+    opts: TrainOptions,
+    *,
+    run_dir: str | Path | None = None,
+    callbacks: tuple = (),
+    val_per_epoch: bool = False,
+) -> dict:
+    """Train one run to completion (or resume it) and return its metrics.json content ({} on ranks
+    other than 0, and when the run was checkpointed for a SLURM requeue).
+
+    For `aiayn hpo`: `run_dir` instead of OUT/PRESET/CORPUS/ROW/seedN, extra Lightning `callbacks`
+    (Optuna's pruning callback) and validation at epoch ends (`val_per_epoch`: the pruning callback
+    reports the epoch as its step)."""
+    p = plan(opts, run_dir)
+    preset, resolved, schedule, run, dm, cfg, steps, accumulate, config = (
+        p.preset, p.resolved, p.schedule, p.run, p.dm, p.cfg, p.steps, p.accumulate, p.config
+    )  # fmt: skip
+    world = opts.world_size
+    check_writable_dir(run.path, "--out")
+    dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
+    config["tokenizer"]["sha256"] = sha256_file(dm.tokenizer_model)
     run.check_config(config)
 
     # One process per run directory (rank 0 holds the lock until it returns); leftovers of writes
