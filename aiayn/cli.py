@@ -160,12 +160,18 @@ def cmd_bench(args) -> None:
 # ---- many runs
 
 
-def _report(runs_dir, out_dir, preset: str | None) -> None:
-    """Write the report of `runs_dir` into `out_dir` and print the files written."""
-    from aiayn.reports.build import write_reports
+def _report(runs_dir, out_dir, preset: str | None, wandb: bool = False) -> None:
+    """Write the report of `runs_dir` into `out_dir` and print the files written; with `wandb`, log each
+    report to W&B (its table and its files)."""
+    from aiayn.reports.build import command_line, write_reports
 
-    for path in write_reports(runs_dir, out_dir, preset=preset):
+    paths = write_reports(runs_dir, out_dir, preset=preset)
+    for path in paths:
         print(path)
+    if wandb:
+        from aiayn.reports.wandb_export import log_reports
+
+        log_reports(paths, command_line(runs_dir, out_dir, preset))
 
 
 def cmd_report(args) -> None:
@@ -173,7 +179,7 @@ def cmd_report(args) -> None:
 
     out = args.out or str(Path(args.runs) / "reports")
     check_writable_dir(out, "--out")
-    _report(args.runs, out, args.preset)
+    _report(args.runs, out, args.preset, wandb=args.wandb)
 
 
 def cmd_table3(args) -> None:
@@ -192,7 +198,7 @@ def cmd_table3(args) -> None:
     print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed of "
           f"{summary['ran']} run ({summary['pairs']} pairs in the table)")  # fmt: skip
     if report:
-        _report(opts.train.out, report, opts.train.preset)
+        _report(opts.train.out, report, opts.train.preset, wandb=opts.train.wandb)
 
 
 def cmd_hpo(args) -> None:
@@ -329,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--runs", default="runs")
     rp.add_argument("--out", default=None, help="report directory (default: RUNS/reports)")
     rp.add_argument("--preset", default=None, help="only this preset (default: every preset found)")
+    rp.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log each report to W&B: the table as a wandb.Table, the files as an artifact",
+    )
     rp.set_defaults(func=cmd_report)
 
     a = sub.add_parser("average", help="average the last k periodic checkpoints of a run")

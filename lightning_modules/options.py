@@ -54,7 +54,9 @@ class TrainOptions:
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )
     num_workers: int = option(0, "data loader worker processes")
-    wandb: bool = option(False, "log to Weights & Biases (offline without an API key)")
+    wandb: bool = option(False, "log to Weights & Biases; online with WANDB_API_KEY or `wandb login`, else offline, "
+                         "unless WANDB_MODE says otherwise")  # fmt: skip
+    wandb_checkpoints: bool = option(False, "with --wandb: also log the final checkpoint as a W&B model artifact")
     progress: bool = option(True, "Lightning's progress bar")
     overrides: dict = option(
         default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,

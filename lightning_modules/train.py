@@ -27,6 +27,7 @@ from aiayn.ablations.table import MODEL_KEYS
 from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules import wandb_run
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
     Diverged,
@@ -191,7 +192,7 @@ def train(
     module = TranslationModule(cfg.to_dict(), **schedule, data=config["data"])
     # every checkpoint carries the config and the tokenizer: it can translate without the run directory
     embed = RunFilesInCheckpoint(redact_obj(config), dm.tokenizer_model)
-    trainer = build_trainer(opts, preset, run, steps, accumulate, resolved, (embed, *callbacks), val_per_epoch)
+    trainer = build_trainer(opts, preset, run, steps, accumulate, config, (embed, *callbacks), val_per_epoch)
     if trainer.is_global_zero:
         run.write_config(config)
         run.write_tokenizer(dm.tokenizer_model)
@@ -210,15 +211,20 @@ def train(
         log.warning("%s seed %d diverged: %s", resolved["row"], opts.seed, e)
         if not trainer.is_global_zero:
             return {}
-        return run.write_metrics(config, status="diverged", diverged_at_step=e.step, error=str(e))
+        metrics = run.write_metrics(config, status="diverged", diverged_at_step=e.step, error=str(e))
+        wandb_run.finish(trainer, metrics, exit_code=1)
+        return metrics
     except Exception as e:
         if trainer.is_global_zero:
             status = "pruned" if isinstance(e, optuna.TrialPruned) else "failed"
-            run.write_metrics(config, status=status, error=f"{type(e).__name__}: {e}")
+            metrics = run.write_metrics(config, status=status, error=f"{type(e).__name__}: {e}")
+            wandb_run.finish(trainer, metrics, exit_code=1)
         raise
     train_time = time.perf_counter() - t0
     if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal: SLURM restarts it
         log.info("%s seed %d: checkpointed at step %d and requeued", resolved["row"], opts.seed, trainer.global_step)
+        if trainer.is_global_zero:
+            wandb_run.finish(trainer, {"steps": trainer.global_step}, preempted=True)
         return {}
     if not trainer.is_global_zero:
         return {}
@@ -237,18 +243,8 @@ def train(
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=TOK_BLEU_LABEL, dev_ppl=round(result["ppl"], 4),
         dev_sentences=result["n_sentences"],
     )  # fmt: skip
-    finish_wandb(trainer, metrics)
+    wandb_run.finish(trainer, metrics, checkpoint=run.last_checkpoint if opts.wandb_checkpoints else None)
     return metrics
-
-
-def finish_wandb(trainer: pl.Trainer, metrics: dict) -> None:
-    """Put the final dev figures in the W&B run's summary and close the run (else the next run in this
-    process, e.g. an `aiayn hpo` trial, would log into it)."""
-    for logger in trainer.loggers:
-        if type(logger).__name__ == "WandbLogger":
-            run = logger.experiment
-            run.summary.update({"dev/bleu": metrics["dev_bleu"], "dev/ppl": metrics["dev_ppl"], "status": "completed"})
-            run.finish()
 
 
 def build_trainer(
@@ -257,7 +253,7 @@ def build_trainer(
     run: RunDir,
     steps: int,
     accumulate: int,
-    resolved: dict,
+    config: dict,
     callbacks: tuple = (),
     val_per_epoch: bool = False,
 ) -> pl.Trainer:
@@ -278,16 +274,9 @@ def build_trainer(
     loggers = [CSVLogger(run.path, name=run.logs.name)]
     # under SLURM: Lightning's requeue handler off, ours (checkpoint at a step boundary) on
     slurm_plugins, slurm_callbacks = slurm_parts(run.checkpoints)
-    if opts.wandb:
-        from lightning.pytorch.loggers import WandbLogger
-
-        loggers.append(
-            WandbLogger(
-                project=f"aiayn-{preset.name}", group=resolved["row"], job_type="train",
-                name=f"{resolved['row']}-s{opts.seed}", save_dir=str(run.path), config=resolved,
-                offline=not os.environ.get("WANDB_API_KEY"),
-            )
-        )  # fmt: skip
+    if opts.wandb and is_launch_rank_zero():  # W&B logs from rank 0 only (its other ranks record no attempt)
+        logger = wandb_run.wandb_logger(run, redact_obj(config))
+        loggers += [logger] if logger is not None else []
     return pl.Trainer(
         accelerator=opts.accelerator,
         devices=opts.devices,
