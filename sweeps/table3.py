@@ -33,6 +33,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import optuna
@@ -62,6 +63,10 @@ class SweepOptions:
     jobs: int | None = option(
         None, "training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)", positive=True
     )
+    gpus_per_job: int | None = option(
+        None, "GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices",
+        positive=True, metavar="K",
+    )  # fmt: skip
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
 
@@ -202,21 +207,58 @@ def train_process_command(opts: TrainOptions) -> list[str]:
     return [sys.executable, "-m", "aiayn", "train", *to_argv(opts, always=("row", "preset", "seed"))]
 
 
-def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
-    """Train one pair in its own process; return its metrics.json (status failed if it died)."""
+def visible_gpus() -> list[str]:
+    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries when it is set, else every GPU
+    torch sees (counted without starting CUDA here; the runs that use them are fresh processes)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [g.strip() for g in given.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_slots(opts: SweepOptions, jobs: int) -> list[str] | None:
+    """With --gpus-per-job K: the CUDA_VISIBLE_DEVICES of each of the `jobs` workers, K GPUs each,
+    disjoint (worker i gets the i-th K of the visible GPUs), so that N runs at once on one machine do
+    not all land on GPU 0. None without --gpus-per-job. Also makes each run's --devices K."""
+    k = opts.gpus_per_job
+    if k is None:
+        return None
+    t = opts.train
+    if t.accelerator == "cpu":
+        raise UserError(f"--gpus-per-job {k} hands out GPUs but --accelerator cpu trains on CPUs; drop one of them")
+    if t.devices not in (1, k) or t.num_nodes != 1:
+        raise UserError(f"--devices {t.devices} and --gpus-per-job {k} disagree: each run trains on its {k} GPUs "
+                        f"of this machine; drop --devices/--num-nodes")  # fmt: skip
+    gpus = visible_gpus()
+    if jobs * k > len(gpus):
+        raise UserError(f"--jobs {jobs} x --gpus-per-job {k} needs {jobs * k} GPUs but {len(gpus)} are visible "
+                        f"({','.join(gpus) or 'none'}); lower --jobs or --gpus-per-job")  # fmt: skip
+    opts.train = replace(t, devices=k)
+    return [",".join(gpus[i * k : (i + 1) * k]) for i in range(jobs)]
+
+
+def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int, gpus: str | None = None) -> dict:
+    """Train one pair in its own process; return its metrics.json (status failed if it died). `gpus`:
+    the CUDA_VISIBLE_DEVICES of this run (--gpus-per-job)."""
     run = RunDir.of(opts.train.out, opts.train.preset, corpus, row, seed)
     run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
     train_opts = replace(opts.train, row=row, seed=seed, progress=False)
     jobs = opts.jobs or 1
     # share the cores: N processes x all cores would thrash
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 and "OMP_NUM_THREADS" not in os.environ else None
-    if train_opts.world_size == 1:
+    # A run on its own GPUs is a fresh process: CUDA reads CUDA_VISIBLE_DEVICES once, at its start, and
+    # a process forked from the forkserver would inherit whatever CUDA state that one has.
+    if train_opts.world_size == 1 and gpus is None:
         child = _forkserver().Process(target=_train_in_child, args=(train_opts, str(run.sweep_log), threads))
         child.start()
         child.join()
         returncode = child.exitcode
     else:
         env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         with open(run.sweep_log, "w") as out:
             cmd = train_process_command(train_opts)
             returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
@@ -299,6 +341,7 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     jobs = opts.jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
+    slots = gpu_slots(opts, jobs)
     out = Path(opts.train.out)
     name = study_name(preset.name, corpus)
     # Drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race.
@@ -318,11 +361,15 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     # (Optuna caches trial states per storage object), exactly as separate drivers would.
     pace = (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
 
-    def worker() -> tuple[int, int]:
+    def worker(i: int) -> tuple[int, int]:
         one = optuna.load_study(study_name=name, storage=open_storage(url))
-        return work(one, opts, corpus, len(pairs), runner, pace)
+        # worker i trains its pairs one after another on its own GPUs (slot i)
+        mine = runner if slots is None else partial(runner or run_pair, gpus=slots[i])
+        return work(one, opts, corpus, len(pairs), mine, pace)
 
+    if slots is not None:
+        log.info("table3: %d runs at once, each on its own GPUs: %s", jobs, " | ".join(slots))
     with ThreadPoolExecutor(jobs) as pool:
-        results = [f.result() for f in [pool.submit(worker) for _ in range(jobs)]]
+        results = [f.result() for f in [pool.submit(worker, i) for i in range(jobs)]]
     done, failed = sum(r[0] for r in results), sum(r[1] for r in results)
     return {"pairs": len(pairs), "ran": done + failed, "completed": done, "failed": failed}
