@@ -139,7 +139,10 @@ def fail_stale_trials(study: optuna.Study, opts: SweepOptions, corpus: str, grac
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pair = pair_of(t)
         started = t.datetime_start.timestamp() if t.datetime_start else now
-        if pair is None or ("worker" not in t.user_attrs and now - started < grace_s):
+        # A trial queued by aiayn 0.1 (no `row` attribute) and left RUNNING unclaimed is what its crash on a
+        # grown table left behind (it failed on the row's categorical right after ask()): stale at once.
+        unclaimed = "worker" not in t.user_attrs and "row" in t.user_attrs
+        if pair is None or (unclaimed and now - started < grace_s):
             continue
         with file_lock(pair_lock_path(opts, corpus, *pair)) as free:
             if not free:

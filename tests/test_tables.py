@@ -93,10 +93,17 @@ def test_a_study_made_before_rows_were_trial_attributes_keeps_its_pairs_and_take
         trial.suggest_categorical("row", old_rows)
         trial.suggest_int("seed", 0, MAX_SEED)
         study.tell(trial, 30.0)
+    # and what aiayn 0.1 left when it met a row added to its table: the pair popped, then the crash on
+    # the row's categorical, the trial RUNNING and unclaimed
+    study.enqueue_trial({"row": "wide-ff", "seed": 0})
+    crashed = study.ask()
+    with pytest.raises(ValueError, match="CategoricalDistribution does not support dynamic value space"):
+        crashed.suggest_categorical("row", [*old_rows, "wide-ff"])
     runner = MetricsRunner()
     assert run_table3(opts, runner=runner)["completed"] == 2
     assert sorted(runner.calls) == [("A2", 0), ("wide-ff", 0)]
     assert {row: len(n) for row, n in trials_by_row(opts).items()} == {"base": 1, "A1": 1, "A2": 1, "wide-ff": 1}
+    assert study.get_trials()[crashed.number].state == optuna.trial.TrialState.FAIL
     again = MetricsRunner()
     assert run_table3(opts, runner=again)["ran"] == 0 and again.calls == []
 
