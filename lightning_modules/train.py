@@ -76,6 +76,8 @@ def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
     """The SentencePiece model a run uses instead of training one: `--tokenizer`, else the run's own
     (a resumed run keeps the tokenizer it started with, whatever the cache holds now); None: train one."""
     own = run.tokenizer_file if run.tokenizer_file.is_file() else None
+    if opts.tokenizer and not Path(opts.tokenizer).is_file():
+        raise UserError(f"tokenizer {opts.tokenizer} does not exist; pass --tokenizer with a SentencePiece .model file")
     if opts.tokenizer and own and sha256_file(opts.tokenizer) != sha256_file(own):
         raise UserError(
             f"run directory {run.path} was trained with another tokenizer than --tokenizer {opts.tokenizer}; "

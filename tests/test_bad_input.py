@@ -182,6 +182,12 @@ CASES = {
     "average without checkpoints": (["average", "--run", "{tmp}", "--out", "{tmp}/avg.ckpt"], None,
                                     "no periodic checkpoints (stepNNNNNNN.ckpt) in {tmp}; pass a run directory that "
                                     "has trained"),
+    "missing tokenizer": (TRAIN + ["--tokenizer", "{tmp}/none.model"], None,
+                          "tokenizer {tmp}/none.model does not exist; pass --tokenizer with a SentencePiece .model "
+                          "file"),
+    "tokenizer that is not one": (TRAIN + ["--tokenizer", "{tmp}/afile"], regular_file,
+                                  "tokenizer {tmp}/afile is not a SentencePiece model (RuntimeError); pass a .model "
+                                  "file"),
     # --- config files (train --config)
     "missing config": (TRAIN + ["--config", "{tmp}/none.json"], None,
                        "cannot read config {tmp}/none.json (No such file or directory); pass a run's config.json or "
