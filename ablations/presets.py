@@ -91,9 +91,10 @@ def scale(row: Row, preset: Preset) -> dict:
     return k
 
 
-def resolve(row_name: str, preset_name: str) -> dict:
-    """Everything that defines a run of `row` at `preset` except corpus-dependent vocabulary facts."""
-    row, preset = get_row(row_name), get_preset(preset_name)
+def resolve(row_name: str, preset_name: str, tables: tuple[str, ...] = ()) -> dict:
+    """Everything that defines a run of `row` at `preset` except corpus-dependent vocabulary facts
+    (`tables`: the user's own table files, `--table`, where the row may be)."""
+    row, preset = get_row(row_name, tables), get_preset(preset_name)
     return {
         "row": row.row,
         "group": row.group,

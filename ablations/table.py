@@ -1,5 +1,8 @@
 """Table 3 as data: rows read from CSV, blank cells inherited from `base` (the paper's caption).
 
+ablations/table3.csv (the paper's rows) and ablations/extended.csv (ours) are always read; a user's own
+table file in the same layout joins them with `--table FILE` (its rows may inherit from `base` too).
+
 Also what a sweep owes (the (row, seed) grid) and the knobs a user may change per run (`--set`):
 everything here is "what to run", so nothing imports torch.
 """
@@ -7,6 +10,7 @@ everything here is "what to run", so nothing imports torch.
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -46,53 +50,131 @@ class Row:
     paper_bleu: float | None
     paper_params_m: float | None
     note: str = ""  # what an extended row is (shown by `aiayn rows` and in reports)
+    source: str = ""  # the table file the row came from
 
     @property
     def extended(self) -> bool:
         return self.group == "extended"
 
 
-def _number(text: str | None) -> float | None:
-    return float(text) if text not in (None, "") else None
+# The columns a table file may have (the layout of ablations/table3.csv and extended.csv).
+PAPER_COLUMNS = ("paper_ppl_dev", "paper_bleu_dev", "paper_params_M")
+COLUMNS = ("row", "group", *KNOBS, *PAPER_COLUMNS, "note")
+
+
+def _typed(path: Path, line: int, column: str, text: str):
+    kind = float if column in PAPER_COLUMNS else KNOBS[column]
+    if kind is _bool and text.strip().lower() not in ("true", "false"):
+        raise UserError(f"table {path} line {line}: {column} must be true or false, got {text!r}; fix that cell")
+    try:
+        return kind(text)
+    except ValueError:
+        what = {int: "an integer", float: "a number"}[kind]
+        raise UserError(f"table {path} line {line}: {column} must be {what}, got {text!r}; fix that cell") from None
+
+
+def read_table(path: str | Path) -> list[tuple[int, dict]]:
+    """The rows of one table file as (line number, {column: cell}), checked: a missing or unreadable
+    file, an unknown or missing column, a row without a name or a cell of the wrong type is a UserError
+    naming the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(
+            f"table {path} does not exist; pass --table with a CSV file in the layout of ablations/extended.csv"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read table {path} ({type(e).__name__}); pass a UTF-8 CSV file") from None
+    reader = csv.DictReader(text.splitlines())
+    header = reader.fieldnames or []
+    unknown = [c for c in header if c not in COLUMNS]
+    if unknown:
+        raise UserError(f"table {path} line 1: unknown column {unknown[0]!r}; the columns are {', '.join(COLUMNS)}")
+    if "row" not in header:
+        raise UserError(
+            f"table {path} line 1: no 'row' column; the first column names the row (see ablations/extended.csv)"
+        )
+    out = []
+    for line, raw in enumerate(reader, start=2):
+        if None in raw:
+            raise UserError(f"table {path} line {line}: more cells than the {len(header)} columns; fix that line")
+        name = (raw.get("row") or "").strip()
+        if not name:
+            raise UserError(f"table {path} line {line}: the row has no name; fill its 'row' cell")
+        cells = {k: _typed(path, line, k, v) for k, v in raw.items() if k not in ("row", "group", "note") and v}
+        out.append(
+            (
+                line,
+                {
+                    "row": name,
+                    "group": (raw.get("group") or "").strip() or name,
+                    "note": raw.get("note") or "",
+                    **cells,
+                },
+            )
+        )
+    return out
+
+
+def load_rows(tables: tuple[str, ...] = ()) -> dict[str, Row]:
+    """Every row of ablations/ (table3.csv, then extended.csv) and then of the user's `tables`, in file
+    order, resolved against base. A row name defined twice is a UserError naming both places. Read
+    once per state of the files: a user's table edited meanwhile is read again."""
+    return _load_rows(tuple(tables), tuple(_stamp(t) for t in tables))
+
+
+def _stamp(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 @cache
-def load_rows() -> dict[str, Row]:
-    """Every row of every table file, in file order, resolved against base."""
-    raw = []
-    for path in TABLE_FILES:
-        with path.open(newline="", encoding="utf-8") as f:
-            raw.extend(csv.DictReader(f))
-    base_raw = next(r for r in raw if r["row"] == "base")
-    base = dict(PAPER_BASE, **{k: KNOBS[k](v) for k, v in base_raw.items() if k in KNOBS and v})
+def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
+    raw, where = [], {}
+    for path in (*TABLE_FILES, *(Path(t) for t in tables)):
+        for line, r in read_table(path):
+            if r["row"] in where:
+                raise UserError(
+                    f"table {path} line {line}: row {r['row']!r} is already defined ({where[r['row']]}); "
+                    f"give the row another name"
+                )
+            where[r["row"]] = f"{path} line {line}"
+            raw.append((path, r))
+    base_raw = next(r for _, r in raw if r["row"] == "base")
+    base = dict(PAPER_BASE, **{k: v for k, v in base_raw.items() if k in KNOBS})
     rows = {}
-    for r in raw:
-        knobs = dict(base, **{k: KNOBS[k](v) for k, v in r.items() if k in KNOBS and v not in (None, "")})
+    for path, r in raw:
         rows[r["row"]] = Row(
             row=r["row"],
             group=r["group"],
-            knobs=knobs,
-            paper_ppl=_number(r.get("paper_ppl_dev")),
-            paper_bleu=_number(r.get("paper_bleu_dev")),
-            paper_params_m=_number(r.get("paper_params_M")),
-            note=r.get("note") or "",
+            knobs=dict(base, **{k: v for k, v in r.items() if k in KNOBS}),
+            paper_ppl=r.get("paper_ppl_dev"),
+            paper_bleu=r.get("paper_bleu_dev"),
+            paper_params_m=r.get("paper_params_M"),
+            note=r["note"],
+            source=str(path),
         )
     return rows
 
 
-def get_row(name: str) -> Row:
-    rows = load_rows()
+def get_row(name: str, tables: tuple[str, ...] = ()) -> Row:
+    rows = load_rows(tuple(tables))
     if name not in rows:
         raise UserError(f"unknown row {name!r}; choose one of: {', '.join(rows)} (see `aiayn rows`)")
     return rows[name]
 
 
-def select_rows(spec: str | None, include_extended: bool = False) -> list[str]:
+def select_rows(spec: str | None, include_extended: bool = False, tables: tuple[str, ...] = ()) -> list[str]:
     """Resolve `--rows base,A,C3` (row ids and group names) to row ids, in table order.
 
-    None or "all" selects the paper's rows (plus the `extended` group if asked for).
+    None or "all" selects every row but those of the `extended` group (unless asked for): the paper's
+    rows, and those of the user's `tables`.
     """
-    rows = load_rows()
+    rows = load_rows(tuple(tables))
     if spec in (None, "", "all"):
         return [r for r, row in rows.items() if include_extended or not row.extended]
     chosen = set()
@@ -113,14 +195,18 @@ def select_rows(spec: str | None, include_extended: bool = False) -> list[str]:
 class Selection:
     """Which (row, seed) pairs a sweep owes: the selected rows × seeds 0..N-1."""
 
-    rows: str | None = option(None, "row ids and/or groups, comma-separated (default: all paper rows)")
+    rows: str | None = option(
+        None, "row ids and/or groups, comma-separated (default: all paper rows and those of --table)"
+    )
     extended: bool = option(False, "include the extended rows beyond the paper (ablations/extended.csv)")
     seeds: int = option(1, "seeds 0..N-1 per row")
 
-    def pairs(self) -> list[tuple[str, int]]:
+    def pairs(self, tables: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+        """The pairs, rows looked up in ablations/ and the user's `tables` (`--table`)."""
         if not 1 <= self.seeds <= MAX_SEED + 1:
             raise UserError(f"--seeds must be at least 1, got {self.seeds}; pass --seeds 1 or more")
-        return [(row, seed) for row in select_rows(self.rows, self.extended) for seed in range(self.seeds)]
+        rows = select_rows(self.rows, self.extended, tables)
+        return [(row, seed) for row in rows for seed in range(self.seeds)]
 
 
 def parse_overrides(items: list[str] | tuple[str, ...] | None) -> dict:

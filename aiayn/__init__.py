@@ -15,3 +15,15 @@ try:
     __version__ = version("aiayn")
 except PackageNotFoundError:  # imported from a checkout that was never installed
     __version__ = "0+unknown"
+
+__all__ = ["Translator", "__version__"]
+
+
+def __getattr__(name: str):
+    """`from aiayn import Translator` without importing torch when `aiayn` (or any aiayn.* module) is
+    imported: the CLI's light commands and every layer import this package first."""
+    if name == "Translator":
+        from aiayn.lightning_modules.translate import Translator
+
+        return Translator
+    raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

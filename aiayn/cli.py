@@ -11,13 +11,14 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from aiayn import __version__
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.logs import configure_logging
-from aiayn.common.options import HelpFormatter, add_options, from_args, positive_int
-from aiayn.lightning_modules.options import BenchOptions, TrainOptions
+from aiayn.common.options import HelpFormatter, add_options, from_args, parser_defaults, positive_int
+from aiayn.lightning_modules.options import BenchOptions, EvalOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
 from aiayn.sweeps.table3 import SweepOptions, report_dir
@@ -39,14 +40,15 @@ def cmd_rows(args) -> None:
     from aiayn.lightning_modules.config import params_of
 
     preset = get_preset(args.preset)
+    tables = tuple(args.table or ())
     records = []
-    for name in select_rows(args.rows, include_extended=args.extended):
-        r = resolve(name, preset.name)
+    for name in select_rows(args.rows, include_extended=args.extended, tables=tables):
+        r = resolve(name, preset.name, tables)
         records.append({
             "row": r["row"], "group": r["group"], **{k if k != "P_drop" else "p_drop": r[k] for k in MODEL_KEYS},
             "train_steps": r["train_steps"],
             "params": params_of(r), "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"],
-            "paper_params_m": r["paper_params_m"], "note": get_row(name).note, "preset": preset.name,
+            "paper_params_m": r["paper_params_m"], "note": get_row(name, tables).note, "preset": preset.name,
             "corpus": preset.corpus, "vocab_size": preset.vocab_size,
         })  # fmt: skip
     if args.format == "json":
@@ -62,9 +64,13 @@ def cmd_rows(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from aiayn.lightning_modules.train import train
+    from aiayn.lightning_modules.train import plan, train
 
-    metrics = train(from_args(TrainOptions, args))
+    opts = _with_config_tokenizer(replace(from_args(TrainOptions, args), row_config=_row_config(args)), args)
+    if args.print_config:
+        print(json.dumps(plan(opts).config, indent=2))
+        return
+    metrics = train(opts)
     if metrics.get("status") == "diverged":
         print(f"{metrics['row']} seed {metrics['seed']}: diverged ({metrics['error']}); metrics.json status diverged")
     elif metrics:
@@ -75,47 +81,57 @@ def cmd_train(args) -> None:
         )
 
 
-def _datamodule_for(module, args):
-    from aiayn.lightning_modules.data import TranslationDataModule
+def _row_config(args) -> dict | None:
+    """With --config of a run's config.json: that run's resolved row, if the row and preset are still its."""
+    row = getattr(args, "config_row", None)
+    if row and row.get("row") == args.row and row.get("preset") == args.preset:
+        return row
+    return None
 
-    ident = dict(module.hparams.data or {})
-    if args.data_dir:
-        ident["data_dir"] = args.data_dir
-    dm = TranslationDataModule(**ident, cache_dir=args.cache_dir, dev_subset=None)
-    dm.prepare_data()
-    dm.setup("validate")
-    return dm
+
+def _with_config_tokenizer(opts: TrainOptions, args) -> TrainOptions:
+    """With --config RUN/config.json for a run elsewhere: RUN's tokenizer.model, when it is the one that
+    config.json names (so the run is reproduced even where the cache holds another tokenizer)."""
+    if not args.config or opts.tokenizer or opts.row_config is None:
+        return opts
+    from aiayn.ablations.presets import get_preset
+    from aiayn.common.files import sha256_file
+    from aiayn.lightning_modules.rundir import RunDir
+
+    source = Path(args.config).parent
+    sibling = source / "tokenizer.model"
+    recorded = args.config_tokenizer
+    target = RunDir.of(opts.out, get_preset(opts.preset).name, opts.data or get_preset(opts.preset).corpus,
+                       opts.row, opts.seed)  # fmt: skip
+    elsewhere = target.path.resolve() != source.resolve()
+    if recorded and elsewhere and sibling.is_file() and sha256_file(sibling) == recorded:
+        return replace(opts, tokenizer=str(sibling))
+    return opts
 
 
 def cmd_eval(args) -> None:
-    from aiayn.lightning_modules.checkpoints import load_module
-    from aiayn.lightning_modules.evaluate import evaluate
-    from aiayn.lightning_modules.model import count_params
+    from aiayn.lightning_modules.translate import Translator, read_sentences, split_of
 
-    module = load_module(args.ckpt)
-    dm = _datamodule_for(module, args)
-    result = evaluate(module.model, dm, args.split, beam=args.beam, alpha=args.alpha)
-    result.pop("hypotheses")
-    result.update(params=count_params(module.cfg), split=args.split, checkpoint=str(args.ckpt))
-    print(json.dumps(result, indent=2))
-
-
-def _read_sentences(path: str, flag: str) -> list[str]:
-    """One sentence per line; only the final newline ends no sentence (an empty last line is a sentence)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(
-            f"cannot read {flag} {path} ({type(e).__name__}); pass a UTF-8 text file, one sentence per line"
-        ) from e
-    lines = (text[:-1] if text.endswith("\n") else text).split("\n") if text else []
-    return [line.rstrip("\r") for line in lines]
+    opts = from_args(EvalOptions, args)
+    if (opts.src is None) != (opts.ref is None):
+        raise UserError("pass both --src FILE and --ref FILE (or --split dev|test)")
+    if opts.src and opts.split:
+        raise UserError("--split and --src/--ref each name a test set; pass one of them")
+    if opts.src:  # read (and checked) before the model loads
+        sources, refs = read_sentences(opts.src, "--src"), read_sentences(opts.ref, "--ref")
+        test_set = {"src": opts.src, "ref": opts.ref}
+    translator = Translator.from_options(opts.model)
+    if not opts.src:
+        test_set = {"split": opts.split or "dev", "corpus": translator.data.get("corpus")}
+        sources, refs = split_of(translator.data, test_set["split"], opts.data_dir, opts.cache_dir)
+    print(json.dumps({**test_set, **translator.evaluate(sources, refs, name="--src line")}, indent=2))
 
 
 def cmd_score(args) -> None:
     from aiayn.lightning_modules.bleu import bleu
+    from aiayn.lightning_modules.translate import read_sentences
 
-    hyps, refs = _read_sentences(args.hyp, "--hyp"), _read_sentences(args.ref, "--ref")
+    hyps, refs = read_sentences(args.hyp, "--hyp"), read_sentences(args.ref, "--ref")
     if len(hyps) != len(refs) or not refs:
         raise UserError(
             f"--hyp {args.hyp} has {len(hyps)} lines and --ref {args.ref} has {len(refs)}; pass line-aligned, "
@@ -130,41 +146,25 @@ def cmd_score(args) -> None:
 
 
 def cmd_translate(args) -> None:
-    import torch
+    from aiayn.common.files import atomic_write_text, check_writable_dir
+    from aiayn.lightning_modules.translate import Translator, read_sentences
 
-    from aiayn.common.files import atomic_write_text
-    from aiayn.lightning_modules.checkpoints import load_module
-    from aiayn.lightning_modules.evaluate import translate_batch
-    from aiayn.lightning_modules.model import PAD
-
-    module = load_module(args.ckpt)
-    dm = _datamodule_for(module, args)
-    try:
-        lines = Path(args.input).read_text(encoding="utf-8") if args.input != "-" else sys.stdin.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read input {args.input} ({e}); pass a UTF-8 text file, one sentence per line") from e
-    lines = lines.splitlines()
-    out = []
-    for start in range(0, len(lines), args.batch_size):
-        ids = dm.encode(lines[start : start + args.batch_size])
-        width = max((len(x) for x in ids), default=1)
-        src = torch.tensor([x + [PAD] * (width - len(x)) for x in ids], dtype=torch.long)
-        hyps = translate_batch(module.model, src, dm.bos_id, dm.eos_id, args.beam, args.alpha)
-        out.extend(dm.decode(h) for h in hyps)
-    text = "\n".join(out) + "\n"
-    if args.output:
-        atomic_write_text(args.output, text)
+    opts = from_args(TranslateOptions, args)
+    if opts.output:
+        check_writable_dir(Path(opts.output).parent, "--output")
+    lines = read_sentences(opts.input)  # all of it, checked, before anything is decoded or written
+    translator = Translator.from_options(opts.model)
+    text = "".join(line + "\n" for line in translator.translate(lines, name="input line"))
+    if opts.output:
+        atomic_write_text(opts.output, text)
     else:
         sys.stdout.write(text)
 
 
 def cmd_average(args) -> None:
-    from aiayn.lightning_modules.checkpoints import average, periodic_checkpoints
+    from aiayn.lightning_modules.checkpoints import average, last_checkpoints
 
-    paths = periodic_checkpoints(args.run)
-    if args.last > len(paths):
-        raise UserError(f"--last {args.last} asks for more checkpoints than the {len(paths)} kept in {args.run}")
-    chosen = paths[-args.last :]
+    chosen = last_checkpoints(args.run, args.last)
     out = average(chosen, args.out)
     print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {out}")
 
@@ -178,12 +178,18 @@ def cmd_bench(args) -> None:
 # ---- many runs
 
 
-def _report(runs_dir, out_dir, preset: str | None) -> None:
-    """Write the report of `runs_dir` into `out_dir` and print the files written."""
-    from aiayn.reports.build import write_reports
+def _report(runs_dir, out_dir, preset: str | None, wandb: bool = False) -> None:
+    """Write the report of `runs_dir` into `out_dir` and print the files written; with `wandb`, log each
+    report to W&B (its table and its files)."""
+    from aiayn.reports.build import command_line, write_reports
 
-    for path in write_reports(runs_dir, out_dir, preset=preset):
+    paths = write_reports(runs_dir, out_dir, preset=preset)
+    for path in paths:
         print(path)
+    if wandb:
+        from aiayn.reports.wandb_export import log_reports
+
+        log_reports(paths, command_line(runs_dir, out_dir, preset))
 
 
 def cmd_report(args) -> None:
@@ -191,7 +197,7 @@ def cmd_report(args) -> None:
 
     out = args.out or str(Path(args.runs) / "reports")
     check_writable_dir(out, "--out")
-    _report(args.runs, out, args.preset)
+    _report(args.runs, out, args.preset, wandb=args.wandb)
 
 
 def cmd_table3(args) -> None:
@@ -210,7 +216,7 @@ def cmd_table3(args) -> None:
     print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed of "
           f"{summary['ran']} run ({summary['pairs']} pairs in the table)")  # fmt: skip
     if report:
-        _report(opts.train.out, report, opts.train.preset)
+        _report(opts.train.out, report, opts.train.preset, wandb=opts.train.wandb)
 
 
 def cmd_hpo(args) -> None:
@@ -247,7 +253,7 @@ def cmd_sweep_export(args) -> None:
 
     if not args.wandb:
         raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
-    text = wandb_yaml(args.preset, args.rows, args.seeds, args.extended)
+    text = wandb_yaml(args.preset, args.rows, args.seeds, args.extended, tuple(args.table or ()))
     if args.out:
         atomic_write_text(args.out, text)
     else:
@@ -271,6 +277,13 @@ class _Parser(argparse.ArgumentParser):
 def _rows_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all paper rows)")
     p.add_argument("--extended", action="store_true", help="include the extended rows beyond the paper")
+    p.add_argument(
+        "--table",
+        action="append",
+        metavar="FILE",
+        default=None,
+        help="a table file of your own rows, in the layout of ablations/extended.csv (repeatable)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,26 +300,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train one (row, preset, corpus, seed); reruns resume")
     add_options(t, TrainOptions)
+    t.add_argument("--config", metavar="FILE", default=None,
+                   help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
+                   "flags given here override it (--set and --table add to it)")  # fmt: skip
+    t.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the run's resolved config.json and exit: nothing prepared, trained or written",
+    )
     t.set_defaults(func=cmd_train)
 
-    for name, helptext in (
-        ("eval", "BLEU, PPL and params of a checkpoint on a split"),
-        ("translate", "translate a file"),
-    ):
-        e = sub.add_parser(name, help=helptext)
-        e.add_argument("--ckpt", required=True)
-        e.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy)")
-        e.add_argument("--alpha", type=float, default=0.6, help="length penalty α")
-        e.add_argument("--data-dir", default=None)
-        e.add_argument("--cache-dir", default=None)
-        if name == "eval":
-            e.add_argument("--split", choices=("dev", "test"), default="dev")
-            e.set_defaults(func=cmd_eval)
-        else:
-            e.add_argument("--input", required=True, help="source sentences, one per line ('-' for stdin)")
-            e.add_argument("--output", default=None, help="translations (default: stdout)")
-            e.add_argument("--batch-size", type=positive_int, default=64, help="sentences per beam-search batch")
-            e.set_defaults(func=cmd_translate)
+    e = sub.add_parser("eval", help="BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split")
+    add_options(e, EvalOptions)
+    e.set_defaults(func=cmd_eval)
+    tr = sub.add_parser("translate", help="translate sentences (a file or stdin) with a run or a checkpoint")
+    add_options(tr, TranslateOptions)
+    tr.set_defaults(func=cmd_translate)
 
     sc = sub.add_parser("score", help="BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU")
     sc.add_argument("--hyp", required=True, help="detokenized system output, one sentence per line")
@@ -351,6 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--runs", default="runs")
     rp.add_argument("--out", default=None, help="report directory (default: RUNS/reports)")
     rp.add_argument("--preset", default=None, help="only this preset (default: every preset found)")
+    rp.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log each report to W&B: the table as a wandb.Table, the files as an artifact",
+    )
     rp.set_defaults(func=cmd_report)
 
     a = sub.add_parser("average", help="average the last k periodic checkpoints of a run")
@@ -361,10 +375,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The parsed command line. `aiayn train --config FILE`: FILE's options become the train parser's
+    defaults (argparse's own layering), so the flags given on the command line override them."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "train" and args.config:
+        from aiayn.lightning_modules.options import read_config_file
+
+        values, row, tokenizer_sha = read_config_file(args.config)
+        train_parser = next(a for a in parser._actions if a.dest == "command").choices["train"]
+        train_parser.set_defaults(**parser_defaults(TrainOptions, values))
+        args = parser.parse_args(argv)
+        args.config_row, args.config_tokenizer = row, tokenizer_sha
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(argv)
     except UserError as e:
         return print_error(e)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)

@@ -17,6 +17,8 @@ checkpoints, and preemption under SLURM.
   local path, in a temporary file under /tmp that is then *moved*: a copy across filesystems,
   unsynced, so a kill mid-copy leaves a truncated `last.ckpt`.)
 - :class:`RequeueOnSignal`: on SLURM's warning signal, checkpoint at a step boundary and requeue.
+- :class:`RunFilesInCheckpoint` puts the run's resolved config and its tokenizer into every
+  checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/translate.py).
 
 Preemption under SLURM. `aiayn slurm` asks SLURM for `--signal=USR1@LEAD --requeue`; every srun task
 (DDP rank) gets SIGUSR1 some seconds before the time limit (or `scancel --signal=USR1 JOB` sends it
@@ -48,7 +50,7 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from aiayn.common.files import atomic_torch_save
+from aiayn.common.files import atomic_torch_save, sha256_bytes
 from aiayn.lightning_modules.rundir import REQUEUE_CHECKPOINT
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,24 @@ class DivergenceGuard(pl.Callback):
         bad = trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss.detach()).all()), all=False)
         if bad:
             raise Diverged(self._step, float(loss.detach().float()))
+
+
+# checkpoint[RUN_FILES] = {"format", "config", "tokenizer_model" (bytes), "tokenizer_sha256"}
+RUN_FILES = "aiayn"
+
+
+class RunFilesInCheckpoint(pl.Callback):
+    """Every checkpoint carries what it takes to use it alone: the run's resolved config and its
+    SentencePiece model (the file's bytes and their sha256; a few hundred KB beside megabytes of
+    weights), under `checkpoint["aiayn"]`. Embedded rather than named by a path, so a checkpoint
+    copied to another machine needs neither its run directory nor the corpus nor the cache."""
+
+    def __init__(self, config: dict, tokenizer: str | Path) -> None:
+        data = Path(tokenizer).read_bytes()
+        self.files = {"format": 1, "config": config, "tokenizer_model": data, "tokenizer_sha256": sha256_bytes(data)}
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[RUN_FILES] = self.files
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,4 +1,9 @@
-"""Checkpoints: load with a clear error, average the last k (paper §6.1), rebuild their data module."""
+"""Checkpoints: load with a clear error, average the last k (paper §6.1), and the run files they carry.
+
+A checkpoint written by aiayn 0.2 or later holds, beside Lightning's state, the run's resolved config
+and its tokenizer (`checkpoint["aiayn"]`, see callbacks.RunFilesInCheckpoint); an averaged one keeps
+those of the checkpoints it averages, which must agree.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,12 @@ from pathlib import Path
 import torch
 
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_torch_save
-from aiayn.lightning_modules.module import TranslationModule
+from aiayn.common.files import atomic_torch_save, sha256_bytes
+from aiayn.lightning_modules.callbacks import RUN_FILES
 from aiayn.lightning_modules.rundir import RunDir
+
+# What a checkpoint for translation keeps; the rest (optimizer, loops, RNG states) is for resuming training.
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
 
 
 def load_raw(path: str | Path) -> dict:
@@ -22,12 +30,15 @@ def load_raw(path: str | Path) -> dict:
         raise UserError(
             f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint"
         ) from e
-    if "model_cfg" not in ckpt.get("hyper_parameters", {}):
+    if not isinstance(ckpt, dict) or "model_cfg" not in ckpt.get("hyper_parameters", {}):
         raise UserError(f"checkpoint {path} was not written by aiayn (no model_cfg in its hyper-parameters)")
     return ckpt
 
 
-def load_module(path: str | Path) -> TranslationModule:
+def load_module(path: str | Path):
+    """The TranslationModule of a checkpoint (for training code; translation needs only the model)."""
+    from aiayn.lightning_modules.module import TranslationModule  # lazily: Lightning is needed only here
+
     ckpt = load_raw(path)
     module = TranslationModule(**ckpt["hyper_parameters"])
     try:
@@ -35,6 +46,23 @@ def load_module(path: str | Path) -> TranslationModule:
     except RuntimeError as e:
         raise UserError(f"checkpoint {path} does not match its own config ({str(e).splitlines()[0]})") from e
     return module.eval()
+
+
+def run_files(ckpt: dict) -> dict:
+    """The run files a checkpoint carries ({} for one written before aiayn 0.2)."""
+    return ckpt.get(RUN_FILES) or {}
+
+
+def embedded_tokenizer(ckpt: dict, path: str | Path) -> bytes | None:
+    """The SentencePiece model a checkpoint carries, checked against the sha256 recorded with it."""
+    files = run_files(ckpt)
+    data = files.get("tokenizer_model")
+    if data is None:
+        return None
+    if sha256_bytes(data) != files.get("tokenizer_sha256"):
+        raise UserError(f"checkpoint {path}: its tokenizer does not match the sha256 recorded with it; the file is "
+                        f"damaged, use another checkpoint of the run")  # fmt: skip
+    return data
 
 
 def periodic_checkpoints(run_or_dir: str | Path) -> list[Path]:
@@ -48,10 +76,21 @@ def periodic_checkpoints(run_or_dir: str | Path) -> list[Path]:
     return found
 
 
-def average(paths: list[Path], out: str | Path) -> Path:
-    """Average the parameters of `paths` into a new checkpoint (written atomically): floating-point tensors
-    are the float64 mean cast back to their dtype; other tensors (counters) and everything else are the last
-    checkpoint's."""
+def last_checkpoints(run_or_dir: str | Path, k: int, flag: str = "--last") -> list[Path]:
+    """The newest `k` periodic checkpoints of a run, oldest first."""
+    paths = periodic_checkpoints(run_or_dir)
+    if k > len(paths):
+        raise UserError(f"{flag} {k} asks for more checkpoints than the {len(paths)} kept in {run_or_dir}; "
+                        f"pass {flag} {len(paths)} or less")  # fmt: skip
+    return paths[-k:]
+
+
+def averaged(paths: list[Path]) -> dict:
+    """The checkpoint whose parameters are the mean of those of `paths` (the paper averages the last 5
+    or 20 checkpoints, §6.1); it keeps the last one's config and run files, without training state.
+    Floating-point tensors are the float64 mean cast back to their dtype; other tensors (counters) are the
+    last checkpoint's.
+    The checkpoints must share the model config and the tokenizer."""
     ckpts = [load_raw(p) for p in paths]
     first, last = ckpts[0], ckpts[-1]
     for p, c in zip(paths[1:], ckpts[1:]):
@@ -61,15 +100,20 @@ def average(paths: list[Path], out: str | Path) -> Path:
                     f"checkpoint {p} has another {'model config' if what == 'model_cfg' else 'data config'} than "
                     f"{paths[0]}; average checkpoints of one run"
                 )
+        if run_files(c).get("tokenizer_sha256") != run_files(first).get("tokenizer_sha256"):
+            raise UserError(f"checkpoint {p} has another tokenizer than {paths[0]}; average checkpoints of one run")
     avg = {}
     for key, value in last["state_dict"].items():
         if value.is_floating_point():
             avg[key] = sum(c["state_dict"][key].double() for c in ckpts).div(len(ckpts)).to(value.dtype)
         else:
             avg[key] = value
-    result = {
-        k: v for k, v in ckpts[-1].items() if k not in ("optimizer_states", "lr_schedulers", "loops", "callbacks")
-    }
+    result = {k: v for k, v in ckpts[-1].items() if k not in TRAINING_STATE}
     result["state_dict"] = avg
     result["averaged_from"] = [str(p) for p in paths]
-    return atomic_torch_save(result, out)
+    return result
+
+
+def average(paths: list[Path], out: str | Path) -> Path:
+    """Average the parameters of `paths` into a new checkpoint (written atomically)."""
+    return atomic_torch_save(averaged(paths), out)

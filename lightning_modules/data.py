@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from aiayn.ablations.presets import CORPORA
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_open, atomic_symlink, atomic_torch_save
+from aiayn.common.files import atomic_open, atomic_symlink, atomic_torch_save, sha256_file
 from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK
 
 log = logging.getLogger(__name__)
@@ -394,9 +394,13 @@ def _pack(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def encoded_cache_path(cache_dir: Path, spm_model: Path, corpus_dir: Path, split: str, src: str, tgt: str) -> Path:
-    """``cache_dir/encoded/SPMSTEM-SPLIT-HASH.pt``: keyed by the SPM model and the split files' identity."""
+    """``cache_dir/encoded/SPMSTEM-SPLIT-HASH.pt``: keyed by the SPM model and the split files' identity.
+    A model from outside the cache (a run's ``tokenizer.model``, ``--tokenizer``) is named by its
+    content's hash instead, as its file name says nothing."""
     files = [find_split_file(corpus_dir, split, lang) for lang in (src, tgt)]
-    return Path(cache_dir) / "encoded" / f"{Path(spm_model).stem}-{split}-{_files_identity(files)}.pt"
+    spm_model = Path(spm_model)
+    stem = spm_model.stem if spm_model.parent == Path(cache_dir) / "spm" else f"tok-{sha256_file(spm_model)[:16]}"
+    return Path(cache_dir) / "encoded" / f"{stem}-{split}-{_files_identity(files)}.pt"
 
 
 def encode_split(sp, corpus_dir: Path, split: str, src_lang: str, tgt_lang: str, out: Path) -> dict:
@@ -704,6 +708,7 @@ class TranslationDataModule(pl.LightningDataModule):
         max_len: int = 256,
         num_workers: int = 0,
         accumulate: int = 1,
+        tokenizer: str | Path | None = None,
     ) -> None:
         super().__init__()
         if max_tokens <= max_len:
@@ -716,6 +721,7 @@ class TranslationDataModule(pl.LightningDataModule):
         # Plain strings in hparams: Path objects would break weights_only checkpoint loading.
         data_dir = str(data_dir) if data_dir is not None else None
         cache_dir = str(cache_dir) if cache_dir is not None else None
+        tokenizer = str(tokenizer) if tokenizer is not None else None
         self.save_hyperparameters()
         self.corpus, self.data_dir = corpus, data_dir
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -725,6 +731,8 @@ class TranslationDataModule(pl.LightningDataModule):
         self.accumulate = accumulate
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
         self.sp = None
+        self.tokenizer = Path(tokenizer) if tokenizer else None  # a SentencePiece model to use instead of training one
+        self.tokenizer_model: Path | None = None  # the model in use, known after prepare_data/setup
         self._corpus_dir: Path | None = None
         self._encoded: dict[str, dict] = {}
         self._datasets: dict[str, EncodedPairs] = {}
@@ -734,8 +742,12 @@ class TranslationDataModule(pl.LightningDataModule):
     # -- preparation ---------------------------------------------------------------------------------
 
     def _prepare(self) -> tuple[Path, Path]:
-        """Corpus dir and SPM model, creating whatever is not cached yet (idempotent)."""
+        """Corpus dir and SPM model, creating whatever is not cached yet (idempotent). With `tokenizer`,
+        that model is used as it is (a resumed run keeps its own, `--tokenizer` shares one)."""
         corpus_dir = resolve_corpus(self.corpus, self.data_dir, self.cache_dir, self.src_lang, self.tgt_lang)
+        if self.tokenizer is not None:
+            self.tokenizer_model = self._check_tokenizer(self.tokenizer)
+            return corpus_dir, self.tokenizer_model
         prefix = spm_cache_prefix(
             self.cache_dir, self.corpus, corpus_dir, self.src_lang, self.tgt_lang, self.requested_vocab_size
         )
@@ -744,7 +756,25 @@ class TranslationDataModule(pl.LightningDataModule):
                 read_parallel(corpus_dir, split, self.src_lang, self.tgt_lang)
             src, tgt = read_parallel(corpus_dir, "train", self.src_lang, self.tgt_lang)
             train_spm(src, tgt, self.requested_vocab_size, prefix)
-        return corpus_dir, prefix.with_name(prefix.name + ".model")
+        self.tokenizer_model = prefix.with_name(prefix.name + ".model")
+        return corpus_dir, self.tokenizer_model
+
+    def _check_tokenizer(self, path: Path) -> Path:
+        if not path.is_file():
+            raise UserError(f"tokenizer {path} does not exist; pass --tokenizer with a SentencePiece .model file")
+        try:
+            sp = load_spm(path)
+        except Exception as e:  # SentencePiece raises OSError or RuntimeError on a file of another kind
+            raise UserError(f"tokenizer {path} is not a SentencePiece model ({type(e).__name__}); pass a .model "
+                            f"file") from None  # fmt: skip
+        ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+        if ids != (PAD, UNK, BOS, EOS):
+            raise UserError(f"tokenizer {path} has special ids {ids} (pad, unk, bos, eos), not ({PAD}, {UNK}, "
+                            f"{BOS}, {EOS}); use a tokenizer trained by aiayn")  # fmt: skip
+        if sp.get_piece_size() != self.requested_vocab_size:
+            raise UserError(f"tokenizer {path} has {sp.get_piece_size()} pieces but the run asks for a vocabulary "
+                            f"of {self.requested_vocab_size}; pass --vocab-size {sp.get_piece_size()}")  # fmt: skip
+        return path
 
     def _encoded_split(self, sp, corpus_dir: Path, model: Path, split: str) -> dict:
         out = encoded_cache_path(self.cache_dir, model, corpus_dir, split, self.src_lang, self.tgt_lang)

@@ -6,10 +6,12 @@ Importing this module is cheap (no torch, no Lightning): the CLI builds every pa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from aiayn.ablations.presets import CORPORA
 from aiayn.ablations.table import format_overrides, parse_overrides
+from aiayn.common.errors import UserError
 from aiayn.common.options import option
 
 
@@ -18,6 +20,9 @@ class TrainOptions:
     """What `aiayn train` takes: which run, where its data and results live, and the Trainer's settings."""
 
     row: str = option("base", "the Table 3 row (see `aiayn rows`)")
+    table: tuple[str, ...] = option(
+        (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
+    )
     preset: str = option("tiny", "the scale: paper, small or tiny (see README, Presets)")
     data: str | None = option(None, f"corpus: {' | '.join(CORPORA)} (default: the preset's)")
     data_dir: str | None = option(None, "the corpus's files (multi30k, wmt14: instead of a download; files: required)")
@@ -36,6 +41,10 @@ class TrainOptions:
         None, "real target tokens per device batch; accumulation makes up the preset's tokens per step", positive=True
     )
     vocab_size: int | None = option(None, "joint BPE vocabulary (default: the preset's)", positive=True)
+    tokenizer: str | None = option(
+        None, "a SentencePiece model to use instead of training one (e.g. another run's tokenizer.model)",
+        metavar="FILE",
+    )  # fmt: skip
     dev_subset: int = option(-1, "dev sentences beam-decoded at each validation (-1: the preset's)")
     ckpt_every: int | None = option(None, "optimizer steps between kept checkpoints (default: the preset's)",
                                     positive=True)  # fmt: skip
@@ -45,7 +54,9 @@ class TrainOptions:
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )
     num_workers: int = option(0, "data loader worker processes")
-    wandb: bool = option(False, "log to Weights & Biases (offline without an API key)")
+    wandb: bool = option(False, "log to Weights & Biases; online with WANDB_API_KEY or `wandb login`, else offline, "
+                         "unless WANDB_MODE says otherwise")  # fmt: skip
+    wandb_checkpoints: bool = option(False, "with --wandb: also log the final checkpoint as a W&B model artifact")
     progress: bool = option(True, "Lightning's progress bar")
     overrides: dict = option(
         default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,
@@ -53,9 +64,131 @@ class TrainOptions:
         "lr_factor (repeatable; listed among the run's deviations)",
     )  # fmt: skip
 
+    # `aiayn train --config` of a run's config.json: that run's resolved row, trained as it was
+    row_config: dict | None = option(None, cli=False)
+
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
+
+
+# Options that say where and how a run is watched, not what it is: left out of config.json's "options".
+NOT_RECORDED = ("cache_dir", "progress", "num_workers", "row_config")
+
+
+def options_record(opts: TrainOptions) -> dict:
+    """The options of a run as config.json records them (`aiayn train --config` reads them back)."""
+    out = {}
+    for f in fields(opts):
+        if f.name not in NOT_RECORDED:
+            value = getattr(opts, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def read_config_file(path: str | Path) -> tuple[dict, dict | None, str | None]:
+    """`aiayn train --config FILE`: the TrainOptions values FILE gives, and, when FILE is a run's
+    config.json, that run's resolved row and its tokenizer's sha256. FILE is JSON or YAML (a superset
+    of JSON): a run's config.json (its "options"; one written by aiayn 0.1 has none, they are read
+    from its sections) or a mapping of `aiayn train` options by name (`max_steps: 2`,
+    `set: {d_model: 256}`)."""
+    import yaml  # lazily: building the CLI's parsers needs no YAML
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {path} ({getattr(e, 'strerror', None) or type(e).__name__}); pass "
+                        f"a run's config.json or a YAML file of `aiayn train` options") from None  # fmt: skip
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where else ""
+        raise UserError(f"config {path} is neither JSON nor YAML ({getattr(e, 'problem', None) or e}{at}); "
+                        f"fix the file") from None  # fmt: skip
+    if not isinstance(doc, dict):
+        raise UserError(f"config {path} is not a mapping of options; pass a run's config.json or a YAML file "
+                        f"like `row: C3`")  # fmt: skip
+    row = doc.get("row") if isinstance(doc.get("row"), dict) else None
+    if "options" in doc:
+        values = doc["options"]
+    elif row is not None:
+        values = _options_of_old_config(doc)
+    else:
+        values = doc
+    names = {f.name for f in fields(TrainOptions) if f.name != "row_config"}
+    out = {}
+    for key, value in (values or {}).items():
+        name = {"set": "overrides"}.get(str(key), str(key).replace("-", "_"))
+        if name not in names:
+            raise UserError(f"config {path}: unknown option {key!r}; use the option names of `aiayn train --help` "
+                            f"(e.g. max_steps, set)")  # fmt: skip
+        out[name] = value
+    tokenizer = doc.get("tokenizer") if isinstance(doc.get("tokenizer"), dict) else {}
+    return out, row, tokenizer.get("sha256") if row is not None else None
+
+
+def _options_of_old_config(doc: dict) -> dict:
+    """The options of a config.json written by aiayn 0.1 (no "options" section), from what it recorded."""
+    row, data, t = doc["row"], doc.get("data", {}), doc.get("train", {})
+    mark = "overridden: "
+    given = next((d.removeprefix(mark) for d in row.get("deviations", []) if d.startswith(mark)), "")
+    world, accumulate = t.get("world_size", 1), t.get("accumulate", 1)
+    per_step = t.get("effective_tokens_per_step")
+    values = {
+        "row": row.get("row"), "preset": row.get("preset"), "seed": t.get("seed", 0), "max_steps": t.get("steps"),
+        "precision": t.get("precision", "32-true"), "devices": world, "data": data.get("corpus"),
+        "data_dir": data.get("data_dir"), "src_lang": data.get("src_lang", "en"),
+        "tgt_lang": data.get("tgt_lang", "de"), "vocab_size": data.get("vocab_size"),
+        "overrides": parse_overrides(given.split()),
+        "max_tokens": per_step // (world * accumulate) if per_step else None,
+    }  # fmt: skip
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass
+class ModelSource:
+    """Which trained model `aiayn translate` and `aiayn eval` use, and how it decodes (the paper's beam
+    settings by default). Everything it needs travels in the checkpoint: no corpus, no cache."""
+
+    run: str | None = option(None, "a run directory: its checkpoints/last.ckpt (or the mean of the last K, --average)",
+                             metavar="DIR")  # fmt: skip
+    ckpt: str | None = option(None, "a checkpoint file instead (e.g. one written by `aiayn average`)", metavar="FILE")
+    average: int | None = option(
+        None, "with --run: the mean of its last K kept checkpoints (the paper's Table 2 practice)", positive=True,
+        metavar="K",
+    )  # fmt: skip
+    device: str = option("auto", "auto: the GPU when one is visible", choices=("auto", "cpu", "cuda"))
+    beam: int = option(4, "beam size (1: greedy); the paper's 4", positive=True)
+    alpha: float = option(0.6, "length penalty alpha; the paper's 0.6")
+    extra_len: int = option(50, "longest output = source length + this; the paper's 50")
+    max_tokens: int = option(4096, "source tokens per batch, padding included", positive=True)
+    tokenizer: str | None = option(
+        None, "the SentencePiece model, for a checkpoint written before aiayn 0.2 (later ones carry theirs)",
+        metavar="FILE",
+    )  # fmt: skip
+
+
+@dataclass
+class TranslateOptions:
+    """`aiayn translate`: sentences in, translations out, one per line."""
+
+    model: ModelSource = field(default_factory=ModelSource)
+    input: str = option("-", "source sentences, one per line, UTF-8 ('-': stdin)", metavar="FILE")
+    output: str | None = option(None, "the translations, one per line (default: stdout)", metavar="FILE")
+
+
+@dataclass
+class EvalOptions:
+    """`aiayn eval`: BLEU (both kinds) and perplexity of a model on a test set: files, or a split of the
+    corpus the model was trained on."""
+
+    model: ModelSource = field(default_factory=ModelSource)
+    src: str | None = option(None, "source sentences, one per line", metavar="FILE")
+    ref: str | None = option(None, "their reference translations, line by line", metavar="FILE")
+    split: str | None = option(None, "instead of --src/--ref: a split of the model's corpus (default: dev)",
+                               choices=("dev", "test"))  # fmt: skip
+    data_dir: str | None = option(None, "with --split: where the corpus's files are now")
+    cache_dir: str | None = option(None, "with --split: the corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
 
 
 @dataclass

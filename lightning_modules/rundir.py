@@ -5,10 +5,13 @@ it instead of starting over::
 
     OUT/PRESET/CORPUS/ROW/seedS/
         config.json            the resolved config, written before training; a run of another config is refused
+        tokenizer.model        the run's SentencePiece model (its sha256 in config.json and in every checkpoint)
         checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM's warning)
         logs/version_N/        Lightning's CSV log of attempt N (training and validation curves)
         dev.hyp, dev.ref       the final dev translations and their references, line by line
         metrics.json           the result, written last (see `RunDir.write_metrics` for its fields)
+        wandb-run.json         the run directory's W&B run id and its attempts (`RunDir.wandb_attempt`)
+        wandb/                 W&B's own files (with --wandb)
         .lock                  held by the one process that trains the run
     OUT/PRESET/CORPUS/ROW/seedS.log   the training process's output when a sweep ran it
 
@@ -23,6 +26,7 @@ import json
 import logging
 import platform
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +34,14 @@ from typing import IO
 
 from aiayn.ablations.table import MODEL_KEYS, SCHEDULE_KNOBS
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json, atomic_write_text, remove_stale_temps
+from aiayn.common.files import (
+    atomic_open,
+    atomic_write_json,
+    atomic_write_text,
+    remove_stale_temps,
+    sha256_bytes,
+    sha256_file,
+)
 from aiayn.common.locks import try_lock
 from aiayn.common.secrets import redact_obj
 
@@ -70,6 +81,14 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def last_checkpoint(self) -> Path:
+        return self.checkpoints / "last.ckpt"
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.path / "tokenizer.model"
 
     @property
     def logs(self) -> Path:
@@ -115,6 +134,59 @@ class RunDir:
 
     def write_config(self, config: dict) -> None:
         atomic_write_json(self.config_file, redact_obj(config))
+
+    # ---- tokenizer.model
+
+    def write_tokenizer(self, model: Path) -> str:
+        """Copy the SentencePiece model the run trains with into the run directory (once); return its
+        sha256. A run directory keeps one tokenizer: another one is refused."""
+        data = Path(model).read_bytes()
+        sha = sha256_bytes(data)
+        if self.tokenizer_file.is_file():
+            held = sha256_file(self.tokenizer_file)
+            if held != sha:
+                raise UserError(
+                    f"run directory {self.path} was trained with another tokenizer (sha256 {held[:12]}, not "
+                    f"{sha[:12]} of {model}); use another --out or drop --tokenizer"
+                )
+            return sha
+        with atomic_open(self.tokenizer_file, "wb") as f:
+            f.write(data)
+        return sha
+
+    # ---- W&B: one W&B run per run directory
+
+    @property
+    def wandb_record(self) -> Path:
+        return self.path / "wandb-run.json"
+
+    def wandb_attempt(self, mode: str, row: str, seed: int, given_id: str | None = None) -> dict:
+        """This attempt's W&B run: {"id", "name", "attempt", "base_id", "earlier"} (earlier: the ids of
+        the attempts before). The run directory's W&B id is made once, on its first attempt, and kept
+        in wandb-run.json, so that every attempt (a rerun, a SLURM requeue, the directory copied to
+        another machine) logs to the same W&B run when online (resume="allow"). Kept rather than
+        computed from the path: two users' `runs/tiny/synthetic/base/seed0` in one W&B project must not
+        share a run, and a moved directory should keep its own. Offline, W&B cannot resume (a second
+        offline run with the same id does not merge on `wandb sync`), so an offline attempt after the
+        first gets its own id and name, `ID-aN` / `ROW-sSEED attempt N`. `given_id` (W&B's WANDB_RUN_ID,
+        set e.g. by `wandb agent`) is used as it is."""
+        record = self.read_wandb_record() or {"id": _new_wandb_id(row, seed), "attempts": []}
+        n = len(record["attempts"]) + 1
+        base = given_id or record["id"]
+        split = mode == "offline" and n > 1 and not given_id
+        attempt = {"attempt": n, "mode": mode, "id": f"{base}-a{n}" if split else base,
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+        earlier = [a["id"] for a in record["attempts"]]
+        record["attempts"].append(attempt)
+        atomic_write_json(self.wandb_record, record)
+        name = f"{row}-s{seed}" + (f" attempt {n}" if split else "")
+        return {"id": attempt["id"], "name": name, "attempt": n, "base_id": base, "earlier": earlier}
+
+    def read_wandb_record(self) -> dict | None:
+        try:
+            return json.loads(self.wandb_record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
 
     # ---- metrics.json
 
@@ -192,6 +264,11 @@ class RunDir:
             if step >= best_step:  # on a tie the later candidate (the requeue checkpoint) wins
                 best, best_step = path, step
         return best
+
+
+def _new_wandb_id(row: str, seed: int) -> str:
+    """ROW-sSEED-<12 random hex>: readable in W&B's URLs, unique across users of one project."""
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', row)}-s{seed}-{secrets.token_hex(6)}"
 
 
 def _identity(config: dict, key: str) -> dict | None:

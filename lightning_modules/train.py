@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,20 +23,25 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from aiayn.ablations.presets import Preset, get_preset, preset_dict, resolve
-from aiayn.common.files import check_writable_dir
+from aiayn.ablations.table import MODEL_KEYS
+from aiayn.common.errors import UserError
+from aiayn.common.files import check_writable_dir, sha256_file
+from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules import wandb_run
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
     Diverged,
     DivergenceGuard,
     RNGStates,
+    RunFilesInCheckpoint,
     slurm_parts,
 )
 from aiayn.lightning_modules.config import apply_overrides, model_config
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.evaluate import evaluate
-from aiayn.lightning_modules.model import count_params
+from aiayn.lightning_modules.model import TransformerConfig, count_params
 from aiayn.lightning_modules.module import TranslationModule
-from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.options import TrainOptions, options_record
 from aiayn.lightning_modules.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -49,7 +55,7 @@ def device_tokens(preset: Preset, world: int) -> int:
     return min(preset.max_tokens, max(math.ceil(preset.tokens_per_step / world), preset.max_len + 1))
 
 
-def build_datamodule(opts: TrainOptions, preset: Preset) -> TranslationDataModule:
+def build_datamodule(opts: TrainOptions, preset: Preset, tokenizer: Path | None = None) -> TranslationDataModule:
     max_tokens = opts.max_tokens or device_tokens(preset, opts.world_size)
     return TranslationDataModule(
         corpus=opts.data or preset.corpus,
@@ -64,7 +70,22 @@ def build_datamodule(opts: TrainOptions, preset: Preset) -> TranslationDataModul
         dev_subset=preset.dev_subset if opts.dev_subset == -1 else opts.dev_subset,
         max_len=preset.max_len,
         num_workers=opts.num_workers,
+        tokenizer=tokenizer,
     )
+
+
+def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
+    """The SentencePiece model a run uses instead of training one: `--tokenizer`, else the run's own
+    (a resumed run keeps the tokenizer it started with, whatever the cache holds now); None: train one."""
+    own = run.tokenizer_file if run.tokenizer_file.is_file() else None
+    if opts.tokenizer and not Path(opts.tokenizer).is_file():
+        raise UserError(f"tokenizer {opts.tokenizer} does not exist; pass --tokenizer with a SentencePiece .model file")
+    if opts.tokenizer and own and sha256_file(opts.tokenizer) != sha256_file(own):
+        raise UserError(
+            f"run directory {run.path} was trained with another tokenizer than --tokenizer {opts.tokenizer}; "
+            f"use another --out or drop --tokenizer"
+        )
+    return Path(opts.tokenizer) if opts.tokenizer else own
 
 
 def data_identity(dm: TranslationDataModule) -> dict:
@@ -81,25 +102,48 @@ def is_launch_rank_zero() -> bool:
     return (_get_rank() or 0) == 0 and int(os.environ.get("NODE_RANK", "0") or 0) == 0
 
 
-def train(
-    opts: TrainOptions,
-    *,
-    run_dir: str | Path | None = None,
-    callbacks: tuple = (),
-    val_per_epoch: bool = False,
-) -> dict:
-    """Train one run to completion (or resume it) and return its metrics.json content ({} on ranks
-    other than 0, and when the run was checkpointed for a SLURM requeue).
+@dataclass
+class Plan:
+    """A run resolved from its options, before any data is prepared: what config.json will say."""
 
-    For `aiayn hpo`: `run_dir` instead of OUT/PRESET/CORPUS/ROW/seedN, extra Lightning `callbacks`
-    (Optuna's pruning callback) and validation at epoch ends (`val_per_epoch`: the pruning callback
-    reports the epoch as its step)."""
+    preset: Preset
+    resolved: dict  # the row at the preset's scale, --set applied
+    schedule: dict
+    run: RunDir
+    dm: TranslationDataModule
+    cfg: TransformerConfig
+    steps: int
+    accumulate: int
+    config: dict  # config.json; its tokenizer sha256 is None until the tokenizer exists
+
+
+def row_of(opts: TrainOptions) -> dict:
+    """The row to train: from the table (ablations/ and --table), or, for `aiayn train --config` of a
+    run's config.json, that run's own row as it was resolved (so the run is reproduced even if its
+    table changed since or is not at hand); its --set values are applied again by the caller."""
+    if opts.row_config is None:
+        return resolve(opts.row, opts.preset, opts.table)
+    row = dict(opts.row_config)
+    row["deviations"] = [d for d in row.get("deviations", []) if not str(d).startswith("overridden: ")]
+    try:
+        now = resolve(opts.row, opts.preset, opts.table)
+    except UserError:
+        now = None  # the table is not at hand: the config's row is all there is
+    changed = {k: (row.get(k), now[k]) for k in (*MODEL_KEYS, "train_steps") if now and row.get(k) != now[k]}
+    if changed:
+        log.warning("row %s of the config file differs from its table now (config, table: %s); training the "
+                    "config file's", opts.row, changed)  # fmt: skip
+    return row
+
+
+def plan(opts: TrainOptions, run_dir: str | Path | None = None) -> Plan:
+    """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     preset = get_preset(opts.preset)
-    resolved, schedule = apply_overrides(resolve(opts.row, opts.preset), preset, opts.overrides)
-    dm = build_datamodule(opts, preset)
-    run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, dm.corpus, resolved["row"], opts.seed)
-    check_writable_dir(run.path, "--out")
-    dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
+    resolved, schedule = apply_overrides(row_of(opts), preset, opts.overrides)
+    corpus = opts.data or preset.corpus
+    run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, corpus, resolved["row"], opts.seed)
+    tokenizer = tokenizer_for(opts, run)
+    dm = build_datamodule(opts, preset, tokenizer)
     cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
     steps = opts.max_steps or resolved["train_steps"]
     world = opts.world_size
@@ -115,7 +159,33 @@ def train(
             "effective_tokens_per_step": dm.max_tokens * world * accumulate, "precision": opts.precision,
             **schedule,
         },
+        "tokenizer": {"file": run.tokenizer_file.name, "sha256": sha256_file(tokenizer) if tokenizer else None},
+        "options": options_record(opts),  # `aiayn train --config config.json` trains this run again
     }  # fmt: skip
+    return Plan(preset, resolved, schedule, run, dm, cfg, steps, accumulate, config)
+
+
+def train(
+    opts: TrainOptions,
+    *,
+    run_dir: str | Path | None = None,
+    callbacks: tuple = (),
+    val_per_epoch: bool = False,
+) -> dict:
+    """Train one run to completion (or resume it) and return its metrics.json content ({} on ranks
+    other than 0, and when the run was checkpointed for a SLURM requeue).
+
+    For `aiayn hpo`: `run_dir` instead of OUT/PRESET/CORPUS/ROW/seedN, extra Lightning `callbacks`
+    (Optuna's pruning callback) and validation at epoch ends (`val_per_epoch`: the pruning callback
+    reports the epoch as its step)."""
+    p = plan(opts, run_dir)
+    preset, resolved, schedule, run, dm, cfg, steps, accumulate, config = (
+        p.preset, p.resolved, p.schedule, p.run, p.dm, p.cfg, p.steps, p.accumulate, p.config
+    )  # fmt: skip
+    world = opts.world_size
+    check_writable_dir(run.path, "--out")
+    dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
+    config["tokenizer"]["sha256"] = sha256_file(dm.tokenizer_model)
     run.check_config(config)
 
     # One process per run directory (rank 0 holds the lock until it returns); leftovers of writes
@@ -125,9 +195,12 @@ def train(
         run.remove_stale_temps()
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(cfg.to_dict(), **schedule, data=config["data"])
-    trainer = build_trainer(opts, preset, run, steps, accumulate, resolved, callbacks, val_per_epoch)
+    # every checkpoint carries the config and the tokenizer: it can translate without the run directory
+    embed = RunFilesInCheckpoint(redact_obj(config), dm.tokenizer_model)
+    trainer = build_trainer(opts, preset, run, steps, accumulate, config, (embed, *callbacks), val_per_epoch)
     if trainer.is_global_zero:
         run.write_config(config)
+        run.write_tokenizer(dm.tokenizer_model)
         t = config["train"]
         log.info(
             "budget: %d real target tokens per optimizer step = %d per device batch x %d devices x %d accumulated "
@@ -144,15 +217,20 @@ def train(
         log.warning("%s seed %d diverged: %s", resolved["row"], opts.seed, e)
         if not trainer.is_global_zero:
             return {}
-        return run.write_metrics(config, status="diverged", diverged_at_step=e.step, error=str(e))
+        metrics = run.write_metrics(config, status="diverged", diverged_at_step=e.step, error=str(e))
+        wandb_run.finish(trainer, metrics, exit_code=1)
+        return metrics
     except Exception as e:
         if trainer.is_global_zero:
             status = "pruned" if isinstance(e, optuna.TrialPruned) else "failed"
-            run.write_metrics(config, status=status, error=f"{type(e).__name__}: {e}")
+            metrics = run.write_metrics(config, status=status, error=f"{type(e).__name__}: {e}")
+            wandb_run.finish(trainer, metrics, exit_code=1)
         raise
     train_time = time.perf_counter() - t0
     if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal: SLURM restarts it
         log.info("%s seed %d: checkpointed at step %d and requeued", resolved["row"], opts.seed, trainer.global_step)
+        if trainer.is_global_zero:
+            wandb_run.finish(trainer, {"steps": trainer.global_step}, preempted=True)
         return {}
     if not trainer.is_global_zero:
         return {}
@@ -164,8 +242,9 @@ def train(
     )  # fmt: skip
     # The final evaluation decodes the whole dev set (validation during training may use a subset).
     full_dev = TranslationDataModule(
-        **config["data"], cache_dir=opts.cache_dir, max_tokens=dm.max_tokens, dev_subset=opts.eval_subset
-    )
+        **config["data"], cache_dir=opts.cache_dir, max_tokens=dm.max_tokens, dev_subset=opts.eval_subset,
+        tokenizer=dm.tokenizer_model,
+    )  # fmt: skip
     full_dev.setup("validate")
     # On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU
     # (a paper-scale beam decode of newstest2013 there would take hours).
@@ -179,7 +258,7 @@ def train(
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=result["tok_bleu_label"],
         dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"], **per_step,
     )  # fmt: skip
-    finish_wandb(trainer, metrics)
+    wandb_run.finish(trainer, metrics, checkpoint=run.last_checkpoint if opts.wandb_checkpoints else None)
     return metrics
 
 
@@ -192,23 +271,13 @@ def real_tokens_per_step(module: TranslationModule) -> dict:
     }
 
 
-def finish_wandb(trainer: pl.Trainer, metrics: dict) -> None:
-    """Put the final dev figures in the W&B run's summary and close the run (else the next run in this
-    process, e.g. an `aiayn hpo` trial, would log into it)."""
-    for logger in trainer.loggers:
-        if type(logger).__name__ == "WandbLogger":
-            run = logger.experiment
-            run.summary.update({"dev/bleu": metrics["dev_bleu"], "dev/ppl": metrics["dev_ppl"], "status": "completed"})
-            run.finish()
-
-
 def build_trainer(
     opts: TrainOptions,
     preset: Preset,
     run: RunDir,
     steps: int,
     accumulate: int,
-    resolved: dict,
+    config: dict,
     callbacks: tuple = (),
     val_per_epoch: bool = False,
 ) -> pl.Trainer:
@@ -229,16 +298,9 @@ def build_trainer(
     loggers = [CSVLogger(run.path, name=run.logs.name)]
     # under SLURM: Lightning's requeue handler off, ours (checkpoint at a step boundary) on
     slurm_plugins, slurm_callbacks = slurm_parts(run.checkpoints)
-    if opts.wandb:
-        from lightning.pytorch.loggers import WandbLogger
-
-        loggers.append(
-            WandbLogger(
-                project=f"aiayn-{preset.name}", group=resolved["row"], job_type="train",
-                name=f"{resolved['row']}-s{opts.seed}", save_dir=str(run.path), config=resolved,
-                offline=not os.environ.get("WANDB_API_KEY"),
-            )
-        )  # fmt: skip
+    if opts.wandb and is_launch_rank_zero():  # W&B logs from rank 0 only (its other ranks record no attempt)
+        logger = wandb_run.wandb_logger(run, redact_obj(config))
+        loggers += [logger] if logger is not None else []
     return pl.Trainer(
         accelerator=opts.accelerator,
         devices=opts.devices,

@@ -219,8 +219,8 @@ def check(opts: SlurmOptions) -> int:
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
     get_preset(opts.train.preset)
     if opts.kind == "train":
-        return [(get_row(opts.train.row).row, opts.train.seed)]  # an unknown row names the rows there are
-    return opts.select.pairs()
+        return [(get_row(opts.train.row, opts.train.table).row, opts.train.seed)]  # unknown: names the rows there are
+    return opts.select.pairs(opts.train.table)
 
 
 def corpus_of(opts: SlurmOptions) -> str:
@@ -283,6 +283,7 @@ def train_command(opts: SlurmOptions, per_node: int) -> list[str]:
     fixed = replace(
         t, row=TrainOptions.row, seed=TrainOptions.seed, out=str(Path(t.out).resolve()),
         data_dir=str(Path(t.data_dir).resolve()) if t.data_dir else None, devices=per_node,
+        table=tuple(str(Path(f).resolve()) for f in t.table),
         num_nodes=opts.resources.nodes, strategy=t.strategy or ("ddp" if world > 1 else "auto"), progress=False,
     )  # fmt: skip
     argv = to_argv(fixed, always=("preset", "out", "accelerator", "devices", "num_nodes", "strategy"))

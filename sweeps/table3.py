@@ -33,13 +33,14 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
 from aiayn.ablations.presets import get_preset, resolve
-from aiayn.ablations.table import MAX_SEED, Selection, load_rows
+from aiayn.ablations.table import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.locks import file_lock
 from aiayn.common.options import option, to_argv
@@ -62,6 +63,10 @@ class SweepOptions:
     jobs: int | None = option(
         None, "training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)", positive=True
     )
+    gpus_per_job: int | None = option(
+        None, "GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices",
+        positive=True, metavar="K",
+    )  # fmt: skip
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
 
@@ -77,31 +82,42 @@ def study_name(preset: str, corpus: str) -> str:
 
 
 def pair_of(trial: optuna.trial.FrozenTrial) -> tuple[str, int] | None:
+    """The (row, seed) a trial stands for: its user attributes `row` and `seed`. A study made before
+    aiayn 0.2 kept them as fixed parameters (the row a categorical over the rows of that day); those
+    trials are read as they are, so an old study keeps its completed pairs and takes new rows."""
+    attrs = trial.user_attrs
+    if "row" in attrs and "seed" in attrs:
+        return str(attrs["row"]), int(attrs["seed"])
     params = trial.system_attrs.get("fixed_params") or trial.params
     return (params["row"], int(params["seed"])) if "row" in params and "seed" in params else None
 
 
-def estimated_cost(row: str, preset: str) -> float:
+def estimated_cost(row: str, preset: str, tables: tuple[str, ...] = ()) -> float:
     """A run's relative cost for ordering the queue: its steps x its parameters (a proxy for FLOPs)."""
     from aiayn.lightning_modules.config import params_of  # lazy: torch is needed only here
 
-    resolved = resolve(row, preset)
+    resolved = resolve(row, preset, tables)
     return resolved["train_steps"] * params_of(resolved)
 
 
 def enqueue_pending(
-    study: optuna.Study, pairs: list[tuple[str, int]], preset: str | None = None
+    study: optuna.Study, pairs: list[tuple[str, int]], preset: str | None = None, tables: tuple[str, ...] = ()
 ) -> list[tuple[str, int]]:
     """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial.
-    With `preset`, the longest runs are enqueued first (workers pop in enqueue order)."""
+    With `preset`, the longest runs are enqueued first (workers pop in enqueue order).
+
+    The pair is the trial's user attributes, not a parameter: Optuna requires a categorical
+    parameter to keep the same choices in every trial of a study, so a row stored as one would freeze
+    the table at the study's first run (a row added later failed with "CategoricalDistribution does
+    not support dynamic value space"). The trial has no parameters at all: nothing is sampled."""
     busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
     taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
     pending = [p for p in pairs if p not in taken]
     if preset is not None:
-        cost = {row: estimated_cost(row, preset) for row in {row for row, _ in pending}}
+        cost = {row: estimated_cost(row, preset, tables) for row in {row for row, _ in pending}}
         pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
     for row, seed in pending:
-        study.enqueue_trial({"row": row, "seed": seed})
+        study.enqueue_trial({}, user_attrs={"row": row, "seed": seed})
     return pending
 
 
@@ -123,7 +139,10 @@ def fail_stale_trials(study: optuna.Study, opts: SweepOptions, corpus: str, grac
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         pair = pair_of(t)
         started = t.datetime_start.timestamp() if t.datetime_start else now
-        if pair is None or ("worker" not in t.user_attrs and now - started < grace_s):
+        # A trial queued by aiayn 0.1 (no `row` attribute) and left RUNNING unclaimed is what its crash on a
+        # grown table left behind (it failed on the row's categorical right after ask()): stale at once.
+        unclaimed = "worker" not in t.user_attrs and "row" in t.user_attrs
+        if pair is None or (unclaimed and now - started < grace_s):
             continue
         with file_lock(pair_lock_path(opts, corpus, *pair)) as free:
             if not free:
@@ -191,21 +210,58 @@ def train_process_command(opts: TrainOptions) -> list[str]:
     return [sys.executable, "-m", "aiayn", "train", *to_argv(opts, always=("row", "preset", "seed"))]
 
 
-def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
-    """Train one pair in its own process; return its metrics.json (status failed if it died)."""
+def visible_gpus() -> list[str]:
+    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries when it is set, else every GPU
+    torch sees (counted without starting CUDA here; the runs that use them are fresh processes)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [g.strip() for g in given.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_slots(opts: SweepOptions, jobs: int) -> list[str] | None:
+    """With --gpus-per-job K: the CUDA_VISIBLE_DEVICES of each of the `jobs` workers, K GPUs each,
+    disjoint (worker i gets the i-th K of the visible GPUs), so that N runs at once on one machine do
+    not all land on GPU 0. None without --gpus-per-job. Also makes each run's --devices K."""
+    k = opts.gpus_per_job
+    if k is None:
+        return None
+    t = opts.train
+    if t.accelerator == "cpu":
+        raise UserError(f"--gpus-per-job {k} hands out GPUs but --accelerator cpu trains on CPUs; drop one of them")
+    if t.devices not in (1, k) or t.num_nodes != 1:
+        raise UserError(f"--devices {t.devices} and --gpus-per-job {k} disagree: each run trains on its {k} GPUs "
+                        f"of this machine; drop --devices/--num-nodes")  # fmt: skip
+    gpus = visible_gpus()
+    if jobs * k > len(gpus):
+        raise UserError(f"--jobs {jobs} x --gpus-per-job {k} needs {jobs * k} GPUs but {len(gpus)} are visible "
+                        f"({','.join(gpus) or 'none'}); lower --jobs or --gpus-per-job")  # fmt: skip
+    opts.train = replace(t, devices=k)
+    return [",".join(gpus[i * k : (i + 1) * k]) for i in range(jobs)]
+
+
+def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int, gpus: str | None = None) -> dict:
+    """Train one pair in its own process; return its metrics.json (status failed if it died). `gpus`:
+    the CUDA_VISIBLE_DEVICES of this run (--gpus-per-job)."""
     run = RunDir.of(opts.train.out, opts.train.preset, corpus, row, seed)
     run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
     train_opts = replace(opts.train, row=row, seed=seed, progress=False)
     jobs = opts.jobs or 1
     # share the cores: N processes x all cores would thrash
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 and "OMP_NUM_THREADS" not in os.environ else None
-    if train_opts.world_size == 1:
+    # A run on its own GPUs is a fresh process: CUDA reads CUDA_VISIBLE_DEVICES once, at its start, and
+    # a process forked from the forkserver would inherit whatever CUDA state that one has.
+    if train_opts.world_size == 1 and gpus is None:
         child = _forkserver().Process(target=_train_in_child, args=(train_opts, str(run.sweep_log), threads))
         child.start()
         child.join()
         returncode = child.exitcode
     else:
         env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
         with open(run.sweep_log, "w") as out:
             cmd = train_process_command(train_opts)
             returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
@@ -217,7 +273,7 @@ def run_pair(opts: SweepOptions, corpus: str, row: str, seed: int) -> dict:
 
 
 def _n_finished(trials: list[optuna.trial.FrozenTrial]) -> int:
-    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and "row" in t.params for t in trials)
+    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and pair_of(t) is not None for t in trials)
 
 
 def work(
@@ -242,9 +298,9 @@ def work(
             study.tell(trial, state=TrialState.FAIL)
             break
         row, seed = pair
-        # the queued values; the same choices in every trial (Optuna forbids a changing categorical space)
-        trial.suggest_categorical("row", list(load_rows()))
-        trial.suggest_int("seed", 0, MAX_SEED)
+        if "row" not in frozen.user_attrs:  # queued by aiayn 0.1 as fixed parameters: say it the new way too
+            trial.set_user_attr("row", row)
+            trial.set_user_attr("seed", seed)
         with file_lock(pair_lock_path(opts, corpus, row, seed)) as mine:
             if not mine or completed_elsewhere(study, (row, seed), trial.number):
                 # the same pair, enqueued twice by racing drivers, is running or done in another worker
@@ -284,10 +340,11 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     """Enqueue what is pending, work the queue, write the report; return a summary."""
     preset = get_preset(opts.train.preset)
     corpus = opts.train.data or preset.corpus
-    pairs = opts.select.pairs()
+    pairs = opts.select.pairs(opts.train.table)
     jobs = opts.jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
+    slots = gpu_slots(opts, jobs)
     out = Path(opts.train.out)
     name = study_name(preset.name, corpus)
     # Drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race.
@@ -298,7 +355,7 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
         study.set_user_attr("preset", preset.name)
         study.set_user_attr("corpus", corpus)
         fail_stale_trials(study, opts, corpus)
-        pending = enqueue_pending(study, pairs, preset=preset.name)
+        pending = enqueue_pending(study, pairs, preset=preset.name, tables=opts.train.table)
     log.info(
         "table3 %s on %s: %d pairs, %d to run (%s), %d at a time",
         preset.name, corpus, len(pairs), len(pending), study.study_name, jobs,
@@ -307,11 +364,15 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     # (Optuna caches trial states per storage object), exactly as separate drivers would.
     pace = (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
 
-    def worker() -> tuple[int, int]:
+    def worker(i: int) -> tuple[int, int]:
         one = optuna.load_study(study_name=name, storage=open_storage(url))
-        return work(one, opts, corpus, len(pairs), runner, pace)
+        # worker i trains its pairs one after another on its own GPUs (slot i)
+        mine = runner if slots is None else partial(runner or run_pair, gpus=slots[i])
+        return work(one, opts, corpus, len(pairs), mine, pace)
 
+    if slots is not None:
+        log.info("table3: %d runs at once, each on its own GPUs: %s", jobs, " | ".join(slots))
     with ThreadPoolExecutor(jobs) as pool:
-        results = [f.result() for f in [pool.submit(worker) for _ in range(jobs)]]
+        results = [f.result() for f in [pool.submit(worker, i) for i in range(jobs)]]
     done, failed = sum(r[0] for r in results), sum(r[1] for r in results)
     return {"pairs": len(pairs), "ran": done + failed, "completed": done, "failed": failed}

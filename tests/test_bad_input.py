@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from aiayn.ablations.presets import CORPORA, PRESETS, resolve
-from aiayn.ablations.table import load_rows
+from aiayn.ablations.table import COLUMNS, TABLE_FILES, load_rows
 from aiayn.cli import main
 from aiayn.lightning_modules.config import model_config
 
@@ -57,6 +57,11 @@ def checkpoint(tmp: Path, kind: str) -> None:
     torch.save(ckpt, path)
     if kind == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
+
+
+def table(text: str):
+    """A user's table file {tmp}/t.csv holding `text`."""
+    return lambda tmp: (tmp / "t.csv").write_text(text)
 
 
 def base_d_model() -> int:
@@ -167,16 +172,55 @@ CASES = {
                              "aiayn checkpoint"),
     "checkpoint of another config": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "other-config"),
                                      "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading "
-                                     "state_dict for TranslationModule:)"),
+                                     "state_dict for Transformer:)"),
     "checkpoint not by aiayn": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "foreign"),
                                 "checkpoint {tmp}/model.ckpt was not written by aiayn (no model_cfg in its "
                                 "hyper-parameters)"),
-    "missing checkpoint": (["translate", "--ckpt", "{tmp}/none.ckpt", "--input", "-"], None,
+    "missing checkpoint": (["eval", "--ckpt", "{tmp}/none.ckpt"], None,
                            "checkpoint {tmp}/none.ckpt does not exist; pass the path of a .ckpt file (see "
                            "RUN/checkpoints/)"),
     "average without checkpoints": (["average", "--run", "{tmp}", "--out", "{tmp}/avg.ckpt"], None,
                                     "no periodic checkpoints (stepNNNNNNN.ckpt) in {tmp}; pass a run directory that "
                                     "has trained"),
+    "missing tokenizer": (TRAIN + ["--tokenizer", "{tmp}/none.model"], None,
+                          "tokenizer {tmp}/none.model does not exist; pass --tokenizer with a SentencePiece .model "
+                          "file"),
+    "tokenizer that is not one": (TRAIN + ["--tokenizer", "{tmp}/afile"], regular_file,
+                                  "tokenizer {tmp}/afile is not a SentencePiece model (RuntimeError); pass a .model "
+                                  "file"),
+    # --- config files (train --config)
+    "missing config": (TRAIN + ["--config", "{tmp}/none.json"], None,
+                       "cannot read config {tmp}/none.json (No such file or directory); pass a run's config.json or "
+                       "a YAML file of `aiayn train` options"),
+    "config with an unknown option": (TRAIN + ["--config", "{tmp}/t.csv"], table("row: C1\nmax_step: 3\n"),
+                                      "config {tmp}/t.csv: unknown option 'max_step'; use the option names of "
+                                      "`aiayn train --help` (e.g. max_steps, set)"),
+    "config that is not a mapping": (TRAIN + ["--config", "{tmp}/t.csv"], table("- C1\n"),
+                                     "config {tmp}/t.csv is not a mapping of options; pass a run's config.json or a "
+                                     "YAML file like `row: C3`"),
+    "config that is not JSON": (TRAIN + ["--config", "{tmp}/t.csv"], table('{"row": "C1",\n'),
+                                "config {tmp}/t.csv is neither JSON nor YAML (expected the node content, but found "
+                                "'<stream end>' at line 2); fix the file"),
+    "config with a bad value": (TRAIN + ["--config", "{tmp}/t.csv"], table("vocab_size: -5\n"),
+                                "argument --vocab-size: expected a positive integer, got -5; see `aiayn train --help`"),
+    # --- a user's table file (--table)
+    # (each through a command that would train or sweep little if the check were missing)
+    "table with an unknown column": (T3 + ["--table", "{tmp}/t.csv", "--rows", "x", "--max-steps", "1",
+                                           "--eval-subset", "1"], table("row,group,dff\nx,mine,4096\n"),
+                                     "table {tmp}/t.csv line 1: unknown column 'dff'; the columns are "
+                                     f"{', '.join(COLUMNS)}"),
+    "table redefining a paper row": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nbase,mine,2\n"),
+                                     f"table {{tmp}}/t.csv line 2: row 'base' is already defined ({TABLE_FILES[0]} "
+                                     "line 2); give the row another name"),
+    "table with a duplicate row": (TRAIN + ["--table", "{tmp}/t.csv", "--row", "x"],
+                                   table("row,group,N\nx,mine,2\nx,mine,3\n"),
+                                   "table {tmp}/t.csv line 3: row 'x' is already defined ({tmp}/t.csv line 2); "
+                                   "give the row another name"),
+    "table with a bad cell": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,mine,two\n"),
+                              "table {tmp}/t.csv line 2: N must be an integer, got 'two'; fix that cell"),
+    "missing table": (["rows", "--table", "{tmp}/none.csv"], None,
+                      "table {tmp}/none.csv does not exist; pass --table with a CSV file in the layout of "
+                      "ablations/extended.csv"),
     # --- storages
     "unknown storage scheme": (T3 + ["--storage", "redis://localhost/0"], None,
                                "storage URL 'redis://localhost/0' has an unknown scheme; use sqlite:///PATH, "

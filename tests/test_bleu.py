@@ -66,7 +66,7 @@ def test_score_command_prints_json(tmp_path, capsys):
 @pytest.mark.parametrize("case, message", [
     ("lengths", "has 1 lines and --ref"),
     ("missing", "cannot read --ref"),
-    ("utf8", "cannot read --hyp"),
+    ("utf8", "line 1 is not valid UTF-8"),
 ])  # fmt: skip
 def test_score_errors_are_one_line_exit_2(case, message, tmp_path, capsys):
     hyp, ref = tmp_path / "hyp", tmp_path / "ref"

@@ -41,7 +41,7 @@ def test_to_argv_round_trips_through_the_train_parser():
 
 def test_every_train_option_passes_through_table3_hpo_and_slurm():
     """A sweep's runs take every `aiayn train` option but the ones the sweep sets per run."""
-    train_flags = {f.name for f in dataclasses.fields(TrainOptions)}
+    train_flags = {f.name for f in dataclasses.fields(TrainOptions) if f.metadata["aiayn.option"]["cli"]}
     per_run = {"row", "seed", "progress"}
     argv = to_argv(TrainOptions(preset="paper", precision="bf16-mixed", max_tokens=3125, vocab_size=8000,
                                 accelerator="cpu", overrides={"P_drop": 0.3}, wandb=True))  # fmt: skip

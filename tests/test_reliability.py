@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aiayn.ablations.table import MAX_SEED, Selection, load_rows
+from aiayn.ablations.table import Selection
 from aiayn.cli import main
 from aiayn.common.locks import file_lock
 from aiayn.lightning_modules.options import TrainOptions
@@ -193,9 +193,9 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
     opts = SweepOptions(select=Selection(rows="base,A1,A2"), train=TrainOptions(out=str(tmp_path / "runs")))
     assert run_table3(opts, runner=runner) == {"pairs": 3, "ran": 3, "completed": 2, "failed": 1}
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
-    # (trials without params: a worker's ask() after the queue emptied, failed at once; see table3.work)
-    (failed,) = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL and t.params]
-    assert failed.params == {"row": "A1", "seed": 0} and failed.user_attrs["metrics"]["status"] == "diverged"
+    (failed,) = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert (failed.user_attrs["row"], failed.user_attrs["seed"]) == ("A1", 0)
+    assert failed.user_attrs["metrics"]["status"] == "diverged"
     assert sorted(calls) == [("A1", 0), ("A2", 0), ("base", 0)]
 
 
@@ -227,10 +227,8 @@ def claimed_trial(opts, worker="ghost:1"):
     (Path(opts.train.out)).mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(study_name=study_name("tiny", "synthetic"), storage=open_storage(opts.storage),
                                 direction="maximize", load_if_exists=True)  # fmt: skip
-    study.enqueue_trial({"row": "base", "seed": 0})
+    study.enqueue_trial({}, user_attrs={"row": "base", "seed": 0})  # as the sweep enqueues a pair
     trial = study.ask()
-    trial.suggest_categorical("row", list(load_rows()))  # as a worker does
-    trial.suggest_int("seed", 0, MAX_SEED)
     if worker:
         trial.set_user_attr("worker", worker)
     return study, trial
@@ -252,7 +250,7 @@ def test_a_trial_left_running_by_a_dead_worker_is_failed_and_its_pair_run_once(t
     runner = Recorder()
     assert run_table3(opts, runner=runner)["completed"] == 2
     assert sorted(runner.calls) == [("A1", 0), ("base", 0)]
-    states = Counter((t.params["row"], t.state.name) for t in study.get_trials() if t.params)
+    states = Counter((t.user_attrs["row"], t.state.name) for t in study.get_trials() if "row" in t.user_attrs)
     assert states == Counter({("base", "FAIL"): 1, ("base", "COMPLETE"): 1, ("A1", "COMPLETE"): 1})
     stale = study.get_trials()[trial.number]
     assert stale.user_attrs["stale"] == "worker ghost:1 died; enqueued again"
@@ -314,15 +312,15 @@ def test_a_sweep_killed_mid_way_and_restarted_runs_every_pair_exactly_once(cache
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out}/optuna.db")
     # told COMPLETE before the kill (a pair whose metrics.json was written but not yet told is retried:
     # its run resumes at its last step and trains nothing)
-    finished_before = {t.params["row"] for t in study.get_trials() if t.state.name == "COMPLETE"}
+    finished_before = {t.user_attrs["row"] for t in study.get_trials() if t.state.name == "COMPLETE"}
     assert finished_before != set(rows)
 
     subprocess.run(argv, env=env, check=True, capture_output=True)
     trials = study.get_trials()
-    assert Counter(t.params["row"] for t in trials if t.state.name == "COMPLETE") == Counter(rows)  # once each
-    failed = [t for t in trials if t.state.name == "FAIL" and t.params]  # params: not an empty-queue ask()
+    assert Counter(t.user_attrs["row"] for t in trials if t.state.name == "COMPLETE") == Counter(rows)  # once each
+    failed = [t for t in trials if t.state.name == "FAIL" and "row" in t.user_attrs]  # not an empty-queue ask()
     assert failed and all(t.user_attrs["stale"].endswith("died; enqueued again") for t in failed)
-    assert not {t.params["row"] for t in failed} & finished_before
+    assert not {t.user_attrs["row"] for t in failed} & finished_before
     for row in rows:
         assert json.loads((run_dir(out, row) / "metrics.json").read_text())["status"] == "completed"
         versions = len(list((run_dir(out, row) / "logs").glob("version_*")))

@@ -141,6 +141,19 @@ def test_dry_run_writes_and_prints_an_array_of_the_pending_pairs(tmp_path, capsy
     assert not (out / "slurm" / "pairs").exists()  # a dry run submits nothing, so it books nothing
 
 
+def test_a_users_table_reaches_the_array_and_every_task(tmp_path, monkeypatch, capsys):
+    """--table: its rows are among the array's pairs, and each task's `aiayn train` gets the table's
+    absolute path (the task runs elsewhere, in another directory)."""
+    monkeypatch.chdir(tmp_path)
+    Path("my.csv").write_text("row,group,d_ff\nwide-ff,mine,4096\n")
+    out = tmp_path / "runs"
+    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base,mine", *ARGS_CPU, "--table", "my.csv",
+            "--out", str(out), "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    text = (out / "slurm" / "aiayn-table3-tiny.sbatch").read_text()
+    assert "PAIRS=(base:0 wide-ff:0)" in text and f"--table {tmp_path / 'my.csv'}" in text
+
+
 def test_array_task_runs_its_own_pair(tmp_path):
     """Run the generated script with `srun` replaced by a recorder: task 3 trains A1 seed 1."""
     opts = slurm_opts(rows="base,A1", seeds=2, accelerator="cpu", out=str(tmp_path / "runs"),

@@ -4,6 +4,7 @@ The bookkeeping tests use a stand-in runner that writes no model; the real runs 
 """
 
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -39,9 +40,9 @@ class FakeRunner:
         return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 10.0 + seed}
 
 
-def opts(tmp_path, rows=None, seeds=1, jobs=None, storage=None, **train):
+def opts(tmp_path, rows=None, seeds=1, jobs=None, storage=None, gpus_per_job=None, **train):
     return SweepOptions(
-        select=Selection(rows=rows, seeds=seeds), storage=storage, report="", jobs=jobs,
+        select=Selection(rows=rows, seeds=seeds), storage=storage, report="", jobs=jobs, gpus_per_job=gpus_per_job,
         train=TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False, **train),
     )  # fmt: skip
 
@@ -65,9 +66,11 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     assert run_table3(opts(tmp_path, rows="base,C", seeds=2), runner=again)["ran"] == 0 and again.calls == []
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) == 16 and {t.params["row"] for t in done} == set(select_rows("base,C"))
+    assert len(done) == 16 and {t.user_attrs["row"] for t in done} == set(select_rows("base,C"))
     assert (
-        done[0].user_attrs["run_dir"].endswith(f"tiny/synthetic/{done[0].params['row']}/seed{done[0].params['seed']}")
+        done[0]
+        .user_attrs["run_dir"]
+        .endswith(f"tiny/synthetic/{done[0].user_attrs['row']}/seed{done[0].user_attrs['seed']}")
     )
 
 
@@ -173,8 +176,20 @@ def test_two_workers_on_one_storage_run_each_pair_once(tmp_path, storage):
 
 def load_wandb_sweeps():
     """W&B's open-source sweep engine, PyPI `sweeps` (the `wandb[sweeps]` extra, a test dependency). It is
-    a top-level `sweeps` package; ours installs as `aiayn.sweeps`, so the two live side by side."""
-    import sweeps
+    a top-level `sweeps` package; ours installs as `aiayn.sweeps`, so the two live side by side. Only the
+    repository root itself holds a directory named `sweeps/` (ours, as files): `python -m pytest` puts the
+    working directory on sys.path, so it is left out while W&B's is imported."""
+    import importlib
+
+    root = Path(__file__).resolve().parents[1]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != root]
+    try:
+        if "sweeps" in sys.modules and Path(sys.modules["sweeps"].__file__).resolve().is_relative_to(root):
+            del sys.modules["sweeps"]
+        sweeps = importlib.import_module("sweeps")
+    finally:
+        sys.path[:] = saved
 
     assert hasattr(sweeps, "schema_violations_from_proposed_config"), f"not W&B's sweeps: {sweeps.__file__}"
     return sweeps
@@ -255,3 +270,75 @@ def test_hpo_runs_trials_and_saves_the_best(tmp_path, monkeypatch, capsys):
     assert set(result["best_params"]) == {"lr_factor", "warmup", "P_drop", "eps_ls"}
     assert 0.25 <= result["best_params"]["lr_factor"] <= 4.0 and 0.0 <= result["best_params"]["P_drop"] <= 0.4
     assert result["best_dev_ppl"] > 1
+
+
+# --- one multi-GPU machine without SLURM: --jobs N --gpus-per-job K (tested without GPUs)
+
+
+class GpuRunner(ConcurrencyRunner):
+    """Records the GPUs each pair was given, and the GPUs of the pairs running at the same moment."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.running, self.clashes, self.given = set(), [], []
+
+    def __call__(self, opts, corpus, row, seed, gpus=None):
+        with self.lock:
+            mine = set(gpus.split(","))
+            self.clashes += [(gpus, other) for other in self.running if mine & set(other.split(","))]
+            self.running.add(gpus)
+            self.given.append((row, gpus, opts.train.devices))
+        try:
+            return super().__call__(opts, corpus, row, seed)
+        finally:
+            with self.lock:
+                self.running.discard(gpus)
+
+
+def test_each_concurrent_run_gets_its_own_gpus(tmp_path, monkeypatch):
+    monkeypatch.setattr("aiayn.sweeps.table3.visible_gpus", lambda: [str(i) for i in range(8)])
+    runner = GpuRunner(delay=0.6)
+    summary = run_table3(opts(tmp_path, rows="base,A,B", seeds=2, jobs=4, gpus_per_job=2), runner=runner)
+    # (most: how many ran at once, at least 3 of 4 on a busy machine, so the check of clashes had some to see)
+    assert summary["completed"] == 14 and runner.most >= 3 and runner.clashes == []
+    assert {gpus for _, gpus, _ in runner.given} == {"0,1", "2,3", "4,5", "6,7"}
+    assert {devices for _, _, devices in runner.given} == {2}  # each run is DDP over its 2 GPUs
+
+
+def test_the_gpus_handed_out_are_those_visible_to_the_sweep(monkeypatch):
+    from aiayn.sweeps.table3 import gpu_slots
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    sweep = SweepOptions(gpus_per_job=1)
+    assert gpu_slots(sweep, 4) == ["4", "5", "6", "7"] and sweep.train.devices == 1
+    assert gpu_slots(SweepOptions(gpus_per_job=2), 2) == ["4,5", "6,7"]
+    assert gpu_slots(SweepOptions(), 4) is None  # without --gpus-per-job nothing is handed out
+
+
+def test_a_run_on_its_gpus_is_a_fresh_process_with_its_cuda_visible_devices(tmp_path, monkeypatch):
+    spawned = []
+    monkeypatch.setattr(
+        "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
+    )
+    monkeypatch.setattr("aiayn.sweeps.table3._forkserver", lambda: pytest.fail("a GPU run must not be forked"))
+    for gpus, devices in (("3", 1), ("2,3", 2)):
+        run_pair(opts(tmp_path, jobs=2, gpus_per_job=devices, devices=devices), "synthetic", "base", 0, gpus=gpus)
+    (cmd1, env1), (cmd2, env2) = spawned
+    assert (env1["CUDA_VISIBLE_DEVICES"], env2["CUDA_VISIBLE_DEVICES"]) == ("3", "2,3")
+    assert "--devices" not in cmd1 and cmd2[cmd2.index("--devices") + 1] == "2"
+    assert cmd2[1:4] == ["-m", "aiayn", "train"] and cmd2[cmd2.index("--row") + 1] == "base"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "3", "--gpus-per-job", "2"], "--jobs 3 x --gpus-per-job 2 needs 6 GPUs but 4 are visible (0,1,2,3); "
+                                              "lower --jobs or --gpus-per-job"),
+    (["--gpus-per-job", "1", "--accelerator", "cpu"], "--gpus-per-job 1 hands out GPUs but --accelerator cpu trains "
+                                                       "on CPUs; drop one of them"),
+    (["--gpus-per-job", "2", "--devices", "4"], "--devices 4 and --gpus-per-job 2 disagree: each run trains on its 2 "
+                                                 "GPUs of this machine; drop --devices/--num-nodes"),
+])  # fmt: skip
+def test_bad_gpu_requests_are_one_line_and_write_nothing(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert main(["table3", "--out", str(tmp_path / "runs"), "--rows", "base", *argv]) == 2
+    assert capsys.readouterr().err == f"aiayn: error: {message}\n"
+    assert not (tmp_path / "runs").exists()

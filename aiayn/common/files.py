@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -92,3 +93,11 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
     with atomic_open(path, "wb") as f:
         torch.save(obj, f)
     return Path(path)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    return sha256_bytes(Path(path).read_bytes())

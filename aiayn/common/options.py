@@ -158,6 +158,28 @@ def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", **fixed):
     return cls(**values)
 
 
+def parser_defaults(cls, values: dict, *, prefix: str = "") -> dict:
+    """`values` (field name -> value, as in an instance of `cls`) as the parser's defaults by dest, in
+    the form its actions store them: dicts rendered to their `KEY=VALUE` strings and tuples to lists,
+    which a repeated flag on the command line then extends, and numbers to strings, which argparse
+    checks with the option's type as if they were typed. For a config file under the command line."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in fields(cls):
+        if f.name not in values or not _meta(f)["cli"]:
+            continue
+        value, base = values[f.name], _base_type(hints[f.name])
+        if base is dict:
+            render = _meta(f)["render"] or (lambda d: [f"{k}={v}" for k, v in d.items()])
+            value = render(dict(value or {}))
+        elif base in (tuple, list):
+            value = list(value) if isinstance(value, (list, tuple)) else [value]
+        elif isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            value = str(value)  # argparse converts (and checks) a string default with the option's type
+        out[_dest(prefix, f.name)] = value
+    return out
+
+
 def to_argv(obj, *, always=()) -> list[str]:
     """The command-line arguments that `from_args` reads back as `obj` (fields at their default are
     left out, except those named in `always`)."""

@@ -1,0 +1,294 @@
+"""Translate with a trained model, anywhere: the Python API behind `aiayn translate` and `aiayn eval`.
+
+    from aiayn import Translator
+
+    translator = Translator.from_run("runs/tiny/synthetic/base/seed0", device="auto")
+    translator.translate(["The dog sees the cat.", "Today the small boy sleeps in the garden."])
+
+A checkpoint carries its model config and its tokenizer (callbacks.RunFilesInCheckpoint), so this
+needs neither the corpus nor the cache nor Lightning's Trainer: a run directory (or one checkpoint)
+copied to another machine translates there. A checkpoint written before aiayn 0.2 takes its tokenizer
+from its run directory's tokenizer.model or from `tokenizer=`.
+
+Decoding is the paper's (§6.1): beam 4, length penalty α = 0.6, at most source length + 50 tokens;
+each is a parameter. Sentences are sorted by length and batched by a budget of source tokens
+(padding included), so a file of any length decodes in memory-bounded batches; the output keeps the
+input's order. An empty (or blank) line translates to an empty line, so the output stays line-aligned.
+A sentence longer than the model's positional encoding covers (`max_len`, counted in tokens) is
+refused with one line naming it, rather than cut: a truncated source gives a wrong translation that
+looks right.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from aiayn.common.errors import UserError
+from aiayn.common.files import sha256_bytes
+from aiayn.lightning_modules.bleu import bleu
+from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_files
+from aiayn.lightning_modules.decoding import beam_search, greedy
+from aiayn.lightning_modules.evaluate import nll_sum
+from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, count_params
+from aiayn.lightning_modules.options import ModelSource
+from aiayn.lightning_modules.rundir import RunDir
+
+OLD_CHECKPOINT_FIX = (
+    "it was written before aiayn 0.2: pass --tokenizer with its SentencePiece model (under $AIAYN_CACHE/spm/), "
+    "or rerun its `aiayn train` command once, which adds RUN/tokenizer.model"
+)
+
+
+def pick_device(device: str) -> torch.device:
+    """`auto`: the GPU when one is visible, else the CPU; `cuda` without a GPU is a UserError."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.split(":")[0] == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: no CUDA device is visible here; pass --device cpu or auto")
+        return torch.device(device)
+    raise UserError(f"--device {device}: unknown device; pass auto, cpu or cuda")
+
+
+def read_sentences(path: str, what: str = "input") -> list[str]:
+    """One sentence per line of a UTF-8 file ('-': stdin); a line that is not UTF-8 is a UserError
+    naming it. Only line terminators are stripped."""
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read {what} {path} ({e.strerror or e}); pass a UTF-8 text file, one sentence "
+                        f"per line") from None  # fmt: skip
+    name = "stdin" if path == "-" else path
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out = []
+    for i, line in enumerate(lines, start=1):
+        try:
+            out.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as e:
+            raise UserError(f"{what} {name} line {i} is not valid UTF-8 ({e.reason}); re-encode it as UTF-8 "
+                            f"(e.g. iconv -t utf-8)") from None  # fmt: skip
+    return out
+
+
+def _tokenizer(ckpt: dict, path: Path, beside: Path | None, given: str | Path | None) -> bytes:
+    """The SentencePiece model of a checkpoint: `given` (--tokenizer), else its run directory's
+    tokenizer.model (`beside`), else the one it carries. Whichever is used must have the sha256 the
+    checkpoint recorded, when it recorded one."""
+    recorded = run_files(ckpt).get("tokenizer_sha256")
+    for file, fix in ((given, "drop --tokenizer: the checkpoint carries its own"),
+                      (beside, "it is not this run's checkpoint; pass --ckpt FILE alone")):  # fmt: skip
+        if file is None or (file is beside and not Path(file).is_file()):
+            continue
+        try:
+            data = Path(file).read_bytes()
+        except OSError as e:
+            raise UserError(f"tokenizer {file} cannot be read ({e.strerror or e}); pass a SentencePiece .model "
+                            f"file") from None  # fmt: skip
+        if recorded is not None and sha256_bytes(data) != recorded:
+            raise UserError(f"tokenizer {file} differs from the one checkpoint {path} was trained with (sha256 "
+                            f"{sha256_bytes(data)[:12]}, not {recorded[:12]}); {fix}")  # fmt: skip
+        return data
+    data = embedded_tokenizer(ckpt, path)
+    if data is None:
+        raise UserError(f"checkpoint {path} carries no tokenizer and none is beside it; {OLD_CHECKPOINT_FIX}")
+    return data
+
+
+def _model(ckpt: dict, path: Path) -> Transformer:
+    """The Transformer of a checkpoint, built from its own config (no Lightning module needed)."""
+    try:
+        cfg = TransformerConfig.from_dict(ckpt["hyper_parameters"]["model_cfg"])
+    except ValueError as e:
+        raise UserError(f"checkpoint {path} holds an impossible model config ({e})") from None
+    model = Transformer(cfg)
+    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise UserError(f"checkpoint {path} does not match its own config ({str(e).splitlines()[0]})") from e
+    return model
+
+
+class Translator:
+    """A trained model with its tokenizer and decoding settings; `translate` turns sentences into
+    translations. Build one with `from_run` or `from_checkpoint`."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: bytes,
+        *,
+        device: str = "auto",
+        beam: int = 4,
+        alpha: float = 0.6,
+        extra_len: int = 50,
+        max_tokens: int = 4096,
+        max_len: int | None = None,
+        checkpoints: Sequence[str] = (),
+        data: dict | None = None,
+    ) -> None:
+        import sentencepiece as spm
+
+        self.device = pick_device(device)
+        self.model = model.to(self.device).eval()
+        self.sp = spm.SentencePieceProcessor(model_proto=tokenizer)
+        if self.sp.get_piece_size() != model.cfg.vocab_size:
+            raise UserError(f"the tokenizer has {self.sp.get_piece_size()} pieces but the model's vocabulary is "
+                            f"{model.cfg.vocab_size}; use the tokenizer the model was trained with")  # fmt: skip
+        if beam < 1 or max_tokens < 1 or extra_len < 0:
+            raise UserError(f"beam {beam}, max_tokens {max_tokens}, extra_len {extra_len}: beam and max_tokens must "
+                            f"be positive, extra_len not negative")  # fmt: skip
+        self.beam, self.alpha, self.extra_len, self.max_tokens = beam, alpha, extra_len, max_tokens
+        self.max_len = max_len or model.cfg.max_len  # references are cut here for perplexity, as in training
+        self.checkpoints = list(checkpoints)
+        self.data = dict(data or {})  # the corpus identity the model was trained on (for `eval --split`)
+
+    # ---- loading
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, device: str = "auto", tokenizer: str | Path | None = None, **kw):
+        """A checkpoint file (`last.ckpt`, `stepNNNNNNN.ckpt`, an averaged one); alone is enough."""
+        path = Path(path)
+        in_run = path.parent.name == "checkpoints"
+        return cls._load([path], RunDir(path.parent.parent).tokenizer_file if in_run else None, tokenizer, device, kw)
+
+    @classmethod
+    def from_run(
+        cls, path: str | Path, *, device: str = "auto", average: int | None = None, tokenizer=None, **kw
+    ) -> Translator:
+        """A run directory: its `checkpoints/last.ckpt`, or the mean of its last `average` kept
+        checkpoints (the paper averages the last 5, §6.1)."""
+        run = RunDir(Path(path))
+        if not run.path.is_dir():
+            raise UserError(f"run directory {run.path} does not exist; pass --run OUT/PRESET/CORPUS/ROW/seedN")
+        if average:
+            paths = last_checkpoints(run.path, average, "--average")
+        elif run.last_checkpoint.is_file():
+            paths = [run.last_checkpoint]
+        else:
+            raise UserError(f"run directory {run.path} has no checkpoints/last.ckpt; train it first or pass --ckpt")
+        return cls._load(paths, run.tokenizer_file, tokenizer, device, kw)
+
+    @classmethod
+    def from_options(cls, opts: ModelSource) -> Translator:
+        """What `aiayn translate` and `aiayn eval` load: `--run DIR` or `--ckpt FILE`."""
+        if (opts.run is None) == (opts.ckpt is None):
+            raise UserError("pass exactly one of --run DIR (a run directory) and --ckpt FILE (a checkpoint)")
+        if opts.average and opts.ckpt:
+            raise UserError("--average K takes the last K checkpoints of a run; pass --run DIR instead of --ckpt")
+        kw = dict(device=opts.device, tokenizer=opts.tokenizer, beam=opts.beam, alpha=opts.alpha,
+                  extra_len=opts.extra_len, max_tokens=opts.max_tokens)  # fmt: skip
+        if opts.run:
+            return cls.from_run(opts.run, average=opts.average, **kw)
+        return cls.from_checkpoint(opts.ckpt, **kw)
+
+    @classmethod
+    def _load(cls, paths: list[Path], beside: Path | None, tokenizer, device: str, kw: dict) -> Translator:
+        ckpt = load_raw(paths[0]) if len(paths) == 1 else averaged(paths)
+        model = _model(ckpt, paths[-1])
+        proto = _tokenizer(ckpt, paths[-1], beside, tokenizer)
+        data = ckpt["hyper_parameters"].get("data") or {}
+        return cls(model, proto, device=device, max_len=data.get("max_len"), checkpoints=[str(p) for p in paths],
+                   data=data, **kw)  # fmt: skip
+
+    # ---- translating
+
+    def encode(self, sentences: Sequence[str], name: str = "sentence") -> list[list[int]]:
+        """Token ids per sentence ([] for a blank one); a sentence longer than the model's max_len is a
+        UserError naming it (`name` N, 1-based)."""
+        ids = [self.sp.encode(s) if s.strip() else [] for s in sentences]
+        cap = self.model.cfg.max_len
+        for i, x in enumerate(ids, start=1):
+            if len(x) > cap:
+                raise UserError(f"{name} {i} has {len(x)} tokens, more than the model's maximum of {cap}; split it "
+                                f"into shorter sentences")  # fmt: skip
+        return ids
+
+    def _batches(self, lengths: list[int]) -> list[list[int]]:
+        """Indices of the non-empty sentences, longest first, in batches of at most `max_tokens` padded
+        positions (a sentence longer than the budget is a batch of its own)."""
+        order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: -lengths[i])
+        batches, current = [], []
+        for i in order:
+            if current and (len(current) + 1) * lengths[current[0]] > self.max_tokens:
+                batches.append(current)
+                current = []
+            current.append(i)
+        return batches + ([current] if current else [])
+
+    def _pad(self, rows: list[list[int]]) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [PAD] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
+
+    @torch.no_grad()
+    def translate(
+        self, sentences: Sequence[str], *, beam: int | None = None, alpha: float | None = None, name: str = "sentence"
+    ) -> list[str]:
+        """The translation of each sentence, in order ("" for a blank one)."""
+        beam, alpha = beam or self.beam, self.alpha if alpha is None else alpha
+        ids = self.encode(sentences, name)
+        out = [""] * len(ids)
+        for batch in self._batches([len(x) for x in ids]):
+            src = self._pad([ids[i] for i in batch])
+            if beam == 1:
+                hyps = greedy(self.model, src, BOS, EOS, extra_len=self.extra_len)
+            else:
+                hyps = beam_search(self.model, src, BOS, EOS, beam=beam, alpha=alpha, extra_len=self.extra_len)
+            for i, h in zip(batch, hyps):
+                out[i] = self.sp.decode([t for t in h if t not in (PAD, BOS, EOS)])
+        return out
+
+    @torch.no_grad()
+    def perplexity(self, sources: Sequence[str], references: Sequence[str]) -> float:
+        """Per-token perplexity of the references given the sources (teacher forcing, EOS included),
+        both cut at the max_len the model was evaluated with in training, as its dev perplexity. Pairs
+        with an empty source are left out."""
+        cut = self.max_len
+        src = [x[:cut] for x in self.sp.encode(list(sources))]
+        tgt = [y[:cut] for y in self.sp.encode(list(references))]
+        total, count = 0.0, 0
+        # a pair with an empty source has nothing to attend to: left out, as its translation is empty
+        for batch in self._batches([max(len(src[i]), len(tgt[i]) + 1) if src[i] else 0 for i in range(len(src))]):
+            s = self._pad([src[i] for i in batch])
+            tgt_in = self._pad([[BOS] + tgt[i] for i in batch])
+            tgt_out = self._pad([tgt[i] + [EOS] for i in batch])
+            nll, n = nll_sum(self.model, {"src": s, "tgt_in": tgt_in, "tgt_out": tgt_out})
+            total, count = total + float(nll), count + n
+        return math.exp(total / max(count, 1))
+
+    def evaluate(self, sources: Sequence[str], references: Sequence[str], name: str = "sentence") -> dict:
+        """Both BLEUs (sacreBLEU with its signature; the paper's tokenized kind, labelled) and the
+        perplexity of the references, with the settings used."""
+        if len(sources) != len(references):
+            raise UserError(f"{len(sources)} sources but {len(references)} references; the files must be "
+                            f"line-aligned (same number of lines)")  # fmt: skip
+        if not sources:
+            raise UserError("no sentences to evaluate; pass non-empty --src and --ref files")
+        hyps = self.translate(sources, name=name)
+        return {
+            **bleu(hyps, list(references), lang=self.data.get("tgt_lang") or "de"),
+            "ppl": self.perplexity(sources, references), "n_sentences": len(sources),
+            "params": count_params(self.model.cfg), "beam": self.beam, "alpha": self.alpha,
+            "extra_len": self.extra_len, "checkpoints": self.checkpoints, "device": str(self.device),
+        }  # fmt: skip
+
+
+def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str | None = None) -> tuple[list, list]:
+    """Sources and references of a split of the corpus a model was trained on (`data`: the corpus
+    identity its checkpoint records); `data_dir` where the corpus's files are now, if they moved."""
+    from aiayn.lightning_modules.data import read_parallel, resolve_corpus  # lazily: translating needs no corpus
+
+    if not data.get("corpus"):
+        raise UserError("the checkpoint does not name its corpus; pass --src FILE --ref FILE instead of --split")
+    src_lang, tgt_lang = data.get("src_lang", "en"), data.get("tgt_lang", "de")
+    corpus_dir = resolve_corpus(data["corpus"], data_dir or data.get("data_dir"), cache_dir, src_lang, tgt_lang)
+    return read_parallel(corpus_dir, split, src_lang, tgt_lang)

@@ -1,0 +1,124 @@
+"""A training run on W&B, as W&B's users run it: Lightning's WandbLogger, set up by W&B's conventions.
+
+- Mode: aiayn.common.wandb_mode (WANDB_MODE, else online with credentials from WANDB_API_KEY,
+  `wandb login`'s ~/.netrc or W&B's settings, else offline), said in the log with the reason.
+- One W&B run per run directory: its id is kept in the run directory (RunDir.wandb_attempt) and
+  passed with resume="allow", so a rerun or a SLURM requeue continues the same W&B run online.
+  Offline, where W&B cannot resume, each attempt after the first is its own W&B run (`ID-aN`), and
+  the log names the attempts. W&B's own variables are honoured: WANDB_RUN_ID (set by `wandb agent`
+  for a sweep's run), WANDB_PROJECT, WANDB_ENTITY.
+- Config: every knob that defines the run (the row's, the schedule's, seed, precision, accumulation,
+  the real tokens per optimizer step, the preset and its rule, the corpus and tokenizer identity).
+- Summary: the final figures of metrics.json; optionally the final checkpoint as a model artifact
+  (it carries its tokenizer and config, so it is usable alone).
+
+`mode` goes to `wandb.init` through the logger's kwargs rather than WandbLogger(offline=True), which
+sets os.environ["WANDB_MODE"] for the whole process (a later run in the process, an hpo trial, would
+inherit it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from aiayn.ablations.table import MODEL_KEYS
+from aiayn.common.wandb_mode import wandb_mode
+from aiayn.lightning_modules.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+# metrics.json fields that go into the W&B run's summary, under W&B's slash-named metric keys
+SUMMARY = {"dev_bleu": "dev/bleu", "dev_tok_bleu": "dev/tok_bleu", "dev_ppl": "dev/ppl",
+           "dev_bleu_signature": "dev/bleu_signature", "dev_sentences": "dev/sentences", "params": "params",
+           "steps": "steps", "train_time_s": "train_time_s", "tokens_per_s": "tokens_per_s",
+           "diverged_at_step": "diverged_at_step", "error": "error"}  # fmt: skip
+
+
+def wandb_config(config: dict) -> dict:
+    """The W&B run config of a run's config.json: the row's knobs at the top (W&B groups and filters by
+    top-level keys; `row` and `seed` are also the sweep's parameters), every section beside them. (Lightning
+    adds the module's and the data module's hyper-parameters at fit: model_cfg, max_tokens, tokenizer…)"""
+    row, train = config["row"], config["train"]
+    return {
+        "row": row["row"], "seed": train["seed"], "group": row["group"], "preset": row["preset"],
+        "corpus": config["data"]["corpus"], **{k: row[k] for k in MODEL_KEYS}, "train_steps": train["steps"],
+        "precision": train["precision"], "accumulate": train["accumulate"], "world_size": train["world_size"],
+        "effective_tokens_per_step": train["effective_tokens_per_step"], "warmup": train["warmup"],
+        "lr_factor": train["lr_factor"], "preset_rule": config["preset"]["rule"], "deviations": row["deviations"],
+        "paper": {"ppl": row["paper_ppl"], "bleu": row["paper_bleu"], "params_m": row["paper_params_m"]},
+        "model": config["model"], "data": config["data"], "train": train, "preset_config": config["preset"],
+        "tokenizer_sha256": (config.get("tokenizer") or {}).get("sha256"), "options": config.get("options"),
+    }  # fmt: skip
+
+
+def init_kwargs(run: RunDir, config: dict, mode: str, why: str) -> dict | None:
+    """The arguments of this attempt's WandbLogger (and so of wandb.init), or None when W&B is
+    disabled. Records the attempt in the run directory and says in the log where it goes."""
+    row, seed, preset = config["row"]["row"], config["train"]["seed"], config["row"]["preset"]
+    if mode == "disabled":
+        log.info("W&B disabled (%s): %s seed %d is not logged to W&B", why, row, seed)
+        return None
+    attempt = run.wandb_attempt(mode, row, seed, given_id=os.environ.get("WANDB_RUN_ID") or None)
+    if mode == "online":
+        log.info("W&B online (%s): W&B run %s, attempt %d of %s (resume=allow)", why, attempt["id"],
+                 attempt["attempt"], run.path)  # fmt: skip
+    elif attempt["id"] != attempt["base_id"]:
+        log.warning("W&B offline (%s). W&B cannot resume an offline run, so attempt %d of %s is its own W&B run %s "
+                    "(%r; earlier attempts: %s); `wandb sync %s/wandb/offline-run-*` uploads each", why,
+                    attempt["attempt"], run.path, attempt["id"], attempt["name"], ", ".join(attempt["earlier"]),
+                    run.path)  # fmt: skip
+    else:
+        log.info("W&B offline (%s): W&B run %s in %s/wandb", why, attempt["id"], run.path)
+    return {
+        "project": os.environ.get("WANDB_PROJECT") or f"aiayn-{preset}", "group": row, "job_type": "train",
+        "name": attempt["name"], "id": attempt["id"], "resume": "allow", "mode": mode, "save_dir": str(run.path),
+        "config": wandb_config(config),
+    }  # fmt: skip
+
+
+def wandb_logger(run: RunDir, config: dict):
+    """Lightning's WandbLogger for this attempt of `run` (None when W&B is disabled)."""
+    kwargs = init_kwargs(run, config, *wandb_mode())
+    if kwargs is None:
+        return None
+    from lightning.pytorch.loggers import WandbLogger
+
+    logger = WandbLogger(**kwargs)
+    logger.aiayn_base_id = run.read_wandb_record()["id"]  # the model artifact's name
+    return logger
+
+
+def _wandb_loggers(trainer) -> list:
+    return [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
+
+
+def finish(trainer, metrics: dict, *, checkpoint=None, preempted: bool = False, exit_code: int = 0) -> None:
+    """Put the run's result into the W&B run's summary (and, with `checkpoint`, log that file as a
+    model artifact), then finish the W&B run, so that the next run in this process (an hpo trial)
+    starts its own. `preempted`: checkpointed for a SLURM requeue (W&B marks the run preempting)."""
+    for logger in _wandb_loggers(trainer):
+        experiment = logger.experiment
+        summary = {SUMMARY[k]: v for k, v in metrics.items() if k in SUMMARY}
+        experiment.summary.update({"status": metrics.get("status", "requeued" if preempted else "failed"), **summary})
+        if checkpoint is not None:
+            _log_checkpoint(experiment, checkpoint, logger.aiayn_base_id, metrics)
+        if preempted:
+            experiment.mark_preempting()
+        experiment.finish(exit_code=exit_code)
+
+
+def _log_checkpoint(experiment, path, base_id: str, metrics: dict) -> None:
+    """The final checkpoint as the W&B model artifact `model-<run id>` (logged by us at the end rather
+    than by WandbLogger(log_model=True), which uploads every kept checkpoint: up to 20 here)."""
+    import wandb
+
+    meta = {k: metrics[k] for k in ("row", "seed", "preset", "data", "steps", "dev_bleu", "dev_ppl") if k in metrics}
+    artifact = wandb.Artifact(
+        f"model-{base_id}",
+        type="model",
+        metadata=meta,
+        description="aiayn checkpoint; carries its tokenizer and config (aiayn translate --ckpt)",
+    )
+    artifact.add_file(str(path), name="last.ckpt")
+    experiment.log_artifact(artifact, aliases=["latest", f"step{metrics.get('steps', 0)}"])

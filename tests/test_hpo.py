@@ -1,0 +1,132 @@
+"""`aiayn hpo` on real hardware: its trials train with every `aiayn train` flag (accelerator, precision,
+data, max tokens), on one device; an interrupted search resumes, its killed trial in its own run
+directory. Training is stood in for here (the slow tier runs real trials: tests/test_sweeps.py)."""
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+import aiayn.lightning_modules.train as train_mod
+from aiayn.cli import main
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.sweeps.hpo import HpoOptions, run_hpo, suggest, trial_lock
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+SEARCHED = {"lr_factor", "warmup", "P_drop", "eps_ls"}
+
+
+@pytest.fixture
+def trains(monkeypatch):
+    """Each trial's train() call (options, keyword arguments), each completing at once."""
+    calls = []
+
+    def fake(opts, **kw):
+        calls.append((opts, kw))
+        return {"status": "completed", "dev_ppl": 10.0 - len(calls), "dev_bleu": float(len(calls))}
+
+    monkeypatch.setattr(train_mod, "train", fake)
+    return calls
+
+
+def test_trials_train_with_the_train_flags_on_the_chosen_accelerator(tmp_path, trains, capsys):
+    argv = ["hpo", "--row", "C1", "--trials", "2", "--out", str(tmp_path), "--accelerator", "gpu",
+            "--precision", "bf16-mixed", "--data", "multi30k", "--data-dir", "/data/m30k", "--max-tokens", "3000",
+            "--set", "N=1"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["trials"] == 2 and len(trains) == 2
+    for number, (opts, kw) in enumerate(trains):
+        assert (opts.accelerator, opts.precision, opts.data, opts.data_dir, opts.max_tokens, opts.devices) == (
+            "gpu", "bf16-mixed", "multi30k", "/data/m30k", 3000, 1,
+        )  # fmt: skip
+        assert opts.overrides["N"] == 1 and set(opts.overrides) == SEARCHED | {"N"}
+        assert kw["run_dir"] == str(tmp_path / "hpo" / "tiny" / "C1" / f"trial{number:04d}")
+    trains.clear()
+    assert main(["hpo", "--row", "C1", "--trials", "3", "--out", str(tmp_path)]) == 0  # one more, default device
+    assert len(trains) == 1 and trains[0][0].accelerator == "auto"  # auto: the GPU when there is one
+
+
+def test_more_than_one_device_is_refused_in_one_line(tmp_path, trains, capsys):
+    assert main(["hpo", "--trials", "2", "--out", str(tmp_path), "--devices", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "aiayn: error: aiayn hpo trains each trial in its own process on one device, not 2; drop "
+        "--devices/--num-nodes (Optuna cannot run inside DDP ranks)\n"
+    )
+    assert trains == [] and not (tmp_path / "hpo.db").exists()
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_an_interrupted_search_resumes_its_killed_trial_and_runs_only_what_is_missing(tmp_path, trains, storage):
+    url = None if storage == "sqlite" else f"journal:///{tmp_path}/hpo.log"
+    opts = HpoOptions(trials=1, storage=url, train=TrainOptions(row="C1", out=str(tmp_path), progress=False))
+    run_hpo(opts)  # trial 0 done
+    from aiayn.sweeps.storage import open_storage
+
+    study = optuna.load_study(study_name="hpo-tiny-C1", storage=open_storage(url or f"sqlite:///{tmp_path}/hpo.db"))
+    killed = study.ask()  # trial 1: its search was SIGKILLed while it trained
+    from aiayn.ablations.presets import get_preset
+
+    params = suggest(killed, get_preset("tiny"))
+    killed.set_user_attr("worker", "ghost:1")
+    killed.set_user_attr("run_dir", str(tmp_path / "hpo" / "tiny" / "C1" / "trial0001"))
+    trains.clear()
+
+    opts.trials = 3
+    result = run_hpo(opts)
+    assert len(trains) == 2  # the killed trial again, then the third
+    retry_opts, retry_kw = trains[0]
+    assert retry_kw["run_dir"] == str(tmp_path / "hpo" / "tiny" / "C1" / "trial0001")  # resumes where it was
+    assert {k: retry_opts.overrides[k] for k in SEARCHED} == params
+    states = [t.state.name for t in study.get_trials()]
+    assert states == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"] and result["failed"] == 1
+    assert study.get_trials()[1].user_attrs["stale"] == "its search died; enqueued again"
+    trains.clear()
+    assert run_hpo(opts)["trials"] == 4 and trains == []  # nothing missing: a rerun runs nothing
+
+
+def test_a_running_trial_whose_search_is_alive_is_left_alone(tmp_path, trains):
+    from aiayn.common.locks import file_lock
+
+    opts = HpoOptions(trials=1, train=TrainOptions(row="C1", out=str(tmp_path), progress=False))
+    run_hpo(opts)
+    study = optuna.load_study(study_name="hpo-tiny-C1", storage=f"sqlite:///{tmp_path}/hpo.db")
+    alive = study.ask()
+    alive.set_user_attr("worker", "alive:2")
+    with file_lock(trial_lock(opts, alive.number)) as held:
+        assert held
+        opts.trials = 2
+        run_hpo(opts)
+    assert study.get_trials()[alive.number].state.name == "RUNNING" and Path(trial_lock(opts, 1)).exists()
+
+
+@pytest.mark.slow
+def test_a_search_killed_mid_trial_resumes_that_trial_from_its_checkpoint(cache, tmp_path):
+    """SIGKILL `aiayn hpo` once its second trial has a checkpoint; the rerun fails that trial, runs its
+    parameters again in its run directory (a second attempt there, from its checkpoint) and completes
+    the search to --trials."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "runs"
+    argv = [sys.executable, "-m", "aiayn", "hpo", "--row", "C1", "--trials", "3", "--out", str(out), "--max-steps",
+            "20", "--ckpt-every", "5", "--eval-subset", "4", "--accelerator", "cpu"]  # fmt: skip
+    env = dict(os.environ, AIAYN_CACHE=str(cache))
+    search = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trial1 = out / "hpo" / "tiny" / "C1" / "trial0001"
+    while not list((trial1 / "checkpoints").glob("step*.ckpt")):
+        assert search.poll() is None, "the search ended before its second trial could be killed"
+        time.sleep(0.05)
+    search.send_signal(signal.SIGKILL)
+    search.wait()
+    subprocess.run(argv, env=env, check=True, capture_output=True)
+    study = optuna.load_study(study_name="hpo-tiny-C1", storage=f"sqlite:///{out}/hpo.db")
+    trials = study.get_trials()
+    assert [t.state.name for t in trials].count("FAIL") == 1 and trials[1].state.name == "FAIL"
+    retry = next(t for t in trials[2:] if t.user_attrs.get("resume_dir") == str(trial1))
+    assert retry.params == trials[1].params and retry.state.name in ("COMPLETE", "PRUNED")
+    assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 3
+    assert len(list((trial1 / "logs").glob("version_*"))) == 2  # two attempts in one run directory

@@ -1,0 +1,204 @@
+"""W&B as its users run it, tested offline by reading the files W&B writes: the mode from W&B's own
+conventions, one W&B run per run directory (its id kept across attempts; offline attempts named),
+the run config and summary, the model artifact, and `aiayn report --wandb`.
+
+W&B 0.31 has no Python reader for its offline `run-ID.wandb` files, so `records` reads them here: a
+7-byte header (":W&B", magic, version) and then the LevelDB log format W&B writes (32 KiB blocks of
+records, each a 7-byte header: crc32c, length, type FULL/FIRST/MIDDLE/LAST), every record one
+`wandb_internal_pb2.Record` protobuf.
+"""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.wandb_run import init_kwargs
+
+FAST = ["--max-steps", "2", "--ckpt-every", "1", "--dev-subset", "4", "--eval-subset", "4", "--no-progress",
+        "--accelerator", "cpu"]  # fmt: skip
+FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "report" / "runs"
+
+
+def records(path: Path):
+    """Every Record of a W&B offline `.wandb` file, in order."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"not a W&B run file: {path}"
+    pos, block, buf = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == 0 and kind == 0:  # zero padding to the end of the block
+            pos += block - pos % block
+            continue
+        buf += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = pb.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            yield record
+
+
+def wandb_run(run_file: Path) -> dict:
+    """What an offline W&B run file says: id, name, group, config, summary, artifacts."""
+    out = {"config": {}, "summary": {}, "artifacts": [], "kinds": []}
+    for r in records(run_file):
+        kind = r.WhichOneof("record_type")
+        out["kinds"].append(kind)
+        if kind == "run":
+            out.update(id=r.run.run_id, name=r.run.display_name, group=r.run.run_group, project=r.run.project,
+                       job_type=r.run.job_type)  # fmt: skip
+            out["config"].update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+        elif kind == "config":
+            out["config"].update({i.key: json.loads(i.value_json) for i in r.config.update})
+        elif kind == "summary":
+            for i in r.summary.update:
+                out["summary"][i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+        elif kind == "artifact":
+            out["artifacts"].append({"type": r.artifact.type, "name": r.artifact.name,
+                                     "files": sorted(e.path for e in r.artifact.manifest.contents)})  # fmt: skip
+    assert "id" in out, f"no run record in {run_file} ({run_file.stat().st_size} bytes): {out['kinds']}"
+    return out
+
+
+def offline_runs(directory: Path) -> dict:
+    """The offline W&B runs under `directory`/wandb, by id."""
+    found = {}
+    for f in sorted((directory / "wandb").glob("offline-run-*/run-*.wandb")):
+        run = wandb_run(f)
+        found[run["id"]] = run
+    return found
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+
+
+def test_a_resumed_run_logs_its_config_summary_and_attempts(cache, tmp_path, offline, capsys):
+    out = tmp_path / "runs"
+    argv = ["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--wandb", *FAST]
+    assert main(argv) == 0
+    run = RunDir.of(out, "tiny", "synthetic", "C1", 0)
+    base = json.loads(run.wandb_record.read_text())["id"]
+    assert base.startswith("C1-s0-") and len(base) == len("C1-s0-") + 12
+    capsys.readouterr()
+    argv[argv.index("--max-steps") + 1] = "3"  # the same run directory, resumed for one more step
+    assert main([*argv, "--wandb-checkpoints"]) == 0
+    err = capsys.readouterr().err
+    assert (f"W&B cannot resume an offline run, so attempt 2 of {run.path} is its own W&B run {base}-a2 "
+            f"('C1-s0 attempt 2'; earlier attempts: {base})") in err  # fmt: skip
+    attempts = json.loads(run.wandb_record.read_text())["attempts"]
+    assert [(a["attempt"], a["mode"], a["id"]) for a in attempts] == [
+        (1, "offline", base),
+        (2, "offline", f"{base}-a2"),
+    ]
+
+    runs = offline_runs(run.path)
+    assert set(runs) == {base, f"{base}-a2"}
+    first, second = runs[base], runs[f"{base}-a2"]
+    assert (first["name"], second["name"]) == ("C1-s0", "C1-s0 attempt 2")
+    assert first["group"] == second["group"] == "C1" and first["project"] == "aiayn-tiny"
+    config = second["config"]
+    assert (config["row"], config["seed"], config["preset"], config["corpus"]) == ("C1", 0, "tiny", "synthetic")
+    assert (config["precision"], config["accumulate"], config["effective_tokens_per_step"]) == ("32-true", 1, 1024)
+    assert config["preset_rule"].startswith("d_model, d_ff, d_k, d_v x 0.25") and config["N"] == 1
+    assert config["data"]["corpus"] == "synthetic" and config["options"]["wandb"] is True
+    assert config["tokenizer_sha256"] == json.loads(run.config_file.read_text())["tokenizer"]["sha256"]
+    metrics = json.loads(run.metrics_file.read_text())
+    assert second["summary"]["dev/bleu"] == metrics["dev_bleu"] and second["summary"]["status"] == "completed"
+    assert second["summary"]["steps"] == 3 and first["summary"]["steps"] == 2
+    assert second["artifacts"][-1] == {"type": "model", "name": f"model-{base}", "files": ["last.ckpt"]}
+
+
+def test_online_every_attempt_resumes_the_run_directorys_one_w_and_b_run(tmp_path, monkeypatch):
+    """What each attempt passes to wandb.init: the same id with resume="allow" online; W&B's
+    WANDB_RUN_ID (e.g. from `wandb agent`) wins."""
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.lightning_modules.train import plan
+
+    run = RunDir(tmp_path / "seed0")
+    config = plan(TrainOptions(row="C1", out=str(tmp_path))).config  # what config.json would say; nothing prepared
+    kwargs = [init_kwargs(run, config, "online", "test") for _ in range(3)]
+    assert len({k["id"] for k in kwargs}) == 1 and {k["resume"] for k in kwargs} == {"allow"}
+    assert {(k["name"], k["group"], k["mode"], k["project"]) for k in kwargs} == {
+        ("C1-s0", "C1", "online", "aiayn-tiny")
+    }
+    assert init_kwargs(run, config, "offline", "test")["id"] == kwargs[0]["id"] + "-a4"
+    monkeypatch.setenv("WANDB_RUN_ID", "sweeprun1")
+    monkeypatch.setenv("WANDB_PROJECT", "theirs")
+    agent = init_kwargs(run, config, "online", "test")
+    assert (agent["id"], agent["project"], agent["resume"]) == ("sweeprun1", "theirs", "allow")
+    assert init_kwargs(RunDir(tmp_path / "off"), config, "disabled", "WANDB_MODE=disabled") is None
+
+
+MODE = "from aiayn.common.wandb_mode import wandb_mode; print(wandb_mode()[0])"
+
+
+@pytest.mark.parametrize("env, netrc, expected", [
+    ({"WANDB_MODE": "offline", "WANDB_API_KEY": "k" * 40}, False, "offline"),  # WANDB_MODE wins over a key
+    ({"WANDB_MODE": "disabled"}, True, "disabled"),
+    ({"WANDB_MODE": "dryrun"}, False, "offline"),
+    ({"WANDB_API_KEY": "k" * 40}, False, "online"),
+    ({}, True, "online"),  # `wandb login` wrote ~/.netrc
+    ({}, False, "offline"),  # nothing to log in with
+])  # fmt: skip
+def test_the_mode_follows_wandbs_conventions(env, netrc, expected, tmp_path):
+    """In a fresh process each (W&B reads its settings once per process), with HOME in tmp_path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    if netrc:
+        (home / ".netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {'n' * 40}\n")
+        (home / ".netrc").chmod(0o600)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k not in ("NETRC", "HOME")}
+    # WANDB_SILENT: W&B would otherwise look up the account of the key on its server (no network here)
+    full = dict(clean, HOME=str(home), WANDB_SILENT="true", WANDB_CONFIG_DIR=str(home / ".config"), **env)
+    proc = subprocess.run([sys.executable, "-c", MODE], env=full, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == expected
+
+
+def test_an_unknown_wandb_mode_is_one_line(cache, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    assert main(["report", "--runs", str(FIXTURE_RUNS), "--out", str(tmp_path / "rep"), "--wandb"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "aiayn: error: WANDB_MODE=sometimes is not a W&B mode; set it to online, offline or disabled, or unset it\n"
+    )
+
+
+def test_report_logs_the_table_and_the_report_files(tmp_path, offline, capsys):
+    runs = tmp_path / "runs"
+    shutil.copytree(FIXTURE_RUNS, runs)
+    rep = tmp_path / "rep"
+    assert main(["report", "--runs", str(runs), "--out", str(rep), "--wandb"]) == 0
+    written = [Path(p) for p in capsys.readouterr().out.split()]
+    (logged,) = offline_runs(rep).values()
+    assert (logged["name"], logged["job_type"], logged["project"]) == ("table3-tiny", "report", "aiayn-tiny")
+    (artifact,) = logged["artifacts"][-1:]
+    assert artifact["type"] == "report" and artifact["name"] == "table3-tiny"
+    assert artifact["files"] == sorted(p.name if p.parent == rep else f"{p.parent.name}/{p.name}" for p in written)
+    assert logged["summary"]["table3/_type"] == "table-file"
+    (table_file,) = (rep / "wandb").glob("offline-run-*/files/media/table/table3_*.table.json")
+    table = json.loads(table_file.read_text())
+    csv = (rep / "table3-tiny.csv").read_text().splitlines()
+    assert table["columns"] == csv[1].split(",") and len(table["data"]) == len(csv) - 2
+    assert sorted(row[table["columns"].index("row")] for row in table["data"]) == sorted(
+        line.split(",")[1] for line in csv[2:]
+    )
