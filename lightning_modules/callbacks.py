@@ -49,6 +49,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from aiayn.common.files import atomic_torch_save, sha256_bytes
 from aiayn.lightning_modules.rundir import REQUEUE_CHECKPOINT
@@ -142,6 +143,23 @@ class RunFilesInCheckpoint(pl.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[RUN_FILES] = self.files
+
+
+class StepCheckpoints(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, which also checkpoints the final step.
+
+    Saving every n steps, Lightning 2.6 writes no checkpoint when training stops at max_steps between two
+    of them (its on_train_end writes last.ckpt only if no checkpoint was written at all): the model the run
+    ended with, the one its final evaluation scored, would be in no file, and `aiayn translate --run` would
+    use the one of n steps before (the tiny preset: step 200 of 225, 27 BLEU instead of 40). Not on a
+    divergence or an interruption: those end with an exception, and on_train_end does not run."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):  # skips a step already saved
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+        super().on_train_end(trainer, pl_module)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

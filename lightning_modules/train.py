@@ -19,7 +19,6 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import optuna
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from aiayn.ablations.presets import Preset, get_preset, preset_dict, resolve
@@ -34,6 +33,7 @@ from aiayn.lightning_modules.callbacks import (
     DivergenceGuard,
     RNGStates,
     RunFilesInCheckpoint,
+    StepCheckpoints,
     slurm_parts,
 )
 from aiayn.lightning_modules.config import apply_overrides, model_config
@@ -241,8 +241,10 @@ def train(
         config["train"]["effective_tokens_per_step"],
     )  # fmt: skip
     # The final evaluation decodes the whole dev set (validation during training may use a subset).
+    # Beam search in batches of at least 4096 target tokens (the training batch if larger), as `aiayn translate`
+    # does: more sentences per decoder step (the tiny preset's 1024: 5.7 -> 5.1 s for its 1000 dev sentences).
     full_dev = TranslationDataModule(
-        **config["data"], cache_dir=opts.cache_dir, max_tokens=dm.max_tokens, dev_subset=opts.eval_subset,
+        **config["data"], cache_dir=opts.cache_dir, max_tokens=max(dm.max_tokens, 4096), dev_subset=opts.eval_subset,
         tokenizer=dm.tokenizer_model,
     )  # fmt: skip
     full_dev.setup("validate")
@@ -282,7 +284,7 @@ def build_trainer(
     val_per_epoch: bool = False,
 ) -> pl.Trainer:
     by_time = opts.ckpt_every_minutes is not None
-    ckpt = ModelCheckpoint(
+    ckpt = StepCheckpoints(
         dirpath=run.checkpoints,
         filename="step{step:07d}",
         auto_insert_metric_name=False,

@@ -15,17 +15,21 @@ from aiayn.cli import main
 from aiayn.common.files import sha256_file
 from aiayn.lightning_modules.data import read_parallel, resolve_corpus, train_spm
 
-FAST = ["--max-steps", "3", "--ckpt-every", "1", "--dev-subset", "4", "--eval-subset", "4", "--no-progress",
+FAST = ["--max-steps", "3", "--ckpt-every", "2", "--dev-subset", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
 SENTENCES = ["The dog sees the cat.", "", "Today the small boy sleeps in the garden."]
 
 
 @pytest.fixture(scope="module")
 def trained(cache, tmp_path_factory):
-    """A tiny base run (3 steps) and the first 4 dev sentences its final evaluation scored."""
+    """A tiny base run (3 steps, a checkpoint every 2: the final step is not one of them) and the first 4 dev
+    sentences its final evaluation scored."""
     out = tmp_path_factory.mktemp("runs")
     assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(out), *FAST]) == 0
     run = out / "tiny" / "synthetic" / "base" / "seed0"
+    # the model the run ended with is checkpointed: as last.ckpt and as the newest periodic checkpoint
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
+    assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == ["step0000002.ckpt", "step0000003.ckpt"]
     src, ref = read_parallel(resolve_corpus("synthetic", cache_dir=cache), "dev")
     files = tmp_path_factory.mktemp("dev")
     (files / "dev.en").write_text("\n".join(src[:4]) + "\n")
@@ -201,7 +205,7 @@ def bad_cases(run: Path, tmp: Path) -> dict:
         ),
         "--average beyond the kept checkpoints": (
             ["eval", "--run", str(run), "--average", "9", "--split", "dev"],
-            f"--average 9 asks for more checkpoints than the 3 kept in {run}; pass --average 3 or less",
+            f"--average 9 asks for more checkpoints than the 2 kept in {run}; pass --average 2 or less",
         ),
     }
 
