@@ -215,7 +215,8 @@ class TorchTransformerPeer(nn.Module):
         src_pad = src == PAD  # nn.Transformer's convention: True = padding
         return self.transformer.encoder(self._embed(src), src_key_padding_mask=src_pad), src_pad
 
-    def start_cache(self, memory: Tensor, src_pad: Tensor) -> dict:
+    def start_cache(self, memory: Tensor, src_pad: Tensor, group: int = 1) -> dict:
+        memory, src_pad = memory.repeat_interleave(group, 0), src_pad.repeat_interleave(group, 0)  # per hypothesis
         return {"memory": memory, "src_pad": src_pad, "prefix": memory.new_empty(memory.shape[0], 0, dtype=torch.long)}
 
     def decode_step(self, tokens: Tensor, cache: dict) -> Tensor:
@@ -224,7 +225,7 @@ class TorchTransformerPeer(nn.Module):
         return F.log_softmax(logits.float(), dim=-1)
 
     @staticmethod
-    def reorder_cache(cache: dict, index: Tensor) -> None:
+    def reorder_cache(cache: dict, index: Tensor, sentences: Tensor | None = None) -> None:
         for key in ("memory", "src_pad", "prefix"):
             cache[key] = cache[key].index_select(0, index)
 

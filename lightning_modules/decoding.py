@@ -12,8 +12,11 @@ Written by hand because neither PyTorch nor Lightning ships a seq2seq beam searc
 bookkeeping follows fairseq's SequenceGenerator (top 2·beam candidates, EOS among the top `beam`
 finishes a hypothesis, the best `beam` non-EOS candidates stay alive).
 
-Any model with `Transformer`'s decoding interface works here (`encode`, `start_cache`, `decode_step`,
-`reorder_cache`, `cfg.max_len`); `aiayn bench` drives its torch.nn.Transformer peer with it.
+Any model with `Transformer`'s decoding interface works here (`encode`, `start_cache(memory, mask,
+group)`, `decode_step`, `reorder_cache(cache, rows, sentences)`, `cfg.max_len`); `aiayn bench` drives its
+torch.nn.Transformer peer with it. Beam search keeps the encoder's keys/values once per sentence
+(`group` = beam) and selects them only when a sentence leaves the batch, not at every step; the
+bookkeeping is batched tensor work, and only finished hypotheses reach Python.
 """
 
 from __future__ import annotations
@@ -78,35 +81,43 @@ def beam_search(
     B, K, dev = src.shape[0], beam, src.device
     limits = max_output_lengths(src, extra_len, model.cfg.max_len)
     memory, src_mask = model.encode(src)
-    cache = model.start_cache(memory, src_mask)
-    model.reorder_cache(cache, torch.arange(B, device=dev).repeat_interleave(K))  # (B·K) rows
+    cache = model.start_cache(memory, src_mask, group=K)  # the memory once per sentence, not per hypothesis
 
     sent = torch.arange(B, device=dev)  # which sentence each active block of K rows belongs to
     scores = torch.full((B, K), float("-inf"), device=dev)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     hyps = torch.full((B * K, 1), bos, dtype=torch.long, device=dev)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    n_finished = torch.zeros(B, dtype=torch.long, device=dev)  # len(finished[b]), without a Python loop
+    vocab = None
 
     for step in range(int(limits.max()) + 1):
         n = sent.numel()
         logp = model.decode_step(hyps[:, -1:], cache)  # (n·K, V)
         V = logp.shape[-1]
+        if vocab is None:
+            vocab = torch.arange(V, device=dev)
         logp[:, NEVER_GENERATED] = float("-inf")
-        at_limit = (limits[sent] <= step).repeat_interleave(K)
-        # at the limit only EOS, at its real log-probability
-        logp[at_limit] = torch.where(torch.arange(V, device=dev) == eos, logp[at_limit], float("-inf"))
+        at_limit = limits[sent] <= step
+        if bool(at_limit.any()):  # at the limit only EOS, at its real log-probability
+            rows = at_limit.repeat_interleave(K)
+            logp[rows] = torch.where(vocab == eos, logp[rows], float("-inf"))
         cand = (scores.view(n * K, 1) + logp).view(n, K * V)
         top_scores, top_idx = cand.topk(2 * K, dim=1)  # (n, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
         is_eos = top_tok == eos
 
-        # EOS among the best K candidates finishes a hypothesis (normalized by its length penalty).
-        fin = (is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))).nonzero().tolist()
-        for r, c in fin:
-            b, row = sent[r].item(), r * K + top_beam[r, c].item()
-            if len(finished[b]) < K:
-                score = top_scores[r, c].item() / length_penalty(step + 1, alpha)
-                finished[b].append((score, hyps[row, 1:].tolist()))
+        # EOS among the best K candidates finishes a hypothesis (normalized by its length penalty); only these
+        # few events reach Python.
+        ends = is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))
+        if bool(ends.any()):
+            penalty = length_penalty(step + 1, alpha)
+            for r, c in ends.nonzero().tolist():
+                b = int(sent[r])
+                if len(finished[b]) < K:
+                    score = float(top_scores[r, c]) / penalty
+                    finished[b].append((score, hyps[r * K + int(top_beam[r, c]), 1:].tolist()))
+                    n_finished[b] += 1
 
         # The best K non-EOS candidates stay alive.
         alive_scores = top_scores.masked_fill(is_eos, float("-inf"))
@@ -114,15 +125,16 @@ def beam_search(
         keep_rows = (torch.arange(n, device=dev)[:, None] * K + top_beam.gather(1, keep_pos)).view(-1)
         keep_tok = top_tok.gather(1, keep_pos).view(-1)
 
-        done = torch.tensor([len(finished[b]) >= K for b in sent.tolist()], device=dev)
+        done = n_finished[sent] >= K
         if bool(done.all()):
             break
+        live = None
         if bool(done.any()):  # drop finished sentences from the batch
             live = (~done).nonzero().squeeze(1)
             live_rows = (live[:, None] * K + torch.arange(K, device=dev)).view(-1)
             keep_rows, keep_tok, keep_scores = keep_rows[live_rows], keep_tok[live_rows], keep_scores[live]
             sent = sent[live]
-        model.reorder_cache(cache, keep_rows)
+        model.reorder_cache(cache, keep_rows, sentences=live)
         hyps = torch.cat([hyps[keep_rows], keep_tok[:, None]], dim=1)
         scores = keep_scores
 

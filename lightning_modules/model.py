@@ -110,14 +110,22 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         causal: bool = False,
         rope: Tensor | None = None,
+        group: int = 1,
     ) -> Tensor:
-        """x (B, T, d_model) queries; kv keys/values (B, h, S, d_k|d_v); mask (B, 1, 1, S) True = attend."""
+        """x (B, T, d_model) queries; kv keys/values (B, h, S, d_k|d_v); mask (B, 1, 1, S) True = attend.
+
+        group > 1 (beam search): each run of `group` consecutive query rows shares one row of kv and mask,
+        (B / group, ...), so the K hypotheses of a sentence attend to one copy of its memory."""
         q = self.split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
         k, v = kv
         if rope is not None:  # rotate queries at their positions; keys were rotated when projected
             q = apply_rope(q, rope[-q.shape[2] :])
+        B, _, T, _ = q.shape
+        if group > 1:  # (B, h, T, d_k) -> (B/group, h, group·T, d_k): one attention call per sentence
+            q = q.view(B // group, group, self.h, T, self.d_k).transpose(1, 2).reshape(B // group, self.h, -1, self.d_k)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # (B, h, T, d_v)
-        B, _, T, _ = out.shape
+        if group > 1:
+            out = out.view(B // group, self.h, group, T, self.d_v).transpose(1, 2).reshape(B, self.h, T, self.d_v)
         return self.w_o(out.transpose(1, 2).reshape(B, T, self.h * self.d_v))
 
 
@@ -224,7 +232,10 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         rope: Tensor | None,
         cache: dict | None = None,
+        group: int = 1,
     ) -> Tensor:
+        """`cache`: this layer's incremental-decoding state; `group`: hypotheses per memory row (beam)."""
+
         def self_attend(z):
             k, v = self.self_attn.project_kv(z)
             if rope is not None:
@@ -238,7 +249,7 @@ class DecoderLayer(nn.Module):
             return self.self_attn(z, (k, v), rope=rope)
 
         y = self.res_self(y, self_attend)
-        y = self.res_cross(y, lambda z: self.cross_attn(z, memory_kv, mask=src_mask))
+        y = self.res_cross(y, lambda z: self.cross_attn(z, memory_kv, mask=src_mask, group=group))
         return self.res_ffn(y, self.ffn)
 
 
@@ -323,11 +334,12 @@ class Transformer(nn.Module):
 
     # --- incremental decoding ---------------------------------------------------------------
 
-    def start_cache(self, memory: Tensor, src_mask: Tensor) -> dict:
-        """Encoder-decoder keys/values are computed once per source batch; self-attention caches
-        start empty and grow by one position per `decode_step`."""
+    def start_cache(self, memory: Tensor, src_mask: Tensor, group: int = 1) -> dict:
+        """Encoder-decoder keys/values are computed once per source batch and kept once per sentence: with
+        `group` hypotheses per sentence (beam search), rows b·group … b·group + group - 1 of the decoder
+        share sentence b's. Self-attention caches start empty and grow by one position per `decode_step`."""
         layers = [{"cross": layer.cross_attn.project_kv(memory)} for layer in self.decoder]
-        return {"layers": layers, "src_mask": src_mask, "pos": 0}
+        return {"layers": layers, "src_mask": src_mask, "pos": 0, "group": group}
 
     def decode_step(self, tokens: Tensor, cache: dict) -> Tensor:
         """tokens (B, 1), the latest target token per hypothesis → log-probabilities (B, V)."""
@@ -335,16 +347,21 @@ class Transformer(nn.Module):
         y = self.embed_tokens(tokens, offset=pos)
         rope = self.rope(pos + 1)
         for layer, lc in zip(self.decoder, cache["layers"]):
-            y = layer(y, lc["cross"], cache["src_mask"], rope, cache=lc)
+            y = layer(y, lc["cross"], cache["src_mask"], rope, cache=lc, group=cache["group"])
         cache["pos"] = pos + 1
         return F.log_softmax(self.project(self.dec_norm(y[:, -1])).float(), dim=-1)
 
     @staticmethod
-    def reorder_cache(cache: dict, index: Tensor) -> None:
-        """Select hypotheses (rows) in place: beam reordering and dropping finished sentences."""
-        cache["src_mask"] = cache["src_mask"].index_select(0, index)
+    def reorder_cache(cache: dict, index: Tensor, sentences: Tensor | None = None) -> None:
+        """Select hypotheses (rows) in place: `index` picks the decoder rows (beam reordering, dropping
+        finished ones); `sentences` picks the sentences whose memory stays (with group 1, the rows)."""
+        if sentences is None and cache["group"] == 1:
+            sentences = index
+        if sentences is not None:
+            cache["src_mask"] = cache["src_mask"].index_select(0, sentences)
         for lc in cache["layers"]:
-            lc["cross"] = tuple(t.index_select(0, index) for t in lc["cross"])
+            if sentences is not None:
+                lc["cross"] = tuple(t.index_select(0, sentences) for t in lc["cross"])
             if "k" in lc:
                 lc["k"], lc["v"] = lc["k"].index_select(0, index), lc["v"].index_select(0, index)
 

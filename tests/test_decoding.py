@@ -29,10 +29,10 @@ class Scripted:
     def encode(self, src):
         return src[:, 0].clone(), src != PAD
 
-    def start_cache(self, memory, src_mask):
-        return {"type": memory}
+    def start_cache(self, memory, src_mask, group=1):
+        return {"type": memory.repeat_interleave(group)}  # one row per hypothesis
 
-    def reorder_cache(self, cache, index):
+    def reorder_cache(self, cache, index, sentences=None):
         cache["type"] = cache["type"][index]
 
     def decode_step(self, tokens, cache):

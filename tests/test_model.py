@@ -105,6 +105,42 @@ def test_beam_one_equals_greedy_and_beam_four_is_no_worse():
     assert all(len(y) <= int((s != 0).sum()) + 6 for y, s in zip(g, src))  # max length = |x| + extra
 
 
+class MemoryPerHypothesis(nn.Module):
+    """The model with the decoding cache of before: the encoder's keys/values copied for every hypothesis and
+    selected with the hypotheses at every step (group 1)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.cfg = model, model.cfg
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def start_cache(self, memory, src_mask, group=1):
+        cache = self.model.start_cache(memory.repeat_interleave(group, 0), src_mask.repeat_interleave(group, 0))
+        return cache
+
+    def decode_step(self, tokens, cache):
+        return self.model.decode_step(tokens, cache)
+
+    def reorder_cache(self, cache, index, sentences=None):
+        self.model.reorder_cache(cache, index)
+
+
+@pytest.mark.parametrize("pe", ["sinusoid", "rope"])
+def test_beam_search_with_memory_per_sentence_equals_memory_per_hypothesis(pe):
+    """Beam search keeps the encoder's keys/values once per sentence (queries of its K hypotheses grouped):
+    the same hypotheses and scores as with a copy per hypothesis, sentences of unequal lengths leaving the
+    batch at different steps."""
+    torch.manual_seed(5)
+    model = Transformer(small_cfg(pe=pe)).eval()
+    src = torch.randint(4, 50, (6, 9))
+    src[1, 3:], src[4, 6:] = 0, 0
+    ours = beam_search(model, src, bos=2, eos=3, beam=4, extra_len=5)
+    before = beam_search(MemoryPerHypothesis(model), src, bos=2, eos=3, beam=4, extra_len=5)
+    assert ours == before and any(len(y) > 0 for y in ours)
+
+
 def test_decoding_stops_at_eos():
     torch.manual_seed(0)
     model = Transformer(small_cfg()).eval()
