@@ -313,3 +313,16 @@ def test_an_empty_last_hypothesis_is_still_a_line(tmp_path):
     assert read_text_lines(tmp_path / "dev.hyp") == ["Ein Hund.", ""]
     (tmp_path / "empty").write_text("", encoding="utf-8")
     assert read_text_lines(tmp_path / "empty") == []
+
+
+def test_the_verdict_is_printed_in_one_line(report, capsys):
+    """`aiayn report` (and `aiayn table3` after its sweep) prints base's BLEU, sign agreement and convergence."""
+    from aiayn.cli import main
+
+    root, _ = report
+    assert main(["report", "--runs", str(root / "runs"), "--out", str(root / "again")]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "table3-tiny: base dev BLEU 20.30; signs agree with the paper on 2 of 3 rows (not: D1); 1 of 4 rows converged; "
+        "no sign verdict is about converged models (see the notes)"
+    ) in err
