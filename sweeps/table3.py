@@ -24,6 +24,7 @@ is free, and the pair is enqueued again; the same for every storage.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -129,36 +130,40 @@ def pair_lock_path(opts: SweepOptions, corpus: str, row: str, seed: int) -> Path
     return lock_dir(opts) / f"{opts.train.preset}-{corpus}-{row}-seed{seed}.lock"
 
 
-def fail_stale_trials(study: optuna.Study, opts: SweepOptions, corpus: str, grace_s: float = 600.0) -> list:
+def pop_lock_path(opts: SweepOptions, study: optuna.Study) -> Path:
+    return lock_dir(opts) / f"{study.study_name}.pop.lock"
+
+
+def fail_stale_trials(study: optuna.Study, opts: SweepOptions, corpus: str) -> list:
     """Fail the RUNNING trials whose worker is dead, so that their pairs are enqueued again; return
     those pairs. A worker holds its pair's lock while the pair runs and records itself in the trial
-    (`worker`), so a claimed trial whose lock is free is stale. A trial not claimed yet (its worker
-    is between ask() and the lock, a moment) counts as stale only after `grace_s` seconds."""
+    (`worker`), so a claimed trial whose lock is free is stale. A worker pops and claims a trial under
+    the pop lock (`work`), so a trial found unclaimed while that lock is free was left by a worker that
+    died between the two (or by aiayn 0.1, which crashed there on a grown table): stale too. While
+    another process holds the pop lock, unclaimed trials are left alone: it may be claiming one."""
     stale = []
-    now = time.time()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        pair = pair_of(t)
-        started = t.datetime_start.timestamp() if t.datetime_start else now
-        # A trial queued by aiayn 0.1 (no `row` attribute) and left RUNNING unclaimed is what its crash on a
-        # grown table left behind (it failed on the row's categorical right after ask()): stale at once.
-        unclaimed = "worker" not in t.user_attrs and "row" in t.user_attrs
-        if pair is None or (unclaimed and now - started < grace_s):
-            continue
-        with file_lock(pair_lock_path(opts, corpus, *pair)) as free:
-            if not free:
-                continue  # a live worker holds it
-            fresh = next(f for f in study.get_trials(deepcopy=False) if f.number == t.number)
-            if fresh.state != TrialState.RUNNING:
-                continue  # its worker finished it between our two reads
-            worker = t.user_attrs.get("worker", "unknown")
-            try:
-                optuna.trial.Trial(study, t._trial_id).set_user_attr("stale", f"worker {worker} died; enqueued again")
-                study.tell(t.number, state=TrialState.FAIL)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                continue  # finished after all (our read was older than the storage): not stale
-            log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
-                        t.number, *pair, worker)  # fmt: skip
-            stale.append(pair)
+    with file_lock(pop_lock_path(opts, study)) as pop_free:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            pair = pair_of(t)
+            if pair is None or ("worker" not in t.user_attrs and not pop_free):
+                continue
+            with file_lock(pair_lock_path(opts, corpus, *pair)) as free:
+                if not free:
+                    continue  # a live worker holds it
+                fresh = next(f for f in study.get_trials(deepcopy=False) if f.number == t.number)
+                if fresh.state != TrialState.RUNNING:
+                    continue  # its worker finished it between our two reads
+                worker = t.user_attrs.get("worker", "unknown")
+                try:
+                    optuna.trial.Trial(study, t._trial_id).set_user_attr(
+                        "stale", f"worker {worker} died; enqueued again"
+                    )
+                    study.tell(t.number, state=TrialState.FAIL)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # finished after all (our read was older than the storage): not stale
+                log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
+                            t.number, *pair, worker)  # fmt: skip
+                stale.append(pair)
     return stale
 
 
@@ -285,29 +290,34 @@ def work(
     done = failed = 0
     t_start, finished_before = pace or (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
     while True:
-        # Optuna's pop (WAITING -> RUNNING) is a read-then-write; PostgreSQL/MySQL lock the row, SQLite
-        # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic,
-        # and checking the queue under it keeps ask() from inventing a trial when the queue is empty.
-        with file_lock(lock_dir(opts) / f"{study.study_name}.pop.lock", wait=True):
-            if not any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
-                break
-            trial = study.ask()
-        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
-        pair = pair_of(frozen)  # the queued (row, seed), from the trial's fixed params
-        if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
-            study.tell(trial, state=TrialState.FAIL)
-            break
-        row, seed = pair
-        if "row" not in frozen.user_attrs:  # queued by aiayn 0.1 as fixed parameters: say it the new way too
-            trial.set_user_attr("row", row)
-            trial.set_user_attr("seed", seed)
-        with file_lock(pair_lock_path(opts, corpus, row, seed)) as mine:
-            if not mine or completed_elsewhere(study, (row, seed), trial.number):
+        with contextlib.ExitStack() as held:
+            # Optuna's pop (WAITING -> RUNNING) is a read-then-write; PostgreSQL/MySQL lock the row, SQLite
+            # and the journal file do not, and two workers can pop the same trial. A file lock makes it atomic,
+            # and checking the queue under it keeps ask() from inventing a trial when the queue is empty. The
+            # trial is claimed (its pair's lock taken, the worker recorded) under the same lock, so that
+            # fail_stale_trials never sees a live worker's trial unclaimed.
+            with file_lock(pop_lock_path(opts, study), wait=True):
+                if not any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+                    break
+                trial = study.ask()
+                frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+                pair = pair_of(frozen)  # the queued (row, seed), from the trial's user attributes
+                if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
+                    study.tell(trial, state=TrialState.FAIL)
+                    break
+                row, seed = pair
+                if "row" not in frozen.user_attrs:  # queued by aiayn 0.1 as fixed parameters: say it the new way
+                    trial.set_user_attr("row", row)
+                    trial.set_user_attr("seed", seed)
+                mine = held.enter_context(file_lock(pair_lock_path(opts, corpus, row, seed)))
+                duplicate = not mine or completed_elsewhere(study, (row, seed), trial.number)
+                if not duplicate:
+                    trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")  # see fail_stale_trials
+            if duplicate:
                 # the same pair, enqueued twice by racing drivers, is running or done in another worker
                 trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
                 study.tell(trial, state=TrialState.PRUNED)
                 continue
-            trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")  # holds the lock: see fail_stale_trials
             t0 = time.perf_counter()
             metrics = runner(opts, corpus, row, seed)
             elapsed = time.perf_counter() - t0

@@ -268,11 +268,19 @@ def test_a_trial_whose_worker_holds_the_pair_lock_is_left_alone(tmp_path, storag
     assert study.get_trials()[trial.number].state == optuna.trial.TrialState.RUNNING
 
 
-def test_an_unclaimed_running_trial_is_stale_only_after_the_grace_period(tmp_path):
+def test_an_unclaimed_running_trial_is_stale_unless_a_worker_holds_the_pop_lock(tmp_path):
+    """Workers pop and claim under one lock: a trial found unclaimed while a worker holds it may be that
+    worker's (left alone); found unclaimed with the lock free, its worker died between pop and claim."""
+    from aiayn.common.locks import file_lock
+    from aiayn.sweeps.table3 import pop_lock_path
+
     opts = sweep_opts(tmp_path, "sqlite", rows="base")
-    study, trial = claimed_trial(opts, worker=None)  # between ask() and the lock, or died there
-    assert fail_stale_trials(study, opts, "synthetic") == []
-    assert fail_stale_trials(study, opts, "synthetic", grace_s=0) == [("base", 0)]
+    study, trial = claimed_trial(opts, worker=None)  # popped, and the worker died before claiming it
+    with file_lock(pop_lock_path(opts, study)) as held:
+        assert held
+        assert fail_stale_trials(study, opts, "synthetic") == []
+    assert study.get_trials()[trial.number].state == optuna.trial.TrialState.RUNNING
+    assert fail_stale_trials(study, opts, "synthetic") == [("base", 0)]
     assert study.get_trials()[trial.number].state == optuna.trial.TrialState.FAIL
 
 
