@@ -35,19 +35,6 @@ def load_raw(path: str | Path) -> dict:
     return ckpt
 
 
-def load_module(path: str | Path):
-    """The TranslationModule of a checkpoint (for training code; translation needs only the model)."""
-    from aiayn.lightning_modules.module import TranslationModule  # lazily: Lightning is needed only here
-
-    ckpt = load_raw(path)
-    module = TranslationModule(**ckpt["hyper_parameters"])
-    try:
-        module.load_state_dict(ckpt["state_dict"])
-    except RuntimeError as e:
-        raise UserError(f"checkpoint {path} does not match its own config ({str(e).splitlines()[0]})") from e
-    return module.eval()
-
-
 def run_files(ckpt: dict) -> dict:
     """The run files a checkpoint carries ({} for one written before aiayn 0.2)."""
     return ckpt.get(RUN_FILES) or {}

@@ -89,19 +89,18 @@ def beam_search(
     hyps = torch.full((B * K, 1), bos, dtype=torch.long, device=dev)
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     n_finished = torch.zeros(B, dtype=torch.long, device=dev)  # len(finished[b]), without a Python loop
-    vocab = None
 
     for step in range(int(limits.max()) + 1):
         n = sent.numel()
         logp = model.decode_step(hyps[:, -1:], cache)  # (n·K, V)
         V = logp.shape[-1]
-        if vocab is None:
-            vocab = torch.arange(V, device=dev)
         logp[:, NEVER_GENERATED] = float("-inf")
         at_limit = limits[sent] <= step
         if bool(at_limit.any()):  # at the limit only EOS, at its real log-probability
-            rows = at_limit.repeat_interleave(K)
-            logp[rows] = torch.where(vocab == eos, logp[rows], float("-inf"))
+            rows = at_limit.repeat_interleave(K).nonzero().squeeze(1)
+            eos_logp = logp[rows, eos]
+            logp[rows] = float("-inf")
+            logp[rows, eos] = eos_logp
         cand = (scores.view(n * K, 1) + logp).view(n, K * V)
         top_scores, top_idx = cand.topk(2 * K, dim=1)  # (n, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V

@@ -73,6 +73,10 @@ class TrainOptions:
 
 
 # Options that say where and how a run is watched, not what it is: left out of config.json's "options".
+# Tokens per beam-search batch: source tokens with padding for `aiayn translate`/`eval`; at least this many
+# real target tokens (the DataModule's budget) for a run's final evaluation
+DECODE_MAX_TOKENS = 4096
+
 NOT_RECORDED = ("cache_dir", "progress", "num_workers", "row_config")
 
 
@@ -161,7 +165,7 @@ class ModelSource:
     beam: int = option(4, "beam size (1: greedy); the paper's 4", positive=True)
     alpha: float = option(0.6, "length penalty alpha; the paper's 0.6")
     extra_len: int = option(50, "longest output = source length + this; the paper's 50")
-    max_tokens: int = option(4096, "source tokens per batch, padding included", positive=True)
+    max_tokens: int = option(DECODE_MAX_TOKENS, "source tokens per batch, padding included", positive=True)
     tokenizer: str | None = option(
         None, "the SentencePiece model, for a checkpoint written before aiayn 0.2 (later ones carry theirs)",
         metavar="FILE",

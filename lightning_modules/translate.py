@@ -35,7 +35,7 @@ from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, la
 from aiayn.lightning_modules.decoding import beam_search, greedy
 from aiayn.lightning_modules.evaluate import nll_sum
 from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, count_params
-from aiayn.lightning_modules.options import ModelSource
+from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, ModelSource
 from aiayn.lightning_modules.rundir import RunDir
 
 OLD_CHECKPOINT_FIX = (
@@ -131,7 +131,7 @@ class Translator:
         beam: int = 4,
         alpha: float = 0.6,
         extra_len: int = 50,
-        max_tokens: int = 4096,
+        max_tokens: int = DECODE_MAX_TOKENS,
         max_len: int | None = None,
         checkpoints: Sequence[str] = (),
         data: dict | None = None,
