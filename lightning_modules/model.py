@@ -80,12 +80,36 @@ def _require(ok: bool, field: str, what: str) -> None:
 # --- §3.2 Attention ---------------------------------------------------------------------------
 
 
+# On CPU, Eq. 1 as plain ops when the keys or the queries are few (BENCHMARKS.md, issue 11)
+PLAIN_ATTENTION_MAX_KEYS, PLAIN_ATTENTION_MAX_QUERIES = 64, 16
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """Attention(Q, K, V) = softmax(QKᵀ / √d_k) V (Eq. 1) over heads q (B, h, T, d_k), k (B, h, S, d_k),
+    v (B, h, S, d_v); `mask` broadcasts to (B, h, T, S), True = attend, or additive (0 = attend, -inf = not).
+
+    PyTorch's `scaled_dot_product_attention`, which picks a fused kernel, except on CPU at short keys
+    (≤ 64: sentence-level batches such as the tiny preset's and Multi30k's) or few queries (≤ 16: the steps of
+    incremental decoding): there the formula as two batched matmuls and a softmax is faster than the CPU
+    flash kernel, 1.05-1.5× forward and backward in training and 1.5-3× per decoding step, at the memory
+    cost of the (T, S) weights, which at those sizes is small.
+    """
+    T, S = q.shape[-2], k.shape[-2]
+    if q.device.type != "cpu" or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)  # (B, h, T, S)
+    if causal:  # query i sees keys ≤ i (top-left aligned, as scaled_dot_product_attention's is_causal)
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+    return scores.softmax(-1) @ v
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     Q and K project to h·d_k, V to h·d_v, the output from h·d_v back to d_model, so d_k and d_v are
-    free of d_model / h (Table 3 rows A and B). Eq. 1 itself, softmax(QKᵀ/√d_k)V, is PyTorch's
-    `scaled_dot_product_attention`, which picks a fused kernel where one applies.
+    free of d_model / h (Table 3 rows A and B). Eq. 1 itself is `attention` below.
     """
 
     def __init__(self, d_model: int, h: int, d_k: int, d_v: int):
@@ -103,27 +127,41 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         return self.split(self.w_k(x), self.d_k), self.split(self.w_v(x), self.d_v)
 
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q, K and V of self-attention in one matmul by W^Q, W^K and W^V stacked (the same parameters): one
+        wider GEMM runs faster than three narrow ones on CPU (base widths: 6% of a training step, BENCHMARKS.md)."""
+        w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])
+        b = torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
+        q, k, v = F.linear(x, w, b).split([self.h * self.d_k, self.h * self.d_k, self.h * self.d_v], dim=-1)
+        return self.split(q, self.d_k), self.split(k, self.d_k), self.split(v, self.d_v)
+
     def forward(
         self,
         x: Tensor,
-        kv: tuple[Tensor, Tensor],
+        kv: tuple[Tensor, Tensor] | None = None,
         mask: Tensor | None = None,
         causal: bool = False,
         rope: Tensor | None = None,
         group: int = 1,
     ) -> Tensor:
-        """x (B, T, d_model) queries; kv keys/values (B, h, S, d_k|d_v); mask (B, 1, 1, S) True = attend.
+        """x (B, T, d_model) queries; kv keys/values (B, h, S, d_k|d_v), None for self-attention over x (rotary
+        positions, if any, applied to both); mask (B, 1, 1, S), True = attend (or additive: 0 = attend, -inf = not).
 
         group > 1 (beam search): each run of `group` consecutive query rows shares one row of kv and mask,
         (B / group, ...), so the K hypotheses of a sentence attend to one copy of its memory."""
-        q = self.split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
-        k, v = kv
-        if rope is not None:  # rotate queries at their positions; keys were rotated when projected
+        if kv is None:
+            q, k, v = self.project_qkv(x)  # (B, h, T, d_k), (B, h, T, d_k), (B, h, T, d_v)
+            if rope is not None:
+                k = apply_rope(k, rope[-k.shape[2] :])
+        else:
+            q = self.split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
+            k, v = kv
+        if rope is not None:  # rotate queries at their positions; given keys were rotated when projected
             q = apply_rope(q, rope[-q.shape[2] :])
         B, _, T, _ = q.shape
         if group > 1:  # (B, h, T, d_k) -> (B/group, h, group·T, d_k): one attention call per sentence
             q = q.view(B // group, group, self.h, T, self.d_k).transpose(1, 2).reshape(B // group, self.h, -1, self.d_k)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # (B, h, T, d_v)
+        out = attention(q, k, v, mask, causal)  # (B, h, T, d_v)
         if group > 1:
             out = out.view(B // group, self.h, group, T, self.d_v).transpose(1, 2).reshape(B, self.h, T, self.d_v)
         return self.w_o(out.transpose(1, 2).reshape(B, T, self.h * self.d_v))
@@ -175,6 +213,24 @@ def apply_rope(x: Tensor, rot: Tensor) -> Tensor:
 # --- §3.1 Encoder and decoder layers -----------------------------------------------------------
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout (Srivastava et al., 2014), the paper's P_drop (§5.4), with a cheaper mask on CPU.
+
+    On CPU the mask compares 31 random bits per element from torch's own generator (`random_`, so
+    `torch.manual_seed` still fixes it) with P_drop · 2^31, where `F.dropout` draws with `bernoulli_`:
+    forward and backward together take about half the time (the tiny preset: 12% → 6% of a training step,
+    BENCHMARKS.md). The same distribution and scaling by 1 / (1 - P_drop); a different random stream than
+    `F.dropout`'s. Other devices use `F.dropout` (one fused kernel on CUDA).
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0 or x.device.type != "cpu":
+            return super().forward(x)
+        bits = torch.empty(x.shape, dtype=torch.int32).random_()  # uniform over [0, 2^31)
+        keep = (bits >= round(self.p * 2**31)).to(x.dtype).mul_(1.0 / (1.0 - self.p))
+        return x * keep
+
+
 class Residual(nn.Module):
     """LayerNorm(x + Dropout(Sublayer(x))), the paper's post-LN (§3.1, §5.4).
 
@@ -185,7 +241,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, p_drop: float, norm_first: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(p_drop)
+        self.drop = Dropout(p_drop)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -203,13 +259,7 @@ class EncoderLayer(nn.Module):
         self.res_ffn = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
 
     def forward(self, x: Tensor, mask: Tensor, rope: Tensor | None) -> Tensor:
-        def attend(y):
-            k, v = self.self_attn.project_kv(y)
-            if rope is not None:
-                k = apply_rope(k, rope)
-            return self.self_attn(y, (k, v), mask=mask, rope=rope)
-
-        x = self.res_attn(x, attend)
+        x = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, rope=rope))
         return self.res_ffn(x, self.ffn)
 
 
@@ -237,12 +287,12 @@ class DecoderLayer(nn.Module):
         """`cache`: this layer's incremental-decoding state; `group`: hypotheses per memory row (beam)."""
 
         def self_attend(z):
+            if cache is None:  # training: the whole target at once, masked so position i sees ≤ i
+                return self.self_attn(z, causal=True, rope=rope)
+            # incremental decoding: the cache grows by the new position; it sees all cached ones
             k, v = self.self_attn.project_kv(z)
             if rope is not None:
                 k = apply_rope(k, rope[-z.shape[1] :])
-            if cache is None:  # training: the whole target at once, masked so position i sees ≤ i
-                return self.self_attn(z, (k, v), causal=True, rope=rope)
-            # incremental decoding: the cache grows by the new position; it sees all cached ones
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v  # (B, h, t, d_k), (B, h, t, d_v)
@@ -264,7 +314,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
-        self.drop = nn.Dropout(cfg.P_drop)  # on the sums of embeddings and positional encodings (§5.4)
+        self.drop = Dropout(cfg.P_drop)  # on the sums of embeddings and positional encodings (§5.4)
         if cfg.pe == "sinusoid":
             self.register_buffer("pe_table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
         elif cfg.pe == "learned":
@@ -339,7 +389,8 @@ class Transformer(nn.Module):
         `group` hypotheses per sentence (beam search), rows b·group … b·group + group - 1 of the decoder
         share sentence b's. Self-attention caches start empty and grow by one position per `decode_step`."""
         layers = [{"cross": layer.cross_attn.project_kv(memory)} for layer in self.decoder]
-        return {"layers": layers, "src_mask": src_mask, "pos": 0, "group": group}
+        bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=memory.device).masked_fill_(~src_mask, -math.inf)
+        return {"layers": layers, "src_mask": bias, "pos": 0, "group": group}  # the mask as an additive bias
 
     def decode_step(self, tokens: Tensor, cache: dict) -> Tensor:
         """tokens (B, 1), the latest target token per hypothesis → log-probabilities (B, V)."""

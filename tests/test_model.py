@@ -5,7 +5,15 @@ import torch
 from torch import nn
 
 from aiayn.lightning_modules.decoding import beam_search, greedy
-from aiayn.lightning_modules.model import PE_TYPES, MultiHeadAttention, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.model import (
+    PE_TYPES,
+    Dropout,
+    MultiHeadAttention,
+    Transformer,
+    TransformerConfig,
+    attention,
+    sinusoid_table,
+)
 
 
 def small_cfg(**kw):
@@ -57,6 +65,46 @@ def test_attention_equals_torch_multihead_attention():
     got = ours(x, ours.project_kv(mem), mask=keep[:, None, None, :])
     want, _ = ref(x, mem, mem, key_padding_mask=~keep)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_self_attention_projects_q_k_v_in_one_matmul_with_the_same_parameters():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2, 3, 5)
+    x = torch.randn(2, 4, 16)
+    q, k, v = attn.project_qkv(x)
+    torch.testing.assert_close(q, attn.split(attn.w_q(x), 3))
+    torch.testing.assert_close((k, v), attn.project_kv(x))
+    torch.testing.assert_close(attn(x, causal=True), attn(x, attn.project_kv(x), causal=True))
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "additive", "causal"])
+@pytest.mark.parametrize("queries,keys", [(4, 6), (40, 80), (1, 80), (80, 40)])
+def test_attention_equals_the_fused_kernel_on_both_paths(mask, queries, keys):
+    """Eq. 1 as plain ops (few keys or few queries, on CPU) and the fused kernel, against the math reference,
+    forward and backward."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, queries, 8), torch.randn(3, 2, keys, 8), torch.randn(3, 2, keys, 5)
+    keep = torch.ones(3, 1, 1, keys, dtype=torch.bool)
+    keep[1, ..., keys - 2 :] = False
+    m = {"bool": keep, "additive": torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))}.get(mask)
+    causal = mask == "causal"
+    qkv = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = attention(*qkv, m, causal)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep if m is not None else None, is_causal=causal
+        )
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got.sum().backward()
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    scores = ref[0] @ ref[1].transpose(-2, -1) / 8**0.5
+    if m is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if causal:
+        scores = scores.masked_fill(torch.ones(queries, keys, dtype=torch.bool).triu(1), float("-inf"))
+    (scores.softmax(-1) @ ref[2]).sum().backward()
+    for a, b in zip(qkv, ref):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4)
 
 
 def test_attention_is_equation_1_with_unequal_d_k_d_v():
@@ -149,3 +197,24 @@ def test_decoding_stops_at_eos():
     src = torch.randint(4, 50, (2, 5))
     assert greedy(model, src, 2, 3) == [[], []]
     assert beam_search(model, src, 2, 3, beam=4) == [[], []]
+
+
+def test_dropout_drops_p_drop_of_the_elements_and_keeps_the_expectation():
+    """The CPU mask (31 random bits against P_drop · 2^31): the drop rate, the 1 / (1 - p) scale, the gradient
+    through the same mask, torch.manual_seed fixing it, and the identity in eval mode."""
+    drop = Dropout(0.1)
+    x = torch.ones(1000, 1000, requires_grad=True)
+    torch.manual_seed(0)
+    y = drop(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002  # 1M Bernoulli(0.1) draws: std 0.0003
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
+    assert abs(y.mean().item() - 1.0) < 0.003
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # d(x · mask)/dx = mask
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), y)
+    assert not torch.equal(drop(x), y)  # a fresh mask per call
+    drop.eval()
+    assert drop(x) is x
+    assert Dropout(0.0)(x) is x
