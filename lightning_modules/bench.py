@@ -3,9 +3,10 @@
 For one set of model dimensions, vocabulary, token batch and precision it measures
 
 - training: source+target non-pad tokens/s over timed optimizer steps (forward, label-smoothed loss,
-  backward, Adam step) after warm-up, and the step's peak memory (CUDA: `max_memory_allocated`;
-  CPU: peak resident set size above the level before the step, sampled every millisecond by a thread
-  in a separate, untimed step, after glibc's `malloc_trim` returned freed memory, so approximate);
+  backward, fused Adam step, the same for every implementation) after warm-up, and the step's peak
+  memory (CUDA: `max_memory_allocated`; CPU: peak resident set size above the level before the step,
+  sampled every millisecond by a thread in a separate, untimed step, after glibc's `malloc_trim`
+  returned freed memory, so approximate);
 - decoding: beam search (beam 4) sentences/s on a fixed set of source sentences, every
   implementation run to the same maximum output length (see `_zero_eos_row`);
 - with `--peers`, the same for `torch.nn.Transformer` in a thin wrapper with aiayn's embeddings,
@@ -293,13 +294,16 @@ def _logits(impl: str, model: nn.Module, batch: dict) -> Tensor:
 
 
 class Trainer:
-    """One implementation's training step: forward, label-smoothed loss (ε_ls of the config), backward, Adam."""
+    """One implementation's training step: forward, label-smoothed loss (ε_ls of the config), backward, Adam.
+
+    Every implementation gets the same optimizer, Adam with `fused=True`: what aiayn trains with and what
+    Hugging Face's Trainer defaults to on torch >= 2.8 (`adamw_torch_fused`; AdamW at weight decay 0 is Adam)."""
 
     def __init__(self, impl: str, model: nn.Module, cfg: TransformerConfig, batch: dict, device: torch.device):
         self.impl, self.model, self.cfg, self.device = impl, model, cfg, device
         self.batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
         self.opt = torch.optim.Adam(
-            [p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.98), eps=1e-9
+            [p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True
         )
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 

@@ -97,11 +97,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     T, S = q.shape[-2], k.shape[-2]
     if q.device.type != "cpu" or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)  # (B, h, T, S)
+    scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)  # (B, h, T, S); in place below: a fresh tensor
     if causal:  # query i sees keys ≤ i (top-left aligned, as scaled_dot_product_attention's is_causal)
-        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
+        scores.masked_fill_(torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
     if mask is not None:
-        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+        scores.masked_fill_(~mask, -math.inf) if mask.dtype == torch.bool else scores.add_(mask)
     return scores.softmax(-1) @ v
 
 
