@@ -91,8 +91,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     PyTorch's `scaled_dot_product_attention`, which picks a fused kernel, except on CPU at short keys
     (≤ 64: sentence-level batches such as the tiny preset's and Multi30k's) or few queries (≤ 16: the steps of
     incremental decoding): there the formula as two batched matmuls and a softmax is faster than the CPU
-    flash kernel, 1.05-1.5× forward and backward in training and 1.5-3× per decoding step, at the memory
-    cost of the (T, S) weights, which at those sizes is small.
+    flash kernel, 1.05-1.6× forward and backward on training shapes and 2-3× for beam search's grouped
+    cross-attention (single-query self-attention: about even), at the memory cost of the (T, S) weights, which
+    at those sizes is small.
     """
     T, S = q.shape[-2], k.shape[-2]
     if q.device.type != "cpu" or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):
@@ -218,9 +219,9 @@ class Dropout(nn.Dropout):
 
     On CPU the mask compares 31 random bits per element from torch's own generator (`random_`, so
     `torch.manual_seed` still fixes it) with P_drop · 2^31, where `F.dropout` draws with `bernoulli_`:
-    forward and backward together take about half the time (the tiny preset: 12% → 6% of a training step,
-    BENCHMARKS.md). The same distribution and scaling by 1 / (1 - P_drop); a different random stream than
-    `F.dropout`'s. Other devices use `F.dropout` (one fused kernel on CUDA).
+    forward and backward together take about half the time (in the tiny preset's training step `bernoulli_`
+    was 12%, `random_` is 7%; BENCHMARKS.md). The same distribution and scaling by 1 / (1 - P_drop); a
+    different random stream than `F.dropout`'s. Other devices use `F.dropout` (one fused kernel on CUDA).
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -390,7 +391,7 @@ class Transformer(nn.Module):
         share sentence b's. Self-attention caches start empty and grow by one position per `decode_step`."""
         layers = [{"cross": layer.cross_attn.project_kv(memory)} for layer in self.decoder]
         bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=memory.device).masked_fill_(~src_mask, -math.inf)
-        return {"layers": layers, "src_mask": bias, "pos": 0, "group": group}  # the mask as an additive bias
+        return {"layers": layers, "src_bias": bias, "pos": 0, "group": group}  # the source mask, additive
 
     def decode_step(self, tokens: Tensor, cache: dict) -> Tensor:
         """tokens (B, 1), the latest target token per hypothesis → log-probabilities (B, V)."""
@@ -398,7 +399,7 @@ class Transformer(nn.Module):
         y = self.embed_tokens(tokens, offset=pos)
         rope = self.rope(pos + 1)
         for layer, lc in zip(self.decoder, cache["layers"]):
-            y = layer(y, lc["cross"], cache["src_mask"], rope, cache=lc, group=cache["group"])
+            y = layer(y, lc["cross"], cache["src_bias"], rope, cache=lc, group=cache["group"])
         cache["pos"] = pos + 1
         return F.log_softmax(self.project(self.dec_norm(y[:, -1])).float(), dim=-1)
 
@@ -409,7 +410,7 @@ class Transformer(nn.Module):
         if sentences is None and cache["group"] == 1:
             sentences = index
         if sentences is not None:
-            cache["src_mask"] = cache["src_mask"].index_select(0, sentences)
+            cache["src_bias"] = cache["src_bias"].index_select(0, sentences)
         for lc in cache["layers"]:
             if sentences is not None:
                 lc["cross"] = tuple(t.index_select(0, sentences) for t in lc["cross"])

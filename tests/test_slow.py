@@ -37,9 +37,10 @@ def test_tiny_base_row_learns_the_synthetic_corpus(tmp_path, monkeypatch, one_th
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 # Measured by the test's own command (one thread, 600 steps of the laptop preset, the first 300 val sentences) on a
-# 2-core AMD EPYC: 20.73, PPL 24.39, in 3.7 min (20.53 and 24.47 with the bernoulli_ dropout masks of before); the full 7000-step recipe is in BENCHMARKS.md. The margin is for
-# other CPUs' kernels at a steep point of the curve (about 1.3 BLEU per 100 steps here); a model that learned
-# nothing real scores below 2 with a PPL in the hundreds.
+# 2-core AMD EPYC: 20.73, PPL 24.39, in 3.7 min (20.53 and 24.47 with the bernoulli_ dropout masks of before); the
+# full 7000-step recipe is in BENCHMARKS.md. The margin is for other CPUs' kernels and random streams at a steep
+# point of the curve (about 1.3 BLEU per 100 steps here); a model that learned nothing real scores below 2 with a
+# PPL in the hundreds.
 LAPTOP_600_STEPS_BLEU = 20.73
 LAPTOP_MARGIN = 5.0
 
