@@ -23,6 +23,7 @@ from aiayn.reports.table import (
     SIGN_MIN_PAPER_DELTA,
     build_table,
     comparable_rows,
+    convergence_score,
     rounded,
     sign_score,
 )
@@ -243,26 +244,25 @@ def headline(table: pd.DataFrame) -> str:
         f"signs agree with the paper on {agree} of {judged} rows"
         + (f" (not: {', '.join(disagree)})" if disagree else "")
     )
-    marked = table[table["converged"] != ""]
+    converged, marked, _ = convergence_score(table)
     comparable = comparable_rows(table)
     verdict = (
         f"signs comparable on {', '.join(comparable)}"
         if comparable
-        else ("no sign verdict is about converged models (see the notes)")
+        else "no sign verdict is about converged models (see the notes)"
     )
-    parts.append(f"{int((marked['converged'] == 'yes').sum())} of {len(marked)} rows converged; {verdict}")
+    parts.append(f"{converged} of {marked} rows converged; {verdict}")
     return "; ".join(parts)
 
 
 def _convergence_note(table: pd.DataFrame) -> tuple[str, list[str]]:
-    marked = table[table["converged"] != ""]
-    climbing = list(marked.loc[marked["converged"] == "no", "row"])
-    seeds = sorted(set(marked["curve_seed"].dropna().astype(int)))
+    converged, marked, climbing = convergence_score(table)
+    seeds = sorted(set(table.loc[table["converged"] != "", "curve_seed"].dropna().astype(int)))
     text = (
         f"converged: `yes` where the row's validation BLEU (val/bleu on the validation subset, seed "
         f"{'/'.join(map(str, seeds)) or '0'}) rose by less than {CONVERGED_MAX_GAIN:.0%} of its last value over the "
         f"last validation interval, `no` where it rose more (the gain is `last_gain` in the CSV); blank without a "
-        f"curve. {len(marked) - len(climbing)} of {len(marked)} rows with a curve converged"
+        f"curve. {converged} of {marked} rows with a curve converged"
         + (f" (still climbing: {', '.join(climbing)})." if climbing else ".")
     )
     comparable = comparable_rows(table)

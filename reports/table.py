@@ -204,6 +204,13 @@ def comparable_rows(df: pd.DataFrame) -> list[str]:
     return list(df.loc[(df["signs_agree"] != "") & (df["converged"] == "yes"), "row"])
 
 
+def convergence_score(df: pd.DataFrame) -> tuple[int, int, list[str]]:
+    """(converged rows, rows with a curve to judge, the rows still climbing)."""
+    marked = df[df["converged"] != ""]
+    climbing = list(marked.loc[marked["converged"] == "no", "row"])
+    return len(marked) - len(climbing), len(marked), climbing
+
+
 def sign_score(df: pd.DataFrame) -> tuple[int, int, list[str]]:
     """(agreeing rows, rows with a sign to agree with, the rows that disagree)."""
     judged = df[df["signs_agree"] != ""]
