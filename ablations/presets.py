@@ -1,13 +1,21 @@
 """Presets: Table 3 at a chosen scale, by one rule applied to every row.
 
-Rule: widths (d_model, d_ff, d_k, d_v) × `width`, depth N × `depth` (rounded, at least 1), heads,
-P_drop, eps_ls and pe unchanged; every row trains `train_steps` × (row's paper steps / base's
-paper steps), so `big` trains 3× as long, as in the paper. Each row thus keeps its relation to base.
+Rule: d_model and d_ff × `width`; heads h × `heads` (rounded, at least 1) and the attention's total widths
+h·d_k and h·d_v × `width` (so h·d_k = d_model stays true where the paper has it, rows A and base, and row B's
+d_k keeps its ratio to base's); depth N × `depth` (rounded, at least 1); P_drop, eps_ls and pe unchanged; every
+row trains `train_steps` × (row's paper steps / base's paper steps), so `big` trains 3× as long, as in the
+paper. Each row thus keeps its relation to base.
+
+Why heads scale too: at width 1/4 with h unchanged, d_k = 64/4 = 16 for base and 4 for rows A4 and B1, a head
+width the paper never ran (its smallest is 16); with h × 1/2 as well, base has 4 heads of 32 and the smallest
+d_k is 8 (A4, B1), and every row of group A still has a distinct head count. Where a rule maps two paper rows
+to one config (depth 1/3 makes C1's N=2 and C2's N=4 both 1), the preset says so (`aliases`): that config is
+trained once, under the first row's name, and the other row is not scored.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from aiayn.ablations.table import PAPER_BASE, Row, get_row, load_rows
 from aiayn.common.errors import UserError
@@ -21,7 +29,7 @@ class Preset:
     name: str
     corpus: str
     vocab_size: int  # joint SentencePiece BPE vocabulary
-    width: float  # factor on d_model, d_ff, d_k, d_v
+    width: float  # factor on d_model, d_ff, h·d_k, h·d_v
     depth: float  # factor on N
     train_steps: int  # optimizer steps for base; other rows scale with the paper's steps
     # real target tokens (EOS included, padding not) per optimizer step, all devices together: the paper's
@@ -30,52 +38,96 @@ class Preset:
     max_tokens: int  # real target tokens in one batch on one device; accumulation makes up the rest
     warmup: int  # the schedule's warmup_steps (paper: 4000)
     lr_factor: float  # multiplies the paper's schedule (1.0 = the paper)
-    dev_subset: int | None  # dev sentences beam-decoded for val/bleu during training (final eval: all)
+    val_bleu_sentences: int  # the first K dev sentences beam-decoded for val/bleu at each validation (0: none)
     val_every: int  # optimizer steps between validations
     ckpt_every: int  # optimizer steps between kept checkpoints
     description: str
     sweep_jobs: int = 1  # `aiayn table3` runs this many training processes at once (CPU presets: 2)
     keep_ckpts: int = 20  # enough for the paper's "average the last 5 / last 20"
     max_len: int = 256  # training sentences longer than this (in tokens) are dropped
+    heads: float = 1.0  # factor on h (rounded, >= 1); h·d_k and h·d_v scale with `width`
+    train_pairs: int | None = None  # a data-limited regime: the first K training pairs (tokenizer: the whole corpus)
+    aliases: tuple[tuple[str, str], ...] = ()  # (row, same config as row) pairs the rule maps together
+    # `aiayn table3` without --rows/--seeds: "scored" (the pre-registered rows, ablations/predictions.csv, and base)
+    # or None (every paper row); seeds per row and for base (more base seeds: the cheaper way to power the tests)
+    rows: str | None = None
+    seeds: int = 1
+    base_seeds: int | None = None
 
     def rule(self) -> str:
+        data = f"the first {self.train_pairs} training pairs of {self.corpus}" if self.train_pairs else self.corpus
+        same = "".join(f"; {a} is {b} at this scale" for a, b in self.aliases)
         return (
-            f"d_model, d_ff, d_k, d_v x {self.width:g}; N x {self.depth:.3g} (rounded, >= 1); h, P_drop, eps_ls, "
-            f"pe unchanged; {self.train_steps} steps (x3 for big, as in the paper); "
-            f"{self.tokens_per_step} real target tokens per step; learning rate x {self.lr_factor:g} of the paper's "
-            f"schedule with warmup {self.warmup}; vocabulary {self.vocab_size}"
+            f"d_model, d_ff, h·d_k, h·d_v x {self.width:g}; h x {self.heads:g}; N x {self.depth:.3g} (rounded, >= 1); "
+            f"P_drop, eps_ls, pe unchanged; {self.train_steps} steps (x3 for big, as in the paper), warmup "
+            f"{self.warmup}; {self.tokens_per_step} real target tokens per step; learning rate x {self.lr_factor:g} "
+            f"of the paper's schedule; vocabulary {self.vocab_size}; data: {data}{same}"
         )
 
+
+_TINY = Preset(
+    name="tiny",
+    corpus="synthetic",
+    vocab_size=1000,
+    width=0.25,
+    heads=0.5,
+    depth=1 / 3,
+    aliases=(("C2", "C1"),),
+    train_steps=1000,
+    tokens_per_step=1024,
+    max_tokens=1024,
+    warmup=100,
+    lr_factor=0.5,
+    val_bleu_sentences=0,
+    val_every=100,
+    ckpt_every=250,
+    keep_ckpts=5,
+    sweep_jobs=2,
+    rows="scored",
+    description="the main job: the built-in synthetic corpus (24,000 pairs) on a laptop CPU, quarter width, half "
+    "the heads, a third of the depth, 1000 steps (about 3.5 epochs, past base's knee), warmup 10%, half the "
+    "paper's learning rate (at d_model 128 and warmup 100 the paper's d_model^-0.5 schedule peaks too high for "
+    "the post-LN model to learn); the rows of its pre-registered verdict, one seed, two runs at a time",
+)
 
 PRESETS = {
     p.name: p
     for p in (
         Preset(
             name="paper", corpus="wmt14", vocab_size=37000, width=1.0, depth=1.0, train_steps=100_000,
-            tokens_per_step=25_000, max_tokens=25_000, warmup=4000, lr_factor=1.0, dev_subset=500,
+            tokens_per_step=25_000, max_tokens=25_000, warmup=4000, lr_factor=1.0, val_bleu_sentences=500,
             val_every=5000, ckpt_every=1000,
             description="the paper: WMT14 En-De, paper sizes, 25k+25k tokens per step, 100k steps (300k big)",
         ),
         Preset(
-            name="small", corpus="multi30k", vocab_size=8000, width=0.5, depth=0.5, train_steps=6000,
-            tokens_per_step=8192, max_tokens=8192, warmup=1000, lr_factor=1.0, dev_subset=200,
-            val_every=1000, ckpt_every=500,
-            description="Multi30k En-De on one GPU: half width, half depth",
+            name="small", corpus="multi30k", vocab_size=8000, width=0.5, depth=0.5, train_steps=2000,
+            tokens_per_step=4096, max_tokens=4096, warmup=200, lr_factor=1.0, val_bleu_sentences=200,
+            val_every=200, ckpt_every=100,
+            description="Multi30k En-De on one GPU: half width, half depth, about 20 epochs of its 29,000 pairs "
+            "(the paper trained about 18 over WMT14), warmup 10%",
+        ),
+        _TINY,
+        replace(
+            _TINY, name="evidence", seeds=4, base_seeds=8,
+            description="Table 3 as evidence on 2 CPU cores: the tiny preset's model, corpus and schedule; every "
+            "row its regime can test whose paper effect is beyond the paper's noise, 4 seeds each and 8 for base, "
+            "Welch's t-test against base, Holm-corrected",
+        ),
+        replace(
+            _TINY, name="tiny-2k", train_pairs=2000, seeds=4, base_seeds=8,
+            description="a data-limited regime, where dropout has overfitting to prevent: the tiny preset on the "
+            "first 2,000 training pairs of the synthetic corpus (1000 steps: about 40 epochs), 4 seeds each and 8 "
+            "for base",
         ),
         Preset(
-            name="tiny", corpus="synthetic", vocab_size=1000, width=0.25, depth=1 / 3, train_steps=225,
-            tokens_per_step=1024, max_tokens=1024, warmup=200, lr_factor=0.5, dev_subset=50,
-            val_every=50, ckpt_every=50, sweep_jobs=2,
-            description="the built-in synthetic corpus on a laptop CPU, the whole table in 15 minutes on 2 cores: "
-            "quarter width, a third of the depth, half the paper's learning rate (at d_model 128 the paper's "
-            "d_model^-0.5 schedule peaks too high to learn within a few hundred steps), two runs at a time",
-        ),
-        Preset(
-            name="laptop", corpus="multi30k", vocab_size=8000, width=0.25, depth=1 / 3, train_steps=7000,
-            tokens_per_step=1024, max_tokens=1024, warmup=200, lr_factor=0.5, dev_subset=200,
-            val_every=500, ckpt_every=250, sweep_jobs=2,
-            description="Multi30k En-De on a laptop CPU: the tiny preset's model and schedule at 8000 BPE "
-            "vocabulary, 7000 steps; the base row, then `aiayn eval --average 5`, in under 30 minutes on 2 cores",
+            name="laptop", corpus="multi30k", vocab_size=8000, width=0.25, heads=0.5, depth=1 / 3,
+            aliases=(("C2", "C1"),),
+            train_steps=7000, tokens_per_step=1024, max_tokens=1024, warmup=200, lr_factor=0.5,
+            val_bleu_sentences=200, val_every=500, ckpt_every=250, sweep_jobs=2, rows="scored", seeds=3,
+            description="Multi30k En-De on a laptop CPU: the tiny preset's model (d_model 128, 4 heads, N 2) at "
+            "8000 BPE vocabulary, 7000 steps (about 20 epochs), warmup 200; one run (then `aiayn eval --average 5`) "
+            "in under 30 minutes on 2 cores; "
+            "`aiayn table3 --preset laptop`: the real-data check of the dropout and label-smoothing rows, 3 seeds",
         ),
     )
 }  # fmt: skip
@@ -90,8 +142,12 @@ def get_preset(name: str) -> Preset:
 def scale(row: Row, preset: Preset) -> dict:
     """The row's knobs at the preset's scale (the module docstring's rule)."""
     k = dict(row.knobs)
-    for name in ("d_model", "d_ff", "d_k", "d_v"):
+    for name in ("d_model", "d_ff"):
         k[name] = max(1, round(k[name] * preset.width))
+    h = max(1, round(k["h"] * preset.heads))
+    for name in ("d_k", "d_v"):  # the total width h·d scales as d_model does; each of the h heads gets its share
+        k[name] = max(1, round(k["h"] * k[name] * preset.width / h))
+    k["h"] = h
     k["N"] = max(1, round(k["N"] * preset.depth))
     paper_base_steps = load_rows()["base"].knobs["train_steps"]
     k["train_steps"] = round(preset.train_steps * k["train_steps"] / paper_base_steps)

@@ -16,7 +16,6 @@ from functools import cache
 from pathlib import Path
 
 from aiayn.common.errors import UserError
-from aiayn.common.options import option
 
 HERE = Path(__file__).resolve().parent
 TABLE_FILES = (HERE / "table3.csv", HERE / "extended.csv")
@@ -189,24 +188,6 @@ def select_rows(spec: str | None, include_extended: bool = False, tables: tuple[
                 f"unknown row or group {item!r} in --rows; rows are {', '.join(rows)}; groups are {', '.join(groups)}"
             )
     return [r for r in rows if r in chosen]
-
-
-@dataclass
-class Selection:
-    """Which (row, seed) pairs a sweep owes: the selected rows × seeds 0..N-1."""
-
-    rows: str | None = option(
-        None, "row ids and/or groups, comma-separated (default: all paper rows and those of --table)"
-    )
-    extended: bool = option(False, "include the extended rows beyond the paper (ablations/extended.csv)")
-    seeds: int = option(1, "seeds 0..N-1 per row")
-
-    def pairs(self, tables: tuple[str, ...] = ()) -> list[tuple[str, int]]:
-        """The pairs, rows looked up in ablations/ and the user's `tables` (`--table`)."""
-        if not 1 <= self.seeds <= MAX_SEED + 1:
-            raise UserError(f"--seeds must be at least 1, got {self.seeds}; pass --seeds 1 or more")
-        rows = select_rows(self.rows, self.extended, tables)
-        return [(row, seed) for row in rows for seed in range(self.seeds)]
 
 
 def parse_overrides(items: list[str] | tuple[str, ...] | None) -> dict:

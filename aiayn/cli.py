@@ -338,8 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(sp, SlurmOptions, skip=PER_RUN, defaults=SLURM_DEFAULTS)
     sp.set_defaults(func=cmd_slurm)
     sp = slsub.add_parser("train", help="one run")
-    add_options(sp, SlurmOptions, skip=("select.rows", "select.extended", "select.seeds", "report", "train.progress"),
-                defaults=SLURM_DEFAULTS)  # fmt: skip
+    one_run = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
+               "train.progress")  # fmt: skip
+    add_options(sp, SlurmOptions, skip=one_run, defaults=SLURM_DEFAULTS)
     sp.set_defaults(func=cmd_slurm)
 
     hp = sub.add_parser("hpo", help="Optuna TPE over lr factor, warmup, dropout, label smoothing of one row")

@@ -713,6 +713,7 @@ class TranslationDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         accumulate: int = 1,
         tokenizer: str | Path | None = None,
+        train_pairs: int | None = None,
     ) -> None:
         super().__init__()
         if max_tokens <= max_len:
@@ -722,6 +723,8 @@ class TranslationDataModule(pl.LightningDataModule):
             )
         if dev_subset is not None and dev_subset <= 0:
             raise UserError(f"--dev-subset must be positive, got {dev_subset}; pass a positive count or omit it")
+        if train_pairs is not None and train_pairs <= 0:
+            raise UserError(f"--train-pairs must be positive, got {train_pairs}; pass a positive count or omit it")
         # Plain strings in hparams: Path objects would break weights_only checkpoint loading.
         data_dir = str(data_dir) if data_dir is not None else None
         cache_dir = str(cache_dir) if cache_dir is not None else None
@@ -733,6 +736,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.src_lang, self.tgt_lang, self.seed = src_lang, tgt_lang, seed
         self.dev_subset, self.max_len, self.num_workers = dev_subset, max_len, num_workers
         self.accumulate = accumulate
+        self.train_pairs = train_pairs  # a data-limited regime: the first K training pairs (the tokenizer: all)
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
         self.sp = None
         self.tokenizer = Path(tokenizer) if tokenizer else None  # a SentencePiece model to use instead of training one
@@ -827,6 +831,11 @@ class TranslationDataModule(pl.LightningDataModule):
         n = len(data["src"][1]) - 1
         if split == "dev" and self.dev_subset is not None:
             n = min(n, self.dev_subset)  # the first K sentences: cheap, stable validation decoding
+        if split == "train" and self.train_pairs is not None:
+            if self.train_pairs > n:
+                raise UserError(f"--train-pairs {self.train_pairs} is more than the corpus's {n} training pairs; "
+                                f"pass at most {n}")  # fmt: skip
+            n = self.train_pairs
         keep = torch.arange(n)
         if split != "train":
             return EncodedPairs(data, keep, max_len=self.max_len)

@@ -122,9 +122,12 @@ class TranslationModule(pl.LightningModule):
         lr_factor: float = 1.0,
         beam: int = 4,
         alpha: float = 0.6,
-        val_bleu: bool = True,
+        val_bleu_sentences: int | None = None,
         data: dict | None = None,  # the corpus/tokenizer identity, so a checkpoint names its data
     ):
+        """Validation scores the whole dev set's perplexity (teacher-forced: cheap, and smooth enough to judge
+        convergence by) and beam-decodes the first `val_bleu_sentences` dev sentences for val/bleu (None or 0:
+        no BLEU during training; the final evaluation decodes the whole dev set either way)."""
         super().__init__()
         self.save_hyperparameters()
         self.cfg = TransformerConfig.from_dict(model_cfg)
@@ -192,10 +195,15 @@ class TranslationModule(pl.LightningModule):
         v = self._val
         v["nll"] = v.get("nll", 0.0) + float(nll)
         v["n"] = v.get("n", 0) + n
-        if self.hparams.val_bleu:
-            dm = self.trainer.datamodule
-            out = translate_batch(self.model, batch["src"], dm.bos_id, dm.eos_id, self.hparams.beam, self.hparams.alpha)
-            v.setdefault("hyps", {}).update(zip(batch["idx"].tolist(), (dm.decode(ids) for ids in out)))
+        k = self.hparams.val_bleu_sentences
+        if k:  # beam search on this batch's sentences among the first k of the dev set
+            pick = (batch["idx"] < k).nonzero().squeeze(1)
+            if len(pick):
+                dm = self.trainer.datamodule
+                src = batch["src"].index_select(0, pick)
+                out = translate_batch(self.model, src, dm.bos_id, dm.eos_id, self.hparams.beam, self.hparams.alpha)
+                idx = batch["idx"].index_select(0, pick).tolist()
+                v.setdefault("hyps", {}).update(zip(idx, (dm.decode(ids) for ids in out)))
 
     def on_validation_epoch_end(self) -> None:
         v, self._val = self._val, {}
@@ -206,7 +214,7 @@ class TranslationModule(pl.LightningModule):
         nll, n = sum(p.get("nll", 0.0) for p in parts), sum(p.get("n", 0) for p in parts)
         self.log("val/ppl", math.exp(nll / max(n, 1)), prog_bar=True, rank_zero_only=True)
         self.log("val/nll", nll / max(n, 1), rank_zero_only=True)
-        if self.hparams.val_bleu and not self.trainer.sanity_checking:
+        if self.hparams.val_bleu_sentences and not self.trainer.sanity_checking:
             hyps = {i: h for p in parts for i, h in p.get("hyps", {}).items()}
             refs = self.trainer.datamodule.references("dev")
             order = sorted(hyps)

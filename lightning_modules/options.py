@@ -41,11 +41,18 @@ class TrainOptions:
         None, "real target tokens per device batch; accumulation makes up the preset's tokens per step", positive=True
     )
     vocab_size: int | None = option(None, "joint BPE vocabulary (default: the preset's)", positive=True)
+    train_pairs: int | None = option(
+        None, "train on the first K training pairs only, a data-limited regime (default: the preset's)", positive=True,
+        metavar="K",
+    )  # fmt: skip
     tokenizer: str | None = option(
         None, "a SentencePiece model to use instead of training one (e.g. another run's tokenizer.model)",
         metavar="FILE",
     )  # fmt: skip
-    dev_subset: int = option(-1, "dev sentences beam-decoded at each validation (-1: the preset's)")
+    val_bleu_sentences: int | None = option(
+        None, "the first K dev sentences beam-decoded for val/bleu at each validation (default: the preset's; 0: no "
+        "BLEU until the final evaluation); val/ppl is always the whole dev set's", metavar="K",
+    )  # fmt: skip
     ckpt_every: int | None = option(None, "optimizer steps between kept checkpoints (default: the preset's)",
                                     positive=True)  # fmt: skip
     ckpt_every_minutes: float | None = option(None, "instead, wall-clock minutes between kept checkpoints")

@@ -67,10 +67,10 @@ def build_datamodule(opts: TrainOptions, preset: Preset, tokenizer: Path | None 
         src_lang=opts.src_lang,
         tgt_lang=opts.tgt_lang,
         seed=opts.seed,
-        dev_subset=preset.dev_subset if opts.dev_subset == -1 else opts.dev_subset,
         max_len=preset.max_len,
         num_workers=opts.num_workers,
         tokenizer=tokenizer,
+        train_pairs=opts.train_pairs or preset.train_pairs,
     )
 
 
@@ -91,7 +91,8 @@ def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
 def data_identity(dm: TranslationDataModule) -> dict:
     """The DataModule arguments that fix which tokens a model sees (saved in config and checkpoint)."""
     return {"corpus": dm.corpus, "data_dir": dm.data_dir, "vocab_size": dm.requested_vocab_size,
-            "src_lang": dm.src_lang, "tgt_lang": dm.tgt_lang, "max_len": dm.max_len}  # fmt: skip
+            "src_lang": dm.src_lang, "tgt_lang": dm.tgt_lang, "max_len": dm.max_len,
+            "train_pairs": dm.train_pairs}  # fmt: skip
 
 
 def is_launch_rank_zero() -> bool:
@@ -139,6 +140,9 @@ def row_of(opts: TrainOptions) -> dict:
 def plan(opts: TrainOptions, run_dir: str | Path | None = None) -> Plan:
     """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     preset = get_preset(opts.preset)
+    if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
+        raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
+                        "during training")  # fmt: skip
     resolved, schedule = apply_overrides(row_of(opts), preset, opts.overrides)
     corpus = opts.data or preset.corpus
     run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, corpus, resolved["row"], opts.seed)
@@ -194,7 +198,8 @@ def train(
     if run_lock is not None:
         run.remove_stale_temps()
     pl.seed_everything(opts.seed, workers=True, verbose=False)
-    module = TranslationModule(cfg.to_dict(), **schedule, data=config["data"])
+    bleu_k = preset.val_bleu_sentences if opts.val_bleu_sentences is None else opts.val_bleu_sentences
+    module = TranslationModule(cfg.to_dict(), **schedule, val_bleu_sentences=bleu_k, data=config["data"])
     # every checkpoint carries the config and the tokenizer: it can translate without the run directory
     embed = RunFilesInCheckpoint(redact_obj(config), dm.tokenizer_model)
     trainer = build_trainer(opts, preset, run, steps, accumulate, config, (embed, *callbacks), val_per_epoch)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -13,8 +12,6 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from aiayn.common.files import atomic_open  # noqa: E402
-
-GROUP_ORDER = ("base", "A", "B", "C", "D", "E", "big", "extended")
 
 
 def _color(group: str, groups: list[str]) -> str:
@@ -62,55 +59,67 @@ def bleu_vs_params(table: pd.DataFrame, path: Path, title: str) -> Path:
 
 
 def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
-    """Our Δ BLEU vs base against the paper's, with the diagonal (perfect agreement)."""
-    fig, ax = plt.subplots(figsize=(5.6, 5.2))
-    df = table.dropna(subset=["delta_bleu", "paper_delta_bleu"])
+    """Our Δ vs base against the paper's, Δ PPL (%) and Δ BLEU side by side, with the diagonal (perfect
+    agreement); the rows of the pre-registered scored set are filled, the others hollow."""
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 5.0))
     groups = list(dict.fromkeys(table["group"]))
-    for group, part in df.groupby("group", sort=False):
-        ax.scatter(part["paper_delta_bleu"], part["delta_bleu"], color=_color(group, groups), label=group, zorder=3)
-        for _, r in part.iterrows():
-            xy = (r["paper_delta_bleu"], r["delta_bleu"])
-            ax.annotate(r["row"], xy, textcoords="offset points", xytext=(4, 4), fontsize=8)
-    if df.empty:
-        _no_data(ax, "rows with both deltas")
-        lim = 1.0
-    else:
-        lim = 1.1 * max(1e-3, df["paper_delta_bleu"].abs().max(), df["delta_bleu"].abs().max())
-        ax.legend(fontsize=8, title="group", title_fontsize=8)
-    ax.plot([-lim, lim], [-lim, lim], color="gray", linestyle="--", linewidth=1, label="_diagonal")
-    ax.axhline(0, color="black", linewidth=0.5)
-    ax.axvline(0, color="black", linewidth=0.5)
-    ax.set_xlim(-lim, lim)
-    ax.set_ylim(-lim, lim)
-    ax.set_xlabel("paper: Δ BLEU vs base")
-    ax.set_ylabel("ours: Δ BLEU vs base")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
+    scored = table["predicted"].isin(("worse", "better"))
+    for ax, (ours, paper, what) in zip(
+        axes, (("delta_ppl_pct", "paper_delta_ppl_pct", "Δ PPL (%)"), ("delta_bleu", "paper_delta_bleu", "Δ BLEU"))
+    ):
+        df = table[table[ours].notna() & table[paper].notna()]
+        for group, part in df.groupby("group", sort=False):
+            filled = scored[part.index]
+            color = _color(group, groups)
+            ax.scatter(part[paper], part[ours], color=color, label=group, zorder=3,
+                       facecolors=[color if f else "none" for f in filled])  # fmt: skip
+            for _, r in part.iterrows():
+                ax.annotate(r["row"], (r[paper], r[ours]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if df.empty:
+            _no_data(ax, "rows with both deltas")
+            lim = 1.0
+        else:
+            lim = 1.1 * max(1e-3, df[paper].abs().max(), df[ours].abs().max())
+            ax.legend(fontsize=8, title="group (filled: scored)", title_fontsize=8)
+        ax.plot([-lim, lim], [-lim, lim], color="gray", linestyle="--", linewidth=1, label="_diagonal")
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.axvline(0, color="black", linewidth=0.5)
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+        ax.set_xlabel(f"paper: {what} vs base")
+        ax.set_ylabel(f"ours: {what} vs base")
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
     return save_png(fig, path)
 
 
-def val_curves(curves: dict[str, tuple[str, pd.DataFrame]], path: Path, title: str) -> Path:
-    """val/bleu against step, one subplot per group, one line per row (`curves`: row -> (group, frame))."""
-    groups = list(dict.fromkeys(g for g, df in curves.values() if not df.empty))
-    groups.sort(key=lambda g: GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER))
-    n = max(1, len(groups))
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
-    flat = axes.ravel()
-    for ax, group in zip(flat, groups):
-        for row, (g, df) in curves.items():
-            if g == group and not df.empty:
-                ax.plot(df["step"], df["val/bleu"], marker=".", label=row)
-        ax.set_title(f"group {group}", fontsize=9)
+def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str) -> Path:
+    """Training loss, learning rate, dev PPL and dev BLEU against step: one panel each, one line per run (row and
+    seed; a row's seeds share its colour), so the spread between seeds is seen beside the differences between rows."""
+    metrics = (("train/loss", "training loss (label-smoothed, per token)", False),
+               ("lr", "learning rate", False), ("val/ppl", "dev PPL (whole dev set)", True),
+               ("val/bleu", "dev BLEU (validation subset)", False))  # fmt: skip
+    fig, axes = plt.subplots(2, 2, figsize=(11.0, 7.6))
+    rows = list(dict.fromkeys(row for row, _ in runs))
+    for ax, (metric, label, log_y) in zip(axes.ravel(), metrics):
+        shown = set()
+        for (row, _seed), df in runs.items():
+            part = df[["step", metric]].dropna() if metric in df else pd.DataFrame()
+            if part.empty:
+                continue
+            ax.plot(part["step"], part[metric], color=f"C{rows.index(row) % 10}", linewidth=0.9, alpha=0.8,
+                    label=row if row not in shown else "_")  # fmt: skip
+            shown.add(row)
+        if not shown:
+            _no_data(ax, f"{metric} logged")
+        else:
+            if log_y:
+                ax.set_yscale("log")
+            ax.legend(fontsize=6, ncol=2)
+        ax.set_title(label, fontsize=9)
         ax.set_xlabel("step")
-        ax.set_ylabel("val/bleu")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    if not groups:
-        _no_data(flat[0], "validation curves")
-    for ax in flat[len(groups) :] if groups else flat[1:]:
-        ax.set_visible(False)
     fig.suptitle(title)
     fig.tight_layout()
     return save_png(fig, path)

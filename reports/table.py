@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from aiayn.ablations.table import MODEL_KEYS, load_rows
-from aiayn.reports import significance
+from aiayn.reports import significance, verdicts
 from aiayn.reports.runs import Run, read_curve, read_text_lines
 
 log = logging.getLogger(__name__)
 
 SETTINGS = MODEL_KEYS
-SIGN_MIN_PAPER_DELTA = 0.3  # the paper's |Δ BLEU| below this is within its own noise: no sign to agree with
-# A row is converged when its validation BLEU rose by less than this fraction of its last value over the last
-# validation interval. The paper compares models trained to near convergence; a row still climbing when it
-# stops is compared by how fast it starts learning.
-CONVERGED_MAX_GAIN = 0.05
 COLUMNS = [
     "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
-    "paper_ppl", "paper_bleu", "paper_params_m", "delta_bleu", "paper_delta_bleu", "signs_agree",
-    "bootstrap_seed", "bootstrap_p", "sig", "curve_seed", "last_gain", "converged",
+    "paper_ppl", "paper_bleu", "paper_params_m", "delta_ppl_pct", "paper_delta_ppl_pct", "delta_bleu",
+    "paper_delta_bleu", "metric", "predicted", "p", "p_holm", "verdict", "last_drop", "converged",
+    "bootstrap_seed", "bootstrap_p", "sig",
 ]  # fmt: skip
+# One line per run: what the table's means and tests are made of.
+RUN_COLUMNS = ["row", "seed", "status", "steps", "dev_ppl", "dev_bleu", "dev_tok_bleu", "params", "train_time_s",
+               "last_drop", "converged"]  # fmt: skip
 
 
 def row_order(names: set[str]) -> list[str]:
@@ -124,95 +124,105 @@ def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str,
     return out
 
 
-def convergence(runs: list[Run]) -> tuple[int | None, float]:
-    """(seed, gain) from the validation curve of the row's lowest completed seed that has one: gain is the last
-    validation interval's rise in val/bleu relative to the last value (NaN with fewer than two points)."""
-    for run in sorted((r for r in runs if r.completed), key=lambda r: r.seed):
-        curve = read_curve(run.dir)["val/bleu"].tolist()
-        if len(curve) >= 2:
-            last, before = curve[-1], curve[-2]
-            return run.seed, (last - before) / last if last > 0 else np.inf
-    return None, np.nan
+def run_convergence(run: Run) -> float:
+    """The run's last-quarter drop in dev perplexity (`verdicts.last_quarter_drop`); NaN without a curve."""
+    return verdicts.last_quarter_drop(read_curve(run.dir, "val/ppl"))
 
 
-def build_table(runs: list[Run]) -> pd.DataFrame:
-    """One line per row that has any run (completed or not), columns COLUMNS, numbers unrounded."""
+def _converged(drop: float) -> str:
+    return "" if pd.isna(drop) else ("yes" if drop < verdicts.CONVERGED_MAX_DROP else "no")
+
+
+@dataclass(frozen=True)
+class Table3:
+    rows: pd.DataFrame  # one line per row that has any run (completed or not), COLUMNS, numbers unrounded
+    runs: pd.DataFrame  # one line per run, RUN_COLUMNS
+    verdicts: dict  # row -> verdicts.Verdict, for the rows the preset's pre-registration names
+
+
+def build_table(runs: list[Run], preset: str | None = None) -> Table3:
+    """Table 3 of `runs` (one preset, one corpus). With `preset`, the rows its pre-registration names
+    (ablations/predictions.csv) get their verdicts."""
     by_row: dict[str, list[Run]] = {}
     for run in runs:
         by_row.setdefault(run.row, []).append(run)
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
+    drops = {(r.row, r.seed): run_convergence(r) for r in runs if r.completed}
     files = _Files()
     tested = _bootstrap(completed, files)
-    records = []
+    records, values, converged = [], {}, {}
     for row in row_order(set(by_row)):
         rs = by_row[row]
         done = sorted(completed[row].values(), key=lambda r: r.seed)
-        ppl, ppl_std = _mean_std([r.metrics.get("dev_ppl") for r in done])
-        bleu, bleu_std = _mean_std([r.metrics.get("dev_bleu") for r in done])
+        ppls = [float(r.metrics["dev_ppl"]) for r in done if r.metrics.get("dev_ppl") is not None]
+        bleus = [float(r.metrics["dev_bleu"]) for r in done if r.metrics.get("dev_bleu") is not None]
+        values[row] = {"ppl": ppls, "bleu": bleus}
+        ppl, ppl_std = _mean_std(ppls)
+        bleu, bleu_std = _mean_std(bleus)
         params, _ = _mean_std([r.metrics.get("params") for r in done])
         paper_ppl, paper_bleu, paper_params = _paper(rs)
-        group = str(rs[0].metrics.get("group") or "other")
         seed, p = tested.get(row, (None, None))
-        curve_seed, gain = convergence(rs)
+        row_drops = [drops[(row, r.seed)] for r in done]
+        drop = np.nan if not row_drops or any(pd.isna(d) for d in row_drops) else max(row_drops)
+        converged[row] = None if pd.isna(drop) else bool(drop < verdicts.CONVERGED_MAX_DROP)
         records.append(
             {
-                "group": group, "row": row, **_settings(rs), "steps": _steps(rs, done),
-                "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu, "bleu_std": bleu_std,
-                "params_m": params / 1e6, "paper_ppl": _num(paper_ppl), "paper_bleu": _num(paper_bleu),
-                "paper_params_m": _num(paper_params), "bootstrap_seed": seed, "bootstrap_p": _num(p),
-                "curve_seed": curve_seed, "last_gain": gain,
-                "converged": "" if pd.isna(gain) else ("yes" if gain < CONVERGED_MAX_GAIN else "no"),
+                "group": str(rs[0].metrics.get("group") or "other"), "row": row, **_settings(rs),
+                "steps": _steps(rs, done), "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu,
+                "bleu_std": bleu_std, "params_m": params / 1e6, "paper_ppl": _num(paper_ppl),
+                "paper_bleu": _num(paper_bleu), "paper_params_m": _num(paper_params), "bootstrap_seed": seed,
+                "bootstrap_p": _num(p), "last_drop": drop, "converged": _converged(drop),
             }
         )  # fmt: skip
     df = pd.DataFrame.from_records(records)
     df["steps"] = pd.Series([r["steps"] for r in records], dtype=object)  # ints, "a/b" or blank: never floats
     base = df[df["row"] == "base"]
-    our_base = base["bleu"].iloc[0] if len(base) else np.nan
-    paper_base = base["paper_bleu"].iloc[0] if len(base) else np.nan
+    first = lambda col: base[col].iloc[0] if len(base) else np.nan
     not_base = df["row"] != "base"
-    df["delta_bleu"] = (df["bleu"] - our_base).where(not_base)
+    df["delta_bleu"] = (df["bleu"] - first("bleu")).where(not_base)
+    df["delta_ppl_pct"] = (100 * (df["ppl"] / first("ppl") - 1)).where(not_base)
     # the paper's BLEUs have one decimal: round away float noise (25.5 - 25.8 = -0.3000000000000007)
-    df["paper_delta_bleu"] = (df["paper_bleu"] - paper_base).round(6).where(not_base)
-    eligible = df["delta_bleu"].notna() & df["paper_delta_bleu"].notna()
-    eligible &= df["paper_delta_bleu"].abs() >= SIGN_MIN_PAPER_DELTA
-    agree = np.sign(df["delta_bleu"]) == np.sign(df["paper_delta_bleu"])
-    df["signs_agree"] = np.where(eligible, np.where(agree, "yes", "no"), "")
+    df["paper_delta_bleu"] = (df["paper_bleu"] - first("paper_bleu")).round(6).where(not_base)
+    df["paper_delta_ppl_pct"] = (100 * (df["paper_ppl"] / first("paper_ppl") - 1)).where(not_base)
+    judged = verdicts.judge(preset, values, converged) if preset else {}
+    for col, attr in (("metric", "metric"), ("predicted", "predicted"), ("verdict", "verdict")):
+        df[col] = [getattr(judged[r], attr) or "" if r in judged else "" for r in df["row"]]
+    df["p"] = [judged[r].p if r in judged else np.nan for r in df["row"]]
+    df["p_holm"] = [judged[r].p_holm if r in judged else np.nan for r in df["row"]]
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
-    df["bootstrap_seed"] = df["bootstrap_seed"].astype("Int64")
-    df["curve_seed"] = df["curve_seed"].astype("Int64")
-    for k in ("N", "d_model", "d_ff", "h", "d_k", "d_v", "n"):
+    for k in ("bootstrap_seed", "N", "d_model", "d_ff", "h", "d_k", "d_v", "n"):
         df[k] = df[k].astype("Int64")
-    return df[COLUMNS]
+    runs_df = pd.DataFrame.from_records(
+        [
+            {
+                "row": r.row, "seed": r.seed, "status": r.metrics["status"], "steps": r.metrics.get("steps"),
+                "dev_ppl": r.metrics.get("dev_ppl"), "dev_bleu": r.metrics.get("dev_bleu"),
+                "dev_tok_bleu": r.metrics.get("dev_tok_bleu"), "params": r.metrics.get("params"),
+                "train_time_s": r.metrics.get("train_time_s"), "last_drop": drops.get((r.row, r.seed), np.nan),
+                "converged": _converged(drops.get((r.row, r.seed), np.nan)),
+            }
+            for row in row_order(set(by_row)) for r in sorted(by_row[row], key=lambda r: r.seed)
+        ],
+        columns=RUN_COLUMNS,
+    )  # fmt: skip
+    for k in ("dev_ppl", "dev_bleu", "dev_tok_bleu", "train_time_s", "last_drop"):
+        runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
+    runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
+    runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")
+    return Table3(df[COLUMNS], runs_df, judged)
 
 
 def rounded(df: pd.DataFrame) -> pd.DataFrame:
-    """The CSV's numbers: BLEU, PPL, params and deltas to 2 decimals, p to 4."""
+    """The CSV's numbers: BLEU, PPL, params and deltas to 2 decimals, p to 4 significant digits' worth."""
     out = df.copy()
-    for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu"):
-        out[k] = out[k].round(2)
-    out["bootstrap_p"] = out["bootstrap_p"].round(4)
-    out["last_gain"] = out["last_gain"].round(4)
+    for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu", "delta_ppl_pct",
+              "paper_delta_ppl_pct"):  # fmt: skip
+        if k in out:
+            out[k] = out[k].round(2)
+    for k in ("bootstrap_p", "last_drop", "dev_ppl"):
+        if k in out:
+            out[k] = out[k].round(4)
+    for k in ("p", "p_holm"):
+        if k in out:
+            out[k] = out[k].map(lambda x: x if pd.isna(x) else float(f"{x:.4g}"))
     return out
-
-
-def comparable_rows(df: pd.DataFrame) -> list[str]:
-    """Rows with a sign verdict whose run and base's both converged: where the comparison with the paper is one
-    of near-converged models, as the paper's is."""
-    base = df.loc[df["row"] == "base", "converged"]
-    if base.empty or base.iloc[0] != "yes":
-        return []
-    return list(df.loc[(df["signs_agree"] != "") & (df["converged"] == "yes"), "row"])
-
-
-def convergence_score(df: pd.DataFrame) -> tuple[int, int, list[str]]:
-    """(converged rows, rows with a curve to judge, the rows still climbing)."""
-    marked = df[df["converged"] != ""]
-    climbing = list(marked.loc[marked["converged"] == "no", "row"])
-    return len(marked) - len(climbing), len(marked), climbing
-
-
-def sign_score(df: pd.DataFrame) -> tuple[int, int, list[str]]:
-    """(agreeing rows, rows with a sign to agree with, the rows that disagree)."""
-    judged = df[df["signs_agree"] != ""]
-    disagree = list(judged.loc[judged["signs_agree"] == "no", "row"])
-    return int((judged["signs_agree"] == "yes").sum()), len(judged), disagree

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiayn.ablations.presets import get_preset
-from aiayn.ablations.table import Selection, get_row
+from aiayn.ablations.selection import Selection
+from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json, atomic_write_text
 from aiayn.common.options import option, to_argv
@@ -217,10 +218,10 @@ def check(opts: SlurmOptions) -> int:
 
 
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
-    get_preset(opts.train.preset)
+    preset = get_preset(opts.train.preset)
     if opts.kind == "train":
         return [(get_row(opts.train.row, opts.train.table).row, opts.train.seed)]  # unknown: names the rows there are
-    return opts.select.pairs(opts.train.table)
+    return opts.select.pairs(preset, opts.train.table)
 
 
 def corpus_of(opts: SlurmOptions) -> str:

@@ -41,7 +41,7 @@ import optuna
 from optuna.trial import TrialState
 
 from aiayn.ablations.presets import get_preset, resolve
-from aiayn.ablations.table import Selection
+from aiayn.ablations.selection import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.locks import file_lock
 from aiayn.common.options import option, to_argv
@@ -350,7 +350,7 @@ def run_table3(opts: SweepOptions, runner=None) -> dict:
     """Enqueue what is pending, work the queue, write the report; return a summary."""
     preset = get_preset(opts.train.preset)
     corpus = opts.train.data or preset.corpus
-    pairs = opts.select.pairs(opts.train.table)
+    pairs = opts.select.pairs(preset, opts.train.table)
     jobs = opts.jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")

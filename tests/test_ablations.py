@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aiayn.ablations.presets import PRESETS, resolve
-from aiayn.ablations.table import load_rows, select_rows
+from aiayn.ablations.table import MODEL_KEYS, load_rows, select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.config import model_config
@@ -69,15 +69,36 @@ def test_every_row_builds_and_runs_forward_at_tiny_scale(row):
     assert logits.shape == (2, 7, 100) and torch.isfinite(logits).all()
 
 
-def test_preset_rule_scales_widths_and_depth_and_keeps_heads():
+def test_preset_rule_scales_widths_heads_and_depth():
     tiny, paper = PRESETS["tiny"], PRESETS["paper"]
     b, big = resolve("base", "tiny"), resolve("big", "tiny")
-    assert (b["d_model"], b["d_ff"], b["d_k"], b["N"], b["h"]) == (128, 512, 16, 2, 8)
-    assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps == 675
+    assert (b["d_model"], b["d_ff"], b["h"], b["d_k"], b["d_v"], b["N"]) == (128, 512, 4, 32, 32, 2)
+    assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps == 3000
+    # h x 1/2 and h·d_k x 1/4: group A keeps h·d_k = d_model with distinct head counts; B keeps d_k's ratio to base
+    heads = {r: (resolve(r, "tiny")["h"], resolve(r, "tiny")["d_k"]) for r in ("A1", "A2", "A3", "A4", "B1", "B2")}
+    assert heads == {"A1": (1, 128), "A2": (2, 64), "A3": (8, 16), "A4": (16, 8), "B1": (4, 8), "B2": (4, 16)}
+    assert (resolve("B1", "tiny")["d_v"], resolve("big", "tiny")["h"], resolve("big", "tiny")["d_k"]) == (32, 8, 32)
     # depth x 1/3, rounded: the order is kept (never reversed), but N=2 and N=4 both become 1
     assert [resolve(r, "tiny")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 1, 2, 3]
     assert [resolve(r, "small")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 2, 3, 4]
     assert resolve("base", "paper")["train_steps"] == paper.train_steps == 100_000
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_distinct_paper_rows_resolve_to_distinct_configs_unless_the_preset_declares_them_one(preset):
+    configs = {}
+    for row in select_rows(None):
+        r = resolve(row, preset)
+        configs.setdefault(tuple(r[k] for k in (*MODEL_KEYS, "train_steps")), []).append(row)
+    shared = sorted(sorted(rows) for rows in configs.values() if len(rows) > 1)
+    assert shared == sorted(sorted(pair) for pair in PRESETS[preset].aliases), f"{preset}: undeclared aliases"
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_rule_keeps_head_widths_in_the_range_the_paper_ran(preset):
+    """The paper's d_k run from 16 to 512 at d_model 512: at 1/4 width that is 4 to 128; a preset keeps d_k >= 8."""
+    widths = {row: resolve(row, preset)["d_k"] for row in select_rows(None)}
+    assert min(widths.values()) >= 8, widths
 
 
 def test_select_rows_by_group_and_id():

@@ -116,14 +116,15 @@ CASES = {
                        f"unknown corpus 'europarl'; use --data with one of {', '.join(CORPORA)}"),
     "zero steps": (TRAIN + ["--max-steps", "0"], None,
                    "argument --max-steps: expected a positive integer, got 0; see `aiayn train --help`"),
-    "zero dev subset": (TRAIN + ["--dev-subset", "0"], None,
-                        "--dev-subset must be positive, got 0; pass a positive count or omit it"),
+    "negative BLEU sentences": (TRAIN + ["--val-bleu-sentences", "-1"], None,
+                                "--val-bleu-sentences must be 0 or more, got -1; pass 0 for no BLEU during training"),
     "max tokens below max len": (TRAIN + ["--max-tokens", "100"], None,
                                  "--max-tokens 100 must be larger than the preset's max_len 256 so that a sentence of "
                                  "max_len tokens plus bos/eos fits in a batch; raise --max-tokens"),
     "unknown table3 row": (T3 + ["--rows", "base,Q"], None,
                            f"unknown row or group 'Q' in --rows; rows are {ROWS}; groups are {GROUPS}"),
-    "zero seeds": (T3 + ["--seeds", "0"], None, "--seeds must be at least 1, got 0; pass --seeds 1 or more"),
+    "zero seeds": (T3 + ["--seeds", "0"], None,
+                   "argument --seeds: expected a positive integer, got 0; see `aiayn table3 --help`"),
     # --- configs (--set)
     "d_model not divisible by h": (TRAIN + ["--set", "d_model=100 h=8"], None,
                                    "invalid model config: d_k must be set explicitly: d_model=100 is not divisible "

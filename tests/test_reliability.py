@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from aiayn.ablations.table import Selection
+from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.locks import file_lock
 from aiayn.lightning_modules.options import TrainOptions
@@ -122,7 +122,7 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     common = ["train", "--preset", "tiny", "--max-steps", "30", "--ckpt-every", "10", "--val-every", "5",
-              "--dev-subset", "2", "--eval-subset", "4", *SMALL_MODEL, *QUIET]  # fmt: skip
+              "--val-bleu-sentences", "2", "--eval-subset", "4", *SMALL_MODEL, *QUIET]  # fmt: skip
     env = dict(os.environ, AIAYN_CACHE=str(cache))
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(aiayn(*common, "--out", str(whole)), env=env, check=True, capture_output=True)
@@ -157,8 +157,8 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
 def test_a_diverging_run_ends_with_status_diverged_its_step_and_a_finite_last_checkpoint(cache, tmp_path, capsys):
     out = tmp_path / "runs"
     argv = ["train", "--preset", "tiny", "--max-steps", "20", "--ckpt-every", "1", "--val-every", "100",
-            "--dev-subset", "2", "--eval-subset", "2", "--set", "N=1 d_model=32 d_ff=64 h=2 lr_factor=1e9 warmup=1",
-            "--out", str(out), *QUIET]  # fmt: skip
+            "--val-bleu-sentences", "2", "--eval-subset", "2",
+            "--set", "N=1 d_model=32 d_ff=64 h=2 lr_factor=1e9 warmup=1", "--out", str(out), *QUIET]  # fmt: skip
     assert main(argv) == 0
     metrics = json.loads((run_dir(out) / "metrics.json").read_text())
     step = metrics["diverged_at_step"]
@@ -438,8 +438,8 @@ def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_p
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "runs"
-    fast = ["--preset", "tiny", "--max-steps", "2", "--val-every", "100", "--dev-subset", "2", "--eval-subset", "2",
-            *SMALL_MODEL, *QUIET, "--out", str(out)]  # fmt: skip
+    fast = ["--preset", "tiny", "--max-steps", "2", "--val-every", "100", "--val-bleu-sentences", "2",
+            "--eval-subset", "2", *SMALL_MODEL, *QUIET, "--out", str(out)]  # fmt: skip
     try:
         assert main(["train", "--row", "C1", "--wandb", *fast]) == 0
     finally:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.ablations.table import Selection
+from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.sweeps import slurm
@@ -73,7 +73,7 @@ BAD = [
         ["table3", "--accelerator", "cpu", "--partition", "p", "--time", "1"],
         "no room for the warning signal",
     ),  # fmt: skip
-    ("seeds 0", ["table3", *ARGS_CPU, "--seeds", "0"], "--seeds must be at least 1"),
+    ("seeds 0", ["table3", *ARGS_CPU, "--seeds", "0"], "argument --seeds: expected a positive integer, got 0"),
     ("unknown row", ["train", *ARGS_CPU, "--row", "Z9"], "unknown row 'Z9'"),
     ("unknown preset", ["table3", *ARGS_CPU, "--preset", "huge"], "unknown preset 'huge'"),
     ("local run dir, 2 nodes", ["table3", *ARGS_CPU, "--nodes", "2"], "needs a run directory every node sees"),

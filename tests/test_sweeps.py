@@ -14,7 +14,10 @@ import optuna
 import pytest
 import yaml
 
-from aiayn.ablations.table import Selection, select_rows
+from aiayn.ablations.predictions import scored_rows
+from aiayn.ablations.presets import PRESETS
+from aiayn.ablations.selection import Selection
+from aiayn.ablations.table import select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.options import TrainOptions
@@ -48,25 +51,32 @@ def opts(tmp_path, rows=None, seeds=1, jobs=None, storage=None, gpus_per_job=Non
 
 
 def grid(opts):
-    return opts.select.pairs()
+    return opts.select.pairs(PRESETS["tiny"])
 
 
-def test_grid_is_the_tables_rows_times_seeds(tmp_path):
-    pairs = grid(opts(tmp_path, seeds=3))
-    assert pairs == [(r, s) for r in select_rows(None) for s in range(3)] and len(pairs) == 60
+def test_grid_is_the_presets_scored_rows_by_default_or_the_rows_asked_for_times_seeds(tmp_path):
+    pairs = grid(opts(tmp_path, seeds=3))  # tiny: its pre-registered rows and base
+    assert pairs == [(r, s) for r in ["base", *scored_rows("tiny")] for s in range(3)] and len(pairs) == 18
+    everything = grid(opts(tmp_path, rows="all"))  # C2 is C1's config at tiny: trained once, as C1
+    assert everything == [(r, 0) for r in select_rows(None) if r != "C2"] and len(everything) == 19
     assert grid(opts(tmp_path, rows="base,A")) == [("base", 0), ("A1", 0), ("A2", 0), ("A3", 0), ("A4", 0)]
+    assert grid(opts(tmp_path, rows="C2")) == [("C1", 0)]
+    more_base = Selection(rows="base,A1", seeds=2, base_seeds=3, first_seed=5).pairs(PRESETS["tiny"])
+    assert more_base == [("base", 5), ("base", 6), ("base", 7), ("A1", 5), ("A1", 6)]
+    evidence = Selection().pairs(PRESETS["evidence"])  # the preset's own seeds: 4 per row, 8 for base
+    assert evidence == [("base", s) for s in range(8)] + [(r, s) for r in scored_rows("evidence") for s in range(4)]
 
 
 def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     runner = FakeRunner()
     summary = run_table3(opts(tmp_path, rows="base,C", seeds=2), runner=runner)
     assert sorted(runner.calls) == sorted(grid(opts(tmp_path, rows="base,C", seeds=2)))
-    assert summary == {"pairs": 16, "ran": 16, "completed": 16, "failed": 0}
+    assert summary == {"pairs": 14, "ran": 14, "completed": 14, "failed": 0}  # C2 is C1 at tiny: 7 rows x 2 seeds
     again = FakeRunner()
     assert run_table3(opts(tmp_path, rows="base,C", seeds=2), runner=again)["ran"] == 0 and again.calls == []
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) == 16 and {t.user_attrs["row"] for t in done} == set(select_rows("base,C"))
+    assert len(done) == 14 and {t.user_attrs["row"] for t in done} == set(select_rows("base,C")) - {"C2"}
     assert (
         done[0]
         .user_attrs["run_dir"]
@@ -77,7 +87,7 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
 def test_queue_runs_longest_first(tmp_path):
     runner = FakeRunner()
     run_table3(opts(tmp_path, rows="base,C,big", jobs=1), runner=runner)
-    cost = {row: estimated_cost(row, "tiny") for row in select_rows("base,C,big")}
+    cost = {row: estimated_cost(row, "tiny") for row in select_rows("base,C,big") if row != "C2"}  # C2 is C1 at tiny
     assert [row for row, _ in runner.calls] == sorted(cost, key=lambda r: -cost[r])
     assert runner.calls[0] == ("big", 0) and runner.calls[-1] == ("C4", 0)  # 3x steps and widest; narrowest
 
@@ -226,7 +236,7 @@ def test_wandb_command_runs_aiayn_train_with_row_and_seed():
 @pytest.mark.parametrize("argv, message", [
     (["table3", "--rows", "base,Q"], "unknown row or group 'Q' in --rows"),
     (["table3", "--preset", "huge"], "unknown preset 'huge'"),
-    (["table3", "--seeds", "0"], "--seeds must be at least 1, got 0"),
+    (["table3", "--seeds", "0"], "argument --seeds: expected a positive integer, got 0"),
     (["table3", "--storage", "redis://localhost/0"], "has an unknown scheme"),
     (["table3", "--storage", "postgresql://user:hunter2@127.0.0.1:9/db"], "cannot open storage postgresql://user:***@"),
     (["sweep", "export", "--preset", "tiny"], "sweep export needs a target; pass --wandb"),

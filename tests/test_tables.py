@@ -8,8 +8,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from aiayn.ablations.presets import resolve
-from aiayn.ablations.table import MAX_SEED, Selection, load_rows
+from aiayn.ablations.presets import PRESETS, resolve
+from aiayn.ablations.selection import Selection
+from aiayn.ablations.table import MAX_SEED, load_rows
 from aiayn.cli import main
 from aiayn.lightning_modules.config import params_of
 from aiayn.lightning_modules.options import TrainOptions
@@ -118,4 +119,4 @@ def test_a_users_rows_inherit_from_base_and_are_selected_by_default(tmp_path, ca
     own = ("row", "group", "d_ff", "params", "note", "paper_ppl", "paper_bleu", "paper_params_m")
     assert {k: v for k, v in mine.items() if k not in own} == {k: v for k, v in base.items() if k not in own}
     assert mine["paper_bleu"] is None and mine["params"] > base["params"]
-    assert Selection(rows="mine").pairs((table,)) == [("wide-ff", 0)]  # its group selects it too
+    assert Selection(rows="mine").pairs(PRESETS["tiny"], (table,)) == [("wide-ff", 0)]  # its group selects it too

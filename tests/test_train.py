@@ -14,7 +14,7 @@ FAST = [
     "2",
     "--ckpt-every",
     "1",
-    "--dev-subset",
+    "--val-bleu-sentences",
     "4",
     "--eval-subset",
     "4",
@@ -110,7 +110,7 @@ def test_the_final_evaluation_runs_on_the_device_the_run_trained_on(cache, tmp_p
             trainer.strategy._root_device = torch.device("meta")
 
     monkeypatch.setattr(T, "evaluate", evaluate)
-    opts = T.TrainOptions(out=str(tmp_path), max_steps=1, dev_subset=2, progress=False, accelerator="cpu",
+    opts = T.TrainOptions(out=str(tmp_path), max_steps=1, val_bleu_sentences=2, progress=False, accelerator="cpu",
                           overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2})  # fmt: skip
     T.train(opts, callbacks=(MoveStrategy(),))
     assert seen == [torch.device("meta")]

@@ -15,7 +15,7 @@ from aiayn.cli import main
 from aiayn.common.files import sha256_file
 from aiayn.lightning_modules.data import read_parallel, resolve_corpus, train_spm
 
-FAST = ["--max-steps", "3", "--ckpt-every", "2", "--dev-subset", "4", "--eval-subset", "4", "--no-progress",
+FAST = ["--max-steps", "3", "--ckpt-every", "2", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
 SENTENCES = ["The dog sees the cat.", "", "Today the small boy sleeps in the garden."]
 

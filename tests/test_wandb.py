@@ -22,7 +22,7 @@ from aiayn.cli import main
 from aiayn.lightning_modules.rundir import RunDir
 from aiayn.lightning_modules.wandb_run import init_kwargs
 
-FAST = ["--max-steps", "2", "--ckpt-every", "1", "--dev-subset", "4", "--eval-subset", "4", "--no-progress",
+FAST = ["--max-steps", "2", "--ckpt-every", "1", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
 FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "report" / "runs"
 
@@ -117,7 +117,7 @@ def test_a_resumed_run_logs_its_config_summary_and_attempts(cache, tmp_path, off
     config = second["config"]
     assert (config["row"], config["seed"], config["preset"], config["corpus"]) == ("C1", 0, "tiny", "synthetic")
     assert (config["precision"], config["accumulate"], config["effective_tokens_per_step"]) == ("32-true", 1, 1024)
-    assert config["preset_rule"].startswith("d_model, d_ff, d_k, d_v x 0.25") and config["N"] == 1
+    assert config["preset_rule"].startswith("d_model, d_ff, h·d_k, h·d_v x 0.25") and config["N"] == 1
     assert config["data"]["corpus"] == "synthetic" and config["options"]["wandb"] is True
     assert config["tokenizer_sha256"] == json.loads(run.config_file.read_text())["tokenizer"]["sha256"]
     metrics = json.loads(run.metrics_file.read_text())
@@ -198,7 +198,8 @@ def test_report_logs_the_table_and_the_report_files(tmp_path, offline, capsys):
     (table_file,) = (rep / "wandb").glob("offline-run-*/files/media/table/table3_*.table.json")
     table = json.loads(table_file.read_text())
     csv = (rep / "table3-tiny.csv").read_text().splitlines()
-    assert table["columns"] == csv[1].split(",") and len(table["data"]) == len(csv) - 2
+    assert table["columns"] == csv[0].split(",") and len(table["data"]) == len(csv) - 1  # the header is line 1
     assert sorted(row[table["columns"].index("row")] for row in table["data"]) == sorted(
-        line.split(",")[1] for line in csv[2:]
+        line.split(",")[1] for line in csv[1:]
     )
+    assert logged["summary"]["runs/_type"] == "table-file"  # and the per-run table beside it

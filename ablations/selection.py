@@ -1,0 +1,58 @@
+"""Which (row, seed) pairs a sweep owes: the rows chosen by `--rows` (or the preset's default: every paper row,
+or its pre-registered scored rows and base), each with its seeds; base may have more seeds than the rows."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from aiayn.ablations.predictions import scored_rows
+from aiayn.ablations.presets import Preset
+from aiayn.ablations.table import MAX_SEED, select_rows
+from aiayn.common.errors import UserError
+from aiayn.common.options import option
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Selection:
+    """The rows × seeds of a sweep (`aiayn table3`, `aiayn slurm`)."""
+
+    rows: str | None = option(
+        None, "row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the "
+        "preset's pre-registered rows (ablations/predictions.csv) and base (default: the preset's choice)",
+    )  # fmt: skip
+    extended: bool = option(False, "include the extended rows beyond the paper (ablations/extended.csv)")
+    seeds: int | None = option(None, "seeds per row (default: the preset's; tiny: 1)", positive=True)
+    base_seeds: int | None = option(None, "seeds for base, when more than --seeds (default: the preset's)",
+                                    positive=True)  # fmt: skip
+    first_seed: int = option(0, "seeds are FIRST, FIRST+1, ...: a second sweep with --first-seed 1 repeats the first "
+                             "one on other seeds")  # fmt: skip
+
+    def row_names(self, preset: Preset, tables: tuple[str, ...] = ()) -> list[str]:
+        """The rows to train, in table order; a row the preset's rule maps onto another (`Preset.aliases`) is
+        trained once, under that row's name."""
+        spec = self.rows if self.rows is not None else preset.rows
+        if spec == "scored":
+            rows = ["base", *scored_rows(preset.name)]
+        else:
+            rows = select_rows(spec, self.extended, tables)
+        same = dict(preset.aliases)
+        for alias in [r for r in rows if r in same]:
+            log.info("%s is %s at preset %s (same config): trained once, as %s", alias, same[alias], preset.name,
+                     same[alias])  # fmt: skip
+        wanted = {same.get(r, r) for r in rows}
+        return [r for r in select_rows("all", True, tables) if r in wanted]
+
+    def pairs(self, preset: Preset, tables: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+        seeds = self.seeds or preset.seeds
+        base_seeds = max(self.base_seeds or preset.base_seeds or seeds, seeds)
+        if self.first_seed < 0 or self.first_seed + base_seeds - 1 > MAX_SEED:
+            raise UserError(f"seeds {self.first_seed}..{self.first_seed + base_seeds - 1} are outside 0..{MAX_SEED}; "
+                            f"pass a smaller --first-seed or fewer seeds")  # fmt: skip
+        out = []
+        for row in self.row_names(preset, tables):
+            n = base_seeds if row == "base" else seeds
+            out += [(row, seed) for seed in range(self.first_seed, self.first_seed + n)]
+        return out
