@@ -245,7 +245,7 @@ def _verdict_notes(judged: dict, scored_preset: str | None, preset: str, data: s
     if not scored:
         return [(f"Preset `{preset}` has no pre-registered scored rows (`ablations/{PREDICTIONS_FILE.name}`).", [])]
     t, c = s["trivial"], s["counts"]
-    single = any(min(v.n_row, v.n_base) == 1 for v in scored)
+    single = [v.row for v in scored if min(v.n_row, v.n_base) == 1]
     out = [
         (
             f"Pre-registered (`ablations/{PREDICTIONS_FILE.name}`, committed before these runs): which rows are "
@@ -269,11 +269,10 @@ def _verdict_notes(judged: dict, scored_preset: str | None, preset: str, data: s
     if single:
         out.append(
             (
-                "What this table can show: with one seed on a side there is no seed-level test, so a row's verdict "
-                "is its sign (agree / disagree), an anecdote each; the rows were chosen so that the paper's effect "
-                "is large against seed noise, and the same command with other seeds (`--first-seed`) should give "
-                "the same signs. It cannot show an effect smaller than the spread between seeds: that takes seeds "
-                "(the `evidence` preset).",
+                f"One seed on a side ({', '.join(single)}): no seed-level test, so the verdict is the sign of one run "
+                "against another, an anecdote. Single runs can show an effect that is large against the spread "
+                "between seeds (the same command with `--first-seed 1`, `2` then gives the same signs), not a "
+                "smaller one: that takes seeds (`--seeds`, `--base-seeds`, or the `evidence` preset).",
                 [],
             )
         )

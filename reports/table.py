@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from aiayn.ablations.predictions import scored_rows
+from aiayn.ablations.presets import resolve
 from aiayn.ablations.table import MODEL_KEYS, load_rows
 from aiayn.reports import significance, verdicts
 from aiayn.reports.runs import Run, read_curve, read_text_lines
@@ -50,6 +52,17 @@ def _steps(runs: list[Run], done: list[Run]):
         return "/".join(map(str, steps))
     planned = sorted({int(r.metrics["planned_steps"]) for r in runs if r.metrics.get("planned_steps") is not None})
     return "/".join(map(str, planned)) if len(planned) > 1 else (planned[0] if planned else None)
+
+
+def _paper_of(row: str) -> tuple:
+    r = load_rows()[row]
+    return r.paper_ppl, r.paper_bleu, r.paper_params_m
+
+
+def _planned_settings(row: str, preset: str) -> dict:
+    """A row with no run yet: its settings as the preset resolves it now."""
+    resolved = resolve(row, preset)
+    return {k: resolved[k] for k in SETTINGS}
 
 
 def _mean_std(values: list) -> tuple[float, float]:
@@ -146,6 +159,8 @@ def build_table(runs: list[Run], preset: str | None = None) -> Table3:
     by_row: dict[str, list[Run]] = {}
     for run in runs:
         by_row.setdefault(run.row, []).append(run)
+    for row in scored_rows(preset) if preset else ():
+        by_row.setdefault(row, [])  # a scored row without runs is a line too: its verdict says so
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
     drops = {(r.row, r.seed): run_convergence(r) for r in runs if r.completed}
     files = _Files()
@@ -160,14 +175,15 @@ def build_table(runs: list[Run], preset: str | None = None) -> Table3:
         ppl, ppl_std = _mean_std(ppls)
         bleu, bleu_std = _mean_std(bleus)
         params, _ = _mean_std([r.metrics.get("params") for r in done])
-        paper_ppl, paper_bleu, paper_params = _paper(rs)
+        paper_ppl, paper_bleu, paper_params = _paper(rs) if rs else _paper_of(row)
         seed, p = tested.get(row, (None, None))
         row_drops = [drops[(row, r.seed)] for r in done]
         drop = np.nan if not row_drops or any(pd.isna(d) for d in row_drops) else max(row_drops)
         converged[row] = None if pd.isna(drop) else bool(drop < verdicts.CONVERGED_MAX_DROP)
         records.append(
             {
-                "group": str(rs[0].metrics.get("group") or "other"), "row": row, **_settings(rs),
+                "group": str(rs[0].metrics.get("group") or "other") if rs else load_rows()[row].group, "row": row,
+                **(_settings(rs) if rs else _planned_settings(row, preset)),
                 "steps": _steps(rs, done), "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu,
                 "bleu_std": bleu_std, "params_m": params / 1e6, "paper_ppl": _num(paper_ppl),
                 "paper_bleu": _num(paper_bleu), "paper_params_m": _num(paper_params), "bootstrap_seed": seed,
@@ -218,7 +234,7 @@ def rounded(df: pd.DataFrame) -> pd.DataFrame:
     for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu", "delta_ppl_pct",
               "paper_delta_ppl_pct"):  # fmt: skip
         if k in out:
-            out[k] = out[k].round(2)
+            out[k] = out[k].round(2) + 0.0  # + 0.0: no "-0.0" where a difference rounds to nothing
     for k in ("bootstrap_p", "last_drop", "dev_ppl"):
         if k in out:
             out[k] = out[k].round(4)

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from aiayn.ablations.predictions import Prediction, predictions
+from aiayn.ablations.table import load_rows
 from aiayn.reports import stats
 
 CONVERGED_MAX_DROP = 0.05
@@ -88,7 +89,7 @@ def judge(preset: str, values: dict[str, dict[str, list[float]]], converged: dic
     for row, (pred, worse, p, n_row, n_base) in tests.items():
         v = stats.verdict(worse, pred.worse, adjusted[row], n_row, n_base)
         out[row] = Verdict(row, pred.metric, pred.predicted, worse, p, adjusted[row], v, n_row, n_base)
-    return out
+    return {row: out[row] for row in load_rows() if row in out}  # in table order
 
 
 def score(verdicts: dict[str, Verdict]) -> dict:

@@ -1,0 +1,130 @@
+"""The report's statistics on hand-made cases: Welch's t-test, Holm's correction, each verdict, the trivial
+predictors, and the pre-registered verdicts of a preset (reports/stats.py, reports/verdicts.py)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from aiayn.reports import stats, verdicts
+
+
+def t_cdf_two_sided(t: float, df: float, n: int = 200_001) -> float:
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom, by Simpson's rule over the density from 0 to
+    |t|: an implementation independent of scipy's, to check it against."""
+    x = np.linspace(0.0, abs(t), n)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    f = np.exp(log_c - (df + 1) / 2 * np.log1p(x * x / df))
+    h = x[1] - x[0]
+    integral = h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    return 1.0 - 2.0 * integral
+
+
+def test_welch_p_is_the_two_sided_p_of_welchs_t_computed_by_hand():
+    a, b = [1.0, 2.0, 3.0], [4.0, 5.0, 7.0]
+    # by hand: means 2 and 16/3, variances 1 and 7/3; se² = 1/3 + 7/9 = 10/9; t = (2 - 16/3) / sqrt(10/9) = -3.1623
+    va, vb = 1 / 3, (7 / 3) / 3
+    t = (2 - 16 / 3) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 2)  # Welch-Satterthwaite: 3.4483
+    assert round(t, 4) == -3.1623 and round(df, 4) == 3.4483
+    assert stats.welch_p(a, b) == pytest.approx(t_cdf_two_sided(t, df), abs=1e-9)
+    assert round(stats.welch_p(a, b), 4) == 0.0419
+
+
+def test_welch_p_is_undefined_without_two_values_a_side_or_any_spread():
+    assert math.isnan(stats.welch_p([1.0], [2.0, 3.0]))
+    assert math.isnan(stats.welch_p([1.0, 1.0], [2.0, 2.0]))
+    assert stats.welch_p([1.0, 1.0], [2.0, 2.5]) < 0.5  # one side without spread is still a test
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> max(0.06, 0.04) = 0.06
+    adjusted = stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005, "untested": math.nan})
+    assert {k: round(v, 10) for k, v in adjusted.items() if k != "untested"} == {"a": 0.03, "b": 0.06, "c": 0.06,
+                                                                                  "d": 0.02}  # fmt: skip
+    assert math.isnan(adjusted["untested"])  # and it did not count in m = 4
+    assert stats.holm({"a": 0.6, "b": 0.7}) == {"a": 1.0, "b": 1.0}  # capped at 1
+
+
+@pytest.mark.parametrize(
+    "delta_worse, predicted_worse, p_holm, n_row, n_base, expected",
+    [
+        (0.2, True, 0.01, 4, 8, stats.SIGNIFICANT_AGREE),
+        (-0.2, True, 0.01, 4, 8, stats.SIGNIFICANT_DISAGREE),
+        (-0.2, False, 0.2, 4, 8, stats.AGREE),  # predicted better, is better, not significant
+        (0.2, False, 0.2, 4, 8, stats.DISAGREE),
+        (0.2, True, math.nan, 1, 1, stats.AGREE),  # one seed: the sign, no test
+        (0.2, True, 0.05, 4, 8, stats.AGREE),  # p = alpha is not below it
+        (0.0, True, 0.01, 4, 8, stats.INCONCLUSIVE),  # no difference has no sign
+        (math.nan, True, math.nan, 0, 8, stats.INCONCLUSIVE),  # no run of the row
+    ],
+)
+def test_each_verdict(delta_worse, predicted_worse, p_holm, n_row, n_base, expected):
+    assert stats.verdict(delta_worse, predicted_worse, p_holm, n_row, n_base) == expected
+
+
+def test_trivial_predictors_on_the_same_set():
+    t = stats.trivial_scores([True, True, True, True, False], agreeing=5)
+    assert (t["n"], t["every_change_hurts"], t["random_expected"]) == (5, 4, 2.5)
+    assert t["random_p"] == 1 / 32  # all 5 signs right by chance
+    assert stats.trivial_scores([True] * 10, agreeing=9)["random_p"] == 11 / 1024  # 9 or 10 of 10
+    assert stats.binomial_tail(0, 7) == 1.0
+
+
+def _curve(values, every=100):
+    return pd.DataFrame({"step": [every * (i + 1) for i in range(len(values))], "val/ppl": values})
+
+
+def test_convergence_is_the_last_quarters_drop_in_dev_perplexity():
+    # 8 validations, last at 800: the two nearest 600 are 600 and 500 (ties go to the earlier), mean 1.25; last
+    # two 1.2 and 1.1, mean 1.15: drop 1 - 1.15/1.25 = 0.08 -> still improving
+    flat = _curve([9.0, 3.0, 2.0, 1.5, 1.3, 1.2, 1.2, 1.1])
+    assert verdicts.last_quarter_drop(flat) == pytest.approx(0.08)
+    rising = _curve([9.0, 3.0, 2.0, 1.5, 1.3, 1.2, 1.25, 1.3])  # overfitting: no longer improving
+    assert verdicts.last_quarter_drop(rising) < 0 < verdicts.CONVERGED_MAX_DROP
+    assert math.isnan(verdicts.last_quarter_drop(_curve([9.0, 3.0, 2.0])))
+
+
+def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkeypatch):
+    from aiayn.ablations import predictions as P
+
+    preds = {
+        "A1": P.Prediction("A1", "ppl", "worse", ""),
+        "C1": P.Prediction("C1", "ppl", "worse", ""),
+        "C4": P.Prediction("C4", "ppl", "worse", ""),
+        "D3": P.Prediction("D3", "ppl", "better", ""),
+        "D4": P.Prediction("D4", "bleu", "worse", ""),
+        "B1": P.Prediction("B1", None, "not scored", "one seed cannot"),
+        "D1": P.Prediction("D1", None, "not testable", "nothing to overfit"),
+    }
+    monkeypatch.setattr(verdicts, "predictions", lambda preset: preds)
+    base = {"ppl": [5.0, 5.1, 5.2, 5.05], "bleu": [20.0, 20.4, 20.2, 20.1]}
+    values = {
+        "base": base,
+        "A1": {"ppl": [6.0, 6.2, 6.1], "bleu": [1.0, 2.0, 3.0]},  # clearly worse
+        "C1": {"ppl": [6.4, 6.8], "bleu": [1.0, 2.0]},  # worse, but not converged
+        "D3": {"ppl": [5.3, 5.4, 5.35], "bleu": [1.0, 2.0, 3.0]},  # predicted better: significantly worse
+        "D4": {"ppl": [5.0], "bleu": [19.0]},  # one seed: BLEU down, the sign agrees, no test
+    }
+    converged = {"base": True, "A1": True, "C1": False, "D3": True, "D4": True}
+    out = verdicts.judge("any", values, converged)
+    p_a1 = stats.welch_p(np.log([6.0, 6.2, 6.1]), np.log(base["ppl"]))
+    p_d3 = stats.welch_p(np.log([5.3, 5.4, 5.35]), np.log(base["ppl"]))
+    assert out["A1"].p == pytest.approx(p_a1) and out["D3"].p == pytest.approx(p_d3)
+    # Holm over the two tests made (A1, D3): C1 is not converged, D4 has one seed, C4 no run
+    lo, hi = sorted([p_a1, p_d3])
+    holm = {lo: min(1.0, 2 * lo), hi: min(1.0, max(2 * lo, hi))}
+    assert (out["A1"].p_holm, out["D3"].p_holm) == (pytest.approx(holm[p_a1]), pytest.approx(holm[p_d3]))
+    assert {r: v.verdict for r, v in out.items()} == {
+        "A1": stats.SIGNIFICANT_AGREE, "C1": stats.NOT_CONVERGED, "C4": stats.INCONCLUSIVE,
+        "D3": stats.SIGNIFICANT_DISAGREE, "D4": stats.AGREE, "B1": stats.NOT_SCORED, "D1": stats.NOT_TESTABLE,
+    }  # fmt: skip
+    assert out["D4"].delta_worse == pytest.approx(20.175 - 19.0)  # BLEU points below base's mean
+    assert out["A1"].delta_worse == pytest.approx(np.mean(np.log([6.0, 6.2, 6.1])) - np.mean(np.log(base["ppl"])))
+    summary = verdicts.score(out)
+    assert (summary["scored"], summary["agree"], summary["significant_agree"]) == (5, 2, 1)
+    assert summary["trivial"]["every_change_hurts"] == 4  # D3 is the one predicted better
+    # base not converged: no row gets a sign verdict
+    unconverged = verdicts.judge("any", values, {**converged, "base": False})
+    assert {unconverged[r].verdict for r in ("A1", "C1", "D3", "D4")} == {stats.NOT_CONVERGED}
