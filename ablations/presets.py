@@ -15,13 +15,11 @@ trained once, under the first row's name, and the other row is not scored.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
-from aiayn.ablations.table import PAPER_BASE, Row, get_row, load_rows
+from aiayn.ablations.knobs import KNOBS
+from aiayn.ablations.table import Row, load_rows
 from aiayn.common.errors import UserError
-
-# The corpora a run can train on (`--data`); each preset names its own.
-CORPORA = ("synthetic", "multi30k", "wmt14", "files")
 
 
 @dataclass(frozen=True)
@@ -140,47 +138,24 @@ def get_preset(name: str) -> Preset:
 
 
 def scale(row: Row, preset: Preset) -> dict:
-    """The row's knobs at the preset's scale (the module docstring's rule)."""
-    k = dict(row.knobs)
-    for name in ("d_model", "d_ff"):
-        k[name] = max(1, round(k[name] * preset.width))
+    """The row's knobs at the preset's scale (the module docstring's rule), each by the factor its knob names
+    (ablations/knobs.py)."""
+    k, out = row.knobs, dict(row.knobs)
     h = max(1, round(k["h"] * preset.heads))
-    for name in ("d_k", "d_v"):  # the total width h·d scales as d_model does; each of the h heads gets its share
-        k[name] = max(1, round(k["h"] * k[name] * preset.width / h))
-    k["h"] = h
-    k["N"] = max(1, round(k["N"] * preset.depth))
     paper_base_steps = load_rows()["base"].knobs["train_steps"]
-    k["train_steps"] = round(preset.train_steps * k["train_steps"] / paper_base_steps)
-    return k
-
-
-def resolve(row_name: str, preset_name: str, tables: tuple[str, ...] = ()) -> dict:
-    """Everything that defines a run of `row` at `preset` except corpus-dependent vocabulary facts
-    (`tables`: the user's own table files, `--table`, where the row may be)."""
-    row, preset = get_row(row_name, tables), get_preset(preset_name)
-    return {
-        "row": row.row,
-        "group": row.group,
-        **scale(row, preset),
-        "paper_ppl": row.paper_ppl,
-        "paper_bleu": row.paper_bleu,
-        "paper_params_m": row.paper_params_m,
-        "preset": preset.name,
-        "corpus": preset.corpus,
-        "vocab_size": preset.vocab_size,
-        "deviations": deviations(row),
-    }
-
-
-def deviations(row: Row) -> list[str]:
-    """Where this row leaves the paper's recipe (beyond Table 3's own variations)."""
-    out = []
-    if row.knobs["norm_first"] != PAPER_BASE["norm_first"]:
-        out.append("pre-LN residuals (paper: post-LN)")
-    if row.knobs["pe"] in ("none", "rope"):
-        out.append(f"positional encoding {row.knobs['pe']} (paper: sinusoid or learned)")
+    for name, knob in KNOBS.items():
+        if name not in k or knob.scale is None:
+            continue
+        if knob.scale == "width":
+            out[name] = max(1, round(k[name] * preset.width))
+        elif knob.scale == "heads":
+            out[name] = h
+        elif knob.scale == "attention":  # the total width h·d scales as d_model does; each head gets its share
+            out[name] = max(1, round(k["h"] * k[name] * preset.width / h))
+        elif knob.scale == "depth":
+            out[name] = max(1, round(k[name] * preset.depth))
+        elif knob.scale == "steps":
+            out[name] = round(preset.train_steps * k[name] / paper_base_steps)
+        else:
+            raise ValueError(f"knob {name}: unknown scale {knob.scale!r}")
     return out
-
-
-def preset_dict(preset: Preset) -> dict:
-    return asdict(preset) | {"rule": preset.rule()}

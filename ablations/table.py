@@ -3,8 +3,8 @@
 ablations/table3.csv (the paper's rows) and ablations/extended.csv (ours) are always read; a user's own
 table file in the same layout joins them with `--table FILE` (its rows may inherit from `base` too).
 
-Also what a sweep owes (the (row, seed) grid) and the knobs a user may change per run (`--set`):
-everything here is "what to run", so nothing imports torch.
+The knobs (columns) are ablations/knobs.py's; which (row, seed) pairs a sweep owes is ablations/selection.py.
+Everything here is "what to run", so nothing imports torch.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from aiayn.ablations.knobs import PAPER_BASE, TABLE_KNOBS, parse_value
 from aiayn.common.errors import UserError
 
 HERE = Path(__file__).resolve().parent
@@ -22,29 +23,11 @@ TABLE_FILES = (HERE / "table3.csv", HERE / "extended.csv")
 MAX_SEED = 9999
 
 
-def _bool(text: str) -> bool:
-    return text.strip().lower() == "true"
-
-
-# The columns a row may set, with their types: the model's knobs (named with the paper's symbols, as
-# lightning_modules.model.TransformerConfig's fields) and the row's training steps. Everything else
-# in a table file is the paper's results or a note.
-MODEL_KNOBS = {
-    "N": int, "d_model": int, "d_ff": int, "h": int, "d_k": int, "d_v": int,
-    "P_drop": float, "eps_ls": float, "pe": str, "norm_first": _bool,
-}  # fmt: skip
-KNOBS = {**MODEL_KNOBS, "train_steps": int}
-MODEL_KEYS = tuple(MODEL_KNOBS)
-SCHEDULE_KNOBS = {"warmup": int, "lr_factor": float}  # the preset's schedule, also overridable per run
-OVERRIDABLE = {**MODEL_KNOBS, **SCHEDULE_KNOBS}  # what `--set KEY=VALUE` may change
-PAPER_BASE = {"norm_first": False}  # the paper's base is post-LN; the CSV of the paper has no such column
-
-
 @dataclass(frozen=True)
 class Row:
     row: str
     group: str
-    knobs: dict  # fully resolved against base: every key of KNOBS
+    knobs: dict  # fully resolved against base: every knob of TABLE_KNOBS
     paper_ppl: float | None
     paper_bleu: float | None
     paper_params_m: float | None
@@ -58,18 +41,20 @@ class Row:
 
 # The columns a table file may have (the layout of ablations/table3.csv and extended.csv).
 PAPER_COLUMNS = ("paper_ppl_dev", "paper_bleu_dev", "paper_params_M")
-COLUMNS = ("row", "group", *KNOBS, *PAPER_COLUMNS, "note")
+COLUMNS = ("row", "group", *TABLE_KNOBS, *PAPER_COLUMNS, "note")
 
 
 def _typed(path: Path, line: int, column: str, text: str):
-    kind = float if column in PAPER_COLUMNS else KNOBS[column]
-    if kind is _bool and text.strip().lower() not in ("true", "false"):
-        raise UserError(f"table {path} line {line}: {column} must be true or false, got {text!r}; fix that cell")
+    if column in PAPER_COLUMNS:
+        try:
+            return float(text)
+        except ValueError:
+            what = f"{column} must be a number, got {text!r}"
+            raise UserError(f"table {path} line {line}: {what}; fix that cell") from None
     try:
-        return kind(text)
-    except ValueError:
-        what = {int: "an integer", float: "a number"}[kind]
-        raise UserError(f"table {path} line {line}: {column} must be {what}, got {text!r}; fix that cell") from None
+        return parse_value(column, text)
+    except ValueError as e:
+        raise UserError(f"table {path} line {line}: {e}, got {text!r}; fix that cell") from None
 
 
 def read_table(path: str | Path) -> list[tuple[int, dict]]:
@@ -144,13 +129,13 @@ def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
             where[r["row"]] = f"{path} line {line}"
             raw.append((path, r))
     base_raw = next(r for _, r in raw if r["row"] == "base")
-    base = dict(PAPER_BASE, **{k: v for k, v in base_raw.items() if k in KNOBS})
+    base = dict(PAPER_BASE, **{k: v for k, v in base_raw.items() if k in TABLE_KNOBS})
     rows = {}
     for path, r in raw:
         rows[r["row"]] = Row(
             row=r["row"],
             group=r["group"],
-            knobs=dict(base, **{k: v for k, v in r.items() if k in KNOBS}),
+            knobs=dict(base, **{k: v for k, v in r.items() if k in TABLE_KNOBS}),
             paper_ppl=r.get("paper_ppl_dev"),
             paper_bleu=r.get("paper_bleu_dev"),
             paper_params_m=r.get("paper_params_M"),
@@ -188,27 +173,3 @@ def select_rows(spec: str | None, include_extended: bool = False, tables: tuple[
                 f"unknown row or group {item!r} in --rows; rows are {', '.join(rows)}; groups are {', '.join(groups)}"
             )
     return [r for r in rows if r in chosen]
-
-
-def parse_overrides(items: list[str] | tuple[str, ...] | None) -> dict:
-    """`--set KEY=VALUE` (repeatable, or several pairs in one): each value typed as its column."""
-    out = {}
-    for item in (pair for arg in items or () for pair in arg.split()):
-        key, eq, text = item.partition("=")
-        if not eq or not key:
-            raise UserError(f"--set {item}: expected KEY=VALUE; e.g. --set d_model=256")
-        if key not in OVERRIDABLE:
-            raise UserError(f"--set {key}: unknown key; use one of {', '.join(OVERRIDABLE)}")
-        if key == "norm_first" and text.lower() not in ("true", "false"):
-            raise UserError(f"--set {item}: norm_first must be true or false; e.g. --set norm_first=true")
-        try:
-            out[key] = OVERRIDABLE[key](text)
-        except ValueError:
-            kind = {int: "an integer", float: "a number"}.get(OVERRIDABLE[key], "a value")
-            raise UserError(f"--set {item}: {key} must be {kind}; e.g. --set {key}=1") from None
-    return out
-
-
-def format_overrides(overrides: dict) -> list[str]:
-    """The `--set` values that `parse_overrides` reads back as `overrides`."""
-    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]

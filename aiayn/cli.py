@@ -15,13 +15,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from aiayn import __version__
+from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.logs import configure_logging
 from aiayn.common.options import HelpFormatter, add_options, from_args, parser_defaults, positive_int
-from aiayn.lightning_modules.options import BenchOptions, EvalOptions, TrainOptions, TranslateOptions
+from aiayn.lightning_modules.options import EvalOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
 from aiayn.sweeps.table3 import SweepOptions, report_dir
+
+log = logging.getLogger("aiayn")
 
 # Options a sweep sets for each of its runs, not the user.
 PER_RUN = ("train.row", "train.seed", "train.progress")
@@ -35,21 +38,22 @@ SLURM_DEFAULTS = {"train.accelerator": "gpu", "train.devices": None, "train.num_
 def cmd_rows(args) -> None:
     import pandas as pd
 
-    from aiayn.ablations.presets import get_preset, resolve
-    from aiayn.ablations.table import MODEL_KEYS, get_row, select_rows
-    from aiayn.lightning_modules.config import params_of
+    from aiayn.ablations.knobs import MODEL_KEYS
+    from aiayn.ablations.presets import get_preset
+    from aiayn.ablations.table import select_rows
+    from aiayn.lightning_modules.spec import resolve
 
     preset = get_preset(args.preset)
     tables = tuple(args.table or ())
     records = []
     for name in select_rows(args.rows, include_extended=args.extended, tables=tables):
-        r = resolve(name, preset.name, tables)
+        s = resolve(name, preset, tables=tables)
         records.append({
-            "row": r["row"], "group": r["group"], **{k if k != "P_drop" else "p_drop": r[k] for k in MODEL_KEYS},
-            "train_steps": r["train_steps"],
-            "params": params_of(r), "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"],
-            "paper_params_m": r["paper_params_m"], "note": get_row(name, tables).note, "preset": preset.name,
-            "corpus": preset.corpus, "vocab_size": preset.vocab_size,
+            "row": s.row, "group": s.group,
+            **{k if k != "P_drop" else "p_drop": getattr(s.model, k) for k in MODEL_KEYS},
+            "train_steps": s.train_steps, "params": s.model.params(), "paper_ppl": s.paper.ppl,
+            "paper_bleu": s.paper.bleu, "paper_params_m": s.paper.params_m, "note": s.note, "preset": preset.name,
+            "corpus": s.corpus, "vocab_size": s.model.vocab_size,
         })  # fmt: skip
     if args.format == "json":
         print(json.dumps(records, indent=2))
@@ -66,44 +70,56 @@ def cmd_rows(args) -> None:
 def cmd_train(args) -> None:
     from aiayn.lightning_modules.train import plan, train
 
-    opts = _with_config_tokenizer(replace(from_args(TrainOptions, args), row_config=_row_config(args)), args)
+    opts = from_args(TrainOptions, args)
+    spec = _spec_of(opts, args)
+    opts = _with_config_tokenizer(opts, args, spec)
     if args.print_config:
-        print(json.dumps(plan(opts).config, indent=2))
+        print(json.dumps(plan(opts, spec).config.to_dict(), indent=2))
         return
-    metrics = train(opts)
-    if metrics.get("status") == "diverged":
-        print(f"{metrics['row']} seed {metrics['seed']}: diverged ({metrics['error']}); metrics.json status diverged")
-    elif metrics:
+    metrics = train(opts, spec)
+    if metrics is not None and metrics.status == "diverged":
+        print(f"{metrics.row} seed {metrics.seed}: diverged ({metrics.error}); metrics.json status diverged")
+    elif metrics is not None:
         print(
-            f"{metrics['row']} seed {metrics['seed']}: dev BLEU {metrics['dev_bleu']:.2f} (sacreBLEU), "
-            f"dev PPL {metrics['dev_ppl']:.2f}, {metrics['params'] / 1e6:.2f}M params, {metrics['steps']} steps "
-            f"in {metrics['train_time_s']:.0f} s ({metrics['tokens_per_s']:.0f} tokens/s)"
+            f"{metrics.row} seed {metrics.seed}: dev BLEU {metrics.dev_bleu:.2f} (sacreBLEU), "
+            f"dev PPL {metrics.dev_ppl:.2f}, {metrics.params / 1e6:.2f}M params, {metrics.steps} steps "
+            f"in {metrics.train_time_s:.0f} s ({metrics.tokens_per_s:.0f} tokens/s)"
         )
 
 
-def _row_config(args) -> dict | None:
-    """With --config of a run's config.json: that run's resolved row, if the row and preset are still its."""
-    row = getattr(args, "config_row", None)
-    if row and row.get("row") == args.row and row.get("preset") == args.preset:
-        return row
-    return None
+def _spec_of(opts: TrainOptions, args):
+    """The run to train, resolved once: from the table, or, with --config of a run's config.json naming this row and
+    preset, that run's own recorded spec (so the run is reproduced even when its table changed since or is not at
+    hand), with the command line's --set on top."""
+    from aiayn.lightning_modules.spec import RunSpec, resolve
+    from aiayn.lightning_modules.train import spec_of
+
+    recorded = getattr(args, "config_spec", None)
+    if not recorded or recorded.get("row") != opts.row or recorded.get("preset", {}).get("name") != opts.preset:
+        return spec_of(opts)
+    spec = RunSpec.from_dict(recorded).with_overrides(opts.overrides)
+    try:
+        now = resolve(opts.row, opts.preset, tables=opts.table).knobs
+    except UserError:
+        now = None  # the table is not at hand: the config's row is all there is
+    if now is not None and now != spec.knobs:
+        changed = {k: (spec.knobs.get(k), v) for k, v in now.items() if spec.knobs.get(k) != v}
+        log.warning("row %s of the config file differs from its table now (config, table: %s); training the config "
+                    "file's", opts.row, changed)  # fmt: skip
+    return spec
 
 
-def _with_config_tokenizer(opts: TrainOptions, args) -> TrainOptions:
+def _with_config_tokenizer(opts: TrainOptions, args, spec) -> TrainOptions:
     """With --config RUN/config.json for a run elsewhere: RUN's tokenizer.model, when it is the one that
     config.json names (so the run is reproduced even where the cache holds another tokenizer)."""
-    if not args.config or opts.tokenizer or opts.row_config is None:
+    if not args.config or opts.tokenizer or getattr(args, "config_spec", None) is None:
         return opts
-    from aiayn.ablations.presets import get_preset
     from aiayn.common.files import sha256_file
-    from aiayn.lightning_modules.rundir import RunDir
 
     source = Path(args.config).parent
     sibling = source / "tokenizer.model"
     recorded = args.config_tokenizer
-    target = RunDir.of(opts.out, get_preset(opts.preset).name, opts.data or get_preset(opts.preset).corpus,
-                       opts.row, opts.seed)  # fmt: skip
-    elsewhere = target.path.resolve() != source.resolve()
+    elsewhere = spec.run_dir(opts.out, opts.seed).path.resolve() != source.resolve()
     if recorded and elsewhere and sibling.is_file() and sha256_file(sibling) == recorded:
         return replace(opts, tokenizer=str(sibling))
     return opts
@@ -170,7 +186,7 @@ def cmd_average(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from aiayn.lightning_modules.bench import main as bench_main
+    from aiayn.bench.run import main as bench_main
 
     bench_main(from_args(BenchOptions, args))
 
@@ -384,11 +400,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.command == "train" and args.config:
         from aiayn.lightning_modules.options import read_config_file
 
-        values, row, tokenizer_sha = read_config_file(args.config)
+        config = read_config_file(args.config)
         train_parser = next(a for a in parser._actions if a.dest == "command").choices["train"]
-        train_parser.set_defaults(**parser_defaults(TrainOptions, values))
+        train_parser.set_defaults(**parser_defaults(TrainOptions, config.values))
         args = parser.parse_args(argv)
-        args.config_row, args.config_tokenizer = row, tokenizer_sha
+        args.config_spec, args.config_tokenizer = config.spec, config.tokenizer_sha256
     return args
 
 

@@ -42,6 +42,7 @@ import os
 import random
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +138,14 @@ class RunFilesInCheckpoint(pl.Callback):
     weights), under `checkpoint["aiayn"]`. Embedded rather than named by a path, so a checkpoint
     copied to another machine needs neither its run directory nor the corpus nor the cache."""
 
-    def __init__(self, config: dict, tokenizer: str | Path) -> None:
-        data = Path(tokenizer).read_bytes()
-        self.files = {"format": 1, "config": config, "tokenizer_model": data, "tokenizer_sha256": sha256_bytes(data)}
+    def __init__(self, config: Callable[[], dict], tokenizer: Callable[[], str | Path]) -> None:
+        self._config, self._tokenizer, self.files = config, tokenizer, None  # read at the first save
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if self.files is None:
+            data = Path(self._tokenizer()).read_bytes()
+            self.files = {"format": 1, "config": self._config(), "tokenizer_model": data,
+                          "tokenizer_sha256": sha256_bytes(data)}  # fmt: skip
         checkpoint[RUN_FILES] = self.files
 
 

@@ -1,54 +1,117 @@
-"""From a resolved row (ablations/) to the model's config: `--set` overrides checked, then
-`TransformerConfig`, whose impossible values become one-line user errors. No Lightning here, so
-the sweep driver can size runs (`aiayn table3` orders its queue by cost) without importing it."""
+"""The model's config: one flat dataclass named with the paper's symbols (Table 3's columns), the positional
+encodings there are, and the exact parameter count of a config, all without torch, so that the command line,
+the sweep driver (which orders its queue by cost) and the reports can use them without importing it.
+
+The model itself is `model.Transformer` (paper §3); this is what it is built from.
+"""
 
 from __future__ import annotations
 
-from aiayn.ablations.presets import Preset
-from aiayn.ablations.table import MODEL_KEYS, SCHEDULE_KNOBS, format_overrides
-from aiayn.common.errors import UserError
-from aiayn.lightning_modules.model import TransformerConfig, count_params
+from dataclasses import asdict, dataclass, fields
+
+# The reserved ids of the one joint vocabulary (§3.4); the data pipeline's SentencePiece model is trained with
+# exactly these (lightning_modules/tokenizer.py), and decoding starts at BOS and stops at EOS.
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
-def model_config(resolved: dict, vocab_size: int, max_len: int = 1024) -> TransformerConfig:
-    """The model config of a resolved row; impossible values name the field, the row and the fix."""
-    try:
-        return TransformerConfig(**{k: resolved[k] for k in MODEL_KEYS}, vocab_size=vocab_size, max_len=max_len)
-    except ValueError as e:
-        raise UserError(
-            f"{e} (row {resolved['row']} at preset {resolved['preset']}); fix the row's line in ablations/"
-        ) from e
+@dataclass(frozen=True)
+class PositionalEncoding:
+    """A kind of positional information (§3.5 and Table 3 row E). `paper`: one the paper ran; any other is a
+    deviation, listed among a run's deviations. Its module is `model.POSITIONAL_ENCODINGS[name]`."""
+
+    name: str
+    paper: bool
+    note: str
 
 
-def params_of(resolved: dict, vocab_size: int | None = None) -> int:
-    """Exact parameter count of a resolved row (at the preset's vocabulary unless given)."""
-    return count_params(model_config(resolved, vocab_size or resolved["vocab_size"]))
+PE_KINDS = {
+    p.name: p
+    for p in (
+        PositionalEncoding("sinusoid", True, "sines and cosines of the position (§3.5), the paper's default"),
+        PositionalEncoding("learned", True, "a learned embedding per position (Table 3 row E)"),
+        PositionalEncoding("none", False, "no positional information at all"),
+        PositionalEncoding("rope", False, "rotary position embedding in self-attention (Su et al., 2021)"),
+    )
+}
 
 
-def apply_overrides(resolved: dict, preset: Preset, overrides: dict | None) -> tuple[dict, dict]:
-    """The row's knobs and the schedule with `--set` values applied and checked (a UserError naming
-    the value); each override is listed among the run's deviations. Setting d_model or h without
-    d_k/d_v makes those d_model/h again, as in the paper."""
-    overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - set(MODEL_KEYS) - set(SCHEDULE_KNOBS))
-    if unknown:
-        raise UserError(f"--set {unknown[0]}: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KNOBS))}")
-    resolved = dict(resolved)
-    if {"d_model", "h"} & set(overrides):
+@dataclass(frozen=True)
+class TransformerConfig:
+    """One flat config, named with the paper's symbols (Table 3 columns)."""
+
+    N: int = 6  # layers in each of the encoder and decoder stacks
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    d_k: int | None = None  # None: d_model / h, as in the paper; free otherwise (Table 3 rows A, B)
+    d_v: int | None = None
+    P_drop: float = 0.1
+    eps_ls: float = 0.1
+    pe: str = "sinusoid"  # a key of PE_KINDS
+    norm_first: bool = False  # False: the paper's post-LN, LayerNorm(x + Dropout(Sublayer(x)))
+    vocab_size: int = 37000  # one joint source/target vocabulary (§5.1)
+    max_len: int = 1024  # longest sequence the positional encoding covers
+
+    def __post_init__(self):
+        for name in ("N", "d_model", "d_ff", "h", "vocab_size", "max_len"):
+            _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
+        for name in ("d_k", "d_v"):  # None: d_model / h, as in the paper
+            if getattr(self, name) is None:
+                _require(
+                    self.d_model % self.h == 0,
+                    name,
+                    f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}",
+                )
+                object.__setattr__(self, name, self.d_model // self.h)
         for name in ("d_k", "d_v"):
-            resolved[name] = overrides.get(name)
-    resolved.update({k: v for k, v in overrides.items() if k in MODEL_KEYS})
-    schedule = {"warmup": preset.warmup, "lr_factor": preset.lr_factor}
-    schedule.update({k: v for k, v in overrides.items() if k in SCHEDULE_KNOBS})
-    for key in SCHEDULE_KNOBS:
-        if schedule[key] <= 0:
-            raise UserError(f"--set {key}={schedule[key]}: {key} must be positive; change the --set value")
-    if overrides:
-        given = " ".join(format_overrides(overrides))
-        try:  # the checks of TransformerConfig, before any data is prepared or anything written
-            cfg = model_config(resolved, preset.vocab_size)
-            resolved["d_k"], resolved["d_v"] = cfg.d_k, cfg.d_v
-        except UserError as e:
-            raise UserError(f"{str(e.__cause__ or e)} (--set {given}); change the --set value") from e
-        resolved["deviations"] = [*resolved["deviations"], f"overridden: {given}"]
-    return resolved, schedule
+            _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
+        for name in ("P_drop", "eps_ls"):
+            value = getattr(self, name)
+            _require(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"in [0, 1), got {value!r}")
+        _require(self.pe in PE_KINDS, "pe", f"one of {', '.join(PE_KINDS)}, got {self.pe!r}")
+        if self.pe == "sinusoid":
+            _require(self.d_model % 2 == 0, "d_model", "even for the sinusoid positional encoding")
+        if self.pe == "rope":
+            _require(self.d_k % 2 == 0, "d_k", "even for rotary positional encoding")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TransformerConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def params(self) -> int:
+        """The exact number of parameters of `model.Transformer(self)`, counted from the shapes (tested against
+        the model's own count for every row at every preset): no model is built to count them."""
+        d, h = self.d_model, self.h
+        attention = 2 * (d * h * self.d_k + h * self.d_k) + (d * h * self.d_v + h * self.d_v) + (h * self.d_v * d + d)
+        ffn = d * self.d_ff + self.d_ff + self.d_ff * d + d
+        norm = 2 * d
+        encoder = attention + ffn + 2 * norm
+        decoder = 2 * attention + ffn + 3 * norm
+        total = self.vocab_size * d + self.N * (encoder + decoder)  # one embedding, shared (§3.4)
+        if self.pe == "learned":
+            total += self.max_len * d
+        if self.norm_first:  # the final LayerNorm of each stack
+            total += 2 * norm
+        return total
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How a model translates (lightning_modules/decoding.py): beam size (1: greedy), the length penalty α of
+    lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016), and the longest output, source length + `extra_len`."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    extra_len: int = 50
+
+
+PAPER_DECODING = Decoding()  # §6.1: beam 4, α 0.6, source length + 50, early termination
+
+
+def _require(ok: bool, field: str, what: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid model config: {field} must be {what}")

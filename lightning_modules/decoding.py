@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aiayn.lightning_modules.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.model import BOS, PAD, UNK, Transformer
 
 NEVER_GENERATED = (PAD, BOS, UNK)
@@ -35,7 +36,9 @@ def max_output_lengths(src: Tensor, extra: int, cap: int) -> Tensor:
 
 
 @torch.no_grad()
-def greedy(model: Transformer, src: Tensor, bos: int, eos: int, extra_len: int = 50) -> list[list[int]]:
+def greedy(
+    model: Transformer, src: Tensor, bos: int, eos: int, extra_len: int = PAPER_DECODING.extra_len
+) -> list[list[int]]:
     """Argmax decoding; returns token ids per sentence without BOS/EOS."""
     B = src.shape[0]
     limits = max_output_lengths(src, extra_len, model.cfg.max_len)
@@ -73,9 +76,9 @@ def beam_search(
     src: Tensor,
     bos: int,
     eos: int,
-    beam: int = 4,
-    alpha: float = 0.6,
-    extra_len: int = 50,
+    beam: int = PAPER_DECODING.beam,
+    alpha: float = PAPER_DECODING.alpha,
+    extra_len: int = PAPER_DECODING.extra_len,
 ) -> list[list[int]]:
     """Batched beam search; returns the best hypothesis per sentence (ids without BOS/EOS)."""
     B, K, dev = src.shape[0], beam, src.device
@@ -138,3 +141,10 @@ def beam_search(
         scores = keep_scores
 
     return [max(f, key=lambda t: t[0])[1] if f else [] for f in finished]
+
+
+def translate_batch(model: Transformer, src: Tensor, bos: int, eos: int, decoding: Decoding = PAPER_DECODING) -> list:
+    """Token ids of the translations of `src` (B, S): beam search, or greedy search for beam 1."""
+    if decoding.beam <= 1:
+        return greedy(model, src, bos, eos, extra_len=decoding.extra_len)
+    return beam_search(model, src, bos, eos, beam=decoding.beam, alpha=decoding.alpha, extra_len=decoding.extra_len)

@@ -14,10 +14,11 @@ import torch
 from torch import Tensor
 
 from aiayn.lightning_modules.bleu import bleu
-from aiayn.lightning_modules.decoding import beam_search, greedy
+from aiayn.lightning_modules.config import PAPER_DECODING, Decoding
+from aiayn.lightning_modules.decoding import translate_batch
 from aiayn.lightning_modules.model import PAD, Transformer
 
-__all__ = ["bleu", "evaluate", "nll_sum", "translate_batch"]
+__all__ = ["bleu", "evaluate", "nll_sum"]
 
 
 def nll_sum(model: Transformer, batch: dict) -> tuple[Tensor, int]:
@@ -29,14 +30,8 @@ def nll_sum(model: Transformer, batch: dict) -> tuple[Tensor, int]:
     return nll, int((batch["tgt_out"] != PAD).sum())
 
 
-def translate_batch(model: Transformer, src: Tensor, bos: int, eos: int, beam: int, alpha: float) -> list[list[int]]:
-    if beam <= 1:
-        return greedy(model, src, bos, eos)
-    return beam_search(model, src, bos, eos, beam=beam, alpha=alpha)
-
-
 @torch.no_grad()
-def evaluate(model: Transformer, datamodule, split: str = "dev", beam: int = 4, alpha: float = 0.6) -> dict:
+def evaluate(model: Transformer, datamodule, split: str = "dev", decoding: Decoding = PAPER_DECODING) -> dict:
     """Dev/test PPL and BLEU of `model` on a set-up TranslationDataModule split (dev: its dev_subset)."""
     was_training = model.training
     model.eval()
@@ -48,7 +43,7 @@ def evaluate(model: Transformer, datamodule, split: str = "dev", beam: int = 4, 
         batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
         nll, n = nll_sum(model, batch)
         total_nll, total_tokens = total_nll + float(nll), total_tokens + n
-        out = translate_batch(model, batch["src"], datamodule.bos_id, datamodule.eos_id, beam, alpha)
+        out = translate_batch(model, batch["src"], datamodule.bos_id, datamodule.eos_id, decoding)
         for i, ids in zip(batch["idx"].tolist(), out):
             hyps[i] = datamodule.decode(ids)
     model.train(was_training)

@@ -6,75 +6,23 @@ decoder layers and stacks (§3.1, Fig. 1), tied embeddings × √d_model (§3.4)
 decoding with a key/value cache. No Lightning here: training lives in `lightning_modules.module`.
 
 The paper is the default. Every deviation is one named config field and is said where it acts:
-`norm_first` (pre-LN instead of the paper's post-LN), `pe="none"` and `pe="rope"` (beyond the paper).
+`norm_first` (pre-LN instead of the paper's post-LN), `pe="none"` and `pe="rope"` (beyond the paper). The config,
+`TransformerConfig`, is lightning_modules/config.py's (no torch there).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# The reserved ids of the one joint vocabulary (§3.4); the data pipeline's SentencePiece model is
-# trained with exactly these (lightning_modules/data.py), and decoding starts at BOS and stops at EOS.
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
-PE_TYPES = ("sinusoid", "learned", "none", "rope")
+from aiayn.lightning_modules.config import BOS, EOS, PAD, PE_KINDS, UNK, TransformerConfig
 
-
-@dataclass(frozen=True)
-class TransformerConfig:
-    """One flat config, named with the paper's symbols (Table 3 columns)."""
-
-    N: int = 6  # layers in each of the encoder and decoder stacks
-    d_model: int = 512
-    d_ff: int = 2048
-    h: int = 8
-    d_k: int | None = None  # None: d_model / h, as in the paper; free otherwise (Table 3 rows A, B)
-    d_v: int | None = None
-    P_drop: float = 0.1
-    eps_ls: float = 0.1
-    pe: str = "sinusoid"  # sinusoid (§3.5) | learned (row E) | none | rope (beyond the paper)
-    norm_first: bool = False  # False: the paper's post-LN, LayerNorm(x + Dropout(Sublayer(x)))
-    vocab_size: int = 37000  # one joint source/target vocabulary (§5.1)
-    max_len: int = 1024  # longest sequence the positional encoding covers
-
-    def __post_init__(self):
-        for name in ("N", "d_model", "d_ff", "h", "vocab_size", "max_len"):
-            _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
-        for name in ("d_k", "d_v"):  # None: d_model / h, as in the paper
-            if getattr(self, name) is None:
-                _require(
-                    self.d_model % self.h == 0,
-                    name,
-                    f"set explicitly: d_model={self.d_model} is not divisible by h={self.h}",
-                )
-                object.__setattr__(self, name, self.d_model // self.h)
-        for name in ("d_k", "d_v"):
-            _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name, "a positive integer")
-        for name in ("P_drop", "eps_ls"):
-            value = getattr(self, name)
-            _require(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"in [0, 1), got {value!r}")
-        _require(self.pe in PE_TYPES, "pe", f"one of {', '.join(PE_TYPES)}, got {self.pe!r}")
-        if self.pe == "sinusoid":
-            _require(self.d_model % 2 == 0, "d_model", "even for the sinusoid positional encoding")
-        if self.pe == "rope":
-            _require(self.d_k % 2 == 0, "d_k", "even for rotary positional encoding")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TransformerConfig:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def _require(ok: bool, field: str, what: str) -> None:
-    if not ok:
-        raise ValueError(f"invalid model config: {field} must be {what}")
+# The config (one flat dataclass named with the paper's symbols) and the reserved ids live beside this file,
+# without torch, so that the command line and the sweeps can read configs without importing it.
+__all__ = ["BOS", "EOS", "PAD", "UNK", "TransformerConfig", "Transformer"]
 
 
 # --- §3.2 Attention ---------------------------------------------------------------------------
@@ -211,6 +159,66 @@ def apply_rope(x: Tensor, rot: Tensor) -> Tensor:
     return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2).type_as(x)
 
 
+class Positions(nn.Module):
+    """A kind of positional information (config.PE_KINDS): what it adds to the scaled embeddings at positions
+    offset.. (`forward`), and the rotations it applies in self-attention (`rotation`; None: none). This base class
+    is `pe="none"`: no positional information (beyond the paper)."""
+
+    def __init__(self, cfg: TransformerConfig | None = None):
+        super().__init__()
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:  # (B, T, d_model)
+        return x
+
+    def rotation(self, length: int) -> Tensor | None:
+        return None
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class SinusoidPositions(Positions):
+    """§3.5: fixed sines and cosines, added to the embeddings."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.register_buffer("table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return x + self.table[offset : offset + x.shape[1]]
+
+
+class LearnedPositions(Positions):
+    """Table 3 row E: a learned embedding per position, added to the embeddings."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.d_model = cfg.d_model
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return x + self.embed.weight[offset : offset + x.shape[1]]
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.embed.weight, std=self.d_model**-0.5)
+
+
+class RotaryPositions(Positions):
+    """Beyond the paper: queries and keys rotated by their positions in self-attention, nothing added."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.register_buffer("table", rope_table(cfg.max_len, cfg.d_k), persistent=False)
+
+    def rotation(self, length: int) -> Tensor:
+        return self.table[:length]
+
+
+POSITIONAL_ENCODINGS = {"sinusoid": SinusoidPositions, "learned": LearnedPositions, "none": Positions,
+                        "rope": RotaryPositions}  # fmt: skip
+assert POSITIONAL_ENCODINGS.keys() == PE_KINDS.keys(), "every kind of config.PE_KINDS has its module here"
+
+
 # --- §3.1 Encoder and decoder layers -----------------------------------------------------------
 
 
@@ -316,12 +324,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
         self.drop = Dropout(cfg.P_drop)  # on the sums of embeddings and positional encodings (§5.4)
-        if cfg.pe == "sinusoid":
-            self.register_buffer("pe_table", sinusoid_table(cfg.max_len, cfg.d_model), persistent=False)
-        elif cfg.pe == "learned":
-            self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
-        elif cfg.pe == "rope":
-            self.register_buffer("rope_table", rope_table(cfg.max_len, cfg.d_k), persistent=False)
+        self.positions = POSITIONAL_ENCODINGS[cfg.pe](cfg)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.N))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.N))
         # pre-LN stacks need a closing norm; the paper's post-LN output is already normalized
@@ -340,23 +343,17 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, std=self.cfg.d_model**-0.5)
         with torch.no_grad():
             self.embed.weight[PAD].zero_()
-        if self.cfg.pe == "learned":
-            nn.init.normal_(self.pos_embed.weight, std=self.cfg.d_model**-0.5)
+        self.positions.reset_parameters()
 
     def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """Embedding × √d_model (§3.4) plus the positional encoding (§3.5), then dropout."""
         T = tokens.shape[1]
         if offset + T > self.cfg.max_len:
             raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.cfg.max_len}")
-        x = self.embed(tokens) * math.sqrt(self.cfg.d_model)
-        if self.cfg.pe == "sinusoid":
-            x = x + self.pe_table[offset : offset + T]
-        elif self.cfg.pe == "learned":
-            x = x + self.pos_embed.weight[offset : offset + T]
-        return self.drop(x)
+        return self.drop(self.positions(self.embed(tokens) * math.sqrt(self.cfg.d_model), offset))
 
     def rope(self, length: int) -> Tensor | None:
-        return self.rope_table[:length] if self.cfg.pe == "rope" else None
+        return self.positions.rotation(length)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) token ids → memory (B, S, d_model) and key mask (B, 1, 1, S), True = real token."""
@@ -416,10 +413,3 @@ class Transformer(nn.Module):
                 lc["cross"] = tuple(t.index_select(0, sentences) for t in lc["cross"])
             if "k" in lc:
                 lc["k"], lc["v"] = lc["k"].index_select(0, index), lc["v"].index_select(0, index)
-
-
-def count_params(cfg: TransformerConfig) -> int:
-    """Exact parameter count of a config, without allocating weights (meta device)."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    return sum(p.numel() for p in model.parameters())

@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.lightning_modules.evaluate import bleu, nll_sum, translate_batch
+from aiayn.lightning_modules.config import PAPER_DECODING, Decoding
+from aiayn.lightning_modules.decoding import translate_batch
+from aiayn.lightning_modules.evaluate import bleu, nll_sum
 from aiayn.lightning_modules.model import PAD, Transformer, TransformerConfig
 
 
@@ -120,8 +122,8 @@ class TranslationModule(pl.LightningModule):
         model_cfg: dict,
         warmup: int = 4000,
         lr_factor: float = 1.0,
-        beam: int = 4,
-        alpha: float = 0.6,
+        beam: int = PAPER_DECODING.beam,
+        alpha: float = PAPER_DECODING.alpha,
         val_bleu_sentences: int | None = None,
         data: dict | None = None,  # the corpus/tokenizer identity, so a checkpoint names its data
     ):
@@ -201,7 +203,8 @@ class TranslationModule(pl.LightningModule):
             if len(pick):
                 dm = self.trainer.datamodule
                 src = batch["src"].index_select(0, pick)
-                out = translate_batch(self.model, src, dm.bos_id, dm.eos_id, self.hparams.beam, self.hparams.alpha)
+                decoding = Decoding(self.hparams.beam, self.hparams.alpha)
+                out = translate_batch(self.model, src, dm.bos_id, dm.eos_id, decoding)
                 idx = batch["idx"].index_select(0, pick).tolist()
                 v.setdefault("hyps", {}).update(zip(idx, (dm.decode(ids) for ids in out)))
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from aiayn.ablations.presets import CORPORA
-from aiayn.ablations.table import format_overrides, parse_overrides
+from aiayn.ablations.knobs import format_overrides, parse_overrides, set_help
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
+from aiayn.lightning_modules.config import PAPER_DECODING
+from aiayn.lightning_modules.corpora import CORPORA
 
 
 @dataclass
@@ -67,12 +68,8 @@ class TrainOptions:
     progress: bool = option(True, "Lightning's progress bar")
     overrides: dict = option(
         default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,
-        help="change a knob of the row: N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, pe, norm_first, warmup, "
-        "lr_factor (repeatable; listed among the run's deviations)",
+        help=set_help(),
     )  # fmt: skip
-
-    # `aiayn train --config` of a run's config.json: that run's resolved row, trained as it was
-    row_config: dict | None = option(None, cli=False)
 
     @property
     def world_size(self) -> int:
@@ -84,7 +81,7 @@ class TrainOptions:
 # real target tokens (the DataModule's budget) for a run's final evaluation
 DECODE_MAX_TOKENS = 4096
 
-NOT_RECORDED = ("cache_dir", "progress", "num_workers", "row_config")
+NOT_RECORDED = ("cache_dir", "progress", "num_workers")
 
 
 def options_record(opts: TrainOptions) -> dict:
@@ -97,12 +94,19 @@ def options_record(opts: TrainOptions) -> dict:
     return out
 
 
-def read_config_file(path: str | Path) -> tuple[dict, dict | None, str | None]:
-    """`aiayn train --config FILE`: the TrainOptions values FILE gives, and, when FILE is a run's
-    config.json, that run's resolved row and its tokenizer's sha256. FILE is JSON or YAML (a superset
-    of JSON): a run's config.json (its "options"; one written by aiayn 0.1 has none, they are read
-    from its sections) or a mapping of `aiayn train` options by name (`max_steps: 2`,
-    `set: {d_model: 256}`)."""
+@dataclass(frozen=True)
+class ConfigFile:
+    """What `--config FILE` gives: option values by name, and, when FILE is a run's config.json, that run's
+    recorded spec (RunSpec.to_dict()) and its tokenizer's sha256."""
+
+    values: dict
+    spec: dict | None = None
+    tokenizer_sha256: str | None = None
+
+
+def read_config_file(path: str | Path) -> ConfigFile:
+    """`aiayn train --config FILE`: FILE is JSON or YAML (a superset of JSON): a run's config.json (its
+    "options" and "spec") or a mapping of `aiayn train` options by name (`max_steps: 2`, `set: {d_model: 256}`)."""
     import yaml  # lazily: building the CLI's parsers needs no YAML
 
     path = Path(path)
@@ -119,14 +123,9 @@ def read_config_file(path: str | Path) -> tuple[dict, dict | None, str | None]:
     if not isinstance(doc, dict):
         raise UserError(f"config {path} is not a mapping of options; pass a run's config.json or a YAML file "
                         f"like `row: C3`")  # fmt: skip
-    row = doc.get("row") if isinstance(doc.get("row"), dict) else None
-    if "options" in doc:
-        values = doc["options"]
-    elif row is not None:
-        values = _options_of_old_config(doc)
-    else:
-        values = doc
-    names = {f.name for f in fields(TrainOptions) if f.name != "row_config"}
+    is_run = isinstance(doc.get("spec"), dict) and "options" in doc
+    values = doc["options"] if is_run else doc
+    names = {f.name for f in fields(TrainOptions)}
     out = {}
     for key, value in (values or {}).items():
         name = {"set": "overrides"}.get(str(key), str(key).replace("-", "_"))
@@ -134,26 +133,9 @@ def read_config_file(path: str | Path) -> tuple[dict, dict | None, str | None]:
             raise UserError(f"config {path}: unknown option {key!r}; use the option names of `aiayn train --help` "
                             f"(e.g. max_steps, set)")  # fmt: skip
         out[name] = value
-    tokenizer = doc.get("tokenizer") if isinstance(doc.get("tokenizer"), dict) else {}
-    return out, row, tokenizer.get("sha256") if row is not None else None
-
-
-def _options_of_old_config(doc: dict) -> dict:
-    """The options of a config.json written by aiayn 0.1 (no "options" section), from what it recorded."""
-    row, data, t = doc["row"], doc.get("data", {}), doc.get("train", {})
-    mark = "overridden: "
-    given = next((d.removeprefix(mark) for d in row.get("deviations", []) if d.startswith(mark)), "")
-    world, accumulate = t.get("world_size", 1), t.get("accumulate", 1)
-    per_step = t.get("effective_tokens_per_step")
-    values = {
-        "row": row.get("row"), "preset": row.get("preset"), "seed": t.get("seed", 0), "max_steps": t.get("steps"),
-        "precision": t.get("precision", "32-true"), "devices": world, "data": data.get("corpus"),
-        "data_dir": data.get("data_dir"), "src_lang": data.get("src_lang", "en"),
-        "tgt_lang": data.get("tgt_lang", "de"), "vocab_size": data.get("vocab_size"),
-        "overrides": parse_overrides(given.split()),
-        "max_tokens": per_step // (world * accumulate) if per_step else None,
-    }  # fmt: skip
-    return {k: v for k, v in values.items() if v is not None}
+    if not is_run:
+        return ConfigFile(out)
+    return ConfigFile(out, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"))
 
 
 @dataclass
@@ -169,9 +151,9 @@ class ModelSource:
         metavar="K",
     )  # fmt: skip
     device: str = option("auto", "auto: the GPU when one is visible", choices=("auto", "cpu", "cuda"))
-    beam: int = option(4, "beam size (1: greedy); the paper's 4", positive=True)
-    alpha: float = option(0.6, "length penalty alpha; the paper's 0.6")
-    extra_len: int = option(50, "longest output = source length + this; the paper's 50")
+    beam: int = option(PAPER_DECODING.beam, "beam size (1: greedy); the paper's 4", positive=True)
+    alpha: float = option(PAPER_DECODING.alpha, "length penalty alpha; the paper's 0.6")
+    extra_len: int = option(PAPER_DECODING.extra_len, "longest output = source length + this; the paper's 50")
     max_tokens: int = option(DECODE_MAX_TOKENS, "source tokens per batch, padding included", positive=True)
     tokenizer: str | None = option(
         None, "the SentencePiece model, for a checkpoint written before aiayn 0.2 (later ones carry theirs)",
@@ -200,28 +182,3 @@ class EvalOptions:
                                choices=("dev", "test"))  # fmt: skip
     data_dir: str | None = option(None, "with --split: where the corpus's files are now")
     cache_dir: str | None = option(None, "with --split: the corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
-
-
-@dataclass
-class BenchOptions:
-    """What `aiayn bench` measures (lightning_modules/bench.py): one model's training and decoding speed."""
-
-    config: str = option("tiny", "model sizes", choices=("tiny", "base", "paper"))
-    device: str = option("auto", "auto: cuda when available", choices=("auto", "cpu", "cuda"))
-    peers: bool = option(False, "also torch.nn.Transformer and transformers' MarianMTModel")
-    json: str | None = option(None, "write the results here, one object per implementation")
-    layers: int | None = option(None, "override N (layers per stack)", positive=True)
-    tokens: int | None = option(None, "padded positions per side in the training batch", positive=True)
-    steps: int = option(3, "timed optimizer steps per trial", positive=True)
-    warmup: int = option(2, "untimed steps before the first trial")
-    trials: int = option(5, "round-robin rounds; medians are reported", positive=True)
-    decode_sentences: int = option(32, "sentences decoded per trial", positive=True)
-    decode_batch: int = option(16, "sentences per beam-search batch", positive=True)
-    decode_src_len: int = option(20, "source length of the decoded sentences", positive=True)
-    decode_extra: int = option(20, "maximum output length = source length + this")
-    beam: int = option(4, "beam size", positive=True)
-    alpha: float = option(0.6, "length penalty (aiayn: GNMT's; Marian: score/len^alpha)")
-    threads: int | None = option(None, "torch.set_num_threads (default: torch's own)", positive=True)
-    padding: bool = option(False, "also the padding waste of token-bucket batches")
-    multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
-    cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")

@@ -1,23 +1,28 @@
-"""The run directory: the one module that knows its layout, its files and what they say.
+"""The output directory and the run directories in it: the one module that knows their layout, their files and
+what those say (config.json as `RunConfig`, metrics.json as `RunMetrics`: read and written only through them).
 
-A run's directory depends only on (preset, corpus, row, seed), so rerunning the same command resumes
-it instead of starting over::
+A run's directory depends only on (preset, corpus, row, seed), so rerunning the same command resumes it::
 
-    OUT/PRESET/CORPUS/ROW/seedS/
-        config.json            the resolved config, written before training; a run of another config is refused
-        tokenizer.model        the run's SentencePiece model (its sha256 in config.json and in every checkpoint)
-        checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM's warning)
-        logs/version_N/        Lightning's CSV log of attempt N (training and validation curves)
-        dev.hyp, dev.ref       the final dev translations and their references, line by line
-        metrics.json           the result, written last (see `RunDir.write_metrics` for its fields)
-        wandb-run.json         the run directory's W&B run id and its attempts (`RunDir.wandb_attempt`)
-        wandb/                 W&B's own files (with --wandb)
-        .lock                  held by the one process that trains the run
-    OUT/PRESET/CORPUS/ROW/seedS.log   the training process's output when a sweep ran it
+    OUT/                                   `OutDir`: everything a command writes under --out
+        PRESET/CORPUS/ROW/seedS/           `RunDir`: one run of Table 3
+            config.json            the resolved config (`RunConfig`), written before training; another is refused
+            tokenizer.model        the run's SentencePiece model (its sha256 in config.json and in every checkpoint)
+            checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM)
+            logs/version_N/        the loggers' files of attempt N (CSV: training and validation curves)
+            dev.hyp, dev.ref       the final dev translations and their references, line by line
+            metrics.json           the result (`RunMetrics`), written last
+            wandb-run.json, wandb/ the run directory's W&B run id and attempts, W&B's own files (with W&B)
+            .lock                  held by the one process that trains the run
+        PRESET/CORPUS/ROW/seedS.log        the training process's output when a sweep ran it
+        hpo/PRESET/ROW/trialNNNN/  an `aiayn hpo` trial: a run directory too (its metrics.json says kind "hpo")
+        hpo/PRESET/ROW/best.json   the search's result
+        .locks/                    one lock per claimed pair or trial, per queue pop, per driver setup
+        optuna.db, hpo.db          the Optuna studies of `aiayn table3` and `aiayn hpo` (SQLite by default)
+        slurm/                     sbatch scripts, logs/, pairs/ (which array task holds which pair)
+        reports/                   the reports (`aiayn report`), unless --report says otherwise
 
-`aiayn hpo` trials live in `OUT/hpo/PRESET/ROW/trialNNNN/` with the same inside. Every file is
-written atomically (aiayn.common.files); temporary files a kill leaves behind are removed when the run
-restarts. Nothing here imports torch at import time: sweeps and reports read run directories too.
+Every file is written atomically (aiayn.common.files); temporary files a kill leaves behind are removed when the
+run restarts. Nothing here imports torch at import time: sweeps and reports read run directories too.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ import platform
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO
 
-from aiayn.ablations.table import MODEL_KEYS, SCHEDULE_KNOBS
+from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.common.errors import UserError
 from aiayn.common.files import (
     atomic_open,
@@ -49,24 +54,196 @@ log = logging.getLogger(__name__)
 
 REQUEUE_CHECKPOINT = "requeue.ckpt"
 STATUSES = ("completed", "failed", "diverged", "pruned")
-# without these a metrics.json cannot be placed in a table
-REQUIRED_METRICS = ("row", "seed", "preset", "status")
-# the parts of config.json that must match for a rerun to resume a run directory
-IDENTITY = ("model", "data", "schedule")
+SCHEMA = 1  # of config.json and metrics.json; a file of a newer schema is refused, not misread
 _STEP_CKPT = re.compile(r"step(\d+)\.ckpt$")
+
+
+def _from_dict(cls, d: dict, what: str):
+    """`cls` from a JSON object: unknown keys ignored (a later aiayn may add some), missing required ones named."""
+    if not isinstance(d, dict):
+        raise ValueError("not a JSON object")
+    if int(d.get("schema", SCHEMA)) > SCHEMA:
+        raise ValueError(f"{what} of schema {d['schema']} (this aiayn reads {SCHEMA}): written by a newer aiayn")
+    names = {f.name for f in fields(cls)}
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}")
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """metrics.json: what a run ended with. Written once, last, by the run's rank 0; read by sweeps and reports."""
+
+    row: str
+    seed: int
+    preset: str
+    status: str  # one of STATUSES
+    group: str = ""
+    data: str = ""  # the corpus
+    kind: str = "table3"  # "table3", or "hpo" for a trial of `aiayn hpo` (never part of a Table 3 report)
+    planned_steps: int | None = None
+    steps: int | None = None
+    params: int | None = None
+    train_time_s: float | None = None
+    tokens_per_s: float | None = None
+    dev_bleu: float | None = None
+    dev_bleu_signature: str | None = None
+    dev_tok_bleu: float | None = None
+    dev_tok_bleu_label: str | None = None
+    dev_ppl: float | None = None
+    dev_sentences: int | None = None
+    src_tokens_per_step: float | None = None
+    tgt_tokens_per_step: float | None = None
+    paper_ppl: float | None = None
+    paper_bleu: float | None = None
+    paper_params_m: float | None = None
+    config: dict = field(default_factory=dict)  # the model's knobs as trained (MODEL_KEYS)
+    deviations: list = field(default_factory=list)  # each as its text
+    effective_tokens_per_step: int | None = None
+    error: str | None = None
+    diverged_at_step: int | None = None
+    host: str = ""
+    torch: str = ""
+    finished_at: str = ""
+    schema: int = SCHEMA
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is none of {', '.join(STATUSES)}")
+        try:
+            object.__setattr__(self, "seed", int(self.seed))
+        except (TypeError, ValueError):
+            raise ValueError(f"seed {self.seed!r} is not an integer") from None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunMetrics:
+        return _from_dict(cls, d, "metrics.json")
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """The data module's arguments that fix which tokens a model sees (in config.json and in every checkpoint)."""
+
+    corpus: str
+    data_dir: str | None = None
+    vocab_size: int = 8000
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    max_len: int = 256
+    train_pairs: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    seed: int
+    steps: int  # optimizer steps
+    accumulate: int  # batches per optimizer step, per device
+    world_size: int
+    effective_tokens_per_step: int  # the budget: real target tokens (EOS included) per optimizer step
+    precision: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """config.json: the run as resolved before training. `aiayn train --config RUN/config.json` trains it again."""
+
+    spec: dict  # RunSpec.to_dict(): the row at its scale, --set, the model config, schedule, deviations
+    data: DataIdentity
+    train: TrainPlan
+    tokenizer_file: str = "tokenizer.model"
+    tokenizer_sha256: str | None = None  # None until the tokenizer exists
+    options: dict = field(default_factory=dict)  # the TrainOptions that made it (lightning_modules/options.py)
+    schema: int = SCHEMA
+
+    @property
+    def model(self) -> dict:
+        return self.spec["model"]
+
+    @property
+    def schedule(self) -> dict:
+        return self.spec["schedule"]
+
+    def identity(self) -> dict:
+        """What must match for a rerun to resume a run directory."""
+        return {"model": self.model, "data": self.data.to_dict(), "schedule": self.schedule}
+
+    def to_dict(self) -> dict:
+        return {"schema": self.schema, "spec": self.spec, "data": self.data.to_dict(), "train": asdict(self.train),
+                "tokenizer": {"file": self.tokenizer_file, "sha256": self.tokenizer_sha256},
+                "options": self.options}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        if not isinstance(d, dict) or not {"spec", "data", "train"} <= set(d):
+            raise ValueError("not an aiayn config.json (no spec, data and train)")
+        if int(d.get("schema", SCHEMA)) > SCHEMA:
+            raise ValueError(f"config.json of schema {d['schema']} (this aiayn reads {SCHEMA}): a newer aiayn's")
+        tok = d.get("tokenizer") or {}
+        return cls(spec=d["spec"], data=_from_dict(DataIdentity, d["data"], "data"),
+                   train=_from_dict(TrainPlan, d["train"], "train"), tokenizer_file=tok.get("file", "tokenizer.model"),
+                   tokenizer_sha256=tok.get("sha256"), options=d.get("options") or {})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OutDir:
+    """Everything a command writes under --out (the module docstring's layout); one place decides every path."""
+
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root))
+
+    RESERVED = ("hpo", "slurm", "reports", ".locks")  # top-level names that are not presets
+
+    def run(self, preset: str, corpus: str, row: str, seed: int) -> RunDir:
+        return RunDir(self.root / preset / corpus / row / f"seed{seed}")
+
+    def hpo_trial(self, preset: str, row: str, number: int) -> RunDir:
+        return RunDir(self.root / "hpo" / preset / row / f"trial{number:04d}")
+
+    def hpo_best(self, preset: str, row: str) -> Path:
+        return self.root / "hpo" / preset / row / "best.json"
+
+    def lock(self, name: str) -> Path:
+        return self.root / ".locks" / f"{name}.lock"
+
+    def study_url(self, kind: str = "table3") -> str:
+        """The default Optuna storage of `aiayn table3` (optuna.db) or `aiayn hpo` (hpo.db)."""
+        return f"sqlite:///{(self.root / ('optuna.db' if kind == 'table3' else 'hpo.db')).resolve()}"
+
+    @property
+    def slurm(self) -> Path:
+        return self.root / "slurm"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    def table_runs(self) -> list[RunDir]:
+        """Every run directory of a Table 3 run under the root (OUT/PRESET/CORPUS/ROW/seedS with a metrics.json);
+        HPO trials, SLURM files and reports are not among them."""
+        found = self.root.glob("*/*/*/seed*/metrics.json")
+        return sorted(RunDir(p.parent) for p in found if p.relative_to(self.root).parts[0] not in self.RESERVED)
 
 
 @dataclass(frozen=True)
 class RunDir:
     path: Path
 
-    @classmethod
-    def of(cls, out: str | Path, preset: str, corpus: str, row: str, seed: int) -> RunDir:
-        return cls(Path(out) / preset / corpus / row / f"seed{seed}")
-
-    @classmethod
-    def hpo_trial(cls, out: str | Path, preset: str, row: str, number: int) -> RunDir:
-        return cls(Path(out) / "hpo" / preset / row / f"trial{number:04d}")
+    def __lt__(self, other: RunDir) -> bool:
+        return self.path < other.path
 
     # ---- layout
 
@@ -108,32 +285,33 @@ class RunDir:
 
     # ---- config.json
 
-    def read_config(self) -> dict | None:
+    def read_config(self) -> RunConfig | None:
+        """config.json, or None when there is none; an unreadable one is a UserError."""
         if not self.config_file.exists():
             return None
         try:
-            return json.loads(self.config_file.read_text())
-        except (OSError, ValueError) as e:
+            return RunConfig.from_dict(json.loads(self.config_file.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as e:
             raise UserError(
                 f"cannot read {self.config_file} ({e}); delete the run directory {self.path} to start over"
             ) from e
 
-    def check_config(self, config: dict) -> None:
+    def check_config(self, config: RunConfig) -> None:
         """A run directory holds one config: refuse to resume a run of another one."""
         saved = self.read_config()
         if saved is None:
             return
-        for key in IDENTITY:
-            old, new = _identity(saved, key) or {}, _identity(config, key)
-            if old != new:
-                diff = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+        old, new = saved.identity(), config.identity()
+        for key in new:
+            if old[key] != new[key]:
+                diff = {k: (old[key].get(k), v) for k, v in new[key].items() if old[key].get(k) != v}
                 raise UserError(
                     f"run directory {self.path} holds a run of another config ({key} differs: {diff}); "
                     f"use another --out or delete that directory"
                 )
 
-    def write_config(self, config: dict) -> None:
-        atomic_write_json(self.config_file, redact_obj(config))
+    def write_config(self, config: RunConfig) -> None:
+        atomic_write_json(self.config_file, redact_obj(config.to_dict()))
 
     # ---- tokenizer.model
 
@@ -190,36 +368,32 @@ class RunDir:
 
     # ---- metrics.json
 
-    def read_metrics(self) -> dict | None:
+    def read_metrics(self) -> RunMetrics | None:
         """metrics.json, or None when there is none (or it is unreadable)."""
         try:
-            return json.loads(self.metrics_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return RunMetrics.from_dict(json.loads(self.metrics_file.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
             return None
 
     def status(self) -> str:
-        """'completed', 'failed', 'diverged', 'pruned', or 'missing' (no metrics.json yet)."""
+        """'completed', 'failed', 'diverged', 'pruned', or 'missing' (no readable metrics.json yet)."""
         metrics = self.read_metrics()
-        return metrics.get("status", "missing") if isinstance(metrics, dict) else "missing"
+        return metrics.status if metrics is not None else "missing"
 
-    def write_metrics(self, config: dict, status: str, **fields) -> dict:
-        """The result of a run, from its config and what training measured (`fields`: dev_bleu,
-        dev_ppl, steps, ... on completion; error on failure). Secrets are masked."""
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-        r, t = config["row"], config["train"]
-        metrics = {
-            "row": r["row"], "group": r["group"], "seed": t["seed"], "preset": r["preset"],
-            "data": config["data"]["corpus"], "status": status, **fields, "planned_steps": t["steps"],
-            "paper_ppl": r["paper_ppl"], "paper_bleu": r["paper_bleu"], "paper_params_m": r["paper_params_m"],
-            "config": {k: r[k] for k in MODEL_KEYS}, "deviations": r["deviations"],
-            "effective_tokens_per_step": t["effective_tokens_per_step"],
-            "host": platform.node(), "torch": _torch_version(),
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }  # fmt: skip
-        metrics = redact_obj(metrics)
-        atomic_write_json(self.metrics_file, metrics)
-        return metrics
+    def write_metrics(self, config: RunConfig, status: str, kind: str = "table3", **measured) -> RunMetrics:
+        """The result of a run, from its config and what training measured (`measured`: dev_bleu, dev_ppl, steps,
+        ... on completion; error on failure). Secrets are masked."""
+        spec, t = config.spec, config.train
+        metrics = RunMetrics(
+            row=spec["row"], group=spec["group"], seed=t.seed, preset=spec["preset"]["name"], data=config.data.corpus,
+            status=status, kind=kind, planned_steps=t.steps, paper_ppl=spec["paper"]["ppl"],
+            paper_bleu=spec["paper"]["bleu"], paper_params_m=spec["paper"]["params_m"],
+            config={k: spec["model"][k] for k in MODEL_KEYS}, deviations=[d["text"] for d in spec["deviations"]],
+            effective_tokens_per_step=t.effective_tokens_per_step, host=platform.node(), torch=_torch_version(),
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **measured,
+        )  # fmt: skip
+        atomic_write_json(self.metrics_file, redact_obj(metrics.to_dict()))
+        return RunMetrics.from_dict(redact_obj(metrics.to_dict()))
 
     def write_dev(self, hypotheses: list[str], references: list[str]) -> None:
         """Final dev translations and their references, side by side (the report's paired bootstrap)."""
@@ -269,12 +443,6 @@ class RunDir:
 def _new_wandb_id(row: str, seed: int) -> str:
     """ROW-sSEED-<12 random hex>: readable in W&B's URLs, unique across users of one project."""
     return f"{re.sub(r'[^A-Za-z0-9._-]', '_', row)}-s{seed}-{secrets.token_hex(6)}"
-
-
-def _identity(config: dict, key: str) -> dict | None:
-    if key == "schedule":
-        return {k: config.get("train", {}).get(k) for k in SCHEDULE_KNOBS}
-    return config.get(key)
 
 
 def _torch_version() -> str:

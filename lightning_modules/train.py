@@ -1,10 +1,13 @@
-"""One run: train a (row, preset, corpus, seed) to completion, or resume it, and evaluate it.
+"""One run, as a recipe: plan → prepare → fit → evaluate → record.
 
-`train(TrainOptions(...))` is the function every caller uses: the command line (`aiayn train`), the
-sweep's worker processes (`aiayn table3`), `aiayn hpo`'s trials. It resolves the row at the preset's
-scale (ablations/), applies `--set` overrides, prepares the data, writes the resolved config into the
-run directory (lightning_modules/rundir.py owns its layout), fits with Lightning, decodes the whole dev
-set on the device it trained on, and writes `metrics.json`.
+`train(opts, spec)` is the function every caller uses: the command line (`aiayn train`), the sweep's worker
+processes (`aiayn table3`), `aiayn hpo`'s trials. The driver resolves the run once (`spec.resolve`, a frozen
+`RunSpec`) and hands it over; `plan` adds the data and the run directory, and what config.json will say;
+`prepare` makes the corpus and tokenizer and takes the run directory; `fit` trains with Lightning (resuming from
+the directory's checkpoint); `evaluate` beam-decodes the whole dev set on the device the run trained on;
+`record` writes metrics.json. What a caller adds (HPO's pruning callback and its "pruned" status, a run
+directory of its own) comes as `Hooks`; the integrations a run chooses from its options and environment (SLURM's
+requeue handler, W&B) are `integrations`. Nothing here imports Optuna.
 """
 
 from __future__ import annotations
@@ -13,16 +16,15 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
-import optuna
 from lightning.pytorch.loggers import CSVLogger
 
-from aiayn.ablations.presets import Preset, get_preset, preset_dict, resolve
-from aiayn.ablations.table import MODEL_KEYS
+from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
 from aiayn.common.secrets import redact_obj
@@ -36,15 +38,26 @@ from aiayn.lightning_modules.callbacks import (
     StepCheckpoints,
     slurm_parts,
 )
-from aiayn.lightning_modules.config import apply_overrides, model_config
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.evaluate import evaluate
-from aiayn.lightning_modules.model import TransformerConfig, count_params
 from aiayn.lightning_modules.module import TranslationModule
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TrainOptions, options_record
-from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, RunDir, RunMetrics, TrainPlan
+from aiayn.lightning_modules.spec import RunSpec, resolve
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a caller adds to one run (`aiayn hpo`: its pruning callback, validation at epoch ends, its trial's
+    run directory, and which of its exceptions mean "pruned")."""
+
+    callbacks: tuple = ()
+    val_per_epoch: bool = False  # validate at epoch ends (a pruning callback reports the epoch as its step)
+    run_dir: str | Path | None = None  # instead of OUT/PRESET/CORPUS/ROW/seedN
+    kind: str = "table3"  # metrics.json's kind: "hpo" keeps a trial out of Table 3 reports
+    status_of: Callable[[BaseException], str | None] = field(default=lambda e: None)  # an exception -> a status
 
 
 def device_tokens(preset: Preset, world: int) -> int:
@@ -55,13 +68,14 @@ def device_tokens(preset: Preset, world: int) -> int:
     return min(preset.max_tokens, max(math.ceil(preset.tokens_per_step / world), preset.max_len + 1))
 
 
-def build_datamodule(opts: TrainOptions, preset: Preset, tokenizer: Path | None = None) -> TranslationDataModule:
+def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None = None) -> TranslationDataModule:
+    preset = spec.preset
     max_tokens = opts.max_tokens or device_tokens(preset, opts.world_size)
     return TranslationDataModule(
-        corpus=opts.data or preset.corpus,
+        corpus=spec.corpus,
         data_dir=opts.data_dir,
         cache_dir=opts.cache_dir,
-        vocab_size=opts.vocab_size or preset.vocab_size,
+        vocab_size=spec.model.vocab_size,
         max_tokens=max_tokens,
         accumulate=derive_accumulation(preset.tokens_per_step, max_tokens, opts.world_size),
         src_lang=opts.src_lang,
@@ -88,11 +102,17 @@ def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
     return Path(opts.tokenizer) if opts.tokenizer else own
 
 
-def data_identity(dm: TranslationDataModule) -> dict:
+def data_identity(dm: TranslationDataModule) -> DataIdentity:
     """The DataModule arguments that fix which tokens a model sees (saved in config and checkpoint)."""
-    return {"corpus": dm.corpus, "data_dir": dm.data_dir, "vocab_size": dm.requested_vocab_size,
-            "src_lang": dm.src_lang, "tgt_lang": dm.tgt_lang, "max_len": dm.max_len,
-            "train_pairs": dm.train_pairs}  # fmt: skip
+    return DataIdentity(
+        corpus=dm.corpus,
+        data_dir=dm.data_dir,
+        vocab_size=dm.requested_vocab_size,
+        src_lang=dm.src_lang,
+        tgt_lang=dm.tgt_lang,
+        max_len=dm.max_len,
+        train_pairs=dm.train_pairs,
+    )
 
 
 def is_launch_rank_zero() -> bool:
@@ -105,167 +125,167 @@ def is_launch_rank_zero() -> bool:
 
 @dataclass
 class Plan:
-    """A run resolved from its options, before any data is prepared: what config.json will say."""
+    """A run resolved from its options and spec, before any data is prepared: what config.json will say."""
 
-    preset: Preset
-    resolved: dict  # the row at the preset's scale, --set applied
-    schedule: dict
+    spec: RunSpec
     run: RunDir
     dm: TranslationDataModule
-    cfg: TransformerConfig
-    steps: int
-    accumulate: int
-    config: dict  # config.json; its tokenizer sha256 is None until the tokenizer exists
+    config: RunConfig  # its tokenizer sha256 is None until the tokenizer exists
+    train_time: float = 0.0  # seconds in fit(), this attempt
+
+    @property
+    def preset(self) -> Preset:
+        return self.spec.preset
 
 
-def row_of(opts: TrainOptions) -> dict:
-    """The row to train: from the table (ablations/ and --table), or, for `aiayn train --config` of a
-    run's config.json, that run's own row as it was resolved (so the run is reproduced even if its
-    table changed since or is not at hand); its --set values are applied again by the caller."""
-    if opts.row_config is None:
-        return resolve(opts.row, opts.preset, opts.table)
-    row = dict(opts.row_config)
-    row["deviations"] = [d for d in row.get("deviations", []) if not str(d).startswith("overridden: ")]
-    try:
-        now = resolve(opts.row, opts.preset, opts.table)
-    except UserError:
-        now = None  # the table is not at hand: the config's row is all there is
-    changed = {k: (row.get(k), now[k]) for k in (*MODEL_KEYS, "train_steps") if now and row.get(k) != now[k]}
-    if changed:
-        log.warning("row %s of the config file differs from its table now (config, table: %s); training the "
-                    "config file's", opts.row, changed)  # fmt: skip
-    return row
+def spec_of(opts: TrainOptions) -> RunSpec:
+    """The run `opts` name, resolved (the driver's one call; `aiayn train --config` of a run's config.json passes
+    that run's own spec instead, so the run is reproduced even when its table or preset changed since)."""
+    return resolve(opts.row, opts.preset, tables=opts.table, overrides=opts.overrides, corpus=opts.data,
+                   vocab_size=opts.vocab_size)  # fmt: skip
 
 
-def plan(opts: TrainOptions, run_dir: str | Path | None = None) -> Plan:
+def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | None = None) -> Plan:
     """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
-    preset = get_preset(opts.preset)
+    spec = spec or spec_of(opts)
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
-    resolved, schedule = apply_overrides(row_of(opts), preset, opts.overrides)
-    corpus = opts.data or preset.corpus
-    run = RunDir(Path(run_dir)) if run_dir else RunDir.of(opts.out, preset.name, corpus, resolved["row"], opts.seed)
-    tokenizer = tokenizer_for(opts, run)
-    dm = build_datamodule(opts, preset, tokenizer)
-    cfg = model_config(resolved, dm.vocab_size, max_len=max(preset.max_len, 512))
-    steps = opts.max_steps or resolved["train_steps"]
-    world = opts.world_size
-    accumulate = dm.accumulate
-    config = {
-        "row": resolved,
-        "preset": preset_dict(preset),
-        "model": cfg.to_dict(),
-        "data": data_identity(dm),
-        "train": {
-            "seed": opts.seed, "steps": steps, "accumulate": accumulate, "world_size": world,
-            # the budget: real target tokens (EOS included) per optimizer step; metrics.json has what arrived
-            "effective_tokens_per_step": dm.max_tokens * world * accumulate, "precision": opts.precision,
-            **schedule,
-        },
-        "tokenizer": {"file": run.tokenizer_file.name, "sha256": sha256_file(tokenizer) if tokenizer else None},
-        "options": options_record(opts),  # `aiayn train --config config.json` trains this run again
-    }  # fmt: skip
-    return Plan(preset, resolved, schedule, run, dm, cfg, steps, accumulate, config)
-
-
-def train(
-    opts: TrainOptions,
-    *,
-    run_dir: str | Path | None = None,
-    callbacks: tuple = (),
-    val_per_epoch: bool = False,
-) -> dict:
-    """Train one run to completion (or resume it) and return its metrics.json content ({} on ranks
-    other than 0, and when the run was checkpointed for a SLURM requeue).
-
-    For `aiayn hpo`: `run_dir` instead of OUT/PRESET/CORPUS/ROW/seedN, extra Lightning `callbacks`
-    (Optuna's pruning callback) and validation at epoch ends (`val_per_epoch`: the pruning callback
-    reports the epoch as its step)."""
-    p = plan(opts, run_dir)
-    preset, resolved, schedule, run, dm, cfg, steps, accumulate, config = (
-        p.preset, p.resolved, p.schedule, p.run, p.dm, p.cfg, p.steps, p.accumulate, p.config
+    run = RunDir(Path(run_dir)) if run_dir else spec.run_dir(opts.out, opts.seed)
+    dm = build_datamodule(opts, spec, tokenizer_for(opts, run))
+    steps = opts.max_steps or spec.train_steps
+    tokenizer = dm.tokenizer
+    config = RunConfig(
+        spec=spec.to_dict(),
+        data=data_identity(dm),
+        train=TrainPlan(seed=opts.seed, steps=steps, accumulate=dm.accumulate, world_size=opts.world_size,
+                        effective_tokens_per_step=dm.max_tokens * opts.world_size * dm.accumulate,
+                        precision=opts.precision),
+        tokenizer_sha256=sha256_file(tokenizer) if tokenizer else None,
+        options=options_record(opts),  # `aiayn train --config config.json` trains this run again
     )  # fmt: skip
-    world = opts.world_size
-    check_writable_dir(run.path, "--out")
-    dm.prepare_data()  # corpus, tokenizer and encoded cache; user errors surface here, before any write
-    config["tokenizer"]["sha256"] = sha256_file(dm.tokenizer_model)
-    run.check_config(config)
+    return Plan(spec, run, dm, config)
 
-    # One process per run directory (rank 0 holds the lock until it returns); leftovers of writes
-    # that a kill interrupted are removed. Nothing is written before this point.
-    run_lock = run.hold_lock() if is_launch_rank_zero() else None  # noqa: F841 (held, not used)
-    if run_lock is not None:
-        run.remove_stale_temps()
+
+def prepare(p: Plan):
+    """Corpus, tokenizer and encoded cache (user errors surface here, before any write), the config checked
+    against the run directory's, and the directory taken: its lock (held by rank 0 until the process ends; the
+    returned file) and the temporary files a kill left removed. Nothing is written before this point."""
+    check_writable_dir(p.run.path, "--out")
+    p.dm.prepare_data()
+    p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
+    p.run.check_config(p.config)
+    lock = p.run.hold_lock() if is_launch_rank_zero() else None
+    if lock is not None:
+        p.run.remove_stale_temps()
+    return lock
+
+
+def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks()) -> RunMetrics | None:
+    """Train one run to completion (or resume it), evaluate it and record it; return its metrics (None on ranks
+    other than 0, and when the run was checkpointed for a SLURM requeue)."""
+    p = plan(opts, spec, hooks.run_dir)
+    lock = prepare(p)  # noqa: F841 (held, not used)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
-    bleu_k = preset.val_bleu_sentences if opts.val_bleu_sentences is None else opts.val_bleu_sentences
-    module = TranslationModule(cfg.to_dict(), **schedule, val_bleu_sentences=bleu_k, data=config["data"])
-    # every checkpoint carries the config and the tokenizer: it can translate without the run directory
-    embed = RunFilesInCheckpoint(redact_obj(config), dm.tokenizer_model)
-    trainer = build_trainer(opts, preset, run, steps, accumulate, config, (embed, *callbacks), val_per_epoch)
+    module = TranslationModule(
+        p.spec.model.to_dict(), **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset),
+        data=p.config.data.to_dict(),
+    )  # fmt: skip
+    trainer = build_trainer(opts, p, hooks)
     if trainer.is_global_zero:
-        run.write_config(config)
-        run.write_tokenizer(dm.tokenizer_model)
-        t = config["train"]
-        log.info(
-            "budget: %d real target tokens per optimizer step = %d per device batch x %d devices x %d accumulated "
-            "(preset: %d); the tokens that arrive are logged as train/src_tokens_per_step, train/tgt_tokens_per_step",
-            t["effective_tokens_per_step"], dm.max_tokens, world, accumulate, preset.tokens_per_step
-        )  # fmt: skip
-        if t["effective_tokens_per_step"] > 1.1 * preset.tokens_per_step:
-            log.warning("more tokens per step than the preset's; pass a smaller --max-tokens")
-    resume = run.resume_checkpoint()
-    t0 = time.perf_counter()
+        p.run.write_config(p.config)
+        p.run.write_tokenizer(p.dm.tokenizer_model)
+        _log_budget(p, opts)
+    ended = fit(trainer, module, p, opts, hooks)
+    if ended is not None or not trainer.is_global_zero:
+        return ended if isinstance(ended, RunMetrics) else None
+    result = evaluate_run(trainer, module, p, opts)
+    return record(trainer, module, p, opts, hooks, result)
+
+
+def _val_bleu_sentences(opts: TrainOptions, preset: Preset) -> int:
+    return preset.val_bleu_sentences if opts.val_bleu_sentences is None else opts.val_bleu_sentences
+
+
+def _log_budget(p: Plan, opts: TrainOptions) -> None:
+    t = p.config.train
+    log.info(
+        "budget: %d real target tokens per optimizer step = %d per device batch x %d devices x %d accumulated "
+        "(preset: %d); the tokens that arrive are logged as train/src_tokens_per_step, train/tgt_tokens_per_step",
+        t.effective_tokens_per_step, p.dm.max_tokens, t.world_size, t.accumulate, p.preset.tokens_per_step,
+    )  # fmt: skip
+    if t.effective_tokens_per_step > 1.1 * p.preset.tokens_per_step:
+        log.warning("more tokens per step than the preset's; pass a smaller --max-tokens")
+
+
+STOPPED = "stopped"  # fit() ended without a result to evaluate: a SLURM requeue, or a rank other than 0 diverged
+
+
+def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hooks: Hooks):
+    """Lightning's fit, resuming from the run directory's newest checkpoint. None when training ended as planned;
+    the metrics written when it ended otherwise (diverged; pruned and failed are raised again), STOPPED when
+    there is nothing to record here."""
+    resume = p.run.resume_checkpoint()
+    started = time.perf_counter()
+    row, seed = p.spec.row, opts.seed
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
+        trainer.fit(module, datamodule=p.dm, ckpt_path=str(resume) if resume else None)
     except Diverged as e:  # a result, not a crash: last.ckpt keeps the last finite state
-        log.warning("%s seed %d diverged: %s", resolved["row"], opts.seed, e)
+        log.warning("%s seed %d diverged: %s", row, seed, e)
         if not trainer.is_global_zero:
-            return {}
-        metrics = run.write_metrics(config, status="diverged", diverged_at_step=e.step, error=str(e))
+            return STOPPED
+        metrics = p.run.write_metrics(p.config, "diverged", kind=hooks.kind, diverged_at_step=e.step, error=str(e))
         wandb_run.finish(trainer, metrics, exit_code=1)
         return metrics
     except Exception as e:
         if trainer.is_global_zero:
-            status = "pruned" if isinstance(e, optuna.TrialPruned) else "failed"
-            metrics = run.write_metrics(config, status=status, error=f"{type(e).__name__}: {e}")
+            status = hooks.status_of(e) or "failed"
+            metrics = p.run.write_metrics(p.config, status, kind=hooks.kind, error=f"{type(e).__name__}: {e}")
             wandb_run.finish(trainer, metrics, exit_code=1)
         raise
-    train_time = time.perf_counter() - t0
+    p.train_time = time.perf_counter() - started
     if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal: SLURM restarts it
-        log.info("%s seed %d: checkpointed at step %d and requeued", resolved["row"], opts.seed, trainer.global_step)
+        log.info("%s seed %d: checkpointed at step %d and requeued", row, seed, trainer.global_step)
         if trainer.is_global_zero:
-            wandb_run.finish(trainer, {"steps": trainer.global_step}, preempted=True)
-        return {}
-    if not trainer.is_global_zero:
-        return {}
+            wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step)
+        return STOPPED
+    return None
+
+
+def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOptions) -> dict:
+    """The final evaluation: the whole dev set (validation during training may use a subset of it for BLEU),
+    beam search in batches of at least DECODE_MAX_TOKENS (the training batch if larger), as `aiayn translate`
+    does: more sentences per decoder step (the tiny preset's 1024: 6.55 -> 5.09 s for its 1000 dev sentences).
+    On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU (a
+    paper-scale beam decode of newstest2013 there would take hours)."""
+    full_dev = TranslationDataModule(
+        **p.config.data.to_dict(), cache_dir=opts.cache_dir, max_tokens=max(p.dm.max_tokens, DECODE_MAX_TOKENS),
+        dev_subset=opts.eval_subset, tokenizer=p.dm.tokenizer_model,
+    )  # fmt: skip
+    full_dev.setup("validate")
+    module.to(trainer.strategy.root_device)
+    result = evaluate(module.model, full_dev, "dev")
+    p.run.write_dev(result.pop("hypotheses"), full_dev.references("dev"))
+    return result
+
+
+def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hooks: Hooks, result: dict) -> RunMetrics:
+    """metrics.json of a completed run (and its W&B summary)."""
     per_step = real_tokens_per_step(module)
     log.info(
         "real tokens per optimizer step (mean over %d steps): %.0f source, %.0f target (budget: %d target)",
         module.trained["steps"], per_step["src_tokens_per_step"], per_step["tgt_tokens_per_step"],
-        config["train"]["effective_tokens_per_step"],
+        p.config.train.effective_tokens_per_step,
     )  # fmt: skip
-    # The final evaluation decodes the whole dev set (validation during training may use a subset).
-    # Beam search in batches of at least DECODE_MAX_TOKENS (the training batch if larger), as `aiayn translate`
-    # does: more sentences per decoder step (the tiny preset's 1024: 6.55 -> 5.09 s for its 1000 dev sentences).
-    full_dev = TranslationDataModule(
-        **config["data"], cache_dir=opts.cache_dir, max_tokens=max(dm.max_tokens, DECODE_MAX_TOKENS),
-        dev_subset=opts.eval_subset, tokenizer=dm.tokenizer_model,
-    )  # fmt: skip
-    full_dev.setup("validate")
-    # On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU
-    # (a paper-scale beam decode of newstest2013 there would take hours).
-    module.to(trainer.strategy.root_device)
-    result = evaluate(module.model, full_dev, "dev")
-    run.write_dev(result.pop("hypotheses"), full_dev.references("dev"))
-    metrics = run.write_metrics(
-        config, status="completed", steps=trainer.global_step, params=count_params(cfg),
+    train_time, world = p.train_time, opts.world_size
+    metrics = p.run.write_metrics(
+        p.config, "completed", kind=hooks.kind, steps=trainer.global_step, params=p.spec.model.params(),
         train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
         dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=result["tok_bleu_label"],
         dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"], **per_step,
     )  # fmt: skip
-    wandb_run.finish(trainer, metrics, checkpoint=run.last_checkpoint if opts.wandb_checkpoints else None)
+    wandb_run.finish(trainer, metrics, checkpoint=p.run.last_checkpoint if opts.wandb_checkpoints else None)
     return metrics
 
 
@@ -278,16 +298,33 @@ def real_tokens_per_step(module: TranslationModule) -> dict:
     }
 
 
-def build_trainer(
-    opts: TrainOptions,
-    preset: Preset,
-    run: RunDir,
-    steps: int,
-    accumulate: int,
-    config: dict,
-    callbacks: tuple = (),
-    val_per_epoch: bool = False,
-) -> pl.Trainer:
+@dataclass(frozen=True)
+class Integrations:
+    """What a run plugs in from its options and environment: loggers, SLURM's requeue handler."""
+
+    loggers: list
+    callbacks: list
+    plugins: list
+
+
+def integrations(opts: TrainOptions, p: Plan) -> Integrations:
+    """One CSV log per attempt (logs/version_N/metrics.csv: Lightning's CSVLogger deletes an existing metrics.csv
+    when it starts, which would lose the curve before a resume); W&B with --wandb, from rank 0 only (its other
+    ranks record no attempt); under SLURM, Lightning's requeue handler off and ours (a checkpoint at a step
+    boundary) on."""
+    loggers = [CSVLogger(p.run.path, name=p.run.logs.name)]
+    if opts.wandb and is_launch_rank_zero():
+        logger = wandb_run.wandb_logger(p.run, RunConfig.from_dict(redact_obj(p.config.to_dict())))
+        loggers += [logger] if logger is not None else []
+    plugins, callbacks = slurm_parts(p.run.checkpoints)
+    return Integrations(loggers, callbacks, plugins)
+
+
+def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Trainer:
+    preset, run, steps, accumulate = p.preset, p.run, p.config.train.steps, p.config.train.accumulate
+    # every checkpoint carries the config and the tokenizer: it can translate without the run directory
+    embed = RunFilesInCheckpoint(lambda: redact_obj(p.config.to_dict()), lambda: p.dm.tokenizer_model)
+    callbacks, val_per_epoch = (embed, *hooks.callbacks), hooks.val_per_epoch
     by_time = opts.ckpt_every_minutes is not None
     ckpt = StepCheckpoints(
         dirpath=run.checkpoints,
@@ -300,14 +337,7 @@ def build_trainer(
         mode="max",
         save_last=True,
     )
-    # One CSV log per attempt (logs/version_N/metrics.csv): Lightning's CSVLogger deletes an existing
-    # metrics.csv when it starts, which would lose the curve before a resume.
-    loggers = [CSVLogger(run.path, name=run.logs.name)]
-    # under SLURM: Lightning's requeue handler off, ours (checkpoint at a step boundary) on
-    slurm_plugins, slurm_callbacks = slurm_parts(run.checkpoints)
-    if opts.wandb and is_launch_rank_zero():  # W&B logs from rank 0 only (its other ranks record no attempt)
-        logger = wandb_run.wandb_logger(run, redact_obj(config))
-        loggers += [logger] if logger is not None else []
+    extra = integrations(opts, p)
     return pl.Trainer(
         accelerator=opts.accelerator,
         devices=opts.devices,
@@ -321,9 +351,9 @@ def build_trainer(
         check_val_every_n_epoch=1 if val_per_epoch else None,
         num_sanity_val_steps=0,
         # RNGStates: exact resume; DivergenceGuard: NaN/inf loss ends the run as `diverged`
-        callbacks=[RNGStates(), DivergenceGuard(), ckpt, *callbacks, *slurm_callbacks],
-        plugins=[AtomicCheckpointIO(), *slurm_plugins],  # checkpoints: written to a temporary file and renamed
-        logger=loggers,
+        callbacks=[RNGStates(), DivergenceGuard(), ckpt, *callbacks, *extra.callbacks],
+        plugins=[AtomicCheckpointIO(), *extra.plugins],  # checkpoints: written to a temporary file and renamed
+        logger=extra.loggers,
         default_root_dir=run.path,
         enable_progress_bar=opts.progress,
         enable_model_summary=False,

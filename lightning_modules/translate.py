@@ -32,9 +32,10 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import sha256_bytes
 from aiayn.lightning_modules.bleu import bleu
 from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_files
+from aiayn.lightning_modules.config import PAPER_DECODING
 from aiayn.lightning_modules.decoding import beam_search, greedy
 from aiayn.lightning_modules.evaluate import nll_sum
-from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, count_params
+from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, ModelSource
 from aiayn.lightning_modules.rundir import RunDir
 
@@ -128,9 +129,9 @@ class Translator:
         tokenizer: bytes,
         *,
         device: str = "auto",
-        beam: int = 4,
-        alpha: float = 0.6,
-        extra_len: int = 50,
+        beam: int = PAPER_DECODING.beam,
+        alpha: float = PAPER_DECODING.alpha,
+        extra_len: int = PAPER_DECODING.extra_len,
         max_tokens: int = DECODE_MAX_TOKENS,
         max_len: int | None = None,
         checkpoints: Sequence[str] = (),
@@ -277,7 +278,7 @@ class Translator:
         return {
             **bleu(hyps, list(references), lang=self.data.get("tgt_lang") or "de"),
             "ppl": self.perplexity(sources, references), "n_sentences": len(sources),
-            "params": count_params(self.model.cfg), "beam": self.beam, "alpha": self.alpha,
+            "params": self.model.cfg.params(), "beam": self.beam, "alpha": self.alpha,
             "extra_len": self.extra_len, "checkpoints": self.checkpoints, "device": str(self.device),
         }  # fmt: skip
 
@@ -285,7 +286,7 @@ class Translator:
 def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str | None = None) -> tuple[list, list]:
     """Sources and references of a split of the corpus a model was trained on (`data`: the corpus
     identity its checkpoint records); `data_dir` where the corpus's files are now, if they moved."""
-    from aiayn.lightning_modules.data import read_parallel, resolve_corpus  # lazily: translating needs no corpus
+    from aiayn.lightning_modules.corpora import read_parallel, resolve_corpus  # lazily: translating needs no corpus
 
     if not data.get("corpus"):
         raise UserError("the checkpoint does not name its corpus; pass --src FILE --ref FILE instead of --split")

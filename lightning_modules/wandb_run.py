@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import os
 
-from aiayn.ablations.table import MODEL_KEYS
+from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.common.wandb_mode import wandb_mode
-from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.rundir import RunConfig, RunDir, RunMetrics
 
 log = logging.getLogger(__name__)
 
@@ -35,27 +35,29 @@ SUMMARY = {"dev_bleu": "dev/bleu", "dev_tok_bleu": "dev/tok_bleu", "dev_ppl": "d
            "diverged_at_step": "diverged_at_step", "error": "error"}  # fmt: skip
 
 
-def wandb_config(config: dict) -> dict:
+def wandb_config(config: RunConfig) -> dict:
     """The W&B run config of a run's config.json: the row's knobs at the top (W&B groups and filters by
     top-level keys; `row` and `seed` are also the sweep's parameters), every section beside them. (Lightning
     adds the module's and the data module's hyper-parameters at fit: model_cfg, max_tokens, tokenizer…)"""
-    row, train = config["row"], config["train"]
+    from aiayn.lightning_modules.spec import RunSpec
+
+    spec, train = RunSpec.from_dict(config.spec), config.train
     return {
-        "row": row["row"], "seed": train["seed"], "group": row["group"], "preset": row["preset"],
-        "corpus": config["data"]["corpus"], **{k: row[k] for k in MODEL_KEYS}, "train_steps": train["steps"],
-        "precision": train["precision"], "accumulate": train["accumulate"], "world_size": train["world_size"],
-        "effective_tokens_per_step": train["effective_tokens_per_step"], "warmup": train["warmup"],
-        "lr_factor": train["lr_factor"], "preset_rule": config["preset"]["rule"], "deviations": row["deviations"],
-        "paper": {"ppl": row["paper_ppl"], "bleu": row["paper_bleu"], "params_m": row["paper_params_m"]},
-        "model": config["model"], "data": config["data"], "train": train, "preset_config": config["preset"],
-        "tokenizer_sha256": (config.get("tokenizer") or {}).get("sha256"), "options": config.get("options"),
+        "row": spec.row, "seed": train.seed, "group": spec.group, "preset": spec.preset.name,
+        "corpus": config.data.corpus, **{k: getattr(spec.model, k) for k in MODEL_KEYS},
+        "train_steps": train.steps, "precision": train.precision, "accumulate": train.accumulate,
+        "world_size": train.world_size, "effective_tokens_per_step": train.effective_tokens_per_step,
+        "warmup": spec.schedule.warmup, "lr_factor": spec.schedule.lr_factor, "preset_rule": spec.preset.rule(),
+        "deviations": [str(d) for d in spec.deviations], "paper": config.spec["paper"], "model": config.model,
+        "data": config.data.to_dict(), "train": config.to_dict()["train"], "preset_config": config.spec["preset"],
+        "tokenizer_sha256": config.tokenizer_sha256, "options": config.options,
     }  # fmt: skip
 
 
-def init_kwargs(run: RunDir, config: dict, mode: str, why: str) -> dict | None:
+def init_kwargs(run: RunDir, config: RunConfig, mode: str, why: str) -> dict | None:
     """The arguments of this attempt's WandbLogger (and so of wandb.init), or None when W&B is
     disabled. Records the attempt in the run directory and says in the log where it goes."""
-    row, seed, preset = config["row"]["row"], config["train"]["seed"], config["row"]["preset"]
+    row, seed, preset = config.spec["row"], config.train.seed, config.spec["preset"]["name"]
     if mode == "disabled":
         log.info("W&B disabled (%s): %s seed %d is not logged to W&B", why, row, seed)
         return None
@@ -77,7 +79,7 @@ def init_kwargs(run: RunDir, config: dict, mode: str, why: str) -> dict | None:
     }  # fmt: skip
 
 
-def wandb_logger(run: RunDir, config: dict):
+def wandb_logger(run: RunDir, config: RunConfig):
     """Lightning's WandbLogger for this attempt of `run` (None when W&B is disabled)."""
     kwargs = init_kwargs(run, config, *wandb_mode())
     if kwargs is None:
@@ -93,14 +95,17 @@ def _wandb_loggers(trainer) -> list:
     return [lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"]
 
 
-def finish(trainer, metrics: dict, *, checkpoint=None, preempted: bool = False, exit_code: int = 0) -> None:
+def finish(
+    trainer, metrics: RunMetrics | None, *, checkpoint=None, preempted: bool = False, steps: int = 0, exit_code: int = 0
+) -> None:
     """Put the run's result into the W&B run's summary (and, with `checkpoint`, log that file as a
     model artifact), then finish the W&B run, so that the next run in this process (an hpo trial)
-    starts its own. `preempted`: checkpointed for a SLURM requeue (W&B marks the run preempting)."""
+    starts its own. `preempted`: checkpointed for a SLURM requeue at step `steps` (W&B marks the run preempting)."""
     for logger in _wandb_loggers(trainer):
         experiment = logger.experiment
-        summary = {SUMMARY[k]: v for k, v in metrics.items() if k in SUMMARY}
-        experiment.summary.update({"status": metrics.get("status", "requeued" if preempted else "failed"), **summary})
+        values = metrics.to_dict() if metrics is not None else {"status": "requeued", "steps": steps}
+        summary = {SUMMARY[k]: v for k, v in values.items() if k in SUMMARY}
+        experiment.summary.update({"status": values["status"], **summary})
         if checkpoint is not None:
             _log_checkpoint(experiment, checkpoint, logger.aiayn_base_id, metrics)
         if preempted:
@@ -108,12 +113,13 @@ def finish(trainer, metrics: dict, *, checkpoint=None, preempted: bool = False, 
         experiment.finish(exit_code=exit_code)
 
 
-def _log_checkpoint(experiment, path, base_id: str, metrics: dict) -> None:
+def _log_checkpoint(experiment, path, base_id: str, metrics: RunMetrics) -> None:
     """The final checkpoint as the W&B model artifact `model-<run id>` (logged by us at the end rather
     than by WandbLogger(log_model=True), which uploads every kept checkpoint: up to 20 here)."""
     import wandb
 
-    meta = {k: metrics[k] for k in ("row", "seed", "preset", "data", "steps", "dev_bleu", "dev_ppl") if k in metrics}
+    values = metrics.to_dict()
+    meta = {k: values[k] for k in ("row", "seed", "preset", "data", "steps", "dev_bleu", "dev_ppl") if k in values}
     artifact = wandb.Artifact(
         f"model-{base_id}",
         type="model",
@@ -121,4 +127,4 @@ def _log_checkpoint(experiment, path, base_id: str, metrics: dict) -> None:
         description="aiayn checkpoint; carries its tokenizer and config (aiayn translate --ckpt)",
     )
     artifact.add_file(str(path), name="last.ckpt")
-    experiment.log_artifact(artifact, aliases=["latest", f"step{metrics.get('steps', 0)}"])
+    experiment.log_artifact(artifact, aliases=["latest", f"step{metrics.steps or 0}"])

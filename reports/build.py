@@ -17,6 +17,7 @@ from aiayn.ablations.presets import PRESETS, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.secrets import redact
+from aiayn.lightning_modules.spec import RunSpec
 from aiayn.reports import plots, significance, stats, verdicts
 from aiayn.reports.runs import Run, Scan, read_curve, scan
 from aiayn.reports.table import build_table, rounded, row_order
@@ -163,9 +164,8 @@ def _hours(seconds: float) -> str:
 def _rule(runs: list[Run], preset: str) -> str:
     """The preset's scaling rule as the runs recorded it in config.json (else as ablations/ says it now)."""
     for run in runs:
-        rule = run.config.get("preset", {}).get("rule")
-        if rule:
-            return rule
+        if run.config is not None:
+            return RunSpec.from_dict(run.config.spec).preset.rule()
     known = PRESETS.get(preset)
     return known.rule() if known else "unknown preset (not in ablations/presets.py)"
 
@@ -174,8 +174,8 @@ def _notes(table, runs, preset, data, skipped, judged, scored_preset) -> list[tu
     """(text, sub-items) pairs; `code` spans are the only markup."""
     done = [r for r in runs if r.completed]
     notes = [(f"Preset `{preset}`, corpus `{data}`; scaling rule: {_rule(runs, preset)}.", [])]
-    signatures = sorted({str(r.metrics["dev_bleu_signature"]) for r in done if r.metrics.get("dev_bleu_signature")})
-    sentences = sorted({int(r.metrics["dev_sentences"]) for r in done if r.metrics.get("dev_sentences")})
+    signatures = sorted({str(r.metrics.dev_bleu_signature) for r in done if r.metrics.dev_bleu_signature})
+    sentences = sorted({int(r.metrics.dev_sentences) for r in done if r.metrics.dev_sentences})
     sig_text = ", ".join(f"`{s}`" for s in signatures) or "(none recorded)"
     mixed = " (mixed signatures: the rows are not comparable)" if len(signatures) > 1 else ""
     on = f" on {'/'.join(map(str, sentences))} dev sentences" if sentences else ""
@@ -209,13 +209,13 @@ def _notes(table, runs, preset, data, skipped, judged, scored_preset) -> list[tu
         deviations.append(f"scaled down by the preset's rule, corpus `{data}` (paper: WMT14 En-De, newstest2013)")
     per_dev: dict[str, list[str]] = {}
     for run in runs:
-        for d in run.metrics.get("deviations") or []:
+        for d in run.metrics.deviations:
             rows = per_dev.setdefault(str(d), [])
             if run.row not in rows:
                 rows.append(run.row)
     deviations += [f"{d} (rows: {', '.join(rows)})" for d, rows in per_dev.items()]
     notes.append(("Deviations from the paper:", deviations))
-    total = sum(float(r.metrics.get("train_time_s") or 0) for r in runs)
+    total = sum(float(r.metrics.train_time_s or 0) for r in runs)
     notes.append(
         (f"Compute: {_hours(total)} of training ({total:.0f} s summed over {len(done)} completed run(s)).", [])
     )
@@ -223,7 +223,7 @@ def _notes(table, runs, preset, data, skipped, judged, scored_preset) -> list[tu
     notes.append(
         (
             f"Runs that did not complete ({len(failed)}):" if failed else "Runs that did not complete: none.",
-            [f"{r.row} seed {r.seed}: {r.metrics['status']}: {_one_line(r.metrics.get('error'))}" for r in failed],
+            [f"{r.row} seed {r.seed}: {r.metrics.status}: {_one_line(r.metrics.error)}" for r in failed],
         )
     )
     notes.append(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.rundir import REQUIRED_METRICS, RunDir
+from aiayn.lightning_modules.rundir import OutDir, RunConfig, RunDir, RunMetrics
 
 log = logging.getLogger(__name__)
 
@@ -20,39 +20,39 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Run:
     dir: Path
-    metrics: dict
+    metrics: RunMetrics
 
     @property
     def files(self) -> RunDir:
         return RunDir(self.dir)
 
     @cached_property
-    def config(self) -> dict:
-        """config.json (the resolved config), or {} when it is missing or unreadable."""
+    def config(self) -> RunConfig | None:
+        """config.json (the resolved config), or None when it is missing or unreadable."""
         try:
-            return self.files.read_config() or {}
+            return self.files.read_config()
         except UserError:
-            return {}
+            return None
 
     @property
     def row(self) -> str:
-        return str(self.metrics["row"])
+        return self.metrics.row
 
     @property
     def seed(self) -> int:
-        return int(self.metrics["seed"])
+        return self.metrics.seed
 
     @property
     def preset(self) -> str:
-        return str(self.metrics["preset"])
+        return self.metrics.preset
 
     @property
     def data(self) -> str:
-        return str(self.metrics.get("data") or "")
+        return self.metrics.data
 
     @property
     def completed(self) -> bool:
-        return self.metrics["status"] == "completed"
+        return self.metrics.completed
 
 
 @dataclass
@@ -61,36 +61,30 @@ class Scan:
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # (path relative to runs_dir, reason)
 
 
-def _load(path: Path) -> dict:
+def _load(path: Path) -> RunMetrics:
     """One metrics.json; ValueError (with a short reason) when it cannot be used."""
     try:
-        metrics = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"unreadable ({type(e).__name__})") from e
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from e
-    if not isinstance(metrics, dict):
-        raise ValueError("not a JSON object")
-    missing = [k for k in REQUIRED_METRICS if k not in metrics]
-    if missing:
-        raise ValueError(f"missing field(s) {', '.join(missing)}")
     try:
-        int(metrics["seed"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"seed {metrics['seed']!r} is not an integer") from e
-    return metrics
+        return RunMetrics.from_dict(data)
+    except TypeError as e:
+        raise ValueError(f"not a metrics.json of aiayn ({e})") from e
 
 
 def scan(runs_dir: str | Path) -> Scan:
-    """Every metrics.json under `runs_dir` (recursively); corrupt ones are skipped, named and logged."""
+    """The metrics.json of every Table 3 run under `runs_dir` (an output directory: OUT/PRESET/CORPUS/ROW/seedS;
+    `aiayn hpo`'s trials are not Table 3 runs and are left out); corrupt ones are skipped, named and logged."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise UserError(
             f"runs directory {str(runs_dir)!r} does not exist; train some rows first (`aiayn train`) or pass --runs DIR"
         )
-    paths = sorted(runs_dir.rglob("metrics.json"))
-    # a run's own metrics.json sits in its run directory; Lightning's logs/ never hold one, but be safe
-    paths = [p for p in paths if "logs" not in p.relative_to(runs_dir).parts[:-1]]
+    paths = sorted(p for p in runs_dir.glob("*/*/*/seed*/metrics.json") if p.parent.is_dir())
+    paths = [p for p in paths if p.relative_to(runs_dir).parts[0] not in OutDir.RESERVED]
     if not paths:
         raise UserError(
             f"no metrics.json under {str(runs_dir)!r}; train some rows first (`aiayn train`) or pass --runs DIR"
@@ -98,11 +92,14 @@ def scan(runs_dir: str | Path) -> Scan:
     out = Scan()
     for path in paths:
         try:
-            out.runs.append(Run(path.parent, _load(path)))
+            metrics = _load(path)
         except ValueError as e:
             rel = path.relative_to(runs_dir)
             log.warning("skipping %s: %s", path, e)
             out.skipped.append((rel, str(e)))
+            continue
+        if metrics.kind == "table3":
+            out.runs.append(Run(path.parent, metrics))
     return out
 
 

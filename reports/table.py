@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.ablations.predictions import scored_rows
-from aiayn.ablations.presets import resolve
-from aiayn.ablations.table import MODEL_KEYS, load_rows
+from aiayn.ablations.table import load_rows
+from aiayn.lightning_modules.spec import resolve
 from aiayn.reports import significance, verdicts
 from aiayn.reports.runs import Run, read_curve, read_text_lines
 
@@ -37,7 +38,7 @@ def row_order(names: set[str]) -> list[str]:
 def _settings(runs: list[Run]) -> dict:
     """The row's settings as run (metrics.json's config; a completed run's first)."""
     for run in sorted(runs, key=lambda r: (not r.completed, r.seed)):
-        config = run.metrics.get("config")
+        config = run.metrics.config
         if isinstance(config, dict) and config:
             return {k: config.get(k) for k in SETTINGS}
     return dict.fromkeys(SETTINGS)
@@ -45,12 +46,12 @@ def _settings(runs: list[Run]) -> dict:
 
 def _steps(runs: list[Run], done: list[Run]):
     """Optimizer steps the completed runs trained (a/b when they differ); the planned steps when none completed."""
-    steps = sorted({int(r.metrics["steps"]) for r in done if r.metrics.get("steps") is not None})
+    steps = sorted({int(r.metrics.steps) for r in done if r.metrics.steps is not None})
     if len(steps) == 1:
         return steps[0]
     if steps:
         return "/".join(map(str, steps))
-    planned = sorted({int(r.metrics["planned_steps"]) for r in runs if r.metrics.get("planned_steps") is not None})
+    planned = sorted({int(r.metrics.planned_steps) for r in runs if r.metrics.planned_steps is not None})
     return "/".join(map(str, planned)) if len(planned) > 1 else (planned[0] if planned else None)
 
 
@@ -61,8 +62,8 @@ def _paper_of(row: str) -> tuple:
 
 def _planned_settings(row: str, preset: str) -> dict:
     """A row with no run yet: its settings as the preset resolves it now."""
-    resolved = resolve(row, preset)
-    return {k: resolved[k] for k in SETTINGS}
+    model = resolve(row, preset).model
+    return {k: getattr(model, k) for k in SETTINGS}
 
 
 def _mean_std(values: list) -> tuple[float, float]:
@@ -75,7 +76,7 @@ def _mean_std(values: list) -> tuple[float, float]:
 def _paper(runs: list[Run]) -> tuple:
     """The paper's dev PPL, BLEU and params of the row, as its runs recorded them."""
     m = runs[0].metrics
-    return m.get("paper_ppl"), m.get("paper_bleu"), m.get("paper_params_m")
+    return m.paper_ppl, m.paper_bleu, m.paper_params_m
 
 
 def _num(x) -> float:
@@ -169,12 +170,12 @@ def build_table(runs: list[Run], preset: str | None = None) -> Table3:
     for row in row_order(set(by_row)):
         rs = by_row[row]
         done = sorted(completed[row].values(), key=lambda r: r.seed)
-        ppls = [float(r.metrics["dev_ppl"]) for r in done if r.metrics.get("dev_ppl") is not None]
-        bleus = [float(r.metrics["dev_bleu"]) for r in done if r.metrics.get("dev_bleu") is not None]
+        ppls = [float(r.metrics.dev_ppl) for r in done if r.metrics.dev_ppl is not None]
+        bleus = [float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None]
         values[row] = {"ppl": ppls, "bleu": bleus}
         ppl, ppl_std = _mean_std(ppls)
         bleu, bleu_std = _mean_std(bleus)
-        params, _ = _mean_std([r.metrics.get("params") for r in done])
+        params, _ = _mean_std([r.metrics.params for r in done])
         paper_ppl, paper_bleu, paper_params = _paper(rs) if rs else _paper_of(row)
         seed, p = tested.get(row, (None, None))
         row_drops = [drops[(row, r.seed)] for r in done]
@@ -182,7 +183,7 @@ def build_table(runs: list[Run], preset: str | None = None) -> Table3:
         converged[row] = None if pd.isna(drop) else bool(drop < verdicts.CONVERGED_MAX_DROP)
         records.append(
             {
-                "group": str(rs[0].metrics.get("group") or "other") if rs else load_rows()[row].group, "row": row,
+                "group": str(rs[0].metrics.group or "other") if rs else load_rows()[row].group, "row": row,
                 **(_settings(rs) if rs else _planned_settings(row, preset)),
                 "steps": _steps(rs, done), "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu,
                 "bleu_std": bleu_std, "params_m": params / 1e6, "paper_ppl": _num(paper_ppl),
@@ -211,10 +212,10 @@ def build_table(runs: list[Run], preset: str | None = None) -> Table3:
     runs_df = pd.DataFrame.from_records(
         [
             {
-                "row": r.row, "seed": r.seed, "status": r.metrics["status"], "steps": r.metrics.get("steps"),
-                "dev_ppl": r.metrics.get("dev_ppl"), "dev_bleu": r.metrics.get("dev_bleu"),
-                "dev_tok_bleu": r.metrics.get("dev_tok_bleu"), "params": r.metrics.get("params"),
-                "train_time_s": r.metrics.get("train_time_s"), "last_drop": drops.get((r.row, r.seed), np.nan),
+                "row": r.row, "seed": r.seed, "status": r.metrics.status, "steps": r.metrics.steps,
+                "dev_ppl": r.metrics.dev_ppl, "dev_bleu": r.metrics.dev_bleu,
+                "dev_tok_bleu": r.metrics.dev_tok_bleu, "params": r.metrics.params,
+                "train_time_s": r.metrics.train_time_s, "last_drop": drops.get((r.row, r.seed), np.nan),
                 "converged": _converged(drops.get((r.row, r.seed), np.nan)),
             }
             for row in row_order(set(by_row)) for r in sorted(by_row[row], key=lambda r: r.seed)

@@ -8,31 +8,28 @@ refused. The objective is the final dev perplexity (minimized, the same directio
 metric); the best parameters are printed and saved.
 
 `--trials N` is the search's size: a rerun runs only the trials still missing, so an interrupted
-search resumes. A trial left RUNNING by a killed search (its lock under OUT/.locks/ is free) is
-failed and its parameters are enqueued again, with its run directory: the retry resumes that
-trial's training from its last checkpoint. (Optuna's own heartbeat exists only for RDB storages and
-for `optimize`'s own trials; the lock works for the journal too, as in `aiayn table3`.)
+search resumes. Trials are asked and told one by one under the same books as `aiayn table3`'s (sweeps/books.py:
+a trial is popped and claimed under one lock), so a trial left RUNNING by a killed search is stale at once: it
+is failed and its parameters are enqueued again, with its run directory, and the retry resumes that trial's
+training from its last checkpoint. A trial's metrics.json says kind "hpo": it never enters a Table 3 report.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import platform
-import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
 
-from aiayn.ablations.presets import get_preset, resolve
+from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.common.locks import file_lock
 from aiayn.common.options import option
 from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.rundir import OutDir
+from aiayn.lightning_modules.spec import resolve
+from aiayn.sweeps import books
 from aiayn.sweeps.storage import open_storage
 
 log = logging.getLogger(__name__)
@@ -58,63 +55,41 @@ def suggest(trial: optuna.Trial, preset) -> dict:
     }
 
 
-def trial_lock(opts: HpoOptions, number: int) -> Path:
-    t = opts.train
-    return Path(t.out) / ".locks" / f"hpo-{t.preset}-{t.row}-trial{number:04d}.lock"
+def _key(trial) -> str:
+    return f"trial{trial.number:04d}"
 
 
 def objective(opts: HpoOptions, trial: optuna.Trial) -> float:
-    # held while the trial runs: a sign of life for `fail_stale_trials` of a later search
-    with file_lock(trial_lock(opts, trial.number)):
-        trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
-        return _objective(opts, trial)
-
-
-def _objective(opts: HpoOptions, trial: optuna.Trial) -> float:
     from optuna_integration import PyTorchLightningPruningCallback
 
-    from aiayn.lightning_modules.train import train
+    from aiayn.lightning_modules.train import Hooks, train
 
     t = opts.train
     preset = get_preset(t.preset)
     params = suggest(trial, preset)
     # a retried trial (its search was killed) goes on in the run directory it started
-    run_dir = trial.user_attrs.get("resume_dir") or str(RunDir.hpo_trial(t.out, preset.name, t.row, trial.number).path)
+    run_dir = trial.user_attrs.get("resume_dir") or str(OutDir(t.out).hpo_trial(preset.name, t.row, trial.number).path)
     trial.set_user_attr("run_dir", run_dir)
-    metrics = train(
-        replace(t, overrides={**t.overrides, **params}, progress=False), run_dir=run_dir,
-        callbacks=(PyTorchLightningPruningCallback(trial, monitor="val/ppl"),), val_per_epoch=True,
-    )  # fmt: skip
-    if metrics.get("status") == "diverged":  # a result, not a crash: the search goes on without it
-        trial.set_user_attr("diverged_at_step", metrics["diverged_at_step"])
-        raise optuna.TrialPruned(f"diverged: {metrics['error']}")
-    trial.set_user_attr("dev_bleu", metrics["dev_bleu"])
-    log.info("trial %d: dev PPL %.3f, BLEU %.2f with %s", trial.number, metrics["dev_ppl"], metrics["dev_bleu"], params)
-    return metrics["dev_ppl"]
+    hooks = Hooks(callbacks=(PyTorchLightningPruningCallback(trial, monitor="val/ppl"),), val_per_epoch=True,
+                  run_dir=run_dir, kind="hpo",
+                  status_of=lambda e: "pruned" if isinstance(e, optuna.TrialPruned) else None)  # fmt: skip
+    metrics = train(replace(t, overrides={**t.overrides, **params}, progress=False), hooks=hooks)
+    if metrics.status == "diverged":  # a result, not a crash: the search goes on without it
+        trial.set_user_attr("diverged_at_step", metrics.diverged_at_step)
+        raise optuna.TrialPruned(f"diverged: {metrics.error}")
+    trial.set_user_attr("dev_bleu", metrics.dev_bleu)
+    log.info("trial %d: dev PPL %.3f, BLEU %.2f with %s", trial.number, metrics.dev_ppl, metrics.dev_bleu, params)
+    return metrics.dev_ppl
 
 
-def fail_stale_trials(study: optuna.Study, opts: HpoOptions, grace_s: float = 600.0) -> list[int]:
-    """Fail the trials a killed search left RUNNING (their lock is free) and enqueue their parameters
-    again with their run directory, which the retry resumes; return their numbers."""
-    stale, now = [], time.time()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        started = t.datetime_start.timestamp() if t.datetime_start else now
-        if "worker" not in t.user_attrs and now - started < grace_s:
-            continue  # between ask() and its lock, in a live search
-        with file_lock(trial_lock(opts, t.number)) as free:
-            if not free:
-                continue  # a live search runs it
-            try:
-                optuna.trial.Trial(study, t._trial_id).set_user_attr("stale", "its search died; enqueued again")
-                study.tell(t.number, state=TrialState.FAIL)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                continue  # finished meanwhile
+def _requeue(study: optuna.Study):
+    def again(t: optuna.trial.FrozenTrial) -> None:
         resume = t.user_attrs.get("run_dir")
         study.enqueue_trial(t.params, user_attrs={"resume_dir": resume} if resume else None)
         log.warning("trial %d was left running by a search that died: failed, its parameters enqueued again%s",
                     t.number, f" (resuming {resume})" if resume else "")  # fmt: skip
-        stale.append(t.number)
-    return stale
+
+    return again
 
 
 def run_hpo(opts: HpoOptions) -> dict:
@@ -124,9 +99,9 @@ def run_hpo(opts: HpoOptions) -> dict:
     if t.world_size > 1:
         raise UserError(f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
                         f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)")  # fmt: skip
-    resolve(t.row, t.preset, t.table)  # unknown row or preset: fail before any study exists
-    out = Path(t.out)
-    storage = open_storage(opts.storage or f"sqlite:///{(out / 'hpo.db').resolve()}", create_dir=out)
+    resolve(t.row, t.preset, tables=t.table)  # unknown row or preset: fail before any study exists
+    out = OutDir(t.out)
+    storage = open_storage(opts.storage or out.study_url("hpo"), create_dir=out.root)
     study = optuna.create_study(
         study_name=f"hpo-{t.preset}-{t.row}",
         storage=storage,
@@ -136,11 +111,13 @@ def run_hpo(opts: HpoOptions) -> dict:
     )
     # seeded by the trials so far: a resumed search continues the sampler's sequence, not its start again
     study.sampler = optuna.samplers.TPESampler(seed=t.seed + len(study.get_trials(deepcopy=False)))
-    fail_stale_trials(study, opts)
+    claims, pop_lock = books.LockClaims(out, f"hpo-{t.preset}-{t.row}"), out.lock(f"{study.study_name}.pop")
+    books.fail_stale_trials(study, pop_lock, claims, _key, on_stale=_requeue(study))
     done = sum(x.state in (TrialState.COMPLETE, TrialState.PRUNED) for x in study.get_trials(deepcopy=False))
     if done < opts.trials:
         log.info("hpo %s: %d of %d trials done, running %d", study.study_name, done, opts.trials, opts.trials - done)
-        study.optimize(lambda trial: objective(opts, trial), n_trials=opts.trials - done, catch=())
+    for _ in range(opts.trials - done):
+        _run_trial(study, opts, claims, pop_lock)
     complete = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
         raise UserError(f"no hpo trial of {t.row} at {t.preset} completed (all pruned or failed); add --trials")
@@ -149,5 +126,23 @@ def run_hpo(opts: HpoOptions) -> dict:
               "best_dev_ppl": best.value, "best_params": best.params, "dev_bleu": best.user_attrs.get("dev_bleu"),
               "trials": len(study.trials), "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
               "failed": sum(x.state.name == "FAIL" for x in study.trials)}  # fmt: skip
-    atomic_write_json(out / "hpo" / t.preset / t.row / "best.json", result)
+    atomic_write_json(out.hpo_best(t.preset, t.row), result)
     return result
+
+
+def _run_trial(study: optuna.Study, opts: HpoOptions, claims, pop_lock) -> None:
+    """Ask one trial (a queued retry first) and claim it under the pop lock, train it, tell its outcome."""
+    with books.pop_and_claim(study, pop_lock, claims, _key, study.ask) as (trial, _, held):
+        try:
+            value = objective(opts, trial)
+        except optuna.TrialPruned as e:
+            trial.set_user_attr("pruned", str(e))
+            study.tell(trial, state=TrialState.PRUNED)
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        else:
+            study.tell(trial, value)
+        finally:
+            if held is not None:
+                held.close()

@@ -31,7 +31,6 @@ which differs between array tasks.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shlex
@@ -45,10 +44,12 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.selection import Selection
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json, atomic_write_text
+from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
 from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.rundir import OutDir, RunDir
+from aiayn.sweeps import books
+from aiayn.sweeps.backends import Backend, Sweep, register
 
 log = logging.getLogger(__name__)
 
@@ -228,12 +229,12 @@ def corpus_of(opts: SlurmOptions) -> str:
     return opts.train.data or get_preset(opts.train.preset).corpus
 
 
+def out_of(opts: SlurmOptions) -> OutDir:
+    return OutDir(Path(opts.train.out).resolve())
+
+
 def run_of(opts: SlurmOptions, row: str, seed: int) -> RunDir:
-    return RunDir.of(Path(opts.train.out).resolve(), get_preset(opts.train.preset).name, corpus_of(opts), row, seed)
-
-
-def marker(opts: SlurmOptions, row: str, seed: int) -> Path:
-    return Path(opts.train.out) / "slurm" / "pairs" / f"{opts.train.preset}-{corpus_of(opts)}-{row}-seed{seed}.json"
+    return out_of(opts).run(get_preset(opts.train.preset).name, corpus_of(opts), row, seed)
 
 
 def live_jobs() -> set[str]:
@@ -246,24 +247,32 @@ def live_jobs() -> set[str]:
     return set(proc.stdout.split())
 
 
+def claims(opts: SlurmOptions, live=live_jobs) -> books.SlurmClaims:
+    """Which array task holds which pair (OUT/slurm/pairs/), alive while SLURM holds the task."""
+    return books.SlurmClaims(out_of(opts), "pair", live)
+
+
+def key_of(opts: SlurmOptions, row: str, seed: int) -> str:
+    return books.pair_key(get_preset(opts.train.preset).name, corpus_of(opts), row, seed)
+
+
+def marker(opts: SlurmOptions, row: str, seed: int) -> Path:
+    return claims(opts).marker(key_of(opts, row, seed))
+
+
 def job_of(opts: SlurmOptions, row: str, seed: int) -> str | None:
-    try:
-        return json.loads(marker(opts, row, seed).read_text())["job"]
-    except (OSError, ValueError, KeyError):
-        return None
+    return claims(opts).job(key_of(opts, row, seed))
 
 
 def classify(opts: SlurmOptions, todo: list[tuple[str, int]], live: set[str]) -> dict[str, list]:
-    """Split pairs into completed, in SLURM (queued or running) and pending (to submit)."""
-    books = {"completed": [], "in_slurm": [], "pending": []}
-    for row, seed in todo:
-        if run_of(opts, row, seed).status() == "completed":
-            books["completed"].append((row, seed))
-        elif job_of(opts, row, seed) in live:
-            books["in_slurm"].append((row, seed))
-        else:
-            books["pending"].append((row, seed))
-    return books
+    """Split pairs into completed, in SLURM (queued or running) and pending (to submit), by the books every
+    back end keeps (sweeps/books.py)."""
+    held = books.SlurmClaims(out_of(opts), "pair", lambda: live)
+    found = books.states(out_of(opts), get_preset(opts.train.preset).name, corpus_of(opts), todo, held)
+    out = {"completed": [], "in_slurm": [], "pending": []}
+    for s in found:
+        out["completed" if s.state == "completed" else "in_slurm" if s.state == "running" else "pending"].append(s.pair)
+    return out
 
 
 # ---- the script
@@ -357,7 +366,7 @@ def _wrap(words: list[str], width: int = 100) -> list[str]:
 
 
 def script_path(opts: SlurmOptions) -> Path:
-    return Path(opts.train.out) / "slurm" / f"{job_name(opts)}.sbatch"
+    return OutDir(opts.train.out).slurm / f"{job_name(opts)}.sbatch"
 
 
 # ---- submit and wait
@@ -412,18 +421,38 @@ def outcome(opts: SlurmOptions, row: str, seed: int) -> str:
     status = run_of(opts, row, seed).status()
     if status == "completed":
         return status
-    log_file = Path(opts.train.out).resolve() / "slurm" / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
+    log_file = out_of(opts).slurm / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
     return f"{'no metrics.json' if status == 'missing' else status}; see {log_file}"
 
 
-def submit(opts: SlurmOptions) -> dict:
+@register
+class SlurmBackend(Backend):
+    """A SLURM job array, one task per pending pair (`aiayn slurm table3`); the books are every back end's, with
+    SLURM holding a pair's claim while it holds the array task."""
+
+    name = "slurm"
+
+    def __init__(self, opts: SlurmOptions):
+        self.opts = opts
+
+    def claims(self, sweep: Sweep) -> books.Claims:
+        return claims(self.opts)
+
+    def check(self, sweep: Sweep) -> None:
+        check(self.opts)
+
+    def launch(self, sweep: Sweep, todo: list[tuple[str, int]]) -> dict:
+        return submit(self.opts, todo)
+
+
+def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dict:
     """Check, write the script, submit it (unless a dry run), optionally wait; return a summary
     (`results`: each pair's outcome, after --wait)."""
     per_node = check(opts)
-    todo = pairs(opts)
-    books = classify(opts, todo, set() if opts.dry_run else live_jobs())
-    summary = {"pairs": len(todo), **{k: len(v) for k, v in books.items()}, "job": None, "script": None}
-    pending = books["pending"]
+    todo = pairs(opts) if todo is None else todo
+    held = classify(opts, todo, set() if opts.dry_run else live_jobs())
+    summary = {"pairs": len(todo), **{k: len(v) for k, v in held.items()}, "job": None, "script": None}
+    pending = held["pending"]
     if pending:
         if not opts.dry_run:
             check_partition(opts.resources.partition)
@@ -440,10 +469,9 @@ def submit(opts: SlurmOptions) -> dict:
                 raise
             summary["job"] = job
             for i, (row, seed) in enumerate(pending):
-                atomic_write_json(marker(opts, row, seed), {"job": f"{job}_{i}", "row": row, "seed": seed,
-                                                            "script": str(path), "submitted": time.time()})  # fmt: skip
+                claims(opts).record(key_of(opts, row, seed), f"{job}_{i}", str(path))
     if opts.wait and not opts.dry_run:
-        watched = {job_of(opts, r, s) for r, s in pending + books["in_slurm"]} - {None}
+        watched = {job_of(opts, r, s) for r, s in pending + held["in_slurm"]} - {None}
         wait_for(watched, opts.poll_s)
         summary["results"] = {f"{r} seed {s}": outcome(opts, r, s) for r, s in todo}
     return summary

@@ -16,3 +16,22 @@ def cache(tmp_path_factory):
         os.environ.pop("AIAYN_CACHE", None)
     else:
         os.environ["AIAYN_CACHE"] = old
+
+
+class RunnerBackend:
+    """A test double of a sweep back end (sweeps/backends.py): `runner(sweep, corpus, row, seed)` (and `gpus=` when
+    the worker has GPUs) stands in for the training run and returns its metrics as a dict; the queue, the claims
+    and the books are the real ones. `base`: the back end whose slots and checks it keeps."""
+
+    def __new__(cls, runner, base=None):
+        from aiayn.lightning_modules.rundir import RunMetrics
+        from aiayn.sweeps.backends import QueueBackend
+
+        class Runner(base or QueueBackend):
+            name = "runner"
+
+            def run_one(self, sweep, row, seed, slot):
+                out = runner(sweep, sweep.corpus, row, seed, **({"gpus": slot} if slot is not None else {}))
+                return RunMetrics.from_dict({"preset": sweep.preset.name, "data": sweep.corpus, **out})
+
+        return Runner()

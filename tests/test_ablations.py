@@ -7,19 +7,33 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.ablations.presets import PRESETS, resolve
-from aiayn.ablations.table import MODEL_KEYS, load_rows, select_rows
+from aiayn.ablations.knobs import MODEL_KEYS
+from aiayn.ablations.presets import PRESETS
+from aiayn.ablations.table import load_rows, select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.config import model_config
-from aiayn.lightning_modules.model import Transformer, count_params
+from aiayn.lightning_modules.model import Transformer
+from aiayn.lightning_modules.spec import resolve
 
 PAPER_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
               "D1", "D2", "D3", "D4", "E1", "big"]  # fmt: skip
 
 
 def config_of(row, preset, vocab):
-    return model_config(resolve(row, preset), vocab)
+    return resolve(row, preset, vocab_size=vocab).model
+
+
+def resolved(row, preset):
+    """The row's knobs at the preset's scale, as a dict."""
+    s = resolve(row, preset)
+    return {**s.model.to_dict(), "train_steps": s.train_steps}
+
+
+def count_params(cfg):
+    """The parameters of the model built from `cfg` (on the meta device: no weights allocated)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    return sum(p.numel() for p in model.parameters())
 
 
 def test_table_holds_every_paper_row_with_its_reported_results():
@@ -61,6 +75,14 @@ def test_count_params_matches_a_built_model():
     assert count_params(config_of("base", "paper", 37000)) == 63_082_496  # pinned: 37000 x 512 shared + 6 + 6 layers
 
 
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_counted_params_of_every_row_are_the_models(preset):
+    """TransformerConfig.params() counts from the shapes, without building a model: every row, every preset."""
+    for row in [*PAPER_ROWS, "no-pe", "rope", "pre-ln"]:
+        cfg = config_of(row, preset, 1000)
+        assert cfg.params() == count_params(cfg), (row, preset)
+
+
 @pytest.mark.parametrize("row", PAPER_ROWS + ["no-pe", "rope", "pre-ln"])
 def test_every_row_builds_and_runs_forward_at_tiny_scale(row):
     torch.manual_seed(0)
@@ -71,24 +93,24 @@ def test_every_row_builds_and_runs_forward_at_tiny_scale(row):
 
 def test_preset_rule_scales_widths_heads_and_depth():
     tiny, paper = PRESETS["tiny"], PRESETS["paper"]
-    b, big = resolve("base", "tiny"), resolve("big", "tiny")
+    b, big = resolved("base", "tiny"), resolved("big", "tiny")
     assert (b["d_model"], b["d_ff"], b["h"], b["d_k"], b["d_v"], b["N"]) == (128, 512, 4, 32, 32, 2)
     assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps == 3000
     # h x 1/2 and h·d_k x 1/4: group A keeps h·d_k = d_model with distinct head counts; B keeps d_k's ratio to base
-    heads = {r: (resolve(r, "tiny")["h"], resolve(r, "tiny")["d_k"]) for r in ("A1", "A2", "A3", "A4", "B1", "B2")}
+    heads = {r: (resolved(r, "tiny")["h"], resolved(r, "tiny")["d_k"]) for r in ("A1", "A2", "A3", "A4", "B1", "B2")}
     assert heads == {"A1": (1, 128), "A2": (2, 64), "A3": (8, 16), "A4": (16, 8), "B1": (4, 8), "B2": (4, 16)}
-    assert (resolve("B1", "tiny")["d_v"], resolve("big", "tiny")["h"], resolve("big", "tiny")["d_k"]) == (32, 8, 32)
+    assert (resolved("B1", "tiny")["d_v"], resolved("big", "tiny")["h"], resolved("big", "tiny")["d_k"]) == (32, 8, 32)
     # depth x 1/3, rounded: the order is kept (never reversed), but N=2 and N=4 both become 1
-    assert [resolve(r, "tiny")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 1, 2, 3]
-    assert [resolve(r, "small")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 2, 3, 4]
-    assert resolve("base", "paper")["train_steps"] == paper.train_steps == 100_000
+    assert [resolved(r, "tiny")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 1, 2, 3]
+    assert [resolved(r, "small")["N"] for r in ("C1", "C2", "base", "C3")] == [1, 2, 3, 4]
+    assert resolved("base", "paper")["train_steps"] == paper.train_steps == 100_000
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_distinct_paper_rows_resolve_to_distinct_configs_unless_the_preset_declares_them_one(preset):
     configs = {}
     for row in select_rows(None):
-        r = resolve(row, preset)
+        r = resolved(row, preset)
         configs.setdefault(tuple(r[k] for k in (*MODEL_KEYS, "train_steps")), []).append(row)
     shared = sorted(sorted(rows) for rows in configs.values() if len(rows) > 1)
     assert shared == sorted(sorted(pair) for pair in PRESETS[preset].aliases), f"{preset}: undeclared aliases"
@@ -97,7 +119,7 @@ def test_distinct_paper_rows_resolve_to_distinct_configs_unless_the_preset_decla
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_the_rule_keeps_head_widths_in_the_range_the_paper_ran(preset):
     """The paper's d_k run from 16 to 512 at d_model 512: at 1/4 width that is 4 to 128; a preset keeps d_k >= 8."""
-    widths = {row: resolve(row, preset)["d_k"] for row in select_rows(None)}
+    widths = {row: resolved(row, preset)["d_k"] for row in select_rows(None)}
     assert min(widths.values()) >= 8, widths
 
 

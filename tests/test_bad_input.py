@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.ablations.presets import CORPORA, PRESETS, resolve
+from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.table import COLUMNS, TABLE_FILES, load_rows
 from aiayn.cli import main
-from aiayn.lightning_modules.config import model_config
+from aiayn.lightning_modules.corpora import CORPORA
+from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, TrainPlan
+from aiayn.lightning_modules.spec import resolve
 
 ROWS = ", ".join(load_rows())
 GROUPS = ", ".join(sorted({r.group for r in load_rows().values()}))
@@ -65,15 +67,17 @@ def table(text: str):
 
 
 def base_d_model() -> int:
-    return resolve("base", "tiny")["d_model"]
+    return resolve("base", "tiny").model.d_model
 
 
 def other_run(tmp: Path) -> None:
-    """The run directory of base/seed0 holding a run whose d_model is one more than base's."""
-    cfg = model_config(resolve("base", "tiny"), 60, max_len=512).to_dict()
+    """The run directory of base/seed0 holding a run whose d_model is one more than base's (and the same data)."""
+    spec = resolve("base", "tiny", corpus="files", vocab_size=60).to_dict()
+    spec["model"]["d_model"] += 1
+    data = DataIdentity("files", str(tmp / "corpus"), 60)
     d = tmp / "runs" / "tiny" / "files" / "base" / "seed0"
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"model": dict(cfg, d_model=base_d_model() + 1), "data": {}}))
+    (d / "config.json").write_text(json.dumps(RunConfig(spec, data, TrainPlan(0, 2, 1, 1, 1024, "32-true")).to_dict()))
 
 
 HELD = []  # locks held by a "running" process during one test

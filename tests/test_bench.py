@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from aiayn.bench import run as bench
 from aiayn.cli import main
-from aiayn.lightning_modules import bench
 from aiayn.lightning_modules.decoding import beam_search
 from aiayn.lightning_modules.model import Transformer, TransformerConfig
 from aiayn.lightning_modules.module import label_smoothed_loss, projected_label_smoothed_loss

@@ -38,7 +38,7 @@ def test_a_runs_config_json_trains_that_run_again_exactly(trained, tmp_path):
     assert second["options"].pop("out") == str(other) and first["options"].pop("out") == str(trained.parents[3])
     assert second["options"].pop("tokenizer") == str(trained / "tokenizer.model")  # the run's own, not the cache's
     assert first["options"].pop("tokenizer") is None and first == second  # h=4 and every other option kept
-    assert first["model"]["h"] == 4 and first["options"]["overrides"] == {"h": 4}
+    assert first["spec"]["model"]["h"] == 4 and first["options"]["overrides"] == {"h": 4}
     a, b = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (trained, again))
     assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit (CPU, deterministic)
     m1, m2 = (json.loads((d / "metrics.json").read_text()) for d in (trained, again))
@@ -52,28 +52,19 @@ def test_print_config_is_the_runs_config_and_writes_nothing(trained, tmp_path, c
     before = tree(trained.parents[3])
     assert printed(capsys, "--config", str(config)) == json.loads(config.read_text())
     changed = printed(capsys, "--config", str(config), "--set", "d_ff=64", "--seed", "3")
-    assert changed["model"]["d_ff"] == 64 and changed["model"]["h"] == 4  # --set adds to the file's
+    assert changed["spec"]["model"]["d_ff"] == 64 and changed["spec"]["model"]["h"] == 4  # --set adds to the file's
     assert changed["train"]["seed"] == 3 and changed["options"]["overrides"] == {"h": 4, "d_ff": 64}
     # seed3 is another run directory: it takes the tokenizer.model beside the config file
     assert changed["tokenizer"]["sha256"] == sha256_file(trained / "tokenizer.model")
     assert tree(trained.parents[3]) == before
 
 
-def test_a_config_json_of_aiayn_0_1_is_read_from_its_sections(trained, tmp_path, capsys):
-    old = json.loads((trained / "config.json").read_text())
-    del old["options"], old["tokenizer"]  # what aiayn 0.1 wrote
-    (tmp_path / "config.json").write_text(json.dumps(old))
-    new = printed(capsys, "--config", str(tmp_path / "config.json"), "--out", str(trained.parents[3]))
-    assert {k: new[k] for k in ("row", "model", "data", "train")} == {
-        k: old[k] for k in ("row", "model", "data", "train")
-    }
-
-
 def test_a_yaml_file_of_options(tmp_path, capsys):
     (tmp_path / "c1.yaml").write_text("# my run\nrow: C1\npreset: tiny\nmax-steps: 3\nset:\n  h: 2\n")
     config = printed(capsys, "--config", str(tmp_path / "c1.yaml"), "--out", str(tmp_path / "runs"))
-    assert (config["row"]["row"], config["train"]["steps"], config["model"]["h"]) == ("C1", 3, 2)
-    assert config["row"]["deviations"] == ["overridden: h=2"] and not (tmp_path / "runs").exists()
+    assert (config["spec"]["row"], config["train"]["steps"], config["spec"]["model"]["h"]) == ("C1", 3, 2)
+    assert config["spec"]["deviations"] == [{"kind": "override", "text": "overridden: h=2"}]
+    assert config["spec"]["overrides"] == {"h": 2} and not (tmp_path / "runs").exists()
 
 
 def test_the_config_files_row_is_trained_even_when_its_table_changed(tmp_path, capsys):
@@ -83,8 +74,8 @@ def test_the_config_files_row_is_trained_even_when_its_table_changed(tmp_path, c
     table.write_text(MINE.replace("4096", "8192"))
     assert main(["train", "--config", str(tmp_path / "config.json"), "--print-config"]) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out)["model"]["d_ff"] == 1024  # 4096 at width 1/4, as the config file says
-    assert "WARNING aiayn.lightning_modules.train: row wide-ff of the config file differs from its table now" in err
+    assert json.loads(out)["spec"]["model"]["d_ff"] == 1024  # 4096 at width 1/4, as the config file says
+    assert "WARNING aiayn: row wide-ff of the config file differs from its table now" in err
     assert "'d_ff': (1024, 2048)" in err
     table.unlink()  # the table is gone: the config file's row is all there is
-    assert printed(capsys, "--config", str(tmp_path / "config.json"))["model"]["d_ff"] == 1024
+    assert printed(capsys, "--config", str(tmp_path / "config.json"))["spec"]["model"]["d_ff"] == 1024

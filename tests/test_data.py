@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from aiayn.common.errors import UserError
+from aiayn.lightning_modules import batching as B
+from aiayn.lightning_modules import corpora as C
 from aiayn.lightning_modules import data as D
+from aiayn.lightning_modules import tokenizer as T
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 WORDS = (
@@ -57,7 +60,7 @@ def _one_line_error(excinfo, *needles: str) -> str:
 @pytest.mark.parametrize("gz", [False, True])
 def test_read_parallel_plain_and_gz(tmp_path, gz):
     _corpus(tmp_path, gz=gz)
-    src, tgt = D.read_parallel(tmp_path, "dev")
+    src, tgt = C.read_parallel(tmp_path, "dev")
     assert len(src) == len(tgt) == 40
     assert src[0] == _sentences(40, 2)[0]  # trailing newline stripped, nothing else
     assert tgt[0].split() == src[0].split()[::-1]
@@ -66,27 +69,27 @@ def test_read_parallel_plain_and_gz(tmp_path, gz):
 def test_read_parallel_keeps_inner_whitespace(tmp_path):
     _write(tmp_path / "x.en", ["  a  b ", "c"])
     _write(tmp_path / "x.de", [" d", "e\t"])
-    assert D.read_parallel(tmp_path, "x") == (["  a  b ", "c"], [" d", "e\t"])
+    assert C.read_parallel(tmp_path, "x") == (["  a  b ", "c"], [" d", "e\t"])
 
 
 def test_read_parallel_errors(tmp_path):
     with pytest.raises(UserError) as e:
-        D.read_parallel(tmp_path / "nope", "train")
+        C.read_parallel(tmp_path / "nope", "train")
     _one_line_error(e, str(tmp_path / "nope"), "does not exist", "--data-dir")
 
     _write(tmp_path / "train.en", ["a"])
     with pytest.raises(UserError) as e:
-        D.read_parallel(tmp_path, "train")
+        C.read_parallel(tmp_path, "train")
     _one_line_error(e, "no file train.de", "--data-dir")
 
     (tmp_path / "train.de").write_bytes(b"")
     with pytest.raises(UserError) as e:
-        D.read_parallel(tmp_path, "train")
+        C.read_parallel(tmp_path, "train")
     _one_line_error(e, str(tmp_path / "train.de"), "empty")
 
     _write(tmp_path / "train.de", ["x", "y", "z"])
     with pytest.raises(UserError) as e:
-        D.read_parallel(tmp_path, "train")
+        C.read_parallel(tmp_path, "train")
     _one_line_error(e, str(tmp_path / "train.en"), "1 lines", str(tmp_path / "train.de"), "has 3")
 
     (tmp_path / "train.de").write_bytes(b"ok\n")
@@ -95,7 +98,7 @@ def test_read_parallel_errors(tmp_path):
         f.write(b"fine\nbad \xff byte\n")
     (tmp_path / "train.de").write_bytes(b"ok\nok\n")
     with pytest.raises(UserError) as e:
-        D.read_parallel(tmp_path, "train")
+        C.read_parallel(tmp_path, "train")
     _one_line_error(e, str(tmp_path / "train.en.gz"), "line 2", "UTF-8")
 
 
@@ -104,20 +107,20 @@ def test_read_parallel_errors(tmp_path):
 
 def test_files_corpus_custom_languages(tmp_path):
     root = _corpus(tmp_path / "c", src="fr", tgt="it", gz=True)
-    assert D.resolve_corpus("files", root, tmp_path / "cache", "fr", "it") == root
-    src, tgt = D.read_parallel(root, "test", "fr", "it")
+    assert C.resolve_corpus("files", root, tmp_path / "cache", "fr", "it") == root
+    src, tgt = C.read_parallel(root, "test", "fr", "it")
     assert len(src) == len(tgt) == 30
     with pytest.raises(UserError) as e:
-        D.resolve_corpus("files", root, tmp_path / "cache", "en", "de")
+        C.resolve_corpus("files", root, tmp_path / "cache", "en", "de")
     _one_line_error(e, "no file train.en", "--data-dir")
     with pytest.raises(UserError) as e:
-        D.resolve_corpus("files", None, tmp_path / "cache")
+        C.resolve_corpus("files", None, tmp_path / "cache")
     _one_line_error(e, "--data-dir")
 
 
 def test_unknown_corpus_lists_names(tmp_path):
     with pytest.raises(UserError) as e:
-        D.resolve_corpus("europarl", None, tmp_path)
+        C.resolve_corpus("europarl", None, tmp_path)
     _one_line_error(e, "europarl", "synthetic", "multi30k", "wmt14", "files")
 
 
@@ -133,22 +136,22 @@ def test_wmt14_without_datasets_is_user_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_datasets)
     with pytest.raises(UserError) as e:
-        D.resolve_corpus("wmt14", None, tmp_path)
+        C.resolve_corpus("wmt14", None, tmp_path)
     _one_line_error(e, "pip install aiayn[online]", "--data-dir")
 
 
 def test_wmt14_local_dir(tmp_path):
     root = _corpus(tmp_path / "w")
-    assert D.resolve_corpus("wmt14", root, tmp_path / "cache") == root
+    assert C.resolve_corpus("wmt14", root, tmp_path / "cache") == root
 
 
 def test_multi30k_download_failure_says_data_dir(tmp_path, monkeypatch):
     def fail(url, timeout=None):
         raise OSError("network unreachable")
 
-    monkeypatch.setattr(D.urllib.request, "urlopen", fail)
+    monkeypatch.setattr(C.urllib.request, "urlopen", fail)
     with pytest.raises(UserError) as e:
-        D.resolve_corpus("multi30k", None, tmp_path)
+        C.resolve_corpus("multi30k", None, tmp_path)
     msg = _one_line_error(e, "raw.githubusercontent.com/multi30k/dataset", "--data-dir")
     assert "train.en.gz" in msg
     assert not list((tmp_path / "corpora" / "multi30k").glob("*"))  # no partial files left
@@ -167,13 +170,13 @@ def test_wmt14_export_maps_train_validation_test_to_train_dev_test(tmp_path, mon
                 "test": {"translation": pairs("test", 1)}}  # fmt: skip
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    out = D.resolve_corpus("wmt14", None, tmp_path)
+    out = C.resolve_corpus("wmt14", None, tmp_path)
     assert calls == [("wmt14", "de-en")]
     for ours, theirs, n in (("train", "train", 3), ("dev", "validation", 2), ("test", "test", 1)):
-        assert D.read_parallel(out, ours) == ([f"{theirs} sentence {i}" for i in range(n)],
+        assert C.read_parallel(out, ours) == ([f"{theirs} sentence {i}" for i in range(n)],
                                               [f"{theirs} satz {i}" for i in range(n)])  # fmt: skip
     assert not list(out.glob(".*.tmp"))
-    D.resolve_corpus("wmt14", None, tmp_path)
+    C.resolve_corpus("wmt14", None, tmp_path)
     assert len(calls) == 1  # exported once
 
 
@@ -217,60 +220,60 @@ class _Multi30kServer:
 @pytest.fixture()
 def multi30k_server(monkeypatch):
     files = {}
-    for split, remote in D.MULTI30K_REMOTE.items():
+    for split, remote in C.MULTI30K_REMOTE.items():
         for lang, lines in (("en", _sentences(5, len(remote))), ("de", _sentences(5, len(remote) + 1))):
             files[f"{remote}.{lang}.gz"] = gzip.compress(("\n".join([split, *lines]) + "\n").encode())
     server = _Multi30kServer(files)
-    monkeypatch.setattr(D, "MULTI30K_URL", server.url)
+    monkeypatch.setattr(C, "MULTI30K_URL", server.url)
     yield server
     server.close()
 
 
 def test_multi30k_download_from_a_server(tmp_path, multi30k_server):
-    out = D.resolve_corpus("multi30k", None, tmp_path)
-    for split, remote in D.MULTI30K_REMOTE.items():
+    out = C.resolve_corpus("multi30k", None, tmp_path)
+    for split, remote in C.MULTI30K_REMOTE.items():
         for lang in ("en", "de"):
             assert (out / f"{split}.{lang}.gz").read_bytes() == multi30k_server.files[f"{remote}.{lang}.gz"]
-        assert D.read_parallel(out, split)[0][0] == split  # val is our dev, test_2016_flickr our test
+        assert C.read_parallel(out, split)[0][0] == split  # val is our dev, test_2016_flickr our test
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files
     n = len(multi30k_server.served)
-    D.resolve_corpus("multi30k", None, tmp_path)
+    C.resolve_corpus("multi30k", None, tmp_path)
     assert len(multi30k_server.served) == n == 6  # downloaded once
 
 
 def test_multi30k_partial_download_is_an_error_and_leaves_nothing(tmp_path, multi30k_server):
     multi30k_server.truncate.add("val.de.gz")
     with pytest.raises(UserError) as e:
-        D.resolve_corpus("multi30k", None, tmp_path)
+        C.resolve_corpus("multi30k", None, tmp_path)
     assert "incomplete" in _one_line_error(e, "val.de.gz", "--data-dir").lower()
     out = tmp_path / "corpora" / "multi30k"
     assert sorted(p.name for p in out.iterdir()) == ["dev.en.gz", "train.de.gz", "train.en.gz"]  # whole files only
     multi30k_server.truncate.clear()
-    D.resolve_corpus("multi30k", None, tmp_path)  # the next run fetches what is missing
+    C.resolve_corpus("multi30k", None, tmp_path)  # the next run fetches what is missing
     assert (out / "dev.de.gz").read_bytes() == multi30k_server.files["val.de.gz"]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
 
 def test_multi30k_local_val_as_dev_without_test(tmp_path, caplog):
     root = _corpus(tmp_path / "m", names=("train", "val", "x"), gz=True)
-    with caplog.at_level(logging.WARNING, logger=D.__name__):
-        out = D.resolve_corpus("multi30k", root, tmp_path / "cache")
+    with caplog.at_level(logging.WARNING, logger=C.__name__):
+        out = C.resolve_corpus("multi30k", root, tmp_path / "cache")
     assert "no test split" in caplog.text
-    assert D.read_parallel(out, "dev") == D.read_parallel(root, "val")
-    assert D.read_parallel(out, "test") == D.read_parallel(root, "val")
+    assert C.read_parallel(out, "dev") == C.read_parallel(root, "val")
+    assert C.read_parallel(out, "test") == C.read_parallel(root, "val")
     # A test split added later is picked up.
     _write(root / "test.en.gz", ["t"])
     _write(root / "test.de.gz", ["u"])
-    out = D.resolve_corpus("multi30k", root, tmp_path / "cache")
-    assert D.read_parallel(out, "test") == (["t"], ["u"])
+    out = C.resolve_corpus("multi30k", root, tmp_path / "cache")
+    assert C.read_parallel(out, "test") == (["t"], ["u"])
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"shared Multi30k copy not found at {MULTI30K}")
 def test_multi30k_shared_copy(tmp_path):
-    out = D.resolve_corpus("multi30k", MULTI30K, tmp_path)
-    src, tgt = D.read_parallel(out, "dev")
+    out = C.resolve_corpus("multi30k", MULTI30K, tmp_path)
+    src, tgt = C.read_parallel(out, "dev")
     assert len(src) == len(tgt) == 1014
-    assert D.find_split_file(out, "train", "de") is not None
+    assert C.find_split_file(out, "train", "de") is not None
 
 
 def test_synthetic_corpus(tmp_path, monkeypatch):
@@ -286,11 +289,11 @@ def test_synthetic_corpus(tmp_path, monkeypatch):
         return real(out_dir, seed=seed, n_train=200, n_dev=20, n_test=20)
 
     monkeypatch.setattr(synthetic, "write_corpus", small)
-    out = D.resolve_corpus("synthetic", None, tmp_path)
+    out = C.resolve_corpus("synthetic", None, tmp_path)
     assert calls == [(tmp_path / "corpora" / "synthetic-seed1234", 1234)]
-    assert len(D.read_parallel(out, "train")[0]) == 200
+    assert len(C.read_parallel(out, "train")[0]) == 200
     with pytest.raises(UserError) as e:
-        D.resolve_corpus("synthetic", None, tmp_path, "fr", "de")
+        C.resolve_corpus("synthetic", None, tmp_path, "fr", "de")
     _one_line_error(e, "synthetic", "--src-lang")
 
 
@@ -301,12 +304,12 @@ def test_synthetic_corpus(tmp_path, monkeypatch):
 def small_spm(tmp_path_factory):
     root = tmp_path_factory.mktemp("spm")
     src, tgt = _sentences(400, 11), _sentences(400, 12)
-    return D.train_spm(src, tgt, 120, root / "m"), (src, tgt)
+    return T.train_spm(src, tgt, 120, root / "m"), (src, tgt)
 
 
 def test_spm_special_ids_and_round_trip(small_spm):
     model, _ = small_spm
-    sp = D.load_spm(model)
+    sp = T.load_spm(model)
     assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
     assert sp.get_piece_size() == 120
     text = "the small dog plays near the green tree"
@@ -324,13 +327,13 @@ def test_spm_cached_not_retrained(small_spm, monkeypatch):
         raise AssertionError("retrained")
 
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", boom)
-    assert D.train_spm(src, tgt, 120, model.with_suffix("")) == model
+    assert T.train_spm(src, tgt, 120, model.with_suffix("")) == model
     assert model.stat().st_mtime_ns == mtime
 
 
 def test_spm_deterministic(tmp_path, small_spm):
     model, (src, tgt) = small_spm
-    again = D.train_spm(src, tgt, 120, tmp_path / "m")
+    again = T.train_spm(src, tgt, 120, tmp_path / "m")
     # Compare pieces and scores (.vocab): the .model also records the temporary training prefix.
     assert again.with_suffix(".vocab").read_bytes() == model.with_suffix(".vocab").read_bytes()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # temp dir cleaned
@@ -338,32 +341,32 @@ def test_spm_deterministic(tmp_path, small_spm):
 
 def test_spm_vocab_too_large_is_user_error(tmp_path):
     with pytest.raises(UserError) as e:
-        D.train_spm(["a b c"], ["d e f"], 5000, tmp_path / "m")
+        T.train_spm(["a b c"], ["d e f"], 5000, tmp_path / "m")
     _one_line_error(e, "5000", "smaller --vocab-size")
     assert not (tmp_path / "m.model").exists()
 
 
 def test_spm_cache_key_changes_with_train_files(tmp_path):
     root = _corpus(tmp_path / "c")
-    a = D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
-    assert a == D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
-    assert a != D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 400)
+    a = T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
+    assert a == T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
+    assert a != T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 400)
     _write(root / "train.de", _sentences(401, 5))
-    assert a != D.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
+    assert a != T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
 
 
 def test_encoded_cache_written_once(tmp_path, small_spm, monkeypatch):
     model, _ = small_spm
-    sp = D.load_spm(model)
+    sp = T.load_spm(model)
     root = _corpus(tmp_path / "c")
-    out = D.encoded_cache_path(tmp_path, model, root, "dev", "en", "de")
-    first = D.encode_split(sp, root, "dev", "en", "de", out)
+    out = T.encoded_cache_path(tmp_path, model, root, "dev", "en", "de")
+    first = T.encode_split(sp, root, "dev", "en", "de", out)
     flat, off = first["src"]
     assert flat.dtype == torch.int32 and len(off) == 41
-    src, _ = D.read_parallel(root, "dev")
+    src, _ = C.read_parallel(root, "dev")
     assert flat[off[3] : off[4]].tolist() == sp.encode(src[3])
-    monkeypatch.setattr(D, "read_parallel", lambda *a: pytest.fail("re-encoded"))
-    again = D.encode_split(sp, root, "dev", "en", "de", out)
+    monkeypatch.setattr(T, "read_parallel", lambda *a: pytest.fail("re-encoded"))
+    again = T.encode_split(sp, root, "dev", "en", "de", out)
     assert torch.equal(again["tgt"][0], first["tgt"][0])
 
 
@@ -380,43 +383,43 @@ def _lengths(n: int = 3000, seed: int = 0) -> tuple[list[int], list[int]]:
 
 def test_batches_within_budget_and_cover_epoch():
     src, tgt = _lengths()
-    s = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
+    s = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
     batches = list(s)
     assert len(batches) == len(s)
     for b in batches:
         assert sum(tgt[i] + 1 for i in b) <= 500
-        assert D.batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) <= 2 * 500
+        assert B.batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) <= 2 * 500
     flat = sorted(i for b in batches for i in b)
     assert flat == list(range(len(src)))
 
 
 def test_oversized_sentence_gets_batch_of_one():
-    s = D.TokenBucketSampler([5, 50, 6], [5, 60, 6], max_tokens=20, shuffle=False)
+    s = B.TokenBucketSampler([5, 50, 6], [5, 60, 6], max_tokens=20, shuffle=False)
     assert [1] in list(s)
 
 
 def test_epochs_differ_and_are_reproducible():
     src, tgt = _lengths()
-    s = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
+    s = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
     e0 = list(s)
     s.set_epoch(1)
     e1 = list(s)
     assert e0 != e1
     assert sorted(map(sorted, e0)) != sorted(map(sorted, e1))  # ties re-broken: batch contents change too
-    other = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
+    other = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=3)
     other.set_epoch(1)
     assert list(other) == e1
     other.set_epoch(0)
     assert list(other) == e0
-    assert list(D.TokenBucketSampler(src, tgt, max_tokens=500, seed=4)) != e0
+    assert list(B.TokenBucketSampler(src, tgt, max_tokens=500, seed=4)) != e0
 
 
 def test_ranks_disjoint_equal_and_cover_all_but_trimmed():
     src, tgt = _lengths(3004)
-    full = D.TokenBucketSampler(src, tgt, max_tokens=500, seed=7)
+    full = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=7)
     all_batches = full.all_batches(2)
     assert len(all_batches) % 2 == 1  # this fixture has an odd batch count, so one batch is trimmed
-    ranks = [D.TokenBucketSampler(src, tgt, max_tokens=500, seed=7, num_replicas=2, rank=r) for r in (0, 1)]
+    ranks = [B.TokenBucketSampler(src, tgt, max_tokens=500, seed=7, num_replicas=2, rank=r) for r in (0, 1)]
     for r in ranks:
         r.set_epoch(2)
     got = [list(r) for r in ranks]
@@ -429,8 +432,8 @@ def test_ranks_disjoint_equal_and_cover_all_but_trimmed():
 
 def test_uneven_ranks_padded_when_not_dropping():
     src, tgt = _lengths(3004)
-    n = len(D.TokenBucketSampler(src, tgt, 500, shuffle=False).all_batches())
-    ranks = [D.TokenBucketSampler(src, tgt, 500, False, 0, 2, r, drop_uneven=False) for r in (0, 1)]
+    n = len(B.TokenBucketSampler(src, tgt, 500, shuffle=False).all_batches())
+    ranks = [B.TokenBucketSampler(src, tgt, 500, False, 0, 2, r, drop_uneven=False) for r in (0, 1)]
     got = [list(r) for r in ranks]
     assert n % 2 == 1 and len(got[0]) == len(got[1]) == (n + 1) // 2
     assert {i for g in got for b in g for i in b} == set(range(len(src)))
@@ -438,16 +441,16 @@ def test_uneven_ranks_padded_when_not_dropping():
 
 def test_resume_mid_epoch_matches_uninterrupted():
     src, tgt = _lengths()
-    ref = D.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
+    ref = B.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
     ref.set_epoch(3)
     expected = list(ref)
-    s = D.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
+    s = B.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
     s.set_epoch(3)
     it = iter(s)
     head = [next(it) for _ in range(5)]
     state = s.state_dict()
     assert state == {"epoch": 3, "yielded": 5}
-    fresh = D.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
+    fresh = B.TokenBucketSampler(src, tgt, 500, seed=1, num_replicas=2, rank=1)
     fresh.load_state_dict(state)
     fresh.set_epoch(3)  # what Lightning does at epoch start: same epoch keeps the position
     iter(fresh)  # an abandoned iterator (multi-worker DataLoaders create two) keeps the position
@@ -459,19 +462,19 @@ def test_resume_mid_epoch_matches_uninterrupted():
 
 def test_padding_fraction_small_on_multi30k_like_lengths():
     src, tgt = _lengths(29000)
-    s = D.TokenBucketSampler(src, tgt, max_tokens=4096)
-    frac = D.padding_stats(s.all_batches(), src, tgt)
+    s = B.TokenBucketSampler(src, tgt, max_tokens=4096)
+    frac = B.padding_stats(s.all_batches(), src, tgt)
     assert 0.0 <= frac < 0.15, frac
-    assert D.padding_stats([[0, 1]], [2, 4], [1, 1]) == pytest.approx(1 - 10 / 12)
+    assert B.padding_stats([[0, 1]], [2, 4], [1, 1]) == pytest.approx(1 - 10 / 12)
 
 
 def test_derive_accumulation():
-    assert D.derive_accumulation(25000, 4096, 1) == 7
-    assert D.derive_accumulation(25000, 25000, 1) == 1
-    assert D.derive_accumulation(50000, 4096, 8) == 2
-    assert D.derive_accumulation(100, 4096, 1) == 1
+    assert B.derive_accumulation(25000, 4096, 1) == 7
+    assert B.derive_accumulation(25000, 25000, 1) == 1
+    assert B.derive_accumulation(50000, 4096, 8) == 2
+    assert B.derive_accumulation(100, 4096, 1) == 1
     with pytest.raises(UserError):
-        D.derive_accumulation(0, 4096, 1)
+        B.derive_accumulation(0, 4096, 1)
 
 
 # ------------------------------------------------------------------------------------------------ collation
@@ -480,7 +483,7 @@ def test_derive_accumulation():
 def test_collate_shapes_and_specials():
     ids = lambda *x: torch.tensor(x, dtype=torch.int32)
     items = [(7, ids(10, 11, 12), ids(20, 21)), (2, ids(13), ids(22, 23, 24, 25))]
-    b = D.collate(items)
+    b = B.collate(items)
     assert b["src"].tolist() == [[10, 11, 12], [13, 0, 0]]
     assert b["tgt_in"].tolist() == [[2, 20, 21, 0, 0], [2, 22, 23, 24, 25]]
     assert b["tgt_out"].tolist() == [[20, 21, 3, 0, 0], [22, 23, 24, 25, 3]]
@@ -512,7 +515,7 @@ def tiny_dm(tmp_path):
 
 def test_datamodule_end_to_end(tiny_dm, caplog):
     dm, root = tiny_dm
-    with caplog.at_level(logging.INFO, logger=D.__name__):
+    with caplog.at_level(logging.INFO, logger="aiayn.lightning_modules"):
         dm.prepare_data()
         dm.setup("fit")
     assert "dropped 1 of 401 train pairs" in caplog.text
@@ -520,7 +523,7 @@ def test_datamodule_end_to_end(tiny_dm, caplog):
     train = next(iter(dm.train_dataloader()))
     assert train["src"].shape[0] == train["tgt_in"].shape[0] == train["idx"].shape[0]
     assert train["n_tgt_tokens"] <= 400  # real target tokens; padded positions stay under twice that
-    assert D.batch_cost(len(train["idx"]), train["src"].shape[1], train["tgt_in"].shape[1] - 1) <= 2 * 400
+    assert B.batch_cost(len(train["idx"]), train["src"].shape[1], train["tgt_in"].shape[1] - 1) <= 2 * 400
     assert (train["tgt_in"][:, 0] == dm.bos_id).all()
     val_batches = list(dm.val_dataloader())
     val_idx = sorted(i for b in val_batches for i in b["idx"].tolist())
@@ -530,7 +533,7 @@ def test_datamodule_end_to_end(tiny_dm, caplog):
     row = 0
     refs = dm.references("dev")
     assert dm.decode(b["tgt_out"][row].tolist()) == refs[int(b["idx"][row])]
-    assert dm.sources("dev")[int(b["idx"][row])] == D.read_parallel(root, "dev")[0][int(b["idx"][row])]
+    assert dm.sources("dev")[int(b["idx"][row])] == C.read_parallel(root, "dev")[0][int(b["idx"][row])]
     assert dm.decode([2, *dm.encode(["the red ball"])[0], 3, 0, 0, 17]) == "the red ball"
     assert len(list(dm.test_dataloader())) >= 1
     assert 0.0 <= dm.padding_fraction() < 0.5
@@ -544,7 +547,7 @@ def test_datamodule_dev_subset_and_second_setup_uses_cache(tiny_dm, monkeypatch)
         max_len=48, dev_subset=10,
     )  # fmt: skip
     monkeypatch.setattr(D, "train_spm", lambda *a, **k: pytest.fail("SPM retrained"))
-    monkeypatch.setattr(D, "read_parallel", lambda *a, **k: pytest.fail("re-read for encoding"))
+    monkeypatch.setattr(T, "read_parallel", lambda *a, **k: pytest.fail("re-read for encoding"))
     dm2.setup("fit")
     idx = sorted(i for b in dm2.val_dataloader() for i in b["idx"].tolist())
     assert idx == list(range(10))

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.ablations.presets import get_preset
-from aiayn.lightning_modules.data import derive_accumulation
+from aiayn.lightning_modules.batching import derive_accumulation
 from aiayn.lightning_modules.train import device_tokens
 
 ROW, STEPS, REL_TOL = "D1", 20, 1e-3
@@ -37,7 +37,7 @@ ROW, STEPS, REL_TOL = "D1", 20, 1e-3
 # other DDP ranks by running sys.argv again.
 SPLIT = """
 import sys
-from aiayn.lightning_modules import data
+from aiayn.lightning_modules import batching as data
 whole = data.TokenBucketSampler.all_batches
 def parts(self, epoch=None):
     if not self.shuffle:  # dev and test: as they are

@@ -11,7 +11,15 @@ import pytest
 import aiayn.lightning_modules.train as train_mod
 from aiayn.cli import main
 from aiayn.lightning_modules.options import TrainOptions
-from aiayn.sweeps.hpo import HpoOptions, run_hpo, suggest, trial_lock
+from aiayn.lightning_modules.rundir import OutDir, RunMetrics
+from aiayn.sweeps.books import LockClaims
+from aiayn.sweeps.hpo import HpoOptions, run_hpo, suggest
+
+
+def trial_lock(opts, number):
+    t = opts.train
+    return LockClaims(OutDir(t.out), f"hpo-{t.preset}-{t.row}").path(f"trial{number:04d}")
+
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 SEARCHED = {"lr_factor", "warmup", "P_drop", "eps_ls"}
@@ -22,9 +30,10 @@ def trains(monkeypatch):
     """Each trial's train() call (options, keyword arguments), each completing at once."""
     calls = []
 
-    def fake(opts, **kw):
-        calls.append((opts, kw))
-        return {"status": "completed", "dev_ppl": 10.0 - len(calls), "dev_bleu": float(len(calls))}
+    def fake(opts, hooks):
+        calls.append((opts, hooks))
+        return RunMetrics(opts.row, opts.seed, opts.preset, "completed", dev_ppl=10.0 - len(calls),
+                          dev_bleu=float(len(calls)))  # fmt: skip
 
     monkeypatch.setattr(train_mod, "train", fake)
     return calls
@@ -41,7 +50,7 @@ def test_trials_train_with_the_train_flags_on_the_chosen_accelerator(tmp_path, t
             "gpu", "bf16-mixed", "multi30k", "/data/m30k", 3000, 1,
         )  # fmt: skip
         assert opts.overrides["N"] == 1 and set(opts.overrides) == SEARCHED | {"N"}
-        assert kw["run_dir"] == str(tmp_path / "hpo" / "tiny" / "C1" / f"trial{number:04d}")
+        assert kw.run_dir == str(tmp_path / "hpo" / "tiny" / "C1" / f"trial{number:04d}") and kw.kind == "hpo"
     trains.clear()
     assert main(["hpo", "--row", "C1", "--trials", "3", "--out", str(tmp_path)]) == 0  # one more, default device
     assert len(trains) == 1 and trains[0][0].accelerator == "auto"  # auto: the GPU when there is one
@@ -76,11 +85,11 @@ def test_an_interrupted_search_resumes_its_killed_trial_and_runs_only_what_is_mi
     result = run_hpo(opts)
     assert len(trains) == 2  # the killed trial again, then the third
     retry_opts, retry_kw = trains[0]
-    assert retry_kw["run_dir"] == str(tmp_path / "hpo" / "tiny" / "C1" / "trial0001")  # resumes where it was
+    assert retry_kw.run_dir == str(tmp_path / "hpo" / "tiny" / "C1" / "trial0001")  # resumes where it was
     assert {k: retry_opts.overrides[k] for k in SEARCHED} == params
     states = [t.state.name for t in study.get_trials()]
     assert states == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"] and result["failed"] == 1
-    assert study.get_trials()[1].user_attrs["stale"] == "its search died; enqueued again"
+    assert study.get_trials()[1].user_attrs["stale"] == "worker ghost:1 died; enqueued again"
     trains.clear()
     assert run_hpo(opts)["trials"] == 4 and trains == []  # nothing missing: a rerun runs nothing
 

@@ -138,6 +138,23 @@ def test_the_bottom_layers_import_no_torch_or_lightning_at_module_level(layer_na
         assert not {n for n in names if n.split(".")[0] in ("torch", "lightning")}, module
 
 
+def test_the_one_run_layer_imports_no_optuna():
+    """HPO is a caller's concern (sweeps/hpo.py hands train() its hooks): the one-run layer knows nothing of Optuna."""
+    for module, path in modules().items():
+        if layer(module) == "lightning_modules":
+            assert not {n for n in imports_all(path) if n.split(".")[0] in ("optuna", "optuna_integration")}, module
+
+
+@pytest.mark.parametrize("name", ["config", "spec", "rundir", "options", "corpora"])
+def test_the_one_run_layers_descriptions_import_no_torch_at_module_level(name):
+    """The command line builds its parsers, and sweeps resolve and order their runs, without importing torch."""
+    tree = ast.parse(modules()[f"aiayn.lightning_modules.{name}"].read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {n for n in names if n.split(".")[0] in ("torch", "lightning")}
+
+
 def test_the_model_file_imports_no_lightning():
     names = {n for n in imports_all(modules()["aiayn.lightning_modules.model"])}
     assert not {n for n in names if n.split(".")[0] in ("lightning", "pytorch_lightning")}

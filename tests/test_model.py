@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+from aiayn.lightning_modules.config import PE_KINDS
 from aiayn.lightning_modules.decoding import beam_search, greedy
 from aiayn.lightning_modules.model import (
-    PE_TYPES,
     Dropout,
     MultiHeadAttention,
     Transformer,
@@ -124,10 +124,12 @@ def test_embeddings_shared_and_scaled():
     torch.testing.assert_close(model.project(torch.eye(32)), model.embed.weight.T)
     model.eval()
     tok = torch.tensor([[7]])
-    torch.testing.assert_close(model.embed_tokens(tok)[0, 0], model.embed.weight[7] * 32**0.5 + model.pe_table[0])
+    torch.testing.assert_close(
+        model.embed_tokens(tok)[0, 0], model.embed.weight[7] * 32**0.5 + model.positions.table[0]
+    )
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", list(PE_KINDS))
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cached_decoding_equals_full_decoding_step_by_step(pe, norm_first):
     torch.manual_seed(0)

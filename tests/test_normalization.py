@@ -8,9 +8,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from aiayn.ablations.presets import get_preset
+from aiayn.lightning_modules import batching as B
 from aiayn.lightning_modules import data as D
 from aiayn.lightning_modules.module import TranslationModule, noam_lr
 from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.spec import resolve
 from aiayn.lightning_modules.train import build_datamodule
 
 CFG = {"N": 1, "d_model": 16, "d_ff": 32, "h": 2, "vocab_size": 30, "P_drop": 0.0, "max_len": 64}
@@ -53,10 +55,10 @@ def fit(batches: list[dict], accumulate: int, steps: int, vocab_size: int = 30) 
 
 def test_two_unequal_accumulated_batches_give_the_gradients_of_one_batch_of_their_union():
     small, large = items(2, 2, 4, seed=1), items(6, 7, 12, seed=2)  # 2 short and 6 long sentences
-    a, b = D.collate(small), D.collate(large)
+    a, b = B.collate(small), B.collate(large)
     assert b["n_tgt_tokens"] > 4 * a["n_tgt_tokens"]  # very unequal: per-batch means would weigh them wrongly
     accumulated = fit([a, b], accumulate=2, steps=1)
-    union = fit([D.collate(small + large)], accumulate=1, steps=1)
+    union = fit([B.collate(small + large)], accumulate=1, steps=1)
     assert len(accumulated.grads) == len(union.grads) == 1
     for g_acc, g_union in zip(accumulated.grads[0], union.grads[0]):
         torch.testing.assert_close(g_acc, g_union, atol=1e-6, rtol=0)
@@ -72,7 +74,7 @@ def test_two_unequal_accumulated_batches_give_the_gradients_of_one_batch_of_thei
 
 
 def test_the_trainer_steps_the_schedule_per_optimizer_step_under_accumulation():
-    batches = [D.collate(items(3, 3, 6, seed=s)) for s in range(6)]
+    batches = [B.collate(items(3, 3, 6, seed=s)) for s in range(6)]
     module = fit(batches, accumulate=2, steps=3)
     assert module.trainer.global_step == 3 and len(module.grads) == 3
     want = [noam_lr(step, CFG["d_model"], 4) for step in (1, 1, 2, 2, 3, 3)]  # both batches of a step: its rate
@@ -84,8 +86,8 @@ def test_the_trainer_steps_the_schedule_per_optimizer_step_under_accumulation():
 def test_every_optimizer_step_gets_a_whole_accumulation_window(replicas, accumulate):
     g = torch.Generator().manual_seed(0)
     src, tgt = torch.randint(1, 30, (2000,), generator=g), torch.randint(1, 30, (2000,), generator=g)
-    total = len(D.TokenBucketSampler(src, tgt, 300, seed=1).all_batches())
-    shares = [D.TokenBucketSampler(src, tgt, 300, seed=1, num_replicas=replicas, rank=r, accumulate=accumulate)
+    total = len(B.TokenBucketSampler(src, tgt, 300, seed=1).all_batches())
+    shares = [B.TokenBucketSampler(src, tgt, 300, seed=1, num_replicas=replicas, rank=r, accumulate=accumulate)
               for r in range(replicas)]  # fmt: skip
     for s in shares:
         assert len(s) % accumulate == 0 and len(list(s)) == len(s)
@@ -112,7 +114,7 @@ def test_an_update_trains_on_the_presets_real_target_tokens(world, max_tokens, c
     split (1 device; 2 devices of 512; 2 accumulated batches of 512)."""
     preset = get_preset("tiny")
     opts = TrainOptions(devices=world, max_tokens=max_tokens)
-    dm = build_datamodule(opts, preset)
+    dm = build_datamodule(opts, resolve("base", preset))
     dm.setup("fit")
     sampler = dm._samplers["train"]
     tgt = sampler.tgt_lens + 1
@@ -133,8 +135,8 @@ def test_batches_are_cut_at_the_budget_in_real_target_tokens_not_padded_position
     from test_data import _lengths
 
     src, tgt = _lengths()
-    s = D.TokenBucketSampler(src, tgt, max_tokens=1024, shuffle=False)
+    s = B.TokenBucketSampler(src, tgt, max_tokens=1024, shuffle=False)
     batches = s.all_batches()[:-1]  # the epoch's last batch takes what is left
     real = [sum(tgt[i] + 1 for i in b) for b in batches]
     assert max(real) <= 1024 and sum(real) / len(real) >= 0.98 * 1024
-    assert max(D.batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) for b in batches) <= 2 * 1024
+    assert max(B.batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b)) for b in batches) <= 2 * 1024

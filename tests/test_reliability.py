@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 import optuna
 import pytest
 import torch
+from conftest import RunnerBackend
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -28,8 +29,22 @@ from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.locks import file_lock
 from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.rundir import OutDir, RunMetrics
+from aiayn.sweeps import books
+from aiayn.sweeps.backends import pair_of, study_name
 from aiayn.sweeps.storage import open_storage
-from aiayn.sweeps.table3 import SweepOptions, fail_stale_trials, pair_lock_path, run_table3, study_name
+from aiayn.sweeps.table3 import SweepOptions, run_table3
+
+
+def pair_lock_path(opts, corpus, row, seed):
+    return books.LockClaims(OutDir(opts.train.out), "pair").path(books.pair_key("tiny", corpus, row, seed))
+
+
+def fail_stale_trials(study, opts):
+    out, key = OutDir(opts.train.out), lambda t: books.pair_key("tiny", "synthetic", *pair_of(t))
+    stale = books.fail_stale_trials(study, out.lock(f"{study.study_name}.pop"), books.LockClaims(out, "pair"), key)
+    return [pair_of(t) for t in stale]
+
 
 ROOT = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -191,7 +206,7 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
         return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
 
     opts = SweepOptions(select=Selection(rows="base,A1,A2"), train=TrainOptions(out=str(tmp_path / "runs")))
-    assert run_table3(opts, runner=runner) == {"pairs": 3, "ran": 3, "completed": 2, "failed": 1}
+    assert run_table3(opts, backend=RunnerBackend(runner)) == {"pairs": 3, "ran": 3, "completed": 2, "failed": 1}
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
     (failed,) = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert (failed.user_attrs["row"], failed.user_attrs["seed"]) == ("A1", 0)
@@ -204,10 +219,10 @@ def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeyp
     from aiayn.sweeps.hpo import HpoOptions, run_hpo
 
     results = iter([
-        {"status": "diverged", "diverged_at_step": 3, "error": "loss nan at optimizer step 3"},
-        {"status": "completed", "dev_ppl": 9.5, "dev_bleu": 1.0},
+        RunMetrics("base", 0, "tiny", "diverged", diverged_at_step=3, error="loss nan at optimizer step 3"),
+        RunMetrics("base", 0, "tiny", "completed", dev_ppl=9.5, dev_bleu=1.0),
     ])  # fmt: skip
-    monkeypatch.setattr(train_mod, "train", lambda opts, **hooks: next(results))
+    monkeypatch.setattr(train_mod, "train", lambda opts, hooks: next(results))
     result = run_hpo(HpoOptions(trials=2, train=TrainOptions(row="base", preset="tiny", out=str(tmp_path))))
     assert (result["trials"], result["pruned"], result["best_trial"], result["best_dev_ppl"]) == (2, 1, 1, 9.5)
     study = optuna.load_study(study_name="hpo-tiny-base", storage=f"sqlite:///{tmp_path}/hpo.db")
@@ -248,7 +263,7 @@ def test_a_trial_left_running_by_a_dead_worker_is_failed_and_its_pair_run_once(t
     opts = sweep_opts(tmp_path, storage, rows="base,A1")
     study, trial = claimed_trial(opts)
     runner = Recorder()
-    assert run_table3(opts, runner=runner)["completed"] == 2
+    assert run_table3(opts, backend=RunnerBackend(runner))["completed"] == 2
     assert sorted(runner.calls) == [("A1", 0), ("base", 0)]
     states = Counter((t.user_attrs["row"], t.state.name) for t in study.get_trials() if "row" in t.user_attrs)
     assert states == Counter({("base", "FAIL"): 1, ("base", "COMPLETE"): 1, ("A1", "COMPLETE"): 1})
@@ -263,7 +278,7 @@ def test_a_trial_whose_worker_holds_the_pair_lock_is_left_alone(tmp_path, storag
     runner = Recorder()
     with file_lock(pair_lock_path(opts, "synthetic", "base", 0)) as mine:  # the live worker
         assert mine
-        run_table3(opts, runner=runner)
+        run_table3(opts, backend=RunnerBackend(runner))
     assert runner.calls == [("A1", 0)]
     assert study.get_trials()[trial.number].state == optuna.trial.TrialState.RUNNING
 
@@ -271,16 +286,13 @@ def test_a_trial_whose_worker_holds_the_pair_lock_is_left_alone(tmp_path, storag
 def test_an_unclaimed_running_trial_is_stale_unless_a_worker_holds_the_pop_lock(tmp_path):
     """Workers pop and claim under one lock: a trial found unclaimed while a worker holds it may be that
     worker's (left alone); found unclaimed with the lock free, its worker died between pop and claim."""
-    from aiayn.common.locks import file_lock
-    from aiayn.sweeps.table3 import pop_lock_path
-
     opts = sweep_opts(tmp_path, "sqlite", rows="base")
     study, trial = claimed_trial(opts, worker=None)  # popped, and the worker died before claiming it
-    with file_lock(pop_lock_path(opts, study)) as held:
+    with file_lock(OutDir(opts.train.out).lock(f"{study.study_name}.pop")) as held:
         assert held
-        assert fail_stale_trials(study, opts, "synthetic") == []
+        assert fail_stale_trials(study, opts) == []
     assert study.get_trials()[trial.number].state == optuna.trial.TrialState.RUNNING
-    assert fail_stale_trials(study, opts, "synthetic") == [("base", 0)]
+    assert fail_stale_trials(study, opts) == [("base", 0)]
     assert study.get_trials()[trial.number].state == optuna.trial.TrialState.FAIL
 
 
@@ -376,14 +388,11 @@ def test_a_kill_during_a_write_leaves_the_old_file_and_a_restart_clears_the_temp
 
 
 def test_the_trainer_writes_checkpoints_through_the_atomic_checkpoint_io(tmp_path):
-    from aiayn.ablations.presets import get_preset
     from aiayn.lightning_modules.callbacks import AtomicCheckpointIO, DivergenceGuard, RNGStates
-    from aiayn.lightning_modules.rundir import RunDir
-    from aiayn.lightning_modules.train import build_trainer
+    from aiayn.lightning_modules.train import build_trainer, plan
 
-    trainer = build_trainer(
-        TrainOptions(accelerator="cpu"), get_preset("tiny"), RunDir(tmp_path), 10, 1, {"row": "base"}
-    )
+    opts = TrainOptions(accelerator="cpu", out=str(tmp_path))
+    trainer = build_trainer(opts, plan(opts))
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     kinds = [type(c) for c in trainer.callbacks]
     assert kinds.index(RNGStates) < kinds.index(DivergenceGuard) < kinds.index(type(trainer.checkpoint_callback))

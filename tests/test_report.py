@@ -43,6 +43,7 @@ from aiayn.ablations import predictions as P
 from aiayn.ablations.presets import PRESETS
 from aiayn.cli import main
 from aiayn.common.errors import UserError
+from aiayn.lightning_modules.rundir import RunMetrics
 from aiayn.reports import significance
 from aiayn.reports.build import write_reports
 from aiayn.reports.runs import Run, read_curve, read_text_lines, scan
@@ -181,8 +182,7 @@ def _run(root: Path, row: str, seed: int, ppl: float, curve=(9.0, 3.0, 2.0, 1.5,
     log.mkdir(parents=True)
     lines = [f"{100 * (i + 1)},{v}" for i, v in enumerate(curve)]
     (log / "metrics.csv").write_text("step,val/ppl\n" + "\n".join(lines) + "\n")
-    metrics = {"row": row, "seed": seed, "preset": "tiny", "status": "completed", "dev_ppl": ppl, "dev_bleu": 20.0,
-               "group": row[0]}  # fmt: skip
+    metrics = RunMetrics(row, seed, "tiny", "completed", dev_ppl=ppl, dev_bleu=20.0, group=row[0])
     return Run(root / f"{row}-{seed}", metrics)
 
 

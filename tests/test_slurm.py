@@ -193,7 +193,7 @@ def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
 def _metrics(opts, row, seed, status):
     d = slurm.run_of(opts, row, seed).path
     d.mkdir(parents=True)
-    (d / "metrics.json").write_text(json.dumps({"row": row, "seed": seed, "status": status}))
+    (d / "metrics.json").write_text(json.dumps({"row": row, "seed": seed, "preset": "tiny", "status": status}))
 
 
 def test_books_skip_completed_and_queued_pairs_and_retry_failed_ones(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from conftest import RunnerBackend
 
 from aiayn.ablations.predictions import scored_rows
 from aiayn.ablations.presets import PRESETS
@@ -21,8 +22,10 @@ from aiayn.ablations.table import select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.spec import resolve
+from aiayn.sweeps.backends import LocalBackend, SubprocessBackend, child_environment
 from aiayn.sweeps.export import wandb_sweep, wandb_yaml
-from aiayn.sweeps.table3 import SweepOptions, estimated_cost, run_pair, run_table3
+from aiayn.sweeps.table3 import SweepOptions, build_sweep, run_table3
 
 ROOT = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -69,11 +72,14 @@ def test_grid_is_the_presets_scored_rows_by_default_or_the_rows_asked_for_times_
 
 def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     runner = FakeRunner()
-    summary = run_table3(opts(tmp_path, rows="base,C", seeds=2), runner=runner)
+    summary = run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(runner))
     assert sorted(runner.calls) == sorted(grid(opts(tmp_path, rows="base,C", seeds=2)))
     assert summary == {"pairs": 14, "ran": 14, "completed": 14, "failed": 0}  # C2 is C1 at tiny: 7 rows x 2 seeds
     again = FakeRunner()
-    assert run_table3(opts(tmp_path, rows="base,C", seeds=2), runner=again)["ran"] == 0 and again.calls == []
+    assert (
+        run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(again))["ran"] == 0
+        and again.calls == []
+    )
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 14 and {t.user_attrs["row"] for t in done} == set(select_rows("base,C")) - {"C2"}
@@ -86,8 +92,8 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
 
 def test_queue_runs_longest_first(tmp_path):
     runner = FakeRunner()
-    run_table3(opts(tmp_path, rows="base,C,big", jobs=1), runner=runner)
-    cost = {row: estimated_cost(row, "tiny") for row in select_rows("base,C,big") if row != "C2"}  # C2 is C1 at tiny
+    run_table3(opts(tmp_path, rows="base,C,big", jobs=1), backend=RunnerBackend(runner))
+    cost = {row: resolve(row, "tiny").cost() for row in select_rows("base,C,big") if row != "C2"}  # C2 is C1 at tiny
     assert [row for row, _ in runner.calls] == sorted(cost, key=lambda r: -cost[r])
     assert runner.calls[0] == ("big", 0) and runner.calls[-1] == ("C4", 0)  # 3x steps and widest; narrowest
 
@@ -113,7 +119,7 @@ class ConcurrencyRunner(FakeRunner):
 @pytest.mark.parametrize("jobs", [2, 3])
 def test_jobs_run_pairs_at_once_each_exactly_once(tmp_path, jobs):
     runner = ConcurrencyRunner(delay=0.5)  # long enough for every worker to pop its first pair meanwhile
-    summary = run_table3(opts(tmp_path, rows="base,A", seeds=2, jobs=jobs), runner=runner)
+    summary = run_table3(opts(tmp_path, rows="base,A", seeds=2, jobs=jobs), backend=RunnerBackend(runner))
     assert summary == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0}
     assert set(Counter(runner.calls).values()) == {1} and len(runner.calls) == 10
     assert runner.most == jobs
@@ -130,22 +136,23 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
             self.args, self.exitcode = args, 1
 
         def start(self):  # the child would write its log
-            Path(self.args[1]).write_text("RuntimeError: boom\n")
+            Path(self.args[2]).write_text("RuntimeError: boom\n")
 
         def join(self):
             pass
 
-    monkeypatch.setattr("aiayn.sweeps.table3._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
+    monkeypatch.setattr("aiayn.sweeps.backends._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
     monkeypatch.setattr(
         "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
     )
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     for jobs in (1, 2, 3):
-        assert run_pair(opts(tmp_path, jobs=jobs), "synthetic", "base", 0)["status"] == "failed"
-    assert [threads for _, _, threads in forked] == [None, 4, 2]
+        assert LocalBackend().run_one(build_sweep(opts(tmp_path, jobs=jobs)), "base", 0, None).status == "failed"
+    assert [threads for _, _, _, threads in forked] == [None, 4, 2]
     assert (forked[0][0].row, forked[0][0].seed, forked[0][0].progress) == ("base", 0, False)
-    run_pair(opts(tmp_path, jobs=2, devices=2), "synthetic", "base", 0)  # DDP: a fresh process
+    assert forked[0][1] == resolve("base", "tiny")  # the driver's spec, handed to the run
+    SubprocessBackend().run_one(build_sweep(opts(tmp_path, jobs=2, devices=2)), "base", 0, None)  # DDP: a fresh one
     assert len(forked) == 3 and spawned[0][1]["OMP_NUM_THREADS"] == "4"
     cmd = spawned[0][0]
     assert cmd[1:4] == ["-m", "aiayn", "train"] and cmd[cmd.index("--devices") + 1] == "2"
@@ -154,10 +161,10 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
 
 def test_a_failing_row_does_not_stop_the_sweep_and_is_retried_on_rerun(tmp_path):
     runner = FakeRunner(fail={"A1"})
-    summary = run_table3(opts(tmp_path, rows="base,A1,A2"), runner=runner)
+    summary = run_table3(opts(tmp_path, rows="base,A1,A2"), backend=RunnerBackend(runner))
     assert summary["completed"] == 2 and summary["failed"] == 1
     retry = FakeRunner()
-    assert run_table3(opts(tmp_path, rows="base,A1,A2"), runner=retry)["completed"] == 1
+    assert run_table3(opts(tmp_path, rows="base,A1,A2"), backend=RunnerBackend(retry))["completed"] == 1
     assert retry.calls == [("A1", 0)]
 
 
@@ -170,7 +177,7 @@ def test_two_workers_on_one_storage_run_each_pair_once(tmp_path, storage):
 
     def worker():
         try:
-            run_table3(opts(tmp_path, rows="base,A,B,C", storage=url), runner=runner)
+            run_table3(opts(tmp_path, rows="base,A,B,C", storage=url), backend=RunnerBackend(runner))
         except Exception as e:  # a crashed worker must fail the test, not vanish in its thread
             errors.append(e)
 
@@ -306,9 +313,10 @@ class GpuRunner(ConcurrencyRunner):
 
 
 def test_each_concurrent_run_gets_its_own_gpus(tmp_path, monkeypatch):
-    monkeypatch.setattr("aiayn.sweeps.table3.visible_gpus", lambda: [str(i) for i in range(8)])
+    monkeypatch.setattr("aiayn.sweeps.backends.visible_gpus", lambda: [str(i) for i in range(8)])
     runner = GpuRunner(delay=0.6)
-    summary = run_table3(opts(tmp_path, rows="base,A,B", seeds=2, jobs=4, gpus_per_job=2), runner=runner)
+    sweep = opts(tmp_path, rows="base,A,B", seeds=2, jobs=4, gpus_per_job=2)
+    summary = run_table3(sweep, backend=RunnerBackend(runner, SubprocessBackend))
     # (most: how many ran at once, at least 3 of 4 on a busy machine, so the check of clashes had some to see)
     assert summary["completed"] == 14 and runner.most >= 3 and runner.clashes == []
     assert {gpus for _, gpus, _ in runner.given} == {"0,1", "2,3", "4,5", "6,7"}
@@ -316,13 +324,30 @@ def test_each_concurrent_run_gets_its_own_gpus(tmp_path, monkeypatch):
 
 
 def test_the_gpus_handed_out_are_those_visible_to_the_sweep(monkeypatch):
-    from aiayn.sweeps.table3 import gpu_slots
-
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    sweep = SweepOptions(gpus_per_job=1)
-    assert gpu_slots(sweep, 4) == ["4", "5", "6", "7"] and sweep.train.devices == 1
-    assert gpu_slots(SweepOptions(gpus_per_job=2), 2) == ["4,5", "6,7"]
-    assert gpu_slots(SweepOptions(), 4) is None  # without --gpus-per-job nothing is handed out
+
+    def slots(jobs, k):
+        sweep = build_sweep(SweepOptions(jobs=jobs, gpus_per_job=k))
+        SubprocessBackend().check(sweep)
+        return SubprocessBackend().slots(sweep), sweep.train.devices
+
+    assert slots(4, 1) == (["4", "5", "6", "7"], 1)
+    assert slots(2, 2) == (["4,5", "6,7"], 2)
+    assert slots(4, None) == (None, 1)  # without --gpus-per-job nothing is handed out
+
+
+def test_a_runs_own_process_inherits_no_launchers_variables(monkeypatch):
+    """Inside an sbatch allocation (or a DDP rank) the sweep's child must not pick Lightning's SLURM environment or
+    meet another run on one MASTER_PORT."""
+    inherited = {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "77", "MASTER_PORT": "15077", "MASTER_ADDR": "node1",
+                 "NODE_RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # fmt: skip
+    for name, value in inherited.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KEEP_ME", "yes")
+    a, b = child_environment(0, "0", 4), child_environment(1, "1", None)
+    assert not {k for k in a if k.startswith(("SLURM_", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"))}
+    assert a["KEEP_ME"] == "yes" and (a["CUDA_VISIBLE_DEVICES"], a["OMP_NUM_THREADS"]) == ("0", "4")
+    assert a["MASTER_PORT"] != b["MASTER_PORT"] != "15077" and "OMP_NUM_THREADS" not in b
 
 
 def test_a_run_on_its_gpus_is_a_fresh_process_with_its_cuda_visible_devices(tmp_path, monkeypatch):
@@ -330,9 +355,11 @@ def test_a_run_on_its_gpus_is_a_fresh_process_with_its_cuda_visible_devices(tmp_
     monkeypatch.setattr(
         "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
     )
-    monkeypatch.setattr("aiayn.sweeps.table3._forkserver", lambda: pytest.fail("a GPU run must not be forked"))
+    monkeypatch.setattr("aiayn.sweeps.backends._forkserver", lambda: pytest.fail("a GPU run must not be forked"))
+    monkeypatch.setattr("aiayn.sweeps.backends.visible_gpus", lambda: ["0", "1", "2", "3"])
     for gpus, devices in (("3", 1), ("2,3", 2)):
-        run_pair(opts(tmp_path, jobs=2, gpus_per_job=devices, devices=devices), "synthetic", "base", 0, gpus=gpus)
+        sweep = build_sweep(opts(tmp_path, jobs=2, gpus_per_job=devices, devices=devices))
+        SubprocessBackend().run_one(sweep, "base", 0, gpus)
     (cmd1, env1), (cmd2, env2) = spawned
     assert (env1["CUDA_VISIBLE_DEVICES"], env2["CUDA_VISIBLE_DEVICES"]) == ("3", "2,3")
     assert "--devices" not in cmd1 and cmd2[cmd2.index("--devices") + 1] == "2"

@@ -41,7 +41,7 @@ def test_train_writes_config_checkpoints_and_metrics(trained):
     assert metrics["dev_bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert metrics["dev_ppl"] > 1 and metrics["params"] > 1e6
     config = json.loads((trained / "config.json").read_text())
-    assert config["model"]["d_model"] == 128 and config["model"]["vocab_size"] == 1000
+    assert config["spec"]["model"]["d_model"] == 128 and config["spec"]["model"]["vocab_size"] == 1000
     assert (trained / "checkpoints" / "last.ckpt").is_file()
     assert len((trained / "dev.hyp").read_text().splitlines()) == 4
 
@@ -112,7 +112,7 @@ def test_the_final_evaluation_runs_on_the_device_the_run_trained_on(cache, tmp_p
     monkeypatch.setattr(T, "evaluate", evaluate)
     opts = T.TrainOptions(out=str(tmp_path), max_steps=1, val_bleu_sentences=2, progress=False, accelerator="cpu",
                           overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2})  # fmt: skip
-    T.train(opts, callbacks=(MoveStrategy(),))
+    T.train(opts, hooks=T.Hooks(callbacks=(MoveStrategy(),)))
     assert seen == [torch.device("meta")]
 
 
@@ -126,7 +126,7 @@ def test_rerun_of_a_finished_run_resumes_instead_of_restarting(trained, capsys):
 
 def test_a_run_directory_of_another_config_is_refused(trained, capsys):
     config = json.loads((trained / "config.json").read_text())
-    tampered = dict(config, model=dict(config["model"], d_model=256))
+    tampered = dict(config, spec=dict(config["spec"], model=dict(config["spec"]["model"], d_model=256)))
     (trained / "config.json").write_text(json.dumps(tampered))
     try:
         code = main(["train", "--row", "base", "--preset", "tiny", "--out", str(trained.parents[3]), *FAST])

@@ -13,7 +13,8 @@ import torch
 
 from aiayn.cli import main
 from aiayn.common.files import sha256_file
-from aiayn.lightning_modules.data import read_parallel, resolve_corpus, train_spm
+from aiayn.lightning_modules.corpora import read_parallel, resolve_corpus
+from aiayn.lightning_modules.tokenizer import train_spm
 
 FAST = ["--max-steps", "3", "--ckpt-every", "2", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip

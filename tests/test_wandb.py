@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import main
-from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.rundir import OutDir, RunDir
 from aiayn.lightning_modules.wandb_run import init_kwargs
 
 FAST = ["--max-steps", "2", "--ckpt-every", "1", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
@@ -94,7 +94,7 @@ def test_a_resumed_run_logs_its_config_summary_and_attempts(cache, tmp_path, off
     out = tmp_path / "runs"
     argv = ["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--wandb", *FAST]
     assert main(argv) == 0
-    run = RunDir.of(out, "tiny", "synthetic", "C1", 0)
+    run = OutDir(out).run("tiny", "synthetic", "C1", 0)
     base = json.loads(run.wandb_record.read_text())["id"]
     assert base.startswith("C1-s0-") and len(base) == len("C1-s0-") + 12
     capsys.readouterr()

@@ -43,12 +43,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.lightning_modules.decoding import beam_search
 from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
 from aiayn.lightning_modules.module import projected_label_smoothed_loss
-from aiayn.lightning_modules.options import BenchOptions
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +73,16 @@ class BenchConfig:
 def bench_config(name: str, device: str, layers: int | None = None, tokens: int | None = None) -> BenchConfig:
     """`tiny`: the tiny preset's base row; `base`: the paper's base widths, vocabulary 8000, 2 layers per stack
     on CPU (6 on CUDA) to keep CPU runs short; `paper`: the paper's base row at 37000 vocabulary, 25k+25k tokens."""
-    from aiayn.ablations.presets import resolve
-    from aiayn.lightning_modules.config import model_config
+    from aiayn.lightning_modules.spec import resolve
 
     if name == "tiny":
-        cfg, tok, T, note = model_config(resolve("base", "tiny"), 1000), 1024, 32, "tiny preset, base row"
+        cfg, tok, T, note = resolve("base", "tiny").model, 1024, 32, "tiny preset, base row"
     elif name == "base":
         n = 6 if device == "cuda" else 2
-        cfg = model_config(resolve("base", "paper") | {"N": n}, 8000)
+        cfg = resolve("base", "paper", overrides={"N": n}, vocab_size=8000).model
         tok, T, note = 2048 if device == "cpu" else 8192, 32, f"paper base widths, N={n}, vocabulary 8000"
     elif name == "paper":
-        cfg, tok, T, note = model_config(resolve("base", "paper"), 37000), 25000, 40, "paper base row, vocabulary 37000"
+        cfg, tok, T, note = resolve("base", "paper").model, 25000, 40, "paper base row, vocabulary 37000"
     else:
         raise ValueError(f"unknown bench config {name!r}; choose tiny, base or paper")
     if layers is not None:

@@ -1,0 +1,37 @@
+"""`aiayn bench`: training and decoding speed of aiayn's model beside peer implementations (aiayn/bench/run.py).
+
+A tool above the layers (it builds models of every kind and times them), so it sits beside the command line, not in
+the one-run layer. This module holds its options only, without torch, for the command line's parsers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiayn.common.options import option
+from aiayn.lightning_modules.config import PAPER_DECODING
+
+
+@dataclass
+class BenchOptions:
+    """What `aiayn bench` measures (aiayn/bench/run.py): one model's training and decoding speed."""
+
+    config: str = option("tiny", "model sizes", choices=("tiny", "base", "paper"))
+    device: str = option("auto", "auto: cuda when available", choices=("auto", "cpu", "cuda"))
+    peers: bool = option(False, "also torch.nn.Transformer and transformers' MarianMTModel")
+    json: str | None = option(None, "write the results here, one object per implementation")
+    layers: int | None = option(None, "override N (layers per stack)", positive=True)
+    tokens: int | None = option(None, "padded positions per side in the training batch", positive=True)
+    steps: int = option(3, "timed optimizer steps per trial", positive=True)
+    warmup: int = option(2, "untimed steps before the first trial")
+    trials: int = option(5, "round-robin rounds; medians are reported", positive=True)
+    decode_sentences: int = option(32, "sentences decoded per trial", positive=True)
+    decode_batch: int = option(16, "sentences per beam-search batch", positive=True)
+    decode_src_len: int = option(20, "source length of the decoded sentences", positive=True)
+    decode_extra: int = option(20, "maximum output length = source length + this")
+    beam: int = option(PAPER_DECODING.beam, "beam size", positive=True)
+    alpha: float = option(PAPER_DECODING.alpha, "length penalty (aiayn: GNMT's; Marian: score/len^alpha)")
+    threads: int | None = option(None, "torch.set_num_threads (default: torch's own)", positive=True)
+    padding: bool = option(False, "also the padding waste of token-bucket batches")
+    multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
+    cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")

@@ -1,0 +1,155 @@
+"""What one run is, resolved once: `resolve(row, preset, ...)` gives a frozen `RunSpec`, which the driver (the
+command line, a sweep) computes and hands to the run, and which the run's config.json records.
+
+A spec holds the row at the preset's scale (`knobs`, ablations/presets.py's rule), the `--set` values given on
+top (`overrides`), the resulting model config (`model`), the schedule, the paper's numbers for the row, and the
+ways the run leaves the paper (`deviations`, structured: each has a kind and its text). Torch is not imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+from aiayn.ablations.knobs import MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, format_overrides
+from aiayn.ablations.presets import Preset, get_preset, scale
+from aiayn.ablations.table import get_row
+from aiayn.common.errors import UserError
+from aiayn.lightning_modules.config import PE_KINDS, TransformerConfig
+
+MIN_MODEL_MAX_LEN = 512  # positions the model covers at least (dev and test sentences are longer than training's)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The paper's learning-rate schedule (§5.3) with its warmup, times `lr_factor`."""
+
+    warmup: int
+    lr_factor: float
+
+
+@dataclass(frozen=True)
+class Paper:
+    """The paper's dev numbers for the row (Table 3); None where it has none."""
+
+    ppl: float | None
+    bleu: float | None
+    params_m: float | None
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One way a run leaves the paper's recipe: `kind` is "norm_first", "pe" or "override"; `text` says it."""
+
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    row: str
+    group: str
+    preset: Preset
+    corpus: str
+    knobs: dict  # the row at the preset's scale (model knobs and train_steps), before --set
+    overrides: dict = field(default_factory=dict)  # the --set values, as given
+    model: TransformerConfig = None  # knobs + overrides + vocabulary: what the model is built from
+    train_steps: int = 0
+    schedule: Schedule = None
+    paper: Paper = None
+    deviations: tuple[Deviation, ...] = ()
+    note: str = ""
+
+    def model_config(self) -> TransformerConfig:
+        return self.model
+
+    def cost(self) -> float:
+        """A run's relative cost, for ordering a sweep's queue: its steps × its parameters (a proxy for FLOPs)."""
+        return float(self.train_steps * self.model.params())
+
+    def run_dir(self, out: str | Path, seed: int):
+        from aiayn.lightning_modules.rundir import OutDir
+
+        return OutDir(out).run(self.preset.name, self.corpus, self.row, seed)
+
+    def with_overrides(self, extra: dict) -> RunSpec:
+        """The same row with more `--set` values (later ones win)."""
+        return _build(self.row, self.group, self.note, self.preset, self.corpus, self.knobs,
+                      {**self.overrides, **extra}, self.paper, self.model.vocab_size)  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return {
+            "row": self.row, "group": self.group, "note": self.note, "preset": asdict(self.preset),
+            "corpus": self.corpus, "knobs": dict(self.knobs), "overrides": dict(self.overrides),
+            "model": self.model.to_dict(), "train_steps": self.train_steps, "schedule": asdict(self.schedule),
+            "paper": asdict(self.paper), "deviations": [asdict(d) for d in self.deviations],
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunSpec:
+        """A spec as config.json recorded it: the run is rebuilt as it was resolved then, whatever the table or
+        the preset say now."""
+        names = {f.name for f in fields(Preset)}
+        preset = Preset(**{k: v for k, v in d["preset"].items() if k in names})
+        preset = replace(preset, aliases=tuple(tuple(a) for a in preset.aliases))
+        return _build(d["row"], d["group"], d.get("note", ""), preset, d["corpus"], d["knobs"], d["overrides"],
+                      Paper(**d["paper"]), d["model"]["vocab_size"])  # fmt: skip
+
+
+def resolve(
+    row: str,
+    preset: str | Preset,
+    *,
+    tables: tuple[str, ...] = (),
+    overrides: dict | None = None,
+    corpus: str | None = None,
+    vocab_size: int | None = None,
+) -> RunSpec:
+    """The run of `row` at `preset` (`tables`: the user's own table files, where the row may be; `overrides`:
+    `--set` values; `corpus` and `vocab_size` when not the preset's). Impossible values are one-line UserErrors."""
+    preset = preset if isinstance(preset, Preset) else get_preset(preset)
+    r = get_row(row, tables)
+    paper = Paper(r.paper_ppl, r.paper_bleu, r.paper_params_m)
+    return _build(r.row, r.group, r.note, preset, corpus or preset.corpus, scale(r, preset), dict(overrides or {}),
+                  paper, vocab_size or preset.vocab_size)  # fmt: skip
+
+
+def _build(row, group, note, preset: Preset, corpus, knobs: dict, overrides: dict, paper, vocab_size) -> RunSpec:
+    unknown = sorted(set(overrides) - set(MODEL_KEYS) - set(SCHEDULE_KEYS))
+    if unknown:
+        raise UserError(f"--set {unknown[0]}: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}")
+    model = {k: knobs[k] for k in MODEL_KEYS}
+    if {"d_model", "h"} & set(overrides):  # d_k, d_v are d_model/h again, as in the paper, unless set too
+        model["d_k"] = model["d_v"] = None
+    model.update({k: v for k, v in overrides.items() if k in MODEL_KEYS})
+    schedule = Schedule(**{k: overrides.get(k, getattr(preset, k)) for k in SCHEDULE_KEYS})
+    for key in SCHEDULE_KEYS:
+        if getattr(schedule, key) <= 0:
+            raise UserError(f"--set {key}={getattr(schedule, key)}: {key} must be positive; change the --set value")
+    try:
+        cfg = TransformerConfig(**model, vocab_size=vocab_size, max_len=max(preset.max_len, MIN_MODEL_MAX_LEN))
+    except ValueError as e:
+        if overrides:
+            raise UserError(f"{e} (--set {' '.join(format_overrides(overrides))}); change the --set value") from None
+        raise UserError(f"{e} (row {row} at preset {preset.name}); fix the row's line in its table") from None
+    return RunSpec(
+        row=row, group=group, preset=preset, corpus=corpus, knobs=dict(knobs), overrides=dict(overrides), model=cfg,
+        train_steps=knobs["train_steps"], schedule=schedule, paper=paper, note=note,
+        deviations=_deviations(cfg, overrides),
+    )  # fmt: skip
+
+
+def _deviations(cfg: TransformerConfig, overrides: dict) -> tuple[Deviation, ...]:
+    """Where a run leaves the paper's recipe beyond Table 3's own variations."""
+    out = []
+    if cfg.norm_first != PAPER_BASE["norm_first"]:
+        out.append(Deviation("norm_first", "pre-LN residuals (paper: post-LN)"))
+    if not PE_KINDS[cfg.pe].paper:
+        paper_pes = " or ".join(k for k, v in PE_KINDS.items() if v.paper)
+        out.append(Deviation("pe", f"positional encoding {cfg.pe} (paper: {paper_pes})"))
+    if overrides:
+        out.append(Deviation("override", "overridden: " + " ".join(format_overrides(overrides))))
+    return tuple(out)

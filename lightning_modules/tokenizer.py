@@ -1,0 +1,161 @@
+"""The joint SentencePiece BPE model (§5.1: one vocabulary shared by source and target) and a corpus encoded
+with it, both cached on disk under the cache directory and written atomically, so reruns and racing processes are
+cheap and harmless (the loser of a race overwrites an identical file).
+
+- `train_spm` trains one BPE model on the source and target training text (pad=0 unk=1 bos=2 eos=3), keyed by the
+  corpus's identity and the vocabulary size (`spm_cache_prefix`).
+- `encode_split` encodes each split once into a `.pt` file (flat int32 ids + offsets); `EncodedPairs` is the
+  dataset of sentence pairs over it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_torch_save, sha256_file
+from aiayn.lightning_modules.config import BOS, EOS, PAD, UNK
+from aiayn.lightning_modules.corpora import _files_identity, find_split_file, read_parallel
+
+log = logging.getLogger(__name__)
+
+SPM_INPUT_SENTENCES = 2_000_000
+SPM_SEED = 1234
+
+
+def spm_cache_prefix(
+    cache_dir: Path, corpus: str, corpus_dir: Path, src_lang: str, tgt_lang: str, vocab_size: int
+) -> Path:
+    """``cache_dir/spm/CORPUS-SRCTGT-vVOCAB-HASH`` where HASH is the train files' stat identity."""
+    files = [find_split_file(corpus_dir, "train", lang) for lang in (src_lang, tgt_lang)]
+    return Path(cache_dir) / "spm" / f"{corpus}-{src_lang}{tgt_lang}-v{vocab_size}-{_files_identity(files)}"
+
+
+def _subsample(lines: list[str], n: int, seed: int) -> list[str]:
+    # Our own seeded sample keeps the model reproducible independent of SentencePiece's RNG.
+    if len(lines) <= n:
+        return lines
+    keep = np.sort(np.random.default_rng(seed).choice(len(lines), size=n, replace=False))
+    return [lines[i] for i in keep]
+
+
+def train_spm(
+    train_src: Sequence[str],
+    train_tgt: Sequence[str],
+    vocab_size: int,
+    model_prefix: str | Path,
+    num_threads: int | None = None,
+) -> Path:
+    """Train (or reuse) a joint BPE model on source+target text; returns ``model_prefix.model``.
+
+    Special ids: pad=0, unk=1, bos=2, eos=3. The result is cached at ``model_prefix``: an existing
+    ``.model``+``.vocab`` pair is reused. Training happens under a temporary prefix and both files are
+    moved into place with ``os.replace`` (``.vocab`` first, so ``.model`` marks completion).
+    A corpus too small for ``vocab_size`` raises :class:`UserError`; we keep the hard vocabulary
+    limit so every run reports the vocabulary it asked for.
+    """
+    import sentencepiece as spm
+
+    prefix = Path(model_prefix)
+    model, vocab = prefix.with_name(prefix.name + ".model"), prefix.with_name(prefix.name + ".vocab")
+    if model.is_file() and vocab.is_file():
+        log.info("reusing SentencePiece model %s", model)
+        return model
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    text = _subsample([*train_src, *train_tgt], SPM_INPUT_SENTENCES, SPM_SEED)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".spm-", dir=prefix.parent))
+    tmp_prefix = tmp_dir / prefix.name
+    spm.set_random_generator_seed(SPM_SEED)
+    start = time.perf_counter()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(text), model_prefix=str(tmp_prefix), vocab_size=vocab_size,
+            model_type="bpe", character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS,
+            eos_id=EOS, input_sentence_size=SPM_INPUT_SENTENCES, shuffle_input_sentence=True,
+            num_threads=num_threads or min(os.cpu_count() or 1, 16), minloglevel=2,
+        )  # fmt: skip
+        os.replace(tmp_prefix.with_name(prefix.name + ".vocab"), vocab)
+        os.replace(tmp_prefix.with_name(prefix.name + ".model"), model)
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(
+            f"SentencePiece cannot build a {vocab_size}-piece vocabulary from this training text ({msg}); "
+            "pass a smaller --vocab-size"
+        ) from e
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    log.info("trained SentencePiece model %s in %.1fs", model, time.perf_counter() - start)
+    return model
+
+
+def load_spm(model_path: str | Path):
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(model_path))
+
+
+# --------------------------------------------------------------------------------------------------
+# The encoded-data cache
+# --------------------------------------------------------------------------------------------------
+
+
+def _pack(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat int32 ids + int64 offsets (``offsets[i]:offsets[i+1]`` is sentence i): compact, fast to load."""
+    lens = torch.tensor([len(x) for x in ids], dtype=torch.int64)
+    offsets = torch.zeros(len(ids) + 1, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=offsets[1:])
+    flat = torch.tensor([t for x in ids for t in x], dtype=torch.int32)
+    return flat, offsets
+
+
+def encoded_cache_path(cache_dir: Path, spm_model: Path, corpus_dir: Path, split: str, src: str, tgt: str) -> Path:
+    """``cache_dir/encoded/SPMSTEM-SPLIT-HASH.pt``: keyed by the SPM model and the split files' identity.
+    A model from outside the cache (a run's ``tokenizer.model``, ``--tokenizer``) is named by its
+    content's hash instead, as its file name says nothing."""
+    files = [find_split_file(corpus_dir, split, lang) for lang in (src, tgt)]
+    spm_model = Path(spm_model)
+    stem = spm_model.stem if spm_model.parent == Path(cache_dir) / "spm" else f"tok-{sha256_file(spm_model)[:16]}"
+    return Path(cache_dir) / "encoded" / f"{stem}-{split}-{_files_identity(files)}.pt"
+
+
+def encode_split(sp, corpus_dir: Path, split: str, src_lang: str, tgt_lang: str, out: Path) -> dict:
+    """Encode one split with ``sp`` (cached at ``out``); returns {src,tgt: (flat, offsets)}."""
+    if out.is_file():
+        return torch.load(out, weights_only=True)
+    src, tgt = read_parallel(corpus_dir, split, src_lang, tgt_lang)
+    start = time.perf_counter()
+    data = {"src": _pack(sp.encode(src)), "tgt": _pack(sp.encode(tgt))}
+    atomic_torch_save(data, out)
+    log.info("encoded %s (%d pairs) in %.1fs -> %s", split, len(src), time.perf_counter() - start, out)
+    return data
+
+
+class EncodedPairs(Dataset):
+    """Sentence pairs as views into flat id tensors; ``keep`` maps dataset position -> split index."""
+
+    def __init__(self, data: dict, keep: torch.Tensor, max_len: int | None = None) -> None:
+        (self.src_flat, self.src_off), (self.tgt_flat, self.tgt_off) = data["src"], data["tgt"]
+        self.keep = keep
+        self.max_len = max_len  # truncation length for dev/test (None: no truncation)
+        lens = lambda off: (off[1:] - off[:-1])[keep]
+        self.src_lens = lens(self.src_off).clamp(max=max_len or 2**62).numpy()
+        self.tgt_lens = lens(self.tgt_off).clamp(max=max_len or 2**62).numpy()
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        j = int(self.keep[i])
+        src = self.src_flat[self.src_off[j] : self.src_off[j + 1]][: self.max_len]
+        tgt = self.tgt_flat[self.tgt_off[j] : self.tgt_off[j + 1]][: self.max_len]
+        return j, src, tgt

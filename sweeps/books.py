@@ -1,0 +1,225 @@
+"""The books every sweep keeps the same way, whatever runs its pairs: which (row, seed) pairs are done, which a
+live worker or job holds, which failed and which are pending; which Optuna trials a dead worker left RUNNING.
+
+A pair is *done* when its run directory's metrics.json says completed. It is *claimed* while its holder lives:
+a worker process holds the pair's lock (a kernel flock under OUT/.locks/, released when the process dies,
+however it dies) for as long as the pair runs (`LockClaims`), or SLURM holds the array task it was submitted as
+(`SlurmClaims`). Otherwise it failed (metrics.json says how) or is pending.
+
+Optuna keeps the queue of `aiayn table3` and the trials of `aiayn hpo`. Optuna's own heartbeat exists only for
+RDB storages (SQLite included), not for the journal, and is only beaten by `study.optimize`, so a worker that
+dies leaves its trial RUNNING. A worker pops its trial and claims it under one lock (`pop_and_claim`), so a
+RUNNING trial whose claim is free is stale as soon as that pop lock is free too (`fail_stale_trials`): no grace
+period, for every storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from aiayn.common.files import atomic_write_json
+from aiayn.common.locks import file_lock, try_lock
+from aiayn.lightning_modules.rundir import OutDir
+
+Pair = tuple[str, int]
+STATES = ("completed", "running", "failed", "diverged", "pruned", "pending")
+
+
+def worker_name() -> str:
+    return f"{platform.node()}:{os.getpid()}"
+
+
+class Claims(ABC):
+    """Who holds a key (a pair, a trial) now."""
+
+    @abstractmethod
+    def holder(self, key: str) -> dict | None:
+        """{"holder": who, "since": epoch seconds} while a live worker or job holds `key`; None when it is free."""
+
+
+class LockClaims(Claims):
+    """A worker holds OUT/.locks/PREFIX-KEY.lock (a kernel flock) while it runs the key's work, and writes who it
+    is into a file beside it."""
+
+    def __init__(self, out: OutDir, prefix: str):
+        self.out, self.prefix = out, prefix
+
+    def path(self, key: str) -> Path:
+        return self.out.lock(f"{self.prefix}-{key}")
+
+    @contextmanager
+    def claim(self, key: str) -> Iterator[bool]:
+        """Hold `key` for the `with` block; yields False if a live worker holds it."""
+        held = self.take(key)
+        if held is None:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            held.close()
+
+    def take(self, key: str, tries: int = 10):
+        """Hold `key` until the returned file is closed (or the process dies); None if a live worker holds it.
+        Tried a few times 50 ms apart: `holder` probes a free lock by taking it for a moment."""
+        for i in range(tries):
+            held = try_lock(self.path(key))
+            if held is not None:
+                atomic_write_json(self._who(key), {"holder": worker_name(), "since": time.time()})
+                return held
+            if i + 1 < tries:
+                time.sleep(0.05)
+        return None
+
+    def holder(self, key: str) -> dict | None:
+        with file_lock(self.path(key)) as free:
+            if free:
+                return None
+        try:
+            return json.loads(self._who(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {"holder": "unknown", "since": None}
+
+    def _who(self, key: str) -> Path:
+        return self.path(key).with_suffix(".who")
+
+
+class SlurmClaims(Claims):
+    """An array task holds the pair it was submitted for while SLURM holds the task (queued, running or
+    requeued); OUT/slurm/pairs/PREFIX-KEY.json names the task."""
+
+    def __init__(self, out: OutDir, prefix: str, live: Callable[[], set[str]]):
+        self.out, self.prefix, self._live, self._cache = out, prefix, live, None
+
+    def marker(self, key: str) -> Path:
+        return self.out.slurm / "pairs" / f"{self.prefix}-{key}.json"
+
+    def record(self, key: str, job: str, script: str) -> None:
+        atomic_write_json(self.marker(key), {"job": job, "script": script, "submitted": time.time()})
+
+    def job(self, key: str) -> str | None:
+        try:
+            return json.loads(self.marker(key).read_text())["job"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def holder(self, key: str) -> dict | None:
+        if self._cache is None:
+            self._cache = self._live()
+        job = self.job(key)
+        if job is None or job not in self._cache:
+            return None
+        return {"holder": f"SLURM job {job}", "since": json.loads(self.marker(key).read_text()).get("submitted")}
+
+
+class AnyClaims(Claims):
+    """The first holder any of several kinds of claims knows of (e.g. local workers and SLURM tasks)."""
+
+    def __init__(self, *kinds: Claims):
+        self.kinds = kinds
+
+    def holder(self, key: str) -> dict | None:
+        return next((h for h in (c.holder(key) for c in self.kinds) if h is not None), None)
+
+
+def pair_key(preset: str, corpus: str, row: str, seed: int) -> str:
+    return f"{preset}-{corpus}-{row}-seed{seed}"
+
+
+@dataclass(frozen=True)
+class PairState:
+    row: str
+    seed: int
+    state: str  # one of STATES
+    holder: str | None = None  # who runs it (running)
+    age_s: float | None = None  # for how long (running)
+    error: str | None = None  # its one-line reason (failed, diverged, pruned)
+    run_dir: str = ""
+
+    @property
+    def pair(self) -> Pair:
+        return self.row, self.seed
+
+
+def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Claims) -> list[PairState]:
+    """The state of each pair, from its run directory and its claim."""
+    now, found = time.time(), []
+    for row, seed in pairs:
+        run = out.run(preset, corpus, row, seed)
+        metrics = run.read_metrics()
+        if metrics is not None and metrics.completed:
+            found.append(PairState(row, seed, "completed", run_dir=str(run.path)))
+            continue
+        held = claims.holder(pair_key(preset, corpus, row, seed))
+        if held is not None:
+            since = held.get("since")
+            found.append(PairState(row, seed, "running", held.get("holder"), now - since if since else None,
+                                   run_dir=str(run.path)))  # fmt: skip
+        elif metrics is not None:
+            error = (metrics.error or "").strip().splitlines()[:1]
+            found.append(PairState(row, seed, metrics.status, error=error[0] if error else None, run_dir=str(run.path)))
+        else:
+            found.append(PairState(row, seed, "pending", run_dir=str(run.path)))
+    return found
+
+
+# ---------------------------------------------------------------- Optuna: pop, claim, stale
+
+
+@contextmanager
+def pop_and_claim(study: optuna.Study, pop_lock: Path, claims: LockClaims, key_of: Callable, ask: Callable):
+    """Under the pop lock: `ask()` a trial, take its claim (`key_of(frozen trial)`), record the worker in the trial.
+    Yields (trial, frozen trial, held claim or None when a live worker holds the same key). The claim is held
+    until the caller closes it; the pop lock only for the ask and the claim."""
+    with file_lock(pop_lock, wait=True):
+        trial = ask()
+        if trial is None:
+            yield None, None, None
+            return
+        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+        key = key_of(frozen)
+        held = claims.take(key) if key is not None else None
+        if held is not None:
+            trial.set_user_attr("worker", worker_name())  # see fail_stale_trials
+    yield trial, frozen, held
+
+
+def fail_stale_trials(
+    study: optuna.Study, pop_lock: Path, claims: Claims, key_of: Callable, on_stale: Callable | None = None
+) -> list[optuna.trial.FrozenTrial]:
+    """Fail each RUNNING trial whose worker is dead, and call `on_stale(trial)` (e.g. enqueue it again); return them.
+    A claimed trial (`worker` recorded) whose claim is free is stale. An unclaimed one was left by a worker that died
+    between popping and claiming it: stale too when the pop lock is free; while another process holds the pop lock,
+    unclaimed trials are left alone (it may be claiming one)."""
+    stale = []
+    with file_lock(pop_lock) as pop_free:
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            key = key_of(t)
+            if key is None or ("worker" not in t.user_attrs and not pop_free):
+                continue
+            if claims.holder(key) is not None:
+                continue  # a live worker holds it
+            fresh = next(f for f in study.get_trials(deepcopy=False) if f.number == t.number)
+            if fresh.state != TrialState.RUNNING:
+                continue  # its worker finished it between our two reads
+            try:
+                who = t.user_attrs.get("worker", "unknown")
+                optuna.trial.Trial(study, t._trial_id).set_user_attr("stale", f"worker {who} died; enqueued again")
+                study.tell(t.number, state=TrialState.FAIL)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # finished after all (our read was older than the storage): not stale
+            if on_stale is not None:
+                on_stale(t)
+            stale.append(t)
+    return stale
