@@ -217,7 +217,7 @@ def train(
     resume = run.resume_checkpoint()
     t0 = time.perf_counter()
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
+        trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None, weights_only=True)
     except Diverged as e:  # a result, not a crash: last.ckpt keeps the last finite state
         log.warning("%s seed %d diverged: %s", resolved["row"], opts.seed, e)
         if not trainer.is_global_zero:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,6 +94,31 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
     with atomic_open(path, "wb") as f:
         torch.save(obj, f)
     return Path(path)
+
+
+class UnsafeFile(UserError):
+    """A torch file that holds more than tensors and plain data (a pickled object would run code on loading)."""
+
+
+def load_torch_file(path: str | os.PathLike, **kwargs):
+    """`torch.load` with weights_only=True: tensors, numbers, strings, bytes, lists, tuples and dicts only, so
+    that a file from someone else cannot run code here (a pickled object can: its class is called on loading).
+    A file that holds anything else is an :class:`UnsafeFile` naming what it holds; other errors (a truncated
+    or foreign file) pass through."""
+    import pickle
+
+    import torch  # lazily, as atomic_torch_save
+
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if found is None:  # random bytes and other damage: not a question of safety
+            raise
+        raise UnsafeFile(
+            f"{path} holds a pickled Python object ({found[1]}), which could run code when loaded; aiayn loads "
+            f"tensors and plain data only: use a checkpoint that aiayn wrote"
+        ) from None
 
 
 def sha256_bytes(data: bytes) -> str:
