@@ -16,14 +16,18 @@ try:
 except PackageNotFoundError:  # imported from a checkout that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["Translator", "__version__"]
+__all__ = ["Ct2Translator", "Translator", "__version__"]
 
 
 def __getattr__(name: str):
-    """`from aiayn import Translator` without importing torch when `aiayn` (or any aiayn.* module) is
+    """`from aiayn import Translator` (or Ct2Translator) without importing torch when `aiayn` (or any aiayn.* module) is
     imported: the CLI's light commands and every layer import this package first."""
     if name == "Translator":
         from aiayn.lightning_modules.translate import Translator
 
         return Translator
+    if name == "Ct2Translator":
+        from aiayn.lightning_modules.ct2 import Ct2Translator
+
+        return Ct2Translator
     raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

@@ -19,7 +19,7 @@ from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.logs import configure_logging
 from aiayn.common.options import HelpFormatter, add_options, from_args, parser_defaults, positive_int
-from aiayn.lightning_modules.options import EvalOptions, TrainOptions, TranslateOptions
+from aiayn.lightning_modules.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
 from aiayn.sweeps.table3 import SweepOptions, report_dir
@@ -126,7 +126,8 @@ def _with_config_tokenizer(opts: TrainOptions, args, spec) -> TrainOptions:
 
 
 def cmd_eval(args) -> None:
-    from aiayn.lightning_modules.translate import Translator, read_sentences, split_of
+    from aiayn.lightning_modules.ct2 import load_translator
+    from aiayn.lightning_modules.translate import read_sentences, split_of
 
     opts = from_args(EvalOptions, args)
     if (opts.src is None) != (opts.ref is None):
@@ -136,7 +137,7 @@ def cmd_eval(args) -> None:
     if opts.src:  # read (and checked) before the model loads
         sources, refs = read_sentences(opts.src, "--src"), read_sentences(opts.ref, "--ref")
         test_set = {"src": opts.src, "ref": opts.ref}
-    translator = Translator.from_options(opts.model)
+    translator = load_translator(opts.model)
     if not opts.src:
         test_set = {"split": opts.split or "dev", "corpus": translator.data.get("corpus")}
         sources, refs = split_of(translator.data, test_set["split"], opts.data_dir, opts.cache_dir)
@@ -163,18 +164,26 @@ def cmd_score(args) -> None:
 
 def cmd_translate(args) -> None:
     from aiayn.common.files import atomic_write_text, check_writable_dir
-    from aiayn.lightning_modules.translate import Translator, read_sentences
+    from aiayn.lightning_modules.ct2 import load_translator
+    from aiayn.lightning_modules.translate import read_sentences
 
     opts = from_args(TranslateOptions, args)
     if opts.output:
         check_writable_dir(Path(opts.output).parent, "--output")
     lines = read_sentences(opts.input)  # all of it, checked, before anything is decoded or written
-    translator = Translator.from_options(opts.model)
+    translator = load_translator(opts.model)
     text = "".join(line + "\n" for line in translator.translate(lines, name="input line"))
     if opts.output:
         atomic_write_text(opts.output, text)
     else:
         sys.stdout.write(text)
+
+
+def cmd_export(args) -> None:
+    from aiayn.lightning_modules.export import export
+
+    out = export(from_args(ExportOptions, args))
+    print(f"exported to {out}")
 
 
 def cmd_average(args) -> None:
@@ -332,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("translate", help="translate sentences (a file or stdin) with a run or a checkpoint")
     add_options(tr, TranslateOptions)
     tr.set_defaults(func=cmd_translate)
+
+    ex = sub.add_parser("export", help="a trained model for Hugging Face Transformers (MarianMTModel) or CTranslate2")
+    add_options(ex, ExportOptions, skip=("model.ct2", "model.device", "model.max_tokens"))
+    ex.set_defaults(func=cmd_export)
 
     sc = sub.add_parser("score", help="BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU")
     sc.add_argument("--hyp", required=True, help="detokenized system output, one sentence per line")

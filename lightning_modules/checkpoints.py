@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_torch_save, sha256_bytes
+from aiayn.common.files import UnsafeFile, atomic_torch_save, load_torch_file, sha256_bytes
 from aiayn.lightning_modules.callbacks import RUN_FILES
 from aiayn.lightning_modules.rundir import RunDir
 
@@ -21,11 +19,16 @@ TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
 
 
 def load_raw(path: str | Path) -> dict:
+    """A checkpoint as a dict, loaded with torch's weights_only=True (tensors and plain data only, so a checkpoint
+    someone shared cannot run code here; what aiayn writes is only that: callbacks.capture_rng, RunFilesInCheckpoint);
+    a missing, unreadable, unsafe or foreign file is a UserError."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass the path of a .ckpt file (see RUN/checkpoints/)")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = load_torch_file(path, map_location="cpu")
+    except UnsafeFile as e:
+        raise UserError(f"checkpoint {e}") from None
     except Exception as e:  # truncated or not a checkpoint at all
         raise UserError(
             f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint"

@@ -146,6 +146,8 @@ class ModelSource:
     run: str | None = option(None, "a run directory: its checkpoints/last.ckpt (or the mean of the last K, --average)",
                              metavar="DIR")  # fmt: skip
     ckpt: str | None = option(None, "a checkpoint file instead (e.g. one written by `aiayn average`)", metavar="FILE")
+    ct2: str | None = option(None, "instead, a CTranslate2 model written by `aiayn export --format ctranslate2`",
+                             metavar="DIR")  # fmt: skip
     average: int | None = option(
         None, "with --run: the mean of its last K kept checkpoints (the paper's Table 2 practice)", positive=True,
         metavar="K",
@@ -159,6 +161,19 @@ class ModelSource:
         None, "the SentencePiece model, for a checkpoint written before aiayn 0.2 (later ones carry theirs)",
         metavar="FILE",
     )  # fmt: skip
+
+    def kind(self) -> str:
+        """Which model it names: "run", "ckpt" or "ct2"; a UserError unless exactly one, with what goes with it."""
+        given = [name for name in ("run", "ckpt", "ct2") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise UserError("pass exactly one of --run DIR (a run directory), --ckpt FILE (a checkpoint) and --ct2 DIR "
+                            "(a CTranslate2 export)")  # fmt: skip
+        if self.average and given[0] != "run":
+            raise UserError(f"--average K takes the last K checkpoints of a run; pass --run DIR instead of "
+                            f"--{given[0]}")  # fmt: skip
+        if self.tokenizer and given[0] == "ct2":
+            raise UserError("--tokenizer is for old checkpoints; a CTranslate2 export carries its own, drop it")
+        return given[0]
 
 
 @dataclass
@@ -182,3 +197,21 @@ class EvalOptions:
                                choices=("dev", "test"))  # fmt: skip
     data_dir: str | None = option(None, "with --split: where the corpus's files are now")
     cache_dir: str | None = option(None, "with --split: the corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
+
+
+# CTranslate2's weight types (ctranslate2.converters ACCEPTED_MODEL_TYPES); the CPU computes in float32, int8,
+# int8_float32 and, with Intel MKL, int16 (`ctranslate2.get_supported_compute_types("cpu")`); the others are for GPUs.
+CT2_QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
+
+
+@dataclass
+class ExportOptions:
+    """`aiayn export`: a trained model for Hugging Face Transformers (MarianMTModel + MarianTokenizer) or
+    CTranslate2 (lightning_modules/export.py)."""
+
+    model: ModelSource = field(default_factory=ModelSource)
+    format: str = option("hf", "hf: a MarianMTModel + MarianTokenizer directory; ctranslate2: a CTranslate2 model",
+                         choices=("hf", "ctranslate2"))  # fmt: skip
+    out: str | None = option(None, "the directory to write (required; new or empty; written whole or not at all)",
+                             metavar="DIR")  # fmt: skip
+    quantization: str = option("float32", "ctranslate2: the weights' type", choices=CT2_QUANTIZATIONS)

@@ -40,9 +40,11 @@ from typing import IO
 from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.common.errors import UserError
 from aiayn.common.files import (
+    UnsafeFile,
     atomic_open,
     atomic_write_json,
     atomic_write_text,
+    load_torch_file,
     remove_stale_temps,
     sha256_bytes,
     sha256_file,
@@ -424,14 +426,14 @@ class RunDir:
         """The checkpoint a rerun resumes from: the newer of `last.ckpt` (periodic) and `requeue.ckpt`
         (saved on SLURM's warning signal). Newer = higher global step; an unreadable file (killed
         mid-save) is passed over."""
-        import torch  # lazily: readers of run directories (reports, sweeps) need no torch
-
         best, best_step = None, -1
         for path in (self.checkpoints / "last.ckpt", self.checkpoints / REQUEUE_CHECKPOINT):
             if not path.is_file():
                 continue
-            try:  # mmap: reads the step without loading the tensors
-                step = torch.load(path, map_location="cpu", mmap=True, weights_only=False)["global_step"]
+            try:  # mmap: reads the step without loading the tensors; weights_only: no code runs (load_torch_file)
+                step = load_torch_file(path, map_location="cpu", mmap=True)["global_step"]
+            except UnsafeFile as e:  # not a kill's leftover: someone put it there
+                raise UserError(f"cannot resume from checkpoint {e}") from None
             except Exception as e:
                 log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
                 continue

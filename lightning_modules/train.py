@@ -229,7 +229,7 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
     started = time.perf_counter()
     row, seed = p.spec.row, opts.seed
     try:
-        trainer.fit(module, datamodule=p.dm, ckpt_path=str(resume) if resume else None)
+        trainer.fit(module, datamodule=p.dm, ckpt_path=str(resume) if resume else None, weights_only=True)
     except Diverged as e:  # a result, not a crash: last.ckpt keeps the last finite state
         log.warning("%s seed %d diverged: %s", row, seed, e)
         if not trainer.is_global_zero:

@@ -152,6 +152,7 @@ class Translator:
         self.max_len = max_len or model.cfg.max_len  # references are cut here for perplexity, as in training
         self.checkpoints = list(checkpoints)
         self.data = dict(data or {})  # the corpus identity the model was trained on (for `eval --split`)
+        self.tokenizer_proto = tokenizer  # the SentencePiece model's bytes (`aiayn export` copies them)
 
     # ---- loading
 
@@ -181,11 +182,10 @@ class Translator:
 
     @classmethod
     def from_options(cls, opts: ModelSource) -> Translator:
-        """What `aiayn translate` and `aiayn eval` load: `--run DIR` or `--ckpt FILE`."""
-        if (opts.run is None) == (opts.ckpt is None):
-            raise UserError("pass exactly one of --run DIR (a run directory) and --ckpt FILE (a checkpoint)")
-        if opts.average and opts.ckpt:
-            raise UserError("--average K takes the last K checkpoints of a run; pass --run DIR instead of --ckpt")
+        """What `aiayn translate`, `aiayn eval` and `aiayn export` load: `--run DIR` or `--ckpt FILE` (a CTranslate2
+        export, `--ct2 DIR`, is ct2.Ct2Translator's)."""
+        if opts.kind() == "ct2":
+            raise UserError("--ct2 DIR is a CTranslate2 model; load it with aiayn.Ct2Translator")
         kw = dict(device=opts.device, tokenizer=opts.tokenizer, beam=opts.beam, alpha=opts.alpha,
                   extra_len=opts.extra_len, max_tokens=opts.max_tokens)  # fmt: skip
         if opts.run:
@@ -206,25 +206,10 @@ class Translator:
     def encode(self, sentences: Sequence[str], name: str = "sentence") -> list[list[int]]:
         """Token ids per sentence ([] for a blank one); a sentence longer than the model's max_len is a
         UserError naming it (`name` N, 1-based)."""
-        ids = [self.sp.encode(s) if s.strip() else [] for s in sentences]
-        cap = self.model.cfg.max_len
-        for i, x in enumerate(ids, start=1):
-            if len(x) > cap:
-                raise UserError(f"{name} {i} has {len(x)} tokens, more than the model's maximum of {cap}; split it "
-                                f"into shorter sentences")  # fmt: skip
-        return ids
+        return encode_checked(self.sp, sentences, self.model.cfg.max_len, name)
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Indices of the non-empty sentences, longest first, in batches of at most `max_tokens` padded
-        positions (a sentence longer than the budget is a batch of its own)."""
-        order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: -lengths[i])
-        batches, current = [], []
-        for i in order:
-            if current and (len(current) + 1) * lengths[current[0]] > self.max_tokens:
-                batches.append(current)
-                current = []
-            current.append(i)
-        return batches + ([current] if current else [])
+        return token_batches(lengths, self.max_tokens)
 
     def _pad(self, rows: list[list[int]]) -> torch.Tensor:
         width = max(len(r) for r in rows)
@@ -235,9 +220,16 @@ class Translator:
         self, sentences: Sequence[str], *, beam: int | None = None, alpha: float | None = None, name: str = "sentence"
     ) -> list[str]:
         """The translation of each sentence, in order ("" for a blank one)."""
+        return [self.sp.decode(h) for h in self.translate_ids(sentences, beam=beam, alpha=alpha, name=name)]
+
+    @torch.no_grad()
+    def translate_ids(
+        self, sentences: Sequence[str], *, beam: int | None = None, alpha: float | None = None, name: str = "sentence"
+    ) -> list[list[int]]:
+        """The token ids of each sentence's translation, without BOS and EOS ([] for a blank one)."""
         beam, alpha = beam or self.beam, self.alpha if alpha is None else alpha
         ids = self.encode(sentences, name)
-        out = [""] * len(ids)
+        out = [[] for _ in ids]
         for batch in self._batches([len(x) for x in ids]):
             src = self._pad([ids[i] for i in batch])
             if beam == 1:
@@ -245,7 +237,7 @@ class Translator:
             else:
                 hyps = beam_search(self.model, src, BOS, EOS, beam=beam, alpha=alpha, extra_len=self.extra_len)
             for i, h in zip(batch, hyps):
-                out[i] = self.sp.decode([t for t in h if t not in (PAD, BOS, EOS)])
+                out[i] = [t for t in h if t not in (PAD, BOS, EOS)]
         return out
 
     @torch.no_grad()
@@ -269,18 +261,50 @@ class Translator:
     def evaluate(self, sources: Sequence[str], references: Sequence[str], name: str = "sentence") -> dict:
         """Both BLEUs (sacreBLEU with its signature; the paper's tokenized kind, labelled) and the
         perplexity of the references, with the settings used."""
-        if len(sources) != len(references):
-            raise UserError(f"{len(sources)} sources but {len(references)} references; the files must be "
-                            f"line-aligned (same number of lines)")  # fmt: skip
-        if not sources:
-            raise UserError("no sentences to evaluate; pass non-empty --src and --ref files")
-        hyps = self.translate(sources, name=name)
-        return {
-            **bleu(hyps, list(references), lang=self.data.get("tgt_lang") or "de"),
-            "ppl": self.perplexity(sources, references), "n_sentences": len(sources),
-            "params": self.model.cfg.params(), "beam": self.beam, "alpha": self.alpha,
-            "extra_len": self.extra_len, "checkpoints": self.checkpoints, "device": str(self.device),
-        }  # fmt: skip
+        return evaluation(self, sources, references, name, params=self.model.cfg.params())
+
+
+def encode_checked(sp, sentences: Sequence[str], cap: int, name: str, out_type=int) -> list[list]:
+    """SentencePiece tokens per sentence ([] for a blank one); a sentence longer than `cap` tokens (the model's
+    max_len) is a UserError naming it (`name` N, 1-based)."""
+    tokens = [sp.encode(s, out_type=out_type) if s.strip() else [] for s in sentences]
+    for i, x in enumerate(tokens, start=1):
+        if len(x) > cap:
+            raise UserError(f"{name} {i} has {len(x)} tokens, more than the model's maximum of {cap}; split it "
+                            f"into shorter sentences")  # fmt: skip
+    return tokens
+
+
+def token_batches(lengths: list[int], max_tokens: int, same_length: bool = False) -> list[list[int]]:
+    """Indices of the non-empty sentences, longest first, in batches of at most `max_tokens` padded
+    positions (a sentence longer than the budget is a batch of its own); with `same_length`, each batch holds
+    sentences of one length only."""
+    order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: -lengths[i])
+    batches, current = [], []
+    for i in order:
+        full = (len(current) + 1) * lengths[current[0]] > max_tokens if current else False
+        if current and (full or (same_length and lengths[i] != lengths[current[0]])):
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + ([current] if current else [])
+
+
+def evaluation(translator, sources: Sequence[str], references: Sequence[str], name: str, params: int) -> dict:
+    """`translator.evaluate` of either engine (Translator, ct2.Ct2Translator): both BLEUs, the perplexity of the
+    references, the settings used."""
+    if len(sources) != len(references):
+        raise UserError(f"{len(sources)} sources but {len(references)} references; the files must be "
+                        f"line-aligned (same number of lines)")  # fmt: skip
+    if not sources:
+        raise UserError("no sentences to evaluate; pass non-empty --src and --ref files")
+    hyps = translator.translate(sources, name=name)
+    return {
+        **bleu(hyps, list(references), lang=translator.data.get("tgt_lang") or "de"),
+        "ppl": translator.perplexity(sources, references), "n_sentences": len(sources), "params": params,
+        "beam": translator.beam, "alpha": translator.alpha, "extra_len": translator.extra_len,
+        "checkpoints": translator.checkpoints, "device": str(translator.device),
+    }  # fmt: skip
 
 
 def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str | None = None) -> tuple[list, list]:

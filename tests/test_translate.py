@@ -198,7 +198,8 @@ def bad_cases(run: Path, tmp: Path) -> dict:
         ),
         "both --run and --ckpt": (
             ["translate", "--run", str(run), "--ckpt", str(old), "--input", f"{tmp}/long.en"],
-            "pass exactly one of --run DIR (a run directory) and --ckpt FILE (a checkpoint)",
+            "pass exactly one of --run DIR (a run directory), --ckpt FILE (a checkpoint) and --ct2 DIR (a "
+            "CTranslate2 export)",
         ),
         "--average with --ckpt": (
             ["eval", "--ckpt", str(old), "--average", "2", "--split", "dev"],

@@ -47,6 +47,7 @@ from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.lightning_modules.decoding import beam_search
+from aiayn.lightning_modules.export import marian_config
 from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
 from aiayn.lightning_modules.module import projected_label_smoothed_loss
 
@@ -228,21 +229,6 @@ class TorchTransformerPeer(nn.Module):
     def reorder_cache(cache: dict, index: Tensor, sentences: Tensor | None = None) -> None:
         for key in ("memory", "src_pad", "prefix"):
             cache[key] = cache[key].index_select(0, index)
-
-
-def marian_config(cfg: TransformerConfig):
-    """A `MarianConfig` of the same sizes: post-LN, ReLU, dropout only where aiayn has it, shared and tied
-    embeddings × √d_model, static (non-interleaved) sinusoids, PAD 0, BOS as decoder start, EOS 3."""
-    from transformers import MarianConfig
-
-    return MarianConfig(
-        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.N, decoder_layers=cfg.N, encoder_attention_heads=cfg.h, decoder_attention_heads=cfg.h,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=cfg.P_drop,
-        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=cfg.max_len, scale_embedding=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
-        bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS, init_std=cfg.d_model**-0.5,
-    )  # fmt: skip
 
 
 def build_marian(cfg: TransformerConfig):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +79,44 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
         raise
 
 
+def check_new_directory(directory: str | os.PathLike, flag: str = "--out") -> None:
+    """A UserError unless `directory` is absent (and can be created) or an empty directory: what is
+    written there never replaces anything."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"{flag} {directory} exists and is not a directory; pass a new directory")
+    if directory.is_dir() and any(directory.iterdir()):
+        raise UserError(f"{flag} {directory} is not empty; pass a new or empty directory (nothing is overwritten)")
+    check_writable_dir(directory.parent, flag)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike, flag: str = "--out"):
+    """A temporary directory to build `path` in, beside it (`.NAME.XXXX.tmp`), renamed to `path` when the
+    block succeeds (its files fsynced, with the permissions a plain open() gives); on any error, or a kill,
+    `path` stays as it was (absent or empty) and the temporary directory is removed (a kill leaves it, under
+    that name). `path` must be absent or empty (`check_new_directory`)."""
+    path = Path(path)
+    check_new_directory(path, flag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~_umask())
+    try:
+        yield tmp
+        for file in tmp.rglob("*"):
+            if file.is_file():  # as open() would make it (some writers make their files owner-only)
+                os.chmod(file, 0o666 & ~_umask())
+                fd = os.open(file, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        os.rename(tmp, path)  # over an empty directory too (POSIX rename)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_open(path) as f:
         f.write(text)
@@ -93,6 +133,31 @@ def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
     with atomic_open(path, "wb") as f:
         torch.save(obj, f)
     return Path(path)
+
+
+class UnsafeFile(UserError):
+    """A torch file that holds more than tensors and plain data (a pickled object would run code on loading)."""
+
+
+def load_torch_file(path: str | os.PathLike, **kwargs):
+    """`torch.load` with weights_only=True: tensors, numbers, strings, bytes, lists, tuples and dicts only, so
+    that a file from someone else cannot run code here (a pickled object can: its class is called on loading).
+    A file that holds anything else is an :class:`UnsafeFile` naming what it holds; other errors (a truncated
+    or foreign file) pass through."""
+    import pickle
+
+    import torch  # lazily, as atomic_torch_save
+
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if found is None:  # random bytes and other damage: not a question of safety
+            raise
+        raise UnsafeFile(
+            f"{path} holds a pickled Python object ({found[1]}), which could run code when loaded; aiayn loads "
+            f"tensors and plain data only: use a checkpoint that aiayn wrote"
+        ) from None
 
 
 def sha256_bytes(data: bytes) -> str:
