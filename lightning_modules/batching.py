@@ -235,9 +235,9 @@ def collate(items: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> dict:
     # vectorized (one masked copy per tensor, not a loop over sentences): collation runs once per batch in
     # the training process, and at the tiny preset's batch sizes a per-sentence loop costs ~3% of a step
     b = len(items)
-    src_len = torch.tensor([len(x[1]) for x in items], dtype=torch.long)
-    tgt_len = torch.tensor([len(x[2]) for x in items], dtype=torch.long)
-    s, t = max(int(src_len.max()), 1), int(tgt_len.max()) + 1
+    src_lens, tgt_lens = [len(x[1]) for x in items], [len(x[2]) for x in items]  # host numbers: no tensor read
+    src_len, tgt_len = torch.tensor(src_lens, dtype=torch.long), torch.tensor(tgt_lens, dtype=torch.long)
+    s, t = max(max(src_lens), 1), max(tgt_lens) + 1
     src = torch.full((b, s), PAD, dtype=torch.long)
     tgt_in = torch.full((b, t), PAD, dtype=torch.long)
     tgt_out = torch.full((b, t), PAD, dtype=torch.long)
@@ -253,6 +253,6 @@ def collate(items: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> dict:
         "tgt_in": tgt_in,
         "tgt_out": tgt_out,
         "idx": torch.tensor([x[0] for x in items], dtype=torch.long),
-        "n_src_tokens": int(src_len.sum()),
-        "n_tgt_tokens": int(tgt_len.sum()) + b,
+        "n_src_tokens": sum(src_lens),
+        "n_tgt_tokens": sum(tgt_lens) + b,
     }

@@ -10,8 +10,6 @@ checkpoints, and preemption under SLURM.
   a resumed one. So each training batch starts from the states the previous training batch ended
   with; those states are what a checkpoint holds. Validation, checkpoint writes and restarts then
   leave no trace in the training run's random numbers.
-- :class:`DivergenceGuard` stops a run whose loss is NaN or inf (:class:`Diverged`, with the step)
-  before the checkpoint of that step is written, so `last.ckpt` keeps the last finite state.
 - :class:`AtomicCheckpointIO` (a plugin) writes Lightning's checkpoints to a temporary file beside
   the target and renames it. (Lightning's own `_atomic_save` stages the bytes in memory and, for a
   local path, in a temporary file under /tmp that is then *moved*: a copy across filesystems,
@@ -59,8 +57,9 @@ log = logging.getLogger(__name__)
 
 
 def capture_rng() -> dict:
-    """The global RNG states, as tensors and plain numbers (Lightning loads checkpoints with
-    weights_only=True, which refuses numpy arrays)."""
+    """This process's global RNG states, as tensors and plain numbers (checkpoints load with weights_only=True,
+    which refuses numpy arrays). CUDA: the generator of this process's own device only, not every visible
+    one's, so a run resumed where fewer GPUs are visible restores what it has."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     states = {
         "torch": torch.get_rng_state(),
@@ -68,7 +67,7 @@ def capture_rng() -> dict:
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+        states["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return states
 
 
@@ -77,17 +76,32 @@ def restore_rng(states: dict) -> None:
     name, keys, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     random.setstate(states["python"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if isinstance(states.get("cuda"), torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])  # onto the current device, whichever it is now
 
 
 class RNGStates(pl.Callback):
     """Each training batch starts from the RNG states the previous training batch ended with (see the
-    module docstring); checkpoints hold those states. Lightning runs checkpoint callbacks after all
-    others, so the states saved at step k are those at the end of step k."""
+    module docstring); checkpoints hold those states, one set per rank. Lightning runs checkpoint callbacks
+    after all others, so the states saved at step k are those at the end of step k.
 
-    def __init__(self) -> None:
+    Ranks draw from their own streams: rank r > 0 is reseeded with seed + r once its rank is known (rank 0 keeps
+    the stream of `seed`, so a one-process run is the same whatever the world size it could have had); every
+    rank's states are gathered into the checkpoint (rank 0 writes it) and each rank restores its own. Resumed with
+    more ranks, the new ones start from their seeds; with fewer, the extra states are not used."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
         self.states: dict | None = None  # at the end of the last training batch
+        self._trainer = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._trainer = trainer
+        if trainer.global_rank > 0:
+            seed = self.seed + trainer.global_rank
+            torch.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            random.seed(seed)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.states is not None:
@@ -97,35 +111,19 @@ class RNGStates(pl.Callback):
         self.states = capture_rng()
 
     def state_dict(self) -> dict:
-        return {"states": self.states}
+        """Every rank's states: Lightning builds the checkpoint on every rank at the same point (its save is
+        collective), so the ranks gather theirs here and rank 0's file holds them all."""
+        ranks = [self.states]
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
+            ranks = [None] * trainer.world_size
+            torch.distributed.all_gather_object(ranks, self.states)
+        return {"ranks": ranks}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.states = state_dict.get("states")
-
-
-class Diverged(Exception):
-    """The training loss became NaN or inf at optimizer step `step` (1-based)."""
-
-    def __init__(self, step: int, loss: float) -> None:
-        super().__init__(f"loss {loss} at optimizer step {step}")
-        self.step, self.loss = step, loss
-
-
-class DivergenceGuard(pl.Callback):
-    """Raise :class:`Diverged` when the training loss is not finite on any rank (all ranks agree, so
-    none is left waiting in a collective). Runs before the checkpoint callback, so the diverged
-    step is never saved."""
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._step = trainer.global_step + 1  # the optimizer step this batch belongs to
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if loss is None:
-            return
-        bad = trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss.detach()).all()), all=False)
-        if bad:
-            raise Diverged(self._step, float(loss.detach().float()))
+        ranks = state_dict.get("ranks") or []
+        rank = self._trainer.global_rank if self._trainer is not None else 0
+        self.states = ranks[rank] if rank < len(ranks) else None
 
 
 # checkpoint[RUN_FILES] = {"format", "config", "tokenizer_model" (bytes), "tokenizer_sha256"}
@@ -200,12 +198,22 @@ class RequeueOnSignal(pl.Callback):
     def _on_signal(self, signum, frame) -> None:  # only a flag: no I/O, no collectives in a handler
         self.signalled = True
 
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module, optimizer) -> None:
+        if hasattr(pl_module, "step_flags"):  # TranslationModule reduces it with the step's counts: no extra sync
+            pl_module.step_flags["requeue"] = self.signalled
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if trainer.global_step == self._last_step:  # inside an accumulation window: not a step boundary
             return
         self._last_step = trainer.global_step
-        # every rank reaches this point after every optimizer step, so the all-reduce lines up
-        if not trainer.strategy.reduce_boolean_decision(self.signalled, all=False):
+        decisions = getattr(pl_module, "step_decisions", {})
+        # every rank reaches this point after every optimizer step, so the all-reduce (another module's) lines up
+        wanted = (
+            decisions["requeue"]
+            if "requeue" in decisions
+            else trainer.strategy.reduce_boolean_decision(self.signalled, all=False)
+        )
+        if not wanted:
             return
         log.info("requeue signal: saving %s at step %d", self.path, trainer.global_step)
         trainer.save_checkpoint(self.path)

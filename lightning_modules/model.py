@@ -13,6 +13,7 @@ The paper is the default. Every deviation is one named config field and is said 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,14 @@ __all__ = ["BOS", "EOS", "PAD", "UNK", "TransformerConfig", "Transformer"]
 
 # On CPU, Eq. 1 as plain ops when the keys or the queries are few (BENCHMARKS.md, issue 11)
 PLAIN_ATTENTION_MAX_KEYS, PLAIN_ATTENTION_MAX_QUERIES = 64, 16
+# The CPU fast paths (plain-ops attention, the bit-mask dropout) on or off. Off, a CPU runs exactly the code a GPU
+# runs (scaled_dot_product_attention, F.dropout): how CI, which has no GPU, covers the CUDA paths
+# (AIAYN_CPU_FAST_PATHS=0, or tests/conftest.py's `cuda_paths` fixture).
+CPU_FAST_PATHS = os.environ.get("AIAYN_CPU_FAST_PATHS", "1") != "0"
+
+
+def cpu_fast_path(t: Tensor) -> bool:
+    return CPU_FAST_PATHS and t.device.type == "cpu"
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
@@ -41,17 +50,22 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     incremental decoding): there the formula as two batched matmuls and a softmax is faster than the CPU
     flash kernel, 1.05-1.6× forward and backward on training shapes and 2-3× for beam search's grouped
     cross-attention (single-query self-attention: about even), at the memory cost of the (T, S) weights, which
-    at those sizes is small.
+    at those sizes is small. A query whose keys are all masked (an empty source sentence) attends to nothing and
+    gets zeros, on both paths (outside autograd: training pairs are never empty).
     """
     T, S = q.shape[-2], k.shape[-2]
-    if q.device.type != "cpu" or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):
+    if not cpu_fast_path(q) or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)  # (B, h, T, S); in place below: a fresh tensor
     if causal:  # query i sees keys ≤ i (top-left aligned, as scaled_dot_product_attention's is_causal)
         scores.masked_fill_(torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
-    if mask is not None:
-        scores.masked_fill_(~mask, -math.inf) if mask.dtype == torch.bool else scores.add_(mask)
-    return scores.softmax(-1) @ v
+    if mask is None:
+        return scores.softmax(-1) @ v
+    scores.masked_fill_(~mask, -math.inf) if mask.dtype == torch.bool else scores.add_(mask)
+    weights = scores.softmax(-1)
+    if not weights.requires_grad:  # an all-masked row (an empty source) is NaN here and zeros in SDPA; training
+        weights.nan_to_num_(0.0)  # never has one (the data module drops empty pairs), evaluation and decoding may
+    return weights @ v
 
 
 class MultiHeadAttention(nn.Module):
@@ -233,7 +247,7 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0 or x.device.type != "cpu":
+        if not self.training or self.p == 0.0 or not cpu_fast_path(x):
             return super().forward(x)
         bits = torch.empty(x.shape, dtype=torch.int32).random_()  # uniform over [0, 2^31)
         keep = (bits >= round(self.p * 2**31)).to(x.dtype).mul_(1.0 / (1.0 - self.p))

@@ -114,6 +114,15 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         return gh, gw, None, None, None, None
 
 
+class Diverged(Exception):
+    """The training loss became NaN or inf at optimizer step `step` (1-based): a result (status "diverged"), not a
+    crash. Raised before that step's update is applied or saved, so last.ckpt keeps the last finite state."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"loss {loss} at optimizer step {step}")
+        self.step, self.loss = step, loss
+
+
 class TranslationModule(pl.LightningModule):
     """Trains a Transformer on batches from `data.TranslationDataModule`."""
 
@@ -135,11 +144,15 @@ class TranslationModule(pl.LightningModule):
         self.cfg = TransformerConfig.from_dict(model_cfg)
         self.model = Transformer(self.cfg)
         self._t_last: float | None = None
-        self._tokens = 0
+        self._tokens_last = 0
         self.total_tokens = 0  # source + target non-pad tokens trained on by this rank
         self._window = [0, 0]  # real source, target tokens of this rank's batches since the last optimizer step
+        self._sums: Tensor | None = None  # this rank's summed loss and NLL since the last optimizer step (device)
         # over the whole run (all ranks, kept in checkpoints): optimizer steps and their real tokens
         self.trained = {"steps": 0, "src_tokens": 0, "tgt_tokens": 0}
+        self._trained_on_device: Tensor | None = None  # with several ranks: their reduced counts, not yet host's
+        self.step_flags: dict = {}  # this rank's flags for the step (RequeueOnSignal's "requeue"), reduced with counts
+        self.step_decisions: dict = {}  # the flags of the step, reduced over the ranks
         self._val: dict = {}
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -152,45 +165,85 @@ class TranslationModule(pl.LightningModule):
         loss, nll, _ = projected_label_smoothed_loss(
             hidden, self.model.embed.weight, batch["tgt_out"], self.cfg.eps_ls, reduction="sum"
         )
-        n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]
-        self._tokens += n_src + n_tgt
+        n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]  # counted by collate, on the host
         self.total_tokens += n_src + n_tgt
         self._window[0] += n_src
         self._window[1] += n_tgt
-        bs = batch["src"].shape[0]
-        self.log("train/loss", loss.detach() / n_tgt, prog_bar=True, batch_size=bs)  # per target token
-        self.log("train/nll", nll / n_tgt, batch_size=bs)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=bs)
+        sums = torch.stack([loss.detach(), nll.detach()])
+        self._sums = sums if self._sums is None else self._sums + sums
         return loss  # summed: on_before_optimizer_step divides the update's gradient by its target tokens
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Normalize the update by its real target tokens (see the module docstring), and count them."""
-        counts = torch.tensor(self._window, dtype=torch.float64, device=self.device)
-        self._window = [0, 0]
-        if self.trainer.world_size > 1:
-            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        n_src, n_tgt = (int(c) for c in counts.tolist())
-        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size / max(n_tgt, 1)
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, scale)
+        """Once per optimizer step: normalize the update by its real target tokens (see the module docstring), count
+        them, and stop a run whose loss is not finite (`Diverged`, before the step is taken or saved).
+
+        One host-device synchronization per step, the non-finite flag's: the token counts come from the host
+        (collate counts them), and with several ranks they, the flag and the ranks' other flags (`step_flags`: a
+        SLURM requeue signal) are reduced in one all-reduce and stay on the device; the logged values are tensors,
+        which Lightning reads only when it writes its logs (every `log_every_n_steps`)."""
+        (n_src, n_tgt), self._window = self._window, [0, 0]
+        sums, self._sums = self._sums, None
+        world, grads = self.trainer.world_size, [p.grad for p in self.parameters() if p.grad is not None]
+        flags = {"diverged": ~torch.isfinite(sums).all(), **self.step_flags}
+        self.step_flags = {}
+        if world > 1:
+            local = torch.tensor([n_src, n_tgt, *(float(f) for f in flags.values())], dtype=torch.float64)
+            packed = self.trainer.strategy.reduce(local.to(self.device, non_blocking=True), reduce_op="sum")
+            n_tgt_all = packed[1]
+            scale = (self.trainer.accumulate_grad_batches * world / n_tgt_all.clamp(min=1)).float()
+            torch._foreach_mul_(grads, scale)
+            totals = packed[:2]
+            self._trained_on_device = totals if self._trained_on_device is None else self._trained_on_device + totals
+            decisions = dict(zip(flags, (bool(x) for x in packed[2:].tolist())))  # the step's one synchronization
+            tokens = (packed[0], packed[1])
+        else:
+            torch._foreach_mul_(grads, self.trainer.accumulate_grad_batches / max(n_tgt, 1))
+            self.trained["src_tokens"] += n_src
+            self.trained["tgt_tokens"] += n_tgt
+            decisions = {k: bool(v) for k, v in flags.items()}  # the step's one synchronization (the flag)
+            tokens = (torch.tensor(float(n_src)), torch.tensor(float(n_tgt)))
         self.trained["steps"] += 1
-        self.trained["src_tokens"] += n_src
-        self.trained["tgt_tokens"] += n_tgt
-        self.log("train/src_tokens_per_step", float(n_src), rank_zero_only=True)
-        self.log("train/tgt_tokens_per_step", float(n_tgt), rank_zero_only=True)
+        self.step_decisions = decisions
+        step = self.trainer.global_step + 1
+        if decisions["diverged"]:
+            raise Diverged(step, float(sums[0].float()))
+        every = self.trainer.log_every_n_steps
+        if every and (step % every == 0 or step >= (self.trainer.max_steps or 0) > 0):
+            self._log_step(sums, max(n_tgt, 1), tokens)
+
+    def _log_step(self, sums: Tensor, n_tgt: int, tokens: tuple[Tensor, Tensor]) -> None:
+        """The step's curves, on the steps whose logs Lightning writes (every `log_every_n_steps`: it reads every
+        logged value, and the progress bar's, on those steps only): loss and NLL per target token of this rank, real
+        tokens per step (all ranks), the learning rate, tokens/s since the last log (this rank)."""
+        now = time.perf_counter()
+        values = {
+            "train/loss": sums[0] / n_tgt, "train/nll": sums[1] / n_tgt, "train/src_tokens_per_step": tokens[0],
+            "train/tgt_tokens_per_step": tokens[1],
+            "lr": torch.tensor(float(self.optimizers().param_groups[0]["lr"])),
+        }  # fmt: skip
+        if self._t_last is not None:
+            values["train/tokens_per_s"] = torch.tensor((self.total_tokens - self._tokens_last) / (now - self._t_last))
+        self._t_last, self._tokens_last = now, self.total_tokens
+        for name, value in values.items():
+            self.log(name, value, prog_bar=name in ("train/loss", "lr", "train/tokens_per_s"), batch_size=1,
+                     rank_zero_only=name.startswith("train/") and "tokens_per_step" in name)  # fmt: skip
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["aiayn_trained"] = dict(self.trained)
+        checkpoint["aiayn_trained"] = self.trained_counts()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.trained = dict(checkpoint.get("aiayn_trained", self.trained))
+        self._trained_on_device = None
 
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        # tokens/s (source + target, non-pad) over the time since the previous batch ended
-        now = time.perf_counter()
-        if self._t_last is not None:
-            self.log("train/tokens_per_s", self._tokens / (now - self._t_last), prog_bar=True)
-        self._t_last, self._tokens = now, 0
+    def trained_counts(self) -> dict:
+        """Optimizer steps and real tokens over the whole run (all ranks), brought to the host: at checkpoints and at
+        the end, not every step."""
+        if self._trained_on_device is not None:
+            src, tgt = (int(x) for x in self._trained_on_device.tolist())
+            self.trained = {**self.trained, "src_tokens": self.trained["src_tokens"] + src,
+                            "tgt_tokens": self.trained["tgt_tokens"] + tgt}  # fmt: skip
+            self._trained_on_device = None
+        return dict(self.trained)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         nll, n = nll_sum(self.model, batch)

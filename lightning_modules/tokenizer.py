@@ -144,12 +144,13 @@ class EncodedPairs(Dataset):
     """Sentence pairs as views into flat id tensors; ``keep`` maps dataset position -> split index."""
 
     def __init__(self, data: dict, keep: torch.Tensor, max_len: int | None = None) -> None:
-        (self.src_flat, self.src_off), (self.tgt_flat, self.tgt_off) = data["src"], data["tgt"]
-        self.keep = keep
+        (self.src_flat, src_off), (self.tgt_flat, tgt_off) = data["src"], data["tgt"]
+        # positions as numpy integers: a lookup reads no tensor (at every item, for every batch)
+        self.keep, self.src_off, self.tgt_off = keep.numpy(), src_off.numpy(), tgt_off.numpy()
         self.max_len = max_len  # truncation length for dev/test (None: no truncation)
         lens = lambda off: (off[1:] - off[:-1])[keep]
-        self.src_lens = lens(self.src_off).clamp(max=max_len or 2**62).numpy()
-        self.tgt_lens = lens(self.tgt_off).clamp(max=max_len or 2**62).numpy()
+        self.src_lens = lens(src_off).clamp(max=max_len or 2**62).numpy()
+        self.tgt_lens = lens(tgt_off).clamp(max=max_len or 2**62).numpy()
 
     def __len__(self) -> int:
         return len(self.keep)

@@ -31,8 +31,6 @@ from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules import wandb_run
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
-    Diverged,
-    DivergenceGuard,
     RNGStates,
     RunFilesInCheckpoint,
     StepCheckpoints,
@@ -40,7 +38,7 @@ from aiayn.lightning_modules.callbacks import (
 )
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.evaluate import evaluate
-from aiayn.lightning_modules.module import TranslationModule
+from aiayn.lightning_modules.module import Diverged, TranslationModule
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TrainOptions, options_record
 from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.spec import RunSpec, resolve
@@ -291,7 +289,8 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
 
 def real_tokens_per_step(module: TranslationModule) -> dict:
     """Mean real source and target tokens per optimizer step over the run (all devices, every attempt)."""
-    t, steps = module.trained, max(module.trained["steps"], 1)
+    t = module.trained_counts()
+    steps = max(t["steps"], 1)
     return {
         "src_tokens_per_step": round(t["src_tokens"] / steps, 1),
         "tgt_tokens_per_step": round(t["tgt_tokens"] / steps, 1),
@@ -350,8 +349,8 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         val_check_interval=None if val_per_epoch else min(opts.val_every or preset.val_every, steps) * accumulate,
         check_val_every_n_epoch=1 if val_per_epoch else None,
         num_sanity_val_steps=0,
-        # RNGStates: exact resume; DivergenceGuard: NaN/inf loss ends the run as `diverged`
-        callbacks=[RNGStates(), DivergenceGuard(), ckpt, *callbacks, *extra.callbacks],
+        # RNGStates: exact resume (the module itself ends a run whose loss is not finite: Diverged)
+        callbacks=[RNGStates(opts.seed), ckpt, *callbacks, *extra.callbacks],
         plugins=[AtomicCheckpointIO(), *extra.plugins],  # checkpoints: written to a temporary file and renamed
         logger=extra.loggers,
         default_root_dir=run.path,

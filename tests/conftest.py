@@ -35,3 +35,13 @@ class RunnerBackend:
                 return RunMetrics.from_dict({"preset": sweep.preset.name, "data": sweep.corpus, **out})
 
         return Runner()
+
+
+@pytest.fixture(params=["cpu fast paths", "cuda paths"])
+def both_paths(request, monkeypatch):
+    """Run a test twice: with the CPU fast paths (plain-ops attention, bit-mask dropout), and with them off, through
+    exactly the code a GPU takes (scaled_dot_product_attention, F.dropout)."""
+    from aiayn.lightning_modules import model
+
+    monkeypatch.setattr(model, "CPU_FAST_PATHS", request.param == "cpu fast paths")
+    return request.param

@@ -18,6 +18,11 @@ from aiayn.lightning_modules.model import Transformer, TransformerConfig
 from aiayn.lightning_modules.module import label_smoothed_loss, projected_label_smoothed_loss
 
 
+@pytest.fixture(autouse=True)
+def _through_both_paths(both_paths):
+    """Every test here runs with the CPU fast paths and through the code a GPU takes (tests/conftest.py)."""
+
+
 def small_cfg(**kw):
     return TransformerConfig(
         **{"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "vocab_size": 50, "P_drop": 0.0, "max_len": 64, **kw}

@@ -12,6 +12,12 @@ import torch
 from aiayn.lightning_modules.decoding import beam_search, greedy, length_penalty
 from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK
 
+
+@pytest.fixture(autouse=True)
+def _through_both_paths(both_paths):
+    """Every test here runs with the CPU fast paths and through the code a GPU takes (tests/conftest.py)."""
+
+
 V = 8
 A, B, C, D = 4, 5, 6, 7  # the real tokens; 0-3 are PAD, UNK, BOS, EOS
 REAL = (A, B, C, D)

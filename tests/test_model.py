@@ -16,6 +16,11 @@ from aiayn.lightning_modules.model import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _through_both_paths(both_paths):
+    """Every test here runs with the CPU fast paths and through the code a GPU takes (tests/conftest.py)."""
+
+
 def small_cfg(**kw):
     return TransformerConfig(
         **{"N": 2, "d_model": 32, "d_ff": 64, "h": 4, "vocab_size": 50, "P_drop": 0.0, "max_len": 64, **kw}
@@ -220,3 +225,23 @@ def test_dropout_drops_p_drop_of_the_elements_and_keeps_the_expectation():
     drop.eval()
     assert drop(x) is x
     assert Dropout(0.0)(x) is x
+
+
+def test_an_empty_source_gives_a_finite_perplexity_and_a_translation():
+    """A dev line with no source tokens: every key of its cross-attention is masked. The plain-ops path once gave
+    NaN (softmax over -inf only) where scaled_dot_product_attention gives zeros; both give zeros now."""
+    from aiayn.lightning_modules.decoding import beam_search
+    from aiayn.lightning_modules.evaluate import nll_sum
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=20, max_len=64)).eval()
+    src = torch.tensor([[5, 6, 7], [0, 0, 0]])  # the second sentence is empty: all padding
+    batch = {
+        "src": src,
+        "tgt_in": torch.tensor([[2, 8, 9], [2, 8, 0]]),
+        "tgt_out": torch.tensor([[8, 9, 3], [8, 3, 0]]),
+    }
+    with torch.no_grad():
+        nll, n = nll_sum(model, batch)
+        hyps = beam_search(model, src, 2, 3, beam=2, alpha=0.6, extra_len=3)
+    assert torch.isfinite(nll) and n == 5 and len(hyps) == 2

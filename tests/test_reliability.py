@@ -388,14 +388,14 @@ def test_a_kill_during_a_write_leaves_the_old_file_and_a_restart_clears_the_temp
 
 
 def test_the_trainer_writes_checkpoints_through_the_atomic_checkpoint_io(tmp_path):
-    from aiayn.lightning_modules.callbacks import AtomicCheckpointIO, DivergenceGuard, RNGStates
+    from aiayn.lightning_modules.callbacks import AtomicCheckpointIO, RNGStates
     from aiayn.lightning_modules.train import build_trainer, plan
 
     opts = TrainOptions(accelerator="cpu", out=str(tmp_path))
     trainer = build_trainer(opts, plan(opts))
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     kinds = [type(c) for c in trainer.callbacks]
-    assert kinds.index(RNGStates) < kinds.index(DivergenceGuard) < kinds.index(type(trainer.checkpoint_callback))
+    assert kinds.index(RNGStates) < kinds.index(type(trainer.checkpoint_callback))
 
 
 def test_a_report_write_that_fails_midway_keeps_the_old_report(tmp_path, monkeypatch):
@@ -478,3 +478,42 @@ def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_p
         assert KEY.encode() not in data and PASSWORD.encode() not in data, p
     for text in (printed.out, printed.err, caplog.text):
         assert KEY not in text and PASSWORD not in text
+
+
+def test_cuda_rng_state_is_the_own_devices_so_a_resume_with_fewer_gpus_restores_it(monkeypatch):
+    """A checkpoint written with 8 GPUs visible, resumed with 1 (`table3 --gpus-per-job 1` on a run begun with
+    --devices 1 on an 8-GPU box): the states of every visible device, restored by index, raised IndexError."""
+    from aiayn.lightning_modules import callbacks as C
+
+    saved, restored = torch.tensor([1, 2, 3], dtype=torch.uint8), []
+
+    def one_device_now(states):
+        if len(states) > 1:
+            raise IndexError("list index out of range")
+        restored.extend(states)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": saved)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [saved] * 8)  # what 8 visible GPUs would give
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": restored.append(state))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", one_device_now)
+    C.restore_rng(C.capture_rng())
+    assert len(restored) == 1 and torch.equal(restored[0], saved)
+
+
+def test_each_rank_restores_its_own_rng_states_and_draws_from_its_own_seed(monkeypatch):
+    from types import SimpleNamespace
+
+    from aiayn.lightning_modules.callbacks import RNGStates
+
+    states = [{"torch": torch.tensor([r])} for r in range(2)]
+    for rank in (0, 1, 2):  # resumed with a third rank: it starts from its seed
+        cb = RNGStates(seed=7)
+        torch.manual_seed(0)
+        cb.setup(SimpleNamespace(global_rank=rank, world_size=3), None, "fit")
+        drawn = torch.rand(1)
+        cb.load_state_dict({"ranks": states})
+        assert cb.states == (states[rank] if rank < 2 else None)
+        torch.manual_seed(7 + rank)
+        assert torch.equal(drawn, torch.rand(1)) == (rank > 0)  # rank 0 keeps the stream it had
