@@ -195,9 +195,12 @@ def cmd_average(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from aiayn.bench.run import main as bench_main
-
-    bench_main(from_args(BenchOptions, args))
+    opts = from_args(BenchOptions, args)
+    if opts.trainer:
+        from aiayn.bench.trainer import main as bench_main
+    else:
+        from aiayn.bench.run import main as bench_main
+    bench_main(opts)
 
 
 # ---- many runs
