@@ -579,7 +579,8 @@ def check_throughput(ctx: Context) -> Result:
         peak_text = f"{tflops:.1f} TFLOP/s of {peak:.0f} (bf16 dense peak)"
     else:
         peak_text = f"{tflops * 1e3:.1f} GFLOP/s" + ("; no bf16 peak known for this device" if ctx.cuda else "")
-    return passed(value, f"{name}, {bc.note}, {where}: {seconds * 1e3:.1f} ms/step, {peak_text}", **data)
+    text = f"{name}, {bc.note}, batch {B}×{S}, {where}: {seconds * 1e3:.1f} ms/step, {peak_text}"
+    return passed(value, text, **data)
 
 
 # --- aiayn subprocesses: DDP, resume, translate -------------------------------------------------------
