@@ -19,6 +19,7 @@ from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.logs import configure_logging
 from aiayn.common.options import HelpFormatter, add_options, from_args, parser_defaults, positive_int
+from aiayn.doctor import DoctorOptions
 from aiayn.lightning_modules.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
@@ -195,9 +196,20 @@ def cmd_average(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from aiayn.bench.run import main as bench_main
+    opts = from_args(BenchOptions, args)
+    if opts.trainer:
+        from aiayn.bench.trainer import main as bench_main
+    else:
+        from aiayn.bench.run import main as bench_main
+    bench_main(opts)
 
-    bench_main(from_args(BenchOptions, args))
+
+def cmd_doctor(args) -> None:
+    from aiayn.doctor.checks import main as doctor_main
+
+    status = doctor_main(from_args(DoctorOptions, args))
+    if status:
+        raise SystemExit(status)
 
 
 # ---- many runs
@@ -356,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="training and decoding speed, side by side with peers")
     add_options(b, BenchOptions)
     b.set_defaults(func=cmd_bench)
+
+    dr = sub.add_parser("doctor", help="check this machine's GPUs for aiayn in a few minutes: a pass/fail/skip table "
+                        "and a JSON for bug reports")  # fmt: skip
+    add_options(dr, DoctorOptions)
+    dr.set_defaults(func=cmd_doctor)
 
     t3 = sub.add_parser("table3", help="run Table 3 as a sweep (Optuna keeps the books), then write the report")
     add_options(t3, SweepOptions, skip=PER_RUN)

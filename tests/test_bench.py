@@ -172,3 +172,33 @@ def test_bench_cli_writes_json(tmp_path):
             assert key in r, key
         assert r["train_tokens_per_s"] > 0 and r["decode_sentences_per_s"] > 0
         assert r["model"]["d_model"] == 128 and r["model"]["vocab_size"] == 1000 and r["device"] == "cpu"
+
+
+def test_bench_trainer_cli_times_the_real_trainer_beside_the_bare_step(tmp_path, capsys):
+    """`aiayn bench --trainer`: per config one object with both sides' tokens/s and their ratio; the trainer side
+    really ran Lightning's loop over TranslationModule (the module counts its own optimizer steps), the bare side
+    as many steps, and the rounds were interleaved one trainer window per bare round."""
+    out = tmp_path / "trainer.json"
+    argv = ["--trainer", "--trainer-config", "tiny", "--trainer-config", "laptop", "--tokens", "64", "--layers", "1",
+            "--steps", "1", "--warmup", "1", "--trials", "2", "--device", "cpu", "--json", str(out)]  # fmt: skip
+    assert main(["bench", *argv]) == 0
+    results = json.loads(out.read_text())
+    assert [r["config"] for r in results] == ["tiny", "laptop"]
+    assert [r["model"]["vocab_size"] for r in results] == [1000, 8000]  # laptop: the laptop preset's vocabulary
+    for r in results:
+        for key in ("trainer_tokens_per_s", "bare_tokens_per_s", "ratio", "trainer_step_s", "bare_step_s", "model",
+                    "device", "precision", "batch_tokens", "trainer_optimizer_steps"):  # fmt: skip
+            assert key in r, key
+        assert r["trainer_tokens_per_s"] > 0 and r["bare_tokens_per_s"] > 0
+        assert r["ratio"] == pytest.approx(r["trainer_tokens_per_s"] / r["bare_tokens_per_s"])
+        assert r["trainer_optimizer_steps"] == r["trainer_global_step"] == 1 + 2 * 1  # warm-up + trials × steps
+        assert r["bare_optimizer_steps"] == 1 + 2 * 1
+        assert len(r["trainer_step_s_trials"]) == len(r["bare_step_s_trials"]) == 2
+    printed = capsys.readouterr().out
+    assert "| config | trainer tokens/s | bare tokens/s | trainer / bare |" in printed
+    assert "| tiny |" in printed and "| laptop |" in printed
+
+
+def test_bench_trainer_config_is_checked():
+    assert main(["bench", "--trainer", "--trainer-config", "huge", "--device", "cpu"]) == 2
+    assert main(["bench", "--trainer-config", "tiny", "--device", "cpu"]) == 2  # without --trainer: a mistake

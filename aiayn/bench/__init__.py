@@ -1,4 +1,5 @@
-"""`aiayn bench`: training and decoding speed of aiayn's model beside peer implementations (aiayn/bench/run.py).
+"""`aiayn bench`: training and decoding speed of aiayn's model beside peer implementations (aiayn/bench/run.py);
+with `--trainer`, Lightning's training loop beside the bare training step (aiayn/bench/trainer.py).
 
 A tool above the layers (it builds models of every kind and times them), so it sits beside the command line, not in
 the one-run layer. This module holds its options only, without torch, for the command line's parsers.
@@ -16,10 +17,10 @@ from aiayn.lightning_modules.config import PAPER_DECODING
 class BenchOptions:
     """What `aiayn bench` measures (aiayn/bench/run.py): one model's training and decoding speed."""
 
-    config: str = option("tiny", "model sizes", choices=("tiny", "base", "paper"))
+    config: str = option("tiny", "model sizes", choices=("tiny", "laptop", "base", "paper"))
     device: str = option("auto", "auto: cuda when available", choices=("auto", "cpu", "cuda"))
     peers: bool = option(False, "also torch.nn.Transformer and transformers' MarianMTModel")
-    json: str | None = option(None, "write the results here, one object per implementation")
+    json: str | None = option(None, "write the results here, one object per implementation (--trainer: per config)")
     layers: int | None = option(None, "override N (layers per stack)", positive=True)
     tokens: int | None = option(None, "padded positions per side in the training batch", positive=True)
     steps: int = option(3, "timed optimizer steps per trial", positive=True)
@@ -35,3 +36,11 @@ class BenchOptions:
     padding: bool = option(False, "also the padding waste of token-bucket batches")
     multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
     cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")
+    trainer: bool = option(
+        False, "instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches "
+        "(tokens/s of each and their ratio, per config; aiayn/bench/trainer.py says what each side includes)",
+    )  # fmt: skip
+    trainer_configs: tuple[str, ...] = option(
+        (), "with --trainer: a config to measure (repeatable; default: tiny and laptop)", flag="--trainer-config",
+        metavar="CONFIG",
+    )  # fmt: skip

@@ -72,12 +72,15 @@ class BenchConfig:
 
 
 def bench_config(name: str, device: str, layers: int | None = None, tokens: int | None = None) -> BenchConfig:
-    """`tiny`: the tiny preset's base row; `base`: the paper's base widths, vocabulary 8000, 2 layers per stack
-    on CPU (6 on CUDA) to keep CPU runs short; `paper`: the paper's base row at 37000 vocabulary, 25k+25k tokens."""
+    """`tiny`: the tiny preset's base row; `laptop`: the laptop preset's base row (the tiny model at vocabulary 8000,
+    Multi30k's); `base`: the paper's base widths, vocabulary 8000, 2 layers per stack on CPU (6 on CUDA) to keep CPU
+    runs short; `paper`: the paper's base row at 37000 vocabulary, 25k+25k tokens."""
     from aiayn.lightning_modules.spec import resolve
 
     if name == "tiny":
         cfg, tok, T, note = resolve("base", "tiny").model, 1024, 32, "tiny preset, base row"
+    elif name == "laptop":
+        cfg, tok, T, note = resolve("base", "laptop").model, 1024, 32, "laptop preset, base row (vocabulary 8000)"
     elif name == "base":
         n = 6 if device == "cuda" else 2
         cfg = resolve("base", "paper", overrides={"N": n}, vocab_size=8000).model
@@ -85,7 +88,7 @@ def bench_config(name: str, device: str, layers: int | None = None, tokens: int 
     elif name == "paper":
         cfg, tok, T, note = resolve("base", "paper").model, 25000, 40, "paper base row, vocabulary 37000"
     else:
-        raise ValueError(f"unknown bench config {name!r}; choose tiny, base or paper")
+        raise ValueError(f"unknown bench config {name!r}; choose tiny, laptop, base or paper")
     if layers is not None:
         cfg = TransformerConfig.from_dict(cfg.to_dict() | {"N": layers})
         note += f" (N overridden to {layers})"
@@ -536,11 +539,18 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(opts: BenchOptions) -> int:
+def resolve_device(opts: BenchOptions) -> str:
+    """--device: auto is cuda when available; cuda without a visible device is a user error."""
     device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available; use --device cpu")
-    results = run(dataclasses.replace(opts, device=device))
+    return device
+
+
+def main(opts: BenchOptions) -> int:
+    if opts.trainer_configs:
+        raise UserError("--trainer-config is for --trainer; pass --config CONFIG for the implementations' bench")
+    results = run(dataclasses.replace(opts, device=resolve_device(opts)))
     print(table(results))
     if opts.json:
         atomic_write_text(opts.json, json.dumps(results, indent=2) + "\n")

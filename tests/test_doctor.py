@@ -1,0 +1,144 @@
+"""`aiayn doctor` on a machine without CUDA: the checks that apply pass, the GPU ones are skipped with their reason,
+a check that raises is a fail (exit 1) without ending the others; and the pieces the GPU checks are made of, where
+they can run without a GPU: the SDPA backend detection on CPU tensors, the sync counter's windows."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from aiayn.cli import main
+from aiayn.doctor import CHECKS
+from aiayn.doctor import checks as doctor
+
+GPU_CHECKS = ("cuda", "sdpa", "syncs", "ddp", "resume")
+CPU_CHECKS = ("bf16", "bf16_loss", "throughput", "translate")
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without CUDA reports")
+
+
+def test_every_check_has_its_function():
+    assert tuple(doctor.REGISTRY) == CHECKS
+    assert set(GPU_CHECKS) | set(CPU_CHECKS) == set(CHECKS)
+
+
+@no_cuda
+def test_doctor_on_cpu_passes_what_applies_and_skips_the_gpu_checks(cache, tmp_path, capsys):
+    out = tmp_path / "doctor.json"
+    assert main(["doctor", "--json", str(out), "--out", str(tmp_path / "scratch")]) == 0
+    printed = capsys.readouterr().out
+    assert "| check | result | value | detail |" in printed
+    for name in CHECKS:
+        assert f"| {name} |" in printed, name
+    report = json.loads(out.read_text())
+    records = {r["name"]: r for r in report["checks"]}
+    assert list(records) == list(CHECKS)
+    assert all(r["status"] in ("pass", "fail", "skip") for r in records.values())
+    for name in GPU_CHECKS:
+        assert records[name]["status"] == "skip", records[name]
+        assert records[name]["detail"].startswith("no CUDA device visible"), records[name]
+    for name in CPU_CHECKS:
+        assert records[name]["status"] == "pass", records[name]
+    assert report["summary"] == {"pass": len(CPU_CHECKS), "fail": 0, "skip": len(GPU_CHECKS)}
+    env = report["environment"]
+    for key in ("torch", "torch_cuda", "lightning", "python", "devices", "cpu", "cuda_available"):
+        assert key in env, key
+    assert env["torch"] == torch.__version__ and env["cuda_available"] is False
+    # what the passes rest on
+    loss = records["bf16_loss"]["data"]
+    assert len(loss["fp32"]) == len(loss["bf16"]) == 2 and loss["fp32"] != loss["bf16"]  # bf16 really ran
+    assert all(r <= tol for r, tol in zip(loss["rel_diff"], loss["rtol"]))
+    assert records["throughput"]["data"]["tokens_per_s"] > 0
+    translations = records["translate"]["data"]["outputs"]["cpu"]
+    assert len(translations) == len(doctor.SENTENCES) and all(translations)
+
+
+def _boom(ctx):
+    raise RuntimeError("boom\nsecond line")
+
+
+def test_a_check_that_raises_is_a_fail_and_the_exit_status_is_1(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(doctor.REGISTRY, "bf16", doctor.Check(_boom))
+    out = tmp_path / "doctor.json"
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", "--check", "bf16", "--check", "cuda", "--json", str(out)])
+    assert exit_.value.code == 1
+    records = {r["name"]: r for r in json.loads(out.read_text())["checks"]}
+    assert list(records) == ["cuda", "bf16"]  # in the doctor's order; the one after the failure still ran
+    assert records["bf16"]["status"] == "fail"
+    assert records["bf16"]["detail"] == "RuntimeError: boom"  # one line
+    assert "| bf16 | FAIL |" in capsys.readouterr().out
+
+
+def test_an_unknown_check_is_a_user_error():
+    assert main(["doctor", "--check", "nope"]) == 2
+
+
+def test_sdpa_case_names_the_dispatchers_backend_and_which_run_alone():
+    """On CPU tensors long enough that the model's `attention` calls SDPA (keys > 64, queries > 16): the backend the
+    dispatcher picks runs alone, math runs alone, CUDA-only backends do not and carry PyTorch's reason, and the
+    default output equals float32 math."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (20, 80, 80))
+    mask = torch.ones(2, 1, 1, 80, dtype=torch.bool)
+    mask[1, ..., 70:] = False
+    case = doctor.sdpa_case(q, k, v, mask, causal=False, backward=True)
+    assert case["alone"][case["chosen"]] == "ok"
+    assert case["alone"]["math"] == "ok"
+    assert case["alone"]["efficient"] != "ok" and case["alone"]["efficient"]  # a reason, not empty
+    assert case["max_abs_err"] < case["atol"]
+    assert case["q"] == [2, 2, 20, 8] and case["mask"] == "bool [2, 1, 1, 80]"
+
+
+def test_dispatch_choice_follows_the_enabled_backends():
+    q = k = v = torch.randn(1, 2, 80, 8)
+    with sdpa_kernel(SDPBackend.MATH):
+        assert doctor.dispatch_choice(q, k, v, None, False) == "MATH"
+    assert doctor.dispatch_choice(q, k, v, None, False) != "MATH"  # torch 2.13 CPU: its flash kernel
+
+
+def test_reason_picks_the_backends_own_lines_from_atens_warnings():
+    """select_sdp_backend's warnings when nothing fits: a header per backend, then that backend's reasons."""
+    messages = [
+        "Memory efficient kernel not used because: (Triggered internally at sdp_utils.cpp:1)",
+        "Memory Efficient attention has been runtime disabled. (Triggered internally at sdp_utils.cpp:2)",
+        "Flash attention kernel not used because:",
+        "Flash Attention does not support non-null attn_mask. (Triggered internally at sdp_utils.cpp:3)",
+        "CuDNN attention kernel not used because:",
+        "cuDNN attention has been runtime disabled.",
+    ]
+    error = RuntimeError("No available kernel. Aborting execution.")
+    assert doctor._reason(messages, "flash", error) == "Flash Attention does not support non-null attn_mask."
+    assert doctor._reason(messages, "cudnn", error) == "cuDNN attention has been runtime disabled."
+    assert doctor._reason([], "flash", error) == "No available kernel. Aborting execution."
+
+
+class _Trainer:
+    global_step = 0
+
+
+def test_sync_counter_counts_the_syncs_of_exactly_its_window(monkeypatch):
+    """Step s of a fake loop raises s sync warnings; the counter's window is steps warmup+1 .. warmup+steps (the end
+    of step 2 to the end of step 5: 3 + 4 + 5 warnings), with the sync debug mode on for that window only."""
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    counter, trainer = doctor.SyncCounter(warmup=2, steps=3), _Trainer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # outside the window: not recorded
+        for step in range(1, 9):
+            for _ in range(step):
+                warnings.warn(doctor.SYNC_WARNING, UserWarning, stacklevel=1)
+            warnings.warn("another warning", UserWarning, stacklevel=1)
+            trainer.global_step = step
+            counter.on_train_batch_end(trainer, None, None, None, step - 1)
+    counter.stop_profiler()
+    assert counter.count == 3 + 4 + 5
+    assert modes[:2] == ["warn", "default"]
+    assert list(counter.sources) == [f"tests/test_doctor.py:{_line_of('warnings.warn(doctor.SYNC_WARNING')}"]
+
+
+def _line_of(text: str) -> int:
+    lines = open(__file__).read().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
