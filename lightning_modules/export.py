@@ -102,7 +102,7 @@ def sinusoid_permutation(ours: Tensor, theirs: Tensor, atol: float = 1e-5) -> Te
         raise ValueError(f"position tables of shapes {tuple(ours.shape)} and {tuple(theirs.shape)}")
     distance = torch.cdist(theirs.T.double(), ours.T.double())  # (d_model, d_model): column to column
     perm = distance.argmin(dim=1)
-    if not torch.equal(perm.sort().values, torch.arange(ours.shape[1])):
+    if not torch.equal(perm.sort().values, torch.arange(ours.shape[1], device=perm.device)):
         raise ValueError("Marian's position table is not a permutation of the paper's")
     worst = float((theirs.double() - ours.double()[:, perm]).abs().max())
     if worst > atol:

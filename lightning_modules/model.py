@@ -150,9 +150,9 @@ class FeedForward(nn.Module):
 
 def sinusoid_table(max_len: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))."""
-    pos = torch.arange(max_len, dtype=torch.float64)[:, None]
-    inv = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    table = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pos = torch.arange(max_len, dtype=torch.float64, device="cpu")[:, None]
+    inv = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu") / d_model)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64, device="cpu")
     table[:, 0::2] = torch.sin(pos * inv)  # interleaved: even dimensions sin, odd dimensions cos
     table[:, 1::2] = torch.cos(pos * inv)
     return table.float()
@@ -160,8 +160,8 @@ def sinusoid_table(max_len: int, d_model: int) -> Tensor:
 
 def rope_table(max_len: int, d: int) -> Tensor:
     """Rotary angles (Su et al., 2021), beyond the paper: (max_len, d/2) as complex rotations."""
-    inv = torch.pow(10000.0, -torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv
+    inv = torch.pow(10000.0, -torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d)
+    angles = torch.arange(max_len, dtype=torch.float64, device="cpu")[:, None] * inv
     return torch.stack([angles.cos(), angles.sin()], dim=-1).float()  # (max_len, d/2, 2)
 
 
@@ -249,7 +249,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0 or not cpu_fast_path(x):
             return super().forward(x)
-        bits = torch.empty(x.shape, dtype=torch.int32).random_()  # uniform over [0, 2^31)
+        bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()  # uniform over [0, 2^31)
         keep = (bits >= round(self.p * 2**31)).to(x.dtype).mul_(1.0 / (1.0 - self.p))
         return x * keep
 

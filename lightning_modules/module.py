@@ -184,24 +184,27 @@ class TranslationModule(pl.LightningModule):
         (n_src, n_tgt), self._window = self._window, [0, 0]
         sums, self._sums = self._sums, None
         world, grads = self.trainer.world_size, [p.grad for p in self.parameters() if p.grad is not None]
-        flags = {"diverged": ~torch.isfinite(sums).all(), **self.step_flags}
-        self.step_flags = {}
-        if world > 1:
-            local = torch.tensor([n_src, n_tgt, *(float(f) for f in flags.values())], dtype=torch.float64)
-            packed = self.trainer.strategy.reduce(local.to(self.device, non_blocking=True), reduce_op="sum")
-            n_tgt_all = packed[1]
-            scale = (self.trainer.accumulate_grad_batches * world / n_tgt_all.clamp(min=1)).float()
+        diverged = ~torch.isfinite(sums).all()  # on the device
+        others, self.step_flags = dict(self.step_flags), {}  # on the host
+        if world > 1:  # counts and host flags through pinned memory (no wait), then one all-reduce with the device's
+            cuda = self.device.type == "cuda"
+            host = torch.tensor([n_src, n_tgt, *map(float, others.values())], dtype=torch.float64, device="cpu",
+                                pin_memory=cuda)  # fmt: skip
+            local = torch.cat([host.to(self.device, non_blocking=cuda), diverged.to(torch.float64).reshape(1)])
+            packed = self.trainer.strategy.reduce(local, reduce_op="sum")
+            scale = (self.trainer.accumulate_grad_batches * world / packed[1].clamp(min=1)).float()
             torch._foreach_mul_(grads, scale)
             totals = packed[:2]
             self._trained_on_device = totals if self._trained_on_device is None else self._trained_on_device + totals
-            decisions = dict(zip(flags, (bool(x) for x in packed[2:].tolist())))  # the step's one synchronization
+            reduced = packed[2:].tolist()  # the step's one synchronization
+            decisions = {**dict(zip(others, (x > 0 for x in reduced[:-1]))), "diverged": reduced[-1] > 0}
             tokens = (packed[0], packed[1])
         else:
             torch._foreach_mul_(grads, self.trainer.accumulate_grad_batches / max(n_tgt, 1))
             self.trained["src_tokens"] += n_src
             self.trained["tgt_tokens"] += n_tgt
-            decisions = {k: bool(v) for k, v in flags.items()}  # the step's one synchronization (the flag)
-            tokens = (torch.tensor(float(n_src)), torch.tensor(float(n_tgt)))
+            decisions = {**others, "diverged": bool(diverged)}  # the step's one synchronization
+            tokens = (torch.tensor(float(n_src), device="cpu"), torch.tensor(float(n_tgt), device="cpu"))
         self.trained["steps"] += 1
         self.step_decisions = decisions
         step = self.trainer.global_step + 1
@@ -219,10 +222,11 @@ class TranslationModule(pl.LightningModule):
         values = {
             "train/loss": sums[0] / n_tgt, "train/nll": sums[1] / n_tgt, "train/src_tokens_per_step": tokens[0],
             "train/tgt_tokens_per_step": tokens[1],
-            "lr": torch.tensor(float(self.optimizers().param_groups[0]["lr"])),
+            "lr": torch.tensor(float(self.optimizers().param_groups[0]["lr"]), device="cpu"),
         }  # fmt: skip
         if self._t_last is not None:
-            values["train/tokens_per_s"] = torch.tensor((self.total_tokens - self._tokens_last) / (now - self._t_last))
+            rate = (self.total_tokens - self._tokens_last) / (now - self._t_last)
+            values["train/tokens_per_s"] = torch.tensor(rate, device="cpu")
         self._t_last, self._tokens_last = now, self.total_tokens
         for name, value in values.items():
             self.log(name, value, prog_bar=name in ("train/loss", "lr", "train/tokens_per_s"), batch_size=1,

@@ -184,3 +184,26 @@ def test_the_checker_catches_an_upward_import_and_a_cycle():
         "aiayn.sweeps.table3 (sweeps) imports aiayn.reports.build (reports)",
     ]
     assert cycles(graph) == [["aiayn.lightning_modules.a", "aiayn.lightning_modules.b", "aiayn.lightning_modules.a"]]
+
+
+# The modules that make tensors on the device a run uses: each constructor says where (`device=`), so none lands on
+# the CPU by default beside a model on a GPU (aiayn bench --device cuda once decoded CPU sources with CUDA models).
+DEVICE_EXPLICIT = ["lightning_modules/model.py", "lightning_modules/decoding.py", "lightning_modules/evaluate.py",
+                   "lightning_modules/translate.py", "lightning_modules/module.py", "lightning_modules/ct2.py",
+                   "lightning_modules/export.py", "aiayn/bench/run.py", "aiayn/bench/trainer.py"]  # fmt: skip
+CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "empty", "arange", "randint", "rand", "randn", "randperm", "eye",
+                "linspace", "as_tensor"}  # fmt: skip
+ALLOWED: set = set()  # (file, constructor) pairs a reason would name; none today
+
+
+@pytest.mark.parametrize("path", DEVICE_EXPLICIT)
+def test_tensor_constructors_say_their_device(path):
+    tree = ast.parse((ROOT / path).read_text())
+    missing = [
+        f"{path}:{node.lineno} torch.{node.func.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CONSTRUCTORS
+        and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+        and not any(k.arg == "device" for k in node.keywords) and (path, node.func.attr) not in ALLOWED
+    ]  # fmt: skip
+    assert missing == []

@@ -103,9 +103,9 @@ def training_batch(cfg: TransformerConfig, tokens_per_side: int, seq_len: int, s
     lo = max(2, int(0.8 * seq_len))
 
     def side(length):
-        lens = torch.randint(lo, length + 1, (B,), generator=g)
-        ids = torch.randint(4, cfg.vocab_size, (B, length), generator=g)
-        return ids.masked_fill(torch.arange(length)[None, :] >= lens[:, None], PAD)
+        lens = torch.randint(lo, length + 1, (B,), generator=g, device="cpu")
+        ids = torch.randint(4, cfg.vocab_size, (B, length), generator=g, device="cpu")
+        return ids.masked_fill(torch.arange(length, device="cpu")[None, :] >= lens[:, None], PAD)
 
     src, tgt = side(seq_len), side(seq_len + 1)  # target with BOS … EOS: input and output shifted by one
     tgt[:, 0] = BOS
@@ -119,11 +119,11 @@ def training_batch(cfg: TransformerConfig, tokens_per_side: int, seq_len: int, s
     }
 
 
-def decode_sources(cfg: TransformerConfig, n: int, src_len: int, seed: int = 1) -> Tensor:
+def decode_sources(cfg: TransformerConfig, n: int, src_len: int, device: torch.device, seed: int = 1) -> Tensor:
     """n source sentences of exactly src_len tokens (no padding, so every implementation's length
-    limit, src_len + extra, is the same for every sentence)."""
+    limit, src_len + extra, is the same for every sentence), on `device` (drawn on the CPU: the same on any)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(4, cfg.vocab_size, (n, src_len), generator=g)
+    return torch.randint(4, cfg.vocab_size, (n, src_len), generator=g, device="cpu").to(device)
 
 
 # --- FLOPs ----------------------------------------------------------------------------------------
@@ -429,7 +429,7 @@ def run(args: BenchOptions) -> list[dict]:
             log.warning("transformers is not installed: hf_marian skipped (pip install 'aiayn[bench]')")
             impls.remove("hf_marian")
     batch = training_batch(cfg, bc.tokens_per_side, bc.seq_len)
-    sources = decode_sources(cfg, args.decode_sentences, args.decode_src_len)
+    sources = decode_sources(cfg, args.decode_sentences, args.decode_src_len, device)
     B, S = batch["src"].shape
     T = batch["tgt_in"].shape[1]
     flops = flops_per_step(cfg, B * S, B * T, S, T)
