@@ -234,11 +234,17 @@ class RequeueOnSignal(pl.Callback):
             log.warning("scontrol requeue %s failed (%s)", job, proc.stderr.strip() or proc.returncode)
 
 
-def slurm_parts(ckpt_dir: str | Path) -> tuple[list, list]:
-    """(plugins, callbacks) for the Trainer: under SLURM, its environment with Lightning's requeue
-    handler off and ours on; elsewhere nothing."""
-    from lightning.pytorch.plugins.environments import SLURMEnvironment
+def slurm_parts(ckpt_dir: str | Path, world_size: int = 1) -> tuple[list, list]:
+    """(plugins, callbacks) for the Trainer: under srun with one task per device, SLURM's environment with
+    Lightning's requeue handler off and ours on. Inside a SLURM allocation but not one task per device (`aiayn train
+    --devices 2` in an sbatch script without srun, or a sweep's local DDP runs on a node SLURM gave it), Lightning
+    would still pick its SLURM environment from the inherited SLURM_* variables, and then fail its ntasks check or
+    wait for ranks SLURM never starts: there the run launches its own ranks (Lightning's local environment, a free
+    MASTER_PORT of its own). Elsewhere nothing."""
+    from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
 
     if not SLURMEnvironment.detect():
         return [], []
+    if int(os.environ.get("SLURM_NTASKS", "1") or 1) != world_size:
+        return [LightningEnvironment()], []
     return [SLURMEnvironment(auto_requeue=False)], [RequeueOnSignal(ckpt_dir)]

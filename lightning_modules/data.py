@@ -62,6 +62,7 @@ class TranslationDataModule(pl.LightningDataModule):
         accumulate: int = 1,
         tokenizer: str | Path | None = None,
         train_pairs: int | None = None,
+        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         if max_tokens <= max_len:
@@ -85,6 +86,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.dev_subset, self.max_len, self.num_workers = dev_subset, max_len, num_workers
         self.accumulate = accumulate
         self.train_pairs = train_pairs  # a data-limited regime: the first K training pairs (the tokenizer: all)
+        self.pin_memory = pin_memory  # page-locked batches for a GPU's asynchronous copies (not a CPU run's)
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
         self.sp = None
         self.tokenizer = Path(tokenizer) if tokenizer else None  # a SentencePiece model to use instead of training one
@@ -254,7 +256,7 @@ class TranslationDataModule(pl.LightningDataModule):
             collate_fn=collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
+            pin_memory=self.pin_memory,
         )
 
     def train_dataloader(self) -> ResumableDataLoader:

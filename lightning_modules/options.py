@@ -36,7 +36,10 @@ class TrainOptions:
     devices: int = option(1, "devices per node (DDP ranks)", positive=True)
     num_nodes: int = option(1, "nodes (world size = devices x nodes)", positive=True)
     strategy: str = option("auto", "Lightning strategy, e.g. ddp")
-    precision: str = option("32-true", "Lightning precision, e.g. bf16-mixed")
+    precision: str = option(
+        "auto", "Lightning precision: auto (bf16-mixed on a GPU that supports it, else 32-true with TF32 matmuls on a "
+        "GPU), 32-true, bf16-mixed, ...; 16-mixed is refused (the fused loss computes its gradients in the forward)",
+    )  # fmt: skip
     max_steps: int | None = option(None, "optimizer steps (default: the preset's for the row)", positive=True)
     max_tokens: int | None = option(
         None, "real target tokens per device batch; accumulation makes up the preset's tokens per step", positive=True
@@ -61,7 +64,7 @@ class TrainOptions:
     eval_subset: int | None = option(
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )
-    num_workers: int = option(0, "data loader worker processes")
+    num_workers: int | None = option(None, "data loader worker processes (default: 4 on a GPU, 0 on a CPU)")
     wandb: bool = option(False, "log to Weights & Biases; online with WANDB_API_KEY or `wandb login`, else offline, "
                          "unless WANDB_MODE says otherwise")  # fmt: skip
     wandb_checkpoints: bool = option(False, "with --wandb: also log the final checkpoint as a W&B model artifact")

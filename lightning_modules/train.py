@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
+from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules import wandb_run
 from aiayn.lightning_modules.callbacks import (
@@ -37,6 +38,7 @@ from aiayn.lightning_modules.callbacks import (
     slurm_parts,
 )
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
+from aiayn.lightning_modules.devices import autocast, data_workers, prepare_matmuls, resolve_precision, uses_cuda
 from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.module import Diverged, TranslationModule
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TrainOptions, options_record
@@ -80,7 +82,8 @@ def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None =
         tgt_lang=opts.tgt_lang,
         seed=opts.seed,
         max_len=preset.max_len,
-        num_workers=opts.num_workers,
+        num_workers=data_workers(opts.num_workers, opts.accelerator),
+        pin_memory=uses_cuda(opts.accelerator),
         tokenizer=tokenizer,
         train_pairs=opts.train_pairs or preset.train_pairs,
     )
@@ -158,7 +161,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
         data=data_identity(dm),
         train=TrainPlan(seed=opts.seed, steps=steps, accumulate=dm.accumulate, world_size=opts.world_size,
                         effective_tokens_per_step=dm.max_tokens * opts.world_size * dm.accumulate,
-                        precision=opts.precision),
+                        precision=resolve_precision(opts.precision, opts.accelerator)),
         tokenizer_sha256=sha256_file(tokenizer) if tokenizer else None,
         options=options_record(opts),  # `aiayn train --config config.json` trains this run again
     )  # fmt: skip
@@ -166,11 +169,15 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
 
 
 def prepare(p: Plan):
-    """Corpus, tokenizer and encoded cache (user errors surface here, before any write), the config checked
+    """Corpus, tokenizer and encoded cache (user errors surface here, before any write; under a lock, so that ranks
+    and runs sharing a cache make it once), the config checked
     against the run directory's, and the directory taken: its lock (held by rank 0 until the process ends; the
     returned file) and the temporary files a kill left removed. Nothing is written before this point."""
     check_writable_dir(p.run.path, "--out")
-    p.dm.prepare_data()
+    # once per node: the DDP ranks (and concurrent runs) of a cold cache take turns; the first makes it, the others
+    # find it made
+    with file_lock(p.dm.cache_dir / ".locks" / "prepare.lock", wait=True):
+        p.dm.prepare_data()
     p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
     p.run.check_config(p.config)
     lock = p.run.hold_lock() if is_launch_rank_zero() else None
@@ -184,6 +191,7 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     other than 0, and when the run was checkpointed for a SLURM requeue)."""
     p = plan(opts, spec, hooks.run_dir)
     lock = prepare(p)  # noqa: F841 (held, not used)
+    prepare_matmuls(opts.accelerator)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(
         p.spec.model.to_dict(), **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset),
@@ -261,8 +269,10 @@ def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: 
         dev_subset=opts.eval_subset, tokenizer=p.dm.tokenizer_model,
     )  # fmt: skip
     full_dev.setup("validate")
-    module.to(trainer.strategy.root_device)
-    result = evaluate(module.model, full_dev, "dev")
+    device = trainer.strategy.root_device
+    module.to(device)
+    with autocast(device, p.config.train.precision):
+        result = evaluate(module.model, full_dev, "dev")
     p.run.write_dev(result.pop("hypotheses"), full_dev.references("dev"))
     return result
 
@@ -315,8 +325,18 @@ def integrations(opts: TrainOptions, p: Plan) -> Integrations:
     if opts.wandb and is_launch_rank_zero():
         logger = wandb_run.wandb_logger(p.run, RunConfig.from_dict(redact_obj(p.config.to_dict())))
         loggers += [logger] if logger is not None else []
-    plugins, callbacks = slurm_parts(p.run.checkpoints)
+    plugins, callbacks = slurm_parts(p.run.checkpoints, opts.world_size)
     return Integrations(loggers, callbacks, plugins)
+
+
+def strategy(opts: TrainOptions):
+    """DDP without broadcasting buffers every forward (the model's are constant: the sinusoid and rotary tables),
+    for `--strategy ddp` or several devices; any other strategy as given."""
+    if opts.strategy == "ddp" or (opts.strategy == "auto" and opts.world_size > 1):
+        from lightning.pytorch.strategies import DDPStrategy
+
+        return DDPStrategy(broadcast_buffers=False)
+    return opts.strategy
 
 
 def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Trainer:
@@ -341,8 +361,8 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         accelerator=opts.accelerator,
         devices=opts.devices,
         num_nodes=opts.num_nodes,
-        strategy=opts.strategy,
-        precision=opts.precision,
+        strategy=strategy(opts),
+        precision=p.config.train.precision,
         max_steps=steps,
         accumulate_grad_batches=accumulate,
         # counts batches, not optimizer steps

@@ -147,6 +147,9 @@ CASES = {
                           "norm_first, warmup, lr_factor"),
     "--set without =": (TRAIN + ["--set", "d_model"], None,
                         "--set d_model: expected KEY=VALUE; e.g. --set d_model=256"),
+    "fp16 precision": (TRAIN + ["--precision", "16-mixed"], None,
+                       "--precision 16-mixed: the fused loss computes its gradients in the forward pass, where fp16's "
+                       "gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)"),
     "--set not a number": (TRAIN + ["--set", "N=two"], None, "--set N=two: N must be an integer; e.g. --set N=1"),
     "--set zero lr factor": (TRAIN + ["--set", "lr_factor=0"], None,
                              "--set lr_factor=0.0: lr_factor must be positive; change the --set value"),

@@ -65,7 +65,7 @@ def _subparser(command: str):
 
 def test_help_shows_defaults_and_allowed_values():
     text = " ".join(_subparser("train").format_help().split())
-    assert "(default: tiny)" in text and "(default: 32-true)" in text
+    assert "(default: tiny)" in text and "(default: auto)" in text
     assert "{auto,cpu,cuda}" in _subparser("bench").format_help()
     assert "--no-progress" in text and "KEY=VALUE" in text
 
