@@ -241,7 +241,9 @@ def cmd_table3(args) -> None:
     print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed of "
           f"{summary['ran']} run ({summary['pairs']} pairs in the table)")  # fmt: skip
     if report:
-        _report(opts.train.out, report, opts.train.preset, wandb=opts.train.wandb)
+        from aiayn.lightning_modules.loggers import of as loggers_of
+
+        _report(opts.train.out, report, opts.train.preset, wandb="wandb" in loggers_of(opts.train))
 
 
 def cmd_hpo(args) -> None:

@@ -62,9 +62,14 @@ class TrainOptions:
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )
     num_workers: int = option(0, "data loader worker processes")
-    wandb: bool = option(False, "log to Weights & Biases; online with WANDB_API_KEY or `wandb login`, else offline, "
-                         "unless WANDB_MODE says otherwise")  # fmt: skip
-    wandb_checkpoints: bool = option(False, "with --wandb: also log the final checkpoint as a W&B model artifact")
+    logger: str | None = option(
+        None, "where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each "
+        "under the run directory (default: csv,tensorboard, or csv where tensorboard is not installed)",
+        metavar="NAMES",
+    )  # fmt: skip
+    wandb: bool = option(False, "also log to Weights & Biases (the same as adding wandb to --logger); online with "
+                         "WANDB_API_KEY or `wandb login`, else offline, unless WANDB_MODE says otherwise")  # fmt: skip
+    wandb_checkpoints: bool = option(False, "with W&B: also log the final checkpoint as a W&B model artifact")
     progress: bool = option(True, "Lightning's progress bar")
     overrides: dict = option(
         default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,

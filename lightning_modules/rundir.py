@@ -8,7 +8,8 @@ A run's directory depends only on (preset, corpus, row, seed), so rerunning the 
             config.json            the resolved config (`RunConfig`), written before training; another is refused
             tokenizer.model        the run's SentencePiece model (its sha256 in config.json and in every checkpoint)
             checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM)
-            logs/version_N/        the loggers' files of attempt N (CSV: training and validation curves)
+            logs/version_N/        the loggers' files of attempt N (CSV: training and validation curves; TensorBoard)
+            mlflow.db, mlartifacts/ the MLflow runs, one per attempt (with --logger mlflow, unless MLFLOW_TRACKING_URI)
             dev.hyp, dev.ref       the final dev translations and their references, line by line
             metrics.json           the result (`RunMetrics`), written last
             wandb-run.json, wandb/ the run directory's W&B run id and attempts, W&B's own files (with W&B)
@@ -416,6 +417,12 @@ class RunDir:
 
     def remove_stale_temps(self) -> list[Path]:
         return remove_stale_temps(self.path)
+
+    def next_log_version(self) -> int:
+        """N of this attempt's logs/version_N: one more than the highest there, 0 for the first attempt. Each
+        attempt logs into its own version, so a resumed run keeps the curves of the attempts before it."""
+        found = [int(m[1]) for p in self.logs.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+        return max(found, default=-1) + 1
 
     def periodic_checkpoints(self) -> list[Path]:
         """The kept periodic checkpoints (stepNNNNNNN.ckpt), oldest first."""

@@ -7,7 +7,7 @@ processes (`aiayn table3`), `aiayn hpo`'s trials. The driver resolves the run on
 the directory's checkpoint); `evaluate` beam-decodes the whole dev set on the device the run trained on;
 `record` writes metrics.json. What a caller adds (HPO's pruning callback and its "pruned" status, a run
 directory of its own) comes as `Hooks`; the integrations a run chooses from its options and environment (SLURM's
-requeue handler, W&B) are `integrations`. Nothing here imports Optuna.
+requeue handler, the loggers of --logger) are `integrations`. Nothing here imports Optuna.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import CSVLogger
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules import loggers as run_loggers
 from aiayn.lightning_modules import wandb_run
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
@@ -148,6 +148,7 @@ def spec_of(opts: TrainOptions) -> RunSpec:
 def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | None = None) -> Plan:
     """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     spec = spec or spec_of(opts)
+    run_loggers.of(opts)  # an unknown logger or a missing package: said before anything is prepared
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
@@ -308,14 +309,10 @@ class Integrations:
 
 
 def integrations(opts: TrainOptions, p: Plan) -> Integrations:
-    """One CSV log per attempt (logs/version_N/metrics.csv: Lightning's CSVLogger deletes an existing metrics.csv
-    when it starts, which would lose the curve before a resume); W&B with --wandb, from rank 0 only (its other
-    ranks record no attempt); under SLURM, Lightning's requeue handler off and ours (a checkpoint at a step
-    boundary) on."""
-    loggers = [CSVLogger(p.run.path, name=p.run.logs.name)]
-    if opts.wandb and is_launch_rank_zero():
-        logger = wandb_run.wandb_logger(p.run, RunConfig.from_dict(redact_obj(p.config.to_dict())))
-        loggers += [logger] if logger is not None else []
+    """The loggers of --logger, one version (or run) per attempt under the run directory (lightning_modules/
+    loggers.py); under SLURM, Lightning's requeue handler off and ours (a checkpoint at a step boundary) on."""
+    config = RunConfig.from_dict(redact_obj(p.config.to_dict()))
+    loggers = run_loggers.build(run_loggers.of(opts), p.run, config, rank_zero=is_launch_rank_zero())
     plugins, callbacks = slurm_parts(p.run.checkpoints)
     return Integrations(loggers, callbacks, plugins)
 

@@ -46,6 +46,7 @@ from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
+from aiayn.lightning_modules import loggers
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunDir
 from aiayn.sweeps import books
@@ -199,6 +200,7 @@ def check_shared(opts: SlurmOptions) -> None:
 def check(opts: SlurmOptions) -> int:
     """Validate everything; return tasks per node. Raises UserError before anything is written."""
     pairs(opts)  # an unknown preset, row or group, or --seeds 0
+    loggers.of(opts.train)  # an unknown logger, or one whose package is missing here (jobs inherit this environment)
     res = opts.resources
     if not res.partition:
         raise UserError("--partition is missing; pass --partition NAME (see `sinfo -s` for the cluster's partitions)")

@@ -15,6 +15,7 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.selection import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
+from aiayn.lightning_modules import loggers
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir
 from aiayn.lightning_modules.spec import resolve
@@ -54,6 +55,7 @@ def build_sweep(opts: SweepOptions) -> Sweep:
     """The sweep resolved once: its pairs, and each row's spec (the runs get theirs from here)."""
     preset = get_preset(opts.train.preset)
     t = opts.train
+    loggers.of(t)  # an unknown logger or a missing package: said once, not by every run
     pairs = opts.select.pairs(preset, t.table)
     jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:

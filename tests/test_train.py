@@ -284,7 +284,7 @@ def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     out = tmp_path / "runs"
-    assert main(["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--wandb", *FAST]) == 0
+    assert main(["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--logger", "csv,wandb", *FAST]) == 0
     run = out / "tiny" / "synthetic" / "C1" / "seed0"
     offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
