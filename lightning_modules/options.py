@@ -57,6 +57,15 @@ class TrainOptions:
     ckpt_every: int | None = option(None, "optimizer steps between kept checkpoints (default: the preset's)",
                                     positive=True)  # fmt: skip
     ckpt_every_minutes: float | None = option(None, "instead, wall-clock minutes between kept checkpoints")
+    keep_last: int | None = option(
+        None, "periodic checkpoints (stepNNNNNNN.ckpt) kept, the newest; checkpoints/last.ckpt is kept besides "
+        "(default: the preset's: 20, enough to average the last 20 as the paper's big model; 5 for tiny)",
+        positive=True, metavar="N",
+    )  # fmt: skip
+    weights_only_checkpoints: bool = option(
+        False, "periodic checkpoints without the optimizer state (a third of the size, all that averaging and "
+        "translating read); last.ckpt keeps the whole state, so a resume is unchanged",
+    )  # fmt: skip
     val_every: int | None = option(None, "optimizer steps between validations (default: the preset's)", positive=True)
     eval_subset: int | None = option(
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True

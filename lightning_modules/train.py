@@ -149,6 +149,9 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     spec = spec or spec_of(opts)
     run_loggers.of(opts)  # an unknown logger or a missing package: said before anything is prepared
+    if opts.keep_last is not None and opts.keep_last < 1:
+        raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
+                        f"more (last.ckpt is kept besides)")  # fmt: skip
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
@@ -329,10 +332,11 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         auto_insert_metric_name=False,
         every_n_train_steps=None if by_time else (opts.ckpt_every or preset.ckpt_every),
         train_time_interval=timedelta(minutes=opts.ckpt_every_minutes) if by_time else None,
-        save_top_k=preset.keep_ckpts,  # the newest k periodic checkpoints, for "average the last 5 / 20"
+        save_top_k=opts.keep_last or preset.keep_ckpts,  # the newest k periodic ones, for "average the last 5 / 20"
         monitor="step",
         mode="max",
-        save_last=True,
+        save_last=True,  # always the whole state: the resume point
+        periodic_weights_only=opts.weights_only_checkpoints,
     )
     extra = integrations(opts, p)
     return pl.Trainer(
