@@ -46,9 +46,10 @@ from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
-from aiayn.lightning_modules import loggers
+from aiayn.lightning_modules import disk, loggers
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunDir
+from aiayn.lightning_modules.spec import resolve
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, register
 
@@ -367,6 +368,19 @@ def _wrap(words: list[str], width: int = 100) -> list[str]:
     return [*lines, current]
 
 
+def disk_line(opts: SlurmOptions, todo: list[tuple[str, int]]) -> str:
+    """What the checkpoints of the array's runs will take: each run keeps its periodic checkpoints, last.ckpt and,
+    once preempted, requeue.ckpt (lightning_modules/disk.py)."""
+    t = opts.train
+    each = {row: disk.estimate(t, resolve(row, t.preset, tables=t.table, overrides=t.overrides, corpus=t.data,
+                                          vocab_size=t.vocab_size), slurm=True)
+            for row in dict.fromkeys(row for row, _ in todo)}  # fmt: skip
+    total = sum(each[row].total for row, _ in todo)
+    big = max(each, key=lambda row: each[row].total)
+    return (f"disk: checkpoints of the {len(todo)} runs: about {disk.human(total)} in all (the largest, {big}: "
+            f"{each[big].describe()})")  # fmt: skip
+
+
 def script_path(opts: SlurmOptions) -> Path:
     return OutDir(opts.train.out).slurm / f"{job_name(opts)}.sbatch"
 
@@ -459,6 +473,7 @@ def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dic
         if not opts.dry_run:
             check_partition(opts.resources.partition)
         text = render(opts, pending, per_node)
+        summary["disk"] = disk_line(opts, pending)
         new_dir = first_missing(script_path(opts).parent / "logs")
         path = atomic_write_text(script_path(opts), text)
         (path.parent / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's directory
