@@ -32,8 +32,14 @@ CACHE_VERSION = "1"  # bump to invalidate every SPM / encoded cache after a form
 
 
 def default_cache_dir() -> Path:
-    """``$AIAYN_CACHE`` if set, else ``~/.cache/aiayn``."""
-    return Path(os.environ.get("AIAYN_CACHE") or "~/.cache/aiayn").expanduser()
+    """``$AIAYN_CACHE`` if set, else ``$XDG_CACHE_HOME/aiayn`` (the XDG base directory convention; a relative
+    XDG_CACHE_HOME is ignored, as the convention says), else ``~/.cache/aiayn``."""
+    if os.environ.get("AIAYN_CACHE"):
+        return Path(os.environ["AIAYN_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "aiayn"
+    return Path("~/.cache/aiayn").expanduser()
 
 
 def _atomic_write_lines(path: Path, lines: Sequence[str]) -> None:

@@ -31,7 +31,9 @@ class TrainOptions:
     tgt_lang: str = option("de", "target language of the corpus files")
     seed: int = option(0, "the run's seed (the run directory is seedN)")
     out: str = option("runs", "run directories go under OUT/PRESET/CORPUS/ROW/seedN")
-    cache_dir: str | None = option(None, "tokenizer/corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
+    cache_dir: str | None = option(
+        None, "tokenizer/corpus cache (default: $AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn)"
+    )
     accelerator: str = option("auto", "Lightning accelerator: auto, cpu, gpu, cuda, ...")
     devices: int = option(1, "devices per node (DDP ranks)", positive=True)
     num_nodes: int = option(1, "nodes (world size = devices x nodes)", positive=True)
@@ -210,7 +212,9 @@ class EvalOptions:
     split: str | None = option(None, "instead of --src/--ref: a split of the model's corpus (default: dev)",
                                choices=("dev", "test"))  # fmt: skip
     data_dir: str | None = option(None, "with --split: where the corpus's files are now")
-    cache_dir: str | None = option(None, "with --split: the corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
+    cache_dir: str | None = option(
+        None, "with --split: the corpus cache (default: $AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn)"
+    )
 
 
 # CTranslate2's weight types (ctranslate2.converters ACCEPTED_MODEL_TYPES); the CPU computes in float32, int8,

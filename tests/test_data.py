@@ -118,6 +118,20 @@ def test_files_corpus_custom_languages(tmp_path):
     _one_line_error(e, "--data-dir")
 
 
+@pytest.mark.parametrize("env, expected", [
+    ({"AIAYN_CACHE": "/a/cache", "XDG_CACHE_HOME": "/xdg"}, "/a/cache"),
+    ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/aiayn"),
+    ({"XDG_CACHE_HOME": "relative/xdg"}, "~/.cache/aiayn"),  # the XDG convention: a relative path is ignored
+    ({}, "~/.cache/aiayn"),
+])  # fmt: skip
+def test_the_cache_honours_aiayn_cache_then_xdg_cache_home(env, expected, monkeypatch):
+    for name in ("AIAYN_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert C.default_cache_dir() == Path(expected).expanduser()
+
+
 def test_unknown_corpus_lists_names(tmp_path):
     with pytest.raises(UserError) as e:
         C.resolve_corpus("europarl", None, tmp_path)
