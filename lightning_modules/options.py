@@ -25,10 +25,17 @@ class TrainOptions:
         (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
     )
     preset: str = option("tiny", "the scale: paper, small or tiny (see README, Presets)")
-    data: str | None = option(None, f"corpus: {' | '.join(CORPORA)} (default: the preset's)")
+    data: str | None = option(
+        None, f"corpus: {' | '.join(CORPORA)} | hf:NAME[:CONFIG], a Hugging Face dataset on the Hub "
+        "(hf:wmt/wmt16:de-en) or saved on this machine (hf:/path, hf:./path) (default: the preset's)",
+    )  # fmt: skip
     data_dir: str | None = option(None, "the corpus's files (multi30k, wmt14: instead of a download; files: required)")
-    src_lang: str = option("en", "source language of the corpus files")
-    tgt_lang: str = option("de", "target language of the corpus files")
+    hf_splits: str | None = option(
+        None, "with --data hf:…: which of the dataset's splits are train, dev and test (default: train; validation, "
+        "dev or valid; test)", metavar="train=…,dev=…,test=…",
+    )  # fmt: skip
+    src_lang: str = option("en", "source language of the corpus (files' suffix, or a dataset's translation field)")
+    tgt_lang: str = option("de", "target language of the corpus (files' suffix, or a dataset's translation field)")
     seed: int = option(0, "the run's seed (the run directory is seedN)")
     out: str = option("runs", "run directories go under OUT/PRESET/CORPUS/ROW/seedN")
     cache_dir: str | None = option(

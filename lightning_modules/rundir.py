@@ -52,6 +52,7 @@ from aiayn.common.files import (
 )
 from aiayn.common.locks import try_lock
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules.corpora import corpus_dirname
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class DataIdentity:
     tgt_lang: str = "de"
     max_len: int = 256
     train_pairs: int | None = None
+    splits: str | None = None  # --hf-splits of a Hugging Face dataset (None: its train, validation, test)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -211,7 +213,8 @@ class OutDir:
     RESERVED = ("hpo", "slurm", "reports", ".locks")  # top-level names that are not presets
 
     def run(self, preset: str, corpus: str, row: str, seed: int) -> RunDir:
-        return RunDir(self.root / preset / corpus / row / f"seed{seed}")
+        """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en)."""
+        return RunDir(self.root / preset / corpus_dirname(corpus) / row / f"seed{seed}")
 
     def hpo_trial(self, preset: str, row: str, number: int) -> RunDir:
         return RunDir(self.root / "hpo" / preset / row / f"trial{number:04d}")

@@ -38,6 +38,7 @@ from aiayn.lightning_modules.callbacks import (
     StepCheckpoints,
     slurm_parts,
 )
+from aiayn.lightning_modules.corpora import check_corpus_options
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.module import TranslationModule
@@ -85,6 +86,7 @@ def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None =
         num_workers=opts.num_workers,
         tokenizer=tokenizer,
         train_pairs=opts.train_pairs or preset.train_pairs,
+        splits=opts.hf_splits,
     )
 
 
@@ -112,6 +114,7 @@ def data_identity(dm: TranslationDataModule) -> DataIdentity:
         tgt_lang=dm.tgt_lang,
         max_len=dm.max_len,
         train_pairs=dm.train_pairs,
+        splits=dm.splits,
     )
 
 
@@ -149,6 +152,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     spec = spec or spec_of(opts)
     run_loggers.of(opts)  # an unknown logger or a missing package: said before anything is prepared
+    check_corpus_options(spec.corpus, opts.data_dir, opts.hf_splits)
     if opts.keep_last is not None and opts.keep_last < 1:
         raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
                         f"more (last.ckpt is kept besides)")  # fmt: skip

@@ -47,6 +47,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
 from aiayn.lightning_modules import disk, loggers
+from aiayn.lightning_modules.corpora import canonical_corpus
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunDir
 from aiayn.lightning_modules.spec import resolve
@@ -229,7 +230,7 @@ def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
 
 
 def corpus_of(opts: SlurmOptions) -> str:
-    return opts.train.data or get_preset(opts.train.preset).corpus
+    return canonical_corpus(opts.train.data) if opts.train.data else get_preset(opts.train.preset).corpus
 
 
 def out_of(opts: SlurmOptions) -> OutDir:
@@ -296,6 +297,7 @@ def train_command(opts: SlurmOptions, per_node: int) -> list[str]:
     fixed = replace(
         t, row=TrainOptions.row, seed=TrainOptions.seed, out=str(Path(t.out).resolve()),
         data_dir=str(Path(t.data_dir).resolve()) if t.data_dir else None, devices=per_node,
+        data=canonical_corpus(t.data) if t.data else None,  # hf:./local made absolute: the task runs elsewhere
         table=tuple(str(Path(f).resolve()) for f in t.table),
         num_nodes=opts.resources.nodes, strategy=t.strategy or ("ddp" if world > 1 else "auto"), progress=False,
     )  # fmt: skip
