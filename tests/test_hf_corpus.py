@@ -192,3 +192,13 @@ def test_without_the_datasets_package_the_fix_is_named(saved, tmp_path, monkeypa
     with pytest.raises(UserError, match=r"needs the Hugging Face datasets package, which is not installed; pip "
                                         r"install 'aiayn\[datasets\]'$"):  # fmt: skip
         C.resolve_corpus(f"hf:{saved}", cache_dir=tmp_path)
+
+
+def test_a_slurm_task_gets_the_datasets_absolute_path(saved, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(saved.parent)
+    out = tmp_path / "runs"
+    argv = ["slurm", "train", "--data", "hf:./tiny-ende", "--hf-splits", "dev=validation", "--accelerator", "cpu",
+            "--partition", "p", "--time", "1:00:00", "--out", str(out), "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    text = next((out / "slurm").glob("*.sbatch")).read_text()
+    assert f"--data hf:{saved}" in text and "--hf-splits dev=validation" in text
