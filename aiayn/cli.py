@@ -75,7 +75,11 @@ def cmd_train(args) -> None:
     spec = _spec_of(opts, args)
     opts = _with_config_tokenizer(opts, args, spec)
     if args.print_config:
+        from aiayn.lightning_modules.disk import estimate
+
         print(json.dumps(plan(opts, spec).config.to_dict(), indent=2))
+        # on stderr, so that stdout stays the config.json that `aiayn train --config` reads back
+        print(f"# {estimate(opts, spec).describe()}", file=sys.stderr)
         return
     metrics = train(opts, spec)
     if metrics is not None and metrics.status == "diverged":
@@ -253,7 +257,9 @@ def cmd_table3(args) -> None:
     print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed of "
           f"{summary['ran']} run ({summary['pairs']} pairs in the table)")  # fmt: skip
     if report:
-        _report(opts.train.out, report, opts.train.preset, wandb=opts.train.wandb)
+        from aiayn.lightning_modules.loggers import of as loggers_of
+
+        _report(opts.train.out, report, opts.train.preset, wandb="wandb" in loggers_of(opts.train))
 
 
 def cmd_hpo(args) -> None:
@@ -274,6 +280,8 @@ def cmd_slurm(args) -> None:
           f"{'to submit (dry run: nothing submitted)' if opts.dry_run else 'submitted'}"
           + (f"; job {summary['job']}, script {summary['script']}" if summary["job"] else "")
           + (f"; script {summary['script']}" if opts.dry_run and summary["script"] else ""))  # fmt: skip
+    if summary.get("disk"):
+        print(f"# {summary['disk']}")
     results = summary.get("results", {})
     for pair, status in results.items():
         print(f"{pair}: {status}")

@@ -43,6 +43,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import lightning.pytorch as pl
 import numpy as np
@@ -148,13 +149,24 @@ class RunFilesInCheckpoint(pl.Callback):
 
 
 class StepCheckpoints(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, which also checkpoints the final step.
+    """Lightning's ModelCheckpoint, which also checkpoints the final step, and whose periodic checkpoints may hold
+    the weights only.
 
     Saving every n steps, Lightning 2.6 writes no checkpoint when training stops at max_steps between two
     of them (its on_train_end writes last.ckpt only if no checkpoint was written at all): the model the run
     ended with, the one its final evaluation scored, would be in no file, and `aiayn translate --run` would
     use the one of n steps before (the tiny preset: step 200 of 225, 27 BLEU instead of 40). Not on a
-    divergence or an interruption: those end with an exception, and on_train_end does not run."""
+    divergence or an interruption: those end with an exception, and on_train_end does not run.
+
+    `periodic_weights_only` (`--weights-only-checkpoints`): the periodic stepNNNNNNN.ckpt files are what
+    averaging (the paper's last 5 / 20) and translation read, which is the weights; Adam's two moments would
+    triple their size. A resume reads only last.ckpt or requeue.ckpt (RunDir.resume_checkpoint), which keep the
+    whole state. (Lightning's own save_weights_only applies to last.ckpt too, and skips the callbacks'
+    on_save_checkpoint, so the run files are added here.)"""
+
+    def __init__(self, *args, periodic_weights_only: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.periodic_weights_only = periodic_weights_only
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._should_skip_saving_checkpoint(trainer):  # skips a step already saved
@@ -162,6 +174,22 @@ class StepCheckpoints(ModelCheckpoint):
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
         super().on_train_end(trainer, pl_module)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        # Lightning sets last_model_path before it saves last.ckpt; every other file here is a periodic one
+        if not self.periodic_weights_only or filepath == self.last_model_path:
+            return super()._save_checkpoint(trainer, filepath)
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)  # what save_checkpoint does
+        for callback in trainer.callbacks:
+            if isinstance(callback, RunFilesInCheckpoint):  # a weights-only checkpoint can translate alone too
+                callback.on_save_checkpoint(trainer, trainer.lightning_module, checkpoint)
+        trainer.strategy.save_checkpoint(checkpoint, filepath)
+        trainer.strategy.barrier("StepCheckpoints.save_weights")
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,9 +1,12 @@
-"""Corpora: parallel text on disk as `{train,dev,test}.{SRC,TGT}` (plain or `.gz`), from a registry of kinds.
+"""Corpora: parallel text as `{train,dev,test}.{SRC,TGT}` files (plain or `.gz`) or a Hugging Face dataset, from a
+registry of kinds.
 
-`resolve_corpus(name, ...)` gives the directory of a corpus by name (`--data`): the built-in synthetic corpus
-(generated), Multi30k (a local copy, or downloaded), WMT14 En-De (a local copy, or exported from Hugging Face
-`datasets`), or the user's `files`. Each kind is a `Corpus` in `CORPORA`; a new corpus is one class and one line
-there. Every problem with a user's files is a one-line UserError naming the file and the fix.
+`resolve_corpus(name, ...)` gives a corpus by name (`--data`): the built-in synthetic corpus (generated), Multi30k
+(a local copy, or downloaded), WMT14 En-De (a local copy, or the Hub's wmt/wmt14 de-en), the user's `files`, or any
+Hugging Face dataset, `hf:NAME[:CONFIG]` (lightning_modules/hf_corpus.py). What it gives is a directory of files
+(a `Path`) or a dataset read where `datasets` keeps it (an `HFText`); `read_parallel`, `parallel_text` and
+`split_identity` read either. Each kind is a `Corpus` in `CORPORA`; a new corpus is one class and one line there.
+Every problem with a user's files is a one-line UserError naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import ClassVar
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_open, atomic_symlink
+from aiayn.lightning_modules.hf_corpus import HFRef, HFText, is_hf, open_dataset, parse_splits
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +36,14 @@ CACHE_VERSION = "1"  # bump to invalidate every SPM / encoded cache after a form
 
 
 def default_cache_dir() -> Path:
-    """``$AIAYN_CACHE`` if set, else ``~/.cache/aiayn``."""
-    return Path(os.environ.get("AIAYN_CACHE") or "~/.cache/aiayn").expanduser()
-
-
-def _atomic_write_lines(path: Path, lines: Sequence[str]) -> None:
-    with atomic_open(path) as f:
-        for line in lines:
-            f.write(line.replace("\n", " ") + "\n")  # one sentence per line, always
+    """``$AIAYN_CACHE`` if set, else ``$XDG_CACHE_HOME/aiayn`` (the XDG base directory convention; a relative
+    XDG_CACHE_HOME is ignored, as the convention says), else ``~/.cache/aiayn``."""
+    if os.environ.get("AIAYN_CACHE"):
+        return Path(os.environ["AIAYN_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "aiayn"
+    return Path("~/.cache/aiayn").expanduser()
 
 
 def find_split_file(data_dir: Path, split: str, lang: str) -> Path | None:
@@ -92,12 +96,16 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def read_parallel(
-    data_dir: str | Path, split: str, src_lang: str = "en", tgt_lang: str = "de"
+    data_dir: str | Path | HFText, split: str, src_lang: str = "en", tgt_lang: str = "de"
 ) -> tuple[list[str], list[str]]:
-    """Read ``SPLIT.SRC`` / ``SPLIT.TGT`` (plain or ``.gz``) from ``data_dir``; one sentence per line.
+    """Read ``SPLIT.SRC`` / ``SPLIT.TGT`` (plain or ``.gz``) from ``data_dir``; one sentence per line (or the
+    split of a Hugging Face dataset, whole).
 
     Only line terminators are stripped. Every problem is a one-line :class:`UserError`.
     """
+    if isinstance(data_dir, HFText):
+        src, tgt = data_dir.pair(split, src_lang, tgt_lang)
+        return list(src), list(tgt)
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise UserError(
@@ -120,6 +128,21 @@ def read_parallel(
             "translations (same number of lines)"
         )
     return src, tgt
+
+
+def parallel_text(corpus: str | Path | HFText, split: str, src_lang: str, tgt_lang: str) -> tuple[Sequence, Sequence]:
+    """The sentences of a split as sequences: lists for files, a dataset's Arrow files read in slices (never a copy
+    of the text) for a Hugging Face dataset. Training the tokenizer and encoding read them this way."""
+    if isinstance(corpus, HFText):
+        return corpus.pair(split, src_lang, tgt_lang)
+    return read_parallel(corpus, split, src_lang, tgt_lang)
+
+
+def split_identity(corpus: str | Path | HFText, split: str, src_lang: str, tgt_lang: str) -> str:
+    """A cheap identity of a split's text, for the tokenizer's and the encoded cache's keys."""
+    if isinstance(corpus, HFText):
+        return corpus.identity(split, src_lang, tgt_lang)
+    return _files_identity([find_split_file(Path(corpus), split, lang) for lang in (src_lang, tgt_lang)])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,39 +242,36 @@ def _download_multi30k(cache_dir: Path) -> Path:
     return out
 
 
-def _export_wmt14(cache_dir: Path) -> Path:
-    out = cache_dir / "corpora" / "wmt14-de-en"
-    if all((out / f"{s}.{lang}").is_file() for s in SPLITS for lang in ("en", "de")):
-        return out
+WMT14_HF = HFRef("wmt/wmt14", "de-en")  # the Hub's WMT14: newstest2013 is its validation split, 2014 its test
+
+
+def _wmt14_from_the_hub(cache_dir: Path, src_lang: str, tgt_lang: str) -> HFText:
     try:
-        from datasets import load_dataset
-    except ImportError as e:
-        raise UserError(
-            "corpus wmt14 without --data-dir needs the Hugging Face datasets package; "
-            "pip install aiayn[online] or pass --data-dir with train/dev/test .en/.de files"
-        ) from e
-    log.info("exporting WMT14 de-en from Hugging Face datasets into %s", out)
-    ds = load_dataset("wmt14", "de-en")
-    for split, hf_split in (("train", "train"), ("dev", "validation"), ("test", "test")):
-        pairs = ds[hf_split]["translation"]
-        for lang in ("en", "de"):
-            _atomic_write_lines(out / f"{split}.{lang}", [p[lang] for p in pairs])
-    return out
+        import datasets  # noqa: F401
+    except ImportError:
+        raise UserError("corpus wmt14 without --data-dir needs the Hugging Face datasets package; pip install "
+                        "'aiayn[datasets]' or pass --data-dir with train/dev/test .en/.de files") from None  # fmt: skip
+    old = cache_dir / "corpora" / "wmt14-de-en"
+    if old.is_dir():
+        log.info("%s holds the text files an earlier aiayn exported WMT14 to; they are no longer read (the Hugging "
+                 "Face cache is): delete it to free the space", old)  # fmt: skip
+    return open_dataset(WMT14_HF, cache_dir, src_lang, tgt_lang)
 
 
 class Corpus(ABC):
-    """A kind of corpus: where its `{train,dev,test}.{SRC,TGT}` files are (made, downloaded or linked if need be)."""
+    """A kind of corpus: where its `{train,dev,test}.{SRC,TGT}` files are (made, downloaded or linked if need be), or
+    the Hugging Face dataset it is read from."""
 
     name: ClassVar[str]
     en_de: ClassVar[bool] = True  # English-German only (either direction)
 
-    def directory(self, data_dir: Path | None, cache_dir: Path, src_lang: str, tgt_lang: str) -> Path:
+    def directory(self, data_dir: Path | None, cache_dir: Path, src_lang: str, tgt_lang: str) -> Path | HFText:
         if self.en_de:
             _check_en_de(self.name, src_lang, tgt_lang)
         return self.find(data_dir, cache_dir, src_lang, tgt_lang)
 
     @abstractmethod
-    def find(self, data_dir: Path | None, cache_dir: Path, src_lang: str, tgt_lang: str) -> Path: ...
+    def find(self, data_dir: Path | None, cache_dir: Path, src_lang: str, tgt_lang: str) -> Path | HFText: ...
 
 
 class Synthetic(Corpus):
@@ -277,13 +297,14 @@ class Multi30k(Corpus):
 
 
 class WMT14(Corpus):
-    """WMT14 En-De, the paper's: a local copy, or exported from Hugging Face `datasets`."""
+    """WMT14 En-De, the paper's: a local copy, or the Hub's wmt/wmt14 de-en read in place (hf:wmt/wmt14:de-en with
+    the corpus name wmt14, so that its run directories stay where they were)."""
 
     name = "wmt14"
 
-    def find(self, data_dir, cache_dir, src_lang, tgt_lang) -> Path:
+    def find(self, data_dir, cache_dir, src_lang, tgt_lang) -> Path | HFText:
         if data_dir is None:
-            return _export_wmt14(cache_dir)
+            return _wmt14_from_the_hub(cache_dir, src_lang, tgt_lang)
         _require_layout(data_dir, SPLITS, src_lang, tgt_lang)
         return data_dir
 
@@ -304,16 +325,50 @@ class Files(Corpus):
 CORPORA: dict[str, Corpus] = {c.name: c for c in (Synthetic(), Multi30k(), WMT14(), Files())}
 
 
+HF_CORPUS = "hf:NAME[:CONFIG] (a Hugging Face dataset)"
+
+
+def canonical_corpus(name: str) -> str:
+    """`--data` as a run records it: a known corpus name, or hf:NAME[:CONFIG] with a local NAME made absolute (a run
+    is the same from any directory); anything else is a UserError (before any work)."""
+    if is_hf(name):
+        return str(HFRef.parse(name))
+    if name not in CORPORA:
+        raise UserError(f"unknown corpus {name!r}; use --data with one of {', '.join(CORPORA)}, or {HF_CORPUS}")
+    return name
+
+
+def corpus_dirname(name: str) -> str:
+    """A corpus name as one path component (run directories, lock and cache file names): the built-in names as they
+    are, a Hugging Face dataset as hf-ORG--NAME[-CONFIG] (hf_corpus.HFRef.dirname)."""
+    return HFRef.parse(name).dirname() if is_hf(name) else name
+
+
+def check_corpus_options(name: str, data_dir: str | None, splits: str | None) -> None:
+    """Options that do not go with the corpus, refused before any work."""
+    if is_hf(name) and data_dir is not None:
+        raise UserError(f"--data-dir is for corpora of files; --data {name} names its dataset (a local one as "
+                        f"hf:/path/to/it): drop --data-dir")  # fmt: skip
+    if splits is not None:
+        if not is_hf(name):
+            raise UserError(f"--hf-splits is for --data hf:NAME, not corpus {name}; drop --hf-splits")
+        parse_splits(splits)
+
+
 def resolve_corpus(
     name: str,
     data_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     src_lang: str = "en",
     tgt_lang: str = "de",
-) -> Path:
-    """A directory with `{train,dev,test}.{src_lang,tgt_lang}` files (plain or `.gz`) of the corpus `name`."""
+    splits: str | None = None,
+) -> Path | HFText:
+    """The corpus `name`: a directory with `{train,dev,test}.{src_lang,tgt_lang}` files (plain or `.gz`), or, for
+    hf:NAME[:CONFIG] and wmt14 without `data_dir`, a Hugging Face dataset (`splits`: --hf-splits)."""
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     data_dir = Path(data_dir).expanduser() if data_dir is not None else None
-    if name not in CORPORA:
-        raise UserError(f"unknown corpus {name!r}; use --data with one of {', '.join(CORPORA)}")
+    name = canonical_corpus(name)
+    check_corpus_options(name, data_dir, splits)
+    if is_hf(name):
+        return open_dataset(HFRef.parse(name), cache_dir, src_lang, tgt_lang, splits)
     return CORPORA[name].directory(data_dir, cache_dir, src_lang, tgt_lang)

@@ -19,7 +19,7 @@ import torch
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.batching import ResumableDataLoader, TokenBucketSampler, collate, padding_stats
 from aiayn.lightning_modules.config import BOS, EOS, PAD, UNK
-from aiayn.lightning_modules.corpora import SPLITS, default_cache_dir, read_parallel, resolve_corpus
+from aiayn.lightning_modules.corpora import SPLITS, default_cache_dir, parallel_text, read_parallel, resolve_corpus
 from aiayn.lightning_modules.tokenizer import (
     EncodedPairs,
     encode_split,
@@ -63,6 +63,7 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer: str | Path | None = None,
         train_pairs: int | None = None,
         pin_memory: bool = False,
+        splits: str | None = None,
     ) -> None:
         super().__init__()
         if max_tokens <= max_len:
@@ -80,6 +81,7 @@ class TranslationDataModule(pl.LightningDataModule):
         tokenizer = str(tokenizer) if tokenizer is not None else None
         self.save_hyperparameters()
         self.corpus, self.data_dir = corpus, data_dir
+        self.splits = splits  # --hf-splits: which of a Hugging Face dataset's splits are train, dev, test
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.requested_vocab_size, self.max_tokens = vocab_size, max_tokens
         self.src_lang, self.tgt_lang, self.seed = src_lang, tgt_lang, seed
@@ -102,7 +104,7 @@ class TranslationDataModule(pl.LightningDataModule):
     def _prepare(self) -> tuple[Path, Path]:
         """Corpus dir and SPM model, creating whatever is not cached yet (idempotent). With `tokenizer`,
         that model is used as it is (a resumed run keeps its own, `--tokenizer` shares one)."""
-        corpus_dir = resolve_corpus(self.corpus, self.data_dir, self.cache_dir, self.src_lang, self.tgt_lang)
+        corpus_dir = self._resolve()
         if self.tokenizer is not None:
             self.tokenizer_model = self._check_tokenizer(self.tokenizer)
             return corpus_dir, self.tokenizer_model
@@ -112,10 +114,14 @@ class TranslationDataModule(pl.LightningDataModule):
         if not prefix.with_name(prefix.name + ".model").is_file():
             for split in ("dev", "test"):  # small: check them before minutes of tokenizer training
                 read_parallel(corpus_dir, split, self.src_lang, self.tgt_lang)
-            src, tgt = read_parallel(corpus_dir, "train", self.src_lang, self.tgt_lang)
+            src, tgt = parallel_text(corpus_dir, "train", self.src_lang, self.tgt_lang)  # a dataset: read in place
             train_spm(src, tgt, self.requested_vocab_size, prefix)
         self.tokenizer_model = prefix.with_name(prefix.name + ".model")
         return corpus_dir, self.tokenizer_model
+
+    def _resolve(self):
+        """The corpus: a directory of files, or a Hugging Face dataset read where `datasets` keeps it."""
+        return resolve_corpus(self.corpus, self.data_dir, self.cache_dir, self.src_lang, self.tgt_lang, self.splits)
 
     def _check_tokenizer(self, path: Path) -> Path:
         if not path.is_file():
@@ -228,9 +234,7 @@ class TranslationDataModule(pl.LightningDataModule):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if split not in self._text:
-            corpus_dir = self._corpus_dir or resolve_corpus(
-                self.corpus, self.data_dir, self.cache_dir, self.src_lang, self.tgt_lang
-            )
+            corpus_dir = self._corpus_dir or self._resolve()
             src, tgt = read_parallel(corpus_dir, split, self.src_lang, self.tgt_lang)
             if split == "dev" and self.dev_subset is not None:
                 src, tgt = src[: self.dev_subset], tgt[: self.dev_subset]

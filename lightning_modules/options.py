@@ -25,13 +25,22 @@ class TrainOptions:
         (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
     )
     preset: str = option("tiny", "the scale: paper, small or tiny (see README, Presets)")
-    data: str | None = option(None, f"corpus: {' | '.join(CORPORA)} (default: the preset's)")
+    data: str | None = option(
+        None, f"corpus: {' | '.join(CORPORA)} | hf:NAME[:CONFIG], a Hugging Face dataset on the Hub "
+        "(hf:wmt/wmt16:de-en) or saved on this machine (hf:/path, hf:./path) (default: the preset's)",
+    )  # fmt: skip
     data_dir: str | None = option(None, "the corpus's files (multi30k, wmt14: instead of a download; files: required)")
-    src_lang: str = option("en", "source language of the corpus files")
-    tgt_lang: str = option("de", "target language of the corpus files")
+    hf_splits: str | None = option(
+        None, "with --data hf:…: which of the dataset's splits are train, dev and test (default: train; validation, "
+        "dev or valid; test)", metavar="train=…,dev=…,test=…",
+    )  # fmt: skip
+    src_lang: str = option("en", "source language of the corpus (files' suffix, or a dataset's translation field)")
+    tgt_lang: str = option("de", "target language of the corpus (files' suffix, or a dataset's translation field)")
     seed: int = option(0, "the run's seed (the run directory is seedN)")
     out: str = option("runs", "run directories go under OUT/PRESET/CORPUS/ROW/seedN")
-    cache_dir: str | None = option(None, "tokenizer/corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
+    cache_dir: str | None = option(
+        None, "tokenizer/corpus cache (default: $AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn)"
+    )
     accelerator: str = option("auto", "Lightning accelerator: auto, cpu, gpu, cuda, ...")
     devices: int = option(1, "devices per node (DDP ranks)", positive=True)
     num_nodes: int = option(1, "nodes (world size = devices x nodes)", positive=True)
@@ -60,14 +69,28 @@ class TrainOptions:
     ckpt_every: int | None = option(None, "optimizer steps between kept checkpoints (default: the preset's)",
                                     positive=True)  # fmt: skip
     ckpt_every_minutes: float | None = option(None, "instead, wall-clock minutes between kept checkpoints")
+    keep_last: int | None = option(
+        None, "periodic checkpoints (stepNNNNNNN.ckpt) kept, the newest; checkpoints/last.ckpt is kept besides "
+        "(default: the preset's: 20, enough to average the last 20 as the paper's big model; 5 for tiny)",
+        positive=True, metavar="N",
+    )  # fmt: skip
+    weights_only_checkpoints: bool = option(
+        False, "periodic checkpoints without the optimizer state (a third of the size, all that averaging and "
+        "translating read); last.ckpt keeps the whole state, so a resume is unchanged",
+    )  # fmt: skip
     val_every: int | None = option(None, "optimizer steps between validations (default: the preset's)", positive=True)
     eval_subset: int | None = option(
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )
     num_workers: int | None = option(None, "data loader worker processes (default: 4 on a GPU, 0 on a CPU)")
-    wandb: bool = option(False, "log to Weights & Biases; online with WANDB_API_KEY or `wandb login`, else offline, "
-                         "unless WANDB_MODE says otherwise")  # fmt: skip
-    wandb_checkpoints: bool = option(False, "with --wandb: also log the final checkpoint as a W&B model artifact")
+    logger: str | None = option(
+        None, "where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each "
+        "under the run directory (default: csv,tensorboard, or csv where tensorboard is not installed)",
+        metavar="NAMES",
+    )  # fmt: skip
+    wandb: bool = option(False, "also log to Weights & Biases (the same as adding wandb to --logger); online with "
+                         "WANDB_API_KEY or `wandb login`, else offline, unless WANDB_MODE says otherwise")  # fmt: skip
+    wandb_checkpoints: bool = option(False, "with W&B: also log the final checkpoint as a W&B model artifact")
     progress: bool = option(True, "Lightning's progress bar")
     overrides: dict = option(
         default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,
@@ -199,7 +222,9 @@ class EvalOptions:
     split: str | None = option(None, "instead of --src/--ref: a split of the model's corpus (default: dev)",
                                choices=("dev", "test"))  # fmt: skip
     data_dir: str | None = option(None, "with --split: where the corpus's files are now")
-    cache_dir: str | None = option(None, "with --split: the corpus cache (default: $AIAYN_CACHE or ~/.cache/aiayn)")
+    cache_dir: str | None = option(
+        None, "with --split: the corpus cache (default: $AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn)"
+    )
 
 
 # CTranslate2's weight types (ctranslate2.converters ACCEPTED_MODEL_TYPES); the CPU computes in float32, int8,

@@ -8,7 +8,8 @@ A run's directory depends only on (preset, corpus, row, seed), so rerunning the 
             config.json            the resolved config (`RunConfig`), written before training; another is refused
             tokenizer.model        the run's SentencePiece model (its sha256 in config.json and in every checkpoint)
             checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM)
-            logs/version_N/        the loggers' files of attempt N (CSV: training and validation curves)
+            logs/version_N/        the loggers' files of attempt N (CSV: training and validation curves; TensorBoard)
+            mlflow.db, mlartifacts/ the MLflow runs, one per attempt (with --logger mlflow, unless MLFLOW_TRACKING_URI)
             dev.hyp, dev.ref       the final dev translations and their references, line by line
             metrics.json           the result (`RunMetrics`), written last
             wandb-run.json, wandb/ the run directory's W&B run id and attempts, W&B's own files (with W&B)
@@ -51,6 +52,7 @@ from aiayn.common.files import (
 )
 from aiayn.common.locks import try_lock
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules.corpora import corpus_dirname
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +144,7 @@ class DataIdentity:
     tgt_lang: str = "de"
     max_len: int = 256
     train_pairs: int | None = None
+    splits: str | None = None  # --hf-splits of a Hugging Face dataset (None: its train, validation, test)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -210,7 +213,8 @@ class OutDir:
     RESERVED = ("hpo", "slurm", "reports", ".locks")  # top-level names that are not presets
 
     def run(self, preset: str, corpus: str, row: str, seed: int) -> RunDir:
-        return RunDir(self.root / preset / corpus / row / f"seed{seed}")
+        """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en)."""
+        return RunDir(self.root / preset / corpus_dirname(corpus) / row / f"seed{seed}")
 
     def hpo_trial(self, preset: str, row: str, number: int) -> RunDir:
         return RunDir(self.root / "hpo" / preset / row / f"trial{number:04d}")
@@ -416,6 +420,12 @@ class RunDir:
 
     def remove_stale_temps(self) -> list[Path]:
         return remove_stale_temps(self.path)
+
+    def next_log_version(self) -> int:
+        """N of this attempt's logs/version_N: one more than the highest there, 0 for the first attempt. Each
+        attempt logs into its own version, so a resumed run keeps the curves of the attempts before it."""
+        found = [int(m[1]) for p in self.logs.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+        return max(found, default=-1) + 1
 
     def periodic_checkpoints(self) -> list[Path]:
         """The kept periodic checkpoints (stepNNNNNNN.ckpt), oldest first."""

@@ -16,6 +16,7 @@ from aiayn.ablations.presets import Preset, get_preset, scale
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.config import PE_KINDS, TransformerConfig
+from aiayn.lightning_modules.corpora import canonical_corpus
 
 MIN_MODEL_MAX_LEN = 512  # positions the model covers at least (dev and test sentences are longer than training's)
 
@@ -113,8 +114,9 @@ def resolve(
     preset = preset if isinstance(preset, Preset) else get_preset(preset)
     r = get_row(row, tables)
     paper = Paper(r.paper_ppl, r.paper_bleu, r.paper_params_m)
-    return _build(r.row, r.group, r.note, preset, corpus or preset.corpus, scale(r, preset), dict(overrides or {}),
-                  paper, vocab_size or preset.vocab_size)  # fmt: skip
+    corpus = canonical_corpus(corpus) if corpus else preset.corpus  # an unknown corpus: said before any work
+    return _build(r.row, r.group, r.note, preset, corpus, scale(r, preset), dict(overrides or {}), paper,
+                  vocab_size or preset.vocab_size)  # fmt: skip
 
 
 def _build(row, group, note, preset: Preset, corpus, knobs: dict, overrides: dict, paper, vocab_size) -> RunSpec:

@@ -4,12 +4,16 @@ cheap and harmless (the loser of a race overwrites an identical file).
 
 - `train_spm` trains one BPE model on the source and target training text (pad=0 unk=1 bos=2 eos=3), keyed by the
   corpus's identity and the vocabulary size (`spm_cache_prefix`).
-- `encode_split` encodes each split once into a `.pt` file (flat int32 ids + offsets); `EncodedPairs` is the
-  dataset of sentence pairs over it.
+- `encode_split` encodes each split once into a `.pt` file (flat int32 ids + offsets), a slice of sentences at a
+  time; `EncodedPairs` is the dataset of sentence pairs over it.
+
+A corpus is a directory of files or a Hugging Face dataset (lightning_modules/corpora.py); both are read as
+sequences of sentences (`corpora.parallel_text`), a dataset's from its Arrow files in slices, never copied.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -25,28 +29,38 @@ from torch.utils.data import Dataset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_torch_save, sha256_file
 from aiayn.lightning_modules.config import BOS, EOS, PAD, UNK
-from aiayn.lightning_modules.corpora import _files_identity, find_split_file, read_parallel
+from aiayn.lightning_modules.corpora import corpus_dirname, parallel_text, split_identity
 
 log = logging.getLogger(__name__)
 
 SPM_INPUT_SENTENCES = 2_000_000
 SPM_SEED = 1234
+ENCODE_SLICE = 100_000  # sentences encoded at once (a Hugging Face split is read a slice at a time)
 
 
-def spm_cache_prefix(
-    cache_dir: Path, corpus: str, corpus_dir: Path, src_lang: str, tgt_lang: str, vocab_size: int
-) -> Path:
-    """``cache_dir/spm/CORPUS-SRCTGT-vVOCAB-HASH`` where HASH is the train files' stat identity."""
-    files = [find_split_file(corpus_dir, "train", lang) for lang in (src_lang, tgt_lang)]
-    return Path(cache_dir) / "spm" / f"{corpus}-{src_lang}{tgt_lang}-v{vocab_size}-{_files_identity(files)}"
+def spm_cache_prefix(cache_dir: Path, corpus: str, corpus_dir, src_lang: str, tgt_lang: str, vocab_size: int) -> Path:
+    """``cache_dir/spm/CORPUS-SRCTGT-vVOCAB-HASH`` where HASH is the train split's identity (its files' stat, or its
+    Arrow files' for a Hugging Face dataset)."""
+    train = split_identity(corpus_dir, "train", src_lang, tgt_lang)
+    return Path(cache_dir) / "spm" / f"{corpus_dirname(corpus)}-{src_lang}{tgt_lang}-v{vocab_size}-{train}"
 
 
-def _subsample(lines: list[str], n: int, seed: int) -> list[str]:
-    # Our own seeded sample keeps the model reproducible independent of SentencePiece's RNG.
-    if len(lines) <= n:
-        return lines
-    keep = np.sort(np.random.default_rng(seed).choice(len(lines), size=n, replace=False))
-    return [lines[i] for i in keep]
+def _take(lines: Sequence[str], rows) -> list[str]:
+    """`lines[i] for i in rows`; a Hugging Face split reads them in one pass (corpora.parallel_text)."""
+    take = getattr(lines, "take", None)
+    return take(rows) if take is not None else [lines[i] for i in rows]
+
+
+def _subsample(src: Sequence[str], tgt: Sequence[str], n: int, seed: int):
+    """`n` sentences of source and target text together (all of it when it has no more), in corpus order.
+    Our own seeded sample keeps the model reproducible independent of SentencePiece's RNG; it picks positions in
+    the source sentences followed by the target ones, without joining them (a large corpus is not held twice)."""
+    total = len(src) + len(tgt)
+    if total <= n:
+        return itertools.chain(src, tgt)
+    keep = np.sort(np.random.default_rng(seed).choice(total, size=n, replace=False))
+    cut = int(np.searchsorted(keep, len(src)))
+    return _take(src, keep[:cut]) + _take(tgt, keep[cut:] - len(src))
 
 
 def train_spm(
@@ -72,7 +86,7 @@ def train_spm(
         log.info("reusing SentencePiece model %s", model)
         return model
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    text = _subsample([*train_src, *train_tgt], SPM_INPUT_SENTENCES, SPM_SEED)
+    text = _subsample(train_src, train_tgt, SPM_INPUT_SENTENCES, SPM_SEED)
     tmp_dir = Path(tempfile.mkdtemp(prefix=".spm-", dir=prefix.parent))
     tmp_prefix = tmp_dir / prefix.name
     spm.set_random_generator_seed(SPM_SEED)
@@ -118,23 +132,38 @@ def _pack(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return flat, offsets
 
 
-def encoded_cache_path(cache_dir: Path, spm_model: Path, corpus_dir: Path, split: str, src: str, tgt: str) -> Path:
-    """``cache_dir/encoded/SPMSTEM-SPLIT-HASH.pt``: keyed by the SPM model and the split files' identity.
-    A model from outside the cache (a run's ``tokenizer.model``, ``--tokenizer``) is named by its
+def encoded_cache_path(cache_dir: Path, spm_model: Path, corpus_dir, split: str, src: str, tgt: str) -> Path:
+    """``cache_dir/encoded/SPMSTEM-SPLIT-HASH.pt``: keyed by the SPM model and the split's identity (its files', or
+    its Arrow files'). A model from outside the cache (a run's ``tokenizer.model``, ``--tokenizer``) is named by its
     content's hash instead, as its file name says nothing."""
-    files = [find_split_file(corpus_dir, split, lang) for lang in (src, tgt)]
     spm_model = Path(spm_model)
     stem = spm_model.stem if spm_model.parent == Path(cache_dir) / "spm" else f"tok-{sha256_file(spm_model)[:16]}"
-    return Path(cache_dir) / "encoded" / f"{stem}-{split}-{_files_identity(files)}.pt"
+    return Path(cache_dir) / "encoded" / f"{stem}-{split}-{split_identity(corpus_dir, split, src, tgt)}.pt"
 
 
-def encode_split(sp, corpus_dir: Path, split: str, src_lang: str, tgt_lang: str, out: Path) -> dict:
+def _encode(sp, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_pack(sp.encode(sentences))`, a slice at a time: the ids of a whole WMT14 as Python lists would take GBs."""
+    flats, lens = [], []
+    for start in range(0, len(sentences), ENCODE_SLICE):
+        ids = sp.encode(list(sentences[start : start + ENCODE_SLICE]))
+        flat, offsets = _pack(ids)
+        flats.append(flat)
+        lens.append(offsets[1:] - offsets[:-1])
+    if not flats:
+        return _pack([])
+    lengths = torch.cat(lens)
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return torch.cat(flats), offsets
+
+
+def encode_split(sp, corpus_dir, split: str, src_lang: str, tgt_lang: str, out: Path) -> dict:
     """Encode one split with ``sp`` (cached at ``out``); returns {src,tgt: (flat, offsets)}."""
     if out.is_file():
         return torch.load(out, weights_only=True)
-    src, tgt = read_parallel(corpus_dir, split, src_lang, tgt_lang)
+    src, tgt = parallel_text(corpus_dir, split, src_lang, tgt_lang)
     start = time.perf_counter()
-    data = {"src": _pack(sp.encode(src)), "tgt": _pack(sp.encode(tgt))}
+    data = {"src": _encode(sp, src), "tgt": _encode(sp, tgt)}
     atomic_torch_save(data, out)
     log.info("encoded %s (%d pairs) in %.1fs -> %s", split, len(src), time.perf_counter() - start, out)
     return data

@@ -7,14 +7,16 @@ processes (`aiayn table3`), `aiayn hpo`'s trials. The driver resolves the run on
 the directory's checkpoint); `evaluate` beam-decodes the whole dev set on the device the run trained on;
 `record` writes metrics.json. What a caller adds (HPO's pruning callback and its "pruned" status, a run
 directory of its own) comes as `Hooks`; the integrations a run chooses from its options and environment (SLURM's
-requeue handler, W&B) are `integrations`. Nothing here imports Optuna.
+requeue handler, the loggers of --logger) are `integrations`. Nothing here imports Optuna.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,13 +24,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import CSVLogger
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules import loggers as run_loggers
 from aiayn.lightning_modules import wandb_run
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
@@ -37,6 +39,7 @@ from aiayn.lightning_modules.callbacks import (
     StepCheckpoints,
     slurm_parts,
 )
+from aiayn.lightning_modules.corpora import check_corpus_options
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.devices import autocast, data_workers, prepare_matmuls, resolve_precision, uses_cuda
 from aiayn.lightning_modules.evaluate import evaluate
@@ -86,6 +89,7 @@ def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None =
         pin_memory=uses_cuda(opts.accelerator),
         tokenizer=tokenizer,
         train_pairs=opts.train_pairs or preset.train_pairs,
+        splits=opts.hf_splits,
     )
 
 
@@ -113,6 +117,7 @@ def data_identity(dm: TranslationDataModule) -> DataIdentity:
         tgt_lang=dm.tgt_lang,
         max_len=dm.max_len,
         train_pairs=dm.train_pairs,
+        splits=dm.splits,
     )
 
 
@@ -149,6 +154,11 @@ def spec_of(opts: TrainOptions) -> RunSpec:
 def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | None = None) -> Plan:
     """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     spec = spec or spec_of(opts)
+    run_loggers.of(opts)  # an unknown logger or a missing package: said before anything is prepared
+    check_corpus_options(spec.corpus, opts.data_dir, opts.hf_splits)
+    if opts.keep_last is not None and opts.keep_last < 1:
+        raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
+                        f"more (last.ckpt is kept besides)")  # fmt: skip
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
@@ -175,8 +185,9 @@ def prepare(p: Plan):
     returned file) and the temporary files a kill left removed. Nothing is written before this point."""
     check_writable_dir(p.run.path, "--out")
     # once per node: the DDP ranks (and concurrent runs) of a cold cache take turns; the first makes it, the others
-    # find it made
-    with file_lock(p.dm.cache_dir / ".locks" / "prepare.lock", wait=True):
+    # find it made. The lock is the node's (its temp directory), so that a bad corpus still writes nothing.
+    key = hashlib.sha1(str(p.dm.cache_dir.resolve()).encode()).hexdigest()[:12]
+    with file_lock(Path(tempfile.gettempdir()) / f"aiayn-prepare-{key}.lock", wait=True):
         p.dm.prepare_data()
     p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
     p.run.check_config(p.config)
@@ -317,14 +328,10 @@ class Integrations:
 
 
 def integrations(opts: TrainOptions, p: Plan) -> Integrations:
-    """One CSV log per attempt (logs/version_N/metrics.csv: Lightning's CSVLogger deletes an existing metrics.csv
-    when it starts, which would lose the curve before a resume); W&B with --wandb, from rank 0 only (its other
-    ranks record no attempt); under SLURM, Lightning's requeue handler off and ours (a checkpoint at a step
-    boundary) on."""
-    loggers = [CSVLogger(p.run.path, name=p.run.logs.name)]
-    if opts.wandb and is_launch_rank_zero():
-        logger = wandb_run.wandb_logger(p.run, RunConfig.from_dict(redact_obj(p.config.to_dict())))
-        loggers += [logger] if logger is not None else []
+    """The loggers of --logger, one version (or run) per attempt under the run directory (lightning_modules/
+    loggers.py); under SLURM, Lightning's requeue handler off and ours (a checkpoint at a step boundary) on."""
+    config = RunConfig.from_dict(redact_obj(p.config.to_dict()))
+    loggers = run_loggers.build(run_loggers.of(opts), p.run, config, rank_zero=is_launch_rank_zero())
     plugins, callbacks = slurm_parts(p.run.checkpoints, opts.world_size)
     return Integrations(loggers, callbacks, plugins)
 
@@ -351,10 +358,11 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         auto_insert_metric_name=False,
         every_n_train_steps=None if by_time else (opts.ckpt_every or preset.ckpt_every),
         train_time_interval=timedelta(minutes=opts.ckpt_every_minutes) if by_time else None,
-        save_top_k=preset.keep_ckpts,  # the newest k periodic checkpoints, for "average the last 5 / 20"
+        save_top_k=opts.keep_last or preset.keep_ckpts,  # the newest k periodic ones, for "average the last 5 / 20"
         monitor="step",
         mode="max",
-        save_last=True,
+        save_last=True,  # always the whole state: the resume point
+        periodic_weights_only=opts.weights_only_checkpoints,
     )
     extra = integrations(opts, p)
     return pl.Trainer(

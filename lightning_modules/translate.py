@@ -315,5 +315,6 @@ def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str
     if not data.get("corpus"):
         raise UserError("the checkpoint does not name its corpus; pass --src FILE --ref FILE instead of --split")
     src_lang, tgt_lang = data.get("src_lang", "en"), data.get("tgt_lang", "de")
-    corpus_dir = resolve_corpus(data["corpus"], data_dir or data.get("data_dir"), cache_dir, src_lang, tgt_lang)
+    corpus_dir = resolve_corpus(data["corpus"], data_dir or data.get("data_dir"), cache_dir, src_lang, tgt_lang,
+                                data.get("splits"))  # fmt: skip
     return read_parallel(corpus_dir, split, src_lang, tgt_lang)

@@ -17,6 +17,7 @@ from aiayn.ablations.presets import PRESETS, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.secrets import redact
+from aiayn.lightning_modules.corpora import corpus_dirname
 from aiayn.lightning_modules.spec import RunSpec
 from aiayn.reports import plots, significance, stats, verdicts
 from aiayn.reports.runs import Run, Scan, read_curve, scan
@@ -44,7 +45,7 @@ def report_name(preset: str, data: str) -> str:
     known = PRESETS.get(preset)
     if not data or known is None or data == known.corpus:
         return f"table3-{preset}"
-    return f"table3-{preset}-{data}"
+    return f"table3-{preset}-{corpus_dirname(data)}"  # a file name: hf:wmt/wmt16:de-en is hf-wmt--wmt16-de-en
 
 
 def command_line(runs_dir, out_dir, preset: str | None) -> str:

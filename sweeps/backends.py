@@ -36,6 +36,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.locks import file_lock
 from aiayn.common.options import to_argv
 from aiayn.common.secrets import redact
+from aiayn.lightning_modules.corpora import corpus_dirname
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunMetrics
 from aiayn.lightning_modules.spec import RunSpec
@@ -63,7 +64,7 @@ class Sweep:
 
     @property
     def key(self) -> str:
-        return f"{self.preset.name}-{self.corpus}"
+        return f"{self.preset.name}-{corpus_dirname(self.corpus)}"
 
     def pair_key(self, row: str, seed: int) -> str:
         return books.pair_key(self.preset.name, self.corpus, row, seed)
@@ -100,7 +101,7 @@ class Backend(ABC):
 
 
 def study_name(preset: str, corpus: str) -> str:
-    return f"table3-{preset}-{corpus}"
+    return f"table3-{preset}-{corpus_dirname(corpus)}"  # also its pop lock's file name
 
 
 def pair_of(trial: optuna.trial.FrozenTrial) -> Pair | None:

@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 
 from aiayn.common.files import atomic_write_json
 from aiayn.common.locks import file_lock, try_lock
+from aiayn.lightning_modules.corpora import corpus_dirname
 from aiayn.lightning_modules.rundir import OutDir
 
 Pair = tuple[str, int]
@@ -134,7 +135,7 @@ class AnyClaims(Claims):
 
 
 def pair_key(preset: str, corpus: str, row: str, seed: int) -> str:
-    return f"{preset}-{corpus}-{row}-seed{seed}"
+    return f"{preset}-{corpus_dirname(corpus)}-{row}-seed{seed}"  # a file name: hf:wmt/wmt14 has a slash
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.options import option
+from aiayn.lightning_modules import loggers
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir
 from aiayn.lightning_modules.spec import resolve
@@ -100,6 +101,7 @@ def run_hpo(opts: HpoOptions) -> dict:
         raise UserError(f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
                         f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)")  # fmt: skip
     resolve(t.row, t.preset, tables=t.table)  # unknown row or preset: fail before any study exists
+    loggers.of(t)  # and an unknown logger or a missing package
     out = OutDir(t.out)
     storage = open_storage(opts.storage or out.study_url("hpo"), create_dir=out.root)
     study = optuna.create_study(

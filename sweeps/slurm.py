@@ -46,8 +46,11 @@ from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
+from aiayn.lightning_modules import disk, loggers
+from aiayn.lightning_modules.corpora import canonical_corpus
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunDir
+from aiayn.lightning_modules.spec import resolve
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, register
 
@@ -199,6 +202,7 @@ def check_shared(opts: SlurmOptions) -> None:
 def check(opts: SlurmOptions) -> int:
     """Validate everything; return tasks per node. Raises UserError before anything is written."""
     pairs(opts)  # an unknown preset, row or group, or --seeds 0
+    loggers.of(opts.train)  # an unknown logger, or one whose package is missing here (jobs inherit this environment)
     res = opts.resources
     if not res.partition:
         raise UserError("--partition is missing; pass --partition NAME (see `sinfo -s` for the cluster's partitions)")
@@ -226,7 +230,7 @@ def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
 
 
 def corpus_of(opts: SlurmOptions) -> str:
-    return opts.train.data or get_preset(opts.train.preset).corpus
+    return canonical_corpus(opts.train.data) if opts.train.data else get_preset(opts.train.preset).corpus
 
 
 def out_of(opts: SlurmOptions) -> OutDir:
@@ -293,6 +297,7 @@ def train_command(opts: SlurmOptions, per_node: int) -> list[str]:
     fixed = replace(
         t, row=TrainOptions.row, seed=TrainOptions.seed, out=str(Path(t.out).resolve()),
         data_dir=str(Path(t.data_dir).resolve()) if t.data_dir else None, devices=per_node,
+        data=canonical_corpus(t.data) if t.data else None,  # hf:./local made absolute: the task runs elsewhere
         table=tuple(str(Path(f).resolve()) for f in t.table),
         num_nodes=opts.resources.nodes, strategy=t.strategy or ("ddp" if world > 1 else "auto"), progress=False,
     )  # fmt: skip
@@ -363,6 +368,19 @@ def _wrap(words: list[str], width: int = 100) -> list[str]:
         else:
             current = f"{current} {w}".strip()
     return [*lines, current]
+
+
+def disk_line(opts: SlurmOptions, todo: list[tuple[str, int]]) -> str:
+    """What the checkpoints of the array's runs will take: each run keeps its periodic checkpoints, last.ckpt and,
+    once preempted, requeue.ckpt (lightning_modules/disk.py)."""
+    t = opts.train
+    each = {row: disk.estimate(t, resolve(row, t.preset, tables=t.table, overrides=t.overrides, corpus=t.data,
+                                          vocab_size=t.vocab_size), slurm=True)
+            for row in dict.fromkeys(row for row, _ in todo)}  # fmt: skip
+    total = sum(each[row].total for row, _ in todo)
+    big = max(each, key=lambda row: each[row].total)
+    return (f"disk: checkpoints of the {len(todo)} runs: about {disk.human(total)} in all (the largest, {big}: "
+            f"{each[big].describe()})")  # fmt: skip
 
 
 def script_path(opts: SlurmOptions) -> Path:
@@ -457,6 +475,7 @@ def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dic
         if not opts.dry_run:
             check_partition(opts.resources.partition)
         text = render(opts, pending, per_node)
+        summary["disk"] = disk_line(opts, pending)
         new_dir = first_missing(script_path(opts).parent / "logs")
         path = atomic_write_text(script_path(opts), text)
         (path.parent / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's directory

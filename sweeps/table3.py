@@ -15,6 +15,8 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.selection import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
+from aiayn.lightning_modules import loggers
+from aiayn.lightning_modules.corpora import canonical_corpus
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir
 from aiayn.lightning_modules.spec import resolve
@@ -54,13 +56,14 @@ def build_sweep(opts: SweepOptions) -> Sweep:
     """The sweep resolved once: its pairs, and each row's spec (the runs get theirs from here)."""
     preset = get_preset(opts.train.preset)
     t = opts.train
+    loggers.of(t)  # an unknown logger or a missing package: said once, not by every run
     pairs = opts.select.pairs(preset, t.table)
     jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
     specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=t.data, vocab_size=t.vocab_size)
              for row in dict.fromkeys(row for row, _ in pairs)}  # fmt: skip
-    corpus = t.data or preset.corpus
+    corpus = canonical_corpus(t.data) if t.data else preset.corpus  # hf:./local as an absolute path, as the runs say
     return Sweep(OutDir(t.out), preset, corpus, pairs, t, specs, opts.storage, jobs, opts.gpus_per_job)
 
 

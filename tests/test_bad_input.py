@@ -117,7 +117,19 @@ CASES = {
     "unknown preset": (TRAIN + ["--preset", "huge"], None,
                        f"unknown preset 'huge'; choose one of: {', '.join(PRESETS)}"),
     "unknown corpus": (TRAIN + ["--data", "europarl"], None,
-                       f"unknown corpus 'europarl'; use --data with one of {', '.join(CORPORA)}"),
+                       f"unknown corpus 'europarl'; use --data with one of {', '.join(CORPORA)}, or hf:NAME[:CONFIG] "
+                       "(a Hugging Face dataset)"),
+    "hf: without a name": (TRAIN + ["--data", "hf:"], None,
+                           "--data hf: names no dataset; pass --data hf:NAME[:CONFIG] (e.g. hf:wmt/wmt14:de-en) or "
+                           "hf:/path/to/a/dataset saved with save_to_disk"),
+    "hf: of a missing local dataset": (TRAIN + ["--data", "hf:{tmp}/none"], None,
+                                       "--data hf:{tmp}/none: no directory {tmp}/none; pass --data hf:PATH of a "
+                                       "dataset saved with save_to_disk, or of a directory of parquet/json/csv files"),
+    "unknown logger": (TRAIN + ["--logger", "csv,tensorbord"], None,
+                       "--logger: unknown logger 'tensorbord'; pass a comma-separated subset of csv, tensorboard, "
+                       "mlflow, wandb"),
+    "no periodic checkpoints": (TRAIN + ["--keep-last", "0"], None,
+                                "argument --keep-last: expected a positive integer, got 0; see `aiayn train --help`"),
     "zero steps": (TRAIN + ["--max-steps", "0"], None,
                    "argument --max-steps: expected a positive integer, got 0; see `aiayn train --help`"),
     "negative BLEU sentences": (TRAIN + ["--val-bleu-sentences", "-1"], None,

@@ -6,7 +6,6 @@ import gzip
 import importlib.util
 import logging
 import random
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -118,6 +117,20 @@ def test_files_corpus_custom_languages(tmp_path):
     _one_line_error(e, "--data-dir")
 
 
+@pytest.mark.parametrize("env, expected", [
+    ({"AIAYN_CACHE": "/a/cache", "XDG_CACHE_HOME": "/xdg"}, "/a/cache"),
+    ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/aiayn"),
+    ({"XDG_CACHE_HOME": "relative/xdg"}, "~/.cache/aiayn"),  # the XDG convention: a relative path is ignored
+    ({}, "~/.cache/aiayn"),
+])  # fmt: skip
+def test_the_cache_honours_aiayn_cache_then_xdg_cache_home(env, expected, monkeypatch):
+    for name in ("AIAYN_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert C.default_cache_dir() == Path(expected).expanduser()
+
+
 def test_unknown_corpus_lists_names(tmp_path):
     with pytest.raises(UserError) as e:
         C.resolve_corpus("europarl", None, tmp_path)
@@ -137,7 +150,7 @@ def test_wmt14_without_datasets_is_user_error(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_datasets)
     with pytest.raises(UserError) as e:
         C.resolve_corpus("wmt14", None, tmp_path)
-    _one_line_error(e, "pip install aiayn[online]", "--data-dir")
+    _one_line_error(e, "pip install 'aiayn[datasets]'", "--data-dir")
 
 
 def test_wmt14_local_dir(tmp_path):
@@ -157,27 +170,31 @@ def test_multi30k_download_failure_says_data_dir(tmp_path, monkeypatch):
     assert not list((tmp_path / "corpora" / "multi30k").glob("*"))  # no partial files left
 
 
-def test_wmt14_export_maps_train_validation_test_to_train_dev_test(tmp_path, monkeypatch):
-    """Hugging Face's `wmt14 de-en` splits (a fake `datasets` module): validation is newstest2013, our dev."""
-    import types
-
+def test_wmt14_is_the_hubs_wmt14_read_in_place(tmp_path, monkeypatch):
+    """Without --data-dir, wmt14 is the Hub's wmt/wmt14 de-en (its validation split, newstest2013, is our dev), read
+    from the Arrow files of the Hugging Face cache: nothing exported into aiayn's cache but a pointer to them, which
+    later runs open without asking the Hub."""
+    datasets = pytest.importorskip("datasets")
+    pairs = lambda split, n: {"translation": [{"de": f"{split} satz {i}", "en": f"{split} sentence {i}"}
+                                              for i in range(n)]}  # fmt: skip
+    saved = tmp_path / "hf-cache"  # stands in for the Arrow files load_dataset makes in the Hugging Face cache
+    datasets.DatasetDict({s: datasets.Dataset.from_dict(pairs(s, n)) for s, n in
+                          (("train", 3), ("validation", 2), ("test", 1))}).save_to_disk(saved)  # fmt: skip
     calls = []
 
     def load_dataset(*args):
         calls.append(args)
-        pairs = lambda split, n: [{"de": f"{split} satz {i}", "en": f"{split} sentence {i}"} for i in range(n)]
-        return {"train": {"translation": pairs("train", 3)}, "validation": {"translation": pairs("validation", 2)},
-                "test": {"translation": pairs("test", 1)}}  # fmt: skip
+        return datasets.load_from_disk(saved)
 
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    out = C.resolve_corpus("wmt14", None, tmp_path)
-    assert calls == [("wmt14", "de-en")]
-    for ours, theirs, n in (("train", "train", 3), ("dev", "validation", 2), ("test", "test", 1)):
-        assert C.read_parallel(out, ours) == ([f"{theirs} sentence {i}" for i in range(n)],
-                                              [f"{theirs} satz {i}" for i in range(n)])  # fmt: skip
-    assert not list(out.glob(".*.tmp"))
-    C.resolve_corpus("wmt14", None, tmp_path)
-    assert len(calls) == 1  # exported once
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        out = C.resolve_corpus("wmt14", None, cache)
+        for ours, theirs, n in (("train", "train", 3), ("dev", "validation", 2), ("test", "test", 1)):
+            assert C.read_parallel(out, ours) == ([f"{theirs} sentence {i}" for i in range(n)],
+                                                  [f"{theirs} satz {i}" for i in range(n)])  # fmt: skip
+    assert calls == [("wmt/wmt14", "de-en")]  # the second time from the pointer, without the Hub
+    assert [p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file()] == ["hf/hf-wmt--wmt14-de-en.json"]
 
 
 class _Multi30kServer:
@@ -365,7 +382,7 @@ def test_encoded_cache_written_once(tmp_path, small_spm, monkeypatch):
     assert flat.dtype == torch.int32 and len(off) == 41
     src, _ = C.read_parallel(root, "dev")
     assert flat[off[3] : off[4]].tolist() == sp.encode(src[3])
-    monkeypatch.setattr(T, "read_parallel", lambda *a: pytest.fail("re-encoded"))
+    monkeypatch.setattr(T, "parallel_text", lambda *a: pytest.fail("re-encoded"))
     again = T.encode_split(sp, root, "dev", "en", "de", out)
     assert torch.equal(again["tgt"][0], first["tgt"][0])
 
@@ -547,7 +564,7 @@ def test_datamodule_dev_subset_and_second_setup_uses_cache(tiny_dm, monkeypatch)
         max_len=48, dev_subset=10,
     )  # fmt: skip
     monkeypatch.setattr(D, "train_spm", lambda *a, **k: pytest.fail("SPM retrained"))
-    monkeypatch.setattr(T, "read_parallel", lambda *a, **k: pytest.fail("re-read for encoding"))
+    monkeypatch.setattr(T, "parallel_text", lambda *a, **k: pytest.fail("re-read for encoding"))
     dm2.setup("fit")
     idx = sorted(i for b in dm2.val_dataloader() for i in b["idx"].tolist())
     assert idx == list(range(10))

@@ -145,7 +145,7 @@ def test_the_one_run_layer_imports_no_optuna():
             assert not {n for n in imports_all(path) if n.split(".")[0] in ("optuna", "optuna_integration")}, module
 
 
-@pytest.mark.parametrize("name", ["config", "spec", "rundir", "options", "corpora"])
+@pytest.mark.parametrize("name", ["config", "spec", "rundir", "options", "corpora", "disk", "loggers"])
 def test_the_one_run_layers_descriptions_import_no_torch_at_module_level(name):
     """The command line builds its parsers, and sweeps resolve and order their runs, without importing torch."""
     tree = ast.parse(modules()[f"aiayn.lightning_modules.{name}"].read_text())

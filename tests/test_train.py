@@ -261,6 +261,16 @@ def test_bad_flags_are_one_line_exit_2(argv, message, tmp_path, cache, capsys):
     assert not out.exists()
 
 
+def test_the_disk_estimate_is_within_10_percent_of_a_full_size_runs_checkpoints(trained):
+    """The tiny preset's base model (1M parameters): weights and Adam's moments are nearly all of a checkpoint."""
+    from aiayn.lightning_modules.disk import checkpoint_bytes
+    from aiayn.lightning_modules.spec import resolve
+
+    estimate = checkpoint_bytes(resolve("base", "tiny").model.params(), 1000, weights_only=False)
+    for name in ("step0000002.ckpt", "last.ckpt"):
+        assert estimate == pytest.approx((trained / "checkpoints" / name).stat().st_size, rel=0.1), name
+
+
 def test_translate_a_file(trained, tmp_path, capsys):
     src = tmp_path / "in.en"
     src.write_text("The dog sees the cat.\nToday the small boy sleeps in the garden.\n")
@@ -284,7 +294,7 @@ def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     out = tmp_path / "runs"
-    assert main(["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--wandb", *FAST]) == 0
+    assert main(["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--logger", "csv,wandb", *FAST]) == 0
     run = out / "tiny" / "synthetic" / "C1" / "seed0"
     offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0

@@ -1,0 +1,144 @@
+"""Experiment tracking of the user's choice: `--logger csv,tensorboard,mlflow,wandb` (any of them, comma-separated).
+
+Every logger writes under the run directory and keeps one version (or run) per attempt, so that a resumed run
+never loses the curves of its earlier attempts:
+
+- csv: `logs/version_N/metrics.csv`, the curves `aiayn report` plots. N is the attempt's own (one more than the
+  highest there): Lightning's CSVLogger deletes an existing metrics.csv when it starts.
+- tensorboard: `logs/version_N/events.out.tfevents.*`, beside the CSV of the same attempt;
+  `tensorboard --logdir runs/` shows every run and attempt live.
+- mlflow: one MLflow run per attempt in `mlflow.db`, an SQLite store in the run directory (MLflow 3 refuses its
+  old file store unless MLFLOW_ALLOW_FILE_STORE is set, and SQLite is its documented local default), or wherever
+  MLFLOW_TRACKING_URI points (a server, or one database for a whole sweep); experiment `aiayn-PRESET` unless
+  MLFLOW_EXPERIMENT_NAME says otherwise.
+- wandb: lightning_modules/wandb_run.py (W&B's own conventions: one W&B run per run directory online).
+
+The default is csv, and tensorboard when it is installed: both are plain files, work offline and need no account,
+server or setup; tensorboard is an extra (`aiayn[tensorboard]`), so without it the default stays csv alone rather
+than failing. Asking for a logger whose package is missing is one line naming the extra to install.
+
+TensorBoard and CSV are created on every rank (Lightning writes from rank 0 only); MLflow and W&B only on global
+rank 0, where they would otherwise open a run (and, for MLflow, create its database) per rank.
+Nothing here imports torch or Lightning at import time: the command line and the sweeps check `--logger` early.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from dataclasses import dataclass
+
+from aiayn.common.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoggerKind:
+    name: str
+    modules: tuple[str, ...]  # any one of them importable is enough
+    extra: str | None  # the aiayn extra that installs it (None: a dependency of aiayn)
+    package: str  # what pip installs
+
+
+KINDS = {
+    k.name: k
+    for k in (
+        LoggerKind("csv", (), None, ""),
+        # Lightning writes TensorBoard files with torch.utils.tensorboard (the tensorboard package) or tensorboardX
+        LoggerKind("tensorboard", ("tensorboard", "tensorboardX"), "tensorboard", "tensorboard"),
+        LoggerKind("mlflow", ("mlflow",), "mlflow", "mlflow"),
+        LoggerKind("wandb", ("wandb",), None, "wandb"),
+    )
+}
+
+
+def _importable(kind: LoggerKind) -> bool:
+    for module in kind.modules:
+        try:
+            importlib.import_module(module)
+            return True
+        except ImportError:
+            continue
+    return not kind.modules
+
+
+def default_loggers() -> tuple[str, ...]:
+    """csv, and tensorboard when it is installed (the module docstring says why)."""
+    return ("csv", "tensorboard") if _importable(KINDS["tensorboard"]) else ("csv",)
+
+
+def chosen(logger: str | None, wandb: bool = False) -> tuple[str, ...]:
+    """The loggers a run writes with: `--logger NAMES` (None: the default), plus wandb with `--wandb` (kept as a
+    short form: sweeps, SLURM scripts and users' commands say `--wandb`). A name that is not a logger, or one whose
+    package is missing, is a UserError naming the fix."""
+    names = default_loggers() if logger is None else tuple(n.strip().lower() for n in logger.split(","))
+    if any(not n for n in names):
+        raise UserError(f"--logger {logger!r} names no logger; pass a comma-separated subset of {', '.join(KINDS)}")
+    unknown = [n for n in names if n not in KINDS]
+    if unknown:
+        raise UserError(f"--logger: unknown logger {unknown[0]!r}; pass a comma-separated subset of "
+                        f"{', '.join(KINDS)}")  # fmt: skip
+    names = tuple(dict.fromkeys([*names, *(["wandb"] if wandb else [])]))
+    for name in names:
+        kind = KINDS[name]
+        if not _importable(kind):
+            how = f"pip install 'aiayn[{kind.extra}]'" if kind.extra else f"pip install {kind.package}"
+            raise UserError(f"--logger {name} needs the {kind.package} package, which is not installed; {how} "
+                            f"(or drop {name} from --logger)")  # fmt: skip
+    return names
+
+
+def of(opts) -> tuple[str, ...]:
+    """The loggers a run's TrainOptions choose."""
+    return chosen(opts.logger, opts.wandb)
+
+
+def mlflow_uri(run_path) -> tuple[str, str | None]:
+    """(tracking URI, artifact location): MLFLOW_TRACKING_URI when set (its server or database decides where
+    artifacts go), else the SQLite store `mlflow.db` in the run directory with artifacts beside it."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri, None
+    return f"sqlite:///{run_path.resolve() / 'mlflow.db'}", (run_path.resolve() / "mlartifacts").as_uri()
+
+
+def build(names: tuple[str, ...], run, config, *, rank_zero: bool) -> list:
+    """Lightning loggers for this attempt of `run` (a RunDir) with `config` (its RunConfig, secrets masked)."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    if "csv" not in names:
+        log.warning("--logger without csv: `aiayn report` plots no training curves for this run")
+    version = run.next_log_version()
+    if rank_zero:  # the attempt's number, whichever loggers write there (MLflow names its run by it)
+        (run.logs / f"version_{version}").mkdir(parents=True, exist_ok=True)
+    out = []
+    for name in names:
+        if name == "csv":
+            out.append(CSVLogger(run.path, name=run.logs.name, version=version))
+        elif name == "tensorboard":  # no hp_metric placeholder: our metrics are named train/…, val/…
+            out.append(TensorBoardLogger(run.path, name=run.logs.name, version=version, default_hp_metric=False))
+        elif name == "mlflow" and rank_zero:
+            out.append(_mlflow(run, config, version))
+        elif name == "wandb" and rank_zero:
+            from aiayn.lightning_modules import wandb_run
+
+            logger = wandb_run.wandb_logger(run, config)
+            out += [logger] if logger is not None else []
+    return out
+
+
+def _mlflow(run, config, version: int):
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    spec, seed = config.spec, config.train.seed
+    uri, artifacts = mlflow_uri(run.path)
+    name = f"{spec['row']}-s{seed}" + (f" attempt {version + 1}" if version else "")
+    tags = {"row": spec["row"], "group": spec["group"], "seed": str(seed), "preset": spec["preset"]["name"],
+            "corpus": config.data.corpus, "attempt": str(version + 1), "run_dir": str(run.path.resolve())}  # fmt: skip
+    experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"aiayn-{spec['preset']['name']}"
+    log.info("MLflow: run %r of experiment %s at %s", name, experiment, uri)
+    # tracking_uri given here: MLFlowLogger's own default reads MLFLOW_TRACKING_URI when Lightning is imported
+    return MLFlowLogger(experiment_name=experiment, run_name=name, tracking_uri=uri, tags=tags,
+                        artifact_location=artifacts)  # fmt: skip

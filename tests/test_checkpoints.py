@@ -1,0 +1,123 @@
+"""Checkpoints under control: how many periodic checkpoints a run keeps (`--keep-last`), weights-only periodic
+checkpoints (`--weights-only-checkpoints`) that still average, translate and leave the resume exact, and the disk a
+run will need, estimated before it runs and measured after."""
+
+import json
+
+import pytest
+import torch
+
+from aiayn.cli import main
+from aiayn.lightning_modules import disk
+from aiayn.lightning_modules.spec import resolve
+
+SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "100", "--val-bleu-sentences", "0", "--eval-subset",
+         "4", "--no-progress", "--accelerator", "cpu", "--logger", "csv"]  # fmt: skip
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
+
+
+def train(out, *argv) -> None:
+    assert main(["train", "--out", str(out), *SMALL, *argv]) == 0
+
+
+def run_of(out):
+    return out / "tiny" / "synthetic" / "base" / "seed0"
+
+
+def load(path):
+    return torch.load(path, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def weights_only(cache, tmp_path_factory):
+    """4 steps, a checkpoint after each, the newest 2 kept, weights only."""
+    out = tmp_path_factory.mktemp("runs")
+    train(out, "--max-steps", "4", "--ckpt-every", "1", "--keep-last", "2", "--weights-only-checkpoints")
+    return run_of(out)
+
+
+def test_keep_last_keeps_the_newest_periodic_checkpoints_and_last(weights_only):
+    names = sorted(p.name for p in (weights_only / "checkpoints").iterdir())
+    assert names == ["last.ckpt", "step0000003.ckpt", "step0000004.ckpt"]
+
+
+def test_periodic_checkpoints_hold_the_weights_and_the_run_files_last_holds_everything(weights_only):
+    step, last = (load(weights_only / "checkpoints" / name) for name in ("step0000004.ckpt", "last.ckpt"))
+    assert not set(TRAINING_STATE) & set(step) and set(TRAINING_STATE) <= set(last)
+    assert step["global_step"] == last["global_step"] == 4
+    assert all(torch.equal(step["state_dict"][k], v) for k, v in last["state_dict"].items())  # the same weights
+    assert step["hyper_parameters"]["model_cfg"]["d_model"] == 32
+    tokenizer = (weights_only / "tokenizer.model").read_bytes()
+    assert step["aiayn"]["tokenizer_model"] == tokenizer and step["aiayn"]["config"]["spec"]["row"] == "base"
+
+
+def test_weights_only_checkpoints_average_and_translate(weights_only, tmp_path, capsys):
+    avg = tmp_path / "avg.ckpt"
+    assert main(["average", "--run", str(weights_only), "--last", "2", "--out", str(avg)]) == 0
+    a, b = (load(weights_only / "checkpoints" / f"step000000{s}.ckpt")["state_dict"] for s in (3, 4))
+    got = load(avg)["state_dict"]
+    key = "model.embed.weight"
+    assert torch.equal(got[key], ((a[key].double() + b[key].double()) / 2).float())
+    src = tmp_path / "in.en"
+    src.write_text("The dog sees the cat.\n")
+    for model in (["--run", str(weights_only), "--average", "2"], ["--ckpt", str(avg)]):
+        out = tmp_path / "out.de"
+        assert main(["translate", *model, "--input", str(src), "--output", str(out), "--beam", "2"]) == 0
+        assert len(out.read_text().splitlines()) == 1
+
+
+def test_a_run_with_weights_only_checkpoints_resumes_exactly(weights_only, tmp_path):
+    """Stopped after step 2 and resumed to 4, it ends with the uninterrupted run's weights, bit for bit (CPU)."""
+    for steps in ("2", "4"):
+        train(tmp_path, "--max-steps", steps, "--ckpt-every", "1", "--weights-only-checkpoints")
+    resumed, whole = (load(run / "checkpoints" / "last.ckpt") for run in (run_of(tmp_path), weights_only))
+    assert resumed["global_step"] == whole["global_step"] == 4
+    assert all(torch.equal(resumed["state_dict"][k], v) for k, v in whole["state_dict"].items())
+    assert all(torch.equal(a, b) for a, b in zip(resumed["optimizer_states"][0]["state"][0].values(),
+                                                  whole["optimizer_states"][0]["state"][0].values()))  # fmt: skip
+
+
+def test_the_estimate_is_within_10_percent_of_the_real_files(weights_only):
+    """Of a model whose tokenizer outweighs its weights: the estimate's per-file overheads are right too (the
+    full-size model's checkpoints: tests/test_train.py)."""
+    spec = resolve("base", "tiny", overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2})
+    periodic = (weights_only / "checkpoints" / "step0000004.ckpt").stat().st_size
+    last = (weights_only / "checkpoints" / "last.ckpt").stat().st_size
+    assert disk.checkpoint_bytes(spec.model.params(), 1000, weights_only=True) == pytest.approx(periodic, rel=0.1)
+    assert disk.checkpoint_bytes(spec.model.params(), 1000, weights_only=False) == pytest.approx(last, rel=0.1)
+    assert periodic < 0.7 * last
+
+
+def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["spec"]["row"] == "big"
+    params = resolve("big", "paper").model.params()
+    full = 12 * params  # + the tokenizer and the rest: under a percent of it at this size
+    assert err.startswith("# checkpoints: about 54 GB = 20 periodic x 2.57 GB (weights + Adam moments, fp32) + "
+                          "last.ckpt 1 x 2.57 GB")  # fmt: skip
+    assert 21 * full == pytest.approx(54e9, rel=0.01)
+    assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
+                 "--weights-only-checkpoints", "--keep-last", "5"]) == 0  # fmt: skip
+    assert "about 6.86 GB = 5 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_slurm_dry_run_says_the_disk_of_the_whole_array(tmp_path, capsys):
+    argv = ["slurm", "table3", "--preset", "paper", "--rows", "base,big", "--seeds", "2", "--partition", "p",
+            "--time", "1-00:00:00", "--gpus-per-node", "8", "--out", str(tmp_path / "runs"), "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("# disk:"))
+    per_run = {row: 22 * disk.checkpoint_bytes(resolve(row, "paper").model.params(), 37000, False)
+               for row in ("base", "big")}  # 20 periodic + last + requeue  # fmt: skip
+    total = 2 * per_run["base"] + 2 * per_run["big"]
+    assert line.startswith(f"# disk: checkpoints of the 4 runs: about {disk.human(total)} in all (the largest, big: ")
+    assert disk.human(total) == "147 GB"
+
+
+def test_keep_last_0_is_one_line(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "runs"), "--keep-last", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "aiayn: error: argument --keep-last: expected a positive integer, got 0; see `aiayn train --help`\n"
+    )
+    assert not (tmp_path / "runs").exists()

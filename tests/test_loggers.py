@@ -1,0 +1,122 @@
+"""`--logger`: each logger writes its own files under the run directory, one version (or run) per attempt, read
+back here with each tool's own reader; a bad name or a missing package is one line, exit 2, nothing written."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from aiayn.lightning_modules import loggers
+
+FAST = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--ckpt-every", "1", "--val-every", "1", "--val-bleu-sentences", "2",
+        "--eval-subset", "4", "--no-progress", "--accelerator", "cpu"]  # fmt: skip
+
+
+def tensorboard_scalars(version_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar curve of the TensorBoard event files in `version_dir`, read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(version_dir))
+    events.Reload()
+    return {tag: [(s.step, s.value) for s in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def two_attempts(cache, tmp_path_factory):
+    """One run trained for 2 steps with every file logger, then resumed for a third (another attempt)."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    out = tmp_path_factory.mktemp("runs")
+    for steps in ("2", "3"):
+        argv = ["train", "--out", str(out), *FAST, "--max-steps", steps, "--logger", "csv,tensorboard,mlflow"]
+        assert main(argv) == 0
+    return out / "tiny" / "synthetic" / "base" / "seed0"
+
+
+def test_tensorboard_and_csv_write_one_version_per_attempt(two_attempts):
+    logs = two_attempts / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["version_0", "version_1"]
+    first, second = (tensorboard_scalars(logs / v) for v in ("version_0", "version_1"))
+    assert [step for step, _ in first["val/ppl"]] == [0, 1]  # validation after steps 1 and 2 (0-based)
+    assert [step for step, _ in second["val/ppl"]] == [2]  # the resumed attempt: step 3 only
+    for version, scalars in (("version_0", first), ("version_1", second)):
+        csv = (logs / version / "metrics.csv").read_text().splitlines()
+        column = csv[0].split(",").index("val/ppl")
+        from_csv = [float(line.split(",")[column]) for line in csv[1:] if line.split(",")[column]]
+        assert from_csv == pytest.approx([value for _, value in scalars["val/ppl"]])  # the same curve in both
+
+
+def test_mlflow_keeps_one_run_per_attempt_in_the_run_directory(two_attempts, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri, artifacts = loggers.mlflow_uri(two_attempts)
+    assert uri == f"sqlite:///{two_attempts.resolve()}/mlflow.db" and (two_attempts / "mlflow.db").is_file()
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("aiayn-tiny")
+    assert experiment.artifact_location == artifacts == (two_attempts.resolve() / "mlartifacts").as_uri()
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"base-s0", "base-s0 attempt 2"}
+    for name, steps in (("base-s0", [0, 1]), ("base-s0 attempt 2", [2])):
+        run = runs[name]
+        assert run.info.status == "FINISHED"
+        assert (run.data.tags["row"], run.data.tags["seed"], run.data.tags["corpus"]) == ("base", "0", "synthetic")
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val/ppl")] == steps
+        assert run.data.params["model_cfg/d_model"] == "32"  # the module's hyper-parameters, as Lightning logs them
+    csv = (two_attempts / "logs" / "version_1" / "metrics.csv").read_text().splitlines()
+    last = client.get_metric_history(runs["base-s0 attempt 2"].info.run_id, "val/ppl")[-1].value
+    assert last == pytest.approx(float(csv[-1].split(",")[csv[0].split(",").index("val/ppl")]))
+
+
+def test_mlflow_tracking_uri_wins_over_the_run_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    assert loggers.mlflow_uri(tmp_path) == ("http://mlflow.example:5000", None)
+
+
+def test_the_default_is_csv_and_tensorboard_where_it_is_installed(monkeypatch):
+    pytest.importorskip("tensorboard")
+    assert loggers.chosen(None) == ("csv", "tensorboard")
+    assert loggers.chosen(None, wandb=True) == ("csv", "tensorboard", "wandb")  # --wandb adds W&B
+    assert loggers.chosen("CSV, wandb", wandb=True) == ("csv", "wandb")
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # an import of it now fails
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    assert loggers.chosen(None) == ("csv",)  # not an error: the default works wherever aiayn does
+
+
+@pytest.mark.parametrize("argv, missing, message", [
+    (["--logger", "csv,tensorboard"], ("tensorboard", "tensorboardX"),
+     "--logger tensorboard needs the tensorboard package, which is not installed; pip install "
+     "'aiayn[tensorboard]' (or drop tensorboard from --logger)"),
+    (["--logger", "mlflow"], ("mlflow",),
+     "--logger mlflow needs the mlflow package, which is not installed; pip install 'aiayn[mlflow]' (or drop "
+     "mlflow from --logger)"),
+    (["--logger", "csv,neptune"], (),
+     "--logger: unknown logger 'neptune'; pass a comma-separated subset of csv, tensorboard, mlflow, wandb"),
+    (["--logger", "csv,"], (), "--logger 'csv,' names no logger; pass a comma-separated subset of csv, tensorboard, "
+                               "mlflow, wandb"),
+])  # fmt: skip
+@pytest.mark.parametrize("command", ["train", "table3", "hpo", "slurm"])
+def test_a_bad_logger_is_one_line_exit_2_and_nothing_written(command, argv, missing, message, tmp_path, monkeypatch,
+                                                            capsys):  # fmt: skip
+    for module in missing:
+        monkeypatch.setitem(sys.modules, module, None)
+    out = tmp_path / "runs"
+    before = {
+        "train": ["train", "--max-steps", "2", "--accelerator", "cpu"],
+        "table3": ["table3", "--rows", "base"],
+        "hpo": ["hpo", "--trials", "1", "--accelerator", "cpu"],
+        "slurm": ["slurm", "table3", "--accelerator", "cpu", "--partition", "p", "--time", "1:00:00", "--dry-run"],
+    }[command]
+    assert main([*before, *argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"aiayn: error: {message}\n"
+    assert not out.exists()
+
+
+def test_slurm_runs_carry_the_loggers_into_every_task(tmp_path, capsys):
+    out = tmp_path / "runs"
+    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base", "--accelerator", "cpu", "--partition", "p",
+            "--time", "1:00:00", "--logger", "csv,mlflow", "--wandb", "--out", str(out), "--dry-run"]  # fmt: skip
+    assert main(argv) == 0
+    text = (out / "slurm" / "aiayn-table3-tiny.sbatch").read_text()
+    assert "--logger csv,mlflow" in text and "--wandb" in text
