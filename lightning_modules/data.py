@@ -195,8 +195,8 @@ class TranslationDataModule(pl.LightningDataModule):
         keep = torch.arange(n)
         if split != "train":
             return EncodedPairs(data, keep, max_len=self.max_len)
-        src_len = data["src"][1][1:] - data["src"][1][:-1]
-        tgt_len = data["tgt"][1][1:] - data["tgt"][1][:-1]
+        src_len = (data["src"][1][1:] - data["src"][1][:-1])[:n]
+        tgt_len = (data["tgt"][1][1:] - data["tgt"][1][:-1])[:n]
         ok = (src_len <= self.max_len) & (tgt_len <= self.max_len) & (src_len > 0) & (tgt_len > 0)
         dropped = n - int(ok.sum())
         if dropped:

@@ -629,3 +629,22 @@ def test_lightning_drives_epoch_and_resume(tiny_dm, tmp_path, num_workers, every
     assert state == [{"epoch": 0, "yielded": resume_step}]
     resumed = _fit(mk(), tmp_path / "c", ckpt=str(ckpt))
     assert full[:resume_step] + resumed == full
+
+
+def test_a_data_limited_regime_trains_on_the_first_k_pairs_only(tiny_dm):
+    """--train-pairs K (the tiny-2k preset's regime): the training set is the first K pairs, the dev and test sets
+    and the tokenizer stay the whole corpus's."""
+    dm, root = tiny_dm
+    limited = D.TranslationDataModule(
+        corpus="files", data_dir=str(root), cache_dir=str(dm.cache_dir), vocab_size=150, max_tokens=400, max_len=48,
+        train_pairs=100,
+    )  # fmt: skip
+    limited.setup("fit")
+    dm.setup("fit")
+    trained = sorted(i for batch in limited.train_dataloader() for i in batch["idx"].tolist())
+    assert trained == list(range(100))
+    assert len(limited._datasets["dev"]) == len(dm._datasets["dev"]) == 41
+    assert limited.tokenizer_model == dm.tokenizer_model
+    with pytest.raises(UserError, match="--train-pairs 1000 is more than the corpus's 401 training pairs"):
+        D.TranslationDataModule(corpus="files", data_dir=str(root), cache_dir=str(dm.cache_dir), vocab_size=150,
+                                max_tokens=400, max_len=48, train_pairs=1000).setup("fit")  # fmt: skip
