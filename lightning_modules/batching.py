@@ -71,9 +71,12 @@ class TokenBucketSampler(Sampler[list[int]]):
     prevents that by requiring ``max_tokens > max_len``), shuffle batch order with ``(seed, epoch)``.
     For DDP with ``accumulate`` batches per optimizer step, the batch list is cut to a multiple of
     ``num_replicas · accumulate`` (the last batches after shuffling are dropped when ``drop_uneven``,
-    so no optimizer step gets an incomplete accumulation window at the end of an epoch; otherwise the
-    first ones are repeated up to a multiple of ``num_replicas``) and rank r takes batches
-    ``r::num_replicas``: disjoint shares, same count on every rank.
+    so no optimizer step gets an incomplete accumulation window at the end of an epoch, and every rank gets
+    the same count) and rank r takes batches ``r::num_replicas``: disjoint shares. Without ``drop_uneven``
+    (dev and test) nothing is dropped or repeated: every sentence once, on one rank, the shares one batch
+    apart at most. (Repeating batches to even out the shares, as DistributedSampler does, counted those
+    sentences twice in the dev perplexity; validation makes no collective per batch, so uneven shares are
+    fine.)
 
     Resumable: ``state_dict()`` = ``{"epoch", "yielded"}``; after ``load_state_dict`` iterations
     of that epoch skip the batches already yielded, until one finishes or ``set_epoch`` moves to
@@ -135,8 +138,6 @@ class TokenBucketSampler(Sampler[list[int]]):
         n = len(batches)
         if self.drop_uneven:
             batches = batches[: n - n % (self.num_replicas * self.accumulate)]
-        elif n % self.num_replicas:
-            batches = batches + batches[: self.num_replicas - n % self.num_replicas]
         return batches[self.rank :: self.num_replicas]
 
     def set_epoch(self, epoch: int) -> None:

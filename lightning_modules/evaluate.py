@@ -16,18 +16,18 @@ from torch import Tensor
 from aiayn.lightning_modules.bleu import bleu
 from aiayn.lightning_modules.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.decoding import translate_batch
-from aiayn.lightning_modules.model import PAD, Transformer
+from aiayn.lightning_modules.loss import nll_sum_of_hidden
+from aiayn.lightning_modules.model import Transformer
 
 __all__ = ["bleu", "evaluate", "nll_sum"]
 
 
 def nll_sum(model: Transformer, batch: dict) -> tuple[Tensor, int]:
-    """Summed unsmoothed NLL of the target tokens and their count (padding excluded)."""
-    logits = model(batch["src"], batch["tgt_in"])
-    nll = torch.nn.functional.cross_entropy(
-        logits.flatten(0, 1).float(), batch["tgt_out"].flatten(), ignore_index=PAD, reduction="sum"
-    )
-    return nll, int((batch["tgt_out"] != PAD).sum())
+    """Summed unsmoothed NLL of the target tokens and their count (padding excluded), without (B, T, V) logits."""
+    memory, src_mask = model.encode(batch["src"])
+    hidden = model.decode(batch["tgt_in"], memory, src_mask)
+    nll, n = nll_sum_of_hidden(hidden, model.embed.weight, batch["tgt_out"])
+    return nll, int(n)
 
 
 @torch.no_grad()

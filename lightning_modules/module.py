@@ -19,99 +19,19 @@ import time
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.lightning_modules.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.decoding import translate_batch
 from aiayn.lightning_modules.evaluate import bleu, nll_sum
-from aiayn.lightning_modules.model import PAD, Transformer, TransformerConfig
+from aiayn.lightning_modules.loss import projected_label_smoothed_loss
+from aiayn.lightning_modules.model import Transformer, TransformerConfig
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """The paper's learning rate at optimizer step `step` (1-based)."""
     step = max(step, 1)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
-
-
-def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, int]:
-    """Mean label-smoothed cross-entropy and mean NLL over non-pad target tokens.
-
-    The smoothed target puts 1 - ε on the reference and spreads ε uniformly over all V classes,
-    as `F.cross_entropy(label_smoothing=ε)` does (tensor2tensor spreads it over the V - 1 others;
-    the difference is ε/V on the reference). One log-softmax serves both numbers.
-    """
-    logp = F.log_softmax(logits.float(), dim=-1)
-    mask = target != PAD
-    n = int(mask.sum())
-    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    smooth = -logp.mean(dim=-1)
-    loss = ((1.0 - eps) * nll + eps * smooth)[mask].sum() / max(n, 1)
-    return loss, nll[mask].sum() / max(n, 1), n
-
-
-def projected_label_smoothed_loss(
-    hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int | None = None, reduction: str = "mean"
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`label_smoothed_loss(F.linear(hidden, weight), target, eps)` without the (B, T, V) logits.
-
-    The pre-softmax projection (§3.4) and the loss, fused and computed `chunk` target positions at a
-    time, so only (chunk, V) logits ever exist (at the paper's 25k tokens × 37k vocabulary the
-    straightforward path holds 3.7 GB of float32 log-probabilities, and as much again for their
-    gradient). The loss is a scalar, so its gradients are computed in the same pass
-    (d loss / d logits = softmax - (1 - ε)·onehot - ε/V per non-pad position, / n) and backward only
-    scales them: no logits are recomputed. Equal to the straightforward loss within 1e-5 (float32),
-    tested in tests/test_bench.py. Returns (loss, nll, n) like `label_smoothed_loss`, n a tensor:
-    nothing here waits for the device. `reduction="sum"`: loss and NLL summed over the n tokens, not
-    averaged (the training step's; the optimizer step divides by the update's tokens).
-    """
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    hidden, target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-    chunk = chunk or max(1, 2**25 // weight.shape[0])  # 128 MB of float32 logits per chunk
-    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps, chunk, reduction == "mean")
-
-
-class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int, mean: bool):
-        V = weight.shape[0]
-        mask = target != PAD
-        n = mask.sum()
-        inv_n = 1.0 / n.clamp(min=1).float() if mean else hidden.new_ones((), dtype=torch.float32)
-        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden) if want_h else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
-        loss = hidden.new_zeros((), dtype=torch.float32)
-        nll = hidden.new_zeros((), dtype=torch.float32)
-        for s in range(0, hidden.shape[0], chunk):
-            h, t, m = hidden[s : s + chunk], target[s : s + chunk], mask[s : s + chunk].float()
-            logits = F.linear(h, weight).float()  # (c, V)
-            lse = logits.logsumexp(-1)  # log Z per position
-            nll_c = lse - logits.gather(1, t[:, None]).squeeze(1)  # -log p(reference)
-            smooth_c = lse - logits.mean(-1)  # mean over all V classes of -log p
-            loss = loss + ((1.0 - eps) * nll_c + eps * smooth_c).mul(m).sum()
-            nll = nll + nll_c.mul(m).sum()
-            if want_h or want_w:
-                g = logits.sub_(lse[:, None]).exp_().sub_(eps / V)  # softmax - ε/V, in place of the logits
-                g.scatter_add_(1, t[:, None], g.new_full((g.shape[0], 1), eps - 1.0))  # - (1 - ε) on the reference
-                g = g.mul_((m * inv_n)[:, None]).to(h.dtype)  # padding contributes nothing
-                if want_h:
-                    grad_h[s : s + chunk] = g @ weight.to(h.dtype)
-                if want_w:
-                    grad_w += (g.t() @ h).float()
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.weight_dtype = weight.dtype
-        nll = nll * inv_n
-        ctx.mark_non_differentiable(nll, n)
-        return loss * inv_n, nll, n
-
-    @staticmethod
-    def backward(ctx, g_loss: Tensor, g_nll, g_n):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = grad_h * g_loss if grad_h is not None else None
-        gw = (grad_w * g_loss).to(ctx.weight_dtype) if grad_w is not None else None
-        return gh, gw, None, None, None, None
 
 
 class Diverged(Exception):

@@ -20,7 +20,7 @@ from aiayn.lightning_modules.corpora import canonical_corpus
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir
 from aiayn.lightning_modules.spec import resolve
-from aiayn.sweeps.backends import Backend, Sweep, backend_for
+from aiayn.sweeps.backends import Backend, Sweep, backend_for, visible_gpus
 
 
 @dataclass
@@ -35,7 +35,8 @@ class SweepOptions:
         None, "training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)", positive=True
     )
     gpus_per_job: int | None = option(
-        None, "GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices",
+        None, "GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices "
+        "(default: 1 each when a GPU is visible for each run)",
         positive=True, metavar="K",
     )  # fmt: skip
     backend: str | None = option(
@@ -64,7 +65,16 @@ def build_sweep(opts: SweepOptions) -> Sweep:
     specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=t.data, vocab_size=t.vocab_size)
              for row in dict.fromkeys(row for row, _ in pairs)}  # fmt: skip
     corpus = canonical_corpus(t.data) if t.data else preset.corpus  # hf:./local as an absolute path, as the runs say
-    return Sweep(OutDir(t.out), preset, corpus, pairs, t, specs, opts.storage, jobs, opts.gpus_per_job)
+    return Sweep(OutDir(t.out), preset, corpus, pairs, t, specs, opts.storage, jobs, gpus_per_job(opts, jobs))
+
+
+def gpus_per_job(opts: SweepOptions, jobs: int) -> int | None:
+    """--gpus-per-job, or 1 when the sweep sees a GPU for each of its concurrent one-device runs: N runs at once
+    would otherwise all land on cuda:0."""
+    t = opts.train
+    if opts.gpus_per_job is not None or t.accelerator == "cpu" or t.world_size > 1:
+        return opts.gpus_per_job
+    return 1 if len(visible_gpus()) >= jobs else None
 
 
 def run_table3(opts: SweepOptions, backend: Backend | None = None) -> dict:

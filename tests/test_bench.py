@@ -14,8 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from aiayn.bench import run as bench
 from aiayn.cli import main
 from aiayn.lightning_modules.decoding import beam_search
+from aiayn.lightning_modules.loss import label_smoothed_loss, projected_label_smoothed_loss
 from aiayn.lightning_modules.model import Transformer, TransformerConfig
-from aiayn.lightning_modules.module import label_smoothed_loss, projected_label_smoothed_loss
 
 
 @pytest.fixture(autouse=True)

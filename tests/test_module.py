@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.lightning_modules.module import TranslationModule, label_smoothed_loss, noam_lr
+from aiayn.lightning_modules.loss import label_smoothed_loss
+from aiayn.lightning_modules.module import TranslationModule, noam_lr
 
 
 def test_lr_at_step_1_warmup_and_twice_warmup():
@@ -66,3 +67,37 @@ def test_golden_loss_for_the_first_steps():
 
 
 GOLDEN = [3.3202, 2.8294, 2.4586, 2.2648, 2.0751]  # measured on CPU, torch 2.13; pinned
+
+
+def test_validation_nll_through_the_chunked_path_equals_cross_entropy_on_full_logits():
+    """Evaluation's NLL comes from the fused, chunked projection (no (B, T, V) logits), equal to the straightforward
+    cross-entropy within float32 rounding."""
+    from aiayn.lightning_modules.evaluate import nll_sum
+    from aiayn.lightning_modules.model import PAD, Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)).eval()
+    src = torch.randint(4, 50, (3, 7))
+    tgt_out = torch.randint(4, 50, (3, 6))
+    tgt_out[1, 4:] = PAD
+    batch = {"src": src, "tgt_in": torch.randint(4, 50, (3, 6)), "tgt_out": tgt_out}
+    with torch.no_grad():
+        nll, n = nll_sum(model, batch)
+        logits = model(batch["src"], batch["tgt_in"])
+        expected = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD, reduction="sum")
+    assert n == 16 and torch.allclose(nll, expected, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_compiled_chunk_body_equals_the_eager_one():
+    """On a GPU the chunk body of the fused loss is torch.compile'd; compiled on this CPU, it gives the eager body's
+    loss, NLL and gradient (slow: compiling takes tens of seconds)."""
+    from aiayn.lightning_modules.loss import _compiled, chunk_loss
+
+    torch.manual_seed(0)
+    logits, t = torch.randn(37, 211), torch.randint(0, 211, (37,))
+    m, inv_n = (t != 0).float(), torch.tensor(1 / 30)
+    eager = chunk_loss(logits.clone(), t, m, inv_n, 0.1, True)
+    compiled = _compiled()(logits.clone(), t, m, inv_n, 0.1, True)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -333,7 +333,8 @@ def test_the_gpus_handed_out_are_those_visible_to_the_sweep(monkeypatch):
 
     assert slots(4, 1) == (["4", "5", "6", "7"], 1)
     assert slots(2, 2) == (["4,5", "6,7"], 2)
-    assert slots(4, None) == (None, 1)  # without --gpus-per-job nothing is handed out
+    assert slots(4, None) == (["4", "5", "6", "7"], 1)  # without --gpus-per-job: one each, there are enough
+    assert slots(5, None) == (None, 1)  # not enough for one each: nothing is handed out
 
 
 def test_a_runs_own_process_inherits_no_launchers_variables(monkeypatch):
@@ -379,3 +380,14 @@ def test_bad_gpu_requests_are_one_line_and_write_nothing(argv, message, tmp_path
     assert main(["table3", "--out", str(tmp_path / "runs"), "--rows", "base", *argv]) == 2
     assert capsys.readouterr().err == f"aiayn: error: {message}\n"
     assert not (tmp_path / "runs").exists()
+
+
+def test_concurrent_runs_get_a_gpu_each_by_default_when_the_sweep_sees_enough(tmp_path, monkeypatch):
+    """`aiayn table3 --jobs 4` on a 4-GPU node put all four runs on cuda:0."""
+    monkeypatch.setattr("aiayn.sweeps.table3.visible_gpus", lambda: ["0", "1", "2", "3"])
+    assert build_sweep(opts(tmp_path, jobs=4)).gpus_per_job == 1
+    assert build_sweep(opts(tmp_path, jobs=5)).gpus_per_job is None  # not enough: the user decides
+    assert build_sweep(opts(tmp_path, jobs=2, accelerator="cpu")).gpus_per_job is None
+    assert build_sweep(opts(tmp_path, jobs=2, gpus_per_job=2)).gpus_per_job == 2
+    monkeypatch.setattr("aiayn.sweeps.table3.visible_gpus", lambda: [])
+    assert build_sweep(opts(tmp_path, jobs=2)).gpus_per_job is None  # a CPU machine: as before

@@ -48,8 +48,8 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.lightning_modules.decoding import beam_search
 from aiayn.lightning_modules.export import marian_config
+from aiayn.lightning_modules.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
-from aiayn.lightning_modules.module import projected_label_smoothed_loss
 
 log = logging.getLogger(__name__)
 

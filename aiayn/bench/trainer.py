@@ -47,7 +47,8 @@ from aiayn.bench.run import _cpu_name, _sync, bench_config, resolve_device, trai
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.lightning_modules.callbacks import RNGStates
-from aiayn.lightning_modules.module import TranslationModule, projected_label_smoothed_loss
+from aiayn.lightning_modules.loss import projected_label_smoothed_loss
+from aiayn.lightning_modules.module import TranslationModule
 
 log = logging.getLogger(__name__)
 
