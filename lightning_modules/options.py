@@ -179,6 +179,8 @@ class ModelSource:
         metavar="K",
     )  # fmt: skip
     device: str = option("auto", "auto: the GPU when one is visible", choices=("auto", "cpu", "cuda"))
+    precision: str = option("auto", "auto: bf16 on a GPU that has it (as training), else fp32; or 32-true, bf16-mixed",
+                            choices=("auto", "32-true", "bf16-mixed"))  # fmt: skip
     beam: int = option(PAPER_DECODING.beam, "beam size (1: greedy); the paper's 4", positive=True)
     alpha: float = option(PAPER_DECODING.alpha, "length penalty alpha; the paper's 0.6")
     extra_len: int = option(PAPER_DECODING.extra_len, "longest output = source length + this; the paper's 50")

@@ -34,6 +34,7 @@ from aiayn.lightning_modules.bleu import bleu
 from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_files
 from aiayn.lightning_modules.config import PAPER_DECODING
 from aiayn.lightning_modules.decoding import beam_search, greedy
+from aiayn.lightning_modules.devices import autocast, resolve_precision
 from aiayn.lightning_modules.evaluate import nll_sum
 from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, ModelSource
@@ -136,10 +137,13 @@ class Translator:
         max_len: int | None = None,
         checkpoints: Sequence[str] = (),
         data: dict | None = None,
+        precision: str = "auto",
     ) -> None:
         import sentencepiece as spm
 
         self.device = pick_device(device)
+        # on a GPU, decode in bf16 where the GPU has it (as training ran), fp32 elsewhere
+        self.precision = resolve_precision(precision, "cuda" if self.device.type == "cuda" else "cpu")
         self.model = model.to(self.device).eval()
         self.sp = spm.SentencePieceProcessor(model_proto=tokenizer)
         if self.sp.get_piece_size() != model.cfg.vocab_size:
@@ -187,7 +191,7 @@ class Translator:
         if opts.kind() == "ct2":
             raise UserError("--ct2 DIR is a CTranslate2 model; load it with aiayn.Ct2Translator")
         kw = dict(device=opts.device, tokenizer=opts.tokenizer, beam=opts.beam, alpha=opts.alpha,
-                  extra_len=opts.extra_len, max_tokens=opts.max_tokens)  # fmt: skip
+                  extra_len=opts.extra_len, max_tokens=opts.max_tokens, precision=opts.precision)  # fmt: skip
         if opts.run:
             return cls.from_run(opts.run, average=opts.average, **kw)
         return cls.from_checkpoint(opts.ckpt, **kw)
@@ -232,10 +236,11 @@ class Translator:
         out = [[] for _ in ids]
         for batch in self._batches([len(x) for x in ids]):
             src = self._pad([ids[i] for i in batch])
-            if beam == 1:
-                hyps = greedy(self.model, src, BOS, EOS, extra_len=self.extra_len)
-            else:
-                hyps = beam_search(self.model, src, BOS, EOS, beam=beam, alpha=alpha, extra_len=self.extra_len)
+            with autocast(self.device, self.precision):
+                if beam == 1:
+                    hyps = greedy(self.model, src, BOS, EOS, extra_len=self.extra_len)
+                else:
+                    hyps = beam_search(self.model, src, BOS, EOS, beam=beam, alpha=alpha, extra_len=self.extra_len)
             for i, h in zip(batch, hyps):
                 out[i] = [t for t in h if t not in (PAD, BOS, EOS)]
         return out
@@ -254,7 +259,8 @@ class Translator:
             s = self._pad([src[i] for i in batch])
             tgt_in = self._pad([[BOS] + tgt[i] for i in batch])
             tgt_out = self._pad([tgt[i] + [EOS] for i in batch])
-            nll, n = nll_sum(self.model, {"src": s, "tgt_in": tgt_in, "tgt_out": tgt_out})
+            with autocast(self.device, self.precision):
+                nll, n = nll_sum(self.model, {"src": s, "tgt_in": tgt_in, "tgt_out": tgt_out})
             total, count = total + float(nll), count + n
         return math.exp(total / max(count, 1))
 
