@@ -79,3 +79,44 @@ def test_the_config_files_row_is_trained_even_when_its_table_changed(tmp_path, c
     assert "'d_ff': (1024, 2048)" in err
     table.unlink()  # the table is gone: the config file's row is all there is
     assert printed(capsys, "--config", str(tmp_path / "config.json"))["spec"]["model"]["d_ff"] == 1024
+
+
+def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config(tmp_path, monkeypatch):
+    """`aiayn table3 --rows B1` down to the model's config: the sweep's driver resolves B1 once (a RunSpec) and hands
+    it to the run, which builds no second spec, looks the row up in no table and builds no other model config (the
+    parameter count comes from the shapes: no throw-away model either)."""
+    from aiayn.ablations import table
+    from aiayn.ablations.selection import Selection
+    from aiayn.lightning_modules import config, spec, train
+    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.sweeps.table3 import SweepOptions, build_sweep
+
+    counts = {"get_row": 0, "resolve": 0, "TransformerConfig": 0, "Transformer": 0}
+
+    def counting(module, name, key):
+        real = getattr(module, name)
+
+        def wrapped(*a, **k):
+            counts[key] += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(module, name, wrapped)
+
+    counting(table, "get_row", "get_row")
+    counting(spec, "get_row", "get_row")
+    counting(spec, "resolve", "resolve")
+    monkeypatch.setattr("aiayn.sweeps.table3.resolve", spec.resolve)
+    real_init = config.TransformerConfig.__post_init__
+    monkeypatch.setattr(config.TransformerConfig, "__post_init__",
+                        lambda self: counts.__setitem__("TransformerConfig", counts["TransformerConfig"] + 1)
+                        or real_init(self))  # fmt: skip
+    from aiayn.lightning_modules import model
+
+    monkeypatch.setattr(model.Transformer, "__init__", lambda *a, **k: pytest.fail("a model built to size the run"))
+    opts = SweepOptions(select=Selection(rows="B1"), train=TrainOptions(out=str(tmp_path), max_steps=2))
+    sweep = build_sweep(opts)
+    resolved = sweep.specs["B1"]
+    sweep.specs["B1"].cost()  # the sweep orders its queue by it
+    p = train.plan(sweep.run_options("B1", 0), resolved)
+    assert counts == {"get_row": 1, "resolve": 1, "TransformerConfig": 1, "Transformer": 0}
+    assert p.spec is resolved and p.config.spec["model"]["d_k"] == 8
