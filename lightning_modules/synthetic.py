@@ -8,7 +8,7 @@ model; this grammar needs attention over structure-dependent distances instead.
 
 What the grammar covers (all of it realised correctly on the German side):
 
-* a bilingual lexicon (65 nouns, 40 verbs, 28 adjectives, adverbs, prepositions, numbers) with real
+* a bilingual lexicon (synthetic_lexicon.json: 65 nouns, 40 verbs, 28 adjectives, adverbs, prepositions, numbers) with real
   German forms, umlauts and ß in UTF-8;
 * grammatical gender and case: articles (der/ein/dieser/mein/kein) and attributive adjectives take the
   weak, mixed or strong endings of nominative, accusative and dative, singular and plural (dative
@@ -40,6 +40,7 @@ where their antecedent is unambiguous, so every English sentence has exactly one
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -52,13 +53,15 @@ from aiayn.common.errors import UserError
 
 __all__ = ["generate", "write_corpus"]
 
-# Bump whenever the grammar or lexicon changes, so that cached corpora on disk are regenerated.
+# Bump whenever the grammar changes, so that cached corpora on disk are regenerated (a changed lexicon file does
+# this by itself: its sha256 is in the cached corpus's meta.json).
 GRAMMAR_VERSION = 2  # 2: sentences up to MAX_WORDS = 10 words by default (was 40)
 
 MIN_WORDS = 5
 MAX_WORDS = 10  # the default; the grammar itself reaches GRAMMAR_MAX_WORDS
 GRAMMAR_MAX_WORDS = 40
 SPLIT_NAMES = ("train", "dev", "test")
+_GENDER_INDEX = {"m": 0, "f": 1, "n": 2}
 
 
 # --------------------------------------------------------------------------------------------- lexicon
@@ -84,115 +87,6 @@ class _Noun:
         return self.de_pl
 
 
-_P, _A = "person animate", "animal animate"
-_NOUNS = [
-    # people: English pronoun follows natural gender, which matches the German grammatical gender here
-    _Noun("man", "men", "Mann", "Männer", "m", _P, en_pron="he"),
-    _Noun("woman", "women", "Frau", "Frauen", "f", _P, en_pron="she"),
-    _Noun("boy", "boys", "Junge", "Jungen", "m", _P, weak=True, en_pron="he"),
-    _Noun("king", "kings", "König", "Könige", "m", _P, en_pron="he"),
-    _Noun("queen", "queens", "Königin", "Königinnen", "f", _P, en_pron="she"),
-    _Noun("brother", "brothers", "Bruder", "Brüder", "m", _P, en_pron="he"),
-    _Noun("sister", "sisters", "Schwester", "Schwestern", "f", _P, en_pron="she"),
-    _Noun("father", "fathers", "Vater", "Väter", "m", _P, en_pron="he"),
-    _Noun("mother", "mothers", "Mutter", "Mütter", "f", _P, en_pron="she"),
-    _Noun("son", "sons", "Sohn", "Söhne", "m", _P, en_pron="he"),
-    _Noun("daughter", "daughters", "Tochter", "Töchter", "f", _P, en_pron="she"),
-    _Noun("farmer", "farmers", "Bauer", "Bauern", "m", _P, weak=True, en_pron="he"),
-    _Noun("neighbour", "neighbours", "Nachbar", "Nachbarn", "m", _P, weak=True, en_pron="he"),
-    # animals
-    _Noun("dog", "dogs", "Hund", "Hunde", "m", _A),
-    _Noun("cat", "cats", "Katze", "Katzen", "f", _A),
-    _Noun("horse", "horses", "Pferd", "Pferde", "n", _A),
-    _Noun("bird", "birds", "Vogel", "Vögel", "m", _A + " flier"),
-    _Noun("mouse", "mice", "Maus", "Mäuse", "f", _A),
-    _Noun("cow", "cows", "Kuh", "Kühe", "f", _A),
-    _Noun("pig", "pigs", "Schwein", "Schweine", "n", _A),
-    _Noun("fox", "foxes", "Fuchs", "Füchse", "m", _A),
-    _Noun("bear", "bears", "Bär", "Bären", "m", _A, weak=True),
-    _Noun("monkey", "monkeys", "Affe", "Affen", "m", _A, weak=True),
-    _Noun("lion", "lions", "Löwe", "Löwen", "m", _A, weak=True),
-    _Noun("rabbit", "rabbits", "Kaninchen", "Kaninchen", "n", _A),
-    _Noun("duck", "ducks", "Ente", "Enten", "f", _A + " flier"),
-    _Noun("goat", "goats", "Ziege", "Ziegen", "f", _A),
-    # things
-    _Noun("book", "books", "Buch", "Bücher", "n", "thing text"),
-    _Noun("letter", "letters", "Brief", "Briefe", "m", "thing text open"),
-    _Noun("ball", "balls", "Ball", "Bälle", "m", "thing toy"),
-    _Noun("car", "cars", "Auto", "Autos", "n", "thing big vehicle"),
-    _Noun("bicycle", "bicycles", "Fahrrad", "Fahrräder", "n", "thing big vehicle"),
-    _Noun("table", "tables", "Tisch", "Tische", "m", "thing big build surface"),
-    _Noun("chair", "chairs", "Stuhl", "Stühle", "m", "thing big build surface"),
-    _Noun("key", "keys", "Schlüssel", "Schlüssel", "m", "thing"),
-    _Noun("cup", "cups", "Tasse", "Tassen", "f", "thing"),
-    _Noun("bag", "bags", "Tasche", "Taschen", "f", "thing open"),
-    _Noun("hat", "hats", "Hut", "Hüte", "m", "thing"),
-    _Noun("picture", "pictures", "Bild", "Bilder", "n", "thing"),
-    _Noun("box", "boxes", "Kiste", "Kisten", "f", "thing big open build"),
-    _Noun("flower", "flowers", "Blume", "Blumen", "f", "thing"),
-    _Noun("door", "doors", "Tür", "Türen", "f", "thing big open"),
-    _Noun("window", "windows", "Fenster", "Fenster", "n", "thing big open"),
-    _Noun("stone", "stones", "Stein", "Steine", "m", "thing toy"),
-    _Noun("bottle", "bottles", "Flasche", "Flaschen", "f", "thing open"),
-    # food
-    _Noun("apple", "apples", "Apfel", "Äpfel", "m", "food"),
-    _Noun("bread", "breads", "Brot", "Brote", "n", "food"),
-    _Noun("cake", "cakes", "Kuchen", "Kuchen", "m", "food"),
-    _Noun("soup", "soups", "Suppe", "Suppen", "f", "food"),
-    _Noun("egg", "eggs", "Ei", "Eier", "n", "food"),
-    _Noun("carrot", "carrots", "Karotte", "Karotten", "f", "food"),
-    _Noun("sausage", "sausages", "Wurst", "Würste", "f", "food"),
-    _Noun("bone", "bones", "Knochen", "Knochen", "m", "food"),
-    # places
-    _Noun("house", "houses", "Haus", "Häuser", "n", "place big build"),
-    _Noun("garden", "gardens", "Garten", "Gärten", "m", "place big"),
-    _Noun("park", "parks", "Park", "Parks", "m", "place big"),
-    _Noun("school", "schools", "Schule", "Schulen", "f", "place big build"),
-    _Noun("forest", "forests", "Wald", "Wälder", "m", "place big"),
-    _Noun("city", "cities", "Stadt", "Städte", "f", "place big"),
-    _Noun("street", "streets", "Straße", "Straßen", "f", "place big surface"),
-    _Noun("kitchen", "kitchens", "Küche", "Küchen", "f", "place big"),
-    _Noun("village", "villages", "Dorf", "Dörfer", "n", "place big"),
-    _Noun("field", "fields", "Feld", "Felder", "n", "place big surface"),
-    _Noun("bridge", "bridges", "Brücke", "Brücken", "f", "place big build surface"),
-    _Noun("river", "rivers", "Fluss", "Flüsse", "m", "place big"),
-]
-
-# (English, German stem form, order rank, tags of nouns it may modify). English and German both put
-# opinion/quality before size before age before colour, so sorting by rank gives natural order.
-_ADJS = [
-    ("beautiful", "schön", 0, "any"),
-    ("hungry", "hungrig", 0, "animate"),
-    ("tired", "müde", 0, "animate"),
-    ("happy", "glücklich", 0, "animate"),
-    ("sad", "traurig", 0, "animate"),
-    ("angry", "wütend", 0, "animate"),
-    ("sick", "krank", 0, "animate"),
-    ("clever", "klug", 0, "animate"),
-    ("lazy", "faul", 0, "animate"),
-    ("fast", "schnell", 0, "animal vehicle"),
-    ("quiet", "ruhig", 0, "animate place"),
-    ("cheap", "billig", 0, "thing food"),
-    ("heavy", "schwer", 0, "thing"),
-    ("warm", "warm", 0, "food place"),
-    ("cold", "kalt", 0, "food place"),
-    ("big", "groß", 1, "any"),
-    ("small", "klein", 1, "any"),
-    ("long", "lang", 1, "thing place"),
-    ("old", "alt", 2, "any"),
-    ("young", "jung", 2, "animate"),
-    ("new", "neu", 2, "thing place"),
-    ("fresh", "frisch", 2, "food"),
-    ("red", "rot", 3, "thing food"),
-    ("blue", "blau", 3, "thing"),
-    ("green", "grün", 3, "thing food"),
-    ("black", "schwarz", 3, "animal thing"),
-    ("white", "weiß", 3, "animal thing"),
-    ("brown", "braun", 3, "animal thing"),
-]
-_ADJS = [(en, de, rank, frozenset(tags.split())) for en, de, rank, tags in _ADJS]
-
-
 class _Verb:
     __slots__ = ("en", "en3", "enpp", "de", "inf", "pp", "aux", "prefix", "frame", "subj", "obj", "obj2", "animal")
 
@@ -208,243 +102,63 @@ class _Verb:
         self.animal = animal
 
 
-_VERBS = [
-    # transitive, accusative object
-    _Verb("see", "sees", "seen", "sehe siehst sieht sehen", "sehen", "gesehen", "tr", "animate", "any"),
-    _Verb("find", "finds", "found", "finde findest findet finden", "finden", "gefunden", "tr", "animate", "any"),
-    _Verb(
-        "buy", "buys", "bought", "kaufe kaufst kauft kaufen", "kaufen", "gekauft", "tr", "person", "thing food animal"
-    ),
-    _Verb("read", "reads", "read", "lese liest liest lesen", "lesen", "gelesen", "tr", "person", "text"),
-    _Verb(
-        "eat",
-        "eats",
-        "eaten",
-        "esse isst isst essen",
-        "essen",
-        "gegessen",
-        "tr",
-        "animate",
-        "food",
-        animal=("fresse frisst frisst fressen", "fressen", "gefressen"),
-    ),
-    _Verb(
-        "carry", "carries", "carried", "trage trägst trägt tragen", "tragen", "getragen", "tr", "animate", "thing food"
-    ),
-    _Verb("like", "likes", "liked", "mag magst mag mögen", "mögen", "gemocht", "tr", "animate", "any"),
-    _Verb("hear", "hears", "heard", "höre hörst hört hören", "hören", "gehört", "tr", "animate", "animate"),
-    _Verb("open", "opens", "opened", "öffne öffnest öffnet öffnen", "öffnen", "geöffnet", "tr", "person", "open"),
-    _Verb("build", "builds", "built", "baue baust baut bauen", "bauen", "gebaut", "tr", "person", "build"),
-    _Verb(
-        "catch", "catches", "caught", "fange fängst fängt fangen", "fangen", "gefangen", "tr", "animate", "animal toy"
-    ),
-    _Verb(
-        "look for", "looks for", "looked for", "suche suchst sucht suchen", "suchen", "gesucht", "tr", "animate", "any"
-    ),
-    _Verb(
-        "visit",
-        "visits",
-        "visited",
-        "besuche besuchst besucht besuchen",
-        "besuchen",
-        "besucht",
-        "tr",
-        "person",
-        "person place",
-    ),
-    _Verb("cook", "cooks", "cooked", "koche kochst kocht kochen", "kochen", "gekocht", "tr", "person", "food"),
-    # separable: the prefix goes to the end of a main clause and rejoins the verb when it is final
-    _Verb(
-        "call", "calls", "called", "rufe rufst ruft rufen", "rufen", "angerufen", "tr", "person", "person", prefix="an"
-    ),
-    _Verb(
-        "invite",
-        "invites",
-        "invited",
-        "lade lädst lädt laden",
-        "laden",
-        "eingeladen",
-        "tr",
-        "person",
-        "person",
-        prefix="ein",
-    ),
-    _Verb(
-        "pick up",
-        "picks up",
-        "picked up",
-        "hebe hebst hebt heben",
-        "heben",
-        "aufgehoben",
-        "tr",
-        "person",
-        "thing food",
-        prefix="auf",
-    ),
-    _Verb(
-        "look at",
-        "looks at",
-        "looked at",
-        "sehe siehst sieht sehen",
-        "sehen",
-        "angesehen",
-        "tr",
-        "animate",
-        "any",
-        prefix="an",
-    ),
-    # intransitive
-    _Verb("sleep", "sleeps", "slept", "schlafe schläfst schläft schlafen", "schlafen", "geschlafen", "intr", "animate"),
-    _Verb("play", "plays", "played", "spiele spielst spielt spielen", "spielen", "gespielt", "intr", "animate"),
-    _Verb("work", "works", "worked", "arbeite arbeitest arbeitet arbeiten", "arbeiten", "gearbeitet", "intr", "person"),
-    _Verb("wait", "waits", "waited", "warte wartest wartet warten", "warten", "gewartet", "intr", "animate"),
-    _Verb("sing", "sings", "sung", "singe singst singt singen", "singen", "gesungen", "intr", "person flier"),
-    _Verb(
-        "swim",
-        "swims",
-        "swum",
-        "schwimme schwimmst schwimmt schwimmen",
-        "schwimmen",
-        "geschwommen",
-        "intr",
-        "animate",
-        aux="s",
-    ),
-    _Verb(
-        "arrive",
-        "arrives",
-        "arrived",
-        "komme kommst kommt kommen",
-        "kommen",
-        "angekommen",
-        "intr",
-        "animate",
-        aux="s",
-        prefix="an",
-    ),
-    # motion, with a directional PP
-    _Verb("go", "goes", "gone", "gehe gehst geht gehen", "gehen", "gegangen", "motion", "animate", aux="s"),
-    _Verb("run", "runs", "run", "laufe läufst läuft laufen", "laufen", "gelaufen", "motion", "animate", aux="s"),
-    _Verb("come", "comes", "come", "komme kommst kommt kommen", "kommen", "gekommen", "motion", "animate", aux="s"),
-    _Verb("drive", "drives", "driven", "fahre fährst fährt fahren", "fahren", "gefahren", "motion", "person", aux="s"),
-    _Verb("fly", "flies", "flown", "fliege fliegst fliegt fliegen", "fliegen", "geflogen", "motion", "flier", aux="s"),
-    # dative object
-    _Verb("help", "helps", "helped", "helfe hilfst hilft helfen", "helfen", "geholfen", "dat", "animate", "animate"),
-    _Verb(
-        "follow",
-        "follows",
-        "followed",
-        "folge folgst folgt folgen",
-        "folgen",
-        "gefolgt",
-        "dat",
-        "animate",
-        "animate",
-        aux="s",
-    ),
-    _Verb("thank", "thanks", "thanked", "danke dankst dankt danken", "danken", "gedankt", "dat", "person", "person"),
-    # ditransitive: dative recipient, accusative theme
-    _Verb(
-        "give", "gives", "given", "gebe gibst gibt geben", "geben", "gegeben", "ditr", "person", "thing food", "animate"
-    ),
-    _Verb(
-        "show",
-        "shows",
-        "shown",
-        "zeige zeigst zeigt zeigen",
-        "zeigen",
-        "gezeigt",
-        "ditr",
-        "person",
-        "thing animal",
-        "person",
-    ),
-    _Verb(
-        "bring",
-        "brings",
-        "brought",
-        "bringe bringst bringt bringen",
-        "bringen",
-        "gebracht",
-        "ditr",
-        "person",
-        "thing food",
-        "animate",
-    ),
-    # clausal complement: "that" + verb-final clause
-    _Verb("know", "knows", "known", "weiß weißt weiß wissen", "wissen", "gewusst", "that", "person"),
-    _Verb("say", "says", "said", "sage sagst sagt sagen", "sagen", "gesagt", "that", "person"),
-    _Verb("think", "thinks", "thought", "denke denkst denkt denken", "denken", "gedacht", "that", "person"),
-    _Verb("believe", "believes", "believed", "glaube glaubst glaubt glauben", "glauben", "geglaubt", "that", "person"),
+def _load_lexicon(path: pathlib.Path) -> dict:
+    """The lexicon as data (synthetic_lexicon.json, beside this file): words, their forms and the tags that
+    say which words combine. The grammar below (agreement, case, word order) is code."""
+    lex = json.loads(path.read_text(encoding="utf-8"))
+    for kind, entries in (("nouns", lex["nouns"]), ("verbs", lex["verbs"] + [lex["be"]])):
+        for d in entries:  # the forms the grammar indexes by position: a short list fails far from the cause
+            bad = (d["gender"] not in _GENDER_INDEX) if kind == "nouns" else len(d["de"].split()) != 4
+            if bad:
+                raise ValueError(f"{path}: {kind} entry {d['en']!r}: gender must be m/f/n and a verb's 'de' "
+                                 "must hold 4 forms (1sg 2sg 3sg plural)")
+    return lex
+
+
+LEXICON_PATH = pathlib.Path(__file__).with_name("synthetic_lexicon.json")
+LEXICON_SHA256 = hashlib.sha256(LEXICON_PATH.read_bytes()).hexdigest()
+_LEX = _load_lexicon(LEXICON_PATH)
+
+
+def _verb(d: dict) -> _Verb:
+    animal = d.get("animal")
+    return _Verb(d["en"], d["en3"], d["enpp"], d["de"], d["inf"], d["pp"], d["frame"], d["subj"], d.get("obj", ""),
+                 d.get("obj2", ""), d.get("aux", "h"), d.get("prefix", ""),
+                 (animal["de"], animal["inf"], animal["pp"]) if animal else None)  # fmt: skip
+
+
+_NOUNS = [
+    _Noun(d["en"], d["en_pl"], d["de"], d["de_pl"], d["gender"], d["tags"], d.get("weak", False), d.get("en_pron", "it"))
+    for d in _LEX["nouns"]
 ]
-_BE = _Verb("be", "is", "been", "bin bist ist sind", "sein", "gewesen", "cop", "any", aux="s")
-_HAVE_DE = "habe hast hat haben".split()
+# (English, German stem form, order rank, tags of nouns it may modify). English and German both put
+# opinion/quality before size before age before colour, so sorting by rank gives natural order.
+_ADJS = [(d["en"], d["de"], d["rank"], frozenset(d["tags"].split())) for d in _LEX["adjectives"]]
+_VERBS = [_verb(d) for d in _LEX["verbs"]]
+_BE = _verb(_LEX["be"])
+_HAVE_DE = _LEX["have_de"].split()
 _SEIN_DE = _BE.de
-_CAN_DE = "kann kannst kann können".split()
+_CAN_DE = _LEX["can_de"].split()
 _VERBS_BY_FRAME: dict[str, list[_Verb]] = {}
 for _v in _VERBS:
     _VERBS_BY_FRAME.setdefault(_v.frame, []).append(_v)
 _VERBS_BY_FRAME["cop"] = [_BE]
 # Weights make transitive clauses the backbone while every frame is frequent enough to be learned.
-_FRAMES = [("tr", 40), ("intr", 12), ("motion", 12), ("cop", 13), ("dat", 8), ("ditr", 9)]
-
+_FRAMES = list(_LEX["frames"].items())
 # (English, German, tenses it fits); "yesterday" only with the perfect, "now"/"tomorrow" not with it.
-_TIME_ADVS = [
-    ("today", "heute", "pres perf modal"),
-    ("now", "jetzt", "pres modal"),
-    ("tomorrow", "morgen", "pres modal"),
-    ("yesterday", "gestern", "perf"),
-    ("in the morning", "am Morgen", "pres perf modal"),
-    ("in the evening", "am Abend", "pres perf modal"),
-    ("at night", "in der Nacht", "pres perf modal"),
-]
-_FREQ_ADVS = [("often", "oft"), ("sometimes", "manchmal"), ("always", "immer"), ("rarely", "selten")]
-_NUMBERS = [("two", "zwei"), ("three", "drei"), ("four", "vier"), ("five", "fünf")]
-
+_TIME_ADVS = [(d["en"], d["de"], d["tenses"]) for d in _LEX["time_adverbs"]]
+_FREQ_ADVS = [(d["en"], d["de"]) for d in _LEX["frequency_adverbs"]]
+_NUMBERS = [(d["en"], d["de"]) for d in _LEX["numbers"]]
 # (English, German, case, kind, noun tags). Kinds: "loc"/"dir" share German's last middle-field slot,
 # "mod" (with/for/without) precedes them in German but follows them in English.
-_PREPS = [
-    ("in", "in", "dat", "loc", "place"),
-    ("on", "auf", "dat", "loc", "surface"),
-    ("behind", "hinter", "dat", "loc", "big"),
-    ("in front of", "vor", "dat", "loc", "big"),
-    ("to", "zu", "dat", "dir", "person place"),
-    ("into", "in", "acc", "dir", "place"),
-    ("through", "durch", "acc", "dir", "place"),
-    ("from", "von", "dat", "dir", "person place"),
-    ("with", "mit", "dat", "mod", "animate thing"),
-    ("for", "für", "acc", "mod", "animate"),
-    ("without", "ohne", "acc", "mod", "animate thing"),
-]
-_PREPS = [(en, de, case, kind, tags.split()) for en, de, case, kind, tags in _PREPS]
+_PREPS = [(d["en"], d["de"], d["case"], d["kind"], d["tags"].split()) for d in _LEX["prepositions"]]
 _PREPS_BY_KIND: dict[str, list] = {}
 for _p in _PREPS:
     _PREPS_BY_KIND.setdefault(_p[3], []).append(_p)
-_CONTRACTIONS = {
-    ("in", "dem"): "im",
-    ("in", "das"): "ins",
-    ("zu", "dem"): "zum",
-    ("zu", "der"): "zur",
-    ("von", "dem"): "vom",
-}
-
+_CONTRACTIONS = {(d["prep"], d["article"]): d["form"] for d in _LEX["contractions"]}
 # (English, German, may precede the main clause)
-_SUB_CONJS = [
-    ("because", "weil", False),
-    ("when", "wenn", True),
-    ("while", "während", True),
-    ("although", "obwohl", True),
-    ("if", "wenn", True),
-]
-
-_PRONOUNS = [  # (English, German, person, number)
-    ("I", "ich", 1, "sg"),
-    ("you", "du", 2, "sg"),
-    ("he", "er", 3, "sg"),
-    ("she", "sie", 3, "sg"),
-    ("we", "wir", 1, "pl"),
-    ("they", "sie", 3, "pl"),
-]
+_SUB_CONJS = [(d["en"], d["de"], d["may_front"]) for d in _LEX["subordinating_conjunctions"]]
+_PRONOUNS = [(d["en"], d["de"], d["person"], d["number"]) for d in _LEX["pronouns"]]  # (English, German, person, number)
 _DE_PRON = {"m": "er", "f": "sie", "n": "es"}
 _PERSON_TAGS = frozenset(["person", "animate", "any"])
 
@@ -452,7 +166,6 @@ _PERSON_TAGS = frozenset(["person", "animate", "any"])
 
 _DER = {"nom": ("der", "die", "das", "die"), "acc": ("den", "die", "das", "die"), "dat": ("dem", "der", "dem", "den")}
 _DIES_ENDINGS = {"nom": ("er", "e", "es", "e"), "acc": ("en", "e", "es", "e"), "dat": ("em", "er", "em", "en")}
-_GENDER_INDEX = {"m": 0, "f": 1, "n": 2}
 
 
 def _de_det(det: str, gender: str, number: str, case: str) -> str:
@@ -971,6 +684,7 @@ def _meta(seed: int, n_train: int, n_dev: int, n_test: int, max_words: int) -> d
         "max_words": max_words,
         "generator": "aiayn.synthetic",
         "grammar_version": GRAMMAR_VERSION,
+        "lexicon_sha256": LEXICON_SHA256,
         "seed": seed,
         "n_train": n_train,
         "n_dev": n_dev,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
@@ -373,3 +374,30 @@ def test_write_corpus_into_existing_empty_dir(tmp_path):
     out.mkdir()
     syn.write_corpus(out, n_train=5, n_dev=1, n_test=1)
     assert (out / "meta.json").is_file()
+
+
+def test_the_lexicon_file_gives_the_corpus_the_lexicon_in_code_gave():
+    """The lexicon moved from Python literals to synthetic_lexicon.json (issue 20); the sha256 was taken from the
+    code before the move (566b6cd) and matches the default corpus's first 3000 long-sentence pairs after it."""
+    c = syn.generate(seed=7, n_train=3000, n_dev=100, n_test=100, max_words=40)
+    digest = hashlib.sha256(json.dumps(c, ensure_ascii=False).encode()).hexdigest()
+    assert digest == "c907d35001eb0b8221b0f09e4407b6ea2646a7368743101d6990e5e242960850"
+
+
+def test_an_edited_lexicon_regenerates_the_cached_corpus(tmp_path, monkeypatch):
+    out = syn.write_corpus(tmp_path / "c", seed=2, n_train=20, n_dev=3, n_test=3)
+    assert json.loads((out / "meta.json").read_text())["lexicon_sha256"] == syn.LEXICON_SHA256
+    os.utime(out / "train.en", ns=(1, 1))
+    monkeypatch.setattr(syn, "LEXICON_SHA256", "0" * 64)
+    syn.write_corpus(out, seed=2, n_train=20, n_dev=3, n_test=3)
+    assert (out / "train.en").stat().st_mtime_ns != 1
+    assert json.loads((out / "meta.json").read_text())["lexicon_sha256"] == "0" * 64
+
+
+def test_a_malformed_lexicon_entry_is_named(tmp_path):
+    lex = json.loads(syn.LEXICON_PATH.read_text(encoding="utf-8"))
+    lex["verbs"][0]["de"] = "sehe sieht"
+    path = tmp_path / "lexicon.json"
+    path.write_text(json.dumps(lex, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(ValueError, match="'see'.*4 forms"):
+        syn._load_lexicon(path)
