@@ -8,8 +8,8 @@ model; this grammar needs attention over structure-dependent distances instead.
 
 What the grammar covers (all of it realised correctly on the German side):
 
-* a bilingual lexicon (synthetic_lexicon.json: 65 nouns, 40 verbs, 28 adjectives, adverbs, prepositions, numbers) with real
-  German forms, umlauts and ß in UTF-8;
+* a bilingual lexicon (synthetic_lexicon.json: 65 nouns, 40 verbs, 28 adjectives, adverbs, prepositions,
+  numbers) with real German forms, umlauts and ß in UTF-8;
 * grammatical gender and case: articles (der/ein/dieser/mein/kein) and attributive adjectives take the
   weak, mixed or strong endings of nominative, accusative and dative, singular and plural (dative
   plural -n, weak masculine nouns such as "den Jungen", "dem Bären");
@@ -110,8 +110,10 @@ def _load_lexicon(path: pathlib.Path) -> dict:
         for d in entries:  # the forms the grammar indexes by position: a short list fails far from the cause
             bad = (d["gender"] not in _GENDER_INDEX) if kind == "nouns" else len(d["de"].split()) != 4
             if bad:
-                raise ValueError(f"{path}: {kind} entry {d['en']!r}: gender must be m/f/n and a verb's 'de' "
-                                 "must hold 4 forms (1sg 2sg 3sg plural)")
+                raise ValueError(
+                    f"{path}: {kind} entry {d['en']!r}: gender must be m/f/n and a verb's 'de' "
+                    "must hold 4 forms (1sg 2sg 3sg plural)"
+                )
     return lex
 
 
@@ -128,7 +130,9 @@ def _verb(d: dict) -> _Verb:
 
 
 _NOUNS = [
-    _Noun(d["en"], d["en_pl"], d["de"], d["de_pl"], d["gender"], d["tags"], d.get("weak", False), d.get("en_pron", "it"))
+    _Noun(
+        d["en"], d["en_pl"], d["de"], d["de_pl"], d["gender"], d["tags"], d.get("weak", False), d.get("en_pron", "it")
+    )
     for d in _LEX["nouns"]
 ]
 # (English, German stem form, order rank, tags of nouns it may modify). English and German both put
@@ -158,7 +162,8 @@ for _p in _PREPS:
 _CONTRACTIONS = {(d["prep"], d["article"]): d["form"] for d in _LEX["contractions"]}
 # (English, German, may precede the main clause)
 _SUB_CONJS = [(d["en"], d["de"], d["may_front"]) for d in _LEX["subordinating_conjunctions"]]
-_PRONOUNS = [(d["en"], d["de"], d["person"], d["number"]) for d in _LEX["pronouns"]]  # (English, German, person, number)
+# (English, German, person, number)
+_PRONOUNS = [(d["en"], d["de"], d["person"], d["number"]) for d in _LEX["pronouns"]]
 _DE_PRON = {"m": "er", "f": "sie", "n": "es"}
 _PERSON_TAGS = frozenset(["person", "animate", "any"])
 
