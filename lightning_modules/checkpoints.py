@@ -1,6 +1,6 @@
 """Checkpoints: load with a clear error, average the last k (paper §6.1), and the run files they carry.
 
-A checkpoint written by aiayn 0.2 or later holds, beside Lightning's state, the run's resolved config
+A checkpoint written by `aiayn train` holds, beside Lightning's state, the run's resolved config
 and its tokenizer (`checkpoint["aiayn"]`, see callbacks.RunFilesInCheckpoint); an averaged one keeps
 those of the checkpoints it averages, which must agree.
 """
@@ -39,7 +39,7 @@ def load_raw(path: str | Path) -> dict:
 
 
 def run_files(ckpt: dict) -> dict:
-    """The run files a checkpoint carries ({} for one written before aiayn 0.2)."""
+    """The run files a checkpoint carries ({} for one not written by `aiayn train`)."""
     return ckpt.get(RUN_FILES) or {}
 
 

@@ -185,10 +185,6 @@ class ModelSource:
     alpha: float = option(PAPER_DECODING.alpha, "length penalty alpha; the paper's 0.6")
     extra_len: int = option(PAPER_DECODING.extra_len, "longest output = source length + this; the paper's 50")
     max_tokens: int = option(DECODE_MAX_TOKENS, "source tokens per batch, padding included", positive=True)
-    tokenizer: str | None = option(
-        None, "the SentencePiece model, for a checkpoint written before aiayn 0.2 (later ones carry theirs)",
-        metavar="FILE",
-    )  # fmt: skip
 
     def kind(self) -> str:
         """Which model it names: "run", "ckpt" or "ct2"; a UserError unless exactly one, with what goes with it."""
@@ -199,8 +195,6 @@ class ModelSource:
         if self.average and given[0] != "run":
             raise UserError(f"--average K takes the last K checkpoints of a run; pass --run DIR instead of "
                             f"--{given[0]}")  # fmt: skip
-        if self.tokenizer and given[0] == "ct2":
-            raise UserError("--tokenizer is for old checkpoints; a CTranslate2 export carries its own, drop it")
         return given[0]
 
 

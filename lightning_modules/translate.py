@@ -7,8 +7,7 @@
 
 A checkpoint carries its model config and its tokenizer (callbacks.RunFilesInCheckpoint), so this
 needs neither the corpus nor the cache nor Lightning's Trainer: a run directory (or one checkpoint)
-copied to another machine translates there. A checkpoint written before aiayn 0.2 takes its tokenizer
-from its run directory's tokenizer.model or from `tokenizer=`.
+copied to another machine translates there. The tokenizer used is always the checkpoint's own.
 
 Decoding is the paper's (§6.1): beam 4, length penalty α = 0.6, at most source length + 50 tokens;
 each is a parameter. Sentences are sorted by length and batched by a budget of source tokens
@@ -29,9 +28,8 @@ from pathlib import Path
 import torch
 
 from aiayn.common.errors import UserError
-from aiayn.common.files import sha256_bytes
 from aiayn.lightning_modules.bleu import bleu
-from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_files
+from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw
 from aiayn.lightning_modules.config import PAPER_DECODING
 from aiayn.lightning_modules.decoding import beam_search, greedy
 from aiayn.lightning_modules.devices import autocast, resolve_precision
@@ -39,11 +37,6 @@ from aiayn.lightning_modules.evaluate import nll_sum
 from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, ModelSource
 from aiayn.lightning_modules.rundir import RunDir
-
-OLD_CHECKPOINT_FIX = (
-    "it was written before aiayn 0.2: pass --tokenizer with its SentencePiece model (under $AIAYN_CACHE/spm/), "
-    "or rerun its `aiayn train` command once, which adds RUN/tokenizer.model"
-)
 
 
 def pick_device(device: str) -> torch.device:
@@ -81,27 +74,12 @@ def read_sentences(path: str, what: str = "input") -> list[str]:
     return out
 
 
-def _tokenizer(ckpt: dict, path: Path, beside: Path | None, given: str | Path | None) -> bytes:
-    """The SentencePiece model of a checkpoint: `given` (--tokenizer), else its run directory's
-    tokenizer.model (`beside`), else the one it carries. Whichever is used must have the sha256 the
-    checkpoint recorded, when it recorded one."""
-    recorded = run_files(ckpt).get("tokenizer_sha256")
-    for file, fix in ((given, "drop --tokenizer: the checkpoint carries its own"),
-                      (beside, "it is not this run's checkpoint; pass --ckpt FILE alone")):  # fmt: skip
-        if file is None or (file is beside and not Path(file).is_file()):
-            continue
-        try:
-            data = Path(file).read_bytes()
-        except OSError as e:
-            raise UserError(f"tokenizer {file} cannot be read ({e.strerror or e}); pass a SentencePiece .model "
-                            f"file") from None  # fmt: skip
-        if recorded is not None and sha256_bytes(data) != recorded:
-            raise UserError(f"tokenizer {file} differs from the one checkpoint {path} was trained with (sha256 "
-                            f"{sha256_bytes(data)[:12]}, not {recorded[:12]}); {fix}")  # fmt: skip
-        return data
+def _tokenizer(ckpt: dict, path: Path) -> bytes:
+    """The SentencePiece model a checkpoint carries (checked against its recorded sha256)."""
     data = embedded_tokenizer(ckpt, path)
     if data is None:
-        raise UserError(f"checkpoint {path} carries no tokenizer and none is beside it; {OLD_CHECKPOINT_FIX}")
+        raise UserError(f"checkpoint {path} carries no tokenizer (no run files): it was not written by `aiayn train`; "
+                        "pass a checkpoint from a run directory's checkpoints/")  # fmt: skip
     return data
 
 
@@ -161,16 +139,12 @@ class Translator:
     # ---- loading
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, device: str = "auto", tokenizer: str | Path | None = None, **kw):
+    def from_checkpoint(cls, path: str | Path, *, device: str = "auto", **kw):
         """A checkpoint file (`last.ckpt`, `stepNNNNNNN.ckpt`, an averaged one); alone is enough."""
-        path = Path(path)
-        in_run = path.parent.name == "checkpoints"
-        return cls._load([path], RunDir(path.parent.parent).tokenizer_file if in_run else None, tokenizer, device, kw)
+        return cls._load([Path(path)], device, kw)
 
     @classmethod
-    def from_run(
-        cls, path: str | Path, *, device: str = "auto", average: int | None = None, tokenizer=None, **kw
-    ) -> Translator:
+    def from_run(cls, path: str | Path, *, device: str = "auto", average: int | None = None, **kw) -> Translator:
         """A run directory: its `checkpoints/last.ckpt`, or the mean of its last `average` kept
         checkpoints (the paper averages the last 5, §6.1)."""
         run = RunDir(Path(path))
@@ -182,7 +156,7 @@ class Translator:
             paths = [run.last_checkpoint]
         else:
             raise UserError(f"run directory {run.path} has no checkpoints/last.ckpt; train it first or pass --ckpt")
-        return cls._load(paths, run.tokenizer_file, tokenizer, device, kw)
+        return cls._load(paths, device, kw)
 
     @classmethod
     def from_options(cls, opts: ModelSource) -> Translator:
@@ -190,17 +164,17 @@ class Translator:
         export, `--ct2 DIR`, is ct2.Ct2Translator's)."""
         if opts.kind() == "ct2":
             raise UserError("--ct2 DIR is a CTranslate2 model; load it with aiayn.Ct2Translator")
-        kw = dict(device=opts.device, tokenizer=opts.tokenizer, beam=opts.beam, alpha=opts.alpha,
+        kw = dict(device=opts.device, beam=opts.beam, alpha=opts.alpha,
                   extra_len=opts.extra_len, max_tokens=opts.max_tokens, precision=opts.precision)  # fmt: skip
         if opts.run:
             return cls.from_run(opts.run, average=opts.average, **kw)
         return cls.from_checkpoint(opts.ckpt, **kw)
 
     @classmethod
-    def _load(cls, paths: list[Path], beside: Path | None, tokenizer, device: str, kw: dict) -> Translator:
+    def _load(cls, paths: list[Path], device: str, kw: dict) -> Translator:
         ckpt = load_raw(paths[0]) if len(paths) == 1 else averaged(paths)
         model = _model(ckpt, paths[-1])
-        proto = _tokenizer(ckpt, paths[-1], beside, tokenizer)
+        proto = _tokenizer(ckpt, paths[-1])
         data = ckpt["hyper_parameters"].get("data") or {}
         return cls(model, proto, device=device, max_len=data.get("max_len"), checkpoints=[str(p) for p in paths],
                    data=data, **kw)  # fmt: skip

@@ -14,7 +14,6 @@ import torch
 from aiayn.cli import main
 from aiayn.common.files import sha256_file
 from aiayn.lightning_modules.corpora import read_parallel, resolve_corpus
-from aiayn.lightning_modules.tokenizer import train_spm
 
 FAST = ["--max-steps", "3", "--ckpt-every", "2", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
@@ -134,14 +133,9 @@ def test_device_auto_is_the_cpu_here_and_cuda_is_refused_in_one_line(trained, tm
     )
 
 
-def other_tokenizer(tmp_path: Path) -> Path:
-    """A SentencePiece model of the same size as the run's, trained on other text."""
-    words = [f"word{i} thing{i % 7} other{i % 13}" for i in range(3000)]
-    return train_spm(words, words, 1000, tmp_path / "other" / "spm")
-
-
 def old_checkpoint(run: Path, where: Path) -> Path:
-    """The run's last checkpoint as aiayn 0.1 wrote it: no tokenizer, no config inside."""
+    """The run's last checkpoint without its run files (no tokenizer, no config inside): a Lightning checkpoint
+    of the model that `aiayn train` did not write."""
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     del ckpt["aiayn"]
     where.mkdir(parents=True, exist_ok=True)
@@ -157,13 +151,7 @@ def bad_cases(run: Path, tmp: Path) -> dict:
     n_long = len(Translator.from_run(run, device="cpu").sp.encode(long))
     (tmp / "long.en").write_text(f"The dog.\n{long}\n")
     (tmp / "latin1.en").write_bytes("The dog.\nDer Hund läuft.\n".encode("latin-1"))
-    other = other_tokenizer(tmp)
     old = old_checkpoint(run, tmp / "old")
-    own = sha256_file(run / "tokenizer.model")
-    foreign_run = tmp / "foreign"  # a run directory whose tokenizer.model is another's
-    (foreign_run / "checkpoints").mkdir(parents=True)
-    shutil.copy(run / "checkpoints" / "last.ckpt", foreign_run / "checkpoints" / "last.ckpt")
-    shutil.copy(other, foreign_run / "tokenizer.model")
     out = ["--output", f"{tmp}/out.de"]
     return {
         "a line longer than the model's maximum": (
@@ -177,20 +165,8 @@ def bad_cases(run: Path, tmp: Path) -> dict:
         ),
         "a checkpoint without a tokenizer": (
             ["translate", "--ckpt", str(old), "--input", f"{tmp}/long.en", *out],
-            f"checkpoint {old} carries no tokenizer and none is beside it; it was written before aiayn 0.2: pass "
-            "--tokenizer with its SentencePiece model (under $AIAYN_CACHE/spm/), or rerun its `aiayn train` "
-            "command once, which adds RUN/tokenizer.model",
-        ),
-        "a tokenizer that differs from the checkpoint's": (
-            ["translate", "--run", str(run), "--tokenizer", str(other), "--input", f"{tmp}/long.en", *out],
-            f"tokenizer {other} differs from the one checkpoint {run}/checkpoints/last.ckpt was trained with (sha256 "
-            f"{sha256_file(other)[:12]}, not {own[:12]}); drop --tokenizer: the checkpoint carries its own",
-        ),
-        "a run directory whose tokenizer is another's": (
-            ["eval", "--run", str(foreign_run), "--src", f"{tmp}/long.en", "--ref", f"{tmp}/long.en"],
-            f"tokenizer {foreign_run}/tokenizer.model differs from the one checkpoint {foreign_run}/checkpoints/"
-            f"last.ckpt was trained with (sha256 {sha256_file(other)[:12]}, not {own[:12]}); it is not this run's "
-            "checkpoint; pass --ckpt FILE alone",
+            f"checkpoint {old} carries no tokenizer (no run files): it was not written by `aiayn train`; pass a "
+            "checkpoint from a run directory's checkpoints/",
         ),
         "misaligned test set": (
             ["eval", "--run", str(run), "--src", f"{tmp}/long.en", "--ref", f"{tmp}/one.de"],
@@ -216,9 +192,6 @@ def test_bad_input_of_translation_is_one_line_exit_2_and_writes_nothing(trained,
     run, _ = trained
     (tmp_path / "one.de").write_text("Der Hund.\n")
     cases = bad_cases(run, tmp_path)
-    assert main(["translate", "--run", str(run), "--tokenizer", str(run / "tokenizer.model"), "--input",
-                 f"{tmp_path}/one.de"]) == 0  # its own tokenizer given explicitly is fine  # fmt: skip
-    capsys.readouterr()
     for name, (argv, message) in cases.items():
         before = sorted(p for p in tmp_path.rglob("*"))
         assert main(argv) == 2, name
