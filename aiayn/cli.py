@@ -18,18 +18,28 @@ from aiayn import __version__
 from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.logs import configure_logging
-from aiayn.common.options import HelpFormatter, add_options, from_args, parser_defaults, positive_int
+from aiayn.common.options import (
+    HelpFormatter,
+    add_options,
+    config_values,
+    defaults_of,
+    from_args,
+    positive_int,
+    read_mapping,
+    to_config,
+)
 from aiayn.doctor import DoctorOptions
 from aiayn.lightning_modules.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
-from aiayn.sweeps.table3 import SweepOptions, report_dir
+from aiayn.sweeps.table3 import SweepOptions, exit_status, report_dir
 
 log = logging.getLogger("aiayn")
 
 # Options a sweep sets for each of its runs, not the user.
 PER_RUN = ("train.row", "train.seed", "train.progress")
 # `aiayn slurm`: the Trainer's devices, nodes and strategy follow the SLURM resources unless given.
+HPO_SKIP = ("train.progress",)
 SLURM_DEFAULTS = {"train.accelerator": "gpu", "train.devices": None, "train.num_nodes": None, "train.strategy": None}
 
 
@@ -247,6 +257,8 @@ def cmd_table3(args) -> None:
     from aiayn.sweeps.table3 import run_table3
 
     opts = from_args(SweepOptions, args)
+    if _print_config(opts, args):
+        return
     check_writable_dir(opts.train.out, "--out")
     report = report_dir(opts.report, opts.train.out)
     if report:
@@ -254,24 +266,36 @@ def cmd_table3(args) -> None:
     if opts.storage:
         check_url(opts.storage)  # before the sweep takes its setup lock under --out
     summary = run_table3(opts)
-    print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed of "
-          f"{summary['ran']} run ({summary['pairs']} pairs in the table)")  # fmt: skip
+    print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed, "
+          f"{summary.get('diverged', 0)} diverged of {summary['ran']} run ({summary['pairs']} pairs in the table)"
+          f"; `aiayn status {opts.train.out}` lists each pair")  # fmt: skip
     if report:
         from aiayn.lightning_modules.loggers import of as loggers_of
 
         _report(opts.train.out, report, opts.train.preset, wandb="wandb" in loggers_of(opts.train))
+    status = exit_status(summary, opts.fail_on_diverged)
+    if status:
+        raise SystemExit(status)
 
 
 def cmd_hpo(args) -> None:
     from aiayn.sweeps.hpo import run_hpo
 
-    print(json.dumps(run_hpo(from_args(HpoOptions, args)), indent=2))
+    opts = from_args(HpoOptions, args)
+    if _print_config(opts, args):
+        return
+    result = run_hpo(opts)
+    print(json.dumps(result, indent=2))
+    if result["best_trial"] is None:
+        raise SystemExit(1)  # every trial pruned or failed: a result of the search, not a usage error (2)
 
 
 def cmd_slurm(args) -> None:
     from aiayn.sweeps.slurm import submit
 
     opts = from_args(SlurmOptions, args, kind=args.slurm_command)
+    if _print_config(opts, args):
+        return
     summary = submit(opts)
     if opts.dry_run and summary.get("text"):
         sys.stdout.write(summary["text"])
@@ -282,6 +306,12 @@ def cmd_slurm(args) -> None:
           + (f"; script {summary['script']}" if opts.dry_run and summary["script"] else ""))  # fmt: skip
     if summary.get("disk"):
         print(f"# {summary['disk']}")
+    if summary.get("report_job"):
+        print(f"# report: job {summary['report_job']} writes it when the array has ended (--dependency=afterany:"
+              f"{summary['job']}); script {summary['report_script']}")  # fmt: skip
+    elif summary.get("report_script") and opts.dry_run:
+        print(f"# report: script {summary['report_script']}, submitted after the array with "
+              f"`sbatch --dependency=afterany:<array job> {summary['report_script']}`")  # fmt: skip
     results = summary.get("results", {})
     for pair, status in results.items():
         print(f"{pair}: {status}")
@@ -290,6 +320,19 @@ def cmd_slurm(args) -> None:
         _report(opts.train.out, report, opts.train.preset)
     if any(status != "completed" for status in results.values()):
         raise SystemExit(1)
+
+
+def cmd_status(args) -> None:
+    from aiayn.sweeps.status import render, sweep_status
+
+    found = sweep_status(args.out)
+    sys.stdout.write(json.dumps(found, indent=2) + "\n" if args.json else render(found))
+
+
+def cmd_completion(args) -> None:
+    import shtab  # a maintained generator of completion scripts from argparse parsers
+
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
 
 
 def cmd_sweep_export(args) -> None:
@@ -319,6 +362,27 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message}; see `{self.prog} --help`")
 
 
+def _config_arguments(p, cls, command: str, *, skip=(), config_help: str = "", print_help: str = "") -> None:
+    """--config FILE and --print-config for a command whose options are the dataclass `cls`."""
+    p.add_argument("--config", metavar="FILE", default=None, help=config_help or (
+        "a YAML file of these options (what --print-config prints; nested by group or dotted, e.g. train.max_steps); "
+        "flags given here override it"))  # fmt: skip
+    p.add_argument("--print-config", action="store_true", help=print_help or (
+        "print these options as YAML (every value, the config file included) and exit: `--config` of that file runs "
+        "the same command"))  # fmt: skip
+    p.set_defaults(options_of=(cls, skip, command, p))
+
+
+def _print_config(opts, args) -> bool:
+    """With --print-config: print `opts` as the YAML that --config reads back; True when printed."""
+    if not args.print_config:
+        return False
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump(to_config(opts, skip=args.options_of[1]), sort_keys=False))
+    return True
+
+
 def _rows_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all paper rows)")
     p.add_argument("--extended", action="store_true", help="include the extended rows beyond the paper")
@@ -338,21 +402,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("rows", help="the Table 3 rows resolved at a preset (no training)")
-    r.add_argument("--preset", default="paper")
+    r.add_argument("--preset", default="paper", help="the scale whose rule resolves the rows (`aiayn train --help` "
+                   "lists the presets)")  # fmt: skip
     _rows_arguments(r)
-    r.add_argument("--format", choices=("table", "json"), default="table")
+    r.add_argument("--format", choices=("table", "json"), default="table", help="a table for reading or JSON")
     r.set_defaults(func=cmd_rows)
 
     t = sub.add_parser("train", help="train one (row, preset, corpus, seed); reruns resume")
     add_options(t, TrainOptions)
-    t.add_argument("--config", metavar="FILE", default=None,
-                   help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
-                   "flags given here override it (--set and --table add to it)")  # fmt: skip
-    t.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the run's resolved config.json and exit: nothing prepared, trained or written",
-    )
+    _config_arguments(
+        t, TrainOptions, "aiayn train",
+        config_help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
+        "flags given here override it (--set and --table add to it)",
+        print_help="print the run's resolved config.json (JSON, which --config reads back) and exit: nothing "
+        "prepared, trained or written",
+    )  # fmt: skip
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split")
@@ -384,35 +448,45 @@ def build_parser() -> argparse.ArgumentParser:
 
     t3 = sub.add_parser("table3", help="run Table 3 as a sweep (Optuna keeps the books), then write the report")
     add_options(t3, SweepOptions, skip=PER_RUN)
+    _config_arguments(t3, SweepOptions, "aiayn table3", skip=PER_RUN)
     t3.set_defaults(func=cmd_table3)
 
     sl = sub.add_parser("slurm", help="submit Table 3 (or one run) to SLURM as a job array; requeued on preemption")
     slsub = sl.add_subparsers(dest="slurm_command", required=True, parser_class=_Parser)
     sp = slsub.add_parser("table3", help="one array task per pending (row, seed)")
     add_options(sp, SlurmOptions, skip=PER_RUN, defaults=SLURM_DEFAULTS)
+    _config_arguments(sp, SlurmOptions, "aiayn slurm table3", skip=PER_RUN)
     sp.set_defaults(func=cmd_slurm)
     sp = slsub.add_parser("train", help="one run")
     one_run = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
                "train.progress")  # fmt: skip
     add_options(sp, SlurmOptions, skip=one_run, defaults=SLURM_DEFAULTS)
+    _config_arguments(sp, SlurmOptions, "aiayn slurm train", skip=one_run)
     sp.set_defaults(func=cmd_slurm)
 
     hp = sub.add_parser("hpo", help="Optuna TPE over lr factor, warmup, dropout, label smoothing of one row")
-    add_options(hp, HpoOptions, skip=("train.progress",))
+    add_options(hp, HpoOptions, skip=HPO_SKIP)
+    _config_arguments(hp, HpoOptions, "aiayn hpo", skip=HPO_SKIP)
     hp.set_defaults(func=cmd_hpo)
+
+    st = sub.add_parser("status", help="the state of every (row, seed) of the sweeps under OUT: completed, running "
+                        "(host and age), failed (its reason), pending; trains and writes nothing")  # fmt: skip
+    st.add_argument("out", metavar="OUT", help="the --out of an `aiayn table3` or `aiayn slurm` sweep")
+    st.add_argument("--json", action="store_true", help="print every sweep and pair as JSON, for scripts")
+    st.set_defaults(func=cmd_status)
 
     sw = sub.add_parser("sweep", help="sweep definitions generated from ablations/")
     swsub = sw.add_subparsers(dest="sweep_command", required=True, parser_class=_Parser)
     ex = swsub.add_parser("export", help="write a sweep definition (to stdout without --out)")
     ex.add_argument("--wandb", action="store_true", help="a W&B sweep YAML (grid over row x seed)")
-    ex.add_argument("--preset", default="tiny")
+    ex.add_argument("--preset", default="tiny", help="the scale each run of the sweep trains at")
     _rows_arguments(ex)
     ex.add_argument("--seeds", type=positive_int, default=1, help="seeds 0..N-1 per row")
-    ex.add_argument("--out", default=None)
+    ex.add_argument("--out", default=None, help="the file to write (default: stdout)")
     ex.set_defaults(func=cmd_sweep_export)
 
     rp = sub.add_parser("report", help="Table 3 report tables and plots from every metrics.json under --runs")
-    rp.add_argument("--runs", default="runs")
+    rp.add_argument("--runs", default="runs", help="the --out of the runs to report (every metrics.json under it)")
     rp.add_argument("--out", default=None, help="report directory (default: RUNS/reports)")
     rp.add_argument("--preset", default=None, help="only this preset (default: every preset found)")
     rp.add_argument(
@@ -422,27 +496,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.set_defaults(func=cmd_report)
 
+    c = sub.add_parser("completion", help="print a shell completion script: `eval \"$(aiayn completion bash)\"` in "
+                       "~/.bashrc (zsh: `aiayn completion zsh > ~/.zfunc/_aiayn`)")  # fmt: skip
+    c.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="the shell the script is for")
+    c.set_defaults(func=cmd_completion)
+
     a = sub.add_parser("average", help="average the last k periodic checkpoints of a run")
     a.add_argument("--run", required=True, help="run directory or its checkpoints/ directory")
     a.add_argument("--last", type=positive_int, default=5, help="how many of the newest periodic checkpoints")
-    a.add_argument("--out", required=True)
+    a.add_argument("--out", required=True, help="the averaged checkpoint to write (a .ckpt file)")
     a.set_defaults(func=cmd_average)
     return p
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The parsed command line. `aiayn train --config FILE`: FILE's options become the train parser's
-    defaults (argparse's own layering), so the flags given on the command line override them."""
+    """The parsed command line. `--config FILE` (train, table3, hpo, slurm): FILE's options become the command's
+    parser's defaults (argparse's own layering), so the flags given on the command line override them."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "train" and args.config:
-        from aiayn.lightning_modules.options import read_config_file
+    if getattr(args, "config", None) and hasattr(args, "options_of"):  # (bench's --config is its own)
+        cls, skip, command, sub = args.options_of
+        if cls is TrainOptions:  # a YAML file of options, or a run's own config.json (its spec comes too)
+            from aiayn.lightning_modules.options import read_config_file
 
-        config = read_config_file(args.config)
-        train_parser = next(a for a in parser._actions if a.dest == "command").choices["train"]
-        train_parser.set_defaults(**parser_defaults(TrainOptions, config.values))
-        args = parser.parse_args(argv)
-        args.config_spec, args.config_tokenizer = config.spec, config.tokenizer_sha256
+            config = read_config_file(args.config)
+            sub.set_defaults(**defaults_of(TrainOptions, config.values))
+            args = parser.parse_args(argv)
+            args.config_spec, args.config_tokenizer = config.spec, config.tokenizer_sha256
+        else:
+            doc = read_mapping(args.config, f"a YAML file of `{command}` options (e.g. what --print-config prints)")
+            sub.set_defaults(**defaults_of(cls, config_values(cls, doc, f"config {args.config}", command, skip=skip),
+                                           skip=skip))  # fmt: skip
+            args = parser.parse_args(argv)
     return args
 
 

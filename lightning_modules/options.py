@@ -10,8 +10,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from aiayn.ablations.knobs import format_overrides, parse_overrides, set_help
+from aiayn.ablations.presets import PRESETS
 from aiayn.common.errors import UserError
-from aiayn.common.options import option
+from aiayn.common.options import config_values, option, read_mapping
 from aiayn.lightning_modules.config import PAPER_DECODING
 from aiayn.lightning_modules.corpora import CORPORA
 
@@ -24,7 +25,7 @@ class TrainOptions:
     table: tuple[str, ...] = option(
         (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
     )
-    preset: str = option("tiny", "the scale: paper, small or tiny (see README, Presets)")
+    preset: str = option("tiny", f"the scale: {', '.join(PRESETS)} (`aiayn rows --preset NAME` shows one)")
     data: str | None = option(
         None, f"corpus: {' | '.join(CORPORA)} | hf:NAME[:CONFIG], a Hugging Face dataset on the Hub "
         "(hf:wmt/wmt16:de-en) or saved on this machine (hf:/path, hf:./path) (default: the preset's)",
@@ -92,6 +93,12 @@ class TrainOptions:
                          "WANDB_API_KEY or `wandb login`, else offline, unless WANDB_MODE says otherwise")  # fmt: skip
     wandb_checkpoints: bool = option(False, "with W&B: also log the final checkpoint as a W&B model artifact")
     progress: bool = option(True, "Lightning's progress bar")
+    trainer: dict = option(
+        default_factory=dict, metavar="KEY=VALUE", parse=lambda items: parse_trainer(items),
+        render=lambda d: format_trainer(d),
+        help="a Lightning Trainer argument aiayn does not set itself, passed through (repeatable; VALUE read as YAML), "
+        "e.g. --trainer log_every_n_steps=50 --trainer gradient_clip_val=1.0; default log_every_n_steps=10",
+    )  # fmt: skip
     overrides: dict = option(
         default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,
         help=set_help(),
@@ -100,6 +107,51 @@ class TrainOptions:
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
+
+
+# Trainer arguments aiayn sets from its own options (or must set itself), and the option to use instead
+TRAINER_OWNED = {
+    "accelerator": "--accelerator", "devices": "--devices", "num_nodes": "--num-nodes", "strategy": "--strategy",
+    "precision": "--precision", "max_steps": "--max-steps", "accumulate_grad_batches": "--max-tokens (the preset's "
+    "tokens per step are made up by accumulation)", "val_check_interval": "--val-every",
+    "check_val_every_n_epoch": "--val-every", "callbacks": "a callback in aiayn's code", "plugins": "aiayn's code",
+    "logger": "--logger", "default_root_dir": "--out", "enable_progress_bar": "--progress/--no-progress",
+    "use_distributed_sampler": "nothing (aiayn's token-bucket sampler shards by rank itself)",
+    "deterministic": "nothing (aiayn sets it on CPU, where resume is bitwise)",
+}  # fmt: skip
+TRAINER_DEFAULTS = {"log_every_n_steps": 10}
+
+
+def parse_trainer(items) -> dict:
+    """`--trainer KEY=VALUE` (repeatable): KEY a Lightning Trainer argument aiayn does not set, VALUE read as YAML."""
+    import inspect
+
+    import yaml
+
+    out = {}
+    for item in items or ():
+        key, eq, text = str(item).partition("=")
+        if not eq or not key:
+            raise UserError(f"--trainer {item}: expected KEY=VALUE; e.g. --trainer log_every_n_steps=50")
+        if key in TRAINER_OWNED:
+            raise UserError(f"--trainer {key}: aiayn sets the Trainer's {key}; use {TRAINER_OWNED[key]}")
+        from lightning.pytorch import Trainer  # lazily: only a command line with --trainer pays for it
+
+        if key not in inspect.signature(Trainer.__init__).parameters:
+            raise UserError(f"--trainer {key}: not an argument of lightning.pytorch.Trainer; see its documentation "
+                            f"(e.g. log_every_n_steps, gradient_clip_val, limit_val_batches)")  # fmt: skip
+        try:
+            out[key] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UserError(f"--trainer {item}: the value is not YAML; quote it, e.g. --trainer {key}=1.0") from None
+    return out
+
+
+def format_trainer(trainer: dict) -> list[str]:
+    """The `--trainer` values that `parse_trainer` reads back as `trainer`."""
+    import json
+
+    return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in trainer.items()]
 
 
 # Options that say where and how a run is watched, not what it is: left out of config.json's "options".
@@ -133,35 +185,12 @@ class ConfigFile:
 def read_config_file(path: str | Path) -> ConfigFile:
     """`aiayn train --config FILE`: FILE is JSON or YAML (a superset of JSON): a run's config.json (its
     "options" and "spec") or a mapping of `aiayn train` options by name (`max_steps: 2`, `set: {d_model: 256}`)."""
-    import yaml  # lazily: building the CLI's parsers needs no YAML
-
-    path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read config {path} ({getattr(e, 'strerror', None) or type(e).__name__}); pass "
-                        f"a run's config.json or a YAML file of `aiayn train` options") from None  # fmt: skip
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where else ""
-        raise UserError(f"config {path} is neither JSON nor YAML ({getattr(e, 'problem', None) or e}{at}); "
-                        f"fix the file") from None  # fmt: skip
-    if not isinstance(doc, dict):
-        raise UserError(f"config {path} is not a mapping of options; pass a run's config.json or a YAML file "
-                        f"like `row: C3`")  # fmt: skip
+    doc = read_mapping(path, "a run's config.json or a YAML file of `aiayn train` options (e.g. `row: C3`)")
     is_run = isinstance(doc.get("spec"), dict) and "options" in doc
-    values = doc["options"] if is_run else doc
-    names = {f.name for f in fields(TrainOptions)}
-    out = {}
-    for key, value in (values or {}).items():
-        name = {"set": "overrides"}.get(str(key), str(key).replace("-", "_"))
-        if name not in names:
-            raise UserError(f"config {path}: unknown option {key!r}; use the option names of `aiayn train --help` "
-                            f"(e.g. max_steps, set)")  # fmt: skip
-        out[name] = value
+    values = config_values(TrainOptions, (doc["options"] if is_run else doc) or {}, f"config {path}", "aiayn train")
     if not is_run:
-        return ConfigFile(out)
-    return ConfigFile(out, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"))
+        return ConfigFile(values)
+    return ConfigFile(values, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"))
 
 
 @dataclass

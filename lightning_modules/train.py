@@ -44,7 +44,7 @@ from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulat
 from aiayn.lightning_modules.devices import autocast, data_workers, prepare_matmuls, resolve_precision, uses_cuda
 from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.module import Diverged, TranslationModule
-from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TrainOptions, options_record
+from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TRAINER_DEFAULTS, TrainOptions, options_record
 from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.spec import RunSpec, resolve
 
@@ -386,5 +386,5 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         enable_model_summary=False,
         deterministic=opts.accelerator == "cpu",
         use_distributed_sampler=False,  # the token-bucket sampler shards by rank itself
-        log_every_n_steps=10,
+        **{**TRAINER_DEFAULTS, **opts.trainer},  # --trainer KEY=VALUE: what aiayn does not set (TRAINER_OWNED)
     )

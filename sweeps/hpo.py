@@ -1,5 +1,6 @@
-"""`aiayn hpo`: Optuna TPE over the learning-rate factor, warmup, dropout and label smoothing of one
-row, with median pruning on `val/ppl` through optuna-integration's PyTorchLightningPruningCallback.
+"""`aiayn hpo`: Optuna TPE over the learning-rate factor, warmup, dropout and label smoothing (or the knobs of
+`--space FILE`) of one row, with median pruning on `val/ppl` through optuna-integration's
+PyTorchLightningPruningCallback.
 
 Trials train in this process, one after another, on one device (`--accelerator`, default auto: the
 GPU when there is one; every other `aiayn train` option too: data, precision, max tokens): Optuna
@@ -20,12 +21,20 @@ import logging
 from dataclasses import dataclass, field, replace
 
 import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+    distribution_to_json,
+)
 from optuna.trial import TrialState
 
+from aiayn.ablations.knobs import KNOBS, OVERRIDABLE
 from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.common.options import option
+from aiayn.common.options import option, read_mapping
 from aiayn.lightning_modules import loggers
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir
@@ -42,18 +51,73 @@ class HpoOptions:
     every `aiayn train` option; the searched knobs are set per trial on top of its `--set`)."""
 
     trials: int = option(10, "trials in the search; a rerun runs the missing ones (an interrupted one resumes)")
+    space: str | None = option(
+        None, "a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with "
+        "optional `log: true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop, eps_ls "
+        "around the paper's values)", metavar="FILE",
+    )  # fmt: skip
     storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/hpo.db)")
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
 
-def suggest(trial: optuna.Trial, preset) -> dict:
+def default_space(preset) -> dict[str, BaseDistribution]:
     """The search space, centred on the paper's values (and the preset's warmup)."""
     return {
-        "lr_factor": trial.suggest_float("lr_factor", 0.25, 4.0, log=True),
-        "warmup": trial.suggest_int("warmup", max(1, preset.warmup // 4), preset.warmup * 4, log=True),
-        "P_drop": trial.suggest_float("P_drop", 0.0, 0.4),
-        "eps_ls": trial.suggest_float("eps_ls", 0.0, 0.3),
+        "lr_factor": FloatDistribution(0.25, 4.0, log=True),
+        "warmup": IntDistribution(max(1, preset.warmup // 4), preset.warmup * 4, log=True),
+        "P_drop": FloatDistribution(0.0, 0.4),
+        "eps_ls": FloatDistribution(0.0, 0.3),
     }
+
+
+def read_space(path: str) -> dict[str, BaseDistribution]:
+    """`--space FILE`: each knob (a `--set` key) as {low, high[, log][, step]} or {choices: [...]}, typed as the
+    knob is (integers for N, h, warmup, ...); every mistake is one line naming the knob."""
+    doc = read_mapping(path, "a YAML file like `P_drop: {low: 0.0, high: 0.3}` (see `aiayn hpo --help`)")
+    space = {}
+    for key, spec in doc.items():
+        if key not in OVERRIDABLE:
+            raise UserError(f"--space {path}: {key!r} is not a knob; use --set keys ({', '.join(OVERRIDABLE)})")
+        bad = f"--space {path}: {key} must be {{low: L, high: H}} (optionally log: true, step: S) or {{choices: [...]}}"
+        if not isinstance(spec, dict):
+            raise UserError(bad)
+        try:
+            if "choices" in spec and set(spec) == {"choices"}:
+                space[key] = CategoricalDistribution([KNOBS[key].type(str(c)) for c in spec["choices"]])
+            elif {"low", "high"} <= set(spec) <= {"low", "high", "log", "step"}:
+                kind = IntDistribution if KNOBS[key].type is int else FloatDistribution
+                cast = int if kind is IntDistribution else float
+                step = spec.get("step")
+                space[key] = kind(
+                    cast(spec["low"]),
+                    cast(spec["high"]),
+                    log=bool(spec.get("log", False)),
+                    step=cast(step) if step is not None else (1 if kind is IntDistribution else None),
+                )
+            else:
+                raise UserError(bad)
+        except (TypeError, ValueError) as e:
+            raise UserError(f"{bad} ({e})") from None
+    if not space:
+        raise UserError(f"--space {path} names no knob; add one, e.g. `P_drop: {{low: 0.0, high: 0.3}}`")
+    return space
+
+
+def space_of(opts: HpoOptions, preset) -> dict[str, BaseDistribution]:
+    return read_space(opts.space) if opts.space else default_space(preset)
+
+
+def suggest(trial: optuna.Trial, space: dict[str, BaseDistribution]) -> dict:
+    """One value per knob of `space`, through Optuna's public suggest API."""
+    out = {}
+    for name, d in space.items():
+        if isinstance(d, CategoricalDistribution):
+            out[name] = trial.suggest_categorical(name, d.choices)
+        elif isinstance(d, IntDistribution):
+            out[name] = trial.suggest_int(name, d.low, d.high, log=d.log, step=d.step)
+        else:
+            out[name] = trial.suggest_float(name, d.low, d.high, log=d.log, step=d.step)
+    return out
 
 
 def _key(trial) -> str:
@@ -67,7 +131,7 @@ def objective(opts: HpoOptions, trial: optuna.Trial) -> float:
 
     t = opts.train
     preset = get_preset(t.preset)
-    params = suggest(trial, preset)
+    params = suggest(trial, space_of(opts, preset))
     # a retried trial (its search was killed) goes on in the run directory it started
     run_dir = trial.user_attrs.get("resume_dir") or str(OutDir(t.out).hpo_trial(preset.name, t.row, trial.number).path)
     trial.set_user_attr("run_dir", run_dir)
@@ -101,6 +165,7 @@ def run_hpo(opts: HpoOptions) -> dict:
         raise UserError(f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
                         f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)")  # fmt: skip
     resolve(t.row, t.preset, tables=t.table)  # unknown row or preset: fail before any study exists
+    space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
     out = OutDir(t.out)
     storage = open_storage(opts.storage or out.study_url("hpo"), create_dir=out.root)
@@ -111,6 +176,11 @@ def run_hpo(opts: HpoOptions) -> dict:
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
         load_if_exists=True,
     )
+    searched = study.user_attrs.get("space")
+    if searched is not None and searched != space and study.get_trials(deepcopy=False):
+        raise UserError(f"study {study.study_name} under {out.root} searched another space ({searched}); pass the "
+                        f"same --space to go on with it, or another --out for a new search")  # fmt: skip
+    study.set_user_attr("space", space)
     # seeded by the trials so far: a resumed search continues the sampler's sequence, not its start again
     study.sampler = optuna.samplers.TPESampler(seed=t.seed + len(study.get_trials(deepcopy=False)))
     claims, pop_lock = books.LockClaims(out, f"hpo-{t.preset}-{t.row}"), out.lock(f"{study.study_name}.pop")
@@ -121,13 +191,17 @@ def run_hpo(opts: HpoOptions) -> dict:
     for _ in range(opts.trials - done):
         _run_trial(study, opts, claims, pop_lock)
     complete = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
-    if not complete:
-        raise UserError(f"no hpo trial of {t.row} at {t.preset} completed (all pruned or failed); add --trials")
+    counts = {"trials": len(study.trials), "completed": len(complete),
+              "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
+              "failed": sum(x.state.name == "FAIL" for x in study.trials)}  # fmt: skip
+    if not complete:  # an outcome of the search, not a usage error: the caller exits 1
+        log.error("no hpo trial of %s at %s completed (%d pruned, %d failed); add --trials or widen --space",
+                  t.row, t.preset, counts["pruned"], counts["failed"])  # fmt: skip
+        return {"row": t.row, "preset": t.preset, "study": study.study_name, "best_trial": None, **counts}
     best = study.best_trial
     result = {"row": t.row, "preset": t.preset, "study": study.study_name, "best_trial": best.number,
               "best_dev_ppl": best.value, "best_params": best.params, "dev_bleu": best.user_attrs.get("dev_bleu"),
-              "trials": len(study.trials), "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
-              "failed": sum(x.state.name == "FAIL" for x in study.trials)}  # fmt: skip
+              **counts}  # fmt: skip
     atomic_write_json(out.hpo_best(t.preset, t.row), result)
     return result
 

@@ -211,13 +211,13 @@ CASES = {
     # --- config files (train --config)
     "missing config": (TRAIN + ["--config", "{tmp}/none.json"], None,
                        "cannot read config {tmp}/none.json (No such file or directory); pass a run's config.json or "
-                       "a YAML file of `aiayn train` options"),
+                       "a YAML file of `aiayn train` options (e.g. `row: C3`)"),
     "config with an unknown option": (TRAIN + ["--config", "{tmp}/t.csv"], table("row: C1\nmax_step: 3\n"),
                                       "config {tmp}/t.csv: unknown option 'max_step'; use the option names of "
                                       "`aiayn train --help` (e.g. max_steps, set)"),
     "config that is not a mapping": (TRAIN + ["--config", "{tmp}/t.csv"], table("- C1\n"),
                                      "config {tmp}/t.csv is not a mapping of options; pass a run's config.json or a "
-                                     "YAML file like `row: C3`"),
+                                     "YAML file of `aiayn train` options (e.g. `row: C3`)"),
     "config that is not JSON": (TRAIN + ["--config", "{tmp}/t.csv"], table('{"row": "C1",\n'),
                                 "config {tmp}/t.csv is neither JSON nor YAML (expected the node content, but found "
                                 "'<stream end>' at line 2); fix the file"),

@@ -120,3 +120,20 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     p = train.plan(sweep.run_options("B1", 0), resolved)
     assert counts == {"get_row": 1, "resolve": 1, "TransformerConfig": 1, "Transformer": 0}
     assert p.spec is resolved and p.config.spec["model"]["d_k"] == 8
+
+
+def test_a_trainer_argument_reaches_lightnings_trainer_and_is_recorded(cache, tmp_path):
+    """--trainer log_every_n_steps=1: the training curve gets a row per step (the default, 10, gives none in 2)."""
+    import csv
+
+    def trained_rows(out, *extra):
+        assert main(["train", "--out", str(out), *FAST, "--logger", "csv", *extra]) == 0
+        run = out / "tiny" / "synthetic" / "base" / "seed0"
+        with open(next(run.glob("logs/version_*/metrics.csv"))) as f:
+            rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+        return rows, json.loads((run / "config.json").read_text())["options"]["trainer"]
+
+    rows, recorded = trained_rows(tmp_path / "every", "--trainer", "log_every_n_steps=1")
+    assert len(rows) == 2 and recorded == {"log_every_n_steps": 1}
+    rows, recorded = trained_rows(tmp_path / "default")
+    assert rows == [] and recorded == {}

@@ -13,7 +13,7 @@ from aiayn.cli import main
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunMetrics
 from aiayn.sweeps.books import LockClaims
-from aiayn.sweeps.hpo import HpoOptions, run_hpo, suggest
+from aiayn.sweeps.hpo import HpoOptions, default_space, run_hpo, suggest
 
 
 def trial_lock(opts, number):
@@ -76,7 +76,7 @@ def test_an_interrupted_search_resumes_its_killed_trial_and_runs_only_what_is_mi
     killed = study.ask()  # trial 1: its search was SIGKILLed while it trained
     from aiayn.ablations.presets import get_preset
 
-    params = suggest(killed, get_preset("tiny"))
+    params = suggest(killed, default_space(get_preset("tiny")))
     killed.set_user_attr("worker", "ghost:1")
     killed.set_user_attr("run_dir", str(tmp_path / "hpo" / "tiny" / "C1" / "trial0001"))
     trains.clear()
@@ -139,3 +139,48 @@ def test_a_search_killed_mid_trial_resumes_that_trial_from_its_checkpoint(cache,
     assert retry.params == trials[1].params and retry.state.name in ("COMPLETE", "PRUNED")
     assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 3
     assert len(list((trial1 / "logs").glob("version_*"))) == 2  # two attempts in one run directory
+
+
+def test_a_search_space_from_a_file_is_searched_typed_and_kept_with_its_study(tmp_path, trains, capsys):
+    space = tmp_path / "space.yaml"
+    space.write_text("P_drop: {low: 0.0, high: 0.3}\nN: {low: 1, high: 3}\npe: {choices: [sinusoid, learned]}\n")
+    base = ["hpo", "--row", "base", "--trials", "3", "--out", str(tmp_path / "out")]
+    assert main([*base, "--space", str(space)]) == 0
+    assert len(trains) == 3
+    for opts, _ in trains:
+        o = opts.overrides
+        assert set(o) == {"P_drop", "N", "pe"}  # only the file's knobs, nothing of the default space
+        assert 0.0 <= o["P_drop"] <= 0.3 and isinstance(o["N"], int) and 1 <= o["N"] <= 3
+        assert o["pe"] in ("sinusoid", "learned")
+    capsys.readouterr()
+    # the same study with another space is refused in one line, before any trial
+    trains.clear()
+    assert main([*base, "--trials", "4"]) == 2
+    assert "searched another space" in capsys.readouterr().err and trains == []
+
+
+@pytest.mark.parametrize("text,message", [
+    ("dropout: {low: 0, high: 1}\n", "'dropout' is not a knob"),
+    ("P_drop: 0.1\n", "P_drop must be {low: L, high: H}"),
+    ("P_drop: {low: 0, top: 1}\n", "P_drop must be {low: L, high: H}"),
+    ("- P_drop\n", "is not a mapping of options"),
+])  # fmt: skip
+def test_a_bad_search_space_file_is_one_line_before_any_study(tmp_path, trains, capsys, text, message):
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    assert main(["hpo", "--trials", "1", "--out", str(tmp_path / "out"), "--space", str(space)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert trains == [] and not (tmp_path / "out" / "hpo.db").exists()
+
+
+def test_a_search_whose_every_trial_is_pruned_exits_1_not_the_usage_code(tmp_path, monkeypatch, capsys):
+    def pruned(opts, hooks):
+        raise optuna.TrialPruned("pruned at step 1")
+
+    monkeypatch.setattr(train_mod, "train", pruned)
+    with pytest.raises(SystemExit) as exit_:
+        main(["hpo", "--trials", "2", "--out", str(tmp_path)])
+    assert exit_.value.code == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["best_trial"] is None and (result["pruned"], result["completed"]) == (2, 0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from aiayn import __version__
 from aiayn.bench import BenchOptions
@@ -75,3 +77,124 @@ def test_python_m_aiayn(argv):
     proc = subprocess.run([sys.executable, "-m", "aiayn", *argv], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (f"aiayn {__version__}" if argv == ["--version"] else "usage: aiayn") in proc.stdout
+
+
+def _commands(parser=None, name="aiayn"):
+    """(name, parser) of every command and subcommand."""
+    parser = parser or build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for sub_name, sub in action.choices.items():
+                yield f"{name} {sub_name}", sub, helps.get(sub_name)
+                yield from _commands(sub, f"{name} {sub_name}")
+
+
+def test_every_command_and_option_has_a_one_line_description():
+    seen = 0
+    for name, parser, help_text in _commands():
+        assert help_text, f"`{name}` has no description in `aiayn --help`"
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
+                continue  # the dotted aliases (--train.max_steps) of options listed under their own flag
+            assert action.help, f"{name} {'/'.join(action.option_strings) or action.dest} has no help text"
+            seen += 1
+    assert seen > 200
+
+
+CONFIGURED = {
+    "table3": (SweepOptions, ["--rows", "base,A1", "--jobs", "1", "--max-steps", "3", "--set", "N=1", "--trainer",
+                              "log_every_n_steps=5", "--fail-on-diverged"]),
+    "hpo": (HpoOptions, ["--trials", "4", "--row", "C1", "--max-tokens", "512", "--set", "h=2"]),
+    "slurm table3": (SlurmOptions, ["--partition", "gpu", "--time", "01:00:00", "--seeds", "2", "--preset", "small",
+                                    "--setup", "module load cuda"]),
+    "slurm train": (SlurmOptions, ["--row", "B1", "--gpus-per-node", "2", "--sbatch=--qos=high"]),
+}  # fmt: skip
+
+
+def _options(command: str, argv: list[str]):
+    from aiayn.cli import parse
+
+    cls = CONFIGURED[command][0]
+    args = parse([*command.split(), *argv])
+    return from_args(cls, args, **({"kind": args.slurm_command} if cls is SlurmOptions else {})), args
+
+
+@pytest.mark.parametrize("command", CONFIGURED)
+def test_print_config_is_yaml_that_config_reads_back_as_the_same_options(command, tmp_path, capsys):
+    from aiayn.cli import main
+
+    argv = CONFIGURED[command][1]
+    opts, _ = _options(command, argv)
+    assert main([*command.split(), *argv, "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert isinstance(yaml.safe_load(printed), dict) and "train" in yaml.safe_load(printed)
+    (tmp_path / "c.yaml").write_text(printed)
+    again, _ = _options(command, ["--config", str(tmp_path / "c.yaml")])
+    assert again == opts != _options(command, [])[0]
+    assert not list(tmp_path.glob("runs*"))  # printing writes nothing
+
+
+def test_a_config_file_nests_dots_or_flattens_and_the_command_line_overrides_it(tmp_path):
+    files = {
+        "nested": "jobs: 1\ntrain:\n  max_steps: 3\n  set: {N: 1}\nselect: {rows: base}\n",
+        "dotted": "jobs: 1\ntrain.max_steps: 3\ntrain.overrides: {N: 1}\nselect.rows: base\n",
+        "flat": "jobs: 1\nmax-steps: 3\nset: [N=1]\nrows: base\n",
+    }
+    got = []
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        got.append(_options("table3", ["--config", str(tmp_path / name)])[0])
+    assert got[0] == got[1] == got[2]
+    assert (got[0].jobs, got[0].train.max_steps, got[0].train.overrides, got[0].select.rows) == (1, 3, {"N": 1}, "base")
+    over, _ = _options("table3", ["--config", str(tmp_path / "nested"), "--max-steps", "7", "--set", "h=2"])
+    assert over.train.max_steps == 7 and over.train.overrides == {"N": 1, "h": 2}  # flags win; --set adds
+    dotted, _ = _options("table3", ["--train.max_steps", "9", "--select.rows", "A1"])  # dotted flags, as in a file
+    assert (dotted.train.max_steps, dotted.select.rows) == (9, "A1")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("train: {max_step: 3}\n", "unknown option 'train.max_step'"),
+    ("row: C1\n", "unknown option 'row'"),  # the sweep sets each run's row: not an option of table3
+    ("jobs: -1\n", "argument --jobs: expected a positive integer, got -1"),
+])  # fmt: skip
+def test_a_bad_sweep_config_is_one_line_and_exit_2(tmp_path, capsys, text, message):
+    from aiayn.cli import main
+
+    (tmp_path / "c.yaml").write_text(text)
+    assert main(["table3", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_trainer_arguments_pass_through_and_the_ones_aiayn_sets_are_refused(capsys):
+    from aiayn.cli import main
+
+    opts, _ = _options("table3", ["--trainer", "log_every_n_steps=5", "--trainer", "gradient_clip_val=1.0",
+                                  "--trainer", "limit_val_batches=0.5"])  # fmt: skip
+    assert opts.train.trainer == {"log_every_n_steps": 5, "gradient_clip_val": 1.0, "limit_val_batches": 0.5}
+    assert from_args(TrainOptions, parse("train", *to_argv(opts.train))).trainer == opts.train.trainer  # to_argv
+    for item, message in (("max_steps=3", "use --max-steps"), ("precision=16", "use --precision"),
+                          ("log_every=3", "not an argument of lightning.pytorch.Trainer")):  # fmt: skip
+        assert main(["train", "--trainer", item, "--print-config"]) == 2
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, capsys):
+    from aiayn.cli import main
+
+    assert main(["completion", shell]) == 0
+    script = tmp_path / "aiayn.sh"
+    script.write_text(capsys.readouterr().out)
+    if shell == "zsh":
+        assert script.read_text().startswith("#compdef aiayn") and "--max-steps" in script.read_text()
+        return
+
+    def complete(*words: str) -> list[str]:
+        probe = (f"source {script}; COMP_WORDS=(aiayn {' '.join(words)}); COMP_CWORD={len(words)}; _shtab_aiayn; "
+                 'echo "${COMPREPLY[@]}"')  # fmt: skip
+        return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+
+    assert complete("tab") == ["table3"] and complete("sta") == ["status"]
+    assert complete("table3", "--max-s") == ["--max-steps"] and complete("hpo", "--spa") == ["--space"]

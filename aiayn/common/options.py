@@ -8,8 +8,16 @@ itself an options dataclass, e.g. a sweep's `train: TrainOptions`, adds that cla
 instance as the arguments that :func:`from_args` would read back, for the few places that must start
 a separate process (DDP ranks, `srun`, `wandb agent`).
 
-Written here rather than taken from a library (simple-parsing, tyro, jsonargparse) to keep the
-dependency list to the stack the project names; it covers exactly the types our options use.
+Config files go through the same dataclasses: :func:`config_values` reads a mapping (YAML or JSON, nested by
+option group or with dotted keys such as `train.max_steps`) into the parser's defaults, so the command line's
+flags override the file, and :func:`to_config` writes an instance back as that mapping (`--print-config`).
+Every option of a group is also accepted as its dotted path on the command line (`--train.max_steps 5`).
+
+Written here rather than taken from jsonargparse (on which LightningCLI is built), tyro or simple-parsing: the
+behaviour users and scripts rely on would change with any of them: the flat flags (`--max-steps`, not
+`--train.max_steps` only), `--set KEY=VALUE` typed per knob, `--no-…` booleans, one-line errors with exit 2,
+a run's own config.json as a config file, and `to_argv`, which DDP ranks, `srun` and `wandb agent` need to
+rebuild the same options in another process. It covers exactly the types our options use (about 300 lines).
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import dataclasses
 import types
 import typing
 from dataclasses import MISSING, field, fields
+
+from aiayn.common.errors import UserError
 
 _KEY = "aiayn.option"
 
@@ -129,6 +139,11 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None,
             kw.pop("default")
             kw["required"] = True
         parser.add_argument(flag_of(f), **kw)
+        if prefix:  # the dotted path too (`--train.max_steps`), kept out of --help: the same option
+            alias = {k: v for k, v in kw.items() if k != "required"}
+            if alias.get("action") is argparse.BooleanOptionalAction:
+                alias["action"] = argparse.BooleanOptionalAction
+            parser.add_argument(f"--{path}", **{**alias, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS})
 
 
 def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", **fixed):
@@ -158,28 +173,6 @@ def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", **fixed):
     return cls(**values)
 
 
-def parser_defaults(cls, values: dict, *, prefix: str = "") -> dict:
-    """`values` (field name -> value, as in an instance of `cls`) as the parser's defaults by dest, in
-    the form its actions store them: dicts rendered to their `KEY=VALUE` strings and tuples to lists,
-    which a repeated flag on the command line then extends, and numbers to strings, which argparse
-    checks with the option's type as if they were typed. For a config file under the command line."""
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in fields(cls):
-        if f.name not in values or not _meta(f)["cli"]:
-            continue
-        value, base = values[f.name], _base_type(hints[f.name])
-        if base is dict:
-            render = _meta(f)["render"] or (lambda d: [f"{k}={v}" for k, v in d.items()])
-            value = render(dict(value or {}))
-        elif base in (tuple, list):
-            value = list(value) if isinstance(value, (list, tuple)) else [value]
-        elif isinstance(value, (int, float, str)) and not isinstance(value, bool):
-            value = str(value)  # argparse converts (and checks) a string default with the option's type
-        out[_dest(prefix, f.name)] = value
-    return out
-
-
 def to_argv(obj, *, always=()) -> list[str]:
     """The command-line arguments that `from_args` reads back as `obj` (fields at their default are
     left out, except those named in `always`)."""
@@ -204,3 +197,116 @@ def to_argv(obj, *, always=()) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
+
+
+# ---------------------------------------------------------------- config files
+
+
+def _leaves(cls, prefix: str = "", skip=()):
+    """(dotted path, field, base type) of every command-line option of `cls`, nested groups included."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        path, base = f"{prefix}{f.name}", _base_type(hints[f.name])
+        if path in skip or not _meta(f)["cli"]:
+            continue
+        if dataclasses.is_dataclass(base):
+            yield from _leaves(base, f"{path}.", skip)
+        else:
+            yield path, f, base
+
+
+def read_mapping(path, what: str) -> dict:
+    """A config file (YAML, or JSON, which is YAML) that must hold a mapping; each way it can fail is one line that
+    names the file and ends in `pass {what}` or `fix the file`."""
+    from pathlib import Path
+
+    import yaml  # lazily: building the parsers needs no YAML
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {path} ({getattr(e, 'strerror', None) or type(e).__name__}); "
+                        f"pass {what}") from None  # fmt: skip
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where else ""
+        raise UserError(f"config {path} is neither JSON nor YAML ({getattr(e, 'problem', None) or e}{at}); "
+                        "fix the file") from None  # fmt: skip
+    if not isinstance(doc, dict):
+        raise UserError(f"config {path} is not a mapping of options; pass {what}")
+    return doc
+
+
+def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
+    """A config file's mapping as {dotted path: value}. Keys may nest by group (`train: {max_steps: 5}`), be dotted
+    (`train.max_steps: 5`), or be an option's own name anywhere (`max_steps`, `max-steps`, `set`), as its flag is on
+    the command line; an unknown or skipped key is a UserError naming it."""
+    leaves = {path: f for path, f, _ in _leaves(cls, skip=skip)}
+    groups = {path.rsplit(".", 1)[0] for path in leaves if "." in path}
+    by_name: dict[str, list[str]] = {}
+    for path, f in leaves.items():
+        for name in {f.name, flag_of(f)[2:], flag_of(f)[2:].replace("-", "_")}:
+            by_name.setdefault(name, []).append(path)
+    example = "max_steps, set" if not groups else "jobs, max_steps or train.max_steps"
+    out = {}
+
+    def walk(mapping: dict, prefix: str) -> None:
+        for key, value in mapping.items():
+            dotted = f"{prefix}{str(key).replace('-', '_')}"
+            if dotted in groups and isinstance(value, dict):
+                walk(value, f"{dotted}.")
+            elif dotted in leaves:
+                out[dotted] = value
+            elif len(named := [q for q in by_name.get(str(key), ()) if q.startswith(prefix)]) == 1:
+                out[named[0]] = value  # an option by its own name or flag, as on the command line
+            else:
+                raise UserError(f"{where}: unknown option '{prefix}{key}'; use the option names of `{command} --help` "
+                                f"(e.g. {example})")  # fmt: skip
+
+    walk(doc, "")
+    return out
+
+
+def defaults_of(cls, values: dict, *, skip=()) -> dict:
+    """{dotted path: value} (from :func:`config_values`) as the parser's defaults by dest, in the form its actions
+    store them: dicts rendered to their `KEY=VALUE` strings and tuples to lists (a repeated flag on the command line
+    then extends them), numbers to strings (argparse checks a string default with the option's type, as if typed)."""
+    out = {}
+    for path, f, base in _leaves(cls, skip=skip):
+        if path not in values:
+            continue
+        value = values[path]
+        if base is dict:
+            if isinstance(value, dict):
+                render = _meta(f)["render"] or (lambda d: [f"{k}={v}" for k, v in d.items()])
+                value = render(value)
+            else:
+                value = list(value) if isinstance(value, (list, tuple)) else [value]
+        elif base in (tuple, list):
+            value = list(value) if isinstance(value, (list, tuple)) else [value]
+        elif isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            value = str(value)
+        out[_dest("", path)] = value
+    return out
+
+
+def to_config(obj, *, skip=(), prefix: str = "") -> dict:
+    """`obj`'s command-line options as a nested mapping (groups as sub-mappings, tuples as lists), every value
+    written out: the file that `--config` reads back as `obj`."""
+    out = {}
+    for f in fields(obj):
+        path, value = f"{prefix}{f.name}", getattr(obj, f.name)
+        if path in skip or not _meta(f)["cli"]:
+            continue
+        if dataclasses.is_dataclass(value):
+            group = to_config(value, skip=skip, prefix=f"{path}.")
+            if group:  # a group whose every option the command skips is not one of its options
+                out[f.name] = group
+        elif isinstance(value, tuple):
+            out[f.name] = list(value)
+        elif isinstance(value, dict):
+            out[f.name] = dict(value)
+        else:
+            out[f.name] = value
+    return out
