@@ -20,6 +20,7 @@ A run's directory depends only on (preset, corpus, row, seed), so rerunning the 
         .locks/                    one lock per claimed pair or trial, per queue pop, per driver setup
         optuna.db, hpo.db          the Optuna studies of `aiayn table3` and `aiayn hpo` (SQLite by default)
         slurm/                     sbatch scripts, logs/, pairs/ (which array task holds which pair)
+        sweeps/PRESET-CORPUS.json  the pairs a sweep owes (every pair its commands asked for): `aiayn status` reads it
         reports/                   the reports (`aiayn report`), unless --report says otherwise
 
 Every file is written atomically (aiayn.common.files); temporary files a kill leaves behind are removed when the
@@ -210,7 +211,7 @@ class OutDir:
     def __init__(self, root: str | Path):
         object.__setattr__(self, "root", Path(root))
 
-    RESERVED = ("hpo", "slurm", "reports", ".locks")  # top-level names that are not presets
+    RESERVED = ("hpo", "slurm", "reports", "sweeps", ".locks")  # top-level names that are not presets
 
     def run(self, preset: str, corpus: str, row: str, seed: int) -> RunDir:
         """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en)."""
@@ -236,6 +237,18 @@ class OutDir:
     @property
     def reports(self) -> Path:
         return self.root / "reports"
+
+    def sweep_record(self, key: str) -> Path:
+        """OUT/sweeps/KEY.json (KEY: PRESET-CORPUS), the pairs a sweep owes."""
+        return self.root / "sweeps" / f"{key}.json"
+
+    def sweep_records(self) -> list[Path]:
+        return sorted((self.root / "sweeps").glob("*.json"))
+
+    def run_dirs(self) -> list[RunDir]:
+        """Every Table 3 run directory under the root, begun or done (OUT/PRESET/CORPUS/ROW/seedS)."""
+        found = self.root.glob("*/*/*/seed*")
+        return sorted(RunDir(p) for p in found if p.is_dir() and p.relative_to(self.root).parts[0] not in self.RESERVED)
 
     def table_runs(self) -> list[RunDir]:
         """Every run directory of a Table 3 run under the root (OUT/PRESET/CORPUS/ROW/seedS with a metrics.json);

@@ -158,6 +158,7 @@ class QueueBackend(Backend):
                             t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
             cost = {row: spec.cost() for row, spec in sweep.specs.items()}
             pending = enqueue_pending(study, pairs, cost)
+            books.record_sweep(sweep.out, sweep.preset.name, sweep.corpus, sweep.pairs, self.name)
         log.info("table3 %s on %s: %d pairs, %d to run (%s), %d at a time", sweep.preset.name, sweep.corpus,
                  len(sweep.pairs), len(pending), name, sweep.jobs)  # fmt: skip
         slots = self.slots(sweep)
@@ -170,8 +171,9 @@ class QueueBackend(Backend):
 
         with ThreadPoolExecutor(sweep.jobs) as pool:
             results = [f.result() for f in [pool.submit(worker, i) for i in range(sweep.jobs)]]
-        done, failed = sum(r[0] for r in results), sum(r[1] for r in results)
-        return {"pairs": len(sweep.pairs), "ran": done + failed, "completed": done, "failed": failed}
+        done, failed, diverged = (sum(r[i] for r in results) for i in range(3))
+        return {"pairs": len(sweep.pairs), "ran": done + failed + diverged, "completed": done, "failed": failed,
+                "diverged": diverged}  # fmt: skip
 
     def pop_lock(self, sweep: Sweep) -> Path:
         return sweep.out.lock(f"{study_name(sweep.preset.name, sweep.corpus)}.pop")
@@ -187,9 +189,10 @@ class QueueBackend(Backend):
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         """Train one pair to its end; its metrics (status failed when it died)."""
 
-    def work(self, study: optuna.Study, sweep: Sweep, claims, slot, pace) -> tuple[int, int]:
-        """Pop and run queued trials until the queue is empty; returns (completed, failed) by this worker."""
-        done = failed = 0
+    def work(self, study: optuna.Study, sweep: Sweep, claims, slot, pace) -> tuple[int, int, int]:
+        """Pop and run queued trials until the queue is empty; returns (completed, failed, diverged) by this
+        worker."""
+        done = failed = diverged = 0
         t_start, finished_before = pace
         key_of = self._key_of(sweep)
 
@@ -226,7 +229,8 @@ class QueueBackend(Backend):
                         result = f"BLEU {metrics.dev_bleu:.2f}"
                     else:
                         study.tell(trial, state=TrialState.FAIL)
-                        failed += 1
+                        diverged += metrics.status == "diverged"
+                        failed += metrics.status != "diverged"
                         result = f"{metrics.status.upper()} ({metrics.error or '?'})"
                 finally:
                     held.close()
@@ -237,7 +241,7 @@ class QueueBackend(Backend):
             eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)
             log.info("[%d/%d] %s seed %d: %s in %s; ETA %s", finished, len(sweep.pairs), *pair, result,
                      _hms(elapsed), _hms(eta))  # fmt: skip
-        return done, failed
+        return done, failed, diverged
 
     @staticmethod
     def _completed_elsewhere(study: optuna.Study, pair: Pair, number: int) -> bool:

@@ -116,10 +116,12 @@ class SlurmClaims(Claims):
             return None
 
     def holder(self, key: str) -> dict | None:
+        job = self.job(key)
+        if job is None:
+            return None  # never submitted: no need to ask SLURM
         if self._cache is None:
             self._cache = self._live()
-        job = self.job(key)
-        if job is None or job not in self._cache:
+        if job not in self._cache:
             return None
         return {"holder": f"SLURM job {job}", "since": json.loads(self.marker(key).read_text()).get("submitted")}
 
@@ -147,6 +149,11 @@ class PairState:
     age_s: float | None = None  # for how long (running)
     error: str | None = None  # its one-line reason (failed, diverged, pruned)
     run_dir: str = ""
+    dev_bleu: float | None = None  # its result (completed)
+
+    def to_dict(self) -> dict:
+        return {"row": self.row, "seed": self.seed, "state": self.state, "holder": self.holder, "age_s": self.age_s,
+                "error": self.error, "dev_bleu": self.dev_bleu, "run_dir": self.run_dir}  # fmt: skip
 
     @property
     def pair(self) -> Pair:
@@ -160,7 +167,7 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
         run = out.run(preset, corpus, row, seed)
         metrics = run.read_metrics()
         if metrics is not None and metrics.completed:
-            found.append(PairState(row, seed, "completed", run_dir=str(run.path)))
+            found.append(PairState(row, seed, "completed", run_dir=str(run.path), dev_bleu=metrics.dev_bleu))
             continue
         held = claims.holder(pair_key(preset, corpus, row, seed))
         if held is not None:
@@ -173,6 +180,53 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
         else:
             found.append(PairState(row, seed, "pending", run_dir=str(run.path)))
     return found
+
+
+def record_sweep(out: OutDir, preset: str, corpus: str, pairs: list[Pair], backend: str) -> Path:
+    """Add `pairs` to OUT/sweeps/PRESET-CORPUS.json, the pairs that sweep owes (a later command may ask for more
+    rows or seeds), which `aiayn status` reads; return its path."""
+    key = f"{preset}-{corpus_dirname(corpus)}"
+    path = out.sweep_record(key)
+    with file_lock(out.lock(f"sweep-{key}.record"), wait=True):
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = {}
+        known = [tuple(p) for p in old.get("pairs", [])]
+        merged = known + [p for p in pairs if p not in known]
+        backends = sorted({*old.get("backends", []), backend})
+        atomic_write_json(path, {"preset": preset, "corpus": corpus, "pairs": [list(p) for p in merged],
+                                 "backends": backends, "updated": time.time()})  # fmt: skip
+    return path
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    preset: str
+    corpus: str
+    pairs: list[Pair]
+
+
+def recorded_sweeps(out: OutDir) -> list[SweepRecord]:
+    """The sweeps under OUT: each OUT/sweeps/*.json, and, for run directories no record names (a sweep from before
+    records, or `aiayn train` runs), one per (preset, corpus directory) with the pairs found on disk."""
+    found: dict[tuple[str, str], list[Pair]] = {}
+    corpus_of: dict[tuple[str, str], str] = {}
+    for path in out.sweep_records():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            key = (doc["preset"], corpus_dirname(doc["corpus"]))
+            found.setdefault(key, []).extend(tuple(p) for p in doc["pairs"])
+            corpus_of[key] = doc["corpus"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a record cut short: its runs are still found below
+    for run in out.run_dirs():
+        preset, corpus, row, seed = run.path.relative_to(out.root).parts
+        pair = (row, int(seed.removeprefix("seed"))) if seed.removeprefix("seed").isdigit() else None
+        if pair is not None and pair not in found.setdefault((preset, corpus), []):
+            found[(preset, corpus)].append(pair)
+            corpus_of.setdefault((preset, corpus), corpus)
+    return [SweepRecord(preset, corpus_of[(preset, c)], pairs) for (preset, c), pairs in sorted(found.items())]
 
 
 # ---------------------------------------------------------------- Optuna: pop, claim, stale

@@ -43,7 +43,17 @@ class SweepOptions:
         None, "what runs the pairs: local (forked from this driver) or subprocess (a fresh `aiayn train` each); "
         "default: local, subprocess for DDP or --gpus-per-job",
     )  # fmt: skip
+    fail_on_diverged: bool = option(
+        False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
+        "such, and the exit status is 0)",
+    )  # fmt: skip
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
+
+
+def exit_status(summary: dict, fail_on_diverged: bool = False) -> int:
+    """A sweep's exit status for scripts: 0 when every pair it ran completed, 1 when one failed (or diverged, with
+    `fail_on_diverged`). Usage errors (2) never get this far."""
+    return int(bool(summary.get("failed")) or (fail_on_diverged and bool(summary.get("diverged"))))
 
 
 def report_dir(report: str | None, out: str) -> Path | None:

@@ -206,7 +206,13 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
         return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
 
     opts = SweepOptions(select=Selection(rows="base,A1,A2"), train=TrainOptions(out=str(tmp_path / "runs")))
-    assert run_table3(opts, backend=RunnerBackend(runner)) == {"pairs": 3, "ran": 3, "completed": 2, "failed": 1}
+    assert run_table3(opts, backend=RunnerBackend(runner)) == {
+        "pairs": 3,
+        "ran": 3,
+        "completed": 2,
+        "failed": 0,
+        "diverged": 1,
+    }
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path}/runs/optuna.db")
     (failed,) = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert (failed.user_attrs["row"], failed.user_attrs["seed"]) == ("A1", 0)

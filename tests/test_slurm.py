@@ -139,6 +139,10 @@ def test_dry_run_writes_and_prints_an_array_of_the_pending_pairs(tmp_path, capsy
     assert "--devices 2" in text and "--num-nodes 1" in text and "--strategy ddp" in text and "--max-steps 20" in text
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     assert not (out / "slurm" / "pairs").exists()  # a dry run submits nothing, so it books nothing
+    report = (out / "slurm" / "aiayn-table3-tiny-report.sbatch").read_text()  # the report job, one CPU
+    assert f"aiayn report --runs {out} --out {out / 'reports'} --preset tiny\n" in report
+    assert "#SBATCH --ntasks=1\n" in report and "module load python\n" in report and "--array" not in report
+    assert "sbatch --dependency=afterany:<array job>" in printed
 
 
 def test_a_users_table_reaches_the_array_and_every_task(tmp_path, monkeypatch, capsys):
@@ -324,6 +328,25 @@ def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
     report = (reports / "table3-tiny.md").read_text()
     assert "| base " in report and "| A1 " in report
     assert "2 completed, 0 queued or running, 0 submitted" in _run(argv, out, capsys)  # the books: nothing again
+
+
+@pytest.mark.slow
+def test_the_report_is_a_job_that_runs_after_the_array_without_waiting_here(cluster, cache, tmp_path, capsys):
+    out = tmp_path / "runs"
+    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base", "--accelerator", "cpu", "--tasks-per-node", "1",
+            "--partition", cluster, "--time", "00:20:00", "--max-steps", "10", "--eval-subset", "10",
+            "--out", str(out)]  # fmt: skip
+    printed = _run(argv, out, capsys)  # returns at once: no --wait
+    array = printed.split("; job ")[1].split(",")[0]
+    assert f"writes it when the array has ended (--dependency=afterany:{array})" in printed
+    report_job = printed.split("# report: job ")[1].split()[0]
+    dependency = subprocess.run(["squeue", "-h", "-j", report_job, "-o", "%E"], capture_output=True, text=True)
+    assert f"afterany:{array}" in dependency.stdout  # held until the array ends
+    deadline = time.time() + 600
+    while slurm.live_jobs() & {report_job, f"{array}_0"} and time.time() < deadline:
+        time.sleep(2)
+    report = (out / "reports" / "table3-tiny.md").read_text()
+    assert "| base " in report and (out / "tiny" / "synthetic" / "base" / "seed0" / "metrics.json").exists()
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ The bookkeeping tests use a stand-in runner that writes no model; the real runs 
 """
 
 import json
+import os
 import sys
 import threading
 import time
@@ -74,7 +75,13 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     runner = FakeRunner()
     summary = run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(runner))
     assert sorted(runner.calls) == sorted(grid(opts(tmp_path, rows="base,C", seeds=2)))
-    assert summary == {"pairs": 14, "ran": 14, "completed": 14, "failed": 0}  # C2 is C1 at tiny: 7 rows x 2 seeds
+    assert summary == {
+        "pairs": 14,
+        "ran": 14,
+        "completed": 14,
+        "failed": 0,
+        "diverged": 0,
+    }  # C2 is C1 at tiny: 7 rows x 2 seeds
     again = FakeRunner()
     assert (
         run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(again))["ran"] == 0
@@ -120,7 +127,7 @@ class ConcurrencyRunner(FakeRunner):
 def test_jobs_run_pairs_at_once_each_exactly_once(tmp_path, jobs):
     runner = ConcurrencyRunner(delay=0.5)  # long enough for every worker to pop its first pair meanwhile
     summary = run_table3(opts(tmp_path, rows="base,A", seeds=2, jobs=jobs), backend=RunnerBackend(runner))
-    assert summary == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0}
+    assert summary == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0, "diverged": 0}
     assert set(Counter(runner.calls).values()) == {1} and len(runner.calls) == 10
     assert runner.most == jobs
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
@@ -391,3 +398,84 @@ def test_concurrent_runs_get_a_gpu_each_by_default_when_the_sweep_sees_enough(tm
     assert build_sweep(opts(tmp_path, jobs=2, gpus_per_job=2)).gpus_per_job == 2
     monkeypatch.setattr("aiayn.sweeps.table3.visible_gpus", lambda: [])
     assert build_sweep(opts(tmp_path, jobs=2)).gpus_per_job is None  # a CPU machine: as before
+
+
+@pytest.fixture
+def runner_backend(monkeypatch):
+    """`--backend runner` on the command line: the queue back end with a stand-in for training (FakeRunner)."""
+    from aiayn.sweeps import backends
+
+    def install(runner):
+        monkeypatch.setitem(backends.BACKENDS, "runner", type(RunnerBackend(runner)))
+
+    return install
+
+
+T3 = ["table3", "--preset", "tiny", "--report", "", "--backend", "runner"]
+
+
+def test_table3_exits_1_when_a_pair_failed_0_when_all_completed_and_diverged_counts_if_asked(
+    tmp_path, runner_backend, capsys
+):
+    out = ["--out", str(tmp_path / "runs")]
+    runner_backend(FakeRunner(fail={"A1"}))
+    with pytest.raises(SystemExit) as exit_:
+        main([*T3, *out, "--rows", "base,A1"])
+    assert exit_.value.code == 1 and "1 completed, 1 failed" in capsys.readouterr().out
+    runner_backend(FakeRunner())
+    assert main([*T3, *out, "--rows", "base,A1"]) == 0  # the rerun retries A1, and everything is done
+
+    def diverges(sweep, corpus, row, seed):
+        return {"row": row, "seed": seed, "status": "diverged", "error": "loss is nan at step 3"}
+
+    runner_backend(diverges)
+    div = ["--out", str(tmp_path / "div"), "--rows", "B1"]
+    assert main([*T3, *div]) == 0  # a diverged run is a result
+    with pytest.raises(SystemExit) as exit_:
+        main([*T3, *div, "--fail-on-diverged"])
+    assert exit_.value.code == 1
+
+
+def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, runner_backend, capsys):
+    from aiayn.common.files import atomic_write_json
+    from aiayn.lightning_modules.rundir import OutDir, RunMetrics
+    from aiayn.sweeps.books import LockClaims, pair_key
+
+    fake = FakeRunner(fail={"A1"})
+
+    def writes_metrics(sweep, corpus, row, seed):  # as a run does: its metrics.json in its run directory
+        out = fake(None, corpus, row, seed)
+        metrics = RunMetrics.from_dict({"preset": sweep.preset.name, "data": corpus, **out})
+        atomic_write_json(sweep.out.run(sweep.preset.name, corpus, row, seed).metrics_file, metrics.to_dict())
+        return out
+
+    runs = tmp_path / "runs"
+    runner_backend(writes_metrics)
+    with pytest.raises(SystemExit):
+        main([*T3, "--out", str(runs), "--rows", "base,A1,A2,A3"])
+    # A2 is run by a live worker now, A3 has not started yet
+    for row in ("A2", "A3"):
+        (runs / "tiny" / "synthetic" / row / "seed0" / "metrics.json").unlink()
+    held = LockClaims(OutDir(runs), "pair").take(pair_key("tiny", "synthetic", "A2", 0))
+    try:
+        capsys.readouterr()
+        assert main(["status", str(runs), "--json"]) == 0
+        (sweep,) = json.loads(capsys.readouterr().out)
+        states = {p["row"]: p for p in sweep["pairs"]}
+        assert {r: p["state"] for r, p in states.items()} == {
+            "base": "completed", "A1": "failed", "A2": "running", "A3": "pending"}  # fmt: skip
+        assert states["base"]["dev_bleu"] == 10.0 and states["A1"]["error"] == "RuntimeError: boom"
+        assert states["A2"]["holder"].endswith(f":{os.getpid()}") and states["A2"]["age_s"] >= 0
+        assert (sweep["preset"], sweep["corpus"], sweep["counts"]["pending"]) == ("tiny", "synthetic", 1)
+        assert main(["status", str(runs)]) == 0
+        text = capsys.readouterr().out
+        assert "tiny on synthetic: 4 pairs (1 completed, 1 running, 1 failed, 1 pending)" in text
+        assert "A1    seed 0   failed     RuntimeError: boom" in text
+    finally:
+        held.close()
+
+
+def test_status_of_a_directory_that_is_not_a_sweep_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["status", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path} holds no sweep" in err

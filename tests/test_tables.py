@@ -71,7 +71,13 @@ def test_a_row_of_a_users_table_joins_an_existing_study_and_the_report(tmp_path,
     table = my_table(tmp_path)
     again = MetricsRunner()
     summary = run_table3(sweep(tmp_path, storage, "base,A1,wide-ff", [table]), backend=RunnerBackend(again))
-    assert again.calls == [("wide-ff", 0)] and summary == {"pairs": 3, "ran": 1, "completed": 1, "failed": 0}
+    assert again.calls == [("wide-ff", 0)] and summary == {
+        "pairs": 3,
+        "ran": 1,
+        "completed": 1,
+        "failed": 0,
+        "diverged": 0,
+    }
     assert sorted(trials_by_row(sweep(tmp_path, storage, None))) == ["A1", "base", "wide-ff"]
     (md,) = [p for p in write_reports(tmp_path / "runs", tmp_path / "rep", "tiny") if p.suffix == ".md"]
     lines = {line.split("|")[2].strip(): line for line in md.read_text().splitlines() if line.startswith("| ")}

@@ -1,0 +1,68 @@
+"""`aiayn status OUT`: the state of every pair of every sweep under OUT, from the books alone (sweeps/books.py):
+completed (with its dev BLEU), running (who holds it: a local worker's host:pid or a SLURM array task, and for how
+long), failed or diverged (the one-line reason its metrics.json gives), pending. Nothing is trained or written."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from aiayn.common.errors import UserError
+from aiayn.lightning_modules.rundir import OutDir
+from aiayn.sweeps import books
+
+log = logging.getLogger(__name__)
+
+
+def _live_slurm_jobs() -> set[str]:
+    from aiayn.sweeps.slurm import live_jobs
+
+    try:
+        return live_jobs()
+    except UserError as e:  # squeue failed: every SLURM-held pair shows as not held, and the user is told why
+        log.warning("%s; SLURM tasks are shown as not running", e)
+        return set()
+
+
+def sweep_status(out: str | Path) -> list[dict]:
+    """[{preset, corpus, counts, pairs: [PairState.to_dict(), ...]}, ...] for every sweep under `out`; a UserError
+    when `out` holds none."""
+    root = OutDir(out)
+    if not root.root.is_dir():
+        raise UserError(f"{out} does not exist; pass the --out of an `aiayn table3` or `aiayn slurm` sweep")
+    sweeps = books.recorded_sweeps(root)
+    if not sweeps:
+        raise UserError(f"{out} holds no sweep (no sweeps/*.json and no PRESET/CORPUS/ROW/seedN run directories); "
+                        "pass the --out of an `aiayn table3` or `aiayn slurm` sweep")  # fmt: skip
+    claims = books.AnyClaims(books.LockClaims(root, "pair"), books.SlurmClaims(root, "pair", _live_slurm_jobs))
+    found = []
+    for sweep in sweeps:
+        pairs = books.states(root, sweep.preset, sweep.corpus, sweep.pairs, claims)
+        counts = {state: sum(p.state == state for p in pairs) for state in books.STATES}
+        found.append({"preset": sweep.preset, "corpus": sweep.corpus, "counts": counts,
+                      "pairs": [p.to_dict() for p in pairs]})  # fmt: skip
+    return found
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def render(found: list[dict]) -> str:
+    """The human form: one heading per sweep with its counts, one line per pair."""
+    lines = []
+    for sweep in found:
+        counts = ", ".join(f"{n} {state}" for state, n in sweep["counts"].items() if n)
+        lines.append(f"{sweep['preset']} on {sweep['corpus']}: {len(sweep['pairs'])} pairs ({counts})")
+        width = max(len(p["row"]) for p in sweep["pairs"])
+        for p in sweep["pairs"]:
+            what = {
+                "completed": f"dev BLEU {p['dev_bleu']:.2f}" if p["dev_bleu"] is not None else "",
+                "running": f"{p['holder']}, for {_age(p['age_s'])}",
+            }.get(p["state"], p["error"] or "")
+            lines.append(f"  {p['row']:<{width}}  seed {p['seed']:<3} {p['state']:<9}  {what}".rstrip())
+    return "\n".join(lines) + "\n"
