@@ -1,0 +1,86 @@
+"""The README and docs/ say what the code does: every `aiayn` command line they show parses with the flags it
+uses, and the README's presets table is the presets' own numbers."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from aiayn.ablations.presets import PRESETS
+from aiayn.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "ARCHITECTURE.md"]
+
+
+def _subparsers(parser, prefix=()):
+    out = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out[(*prefix, name)] = sub
+                out.update(_subparsers(sub, (*prefix, name)))
+    return out
+
+
+COMMANDS = _subparsers(build_parser())
+
+
+def command_lines(text: str):
+    """Each `aiayn ...` command of the page's code blocks (indented lines; continuation lines joined), as words."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    for line in joined.splitlines():
+        if not line.startswith("    "):
+            continue
+        for part in re.split(r"&&|\||;|\$\(", line.split(" # ")[0]):
+            words = part.replace(")", " ").split()
+            if words[:1] in (["from"], ["import"]):  # Python, not a command line
+                continue
+            if "aiayn" in words and words.index("aiayn") + 1 < len(words):
+                yield words[words.index("aiayn") + 1 :]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_aiayn_command_shown_uses_flags_that_exist(page):
+    seen = 0
+    for words in command_lines(page.read_text(encoding="utf-8")):
+        key = tuple(words[:2]) if tuple(words[:2]) in COMMANDS else (words[0],)
+        assert key in COMMANDS, f"{page.name}: `aiayn {' '.join(words)}`: no command {words[0]!r}"
+        flags = {s for a in COMMANDS[key]._actions for s in a.option_strings}
+        for word in words[len(key) :]:
+            flag = word.split("=")[0]
+            if flag.startswith("--") and flag != "--" and not flag.startswith("---"):
+                assert flag in flags, f"{page.name}: `aiayn {' '.join(words)}`: {flag} is not an option of {key}"
+        seen += 1
+    if page.name in ("README.md", "sweeps.md", "models.md", "training.md"):
+        assert seen >= 5, f"{page.name}: found only {seen} aiayn command lines; the parser of this test is wrong"
+
+
+def test_the_readmes_presets_table_is_the_presets_numbers():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = {m.group(1): [c.strip() for c in m.group(2).split("|")] for m in re.finditer(r"^\| `([\w-]+)` \|(.*)\|$",
+                                                                                      text, re.M)}  # fmt: skip
+    assert set(rows) == set(PRESETS), "every preset has a row in the README's table, and only they"
+    for name, (corpus, width, heads, depth, steps, tokens, vocab, seeds) in rows.items():
+        p = PRESETS[name]
+        assert (float(width), float(heads), int(steps), int(tokens), int(vocab)) == (
+            p.width, p.heads, p.train_steps, p.tokens_per_step, p.vocab_size), name  # fmt: skip
+        assert eval(depth) == pytest.approx(p.depth), name
+        assert seeds == (f"{p.seeds} ({p.base_seeds})" if p.base_seeds else str(p.seeds)), name
+        assert {"synthetic": "synthetic", "multi30k": "Multi30k", "wmt14": "WMT14"}[p.corpus] in corpus, name
+
+
+# flags of other tools that the pages show (sbatch/srun directives, pip, tensorboard, mlflow)
+FOREIGN = {"--dependency", "--logdir", "--index-url", "--backend-store-uri", "--requeue", "--array",
+           "--kill-on-bad-exit", "--job-name", "--ntasks-per-node", "--open-mode", "--signal", "--ntasks"}  # fmt: skip
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_flag_the_prose_names_is_an_option_of_some_command(page):
+    every = {s for p in COMMANDS.values() for a in p._actions for s in a.option_strings}
+    named = set(re.findall(r"(?<![\w-])--[a-z][\w.-]*", page.read_text(encoding="utf-8")))
+    assert named - every - FOREIGN == set(), f"{page.name} names flags no aiayn command has"
