@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from aiayn.ablations.knobs import KNOBS, MODEL_KEYS
 from aiayn.ablations.predictions import MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL, PREDICTIONS_FILE
 from aiayn.ablations.presets import PRESETS, get_preset
 from aiayn.common.errors import UserError
@@ -455,10 +456,8 @@ def _tex_text(text: str) -> str:
     return "".join(tex_escape(p) if i % 2 == 0 else r"\texttt{" + tex_escape(p) + "}" for i, p in enumerate(parts))
 
 
-TEX_HEADERS = {
-    "N": "$N$", "d_model": "$d_{model}$", "d_ff": "$d_{ff}$", "h": "$h$", "d_k": "$d_k$", "d_v": "$d_v$",
-    "P_drop": "$P_{drop}$", "eps_ls": r"$\epsilon_{ls}$",
-}  # fmt: skip
+# the knobs' own LaTeX headers (ablations/knobs.py), for the columns named by the knob
+TEX_HEADERS = {k: KNOBS[k].tex for k in MODEL_KEYS if KNOBS[k].tex.startswith("$")}
 
 
 def latex(table, notes, title, notice) -> str:
