@@ -67,11 +67,11 @@ def test_table3_sweep_end_to_end_with_report(tmp_path, monkeypatch, capsys):
             "--report", str(tmp_path / "reports"), "--max-steps", "20", "--eval-subset", "20"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "2 completed, 0 failed of 2 run" in out
+    assert "2 completed, 0 failed, 0 diverged of 2 run" in out
     for row in ("base", "C1"):
         metrics = json.loads((tmp_path / f"runs/tiny/synthetic/{row}/seed0/metrics.json").read_text())
         assert metrics["status"] == "completed" and metrics["steps"] == 20
     report = (tmp_path / "reports/table3-tiny.md").read_text()
     assert "C1" in report and "base" in report
     assert main(argv) == 0
-    assert "0 completed, 0 failed of 0 run" in capsys.readouterr().out
+    assert "0 completed, 0 failed, 0 diverged of 0 run" in capsys.readouterr().out
