@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
 from pathlib import Path
 
 import pytest

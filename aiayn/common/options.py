@@ -141,8 +141,6 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None,
         parser.add_argument(flag_of(f), **kw)
         if prefix:  # the dotted path too (`--train.max_steps`), kept out of --help: the same option
             alias = {k: v for k, v in kw.items() if k != "required"}
-            if alias.get("action") is argparse.BooleanOptionalAction:
-                alias["action"] = argparse.BooleanOptionalAction
             parser.add_argument(f"--{path}", **{**alias, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS})
 
 
