@@ -28,8 +28,8 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
-def _no_data(ax, what: str) -> None:
-    ax.text(0.5, 0.5, f"no {what} yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+def _no_data(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
 def bleu_vs_params(table: pd.DataFrame, path: Path, title: str) -> Path:
@@ -45,7 +45,7 @@ def bleu_vs_params(table: pd.DataFrame, path: Path, title: str) -> Path:
         for _, r in part.iterrows():
             ax.annotate(r["row"], (r["params_m"], r["bleu"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if df.empty:
-        _no_data(ax, "completed runs")
+        _no_data(ax, "no completed runs yet")
     else:
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -76,7 +76,7 @@ def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
             for _, r in part.iterrows():
                 ax.annotate(r["row"], (r[paper], r[ours]), textcoords="offset points", xytext=(4, 4), fontsize=8)
         if df.empty:
-            _no_data(ax, "rows with both deltas")
+            _no_data(ax, "no rows with both deltas yet")
             lim = 1.0
         else:
             lim = 1.1 * max(1e-3, df[paper].abs().max(), df[ours].abs().max())
@@ -112,7 +112,8 @@ def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str) ->
                     label=row if row not in shown else "_")  # fmt: skip
             shown.add(row)
         if not shown:
-            _no_data(ax, f"{metric} logged")
+            # val/bleu is absent where the preset decodes no validation subset during training (val_bleu_sentences 0)
+            _no_data(ax, f"{metric} not in these runs' logs")
         else:
             if log_y:
                 ax.set_yscale("log")
