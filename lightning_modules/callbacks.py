@@ -162,11 +162,47 @@ class StepCheckpoints(ModelCheckpoint):
     averaging (the paper's last 5 / 20) and translation read, which is the weights; Adam's two moments would
     triple their size. A resume reads only last.ckpt or requeue.ckpt (RunDir.resume_checkpoint), which keep the
     whole state. (Lightning's own save_weights_only applies to last.ckpt too, and skips the callbacks'
-    on_save_checkpoint, so the run files are added here.)"""
+    on_save_checkpoint, so the run files are added here.)
 
-    def __init__(self, *args, periodic_weights_only: bool = False, **kwargs) -> None:
+    `keep_whole` (`--keep-last N` with `--keep-for-averaging M`, M = save_top_k > N): the newest N periodic
+    checkpoints stay whole (a run can be rewound to them), and each older one, up to M, is rewritten as weights
+    only when it falls out of those N: the file a weights-only save of its step would have written, so
+    averaging the last M reads M files at a third of the size."""
+
+    def __init__(self, *args, periodic_weights_only: bool = False, keep_whole: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.periodic_weights_only = periodic_weights_only
+        self.keep_whole = keep_whole
+        self._slim: set[str] = set()  # periodic files known to hold the weights only
+
+    def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict) -> None:
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+        if self.periodic_weights_only or self.keep_whole is None or self.keep_whole >= self.save_top_k:
+            return
+        if trainer.is_global_zero:
+            newest_first = sorted(self.best_k_models, key=lambda path: float(self.best_k_models[path]), reverse=True)
+            for path in newest_first[self.keep_whole :]:
+                self._slim_down(trainer, path)
+        trainer.strategy.barrier("StepCheckpoints.keep_whole")
+
+    def _slim_down(self, trainer: pl.Trainer, path: str) -> None:
+        """Rewrite the periodic checkpoint `path` with the keys a weights-only save writes (atomically)."""
+        if path in self._slim or not os.path.exists(path):
+            return
+        whole = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if "optimizer_states" in whole:
+            keep = set(self._weights_only_checkpoint(trainer))
+            trainer.strategy.checkpoint_io.save_checkpoint({k: v for k, v in whole.items() if k in keep}, path)
+            log.info("checkpoint %s: kept for averaging, weights only", Path(path).name)
+        self._slim.add(path)
+
+    @staticmethod
+    def _weights_only_checkpoint(trainer: pl.Trainer) -> dict:
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)  # what save_checkpoint does
+        for callback in trainer.callbacks:
+            if isinstance(callback, RunFilesInCheckpoint):  # a weights-only checkpoint can translate alone too
+                callback.on_save_checkpoint(trainer, trainer.lightning_module, checkpoint)
+        return checkpoint
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._should_skip_saving_checkpoint(trainer):  # skips a step already saved
@@ -179,10 +215,7 @@ class StepCheckpoints(ModelCheckpoint):
         # Lightning sets last_model_path before it saves last.ckpt; every other file here is a periodic one
         if not self.periodic_weights_only or filepath == self.last_model_path:
             return super()._save_checkpoint(trainer, filepath)
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)  # what save_checkpoint does
-        for callback in trainer.callbacks:
-            if isinstance(callback, RunFilesInCheckpoint):  # a weights-only checkpoint can translate alone too
-                callback.on_save_checkpoint(trainer, trainer.lightning_module, checkpoint)
+        checkpoint = self._weights_only_checkpoint(trainer)
         trainer.strategy.save_checkpoint(checkpoint, filepath)
         trainer.strategy.barrier("StepCheckpoints.save_weights")
         self._last_global_step_saved = trainer.global_step

@@ -34,24 +34,28 @@ def human(n: float) -> str:
 
 @dataclass(frozen=True)
 class DiskEstimate:
-    """The checkpoints one run keeps: `periodic` stepNNNNNNN.ckpt files of `periodic_bytes` each, and `full`
-    whole-state files (last.ckpt; requeue.ckpt too under SLURM) of `full_bytes` each."""
+    """The checkpoints one run keeps: `periodic` stepNNNNNNN.ckpt files of `periodic_bytes` each, `slim` older ones
+    of `slim_bytes` (weights only, kept for averaging), and `full` whole-state files (last.ckpt; requeue.ckpt too
+    under SLURM) of `full_bytes` each."""
 
     params: int
     full_bytes: int
     periodic_bytes: int
     periodic: int
     full: int = 1
+    slim: int = 0  # older periodic ones rewritten as weights only (--keep-for-averaging beyond --keep-last)
+    slim_bytes: int = 0
 
     @property
     def total(self) -> int:
-        return self.periodic * self.periodic_bytes + self.full * self.full_bytes
+        return self.periodic * self.periodic_bytes + self.slim * self.slim_bytes + self.full * self.full_bytes
 
     def describe(self) -> str:
         kind = "weights only" if self.periodic_bytes < self.full_bytes else "weights + Adam moments, fp32"
         fulls = "last.ckpt" if self.full == 1 else "last.ckpt and requeue.ckpt"
+        slim = f" + {self.slim} older for averaging x {human(self.slim_bytes)} (weights only)" if self.slim else ""
         return (f"checkpoints: about {human(self.total)} = {self.periodic} periodic x {human(self.periodic_bytes)} "
-                f"({kind}) + {fulls} {self.full} x {human(self.full_bytes)} (weights + Adam moments, fp32) for "
+                f"({kind}){slim} + {fulls} {self.full} x {human(self.full_bytes)} (weights + Adam moments, fp32) for "
                 f"{self.params / 1e6:.3g}M parameters; a save needs room for one more file while it "
                 f"writes")  # fmt: skip
 
@@ -61,6 +65,13 @@ def checkpoint_bytes(params: int, vocab_size: int, weights_only: bool) -> int:
     tokenizer = (TOKENIZER_BYTES + TOKENIZER_BYTES_PER_PIECE * vocab_size) * PICKLED_BYTES
     per_param = WEIGHTS_BYTES_PER_PARAM if weights_only else FULL_BYTES_PER_PARAM
     return int(params * per_param + tokenizer + OTHER_BYTES)
+
+
+def kept_checkpoints(opts, preset) -> tuple[int, int]:
+    """(whole, kept) for TrainOptions `opts`: the newest `kept` periodic checkpoints stay, the newest `whole` of them
+    whole (`--keep-last`, `--keep-for-averaging`)."""
+    whole = opts.keep_last or preset.keep_ckpts
+    return whole, opts.keep_for_averaging or whole
 
 
 def periodic_saves(steps: int, every: int | None, keep: int) -> int:
@@ -75,12 +86,16 @@ def estimate(opts, spec, *, slurm: bool = False) -> DiskEstimate:
     """The checkpoints of the run `spec` trained with `opts` (TrainOptions); `slurm`: a requeue.ckpt besides."""
     preset = spec.preset
     params, vocab = spec.model.params(), spec.model.vocab_size
-    keep = opts.keep_last or preset.keep_ckpts
+    whole, kept = kept_checkpoints(opts, preset)
     every = None if opts.ckpt_every_minutes is not None else (opts.ckpt_every or preset.ckpt_every)
+    steps = opts.max_steps or spec.train_steps
+    periodic = periodic_saves(steps, every, whole)
     return DiskEstimate(
         params=params,
         full_bytes=checkpoint_bytes(params, vocab, weights_only=False),
         periodic_bytes=checkpoint_bytes(params, vocab, weights_only=opts.weights_only_checkpoints),
-        periodic=periodic_saves(opts.max_steps or spec.train_steps, every, keep),
+        periodic=periodic,
         full=2 if slurm else 1,
+        slim=0 if opts.weights_only_checkpoints else periodic_saves(steps, every, kept) - periodic,
+        slim_bytes=checkpoint_bytes(params, vocab, weights_only=True),
     )

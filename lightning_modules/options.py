@@ -75,6 +75,12 @@ class TrainOptions:
         "(default: the preset's: 20, enough to average the last 20 as the paper's big model; 5 for tiny)",
         positive=True, metavar="N",
     )  # fmt: skip
+    keep_for_averaging: int | None = option(
+        None, "instead of --keep-last alone: the newest M periodic checkpoints kept, of which the newest --keep-last "
+        "stay whole and the older ones are rewritten as weights only, all that averaging reads (default: as many as "
+        "--keep-last, all whole); e.g. --keep-last 2 --keep-for-averaging 20 for the paper's big model",
+        positive=True, metavar="M",
+    )  # fmt: skip
     weights_only_checkpoints: bool = option(
         False, "periodic checkpoints without the optimizer state (a third of the size, all that averaging and "
         "translating read); last.ckpt keeps the whole state, so a resume is unchanged",

@@ -30,8 +30,8 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules import disk, wandb_run
 from aiayn.lightning_modules import loggers as run_loggers
-from aiayn.lightning_modules import wandb_run
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
     RNGStates,
@@ -159,6 +159,10 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     if opts.keep_last is not None and opts.keep_last < 1:
         raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
                         f"more (last.ckpt is kept besides)")  # fmt: skip
+    whole, kept = disk.kept_checkpoints(opts, spec.preset)
+    if kept < whole:
+        raise UserError(f"--keep-for-averaging {kept} keeps fewer periodic checkpoints than --keep-last {whole}; pass "
+                        f"--keep-for-averaging {whole} or more, or a smaller --keep-last")  # fmt: skip
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
@@ -352,13 +356,15 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
     embed = RunFilesInCheckpoint(lambda: redact_obj(p.config.to_dict()), lambda: p.dm.tokenizer_model)
     callbacks, val_per_epoch = (embed, *hooks.callbacks), hooks.val_per_epoch
     by_time = opts.ckpt_every_minutes is not None
+    whole, kept = disk.kept_checkpoints(opts, preset)
     ckpt = StepCheckpoints(
         dirpath=run.checkpoints,
         filename="step{step:07d}",
         auto_insert_metric_name=False,
         every_n_train_steps=None if by_time else (opts.ckpt_every or preset.ckpt_every),
         train_time_interval=timedelta(minutes=opts.ckpt_every_minutes) if by_time else None,
-        save_top_k=opts.keep_last or preset.keep_ckpts,  # the newest k periodic ones, for "average the last 5 / 20"
+        save_top_k=kept,  # the newest k periodic ones, to "average the last 5 / 20"
+        keep_whole=whole,
         monitor="step",
         mode="max",
         save_last=True,  # always the whole state: the resume point

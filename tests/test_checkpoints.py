@@ -77,6 +77,48 @@ def test_a_run_with_weights_only_checkpoints_resumes_exactly(weights_only, tmp_p
                                                   whole["optimizer_states"][0]["state"][0].values()))  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def averaging(cache, tmp_path_factory):
+    """The same 4 steps, the newest 3 periodic checkpoints kept, only the newest whole."""
+    out = tmp_path_factory.mktemp("runs")
+    train(out, "--max-steps", "4", "--ckpt-every", "1", "--keep-last", "1", "--keep-for-averaging", "3")
+    return run_of(out)
+
+
+def test_keep_for_averaging_keeps_the_older_ones_as_weights_only(averaging, weights_only):
+    names = sorted(p.name for p in (averaging / "checkpoints").iterdir())
+    assert names == ["last.ckpt", "step0000002.ckpt", "step0000003.ckpt", "step0000004.ckpt"]
+    ckpt = {s: load(averaging / "checkpoints" / f"step000000{s}.ckpt") for s in (2, 3, 4)}
+    assert set(TRAINING_STATE) <= set(ckpt[4])  # the newest, whole: a run can be rewound to it
+    # an older one is the file --weights-only-checkpoints writes at its step: the same keys, the same weights
+    written = load(weights_only / "checkpoints" / "step0000003.ckpt")
+    assert set(ckpt[3]) == set(written) and ckpt[3]["global_step"] == 3
+    assert all(torch.equal(ckpt[3]["state_dict"][k], v) for k, v in written["state_dict"].items())
+    assert not set(TRAINING_STATE) & set(ckpt[2])
+    sizes = {s: (averaging / "checkpoints" / f"step000000{s}.ckpt").stat().st_size for s in (2, 3, 4)}
+    assert sizes[2] == sizes[3] < 0.7 * sizes[4]
+
+
+def test_keep_for_averaging_slims_down_after_a_resume_and_averages(cache, tmp_path):
+    """Stopped after step 2 (step 1 slim, step 2 whole) and resumed to 4: the resumed process slims step 2 and 3."""
+    for steps in ("2", "4"):
+        train(tmp_path, "--max-steps", steps, "--ckpt-every", "1", "--keep-last", "1", "--keep-for-averaging", "3")
+    run = run_of(tmp_path)
+    whole = {s: "optimizer_states" in load(run / "checkpoints" / f"step000000{s}.ckpt") for s in (2, 3, 4)}
+    assert whole == {2: False, 3: False, 4: True}
+    assert main(["average", "--run", str(run), "--last", "3", "--out", str(tmp_path / "avg.ckpt")]) == 0
+
+
+def test_keep_for_averaging_below_keep_last_is_one_line(tmp_path, capsys):
+    argv = ["train", "--out", str(tmp_path / "runs"), "--keep-last", "3", "--keep-for-averaging", "2"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "aiayn: error: --keep-for-averaging 2 keeps fewer periodic checkpoints than --keep-last 3; pass "
+        "--keep-for-averaging 3 or more, or a smaller --keep-last\n"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_the_estimate_is_within_10_percent_of_the_real_files(weights_only):
     """Of a model whose tokenizer outweighs its weights: the estimate's per-file overheads are right too (the
     full-size model's checkpoints: tests/test_train.py)."""
@@ -100,6 +142,10 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
     assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
                  "--weights-only-checkpoints", "--keep-last", "5"]) == 0  # fmt: skip
     assert "about 6.86 GB = 5 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
+                 "--keep-last", "2", "--keep-for-averaging", "20"]) == 0  # fmt: skip
+    assert ("about 23.2 GB = 2 periodic x 2.57 GB (weights + Adam moments, fp32) + 18 older for averaging x 858 MB "
+            "(weights only) + last.ckpt 1 x 2.57 GB") in capsys.readouterr().err  # fmt: skip
     assert not any(tmp_path.iterdir())
 
 
