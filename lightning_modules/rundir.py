@@ -445,6 +445,11 @@ class RunDir:
         found = [p for p in self.checkpoints.glob("step*.ckpt") if _STEP_CKPT.search(p.name)]
         return sorted(found, key=lambda p: int(_STEP_CKPT.search(p.name)[1]))
 
+    def checkpointed_step(self) -> int | None:
+        """The step of the newest periodic checkpoint, from its name (nothing is loaded); None when there is none."""
+        found = self.periodic_checkpoints()
+        return int(_STEP_CKPT.search(found[-1].name)[1]) if found else None
+
     def resume_checkpoint(self) -> Path | None:
         """The checkpoint a rerun resumes from: the newer of `last.ckpt` (periodic) and `requeue.ckpt`
         (saved on SLURM's warning signal). Newer = higher global step; an unreadable file (killed

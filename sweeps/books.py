@@ -28,10 +28,11 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.locks import file_lock, try_lock
 from aiayn.lightning_modules.corpora import corpus_dirname
-from aiayn.lightning_modules.rundir import OutDir
+from aiayn.lightning_modules.rundir import OutDir, RunDir
 
 Pair = tuple[str, int]
 STATES = ("completed", "running", "failed", "diverged", "pruned", "pending")
@@ -150,10 +151,13 @@ class PairState:
     error: str | None = None  # its one-line reason (failed, diverged, pruned)
     run_dir: str = ""
     dev_bleu: float | None = None  # its result (completed)
+    step: int | None = None  # the newest periodic checkpoint's step (not completed: how far it got)
+    steps: int | None = None  # the steps it plans (config.json)
 
     def to_dict(self) -> dict:
         return {"row": self.row, "seed": self.seed, "state": self.state, "holder": self.holder, "age_s": self.age_s,
-                "error": self.error, "dev_bleu": self.dev_bleu, "run_dir": self.run_dir}  # fmt: skip
+                "error": self.error, "dev_bleu": self.dev_bleu, "run_dir": self.run_dir, "step": self.step,
+                "steps": self.steps}  # fmt: skip
 
     @property
     def pair(self) -> Pair:
@@ -170,16 +174,26 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
             found.append(PairState(row, seed, "completed", run_dir=str(run.path), dev_bleu=metrics.dev_bleu))
             continue
         held = claims.holder(pair_key(preset, corpus, row, seed))
+        where = {"run_dir": str(run.path), **_progress(run)}
         if held is not None:
             since = held.get("since")
-            found.append(PairState(row, seed, "running", held.get("holder"), now - since if since else None,
-                                   run_dir=str(run.path)))  # fmt: skip
+            found.append(PairState(row, seed, "running", held.get("holder"), now - since if since else None, **where))
         elif metrics is not None:
             error = (metrics.error or "").strip().splitlines()[:1]
-            found.append(PairState(row, seed, metrics.status, error=error[0] if error else None, run_dir=str(run.path)))
+            found.append(PairState(row, seed, metrics.status, error=error[0] if error else None, **where))
         else:
-            found.append(PairState(row, seed, "pending", run_dir=str(run.path)))
+            found.append(PairState(row, seed, "pending", **where))
     return found
+
+
+def _progress(run: RunDir) -> dict:
+    """How far an unfinished run got: its newest periodic checkpoint's step of the steps its config.json plans
+    (what a rerun resumes near; last.ckpt may be a little newer)."""
+    try:
+        config = run.read_config()
+    except UserError:  # an unreadable config.json: the rerun says so; status shows no progress
+        config = None
+    return {"step": run.checkpointed_step(), "steps": config.train.steps if config else None}
 
 
 def record_sweep(out: OutDir, preset: str, corpus: str, pairs: list[Pair], backend: str) -> Path:

@@ -1,6 +1,7 @@
 """`aiayn status OUT`: the state of every pair of every sweep under OUT, from the books alone (sweeps/books.py):
-completed (with its dev BLEU), running (who holds it: a local worker's host:pid or a SLURM array task, and for how
-long), failed or diverged (the one-line reason its metrics.json gives), pending. Nothing is trained or written."""
+completed (with its dev BLEU), running (who holds it: a local worker's host:pid or a SLURM array task, for how
+long, and the step of its newest periodic checkpoint of the steps it plans), failed or diverged (the one-line
+reason its metrics.json gives), pending. Nothing is trained or written."""
 
 from __future__ import annotations
 
@@ -52,6 +53,13 @@ def _age(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def _step(p: dict) -> str:
+    """', checkpointed at step 5500 of 7000' for a run that got somewhere; '' otherwise."""
+    if p.get("step") is None:
+        return ""
+    return f", checkpointed at step {p['step']}" + (f" of {p['steps']}" if p.get("steps") else "")
+
+
 def render(found: list[dict]) -> str:
     """The human form: one heading per sweep with its counts, one line per pair."""
     lines = []
@@ -62,7 +70,7 @@ def render(found: list[dict]) -> str:
         for p in sweep["pairs"]:
             what = {
                 "completed": f"dev BLEU {p['dev_bleu']:.2f}" if p["dev_bleu"] is not None else "",
-                "running": f"{p['holder']}, for {_age(p['age_s'])}",
-            }.get(p["state"], p["error"] or "")
+                "running": f"{p['holder']}, for {_age(p['age_s'])}{_step(p)}",
+            }.get(p["state"], (p["error"] or "") + _step(p))
             lines.append(f"  {p['row']:<{width}}  seed {p['seed']:<3} {p['state']:<9}  {what}".rstrip())
     return "\n".join(lines) + "\n"

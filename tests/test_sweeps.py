@@ -456,6 +456,14 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
     # A2 is run by a live worker now, A3 has not started yet
     for row in ("A2", "A3"):
         (runs / "tiny" / "synthetic" / row / "seed0" / "metrics.json").unlink()
+    # A2 got to step 500 of its plan: its config.json as `aiayn train` writes it, and its periodic checkpoints
+    a2 = runs / "tiny" / "synthetic" / "A2" / "seed0"
+    capsys.readouterr()
+    assert main(["train", "--preset", "tiny", "--row", "A2", "--out", str(runs), "--print-config"]) == 0
+    (a2 / "config.json").write_text(capsys.readouterr().out)
+    (a2 / "checkpoints").mkdir(parents=True)
+    for name in ("step0000250.ckpt", "step0000500.ckpt", "last.ckpt"):
+        (a2 / "checkpoints" / name).write_bytes(b"")
     held = LockClaims(OutDir(runs), "pair").take(pair_key("tiny", "synthetic", "A2", 0))
     try:
         capsys.readouterr()
@@ -466,11 +474,14 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
             "base": "completed", "A1": "failed", "A2": "running", "A3": "pending"}  # fmt: skip
         assert states["base"]["dev_bleu"] == 10.0 and states["A1"]["error"] == "RuntimeError: boom"
         assert states["A2"]["holder"].endswith(f":{os.getpid()}") and states["A2"]["age_s"] >= 0
+        assert (states["A2"]["step"], states["A2"]["steps"], states["A3"]["step"]) == (500, 1000, None)
         assert (sweep["preset"], sweep["corpus"], sweep["counts"]["pending"]) == ("tiny", "synthetic", 1)
         assert main(["status", str(runs)]) == 0
         text = capsys.readouterr().out
         assert "tiny on synthetic: 4 pairs (1 completed, 1 running, 1 failed, 1 pending)" in text
         assert "A1    seed 0   failed     RuntimeError: boom" in text
+        assert f"A2    seed 0   running    {states['A2']['holder']}, for " in text
+        assert text.split("A2    seed 0")[1].split("\n")[0].endswith(", checkpointed at step 500 of 1000")
     finally:
         held.close()
 
