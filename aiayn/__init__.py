@@ -9,7 +9,19 @@ Layers, bottom to top (each imports only those below it; tests/test_layers.py ch
 - ``aiayn.cli``: the ``aiayn`` command.
 """
 
+import os
 from importlib.metadata import PackageNotFoundError, version
+
+# In a checkout, aiayn.ablations, .lightning_modules, .sweeps and .reports live beside this directory, not in it
+# (pyproject's [tool.setuptools.package-dir]). An installed package holds them inside; an editable install maps
+# them. But when this directory is imported straight from a checkout, with neither (`python -m aiayn` or a
+# sweep's forkserver started in the checkout, whose working directory comes first on sys.path and shadows a
+# regular install), the subpackages are found by searching the checkout's root as well.
+_here = os.path.dirname(os.path.abspath(__file__))
+if not os.path.isdir(os.path.join(_here, "lightning_modules")) and os.path.isfile(
+    os.path.join(os.path.dirname(_here), "lightning_modules", "__init__.py")
+):
+    __path__.append(os.path.dirname(_here))  # noqa: F821 (the package's own __path__)
 
 try:
     __version__ = version("aiayn")

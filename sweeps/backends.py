@@ -299,7 +299,10 @@ def _result(sweep: Sweep, row: str, seed: int, returncode: int | None) -> RunMet
     metrics = run.read_metrics()
     if returncode == 0 and metrics is not None:
         return metrics
-    tail = run.sweep_log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    try:
+        tail = run.sweep_log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    except FileNotFoundError:  # the process died before it opened its log; the driver's stderr has why
+        tail = ["no log: the run's process died before it started (its error is in the sweep's own output)"]
     return sweep.failed(row, seed, f"exit {returncode}: {tail[0][:300]}")
 
 

@@ -5,6 +5,7 @@ The bookkeeping tests use a stand-in runner that writes no model; the real runs 
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -164,6 +165,40 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
     cmd = spawned[0][0]
     assert cmd[1:4] == ["-m", "aiayn", "train"] and cmd[cmd.index("--devices") + 1] == "2"
     assert "--no-progress" in cmd and cmd[cmd.index("--row") + 1] == "base"
+
+
+def test_a_run_whose_process_dies_before_its_log_exists_fails_with_a_line_not_a_traceback(tmp_path, monkeypatch):
+    class DiesAtStart:  # a forkserver child that could not even import aiayn: no log was ever opened
+        def __init__(self, target, args):
+            self.exitcode = 1
+
+        def start(self):
+            pass
+
+        def join(self):
+            pass
+
+    monkeypatch.setattr("aiayn.sweeps.backends._forkserver", lambda: type("Ctx", (), {"Process": DiesAtStart}))
+    result = LocalBackend().run_one(build_sweep(opts(tmp_path)), "base", 0, None)
+    assert result.status == "failed" and "no log" in result.error and "exit 1" in result.error
+
+
+def test_the_package_imports_from_a_checkout_without_an_install_mapping_its_subpackages():
+    """A sweep's forkserver (and `python -m aiayn`) started in a checkout finds the checkout's aiayn/ first on
+    sys.path, ahead of any regular install; the subpackages beside it must still import (they crashed every pair
+    of a sweep run from the checkout's root with a non-editable install)."""
+    code = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+        "sys.path_hooks[:] = [h for h in sys.path_hooks if 'editable' not in repr(h).lower()]; "
+        "sys.path_importer_cache.clear(); "
+        "import aiayn.lightning_modules.train, aiayn.sweeps.backends, aiayn.ablations.presets, aiayn.reports; "
+        "print(aiayn.__file__); print(aiayn.lightning_modules.train.__file__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    package, train = done.stdout.split()
+    assert Path(package) == ROOT / "aiayn" / "__init__.py"  # the checkout's, as the forkserver would import it
+    assert Path(train) == ROOT / "lightning_modules" / "train.py"
 
 
 def test_a_failing_row_does_not_stop_the_sweep_and_is_retried_on_rerun(tmp_path):
