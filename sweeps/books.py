@@ -20,8 +20,8 @@ import os
 import platform
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.common.locks import file_lock, try_lock
+from aiayn.common.locks import file_lock, holding, try_lock
 from aiayn.lightning_modules.corpora import corpus_dirname
 from aiayn.lightning_modules.rundir import OutDir, RunDir
 
@@ -60,17 +60,9 @@ class LockClaims(Claims):
     def path(self, key: str) -> Path:
         return self.out.lock(f"{self.prefix}-{key}")
 
-    @contextmanager
-    def claim(self, key: str) -> Iterator[bool]:
+    def claim(self, key: str) -> AbstractContextManager[bool]:
         """Hold `key` for the `with` block; yields False if a live worker holds it."""
-        held = self.take(key)
-        if held is None:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            held.close()
+        return holding(self.take(key))
 
     def take(self, key: str, tries: int = 10):
         """Hold `key` until the returned file is closed (or the process dies); None if a live worker holds it.

@@ -36,6 +36,7 @@ import resource
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,13 +314,17 @@ class Trainer:
         self.opt.step()
 
     def timed(self, steps: int) -> float:
-        """Seconds per step over `steps` steps, synchronizing only before and after."""
-        _sync(self.device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            self.step()
-        _sync(self.device)
-        return (time.perf_counter() - t0) / steps
+        return time_steps(self.step, self.device, steps)
+
+
+def time_steps(step: Callable[[], None], device: torch.device, steps: int) -> float:
+    """Seconds per call of `step` over `steps` calls, synchronizing the device only before and after."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
 
 
 def _sync(device: torch.device) -> None:

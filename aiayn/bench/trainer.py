@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from aiayn.bench import BenchOptions
-from aiayn.bench.run import _cpu_name, _sync, bench_config, resolve_device, training_batch
+from aiayn.bench.run import _cpu_name, _sync, bench_config, resolve_device, time_steps, training_batch
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.lightning_modules.callbacks import RNGStates
@@ -134,13 +134,7 @@ class BareStep:
         self.steps += 1
 
     def timed(self, steps: int) -> float:
-        """Seconds per step over `steps` steps, synchronizing only before and after."""
-        _sync(self.device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            self.step()
-        _sync(self.device)
-        return (time.perf_counter() - t0) / steps
+        return time_steps(self.step, self.device, steps)
 
 
 class Windows(pl.Callback):

@@ -36,6 +36,14 @@ def file_lock(path: str | os.PathLike, wait: bool = False):
         fcntl.flock(held, fcntl.LOCK_EX)
     else:
         held = try_lock(path)
+    with holding(held) as ok:
+        yield ok
+
+
+@contextmanager
+def holding(held: IO | None):
+    """For the `with` block: yields whether `held` (a lock file from `try_lock`, or None) is a lock, and releases
+    it after the block."""
     if held is None:
         yield False
         return
