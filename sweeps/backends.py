@@ -291,6 +291,11 @@ def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: in
         train(opts, spec)
     except UserError as e:
         sys.exit(print_error(e))
+    finally:
+        # A multiprocessing child leaves through os._exit, so W&B's atexit teardown never runs; run.finish() alone
+        # returns before W&B's service has written an offline run's records (W&B's docs: call teardown here).
+        if "wandb" in sys.modules:
+            sys.modules["wandb"].teardown()
     sys.exit(0)
 
 

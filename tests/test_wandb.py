@@ -75,6 +75,11 @@ def wandb_run(run_file: Path) -> dict:
 
 def offline_runs(directory: Path) -> dict:
     """The offline W&B runs under `directory`/wandb, by id."""
+    import wandb
+
+    # run.finish() in offline mode returns before W&B's service has written the run's records (seen in CI: the
+    # file held its 7-byte header when read, its 7,938 bytes 10 ms later); teardown waits for the service.
+    wandb.teardown()
     found = {}
     for f in sorted((directory / "wandb").glob("offline-run-*/run-*.wandb")):
         run = wandb_run(f)
