@@ -246,9 +246,10 @@ def _report(runs_dir, out_dir, preset: str | None, wandb: bool = False) -> None:
 def cmd_report(args) -> None:
     from aiayn.common.files import check_writable_dir
 
-    out = args.out or str(Path(args.runs) / "reports")
+    runs = args.runs or ["runs"]
+    out = args.out or str(Path(runs[0]) / "reports")
     check_writable_dir(out, "--out")
-    _report(args.runs, out, args.preset, wandb=args.wandb)
+    _report(runs, out, args.preset, wandb=args.wandb)
 
 
 def cmd_table3(args) -> None:
@@ -486,8 +487,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=cmd_sweep_export)
 
     rp = sub.add_parser("report", help="Table 3 report tables and plots from every metrics.json under --runs")
-    rp.add_argument("--runs", default="runs", help="the --out of the runs to report (every metrics.json under it)")
-    rp.add_argument("--out", default=None, help="report directory (default: RUNS/reports)")
+    rp.add_argument(
+        "--runs",
+        action="append",
+        default=None,
+        help="the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run "
+        "into separate directories into one table (default: runs)",
+    )
+    rp.add_argument("--out", default=None, help="report directory (default: the first RUNS/reports)")
     rp.add_argument("--preset", default=None, help="only this preset (default: every preset found)")
     rp.add_argument(
         "--wandb",

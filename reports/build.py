@@ -49,23 +49,35 @@ def report_name(preset: str, data: str) -> str:
     return f"table3-{preset}-{corpus_dirname(data)}"  # a file name: hf:wmt/wmt16:de-en is hf-wmt--wmt16-de-en
 
 
+def _dirs(runs_dir) -> list[Path]:
+    return [Path(runs_dir)] if isinstance(runs_dir, (str, Path)) else [Path(d) for d in runs_dir]
+
+
 def command_line(runs_dir, out_dir, preset: str | None) -> str:
-    return f"aiayn report --runs {runs_dir} --out {out_dir}" + (f" --preset {preset}" if preset else "")
+    runs = " ".join(f"--runs {d}" for d in _dirs(runs_dir))
+    return f"aiayn report {runs} --out {out_dir}" + (f" --preset {preset}" if preset else "")
 
 
-def write_reports(runs_dir: str | Path, out_dir: str | Path, preset: str | None = None) -> list[Path]:
-    """Write Table 3 (md, csv, tex, html) and its plots for each (preset, corpus) found; return the paths written."""
+def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None) -> list[Path]:
+    """Write Table 3 (md, csv, tex, html) and its plots for each (preset, corpus) found; return the paths written.
+    `runs_dir` is one output directory or several (seed sets run separately, pooled into one table: a (row, seed)
+    found in two of them is kept once, from the first, with a warning)."""
     if preset is not None:
         get_preset(preset)  # UserError naming the presets there are
-    found = scan(runs_dir)
+    found = Scan()
+    for d in _dirs(runs_dir):
+        one = scan(d)
+        found.runs += one.runs
+        found.skipped += one.skipped
     keys = sorted({(r.preset, r.data) for r in found.runs})
     if preset is not None:
         keys = [k for k in keys if k[0] == preset]
     if not keys:
         what = f"metrics.json of preset {preset!r}" if preset else "readable metrics.json"
         there = sorted({r.preset for r in found.runs})
+        where = ", ".join(repr(str(d)) for d in _dirs(runs_dir))
         raise UserError(
-            f"no {what} under {str(runs_dir)!r} (presets found: {', '.join(there) or 'none'}; "
+            f"no {what} under {where} (presets found: {', '.join(there) or 'none'}; "
             f"{len(found.skipped)} file(s) skipped); train the preset first or pick another --preset"
         )
     command = command_line(runs_dir, out_dir, preset)
