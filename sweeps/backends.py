@@ -195,6 +195,7 @@ class QueueBackend(Backend):
         done = failed = diverged = 0
         t_start, finished_before = pace
         key_of = self._key_of(sweep)
+        wanted = set(sweep.pairs)
 
         def ask():
             if not any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
@@ -235,7 +236,8 @@ class QueueBackend(Backend):
                 finally:
                     held.close()
             trials = study.get_trials(deepcopy=False)
-            finished = sum(t.state == TrialState.COMPLETE for t in trials)
+            # of this sweep's pairs: the study also holds other seed sets run into the same --out
+            finished = sum(t.state == TrialState.COMPLETE and pair_of(t) in wanted for t in trials)
             # the driver's pace so far (all its workers) x what is left; longest pairs run first, so it errs long
             ran = max(_n_finished(trials) - finished_before, 1)
             eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)

@@ -3,8 +3,11 @@
 The bookkeeping tests use a stand-in runner that writes no model; the real runs are in the slow tier.
 """
 
+import dataclasses
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -96,6 +99,19 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
         .user_attrs["run_dir"]
         .endswith(f"tiny/synthetic/{done[0].user_attrs['row']}/seed{done[0].user_attrs['seed']}")
     )
+
+
+def test_a_second_seed_set_into_the_same_out_counts_its_own_pairs(tmp_path, caplog):
+    """`--first-seed 1` into the --out of seed set {0}: its progress lines count its own pairs, [1/2] and [2/2],
+    not the study's earlier ones too ([3/2], [4/2])."""
+    first = opts(tmp_path, rows="base,A1")
+    run_table3(first, backend=RunnerBackend(FakeRunner()))
+    caplog.clear()
+    second = dataclasses.replace(first, select=Selection(rows="base,A1", first_seed=1))
+    with caplog.at_level(logging.INFO, logger="aiayn.sweeps.backends"):
+        assert run_table3(second, backend=RunnerBackend(FakeRunner()))["completed"] == 2
+    counts = re.findall(r"^\[(\d+)/(\d+)\] ", "\n".join(r.getMessage() for r in caplog.records), re.M)
+    assert counts == [("1", "2"), ("2", "2")]
 
 
 def test_queue_runs_longest_first(tmp_path):
