@@ -95,7 +95,7 @@ def test_preset_rule_scales_widths_heads_and_depth():
     tiny, paper = PRESETS["tiny"], PRESETS["paper"]
     b, big = resolved("base", "tiny"), resolved("big", "tiny")
     assert (b["d_model"], b["d_ff"], b["h"], b["d_k"], b["d_v"], b["N"]) == (128, 512, 4, 32, 32, 2)
-    assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps == 3000
+    assert big["train_steps"] == 3 * b["train_steps"] == 3 * tiny.train_steps == 3600
     # h x 1/2 and h·d_k x 1/4: group A keeps h·d_k = d_model with distinct head counts; B keeps d_k's ratio to base
     heads = {r: (resolved(r, "tiny")["h"], resolved(r, "tiny")["d_k"]) for r in ("A1", "A2", "A3", "A4", "B1", "B2")}
     assert heads == {"A1": (1, 128), "A2": (2, 64), "A3": (8, 16), "A4": (16, 8), "B1": (4, 8), "B2": (4, 16)}
