@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from aiayn.ablations.presets import PRESETS
 from aiayn.reports.verdicts import judge
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reports" / "reference"
@@ -59,3 +60,30 @@ def test_reference_verdicts_reproduce(table):
     assert predicted <= set(scored.index), (
         f"{table.name}: scored now but not in the committed table: {sorted(predicted - set(scored.index))}"
     )
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[str(t.relative_to(REFERENCE)) for t in TABLES])
+def test_reference_runs_were_trained_at_the_presets_budget(table):
+    """A preset whose step budget changed has its reference reports run again: a table of the old budget fails."""
+    preset = PRESETS[_preset(table)]
+    runs = pd.read_csv(table.with_name(f"{table.stem}-runs.csv"))
+    done = runs[(runs["status"] == "completed") & (runs["row"] != "big")]  # big trains 3x, as in the paper
+    assert set(done["steps"]) == {preset.train_steps}, f"{table.name}: {sorted(set(done['steps']))} steps"
+
+
+def _main_job_verdicts(reference: Path) -> dict[str, pd.Series]:
+    sets = {"{0}": reference / "table3-tiny.csv"}
+    sets |= {f"{{{p.stem[-1]}}}": p for p in sorted((reference / "main-job-seed-sets").glob("first-seed-?.csv"))}
+    return {name: pd.read_csv(path).set_index("row")["verdict"].dropna() for name, path in sets.items()}
+
+
+def test_the_main_job_gives_the_same_verdict_on_each_seed_set_run_apart(reference=REFERENCE):
+    """Issue 19's bar for the main job: seed sets {0}, {1} and {2}, each a separate `aiayn table3 --first-seed S`,
+    give every scored row the same verdict."""
+    verdicts = _main_job_verdicts(reference)
+    assert sorted(verdicts) == ["{0}", "{1}", "{2}"]
+    first = verdicts["{0}"]
+    for name, other in verdicts.items():
+        differ = {row: (first.get(row), other.get(row)) for row in set(first.index) | set(other.index)
+                  if first.get(row) != other.get(row)}  # fmt: skip
+        assert not differ, f"seed set {name} against {{0}}: {differ}"
