@@ -525,14 +525,15 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
             "base": "completed", "A1": "failed", "A2": "running", "A3": "pending"}  # fmt: skip
         assert states["base"]["dev_bleu"] == 10.0 and states["A1"]["error"] == "RuntimeError: boom"
         assert states["A2"]["holder"].endswith(f":{os.getpid()}") and states["A2"]["age_s"] >= 0
-        assert (states["A2"]["step"], states["A2"]["steps"], states["A3"]["step"]) == (500, 1000, None)
+        steps = PRESETS["tiny"].train_steps
+        assert (states["A2"]["step"], states["A2"]["steps"], states["A3"]["step"]) == (500, steps, None)
         assert (sweep["preset"], sweep["corpus"], sweep["counts"]["pending"]) == ("tiny", "synthetic", 1)
         assert main(["status", str(runs)]) == 0
         text = capsys.readouterr().out
         assert "tiny on synthetic: 4 pairs (1 completed, 1 running, 1 failed, 1 pending)" in text
         assert "A1    seed 0   failed     RuntimeError: boom" in text
         assert f"A2    seed 0   running    {states['A2']['holder']}, for " in text
-        assert text.split("A2    seed 0")[1].split("\n")[0].endswith(", checkpointed at step 500 of 1000")
+        assert text.split("A2    seed 0")[1].split("\n")[0].endswith(f", checkpointed at step 500 of {steps}")
     finally:
         held.close()
 
