@@ -64,8 +64,9 @@ def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None) -> l
     found in two of them is kept once, from the first, with a warning)."""
     if preset is not None:
         get_preset(preset)  # UserError naming the presets there are
+    dirs = _dirs(runs_dir)
     found = Scan()
-    for d in _dirs(runs_dir):
+    for d in dirs:
         one = scan(d)
         found.runs += one.runs
         found.skipped += one.skipped
@@ -75,12 +76,12 @@ def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None) -> l
     if not keys:
         what = f"metrics.json of preset {preset!r}" if preset else "readable metrics.json"
         there = sorted({r.preset for r in found.runs})
-        where = ", ".join(repr(str(d)) for d in _dirs(runs_dir))
+        where = ", ".join(repr(str(d)) for d in dirs)
         raise UserError(
             f"no {what} under {where} (presets found: {', '.join(there) or 'none'}; "
             f"{len(found.skipped)} file(s) skipped); train the preset first or pick another --preset"
         )
-    command = command_line(runs_dir, out_dir, preset)
+    command = command_line(dirs, out_dir, preset)
     written = []
     for p, data in keys:
         runs = [r for r in found.runs if (r.preset, r.data) == (p, data)]
