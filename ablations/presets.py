@@ -51,6 +51,10 @@ class Preset:
     rows: str | None = None
     seeds: int = 1
     base_seeds: int | None = None
+    # how its report judges a run's convergence (reports/verdicts.py): "endpoints" (two validations near 75% of the
+    # steps against the last two) or "line" (a line fitted to every validation of the last quarter); fixed before
+    # the runs it judges, as the scored set is
+    convergence: str = "endpoints"
 
     def rule(self) -> str:
         data = f"the first {self.train_pairs} training pairs of {self.corpus}" if self.train_pairs else self.corpus

@@ -138,9 +138,10 @@ def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str,
     return out
 
 
-def run_convergence(run: Run) -> float:
-    """The run's last-quarter drop in dev perplexity (`verdicts.last_quarter_drop`); NaN without a curve."""
-    return verdicts.last_quarter_drop(read_curve(run.dir, "val/ppl"))
+def run_convergence(run: Run, rule: str = "endpoints") -> float:
+    """The run's last-quarter drop in dev perplexity by the convergence rule `rule` (`verdicts.convergence_drop`);
+    NaN without a curve."""
+    return verdicts.convergence_drop(read_curve(run.dir, "val/ppl"), rule)
 
 
 def _converged(drop: float) -> str:
@@ -154,16 +155,17 @@ class Table3:
     verdicts: dict  # row -> verdicts.Verdict, for the rows the preset's pre-registration names
 
 
-def build_table(runs: list[Run], preset: str | None = None) -> Table3:
+def build_table(runs: list[Run], preset: str | None = None, convergence: str = "endpoints") -> Table3:
     """Table 3 of `runs` (one preset, one corpus). With `preset`, the rows its pre-registration names
-    (ablations/predictions.csv) get their verdicts."""
+    (ablations/predictions.csv) get their verdicts; `convergence`: the rule that judges every run's curve
+    (verdicts.CONVERGENCE_RULES, the preset's own)."""
     by_row: dict[str, list[Run]] = {}
     for run in runs:
         by_row.setdefault(run.row, []).append(run)
     for row in scored_rows(preset) if preset else ():
         by_row.setdefault(row, [])  # a scored row without runs is a line too: its verdict says so
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
-    drops = {(r.row, r.seed): run_convergence(r) for r in runs if r.completed}
+    drops = {(r.row, r.seed): run_convergence(r, convergence) for r in runs if r.completed}
     files = _Files()
     tested = _bootstrap(completed, files)
     records, values, converged = [], {}, {}

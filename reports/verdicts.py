@@ -3,8 +3,16 @@ on its metric, over seeds, after convergence is checked.
 
 Convergence is judged on the whole dev set's perplexity (val/ppl, teacher-forced, logged at every validation):
 a run has converged when its dev perplexity fell by less than `CONVERGED_MAX_DROP` over the last quarter of
-its steps (the mean of the two validations nearest 75% of the steps against the mean of the last two, so one
-noisy validation does not decide it); a run whose perplexity rose has converged (it is no longer improving).
+its steps; a run whose perplexity rose has converged (it is no longer improving). How the fall is measured is
+the preset's `convergence`, one of two rules, each fixed before the runs it judges:
+
+- `endpoints`: the mean of the two validations nearest 75% of the steps against the mean of the last two, so one
+  noisy validation does not decide it (`last_quarter_drop`);
+- `line`: a least-squares line through log dev perplexity at every validation from the one nearest 75% of the
+  steps to the last, its fall over that span (`last_quarter_fit`). It uses every validation of the quarter, so a
+  slow, uneven curve (a model without dropout on little data) is judged by its trend, not by which two
+  validations happen to sit at the window's ends.
+
 A row has converged when every one of its completed seeds has. A row that has not converged, while base has,
 gets no sign verdict; when base has not converged, no row does.
 """
@@ -22,22 +30,57 @@ from aiayn.ablations.table import load_rows
 from aiayn.reports import stats
 
 CONVERGED_MAX_DROP = 0.05
-RULE = (
-    f"converged: the whole dev set's perplexity fell by less than {CONVERGED_MAX_DROP:.0%} over the last quarter "
-    "of the run (mean of the two validations nearest 75% of the steps against the mean of the last two; a rise "
-    "counts as converged), for every seed of the row"
-)
+CONVERGENCE_RULES = ("endpoints", "line")
+_HOW = {
+    "endpoints": "mean of the two validations nearest 75% of the steps against the mean of the last two",
+    "line": "a least-squares line through log dev perplexity at every validation from the one nearest 75% of the "
+    "steps to the last, its fall over that span",
+}
+
+
+def rule_text(rule: str = "endpoints") -> str:
+    """The convergence rule `rule` (CONVERGENCE_RULES) in words, as the reports print it."""
+    return (
+        f"converged: the whole dev set's perplexity fell by less than {CONVERGED_MAX_DROP:.0%} over the last quarter "
+        f"of the run ({_HOW[_known(rule)]}; a rise counts as converged), for every seed of the row"
+    )
+
+
+def _known(rule: str) -> str:
+    if rule not in CONVERGENCE_RULES:
+        raise ValueError(f"unknown convergence rule {rule!r}; one of {', '.join(CONVERGENCE_RULES)}")
+    return rule
 
 
 def last_quarter_drop(curve: pd.DataFrame, metric: str = "val/ppl") -> float:
     """How much `metric` fell over the last quarter of the curve, as a fraction of its value there (negative: it
-    rose); NaN with fewer than 4 validations."""
+    rose), by the `endpoints` rule; NaN with fewer than 4 validations."""
     if len(curve) < 4:
         return math.nan
     steps, values = curve["step"].to_numpy(), curve[metric].to_numpy(dtype=float)
     near = np.argsort(np.abs(steps - 0.75 * steps[-1]), kind="stable")[:2]
     before, after = values[near].mean(), values[-2:].mean()
     return float(1.0 - after / before)
+
+
+def last_quarter_fit(curve: pd.DataFrame, metric: str = "val/ppl") -> float:
+    """How much `metric` fell over the last quarter by the `line` rule: a least-squares line through log(metric) at
+    every validation from the one nearest 75% of the last step (ties: the earlier) to the last; the fraction
+    1 - exp(slope * span) (negative: it rose). NaN with fewer than 4 validations in all or 3 in the window."""
+    if len(curve) < 4:
+        return math.nan
+    steps, values = curve["step"].to_numpy(dtype=float), curve[metric].to_numpy(dtype=float)
+    start = int(np.argmin(np.abs(steps - 0.75 * steps[-1])))
+    x, y = steps[start:], np.log(values[start:])
+    if len(x) < 3:
+        return math.nan
+    slope = np.polyfit(x, y, 1)[0]
+    return float(1.0 - math.exp(slope * (x[-1] - x[0])))
+
+
+def convergence_drop(curve: pd.DataFrame, rule: str = "endpoints", metric: str = "val/ppl") -> float:
+    """The last-quarter fall of `metric` by the convergence rule `rule` (CONVERGENCE_RULES)."""
+    return (last_quarter_fit if _known(rule) == "line" else last_quarter_drop)(curve, metric)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,30 @@ def test_convergence_is_the_last_quarters_drop_in_dev_perplexity():
     assert math.isnan(verdicts.last_quarter_drop(_curve([9.0, 3.0, 2.0])))
 
 
+def test_the_line_rule_fits_every_validation_of_the_last_quarter():
+    # last at 800: the window starts at 600 (nearest 75%); 600, 700, 800 fall by x0.98 each: the line through log
+    # PPL is exact, its fall over the 200 steps 1 - 0.98^2
+    geometric = _curve([9.0, 3.0, 2.0, 1.5, 1.3, 1.0, 0.98, 0.98**2])
+    assert verdicts.last_quarter_fit(geometric) == pytest.approx(1 - 0.98**2)
+    # one high validation in the middle moves the endpoints rule by its share of a mean; the line sees it as scatter
+    # around the trend: 1.0, 1.2, 0.96 fits a fall of exactly 4% over the span (slope log(0.96)/200)
+    bumpy = _curve([9.0, 3.0, 2.0, 1.5, 1.3, 1.0, 1.2, 0.96])
+    assert verdicts.last_quarter_fit(bumpy) == pytest.approx(0.04)
+    assert verdicts.convergence_drop(bumpy, "line") == verdicts.last_quarter_fit(bumpy)
+    assert verdicts.convergence_drop(bumpy, "endpoints") == verdicts.last_quarter_drop(bumpy)
+    rising = _curve([9.0, 3.0, 2.0, 1.5, 1.3, 1.2, 1.25, 1.3])
+    assert verdicts.last_quarter_fit(rising) < 0
+    assert math.isnan(verdicts.last_quarter_fit(_curve([9.0, 3.0, 2.0])))
+    with pytest.raises(ValueError, match="unknown convergence rule"):
+        verdicts.convergence_drop(bumpy, "median")
+
+
+def test_every_preset_names_a_known_convergence_rule():
+    from aiayn.ablations.presets import PRESETS
+
+    assert {p.convergence for p in PRESETS.values()} <= set(verdicts.CONVERGENCE_RULES)
+
+
 def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkeypatch):
     from aiayn.ablations import predictions as P
 
