@@ -4,12 +4,12 @@ dev-PPL difference from base at T, for a scored set chosen by a power rule that 
 
     aiayn table3 --max-steps 2000 --first-seed 100 --out pilot --report ''     # pilot seeds, used for nothing else
     python scripts/budget_from_pilot.py pilot --budgets 1000:2000:100 --margin 0.035
-    python scripts/budget_from_pilot.py pilot pilot3 --rule line --budgets 1200:1200:100 --effects-at 1200 --min-effect 0.02
+    python scripts/budget_from_pilot.py pilot pilot3 --rule line --budgets 1200:1200:100 --effects-at 1200
 
 The learning rate schedule (module.noam_lr) does not depend on the budget, nor does the data order, so the first
 T steps of a longer run are the T-step run: its validation curve cut at T gives the T-step run's last-quarter drop
-through the report's own function (`verdicts.convergence_drop`, by `--rule`). Prints, per run, the drop in percent at each
-budget, and the budgets at which every run falls by at most `--margin` (below the 5% rule, so that a seed set
+through the report's own function (`verdicts.convergence_drop`, by `--rule`). Prints, per run, the drop in percent
+at each budget, and the budgets at which every run falls by at most `--margin` (below the 5% rule, so that a seed set
 that was not in the pilot still converges). The budget has to be a multiple of the preset's val_every for the
 cut to be exact. `--effects-at T`: per row, the mean over the pilot seeds of its dev PPL at T against base's, in
 percent, and whether its size (sign ignored) reaches `--min-effect`. Not run by the tests.
@@ -80,8 +80,11 @@ def main() -> None:
         for row, d in effects(args.pilot, args.effects_at).items():
             big = abs(d) >= 100 * args.min_effect
             conv = fell is not None and row in fell and fell[row] <= args.margin
-            print(f"  {row}: {d:+.2f}  size {'>=' if big else '<'} {args.min_effect:.0%}; "
-                  f"{'converged' if conv else 'NOT converged'} within the margin -> {'scored' if big and conv else 'not scored'}")
+            verdict = "scored" if big and conv else "not scored"
+            print(
+                f"  {row}: {d:+.2f}  size {'>=' if big else '<'} {args.min_effect:.0%}; "
+                f"{'converged' if conv else 'NOT converged'} within the margin -> {verdict}"
+            )
 
 
 if __name__ == "__main__":
