@@ -196,6 +196,25 @@ def test_when_base_has_not_converged_no_row_gets_a_sign_verdict(tmp_path):
     assert build_table([*converged_base, *runs[3:]], "tiny").verdicts["A1"].verdict == "significant agree"
 
 
+def test_the_presets_convergence_rule_judges_its_runs(tmp_path, monkeypatch):
+    """A preset with `convergence="line"`: every run is judged by the line through its last quarter's validations
+    (599, 699, 799 of the fixture's curves; with three evenly spaced points the fitted fall is 1 - last/first):
+    C1 seed 0's steep curve 8.0, 7.0, 6.4 falls 20% (the endpoints rule: 10.67%), base's flat one 5.3, 5.2, 5.1
+    (scaled to each seed's PPL) 3.77% (endpoints: 1.90%). The report names the rule it used."""
+    shutil.copytree(FIXTURES / "runs", tmp_path / "runs")
+    monkeypatch.setitem(PRESETS, "tiny", dataclasses.replace(FIXTURE_PRESET, convergence="line"))
+    monkeypatch.chdir(tmp_path)
+    write_reports("runs", "out")
+    t = _csv(tmp_path)
+    assert float(t.loc["C1", "last_drop"]) == pytest.approx(0.20, abs=1e-4)
+    assert float(t.loc["base", "last_drop"]) == pytest.approx(1 - 5.1 / 5.3, abs=1e-4)
+    assert t.loc["C1", "verdict"] == "not converged" and t.loc["base", "converged"] == "yes"
+    doc = json.loads((tmp_path / "out" / "table3-tiny.json").read_text())
+    assert "least-squares line" in doc["convergence_rule"] and "least-squares line" in (
+        tmp_path / "out" / "table3-tiny.md"
+    ).read_text(encoding="utf-8")
+
+
 def test_generated_notice_first(report):
     out = report[0] / "out"
     assert (out / "table3-tiny.md").read_text(encoding="utf-8").splitlines()[0] == NOTICE
