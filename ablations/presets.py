@@ -111,12 +111,11 @@ PRESETS = {
         ),
         _TINY,
         replace(
-            _TINY, name="evidence", seeds=4, base_seeds=8, train_steps=2000,
-            description="Table 3 as evidence on 2 CPU cores: the tiny preset's model, corpus and schedule, trained "
-            "2000 steps (at 1000, one of base's 8 seeds still fell 5.3% over its last quarter, and "
-            "the pre-registered convergence rule gave no verdict; see BENCHMARKS.md); every row its regime can test "
-            "whose paper effect is beyond the paper's noise, 4 seeds each and 8 for base, Welch's t-test against "
-            "base, Holm-corrected",
+            _TINY, name="evidence", seeds=4, base_seeds=8, train_steps=1200, convergence="line",
+            description="Table 3 as evidence on 2 CPU cores: the tiny preset's model, corpus, schedule and 1200 "
+            "steps; the rows a pilot (seeds 100, 101) found converged and of an effect 4 seeds can resolve, by a "
+            "rule that ignores signs (see BENCHMARKS.md), 4 seeds each and 8 for base, Welch's t-test against "
+            "base, Holm-corrected; convergence judged by the line rule",
         ),
         replace(
             _TINY, name="tiny-2k", train_pairs=2000, seeds=4, base_seeds=8, train_steps=1300, convergence="line",
