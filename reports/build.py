@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from aiayn.ablations.knobs import KNOBS, MODEL_KEYS
-from aiayn.ablations.predictions import MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL, PREDICTIONS_FILE
+from aiayn.ablations.predictions import MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL, PREDICTIONS_FILE, predictions
 from aiayn.ablations.presets import PRESETS, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
@@ -282,6 +282,14 @@ def _verdict_notes(judged: dict, scored_preset: str | None, preset: str, data: s
             [f"{v.row} ({v.metric}, predicted {v.predicted}): {v.verdict}" + _p_text(v) for v in scored],
         ),
     ]
+    unscored = [p for p in predictions(scored_preset).values() if not p.scored]
+    if unscored:
+        out.append(
+            (
+                "Not scored here, as pre-registered (the rows a reader might expect, and why not):",
+                [f"{p.row} ({p.predicted}): {p.reason}" for p in unscored],
+            )
+        )
     if single:
         out.append(
             (
