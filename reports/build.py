@@ -296,7 +296,8 @@ def _verdict_notes(judged: dict, scored_preset: str | None, preset: str, data: s
                 f"One seed on a side ({', '.join(single)}): no seed-level test, so the verdict is the sign of one run "
                 "against another, an anecdote. Single runs can show an effect that is large against the spread "
                 "between seeds (the same command with `--first-seed 1`, `2` then gives the same signs), not a "
-                "smaller one: that takes seeds (`--seeds`, `--base-seeds`, or the `evidence` preset).",
+                "smaller one: that takes seeds (`--seeds`, `--base-seeds`, the `evidence` preset, or seed sets run "
+                "apart and pooled: `aiayn report --runs A --runs B ...`).",
                 [],
             )
         )
