@@ -30,26 +30,6 @@ from aiayn.ablations.table import load_rows
 from aiayn.reports import stats
 
 CONVERGED_MAX_DROP = 0.05
-CONVERGENCE_RULES = ("endpoints", "line")
-_HOW = {
-    "endpoints": "mean of the two validations nearest 75% of the steps against the mean of the last two",
-    "line": "a least-squares line through log dev perplexity at every validation from the one nearest 75% of the "
-    "steps to the last, its fall over that span",
-}
-
-
-def rule_text(rule: str = "endpoints") -> str:
-    """The convergence rule `rule` (CONVERGENCE_RULES) in words, as the reports print it."""
-    return (
-        f"converged: the whole dev set's perplexity fell by less than {CONVERGED_MAX_DROP:.0%} over the last quarter "
-        f"of the run ({_HOW[_known(rule)]}; a rise counts as converged), for every seed of the row"
-    )
-
-
-def _known(rule: str) -> str:
-    if rule not in CONVERGENCE_RULES:
-        raise ValueError(f"unknown convergence rule {rule!r}; one of {', '.join(CONVERGENCE_RULES)}")
-    return rule
 
 
 def last_quarter_drop(curve: pd.DataFrame, metric: str = "val/ppl") -> float:
@@ -78,9 +58,38 @@ def last_quarter_fit(curve: pd.DataFrame, metric: str = "val/ppl") -> float:
     return float(1.0 - math.exp(slope * (x[-1] - x[0])))
 
 
+# rule -> (how it measures the fall, in words; the function that measures it)
+_RULES = {
+    "endpoints": (
+        "mean of the two validations nearest 75% of the steps against the mean of the last two",
+        last_quarter_drop,
+    ),
+    "line": (
+        "a least-squares line through log dev perplexity at every validation from the one nearest 75% of the "
+        "steps to the last, its fall over that span",
+        last_quarter_fit,
+    ),
+}
+CONVERGENCE_RULES = tuple(_RULES)
+
+
+def _known(rule: str) -> tuple:
+    if rule not in _RULES:
+        raise ValueError(f"unknown convergence rule {rule!r}; one of {', '.join(CONVERGENCE_RULES)}")
+    return _RULES[rule]
+
+
+def rule_text(rule: str = "endpoints") -> str:
+    """The convergence rule `rule` (CONVERGENCE_RULES) in words, as the reports print it."""
+    return (
+        f"converged: the whole dev set's perplexity fell by less than {CONVERGED_MAX_DROP:.0%} over the last quarter "
+        f"of the run ({_known(rule)[0]}; a rise counts as converged), for every seed of the row"
+    )
+
+
 def convergence_drop(curve: pd.DataFrame, rule: str = "endpoints", metric: str = "val/ppl") -> float:
     """The last-quarter fall of `metric` by the convergence rule `rule` (CONVERGENCE_RULES)."""
-    return (last_quarter_fit if _known(rule) == "line" else last_quarter_drop)(curve, metric)
+    return _known(rule)[1](curve, metric)
 
 
 @dataclass(frozen=True)
