@@ -38,11 +38,11 @@ def _curves(pilots: list[Path]) -> dict[tuple[str, int], pd.DataFrame]:
     return out
 
 
-def drops(pilots: list[Path], budgets: list[int], rule: str = "endpoints") -> pd.DataFrame:
-    """One line per finished run (row, seed) under the pilot dirs, one column per budget: the last-quarter drop of
-    dev PPL by `rule` (NaN past the run's own length)."""
+def drops(curves: dict[tuple[str, int], pd.DataFrame], budgets: list[int], rule: str = "endpoints") -> pd.DataFrame:
+    """One line per run (row, seed) of `curves` (`_curves`), one column per budget: the last-quarter drop of dev
+    PPL by `rule` (NaN past the run's own length)."""
     lines = {}
-    for key, curve in _curves(pilots).items():
+    for key, curve in curves.items():
         # Lightning logs a validation after optimizer step s as step s - 1; a T-step run's last is T - 1
         lines[key] = {
             t: convergence_drop(curve[curve["step"] <= t - 1], rule) if curve["step"].max() >= t - 1 else math.nan
@@ -51,9 +51,9 @@ def drops(pilots: list[Path], budgets: list[int], rule: str = "endpoints") -> pd
     return pd.DataFrame(lines).T.rename_axis(["row", "seed"])
 
 
-def effects(pilots: list[Path], at: int) -> pd.Series:
-    """Row -> 100 * (mean dev PPL at step `at` over its pilot seeds / base's - 1), the seeds each has."""
-    ppl = {key: c.loc[c["step"] == at - 1, "val/ppl"] for key, c in _curves(pilots).items()}
+def effects(curves: dict[tuple[str, int], pd.DataFrame], at: int) -> pd.Series:
+    """Row -> 100 * (mean dev PPL at step `at` over the row's pilot seeds / base's - 1)."""
+    ppl = {key: c.loc[c["step"] == at - 1, "val/ppl"] for key, c in curves.items()}
     ppl = pd.Series({k: float(v.iloc[0]) for k, v in ppl.items() if len(v)}).rename_axis(["row", "seed"])
     means = ppl.groupby(level="row").mean()
     return (100 * (means / means["base"] - 1)).drop("base")
@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.035, help="the largest drop a budget may leave (fraction)")
     args = ap.parse_args()
     first, last, step = (int(x) for x in args.budgets.split(":"))
-    table = drops(args.pilot, list(range(first, last + 1, step)), args.rule)
+    curves = _curves(args.pilot)  # read once, for the drops and the effects
+    table = drops(curves, list(range(first, last + 1, step)), args.rule)
     print(f"last-quarter fall of dev PPL in %, rule {args.rule}:")
     print((100 * table).round(1).to_string())
     ok = [t for t in table.columns if (table[t] <= args.margin).all()]
@@ -77,7 +78,7 @@ def main() -> None:
     if args.effects_at:
         fell = table[args.effects_at].groupby(level="row").max() if args.effects_at in table else None
         print(f"dev PPL against base at step {args.effects_at}, mean over pilot seeds, %:")
-        for row, d in effects(args.pilot, args.effects_at).items():
+        for row, d in effects(curves, args.effects_at).items():
             big = abs(d) >= 100 * args.min_effect
             conv = fell is not None and row in fell and fell[row] <= args.margin
             verdict = "scored" if big and conv else "not scored"
