@@ -22,6 +22,9 @@ Nothing here changes after the runs that score it: a miss is reported, not re-sc
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
+import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -83,9 +86,11 @@ def candidates() -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _read(path: Path) -> dict[str, dict[str, Prediction]]:
+def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction]]:
     out: dict[str, dict[str, Prediction]] = {}
-    with open(path, encoding="utf-8", newline="") as f:
+    if text is None:
+        text = path.read_text(encoding="utf-8")
+    with io.StringIO(text, newline="") as f:
         for line, raw in enumerate(csv.DictReader(f), start=2):
             preset, row = (raw.get("preset") or "").strip(), (raw.get("row") or "").strip()
             metric, predicted = (raw.get("metric") or "").strip() or None, (raw.get("predicted") or "").strip()
@@ -109,6 +114,18 @@ def _all() -> dict[str, dict[str, Prediction]]:
 def predictions(preset: str) -> dict[str, Prediction]:
     """The preset's pre-registered lines, in file order ({} for a preset that scores nothing)."""
     return dict(_all().get(preset, {}))
+
+
+def registration_sha256(preset: str, text: str | None = None) -> str | None:
+    """A fingerprint of what `preset` pre-registered: the sha256 of its lines (row, metric, prediction, reason, in
+    file order), so that lines of other presets may be added later without changing it; None when it registers
+    nothing. `text`: a predictions.csv's content (e.g. as committed at some commit) instead of the file's. Every run
+    records it, and each report prints it beside the one it scored with."""
+    mine = _read(PREDICTIONS_FILE, text).get(preset, {}) if text is not None else _all().get(preset, {})
+    if not mine:
+        return None
+    lines = [[p.row, p.metric, p.predicted, p.reason] for p in mine.values()]
+    return hashlib.sha256(json.dumps(lines, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def scored_rows(preset: str) -> list[str]:

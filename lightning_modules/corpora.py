@@ -275,14 +275,24 @@ class Corpus(ABC):
 
 
 class Synthetic(Corpus):
-    """The built-in English -> German-like corpus (lightning_modules/synthetic.py), generated once into the cache."""
+    """The built-in English -> German-like corpus (lightning_modules/synthetic.py), generated once into the cache:
+    `synthetic`, sentences of 5-10 words; `synthetic-20` and `synthetic-40`, the same grammar and lexicon with
+    sentences of 5-20 and 5-40 words (more clauses, so more dependencies per sentence and longer ones)."""
 
     name = "synthetic"
 
-    def find(self, data_dir, cache_dir, src_lang, tgt_lang) -> Path:
-        from aiayn.lightning_modules.synthetic import write_corpus  # lazy: only this corpus needs it
+    def __init__(self, max_words: int | None = None):
+        self.max_words = max_words  # None: the generator's default (synthetic.MAX_WORDS)
+        if max_words is not None:
+            self.name = f"synthetic-{max_words}"
 
-        return Path(write_corpus(cache_dir / "corpora" / "synthetic-seed1234", seed=1234))
+    def find(self, data_dir, cache_dir, src_lang, tgt_lang) -> Path:
+        from aiayn.lightning_modules import synthetic  # lazy: only this corpus needs it
+
+        words = self.max_words or synthetic.MAX_WORDS
+        suffix = "" if self.max_words is None else f"-w{words}"
+        return Path(synthetic.write_corpus(cache_dir / "corpora" / f"synthetic-seed1234{suffix}", seed=1234,
+                                           max_words=words))  # fmt: skip
 
 
 class Multi30k(Corpus):
@@ -322,7 +332,9 @@ class Files(Corpus):
         return data_dir
 
 
-CORPORA: dict[str, Corpus] = {c.name: c for c in (Synthetic(), Multi30k(), WMT14(), Files())}
+CORPORA: dict[str, Corpus] = {
+    c.name: c for c in (Synthetic(), Synthetic(max_words=20), Synthetic(max_words=40), Multi30k(), WMT14(), Files())
+}
 
 
 HF_CORPUS = "hf:NAME[:CONFIG] (a Hugging Face dataset)"

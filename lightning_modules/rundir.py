@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import IO
 
 from aiayn.ablations.knobs import MODEL_KEYS
+from aiayn.ablations.predictions import registration_sha256
+from aiayn.common import provenance
 from aiayn.common.errors import UserError
 from aiayn.common.files import (
     UnsafeFile,
@@ -91,7 +93,9 @@ class RunMetrics:
     planned_steps: int | None = None
     steps: int | None = None
     params: int | None = None
-    train_time_s: float | None = None
+    train_time_s: float | None = None  # fit(): training and its validations, this attempt
+    eval_time_s: float | None = None  # the final evaluation (beam search over the dev set)
+    wall_time_s: float | None = None  # this attempt from start to metrics.json: setup, fit, evaluation
     tokens_per_s: float | None = None
     dev_bleu: float | None = None
     dev_bleu_signature: str | None = None
@@ -112,6 +116,12 @@ class RunMetrics:
     host: str = ""
     torch: str = ""
     finished_at: str = ""
+    # provenance (aiayn/common/provenance.py): the commit of the aiayn checkout the run ran from (None: not a
+    # checkout), whether its tracked files differed from it, and the sha256 of its preset's pre-registered
+    # predictions at the time (ablations/predictions.py, registration_sha256; None: the preset registers none)
+    commit: str | None = None
+    dirty: bool | None = None
+    predictions_sha256: str | None = None
     schema: int = SCHEMA
 
     def __post_init__(self):
@@ -403,13 +413,15 @@ class RunDir:
         """The result of a run, from its config and what training measured (`measured`: dev_bleu, dev_ppl, steps,
         ... on completion; error on failure). Secrets are masked."""
         spec, t = config.spec, config.train
+        code = provenance.source()
         metrics = RunMetrics(
             row=spec["row"], group=spec["group"], seed=t.seed, preset=spec["preset"]["name"], data=config.data.corpus,
             status=status, kind=kind, planned_steps=t.steps, paper_ppl=spec["paper"]["ppl"],
             paper_bleu=spec["paper"]["bleu"], paper_params_m=spec["paper"]["params_m"],
             config={k: spec["model"][k] for k in MODEL_KEYS}, deviations=[d["text"] for d in spec["deviations"]],
             effective_tokens_per_step=t.effective_tokens_per_step, host=platform.node(), torch=_torch_version(),
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), **measured,
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=code.commit, dirty=code.dirty,
+            predictions_sha256=registration_sha256(spec["preset"]["name"]), **measured,
         )  # fmt: skip
         atomic_write_json(self.metrics_file, redact_obj(metrics.to_dict()))
         return RunMetrics.from_dict(redact_obj(metrics.to_dict()))

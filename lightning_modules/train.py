@@ -204,6 +204,7 @@ def prepare(p: Plan):
 def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks()) -> RunMetrics | None:
     """Train one run to completion (or resume it), evaluate it and record it; return its metrics (None on ranks
     other than 0, and when the run was checkpointed for a SLURM requeue)."""
+    started = time.perf_counter()
     p = plan(opts, spec, hooks.run_dir)
     lock = prepare(p)  # noqa: F841 (held, not used)
     prepare_matmuls(opts.accelerator)
@@ -220,7 +221,10 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     ended = fit(trainer, module, p, opts, hooks)
     if ended is not None or not trainer.is_global_zero:
         return ended if isinstance(ended, RunMetrics) else None
+    evaluating = time.perf_counter()
     result = evaluate_run(trainer, module, p, opts)
+    result["eval_time_s"] = time.perf_counter() - evaluating
+    result["wall_time_s"] = time.perf_counter() - started
     return record(trainer, module, p, opts, hooks, result)
 
 
@@ -306,7 +310,8 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
         train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
         dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=result["tok_bleu_label"],
-        dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"], **per_step,
+        dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"],
+        eval_time_s=round(result["eval_time_s"], 2), wall_time_s=round(result["wall_time_s"], 2), **per_step,
     )  # fmt: skip
     wandb_run.finish(trainer, metrics, checkpoint=p.run.last_checkpoint if opts.wandb_checkpoints else None)
     return metrics
