@@ -1,22 +1,29 @@
 """What each preset's Table 3 tests, decided before its runs: `ablations/predictions.csv`.
 
-One line per (preset, row) that a preset scores or declares not testable:
+One line per (preset, row) that a preset scores, checks or declares not testable:
 
 - `metric`: `bleu` (dev BLEU) or `ppl` (dev perplexity) — the one number the row's verdict is on;
-- `predicted`: `worse` or `better` than base in that metric; `not testable` in that preset's regime; or `not
-  scored` there though testable (e.g. an effect one seed cannot resolve, in a single-seed preset);
+- `predicted`: `worse` or `better` than base in that metric; `equivalent` to base within `margin`; `check`, an
+  implementation check reported beside the table and never scored (label smoothing's perplexity floor: a row
+  whose difference from base is fixed by arithmetic cannot test the paper); `not testable` in that preset's
+  regime; or `not scored` there though testable (e.g. an effect one seed cannot resolve, in a single-seed preset);
+- `margin`: for `equivalent` only, the largest relative difference in the metric still called equivalent (0.0125:
+  1.25% of dev PPL), fixed with the prediction;
 - `reason`: why, wherever the prediction is not simply the paper's sign (a regime that predicts otherwise, a
   row that cannot be tested there), and why the metric where it is not the paper's clearer one.
 
-Which rows are candidates is fixed by the paper alone (`candidates`): a row may be scored only where the
-paper's own difference from base is larger than the paper's single-run noise, |Δ BLEU| ≥ 0.5 or |Δ PPL| ≥ 3%
-of base's 4.92 (`MIN_PAPER_DELTA_BLEU`, `MIN_PAPER_DELTA_PPL`). The paper reports one run per row and no
-spread; its rows that change nothing that should matter differ from base by up to 0.1 BLEU and 0.2% PPL (A3,
-E1), and rows of small changes by 0.3-0.4 BLEU and 0.6-1.8% PPL (A2, A4, B2, C3, D2), so a threshold above
-those is a judgement of where the paper's signs stop being noise, not a measurement. `big` is the paper's
-compute reference, not one variation: never scored.
+Which rows are candidates is fixed by the paper alone. A row may be predicted `worse` or `better` only where the
+paper's own difference from base is beyond its single-run noise, |Δ BLEU| ≥ 0.5 or |Δ PPL| ≥ 1.5% of base's 4.92
+(`MIN_PAPER_DELTA_BLEU`, `MIN_PAPER_DELTA_PPL`), and only with the paper's sign; it may be predicted `equivalent`
+only where the paper's difference is under both. The paper reports one run per row and no spread: its rows that
+change nothing that should matter differ from base by at most 0.8% PPL (A3 −0.2%, E1 0%, D2 +0.6%, C3 −0.8%),
+and the smallest differences its text calls findings are 1.6-1.9% (A2, B2 and A4: fewer or too many heads,
+smaller d_k, §6.2), so 1.5% is a judgement of where the paper's signs stop being noise, not a measurement. `big`
+is the paper's compute reference, not one variation: never scored.
 
-Nothing here changes after the runs that score it: a miss is reported, not re-scored.
+Nothing here changes after the runs that score it: a miss is reported, not re-scored. Each run records the sha256
+of its preset's lines (`registration_sha256`), and a test checks that a reference report's runs ran from a commit
+that already held them.
 """
 
 from __future__ import annotations
@@ -34,26 +41,36 @@ from aiayn.common.errors import UserError
 
 PREDICTIONS_FILE = Path(__file__).resolve().parent / "predictions.csv"
 MIN_PAPER_DELTA_BLEU = 0.5
-MIN_PAPER_DELTA_PPL = 0.03  # relative to base's paper PPL
+MIN_PAPER_DELTA_PPL = 0.015  # relative to base's paper PPL
 METRICS = ("bleu", "ppl")
-PREDICTIONS = ("worse", "better", "not scored", "not testable")
+SCORED = ("worse", "better", "equivalent")  # a pre-registered test, counted in the table's score
+PREDICTIONS = (*SCORED, "check", "not scored", "not testable")
 REFERENCE_ROWS = ("big",)  # a compute reference, never a scored variation
 
 
 @dataclass(frozen=True)
 class Prediction:
     row: str
-    metric: str | None  # None when not testable
-    predicted: str  # worse | better | not testable
+    metric: str | None  # None when not testable or not scored
+    predicted: str  # one of PREDICTIONS
     reason: str
+    margin: float | None = None  # `equivalent` only: the relative margin (0.0125 = 1.25%)
 
     @property
     def scored(self) -> bool:
-        return self.predicted in ("worse", "better")
+        return self.predicted in SCORED
 
     @property
     def worse(self) -> bool:
         return self.predicted == "worse"
+
+    @property
+    def equivalence(self) -> bool:
+        return self.predicted == "equivalent"
+
+    @property
+    def check(self) -> bool:
+        return self.predicted == "check"
 
 
 def paper_direction(row: str, metric: str) -> str | None:
@@ -68,22 +85,54 @@ def paper_direction(row: str, metric: str) -> str | None:
     return "better" if better else "worse"
 
 
+def _paper_deltas(row: str) -> tuple[float, float] | None:
+    """(|Δ BLEU|, |Δ PPL| relative to base's) of the row in the paper; None where it has no numbers."""
+    rows = load_rows()
+    r, base = rows[row], rows["base"]
+    if row == "base" or row in REFERENCE_ROWS or r.paper_bleu is None or r.paper_ppl is None:
+        return None
+    return abs(r.paper_bleu - base.paper_bleu), abs(r.paper_ppl - base.paper_ppl) / base.paper_ppl
+
+
 def candidates() -> dict[str, tuple[str, ...]]:
     """Row -> the metrics in which the paper's difference from base is beyond its noise (the module docstring)."""
-    rows = load_rows()
-    base = rows["base"]
     out = {}
-    for name, r in rows.items():
-        if name == "base" or name in REFERENCE_ROWS or r.paper_bleu is None or r.paper_ppl is None:
+    for name in load_rows():
+        deltas = _paper_deltas(name)
+        if deltas is None:
             continue
-        clear = []
-        if abs(r.paper_bleu - base.paper_bleu) >= MIN_PAPER_DELTA_BLEU - 1e-9:
-            clear.append("bleu")
-        if abs(r.paper_ppl - base.paper_ppl) >= MIN_PAPER_DELTA_PPL * base.paper_ppl - 1e-9:
-            clear.append("ppl")
+        clear = [m for m, d, least in zip(METRICS, deltas, (MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL))
+                 if d >= least - 1e-9]  # fmt: skip
         if clear:
             out[name] = tuple(clear)
     return out
+
+
+def equivalence_candidates() -> tuple[str, ...]:
+    """The rows the paper does not separate from base in either metric: the only ones that may be predicted
+    `equivalent`."""
+    out = []
+    for name in load_rows():
+        deltas = _paper_deltas(name)
+        if deltas is not None and deltas[0] < MIN_PAPER_DELTA_BLEU - 1e-9 and deltas[1] < MIN_PAPER_DELTA_PPL - 1e-9:
+            out.append(name)
+    return tuple(out)
+
+
+def _margin(text: str, where: str, predicted: str) -> float | None:
+    if predicted != "equivalent":
+        if text:
+            raise UserError(f"{where}: only an equivalent row has a margin; empty the margin cell")
+        return None
+    try:
+        margin = float(text)
+    except ValueError:
+        raise UserError(
+            f"{where}: an equivalent row names its margin, a fraction such as 0.0125; got {text!r}"
+        ) from None
+    if not 0 < margin < 1:
+        raise UserError(f"{where}: margin must be a fraction between 0 and 1 (0.0125 = 1.25%); got {text!r}")
+    return margin
 
 
 def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction]]:
@@ -97,12 +146,14 @@ def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction
             where = f"{path} line {line}"
             if predicted not in PREDICTIONS:
                 raise UserError(f"{where}: predicted must be one of {', '.join(PREDICTIONS)}, got {predicted!r}")
-            if (metric is None) == (predicted in ("worse", "better")) or (metric and metric not in METRICS):
-                raise UserError(f"{where}: a scored row names its metric ({' or '.join(METRICS)}), a row not testable "
-                                f"none; got metric {metric!r} for {predicted!r}")  # fmt: skip
+            measured = predicted in (*SCORED, "check")
+            if (metric is None) == measured or (metric and metric not in METRICS):
+                raise UserError(f"{where}: a scored or checked row names its metric ({' or '.join(METRICS)}), a row "
+                                f"not testable none; got metric {metric!r} for {predicted!r}")  # fmt: skip
+            margin = _margin((raw.get("margin") or "").strip(), where, predicted)
             if row in out.setdefault(preset, {}):
                 raise UserError(f"{where}: row {row} of preset {preset} is listed twice")
-            out[preset][row] = Prediction(row, metric, predicted, (raw.get("reason") or "").strip())
+            out[preset][row] = Prediction(row, metric, predicted, (raw.get("reason") or "").strip(), margin)
     return out
 
 
@@ -117,14 +168,14 @@ def predictions(preset: str) -> dict[str, Prediction]:
 
 
 def registration_sha256(preset: str, text: str | None = None) -> str | None:
-    """A fingerprint of what `preset` pre-registered: the sha256 of its lines (row, metric, prediction, reason, in
-    file order), so that lines of other presets may be added later without changing it; None when it registers
-    nothing. `text`: a predictions.csv's content (e.g. as committed at some commit) instead of the file's. Every run
-    records it, and each report prints it beside the one it scored with."""
+    """A fingerprint of what `preset` pre-registered: the sha256 of its lines (row, metric, prediction, margin,
+    reason, in file order), so that lines of other presets may be added later without changing it; None when it
+    registers nothing. `text`: a predictions.csv's content (e.g. as committed at some commit) instead of the
+    file's. Every run records it, and each report prints it beside the one it scored with."""
     mine = _read(PREDICTIONS_FILE, text).get(preset, {}) if text is not None else _all().get(preset, {})
     if not mine:
         return None
-    lines = [[p.row, p.metric, p.predicted, p.reason] for p in mine.values()]
+    lines = [[p.row, p.metric, p.predicted, p.margin, p.reason] for p in mine.values()]
     return hashlib.sha256(json.dumps(lines, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 

@@ -55,6 +55,9 @@ class Preset:
     # steps against the last two) or "line" (a line fitted to every validation of the last quarter); fixed before
     # the runs it judges, as the scored set is
     convergence: str = "endpoints"
+    # other presets run and scored with this one, as one table of tests (`aiayn table3 --preset evidence` also runs
+    # its data-limited cell `tiny-2k`): their pre-registered tests join this preset's Holm family and score
+    cells: tuple[str, ...] = ()
 
     def rule(self) -> str:
         data = f"the first {self.train_pairs} training pairs of {self.corpus}" if self.train_pairs else self.corpus
@@ -114,7 +117,7 @@ PRESETS = {
             name="evidence", corpus="synthetic-20", vocab_size=1000, width=0.125, heads=0.5, depth=1 / 3,
             aliases=(("C2", "C1"),), train_steps=4000, tokens_per_step=1024, max_tokens=1024, warmup=200,
             lr_factor=0.5, val_bleu_sentences=0, val_every=100, ckpt_every=500, keep_ckpts=2, sweep_jobs=2,
-            rows="scored", seeds=4, base_seeds=8, convergence="line",
+            rows="scored", seeds=4, base_seeds=8, convergence="line", cells=("tiny-2k",),
             description="Table 3 as evidence on 2 CPU cores, in a regime with headroom: an eighth of the paper's "
             "width (d_model 64, 4 heads of 16), a third of its depth, on the synthetic grammar's sentences of 5-20 "
             "words (longer than every head of 16 but A1's, so small heads bind); 4000 steps, the pilot's length, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from aiayn.ablations.predictions import scored_rows
+from aiayn.ablations.predictions import predictions, scored_rows
 from aiayn.ablations.presets import Preset
 from aiayn.ablations.table import MAX_SEED, select_rows
 from aiayn.common.errors import UserError
@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Selection:
-    """The rows × seeds of a sweep (`aiayn table3`, `aiayn slurm`)."""
+    """The rows × seeds of a sweep (`aiayn table3`, `aiayn slurm`): each row `seeds`, base `base_seeds`, and so does
+    a row the preset predicts equivalent to base (unless --seeds is given)."""
 
     rows: str | None = option(
         None, "row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the "
@@ -51,8 +52,10 @@ class Selection:
         if self.first_seed < 0 or self.first_seed + base_seeds - 1 > MAX_SEED:
             raise UserError(f"seeds {self.first_seed}..{self.first_seed + base_seeds - 1} are outside 0..{MAX_SEED}; "
                             f"pass a smaller --first-seed or fewer seeds")  # fmt: skip
+        # an equivalence claim needs the power of base's seeds on its side too (ablations/predictions.csv)
+        equivalent = {r for r, p in predictions(preset.name).items() if p.equivalence} if self.seeds is None else set()
         out = []
         for row in self.row_names(preset, tables):
-            n = base_seeds if row == "base" else seeds
+            n = base_seeds if row == "base" or row in equivalent else seeds
             out += [(row, seed) for seed in range(self.first_seed, self.first_seed + n)]
         return out
