@@ -39,6 +39,17 @@ class Row:
         return self.group == "extended"
 
 
+# Table 3's series: rows of one group that vary one knob against base, read as a trend (a slope per doubling of the
+# knob) beside the pairwise tests. (name, knob, rows besides base); the knob's value is each run's own, so rows a
+# preset maps to one config fall on one point.
+SERIES = (
+    ("heads h", "h", ("A1", "A2", "A3", "A4")),
+    ("d_k", "d_k", ("B1", "B2")),
+    ("depth N", "N", ("C1", "C2", "C3")),
+    ("d_model", "d_model", ("C4", "C5")),
+    ("d_ff", "d_ff", ("C6", "C7")),
+)
+
 # The columns a table file may have (the layout of ablations/table3.csv and extended.csv).
 PAPER_COLUMNS = ("paper_ppl_dev", "paper_bleu_dev", "paper_params_M")
 COLUMNS = ("row", "group", *TABLE_KNOBS, *PAPER_COLUMNS, "note")

@@ -94,33 +94,78 @@ def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
     return save_png(fig, path)
 
 
-def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str) -> Path:
-    """Training loss, learning rate, dev PPL and dev BLEU against step: one panel each, one line per run (row and
-    seed; a row's seeds share its colour), so the spread between seeds is seen beside the differences between rows."""
-    metrics = (("train/loss", "training loss (label-smoothed, per token)", False),
-               ("lr", "learning rate", False), ("val/ppl", "dev PPL (whole dev set)", True),
-               ("val/bleu", "dev BLEU (validation subset)", False))  # fmt: skip
-    fig, axes = plt.subplots(2, 2, figsize=(11.0, 7.6))
+def forest(table: pd.DataFrame, path: Path, title: str) -> Path:
+    """Every row's Δ dev PPL against base (percent, mean over seeds) with its 95% Welch interval, the paper's Δ as a
+    cross, and the equivalence band of the rows registered as equivalent: the differences at a glance, with their
+    uncertainty."""
+    df = table[(table["row"] != "base") & table["delta_ppl_pct"].notna()].iloc[::-1]
+    fig, ax = plt.subplots(figsize=(7.2, 0.9 + 0.32 * max(len(df), 1)))
+    if df.empty:
+        _no_data(ax, "no row with a completed run beside base's")
+    else:
+        y = range(len(df))
+        scored = df["predicted"].isin(("worse", "better", "equivalent")).to_numpy()
+        low = (df["delta_ppl_pct"] - df["delta_ppl_ci_low"]).fillna(0).clip(lower=0)
+        high = (df["delta_ppl_ci_high"] - df["delta_ppl_pct"]).fillna(0).clip(lower=0)
+        for i, (x, lo, hi, filled) in enumerate(zip(df["delta_ppl_pct"], low, high, scored)):
+            ax.errorbar(x, i, xerr=[[lo], [hi]], fmt="o", color="C0", capsize=3,
+                        markerfacecolor="C0" if filled else "white", zorder=3)  # fmt: skip
+        ax.scatter(df["paper_delta_ppl_pct"], list(y), marker="x", color="C3", label="the paper's Δ", zorder=4)
+        margins = df["margin_pct"].dropna()
+        if len(margins):
+            m = float(margins.max())
+            ax.axvspan(-m, m, color="C2", alpha=0.15, label=f"equivalence band ±{m:.2f}%")
+        ax.set_yticks(list(y))
+        ax.set_yticklabels([f"{r} ({v})" if v else r for r, v in zip(df["row"], df["verdict"])], fontsize=7)
+        ax.legend(fontsize=7, loc="best")
+    ax.axvline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("Δ dev PPL against base, % (filled: scored; bars: 95% interval over seeds)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+    return save_png(fig, path)
+
+
+def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str, capped: list[str] = ()) -> Path:
+    """Training loss, learning rate, dev PPL and, where the runs logged it, dev BLEU against step: one panel each,
+    one line per run (row and seed; a row's seeds share its colour), so the spread between seeds is seen beside the
+    differences between rows. Dev PPL is on a linear scale zoomed to the second half of training, where the final
+    differences are; runs cut short by --max-steps are named in the title."""
+    metrics = [("train/loss", "training loss (label-smoothed, per token)"), ("lr", "learning rate"),
+               ("val/ppl", "dev PPL (whole dev set), second half of training"),
+               ("val/bleu", "dev BLEU (validation subset)")]  # fmt: skip
+    logged = lambda m: any(m in df and df[m].notna().any() for df in runs.values())  # noqa: E731
+    shown_metrics = [m for m in metrics if logged(m[0])] or metrics[:1]
+    cols = 2 if len(shown_metrics) > 1 else 1
+    nrows = (len(shown_metrics) + 1) // 2
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.8 * nrows), squeeze=False)
     rows = list(dict.fromkeys(row for row, _ in runs))
-    for ax, (metric, label, log_y) in zip(axes.ravel(), metrics):
-        shown = set()
+    last = max((df["step"].max() for df in runs.values() if len(df)), default=0)
+    for ax, (metric, label) in zip(axes.ravel(), shown_metrics):
+        shown, tail = set(), []
         for (row, _seed), df in runs.items():
             part = df[["step", metric]].dropna() if metric in df else pd.DataFrame()
+            if metric == "val/ppl" and len(part):
+                part = part[part["step"] >= last / 2]
+                tail += list(part[metric])
             if part.empty:
                 continue
             ax.plot(part["step"], part[metric], color=f"C{rows.index(row) % 10}", linewidth=0.9, alpha=0.8,
                     label=row if row not in shown else "_")  # fmt: skip
             shown.add(row)
         if not shown:
-            # val/bleu is absent where the preset decodes no validation subset during training (val_bleu_sentences 0)
             _no_data(ax, f"{metric} not in these runs' logs")
         else:
-            if log_y:
-                ax.set_yscale("log")
+            if tail:
+                lo, hi = min(tail), max(tail)
+                pad = 0.05 * (hi - lo or hi)
+                ax.set_ylim(lo - pad, hi + pad)
             ax.legend(fontsize=6, ncol=2)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
-    fig.suptitle(title)
+    for ax in axes.ravel()[len(shown_metrics) :]:
+        ax.set_visible(False)
+    note = f" (capped by --max-steps: {'; '.join(capped[:4])}{' ...' if len(capped) > 4 else ''})" if capped else ""
+    fig.suptitle(title + note, fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)

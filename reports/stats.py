@@ -1,11 +1,17 @@
-"""Seed-level statistics for a pre-registered Table 3: Welch's t-test per scored row against base, Holm's
-correction over the scored set, one verdict per row, and what trivial predictors would score on the same set.
+"""Seed-level statistics for a pre-registered Table 3: Welch's t-test per scored row against base, the two one-sided
+tests of an equivalence claim, Holm's correction over the scored set, one verdict per row, slopes of a series, and
+what trivial predictors would score on the same set.
 
 A difference between two rows is a result only when the seeds say so: each scored row's per-seed values of
 its metric (dev BLEU, or dev log-perplexity: the mean NLL per target token, whose seed-to-seed spread is
 closer to normal than the perplexity's) are tested against base's per-seed values with Welch's unequal-
 variance t-test (scipy), two-sided, and the p-values of the scored set are adjusted together by Holm's
 step-down method, which holds the family-wise error rate at α without assuming independent tests.
+
+"No difference" is a result only as equivalence within a margin fixed before the runs: Schuirmann's two one-sided
+tests (TOST) on the same Welch statistic reject both "the row is worse by the margin or more" and "better by the
+margin or more"; the TOST p is the larger of the two one-sided p-values (equivalently: the 1 − 2α confidence
+interval of the difference lies inside ±margin). Its p joins the same Holm family as the difference tests.
 """
 
 from __future__ import annotations
@@ -23,12 +29,20 @@ ALPHA = 0.05
 SIGNIFICANT_AGREE = "significant agree"
 AGREE = "agree"
 INCONCLUSIVE = "inconclusive"
+EQUIVALENT = "equivalent"  # TOST significant, and the table shows it can see a difference (assay sensitivity)
+EQUIVALENT_UNASSAYED = (
+    "equivalent, assay not sensitive"  # TOST significant, but no capacity row significant: not counted
+)
 DISAGREE = "disagree"
 SIGNIFICANT_DISAGREE = "significant disagree"
 NOT_CONVERGED = "not converged"
 NOT_TESTABLE = "not testable"
 NOT_SCORED = "not scored"  # testable, but the preset does not score it (e.g. one seed cannot resolve its effect)
-VERDICTS = (SIGNIFICANT_AGREE, AGREE, INCONCLUSIVE, DISAGREE, SIGNIFICANT_DISAGREE, NOT_CONVERGED, NOT_TESTABLE)
+CHECK_PASSED = "check passed"  # an implementation check (label smoothing's perplexity floor): reported, never scored
+CHECK_FAILED = "check failed"
+VERDICTS = (SIGNIFICANT_AGREE, EQUIVALENT, AGREE, INCONCLUSIVE, EQUIVALENT_UNASSAYED, DISAGREE, SIGNIFICANT_DISAGREE,
+            NOT_CONVERGED, NOT_TESTABLE)  # fmt: skip
+PASSING = (SIGNIFICANT_AGREE, EQUIVALENT)  # what counts as a pre-registered test passed
 
 
 def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
@@ -42,6 +56,79 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
     with warnings.catch_warnings():  # one side without spread is a valid test; scipy warns of its precision
         warnings.simplefilter("ignore", RuntimeWarning)
         return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def _welch_parts(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float] | None:
+    """(mean(a) - mean(b), its standard error, Welch-Satterthwaite df); None where the test is undefined."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se2 = va + vb
+    if se2 == 0:
+        return None
+    df = se2**2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(a.mean() - b.mean()), math.sqrt(se2), float(df)
+
+
+def welch_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(difference of means a - b, lower, upper): Welch's `level` confidence interval; NaN bounds where undefined
+    (the difference alone with one value on a side)."""
+    from scipy import stats
+
+    parts = _welch_parts(a, b)
+    if parts is None:
+        d = float(np.mean(a) - np.mean(b)) if len(a) and len(b) else math.nan
+        return d, math.nan, math.nan
+    d, se, df = parts
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return d, d - half, d + half
+
+
+def tost_p(a: Sequence[float], b: Sequence[float], margin: float) -> float:
+    """Schuirmann's TOST of |mean(a) - mean(b)| < margin on Welch's statistic: the larger of the one-sided p of
+    "difference <= -margin" and of "difference >= +margin"; below α, the two are equivalent within the margin.
+    NaN where Welch's test is undefined."""
+    from scipy import stats
+
+    parts = _welch_parts(a, b)
+    if parts is None or margin <= 0:
+        return math.nan
+    d, se, df = parts
+    p_lower = float(stats.t.sf((d + margin) / se, df))  # H0: d <= -margin
+    p_upper = float(stats.t.cdf((d - margin) / se, df))  # H0: d >= +margin
+    return max(p_lower, p_upper)
+
+
+def slope(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(slope, lower, upper) of the least-squares line y = a + b·x through every point (one per run, so the seeds'
+    spread is the residual's), with its `level` t-interval on n − 2 degrees of freedom; NaN bounds with fewer than
+    three points or two distinct x."""
+    from scipy import stats
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return math.nan, math.nan, math.nan
+    xc = x - x.mean()
+    b = float((xc * (y - y.mean())).sum() / (xc**2).sum())
+    if len(x) < 3:
+        return b, math.nan, math.nan
+    resid = y - y.mean() - b * xc
+    se = math.sqrt(float((resid**2).sum()) / (len(x) - 2) / float((xc**2).sum()))
+    half = float(stats.t.ppf(0.5 + level / 2, len(x) - 2)) * se
+    return b, b - half, b + half
+
+
+def equivalence_verdict(p_tost_adjusted: float, p_diff_adjusted: float, delta_worse: float, assay: bool) -> str:
+    """The verdict on a row predicted equivalent to base: `equivalent` when its Holm-adjusted TOST p < ALPHA and the
+    table is assay-sensitive (`assay`: a row predicted worse is significantly worse in the same table, so the seeds
+    can see a difference), `equivalent, assay not sensitive` (not counted) without that; `significant disagree`
+    when the two-sided difference test is significant instead; otherwise `inconclusive` (neither shown)."""
+    if not math.isnan(p_tost_adjusted) and p_tost_adjusted < ALPHA:
+        return EQUIVALENT if assay else EQUIVALENT_UNASSAYED
+    if not math.isnan(p_diff_adjusted) and p_diff_adjusted < ALPHA and not math.isnan(delta_worse):
+        return SIGNIFICANT_DISAGREE
+    return INCONCLUSIVE
 
 
 def holm(pvalues: Mapping[str, float]) -> dict[str, float]:

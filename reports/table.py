@@ -10,9 +10,9 @@ import pandas as pd
 
 from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.ablations.predictions import scored_rows
-from aiayn.ablations.table import load_rows
+from aiayn.ablations.table import SERIES, load_rows
 from aiayn.lightning_modules.spec import resolve
-from aiayn.reports import significance, verdicts
+from aiayn.reports import significance, stats, verdicts
 from aiayn.reports.runs import Run, read_curve, read_text_lines
 
 log = logging.getLogger(__name__)
@@ -21,12 +21,13 @@ SETTINGS = MODEL_KEYS
 COLUMNS = [
     "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
     "paper_ppl", "paper_bleu", "paper_params_m", "delta_ppl_pct", "paper_delta_ppl_pct", "delta_bleu",
-    "paper_delta_bleu", "metric", "predicted", "p", "p_holm", "verdict", "last_drop", "converged",
-    "bootstrap_seed", "bootstrap_p", "sig",
+    "paper_delta_bleu", "delta_ppl_ci_low", "delta_ppl_ci_high", "metric", "predicted", "margin_pct", "p", "p_holm",
+    "verdict", "last_drop", "converged", "bootstrap_seed", "bootstrap_p", "sig",
 ]  # fmt: skip
 # One line per run: what the table's means and tests are made of.
 RUN_COLUMNS = ["row", "seed", "status", "steps", "dev_ppl", "dev_bleu", "dev_tok_bleu", "params", "train_time_s",
-               "last_drop", "converged"]  # fmt: skip
+               "last_drop", "converged", "commit", "dirty", "predictions_sha256"]  # fmt: skip
+SLOPE_COLUMNS = ["series", "knob", "rows", "values", "n", "slope_pct", "ci_low_pct", "ci_high_pct"]
 
 
 def row_order(names: set[str]) -> list[str]:
@@ -148,11 +149,52 @@ def _converged(drop: float) -> str:
     return "" if pd.isna(drop) else ("yes" if drop < verdicts.CONVERGED_MAX_DROP else "no")
 
 
+def _floor(runs: list[Run]) -> float | None:
+    """Label smoothing's perplexity floor for the row's ε and vocabulary, as its runs recorded them."""
+    for run in runs:
+        eps = (run.metrics.config or {}).get("eps_ls")
+        vocab = run.config.model.get("vocab_size") if run.config is not None else None
+        if eps is not None and vocab:
+            return verdicts.smoothing_floor(float(eps), int(vocab))
+    return None
+
+
+def _ci_pct(ppls: list[float], base: list[float]) -> tuple[float, float]:
+    """Welch's 95% interval of the row's mean dev log-PPL minus base's, as percent of PPL."""
+    if len(ppls) < 2 or len(base) < 2:
+        return np.nan, np.nan
+    _, low, high = stats.welch_ci(np.log(ppls), np.log(base))
+    return 100 * (np.exp(low) - 1), 100 * (np.exp(high) - 1)
+
+
+def series_slopes(runs: list[Run]) -> pd.DataFrame:
+    """One line per Table 3 series (ablations.table.SERIES) with runs at two knob values or more: the slope of dev
+    log-PPL against log2 of the knob, fitted through every completed run of base and the series' rows, as percent of
+    dev PPL per doubling, with its 95% interval (stats.slope: the seeds' spread is the residual's)."""
+    lines = []
+    for name, knob, members in SERIES:
+        points = [(float(r.metrics.config[knob]), float(r.metrics.dev_ppl), r.row) for r in runs
+                  if r.completed and r.row in ("base", *members) and r.metrics.dev_ppl
+                  and (r.metrics.config or {}).get(knob)]  # fmt: skip
+        xs = sorted({x for x, _, _ in points})
+        if len(xs) < 2:
+            continue
+        b, low, high = stats.slope([np.log2(x) for x, _, _ in points], [np.log(y) for _, y, _ in points])
+        pct = lambda v: 100 * (np.exp(v) - 1)  # noqa: E731
+        rows = " ".join(row_order({r for _, _, r in points}))
+        lines.append({"series": name, "knob": knob, "rows": rows, "values": " ".join(f"{x:g}" for x in xs),
+                      "n": len(points), "slope_pct": pct(b), "ci_low_pct": pct(low),
+                      "ci_high_pct": pct(high)})  # fmt: skip
+    return pd.DataFrame(lines, columns=SLOPE_COLUMNS)
+
+
 @dataclass(frozen=True)
 class Table3:
     rows: pd.DataFrame  # one line per row that has any run (completed or not), COLUMNS, numbers unrounded
     runs: pd.DataFrame  # one line per run, RUN_COLUMNS
     verdicts: dict  # row -> verdicts.Verdict, for the rows the preset's pre-registration names
+    cell: verdicts.Cell | None = None  # what the verdicts were judged from (a suite judges its cells together)
+    slopes: pd.DataFrame | None = None  # series_slopes
 
 
 def build_table(runs: list[Run], preset: str | None = None, convergence: str = "endpoints") -> Table3:
@@ -168,7 +210,7 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     drops = {(r.row, r.seed): run_convergence(r, convergence) for r in runs if r.completed}
     files = _Files()
     tested = _bootstrap(completed, files)
-    records, values, converged = [], {}, {}
+    records, values, converged, floors = [], {}, {}, {}
     for row in row_order(set(by_row)):
         rs = by_row[row]
         done = sorted(completed[row].values(), key=lambda r: r.seed)
@@ -183,6 +225,7 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         row_drops = [drops[(row, r.seed)] for r in done]
         drop = np.nan if not row_drops or any(pd.isna(d) for d in row_drops) else max(row_drops)
         converged[row] = None if pd.isna(drop) else bool(drop < verdicts.CONVERGED_MAX_DROP)
+        floors[row] = _floor(done)
         records.append(
             {
                 "group": str(rs[0].metrics.group or "other") if rs else load_rows()[row].group, "row": row,
@@ -203,11 +246,13 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     # the paper's BLEUs have one decimal: round away float noise (25.5 - 25.8 = -0.3000000000000007)
     df["paper_delta_bleu"] = (df["paper_bleu"] - first("paper_bleu")).round(6).where(not_base)
     df["paper_delta_ppl_pct"] = (100 * (df["paper_ppl"] / first("paper_ppl") - 1)).where(not_base)
-    judged = verdicts.judge(preset, values, converged) if preset else {}
-    for col, attr in (("metric", "metric"), ("predicted", "predicted"), ("verdict", "verdict")):
-        df[col] = [getattr(judged[r], attr) or "" if r in judged else "" for r in df["row"]]
-    df["p"] = [judged[r].p if r in judged else np.nan for r in df["row"]]
-    df["p_holm"] = [judged[r].p_holm if r in judged else np.nan for r in df["row"]]
+    base_ppls = values.get("base", {}).get("ppl", [])
+    cis = [_ci_pct(values[r]["ppl"], base_ppls) if r != "base" else (np.nan, np.nan) for r in df["row"]]
+    df["delta_ppl_ci_low"] = [c[0] for c in cis]
+    df["delta_ppl_ci_high"] = [c[1] for c in cis]
+    cell = verdicts.Cell(preset, values, converged, floors) if preset else None
+    judged = verdicts.judge(preset, values, converged, floors) if preset else {}
+    set_verdicts(df, judged)
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
     for k in ("bootstrap_seed", "N", "d_model", "d_ff", "h", "d_k", "d_v", "n"):
         df[k] = df[k].astype("Int64")
@@ -218,7 +263,8 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
                 "dev_ppl": r.metrics.dev_ppl, "dev_bleu": r.metrics.dev_bleu,
                 "dev_tok_bleu": r.metrics.dev_tok_bleu, "params": r.metrics.params,
                 "train_time_s": r.metrics.train_time_s, "last_drop": drops.get((r.row, r.seed), np.nan),
-                "converged": _converged(drops.get((r.row, r.seed), np.nan)),
+                "converged": _converged(drops.get((r.row, r.seed), np.nan)), "commit": r.metrics.commit,
+                "dirty": r.metrics.dirty, "predictions_sha256": r.metrics.predictions_sha256,
             }
             for row in row_order(set(by_row)) for r in sorted(by_row[row], key=lambda r: r.seed)
         ],
@@ -228,16 +274,27 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
     runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
     runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")
-    return Table3(df[COLUMNS], runs_df, judged)
+    return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs))
+
+
+def set_verdicts(df: pd.DataFrame, judged: dict) -> None:
+    """The verdict columns of a table (in place), from row -> verdicts.Verdict."""
+    for col, attr in (("metric", "metric"), ("predicted", "predicted"), ("verdict", "verdict")):
+        df[col] = [getattr(judged[r], attr) or "" if r in judged else "" for r in df["row"]]
+    df["p"] = [judged[r].p if r in judged else np.nan for r in df["row"]]
+    df["p_holm"] = [judged[r].p_holm if r in judged else np.nan for r in df["row"]]
+    df["margin_pct"] = [100 * (np.exp(judged[r].margin) - 1) if r in judged and judged[r].margin else np.nan
+                        for r in df["row"]]  # fmt: skip
 
 
 def rounded(df: pd.DataFrame) -> pd.DataFrame:
     """The CSV's numbers: BLEU, PPL, params and deltas to 2 decimals, p to 4 significant digits' worth."""
     out = df.copy()
     for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu", "delta_ppl_pct",
-              "paper_delta_ppl_pct"):  # fmt: skip
+              "paper_delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "margin_pct", "slope_pct", "ci_low_pct",
+              "ci_high_pct"):  # fmt: skip
         if k in out:
-            out[k] = out[k].round(2) + 0.0  # + 0.0: no "-0.0" where a difference rounds to nothing
+            out[k] = pd.to_numeric(out[k]).astype("float64").round(2) + 0.0  # + 0.0: no "-0.0" where it rounds to 0
     for k in ("bootstrap_p", "last_drop", "dev_ppl"):
         if k in out:
             out[k] = out[k].round(4)

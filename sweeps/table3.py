@@ -8,7 +8,8 @@ pair once; a pair left running by a dead worker is run again (sweeps/books.py sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiayn.ablations.presets import get_preset
@@ -21,6 +22,8 @@ from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir
 from aiayn.lightning_modules.spec import resolve
 from aiayn.sweeps.backends import Backend, Sweep, backend_for, visible_gpus
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,9 +90,34 @@ def gpus_per_job(opts: SweepOptions, jobs: int) -> int | None:
     return 1 if len(visible_gpus()) >= jobs else None
 
 
+def cell_options(opts: SweepOptions) -> list[SweepOptions]:
+    """The sweeps `aiayn table3` runs: the preset's, then each of its cells' (`Preset.cells`: a suite such as
+    `evidence` with its data-limited cell), each on its own corpus with its own scored rows and seed counts; seeds
+    from the same --first-seed, and --seeds/--base-seeds where given. A selection of rows (--rows, --extended) is
+    about the preset's own table, so it runs that preset alone."""
+    preset = get_preset(opts.train.preset)
+    out = [opts]
+    if opts.select.rows is not None or opts.select.extended or not preset.cells:
+        if preset.cells:
+            log.info("--rows/--extended select rows of %s alone: its cells (%s) are not run", preset.name,
+                     ", ".join(preset.cells))  # fmt: skip
+        return out
+    for name in preset.cells:
+        select = replace(opts.select, rows=None, extended=False)
+        out.append(replace(opts, select=select, train=replace(opts.train, preset=name, data=None, data_dir=None)))
+    return out
+
+
 def run_table3(opts: SweepOptions, backend: Backend | None = None) -> dict:
-    """Run what is pending with `backend` (default: the one the sweep needs); return a summary."""
-    sweep = build_sweep(opts)
-    backend = backend or backend_for(opts.backend, sweep)
-    backend.check(sweep)
-    return backend.launch(sweep, sweep.pairs)
+    """Run what is pending with `backend` (default: the one each sweep needs), the preset's sweep then its cells';
+    return a summary of them all (`cells`: each sweep's own)."""
+    sweeps = [build_sweep(o) for o in cell_options(opts)]  # every cell resolved before any run
+    backends = [backend or backend_for(o.backend, s) for o, s in zip(cell_options(opts), sweeps)]
+    for b, s in zip(backends, sweeps):
+        b.check(s)
+    summaries = [b.launch(s, s.pairs) for b, s in zip(backends, sweeps)]
+    if len(summaries) == 1:
+        return summaries[0]
+    total = {k: sum(int(x.get(k, 0) or 0) for x in summaries) for k in ("completed", "failed", "diverged", "ran",
+                                                                          "pairs")}  # fmt: skip
+    return {**total, "cells": {s.key: x for s, x in zip(sweeps, summaries)}}

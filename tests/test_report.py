@@ -88,7 +88,9 @@ def test_files_written(report):
         "table3-tiny-plots/bleu_vs_params.png",
         "table3-tiny-plots/curves.png",
         "table3-tiny-plots/delta_vs_paper.png",
+        "table3-tiny-plots/forest.png",
         "table3-tiny-runs.csv",
+        "table3-tiny-slopes.csv",
         "table3-tiny.csv",
         "table3-tiny.html",
         "table3-tiny.json",
@@ -98,7 +100,9 @@ def test_files_written(report):
     assert all(p.is_file() for p in paths)
 
 
-@pytest.mark.parametrize("name", ["table3-tiny.csv", "table3-tiny-runs.csv", "table3-tiny.md"])
+@pytest.mark.parametrize(
+    "name", ["table3-tiny.csv", "table3-tiny-runs.csv", "table3-tiny-slopes.csv", "table3-tiny.md"]
+)
 def test_matches_expected(report, name):
     root, _ = report
     expected = (FIXTURES / f"expected-{name}").read_text(encoding="utf-8")
@@ -121,6 +125,10 @@ def test_provenance_beside_the_csvs(report):
     assert doc["generated_by"] == "aiayn report --runs runs --out out" and doc["notice"] == NOTICE
     assert doc["predictions"] == "ablations/predictions.csv" and "fell by less than 5%" in doc["convergence_rule"]
     assert (doc["score"]["scored"], doc["score"]["agree"], doc["score"]["significant_agree"]) == (5, 2, 1)
+    assert doc["score"]["passed"] == 1 and doc["cells"] == []
+    # the fixture's runs predate provenance: none recorded a commit, and the report says so
+    assert doc["runs_recorded"] == {"commits": [], "dirty_runs": [], "unrecorded_runs": 13, "predictions_sha256": []}
+    assert doc["predictions_sha256"] == P.registration_sha256("tiny")
 
 
 def test_numbers_checked_by_hand(report):
@@ -159,10 +167,15 @@ def test_verdicts_checked_by_hand(report):
 def test_notes(report):
     md = (report[0] / "out" / "table3-tiny.md").read_text(encoding="utf-8")
     assert (
-        "- Verdict: 2 of 5 scored rows agree with the prediction (1 significantly); 1 disagree (0 significantly), 1 "
-        'inconclusive, 1 not converged. On the same set, "every change hurts" would agree on 4 of 5; random signs on '
-        "2.5 on average, and on 2 or more with probability 0.812."
+        "- Score: 1 of 5 pre-registered tests pass (1 significant in the predicted direction, 0 equivalent); 1 more "
+        "agree in sign without significance, 1 disagree (0 significantly), 1 inconclusive, 0 equivalent without assay "
+        'sensitivity (not counted), 1 not converged. "Every change hurts" would pass at most 4 of 5 (the rows '
+        "predicted worse); on the 5 directional tests random signs agree on 2.5 on average, and on 2 or more with "
+        "probability 0.812."
     ) in md
+    assert "- Code: the runs ran from commit(s) not recorded; 13 run(s) recorded no commit" in md
+    # the series as slopes: heads h 1 (A1: 6.0, 6.2) and 4 (base: 5.0, 5.1, 5.2), log PPL on log2 h = 0 and 2
+    assert "  - heads h (h 1 4; rows base A1; 5 runs): -8.56% per doubling (95% interval -11.29 to -5.75)" in md
     assert "  - A1 (ppl, predicted worse): significant agree (2 vs 3 seeds: p = 0.013, Holm-adjusted 0.026)" in md
     assert "  - C4 (ppl, predicted worse): inconclusive (no completed run of C4)" in md
     assert "- One seed on a side (D3): no seed-level test" in md
@@ -225,7 +238,7 @@ def test_generated_notice_first(report):
 def test_plots_are_pngs_linked_from_md_and_html(report):
     out = report[0] / "out"
     pngs = sorted((out / "table3-tiny-plots").glob("*.png"))
-    assert [p.name for p in pngs] == ["bleu_vs_params.png", "curves.png", "delta_vs_paper.png"]
+    assert [p.name for p in pngs] == ["bleu_vs_params.png", "curves.png", "delta_vs_paper.png", "forest.png"]
     for png in pngs:
         data = png.read_bytes()
         assert len(data) > 5000 and data.startswith(PNG_MAGIC)
@@ -318,7 +331,7 @@ def test_cli_prints_written_paths(tmp_path, capsys, monkeypatch):
     shutil.copytree(FIXTURES / "runs" / "tiny" / "synthetic" / "D1", runs / "tiny" / "synthetic" / "D1")
     assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     printed = io.StringIO(capsys.readouterr().out).read().split()
-    assert printed[0].endswith("table3-tiny.md") and len(printed) == 9
+    assert printed[0].endswith("table3-tiny.md") and len(printed) == 11
     assert all(Path(p).is_file() for p in printed)
 
 
@@ -350,8 +363,8 @@ def test_the_verdict_is_printed_in_one_line(report, capsys):
     assert main(["report", "--runs", str(root / "runs"), "--out", str(root / "again")]) == 0
     err = capsys.readouterr().err
     assert (
-        "table3-tiny: base dev PPL 5.100, BLEU 20.30 (converged); 2 of 5 pre-registered rows agree (1 significant, "
-        "1 disagree, 1 not converged, 1 inconclusive); every-change-hurts: 4 of 5, random signs: P(>= 2) = 0.812"
+        "table3-tiny: base dev PPL 5.100, BLEU 20.30 (converged); 1 of 5 pre-registered tests pass (1 significant, "
+        "0 equivalent; 1 disagree, 1 not converged, 1 inconclusive); every-change-hurts: at most 4 of 5"
     ) in err
 
 
@@ -370,7 +383,7 @@ def test_seed_sets_run_apart_pool_into_the_table_of_one_directory(report, tmp_pa
         mp.delenv("SACREBLEU_SEED", raising=False)
         assert main(["report", *runs, "--out", str(tmp_path / "out")]) == 0
     assert "duplicates" in caplog.text
-    for name in ("table3-tiny.csv", "table3-tiny-runs.csv"):
+    for name in ("table3-tiny.csv", "table3-tiny-runs.csv", "table3-tiny-slopes.csv"):
         assert (tmp_path / "out" / name).read_text(encoding="utf-8") == (root / "out" / name).read_text(
             encoding="utf-8"
         )

@@ -152,3 +152,125 @@ def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkey
     # base not converged: no row gets a sign verdict
     unconverged = verdicts.judge("any", values, {**converged, "base": False})
     assert {unconverged[r].verdict for r in ("A1", "C1", "D3", "D4")} == {stats.NOT_CONVERGED}
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t), from the independent two-sided tail above."""
+    tail = t_cdf_two_sided(t, df) / 2
+    return 1 - tail if t >= 0 else tail
+
+
+def test_tost_is_the_larger_one_sided_p_worked_by_hand():
+    # a = base + 0.001 exactly: means differ by d = 0.001; both variances 1e-4 / 3 (spread 0.01), n 4 and 4
+    a, b = [0.011, 0.001, 0.021, 0.011], [0.01, 0.0, 0.02, 0.01]
+    # by hand: var of (0.01, 0, 0.02, 0.01) = (0 + 1e-4 + 1e-4 + 0) / 3 = 6.667e-5; se² = 2 * 6.667e-5 / 4 = 3.333e-5
+    se = math.sqrt(2 * (2e-4 / 3) / 4)
+    df = 6.0  # equal variances and sizes: Welch-Satterthwaite gives n_a + n_b - 2
+    margin = math.log1p(0.0125)  # 1.25% of PPL on log PPL: 0.012423
+    t_low, t_high = (0.001 + margin) / se, (0.001 - margin) / se  # 2.3248 and -1.9784
+    assert (round(t_low, 4), round(t_high, 4)) == (2.3248, -1.9784)
+    p_low, p_high = 1 - t_cdf(t_low, df), t_cdf(t_high, df)  # 0.0295 and 0.0476: the worse side decides
+    assert stats.tost_p(a, b, margin) == pytest.approx(max(p_low, p_high), abs=1e-6)
+    assert round(stats.tost_p(a, b, margin), 4) == 0.0476
+    # the same difference with a margin of half the size is not shown equivalent
+    assert stats.tost_p(a, b, margin / 2) > 0.05
+    assert math.isnan(stats.tost_p([0.0], b, margin))
+
+
+def test_welch_interval_worked_by_hand():
+    a, b = [1.0, 2.0, 3.0], [4.0, 5.0, 7.0]  # as test_welch_p...: d = -10/3, se = sqrt(10/9), df 3.4483
+    d, low, high = stats.welch_ci(a, b)
+    # the 97.5% point of t with df 3.4483, by bisection on the independent tail above: 2.961
+    lo_t, hi_t = 1.0, 10.0
+    for _ in range(60):
+        mid = (lo_t + hi_t) / 2
+        lo_t, hi_t = (mid, hi_t) if t_cdf_two_sided(mid, 3.4483) > 0.05 else (lo_t, mid)
+    half = lo_t * math.sqrt(10 / 9)
+    assert round(lo_t, 3) == 2.961
+    assert d == pytest.approx(-10 / 3) and low == pytest.approx(d - half, abs=1e-4)
+    assert high == pytest.approx(d + half, abs=1e-4)
+    assert math.isnan(stats.welch_ci([1.0], b)[1])
+
+
+def test_the_slope_and_its_interval_worked_by_hand():
+    # x = log2 of the knob (1, 2, 4 heads -> 0, 1, 2), two runs at each; y = 1, 1.2 | 1.5, 1.5 | 2.1, 1.9
+    x, y = [0, 0, 1, 1, 2, 2], [1.0, 1.2, 1.5, 1.5, 2.1, 1.9]
+    # by hand: x̄ = 1, ȳ = 1.5333; Sxx = 4 (four points at ±1); Sxy = (-1)(1 + 1.2 - 2·1.5333) + (1)(2.1 + 1.9 -
+    # 2·1.5333) = 0.8667 + 0.9333 = 1.8 -> b = 0.45; residuals: 1 - 1.0833 = -0.0833, 1.2 - 1.0833 = 0.1167, 1.5 -
+    # 1.5333 = -0.0333 (twice), 2.1 - 1.9833 = 0.1167, 1.9 - 1.9833 = -0.0833: SSR = 0.04333; se = sqrt(0.04333 / 4
+    # / 4) = 0.05204; t(0.975, 4) = 2.7764: half-width 0.1445
+    b, low, high = stats.slope(x, y)
+    assert b == pytest.approx(0.45)
+    assert (high - b) == pytest.approx(2.7764 * math.sqrt(0.0433333 / 4 / 4), abs=1e-4)
+    assert low == pytest.approx(2 * b - high)
+    assert math.isnan(stats.slope([1, 2], [1.0, 2.0])[1]) and math.isnan(stats.slope([1, 1, 1], [1, 2, 3])[0])
+
+
+@pytest.mark.parametrize(
+    "p_tost, p_diff, assay, expected",
+    [
+        (0.01, 0.9, True, stats.EQUIVALENT),
+        (0.01, 0.9, False, stats.EQUIVALENT_UNASSAYED),  # the table never showed it can see a difference
+        (0.3, 0.001, True, stats.SIGNIFICANT_DISAGREE),  # a difference, shown
+        (0.3, 0.4, True, stats.INCONCLUSIVE),  # neither: too few seeds, or a difference near the margin
+        (math.nan, math.nan, True, stats.INCONCLUSIVE),
+    ],
+)
+def test_each_equivalence_verdict(p_tost, p_diff, assay, expected):
+    assert stats.equivalence_verdict(p_tost, p_diff, 0.01, assay) == expected
+
+
+def _preds(monkeypatch, table: dict):
+    from aiayn.ablations import predictions as P
+
+    def lines(preset):
+        return {row: P.Prediction(row, *spec) for row, spec in table.get(preset, {}).items()}
+
+    monkeypatch.setattr(verdicts, "predictions", lines)
+
+
+def test_an_equivalence_counts_only_where_its_cell_shows_a_capacity_row_significantly_worse(monkeypatch):
+    m = 0.0125
+    _preds(monkeypatch, {"x": {"A3": ("ppl", "equivalent", "", m), "C4": ("ppl", "worse", "")}})
+    base = [1.300, 1.305, 1.310, 1.302, 1.308, 1.297, 1.303, 1.306]
+    same = [1.301, 1.306, 1.303, 1.299, 1.309, 1.304, 1.300, 1.307]  # within 0.1% of base, spread alike
+    worse = [1.45, 1.46, 1.44, 1.455]
+    converged = {"base": True, "A3": True, "C4": True}
+    sensitive = verdicts.judge("x", {"base": {"ppl": base}, "A3": {"ppl": same}, "C4": {"ppl": worse}}, converged)
+    assert sensitive["C4"].verdict == stats.SIGNIFICANT_AGREE and sensitive["A3"].verdict == stats.EQUIVALENT
+    assert sensitive["A3"].margin == pytest.approx(math.log1p(m))
+    # the same A3 beside a capacity row the seeds cannot tell from base: equivalent, but not counted
+    flat = [1.30, 1.31, 1.29, 1.305]
+    blind = verdicts.judge("x", {"base": {"ppl": base}, "A3": {"ppl": same}, "C4": {"ppl": flat}}, converged)
+    assert blind["A3"].verdict == stats.EQUIVALENT_UNASSAYED and not blind["A3"].passed
+    s = verdicts.score(sensitive)
+    assert (s["scored"], s["passed"], s["equivalent"], s["trivial"]["every_change_hurts_of_all"]) == (2, 2, 1, 1)
+
+
+def test_a_suite_tests_its_cells_in_one_holm_family_each_against_its_own_base(monkeypatch):
+    _preds(monkeypatch, {"main": {"C4": ("ppl", "worse", "")}, "cell": {"D1": ("ppl", "worse", "")}})
+    main = verdicts.Cell("main", {"base": {"ppl": [1.3, 1.31, 1.29]}, "C4": {"ppl": [1.4, 1.42, 1.41]}},
+                         {"base": True, "C4": True})  # fmt: skip
+    cell = verdicts.Cell("cell", {"base": {"ppl": [2.0, 2.1, 2.05]}, "D1": {"ppl": [2.6, 2.7, 2.65]}},
+                         {"base": True, "D1": True})  # fmt: skip
+    out = verdicts.judge_cells([main, cell])
+    assert list(out) == [("main", "C4"), ("cell", "D1")]
+    p_c4 = stats.welch_p(np.log([1.4, 1.42, 1.41]), np.log([1.3, 1.31, 1.29]))
+    p_d1 = stats.welch_p(np.log([2.6, 2.7, 2.65]), np.log([2.0, 2.1, 2.05]))  # against the cell's own base
+    assert out[("cell", "D1")].p == pytest.approx(p_d1)
+    assert out[("main", "C4")].p_holm == pytest.approx(min(1.0, 2 * min(p_c4, p_d1)) if p_c4 < p_d1 else
+                                                       max(min(1.0, 2 * p_d1), p_c4))  # fmt: skip
+
+
+def test_label_smoothings_floor_is_a_check_never_a_score(monkeypatch):
+    assert verdicts.smoothing_floor(0.1, 1000) == pytest.approx(1 / 0.9001)  # 1.1110
+    assert verdicts.smoothing_floor(0.2, 1000) == pytest.approx(1 / 0.8002)  # 1.2497
+    assert verdicts.smoothing_floor(0.0, 1000) == 1.0
+    _preds(monkeypatch, {"x": {"D4": ("ppl", "check", "arithmetic"), "D3": ("ppl", "check", "arithmetic")}})
+    values = {"base": {"ppl": [1.3, 1.31]}, "D4": {"ppl": [1.40, 1.41]}, "D3": {"ppl": [1.20, 1.21]}}
+    floors = {"D4": verdicts.smoothing_floor(0.2, 1000), "D3": 1.0}
+    out = verdicts.judge("x", values, {"base": True, "D4": True, "D3": True}, floors)
+    assert out["D4"].verdict == stats.CHECK_PASSED and out["D4"].floor == pytest.approx(1.2497, abs=1e-4)
+    below = verdicts.judge("x", {**values, "D4": {"ppl": [1.20, 1.21]}}, {}, floors)
+    assert below["D4"].verdict == stats.CHECK_FAILED  # a smoothed model below its own floor: smoothing is broken
+    assert verdicts.score(out)["scored"] == 0 and len(verdicts.score(out)["checks"]) == 2
