@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 from aiayn import __version__
 from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError, print_error
+from aiayn.common.lifetime import DIE_WITH_PARENT, die_with_parent
 from aiayn.common.logs import configure_logging
 from aiayn.common.options import (
     HelpFormatter,
@@ -540,6 +542,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if os.environ.get(DIE_WITH_PARENT) == "1":  # a sweep's trainer: it ends when its driver does
+        die_with_parent()
     try:
         args = parse(argv)
     except UserError as e:

@@ -53,7 +53,7 @@ from aiayn.common.files import (
     sha256_bytes,
     sha256_file,
 )
-from aiayn.common.locks import try_lock
+from aiayn.common.locks import is_held, try_lock
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.corpora import corpus_dirname
 
@@ -310,7 +310,36 @@ class RunDir:
 
     @property
     def sweep_log(self) -> Path:
+        """The training process's output when a sweep ran it, every attempt appended under a header line."""
         return self.path.parent / f"{self.path.name}.log"
+
+    @property
+    def failure_file(self) -> Path:
+        """Beside the run directory, not in it: a pair that failed before training (its directory may hold another
+        config, or none) still has a record, which `aiayn status` and the report read as they read metrics.json."""
+        return self.path.parent / f"{self.path.name}.failed.json"
+
+    def write_failure(self, status: str, error: str | None) -> None:
+        atomic_write_json(self.failure_file, redact_obj({"status": status, "error": error, "at": time.time(),
+                                                         "host": platform.node()}))  # fmt: skip
+
+    def read_failure(self) -> dict | None:
+        """{"status", "error", "at"} of the pair's last failure before a metrics.json; None when there is none."""
+        try:
+            doc = json.loads(self.failure_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("status") not in STATUSES:
+            return None
+        return {"status": doc["status"], "error": None if doc.get("error") is None else str(doc["error"]),
+                "at": doc.get("at")}  # fmt: skip
+
+    def clear_failure(self) -> None:
+        self.failure_file.unlink(missing_ok=True)
+
+    def is_training(self) -> bool:
+        """A live process holds the run's lock (it trains the run now); read-only, as `aiayn status` must be."""
+        return is_held(self.path / ".lock")
 
     # ---- config.json
 

@@ -515,7 +515,9 @@ def _text(x) -> str:
 
 
 def _fmt(x, fmt: str) -> str:
-    return "" if x is None or pd.isna(x) else f"{x:{fmt}}"
+    if x is None or pd.isna(x):
+        return ""
+    return f"{int(x) if fmt == 'd' else x:{fmt}}"  # an Int64 column with a blank maps its integers as floats
 
 
 def _p(x) -> str:

@@ -85,7 +85,8 @@ def scan(runs_dir: str | Path) -> Scan:
         )
     paths = sorted(p for p in runs_dir.glob("*/*/*/seed*/metrics.json") if p.parent.is_dir())
     paths = [p for p in paths if p.relative_to(runs_dir).parts[0] not in OutDir.RESERVED]
-    if not paths:
+    failures = _failed_before_training(runs_dir)
+    if not paths and not failures:
         raise UserError(
             f"no metrics.json under {str(runs_dir)!r}; train some rows first (`aiayn train`) or pass --runs DIR"
         )
@@ -100,6 +101,27 @@ def scan(runs_dir: str | Path) -> Scan:
             continue
         if metrics.kind == "table3":
             out.runs.append(Run(path.parent, metrics))
+    corpus_of = {(r.dir.parent.parent.parent.name, r.dir.parent.parent.name): r.data for r in out.runs}
+    for run_dir, failure in failures:
+        preset, corpus, row = run_dir.parts[-4:-1]
+        seed = int(run_dir.name.removeprefix("seed"))
+        out.runs.append(Run(run_dir, RunMetrics(row, seed, preset, failure["status"], error=failure["error"],
+                                                data=corpus_of.get((preset, corpus), corpus))))  # fmt: skip
+    return out
+
+
+def _failed_before_training(runs_dir: Path) -> list[tuple[Path, dict]]:
+    """(run directory, its failure record) of every pair whose last attempt failed before it had a metrics.json
+    (`RunDir.failure_file`): the sweep's books list it as failed, and so does the report."""
+    out = []
+    for path in sorted(runs_dir.glob("*/*/*/seed*.failed.json")):
+        run = RunDir(path.parent / path.name.removesuffix(".failed.json"))
+        seed = run.path.name.removeprefix("seed")
+        if path.relative_to(runs_dir).parts[0] in OutDir.RESERVED or not seed.isdigit() or run.metrics_file.exists():
+            continue
+        failure = run.read_failure()
+        if failure is not None:
+            out.append((run.path, failure))
     return out
 
 

@@ -33,6 +33,7 @@ from optuna.trial import TrialState
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
+from aiayn.common.lifetime import DIE_WITH_PARENT, die_with_parent
 from aiayn.common.locks import file_lock
 from aiayn.common.options import to_argv
 from aiayn.common.secrets import redact
@@ -224,6 +225,10 @@ class QueueBackend(Backend):
                     run = sweep.out.run(sweep.preset.name, sweep.corpus, *pair)
                     trial.set_user_attr("metrics", {k: v for k, v in metrics.to_dict().items() if k != "config"})
                     trial.set_user_attr("run_dir", str(run.path))
+                    if metrics.completed:
+                        run.clear_failure()
+                    elif run.read_metrics() is None:  # it failed before training: the books must say so too
+                        run.write_failure(metrics.status, metrics.error)
                     if metrics.completed:  # told while holding the claim: no duplicate can start
                         study.tell(trial, metrics.dev_bleu)
                         done += 1
@@ -275,7 +280,9 @@ def _forkserver():
 def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: int | None) -> None:
     """`train(opts, spec)` in a forkserver child, stdout and stderr to `logfile`; exits with the status the
     `aiayn train` command would."""
-    fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    die_with_parent()
+    fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, attempt_header().encode())
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -299,6 +306,11 @@ def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: in
         if "wandb" in sys.modules:
             sys.modules["wandb"].teardown()
     sys.exit(0)
+
+
+def attempt_header() -> str:
+    """The line that opens each attempt in a pair's log: a rerun appends, so the earlier attempts' output stays."""
+    return f"===== aiayn: attempt started {time.strftime('%Y-%m-%d %H:%M:%S %z')} (pid {os.getpid()}) =====\n"
 
 
 def _result(sweep: Sweep, row: str, seed: int, returncode: int | None) -> RunMetrics:
@@ -356,6 +368,7 @@ def child_environment(slot_index: int, gpus: str | None, threads: int | None) ->
     """The environment of a pair's own process: ours without the launchers' variables, its GPUs, its threads, and a
     MASTER_PORT of its own (the slot's), so that concurrent DDP runs on one machine do not collide."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES)}
+    env[DIE_WITH_PARENT] = "1"  # the child asks the kernel to end it when this driver dies (aiayn.common.lifetime)
     env["MASTER_PORT"] = str(MASTER_PORT_BASE + 17 * slot_index + os.getpid() % 1000)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -409,7 +422,9 @@ class SubprocessBackend(QueueBackend):
         slots = self.slots(sweep) or []
         index = slots.index(slot) if slot in slots else 0
         env = child_environment(index, slot, _threads(sweep.jobs))
-        with open(run.sweep_log, "w") as out:
+        with open(run.sweep_log, "a") as out:
+            out.write(attempt_header())
+            out.flush()
             cmd = train_process_command(sweep.run_options(row, seed))
             returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
         return _result(sweep, row, seed, returncode)

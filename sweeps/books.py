@@ -4,7 +4,9 @@ live worker or job holds, which failed and which are pending; which Optuna trial
 A pair is *done* when its run directory's metrics.json says completed. It is *claimed* while its holder lives:
 a worker process holds the pair's lock (a kernel flock under OUT/.locks/, released when the process dies,
 however it dies) for as long as the pair runs (`LockClaims`), or SLURM holds the array task it was submitted as
-(`SlurmClaims`). Otherwise it failed (metrics.json says how) or is pending.
+(`SlurmClaims`), or a trainer holds its run directory's lock. Otherwise it failed (metrics.json says how, or, for a
+pair that failed before it had a run of its own, `seedS.failed.json` beside its directory) or is pending. Reading
+the books writes nothing.
 
 Optuna keeps the queue of `aiayn table3` and the trials of `aiayn hpo`. Optuna's own heartbeat exists only for
 RDB storages (SQLite included), not for the journal, and is only beaten by `study.optimize`, so a worker that
@@ -30,7 +32,7 @@ from optuna.trial import TrialState
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.common.locks import file_lock, holding, try_lock
+from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.lightning_modules.corpora import corpus_dirname
 from aiayn.lightning_modules.rundir import OutDir, RunDir
 
@@ -77,9 +79,8 @@ class LockClaims(Claims):
         return None
 
     def holder(self, key: str) -> dict | None:
-        with file_lock(self.path(key)) as free:
-            if free:
-                return None
+        if not is_held(self.path(key)):  # read-only: `aiayn status` writes nothing
+            return None
         try:
             return json.loads(self._who(key).read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -166,13 +167,18 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
             found.append(PairState(row, seed, "completed", run_dir=str(run.path), dev_bleu=metrics.dev_bleu))
             continue
         held = claims.holder(pair_key(preset, corpus, row, seed))
+        if held is None and run.is_training():  # a trainer whose driver died, or `aiayn train` by hand
+            held = {"holder": "a trainer holding the run directory's lock", "since": None}
         where = {"run_dir": str(run.path), **_progress(run)}
+        failure = run.read_failure() if metrics is None else None
         if held is not None:
             since = held.get("since")
             found.append(PairState(row, seed, "running", held.get("holder"), now - since if since else None, **where))
-        elif metrics is not None:
-            error = (metrics.error or "").strip().splitlines()[:1]
-            found.append(PairState(row, seed, metrics.status, error=error[0] if error else None, **where))
+        elif metrics is not None or failure is not None:
+            status, error = (metrics.status, metrics.error) if metrics is not None else (failure["status"],
+                                                                                        failure["error"])  # fmt: skip
+            first = (error or "").strip().splitlines()[:1]
+            found.append(PairState(row, seed, status, error=first[0] if first else None, **where))
         else:
             found.append(PairState(row, seed, "pending", **where))
     return found

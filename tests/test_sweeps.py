@@ -4,6 +4,7 @@ The bookkeeping tests use a stand-in runner that writes no model; the real runs 
 """
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -542,3 +543,110 @@ def test_status_of_a_directory_that_is_not_a_sweep_is_one_line_and_exit_2(tmp_pa
     assert main(["status", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{tmp_path} holds no sweep" in err
+
+
+def test_a_pair_that_fails_before_training_is_failed_in_status_and_report_alike(tmp_path, runner_backend, capsys):
+    """One truth (issue 32): a pair whose run never wrote a metrics.json (its directory holds another config, say)
+    is `failed` with its reason in `aiayn status` and in the report, not `pending` and "none"; `aiayn status`
+    writes nothing (no lock files); a later completion clears the failure."""
+    from aiayn.common.files import atomic_write_json
+    from aiayn.lightning_modules.rundir import RunMetrics
+
+    def a1_fails_before_training(sweep, corpus, row, seed):
+        if row == "A1":  # as the local back end returns it: metrics of the driver's, none in the run directory
+            return {"row": row, "seed": seed, "status": "failed", "error": "exit 2: run directory holds another config"}
+        out = {"row": row, "seed": seed, "status": "completed", "dev_bleu": 10.0, "dev_ppl": 2.0}
+        metrics = RunMetrics.from_dict({"preset": sweep.preset.name, "data": corpus, **out})
+        atomic_write_json(sweep.out.run(sweep.preset.name, corpus, row, seed).metrics_file, metrics.to_dict())
+        return out
+
+    runs = tmp_path / "runs"
+    runner_backend(a1_fails_before_training)
+    with pytest.raises(SystemExit):
+        main([*T3, "--out", str(runs), "--rows", "base,A1"])
+    before = sorted(p.relative_to(runs) for p in runs.rglob("*"))
+    capsys.readouterr()
+    assert main(["status", str(runs), "--json"]) == 0
+    (sweep,) = json.loads(capsys.readouterr().out)
+    a1 = next(p for p in sweep["pairs"] if p["row"] == "A1")
+    assert (a1["state"], a1["error"]) == ("failed", "exit 2: run directory holds another config")
+    assert sorted(p.relative_to(runs) for p in runs.rglob("*")) == before, "aiayn status wrote files"
+    assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "report")]) == 0
+    md = (tmp_path / "report" / "table3-tiny.md").read_text(encoding="utf-8")
+    assert "- Runs that did not complete (1):\n  - A1 seed 0: failed: exit 2: run directory holds another config" in md
+    runner_backend(FakeRunner())
+    assert main([*T3, "--out", str(runs), "--rows", "base,A1"]) == 0
+    assert not list(runs.rglob("*.failed.json"))
+
+
+def test_status_writes_no_lock_file_for_a_pair_nobody_ever_claimed(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    record = runs / "sweeps" / "tiny-synthetic.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"preset": "tiny", "corpus": "synthetic", "pairs": [["base", 0], ["A1", 0]]}))
+    assert main(["status", str(runs)]) == 0
+    assert "2 pending" in capsys.readouterr().out
+    assert sorted(p.relative_to(runs).as_posix() for p in runs.rglob("*")) == ["sweeps", "sweeps/tiny-synthetic.json"]
+
+
+def test_a_rerun_appends_to_the_pairs_log_under_a_header_per_attempt(tmp_path, monkeypatch):
+    from aiayn.sweeps import backends
+
+    class Child:  # the forkserver child, run in this process: _train_in_child's log handling, then "training"
+        def __init__(self, target, args):
+            self.logfile = args[2]
+            self.exitcode = None
+
+        def start(self):
+            with open(self.logfile, "a") as f:
+                f.write(backends.attempt_header() + "training output\n")
+            self.exitcode = 1
+
+        def join(self):
+            pass
+
+    monkeypatch.setattr(backends, "_forkserver", lambda: type("Ctx", (), {"Process": Child}))
+    sweep = build_sweep(opts(tmp_path))
+    for _ in range(2):
+        LocalBackend().run_one(sweep, "base", 0, None)
+    log_text = sweep.out.run("tiny", "synthetic", "base", 0).sweep_log.read_text()
+    assert log_text.count("===== aiayn: attempt started") == 2 and log_text.count("training output") == 2
+    # and the real child opens it for appending, never truncating
+    source = inspect.getsource(backends._train_in_child)
+    assert "O_APPEND" in source and "O_TRUNC" not in source
+    assert "die_with_parent()" in source  # the forkserver's children end when it does, and it ends with its driver
+
+
+def test_a_trainer_dies_with_its_driver(tmp_path):
+    """A child that called die_with_parent() (every sweep trainer does, through the forkserver or AIAYN_DIE_WITH_
+    PARENT) gets SIGTERM when its parent is killed, however it is killed."""
+    import signal
+    import subprocess
+    import textwrap
+
+    pidfile = tmp_path / "child.pid"
+    driver = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        env = {{**os.environ, "AIAYN_DIE_WITH_PARENT": "1"}}
+        child = subprocess.Popen([sys.executable, "-c", "import time; from aiayn.common.lifetime import "
+                                  "die_with_parent; die_with_parent(); open({str(pidfile)!r}, 'w').write("
+                                  "str(__import__('os').getpid())); time.sleep(60)"], env=env)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", driver])
+    deadline = time.time() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.time() < deadline, "the child never started"
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the child outlived its killed parent")

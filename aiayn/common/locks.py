@@ -25,6 +25,23 @@ def try_lock(path: str | os.PathLike) -> IO | None:
     return f
 
 
+def is_held(path: str | os.PathLike) -> bool:
+    """Whether a live process holds the lock on `path`, found without writing anything: a lock file that does not
+    exist is held by no one (holders create it), and an existing one is probed with a shared lock on a read-only
+    descriptor, which an exclusive holder refuses."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's shared lock at once
+    return False
+
+
 @contextmanager
 def file_lock(path: str | os.PathLike, wait: bool = False):
     """Hold an exclusive lock on `path` for the `with` block; yields False at once if another process
