@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiayn.ablations.knobs import PAPER_BASE, TABLE_KNOBS, parse_value
 from aiayn.common.errors import UserError
+from aiayn.common.names import check_name
 
 HERE = Path(__file__).resolve().parent
 TABLE_FILES = (HERE / "table3.csv", HERE / "extended.csv")
@@ -97,6 +98,9 @@ def read_table(path: str | Path) -> list[tuple[int, dict]]:
         name = (raw.get("row") or "").strip()
         if not name:
             raise UserError(f"table {path} line {line}: the row has no name; fill its 'row' cell")
+        check_name("row", name, f"table {path} line {line}")
+        if (raw.get("group") or "").strip():
+            check_name("group", raw["group"].strip(), f"table {path} line {line}")
         cells = {k: _typed(path, line, k, v) for k, v in raw.items() if k not in ("row", "group", "note") and v}
         out.append(
             (

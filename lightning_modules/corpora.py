@@ -24,6 +24,7 @@ from typing import ClassVar
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_open, atomic_symlink
+from aiayn.common.names import check_name
 from aiayn.lightning_modules.hf_corpus import HFRef, HFText, is_hf, open_dataset, parse_splits
 
 log = logging.getLogger(__name__)
@@ -352,8 +353,9 @@ def canonical_corpus(name: str) -> str:
 
 def corpus_dirname(name: str) -> str:
     """A corpus name as one path component (run directories, lock and cache file names): the built-in names as they
-    are, a Hugging Face dataset as hf-ORG--NAME[-CONFIG] (hf_corpus.HFRef.dirname)."""
-    return HFRef.parse(name).dirname() if is_hf(name) else name
+    are, a Hugging Face dataset as hf-ORG--NAME[-CONFIG] (hf_corpus.HFRef.dirname); anything that is not one safe
+    component (a config with a slash, a record's "../..") is a UserError."""
+    return check_name("corpus", HFRef.parse(name).dirname() if is_hf(name) else name)
 
 
 def check_corpus_options(name: str, data_dir: str | None, splits: str | None) -> None:

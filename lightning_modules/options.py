@@ -37,7 +37,7 @@ class TrainOptions:
     )  # fmt: skip
     src_lang: str = option("en", "source language of the corpus (files' suffix, or a dataset's translation field)")
     tgt_lang: str = option("de", "target language of the corpus (files' suffix, or a dataset's translation field)")
-    seed: int = option(0, "the run's seed (the run directory is seedN)")
+    seed: int = option(0, "the run's seed (the run directory is seedN), 0 or more", at_least=0)
     out: str = option("runs", "run directories go under OUT/PRESET/CORPUS/ROW/seedN")
     cache_dir: str | None = option(
         None, "tokenizer/corpus cache (default: $AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn)"

@@ -54,6 +54,7 @@ from aiayn.common.files import (
     sha256_file,
 )
 from aiayn.common.locks import is_held, try_lock
+from aiayn.common.names import under
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.corpora import corpus_dirname
 
@@ -77,6 +78,11 @@ def _from_dict(cls, d: dict, what: str):
     if missing:
         raise ValueError(f"missing field(s) {', '.join(missing)}")
     return cls(**{k: v for k, v in d.items() if k in names})
+
+
+_NUMBER = (int, float)
+_KIND_WORDS = {_NUMBER: "a number", str: "text", dict: "an object", list: "a list", bool: "true or false",
+               int: "an integer"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -127,10 +133,17 @@ class RunMetrics:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r} is none of {', '.join(STATUSES)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, str)):
+            raise ValueError(f"seed {self.seed!r} is not an integer")
         try:
             object.__setattr__(self, "seed", int(self.seed))
         except (TypeError, ValueError):
             raise ValueError(f"seed {self.seed!r} is not an integer") from None
+        for f in fields(self):  # a hand-edited or foreign file: each field its type, or the file is not read
+            value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
+            if value is not None and kind is not None and (isinstance(value, bool) and kind is not bool
+                                                           or not isinstance(value, kind)):  # fmt: skip
+                raise ValueError(f"{f.name} {value!r} is not {_KIND_WORDS[kind]}")
 
     @property
     def completed(self) -> bool:
@@ -142,6 +155,19 @@ class RunMetrics:
     @classmethod
     def from_dict(cls, d: dict) -> RunMetrics:
         return _from_dict(cls, d, "metrics.json")
+
+
+# the type each field of metrics.json must have where it is given (None: any, or checked in __post_init__)
+_FIELD_TYPES = {
+    **dict.fromkeys(("row", "preset", "group", "data", "kind", "dev_bleu_signature", "dev_tok_bleu_label", "error",
+                     "host", "torch", "finished_at", "commit", "predictions_sha256"), str),
+    **dict.fromkeys(("planned_steps", "steps", "params", "dev_sentences", "effective_tokens_per_step",
+                     "diverged_at_step", "schema"), int),
+    **dict.fromkeys(("train_time_s", "eval_time_s", "wall_time_s", "tokens_per_s", "dev_bleu", "dev_tok_bleu",
+                     "dev_ppl", "src_tokens_per_step", "tgt_tokens_per_step", "paper_ppl", "paper_bleu",
+                     "paper_params_m"), _NUMBER),
+    "config": dict, "deviations": list, "dirty": bool,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -224,14 +250,16 @@ class OutDir:
     RESERVED = ("hpo", "slurm", "reports", "sweeps", ".locks")  # top-level names that are not presets
 
     def run(self, preset: str, corpus: str, row: str, seed: int) -> RunDir:
-        """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en)."""
-        return RunDir(self.root / preset / corpus_dirname(corpus) / row / f"seed{seed}")
+        """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en); a
+        name that is not one safe component is a UserError (aiayn.common.names), so no run lands outside OUT."""
+        return RunDir(under(self.root, preset, corpus_dirname(corpus), row, _seed_dir(seed),
+                            kinds=("preset", "corpus", "row", "seed")))  # fmt: skip
 
     def hpo_trial(self, preset: str, row: str, number: int) -> RunDir:
-        return RunDir(self.root / "hpo" / preset / row / f"trial{number:04d}")
+        return RunDir(under(self.root, "hpo", preset, row, f"trial{number:04d}", kinds=("", "preset", "row")))
 
     def hpo_best(self, preset: str, row: str) -> Path:
-        return self.root / "hpo" / preset / row / "best.json"
+        return under(self.root, "hpo", preset, row, kinds=("", "preset", "row")) / "best.json"
 
     def lock(self, name: str) -> Path:
         return self.root / ".locks" / f"{name}.lock"
@@ -427,11 +455,25 @@ class RunDir:
     # ---- metrics.json
 
     def read_metrics(self) -> RunMetrics | None:
-        """metrics.json, or None when there is none (or it is unreadable)."""
+        """metrics.json, or None when there is none (or it is unreadable: `metrics_problem` says why)."""
         try:
             return RunMetrics.from_dict(json.loads(self.metrics_file.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
             return None
+
+    def metrics_problem(self) -> str | None:
+        """Why a metrics.json that exists cannot be read (one line); None when it reads, or there is none."""
+        try:
+            RunMetrics.from_dict(json.loads(self.metrics_file.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as e:
+            return f"unreadable metrics.json ({type(e).__name__})"
+        except ValueError as e:  # json.JSONDecodeError is one too
+            return f"unreadable metrics.json ({str(e).splitlines()[0][:200]})"
+        except TypeError as e:
+            return f"unreadable metrics.json ({e})"
+        return None
 
     def status(self) -> str:
         """'completed', 'failed', 'diverged', 'pruned', or 'missing' (no readable metrics.json yet)."""
@@ -509,6 +551,12 @@ class RunDir:
             if step >= best_step:  # on a tie the later candidate (the requeue checkpoint) wins
                 best, best_step = path, step
         return best
+
+
+def _seed_dir(seed: int) -> str:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"seed {seed!r} is not a seed; seeds are integers from 0")
+    return f"seed{seed}"
 
 
 def _new_wandb_id(row: str, seed: int) -> str:

@@ -18,6 +18,7 @@ period, for every storage.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -33,8 +34,11 @@ from optuna.trial import TrialState
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.locks import file_lock, holding, is_held, try_lock
+from aiayn.common.names import check_name
 from aiayn.lightning_modules.corpora import corpus_dirname
 from aiayn.lightning_modules.rundir import OutDir, RunDir
+
+log = logging.getLogger(__name__)
 
 Pair = tuple[str, int]
 STATES = ("completed", "running", "failed", "diverged", "pruned", "pending")
@@ -171,6 +175,9 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
             held = {"holder": "a trainer holding the run directory's lock", "since": None}
         where = {"run_dir": str(run.path), **_progress(run)}
         failure = run.read_failure() if metrics is None else None
+        problem = run.metrics_problem() if metrics is None else None
+        if problem is not None:  # a metrics.json there but not one aiayn can read: failed, and why
+            failure = {"status": "failed", "error": f"{problem}; delete it to run the pair again"}
         if held is not None:
             since = held.get("since")
             found.append(PairState(row, seed, "running", held.get("holder"), now - since if since else None, **where))
@@ -212,6 +219,16 @@ def record_sweep(out: OutDir, preset: str, corpus: str, pairs: list[Pair], backe
     return path
 
 
+def _pair(item) -> Pair:
+    """One [row, seed] of a sweep record, checked: a row name and a seed from 0."""
+    if not isinstance(item, (list, tuple)) or len(item) != 2:
+        raise ValueError(f"pair {item!r} is not [row, seed]")
+    row, seed = item
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"pair {item!r}: the seed is not an integer from 0")
+    return check_name("row", row), seed
+
+
 @dataclass(frozen=True)
 class SweepRecord:
     preset: str
@@ -227,11 +244,16 @@ def recorded_sweeps(out: OutDir) -> list[SweepRecord]:
     for path in out.sweep_records():
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
-            key = (doc["preset"], corpus_dirname(doc["corpus"]))
-            found.setdefault(key, []).extend(tuple(p) for p in doc["pairs"])
-            corpus_of[key] = doc["corpus"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # a record cut short: its runs are still found below
+            key = (check_name("preset", doc["preset"]), corpus_dirname(doc["corpus"]))
+            pairs = [_pair(p) for p in doc["pairs"]]
+        except UserError as e:  # a name that is not one: never a path (a record saying preset "../..")
+            log.warning("skipping sweep record %s: %s", path, e)
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("skipping sweep record %s: %s", path, f"{type(e).__name__}: {e}".splitlines()[0])
+            continue  # a record cut short or hand-edited: its runs are still found below
+        found.setdefault(key, []).extend(p for p in pairs if p not in found[key])
+        corpus_of[key] = doc["corpus"]
     for run in out.run_dirs():
         preset, corpus, row, seed = run.path.relative_to(out.root).parts
         pair = (row, int(seed.removeprefix("seed"))) if seed.removeprefix("seed").isdigit() else None

@@ -238,6 +238,26 @@ CASES = {
                                    "give the row another name"),
     "table with a bad cell": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,mine,two\n"),
                               "table {tmp}/t.csv line 2: N must be an integer, got 'two'; fix that cell"),
+    # names are data, never paths (issue 32): a row or group name that would leave --out, on every command that
+    # reads a table (each would train or write where it must not if the check were missing)
+    **{
+        f"{what} row name through {cmd[0]}{' --print-config' if '--print-config' in cmd else ''}": (
+            [*cmd, "--table", "{tmp}/t.csv"], table(f"row,group,N\n{name},mine,2\n"),
+            f"table {{tmp}}/t.csv line 2: row name {name!r} is not a name (letters, digits, '.', '_', '+' or '-', "
+            "starting with a letter or digit, at most 64 characters); rename it")
+        for what, name in (("a traversal", "../../../../escape"), ("an absolute", "/abs/x"))
+        for cmd in (TRAIN + ["--row", name], T3 + ["--rows", name, "--max-steps", "1"],
+                    ["train", "--row", name, "--print-config"], ["rows"])
+    },
+    "a group name that is a path": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,../g,2\n"),
+                                    "table {tmp}/t.csv line 2: group name '../g' is not a name (letters, digits, '.', "
+                                    "'_', '+' or '-', starting with a letter or digit, at most 64 characters); "
+                                    "rename it"),
+    "a negative seed": (TRAIN + ["--seed", "-1"], None,
+                        "argument --seed: expected an integer of at least 0, got -1; see `aiayn train --help`"),
+    "a negative seed in a config": (TRAIN + ["--config", "{tmp}/t.csv"], table("seed: -1\n"),
+                                    "argument --seed: expected an integer of at least 0, got -1; see `aiayn train "
+                                    "--help`"),
     "missing table": (["rows", "--table", "{tmp}/none.csv"], None,
                       "table {tmp}/none.csv does not exist; pass --table with a CSV file in the layout of "
                       "ablations/extended.csv"),
@@ -282,3 +302,62 @@ def test_bad_input_is_one_exact_line_exit_2_and_writes_nothing(case, tmp_path, c
     err = [line for line in capsys.readouterr().err.splitlines(keepends=True) if not line.startswith("INFO ")]
     assert (code, err) == (2, [f"aiayn: error: {message.replace('{tmp}', str(tmp_path))}\n"])
     assert tree(tmp_path) == before  # no run directory, report, database, lock or cache entry under it
+
+
+@pytest.mark.parametrize(
+    "record, metrics, expected",
+    [
+        ({"preset": "../../..", "corpus": "synthetic", "pairs": [["base", 0]]}, None, "holds no sweep"),
+        ({"preset": "tiny", "corpus": "synthetic", "pairs": [["base"]]}, None, "holds no sweep"),
+        ({"preset": "tiny", "corpus": "synthetic", "pairs": [[1, 2]]}, None, "holds no sweep"),
+        ({"preset": "tiny", "corpus": "../x", "pairs": [["base", 0]]}, None, "holds no sweep"),
+        ({"preset": "tiny", "corpus": "synthetic", "pairs": [["base", 0]]}, {"dev_bleu": "high"},
+         "failed     unreadable metrics.json (dev_bleu 'high' is not a number); delete it to run the pair again"),
+        ({"preset": "tiny", "corpus": "synthetic", "pairs": [["base", 0]]}, {"status": "failed", "error": 5},
+         "failed     unreadable metrics.json (error 5 is not text); delete it to run the pair again"),
+    ],
+)  # fmt: skip
+def test_status_on_odd_records_is_lines_never_a_traceback_and_writes_nothing(tmp_path, capsys, record, metrics,
+                                                                              expected):  # fmt: skip
+    runs = tmp_path / "runs"
+    (runs / "sweeps").mkdir(parents=True)
+    (runs / "sweeps" / "x.json").write_text(json.dumps(record))
+    if metrics is not None:
+        run = runs / "tiny" / "synthetic" / "base" / "seed0"
+        run.mkdir(parents=True)
+        (run / "metrics.json").write_text(json.dumps({"row": "base", "seed": 0, "preset": "tiny",
+                                                      "status": "completed", **metrics}))  # fmt: skip
+    before = tree(tmp_path)
+    code = main(["status", str(runs)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and expected in out + err
+    assert code == (2 if "no sweep" in expected else 0)
+    assert tree(tmp_path) == before and not (tmp_path.parent / ".locks").exists()
+
+
+def test_a_report_skips_a_metrics_json_of_the_wrong_types_with_a_line(tmp_path, capsys):
+    runs = tmp_path / "runs" / "tiny" / "synthetic"
+    for row, ppl in (("base", 2.0), ("A1", "abc")):
+        (runs / row / "seed0").mkdir(parents=True)
+        (runs / row / "seed0" / "metrics.json").write_text(
+            json.dumps(
+                {"row": row, "seed": 0, "preset": "tiny", "status": "completed", "dev_ppl": ppl, "dev_bleu": 1.0}
+            )
+        )
+    assert main(["report", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "table3-tiny.md").read_text(encoding="utf-8")
+    assert "  - `tiny/synthetic/A1/seed0/metrics.json`: dev_ppl 'abc' is not a number" in md
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_run_config_whose_row_is_a_path_is_refused_before_anything_is_written(tmp_path, capsys):
+    spec = resolve("base", "tiny").to_dict()
+    spec["row"] = "../../escape"
+    config = RunConfig(spec, DataIdentity("synthetic", None, 1000), TrainPlan(0, 2, 1, 1, 1024, "32-true"),
+                       options={"row": "../../escape", "max_steps": 2, "accelerator": "cpu"})  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    before = tree(tmp_path)
+    code = main(["train", "--config", str(tmp_path / "config.json"), "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("aiayn: error: row name '../../escape' is not a name")
+    assert tree(tmp_path) == before

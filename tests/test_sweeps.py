@@ -72,8 +72,13 @@ def test_grid_is_the_presets_scored_rows_by_default_or_the_rows_asked_for_times_
     assert grid(opts(tmp_path, rows="C2")) == [("C1", 0)]
     more_base = Selection(rows="base,A1", seeds=2, base_seeds=3, first_seed=5).pairs(PRESETS["tiny"])
     assert more_base == [("base", 5), ("base", 6), ("base", 7), ("A1", 5), ("A1", 6)]
-    evidence = Selection().pairs(PRESETS["evidence"])  # the preset's own seeds: 4 per row, 8 for base
-    assert evidence == [("base", s) for s in range(8)] + [(r, s) for r in scored_rows("evidence") for s in range(4)]
+    # the preset's own seeds: 4 per row, 8 for base and for the rows predicted equivalent to it (A3, E1)
+    evidence = Selection().pairs(PRESETS["evidence"])
+    assert evidence == [("base", s) for s in range(8)] + [
+        (r, s) for r in scored_rows("evidence") for s in range(8 if r in ("A3", "E1") else 4)
+    ]
+    assert len(evidence) == 8 * 3 + 4 * 9
+    assert Selection(seeds=2).pairs(PRESETS["evidence"])[8:10] == [("A1", 0), ("A1", 1)]  # --seeds: every row
 
 
 def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):

@@ -39,6 +39,7 @@ def option(
     *,
     choices: tuple | None = None,
     positive: bool = False,
+    at_least: int | None = None,
     flag: str | None = None,
     metavar: str | None = None,
     parse=None,
@@ -49,7 +50,7 @@ def option(
     """A dataclass field that is also a command-line option. `parse` turns the repeated string values
     of a `dict` field into the dict, `render` the dict back into those strings; `cli=False` keeps a
     field off the command line."""
-    meta = {_KEY: dict(help=help, choices=choices, positive=positive, flag=flag, metavar=metavar,
+    meta = {_KEY: dict(help=help, choices=choices, positive=positive, at_least=at_least, flag=flag, metavar=metavar,
                        parse=parse, render=render, cli=cli)}  # fmt: skip
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
@@ -57,8 +58,8 @@ def option(
 
 
 def _meta(f: dataclasses.Field) -> dict:
-    return f.metadata.get(_KEY, {"cli": True, "help": "", "choices": None, "positive": False, "flag": None,
-                                 "metavar": None, "parse": None, "render": None})  # fmt: skip
+    return f.metadata.get(_KEY, {"cli": True, "help": "", "choices": None, "positive": False, "at_least": None,
+                                 "flag": None, "metavar": None, "parse": None, "render": None})  # fmt: skip
 
 
 def _base_type(hint):
@@ -101,6 +102,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_at_least(least: int):
+    """An argparse type: an integer of at least `least` (`--seed`: 0 or more)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {value}")
+        return value
+
+    return parse
+
+
 def flag_of(f: dataclasses.Field) -> str:
     return _meta(f)["flag"] or "--" + f.name.replace("_", "-")
 
@@ -131,7 +147,8 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None,
         elif base in (tuple, list, dict):
             kw.update(action="append", default=None)
         else:
-            kw["type"] = positive_int if meta["positive"] else base
+            least = meta.get("at_least")
+            kw["type"] = positive_int if meta["positive"] else int_at_least(least) if least is not None else base
             if meta["choices"]:
                 kw["choices"] = meta["choices"]
         kw["help"] = kw["help"].replace("%", "%%")  # argparse formats help with %
