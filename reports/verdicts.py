@@ -94,13 +94,18 @@ def convergence_drop(curve: pd.DataFrame, rule: str = "endpoints", metric: str =
 
 def smoothing_floor(eps_ls: float, vocab_size: int) -> float:
     """The dev perplexity of a model that predicts its label-smoothed target exactly, against one-hot references:
-    probability 1 − ε + ε/V on every reference token, so 1/(1 − ε + ε/V) (1.111 for ε 0.1 and V 1000). A smoothed
-    model can only be above it; a row whose difference from base is this floor's tests the arithmetic of
-    smoothing, not the paper."""
+    probability 1 − ε + ε/V on every reference token, so 1/(1 − ε + ε/V) (1.111 for ε 0.1 and V 1000). Where a
+    model has nearly no errors left, rows that change ε differ from base by these floors: a test of the arithmetic
+    of smoothing, not of the paper."""
     return 1.0 / (1.0 - eps_ls + eps_ls / vocab_size)
 
 
-CHECK_TOLERANCE = 0.005  # a row's dev PPL may sit this far (relative) below its floor before the check fails
+# How far (relative) below its floor a row's dev PPL may sit before the check fails. A trained model is not exactly
+# at the smoothed optimum: the smoothed loss barely charges extra confidence on the reference (p = 0.95 instead of
+# 0.90 costs 0.02 nats when the rest is spread evenly), and attempt 4's R1 pilot ended base at 1.081 against its
+# 1.111, 2.7% below (BENCHMARKS.md). Smoothing that is not applied at all puts ε 0.2's row near 1.0, 20% below its
+# 1.25: that is what the check catches.
+CHECK_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)

@@ -271,6 +271,8 @@ def test_label_smoothings_floor_is_a_check_never_a_score(monkeypatch):
     floors = {"D4": verdicts.smoothing_floor(0.2, 1000), "D3": 1.0}
     out = verdicts.judge("x", values, {"base": True, "D4": True, "D3": True}, floors)
     assert out["D4"].verdict == stats.CHECK_PASSED and out["D4"].floor == pytest.approx(1.2497, abs=1e-4)
-    below = verdicts.judge("x", {**values, "D4": {"ppl": [1.20, 1.21]}}, {}, floors)
-    assert below["D4"].verdict == stats.CHECK_FAILED  # a smoothed model below its own floor: smoothing is broken
+    near = verdicts.judge("x", {**values, "D4": {"ppl": [1.20, 1.21]}}, {}, floors)
+    assert near["D4"].verdict == stats.CHECK_PASSED  # 3.6% below: a trained model is not exactly at its target
+    below = verdicts.judge("x", {**values, "D4": {"ppl": [1.02, 1.03]}}, {}, floors)
+    assert below["D4"].verdict == stats.CHECK_FAILED  # 18% below ε 0.2's floor: as if it were not smoothed at all
     assert verdicts.score(out)["scored"] == 0 and len(verdicts.score(out)["checks"]) == 2
