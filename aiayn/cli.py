@@ -382,7 +382,17 @@ def _print_config(opts, args) -> bool:
         return False
     import yaml
 
-    sys.stdout.write(yaml.safe_dump(to_config(opts, skip=args.options_of[1]), sort_keys=False))
+    from aiayn.common.secrets import redact
+
+    text = yaml.safe_dump(to_config(opts, skip=args.options_of[1]), sort_keys=False)
+    masked = redact(text)  # a password in --storage, a key in --setup: never printed, so never in a file from it
+    sys.stdout.write(masked)
+    if masked != text:
+        print(
+            "aiayn: secrets in these options are printed as ***: put them back where the file is read (e.g. "
+            "--storage 'postgresql://user:$PGPASSWORD@host/db', expanded from the environment)",
+            file=sys.stderr,
+        )
     return True
 
 

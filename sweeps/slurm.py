@@ -32,6 +32,7 @@ which differs between array tasks.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -46,6 +47,7 @@ from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
+from aiayn.common.secrets import redact
 from aiayn.lightning_modules import disk, loggers
 from aiayn.lightning_modules.corpora import canonical_corpus
 from aiayn.lightning_modules.options import TrainOptions
@@ -494,6 +496,15 @@ class SlurmBackend(Backend):
         return submit(self.opts, todo)
 
 
+def write_script(path: Path, text: str) -> Path:
+    """An sbatch script, atomically; readable by its owner alone when it holds a secret (a key in --setup, a password
+    in --storage), which the job needs verbatim, so it is kept out of other users' reach instead of masked."""
+    written = atomic_write_text(path, text)
+    if redact(text) != text:
+        os.chmod(written, 0o600)
+    return written
+
+
 def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dict:
     """Check, write the script, submit it (unless a dry run), optionally wait; return a summary
     (`results`: each pair's outcome, after --wait)."""
@@ -508,9 +519,9 @@ def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dic
         text = render(opts, pending, per_node)
         summary["disk"] = disk_line(opts, pending)
         new_dir = first_missing(script_path(opts).parent / "logs")
-        path = atomic_write_text(script_path(opts), text)
+        path = write_script(script_path(opts), text)
         (path.parent / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's directory
-        summary.update(script=str(path), text=text)
+        summary.update(script=str(path), text=redact(text))  # what a dry run prints: never a secret
         if not opts.dry_run:
             try:
                 job = sbatch(path)
@@ -523,7 +534,7 @@ def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dic
             books.record_sweep(out_of(opts), get_preset(opts.train.preset).name, corpus_of(opts), todo, "slurm")
         report = report_dir(opts.report, opts.train.out) if opts.kind == "table3" and not opts.wait else None
         if report is not None:  # the report after the array, as a job of its own (--wait writes it here instead)
-            report_script = atomic_write_text(report_script_path(opts), render_report(opts, report))
+            report_script = write_script(report_script_path(opts), render_report(opts, report))
             summary["report_script"] = str(report_script)
             if not opts.dry_run:
                 try:

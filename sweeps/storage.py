@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import optuna
@@ -33,8 +34,16 @@ def check_url(url: str) -> str:
     return scheme
 
 
+def expand(url: str) -> str:
+    """A storage URL with `$NAME` / `${NAME}` taken from the environment, so that a config file (and what
+    --print-config prints) can name a password without holding it: postgresql://user:$PGPASSWORD@host/db."""
+    return os.path.expandvars(url)
+
+
 def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.BaseStorage:
-    """`sqlite:///PATH`, `postgresql://USER:PASS@HOST/DB`, `mysql://…`, or `journal:///PATH` (a file)."""
+    """`sqlite:///PATH`, `postgresql://USER:PASS@HOST/DB`, `mysql://…`, or `journal:///PATH` (a file); `$NAME` in it
+    is taken from the environment."""
+    url = expand(url)
     scheme = check_url(url)
     if scheme == "journal":
         return JournalStorage(JournalFileBackend(url.split(":", 1)[1].removeprefix("//")))

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -389,3 +390,21 @@ def test_wait_exits_1_and_names_the_log_when_a_task_fails(cluster, cache, tmp_pa
     log_file = Path(line.split("; see ")[1])
     assert "no metrics.json" in line and log_file.is_file()
     assert "aiayn: error: " in log_file.read_text() and "no-such-corpus" in log_file.read_text()
+
+
+def test_a_secret_in_setup_is_never_printed_and_its_script_is_private(tmp_path, capsys):
+    """A key in --setup must reach the job verbatim, so the .sbatch keeps it but only its owner can read it; the dry
+    run's printout and --print-config mask it (issue 32)."""
+    out = tmp_path / "runs"
+    setup = "export HF_TOKEN=hf_abcdefghijklmnop; source venv/bin/activate"
+    argv = ["slurm", "table3", *ARGS_CPU, "--rows", "base", "--setup", setup, "--out", str(out), "--dry-run"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "hf_abcdefghijklmnop" not in printed and "HF_TOKEN=***" in printed
+    script = out / "slurm" / "aiayn-table3-tiny.sbatch"
+    assert "hf_abcdefghijklmnop" in script.read_text() and stat.S_IMODE(script.stat().st_mode) == 0o600
+    assert main([*argv, "--print-config"]) == 0
+    assert "hf_abcdefghijklmnop" not in capsys.readouterr().out
+    plain = tmp_path / "plain"
+    assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(plain), "--dry-run"]) == 0
+    assert stat.S_IMODE((plain / "slurm" / "aiayn-table3-tiny.sbatch").stat().st_mode) & 0o044  # others may read

@@ -655,3 +655,17 @@ def test_a_trainer_dies_with_its_driver(tmp_path):
         time.sleep(0.05)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the child outlived its killed parent")
+
+
+def test_print_config_masks_a_storage_password_and_a_dollar_reference_reads_the_environment(
+    tmp_path, capsys, monkeypatch
+):
+    from aiayn.sweeps.storage import expand
+
+    url = "postgresql://aiayn:s3cr3t-pw@db.example/aiayn"
+    assert main(["table3", "--storage", url, "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "s3cr3t-pw" not in out and "postgresql://aiayn:***@db.example/aiayn" in out
+    assert "printed as ***" in err
+    monkeypatch.setenv("PGPASSWORD_TEST", "s3cr3t-pw")
+    assert expand("postgresql://aiayn:$PGPASSWORD_TEST@db.example/aiayn") == url
