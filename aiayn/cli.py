@@ -180,13 +180,13 @@ def cmd_score(args) -> None:
 
 
 def cmd_translate(args) -> None:
-    from aiayn.common.files import atomic_write_text, check_writable_dir
+    from aiayn.common.files import atomic_write_text, check_writable_file
     from aiayn.lightning_modules.ct2 import load_translator
     from aiayn.lightning_modules.translate import read_sentences
 
     opts = from_args(TranslateOptions, args)
     if opts.output:
-        check_writable_dir(Path(opts.output).parent, "--output")
+        check_writable_file(opts.output, "--output")
     lines = read_sentences(opts.input)  # all of it, checked, before anything is decoded or written
     translator = load_translator(opts.model)
     text = "".join(line + "\n" for line in translator.translate(lines, name="input line"))
@@ -204,8 +204,10 @@ def cmd_export(args) -> None:
 
 
 def cmd_average(args) -> None:
+    from aiayn.common.files import check_writable_file
     from aiayn.lightning_modules.checkpoints import average, last_checkpoints
 
+    check_writable_file(args.out, "--out")
     chosen = last_checkpoints(args.run, args.last)
     out = average(chosen, args.out)
     print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {out}")

@@ -265,7 +265,11 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
     except Exception as e:
         if trainer.is_global_zero:
             status = hooks.status_of(e) or "failed"
-            metrics = p.run.write_metrics(p.config, status, kind=hooks.kind, error=f"{type(e).__name__}: {e}")
+            try:
+                metrics = p.run.write_metrics(p.config, status, kind=hooks.kind, error=f"{type(e).__name__}: {e}")
+            except (OSError, UserError) as again:  # a full disk refuses this record too: the first error is the news
+                log.warning("could not record the failure in %s: %s", p.run.metrics_file, again)
+                metrics = RunMetrics(p.spec.row, opts.seed, p.preset.name, status, error=f"{type(e).__name__}: {e}")
             wandb_run.finish(trainer, metrics, exit_code=1)
         raise
     p.train_time = time.perf_counter() - started

@@ -54,11 +54,20 @@ def checkpoint(tmp: Path, kind: str) -> None:
     if kind == "foreign":
         torch.save({"state_dict": {}}, path)
         return
+    if kind == "smuggled":  # a callable by __reduce__: torch 2.13 words this refusal apart from a class's
+        ckpt["planted"] = Smuggled()
     if kind == "other-config":  # weights of d_ff=32 under a config that says d_ff=64
         ckpt["hyper_parameters"]["model_cfg"] = dict(cfg, d_ff=64)
     torch.save(ckpt, path)
     if kind == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
+
+
+class Smuggled:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo this ran",))
 
 
 def table(text: str):
@@ -190,6 +199,14 @@ CASES = {
     "truncated checkpoint": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "truncated"),
                              "checkpoint {tmp}/model.ckpt is unreadable (RuntimeError); it is truncated or not an "
                              "aiayn checkpoint"),
+    "checkpoint smuggling a callable": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "smuggled"),
+                                        "checkpoint {tmp}/model.ckpt holds a pickled Python object (posix.system), "
+                                        "which could run code when loaded; aiayn loads tensors and plain data only: "
+                                        "use a checkpoint that aiayn wrote"),
+    "translate into a directory": (["translate", "--ckpt", "{tmp}/model.ckpt", "--output", "{tmp}"], None,
+                                   "--output {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)"),
+    "average into a directory": (["average", "--run", "{tmp}", "--out", "{tmp}"], None,
+                                 "--out {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)"),
     "checkpoint of another config": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "other-config"),
                                      "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading "
                                      "state_dict for Transformer:)"),

@@ -24,3 +24,37 @@ def test_a_new_file_gets_umask_permissions_not_mkstemps_owner_only(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_space_it_needed(tmp_path, monkeypatch):
+    """torch's zip writer reports a full disk as "unexpected pos ..." (a RuntimeError), plain writes as ENOSPC: both
+    are one DiskFull line naming the file and about how much it needed, and nothing is left behind."""
+    import errno
+    import shutil
+
+    import torch
+
+    from aiayn.common import files
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+
+    def full(obj, f):
+        f.write(b"x" * 10)
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(files.DiskFull) as e:
+        files.atomic_torch_save({"w": torch.zeros(1024, 1024)}, tmp_path / "last.ckpt")  # 4 MB of tensors
+    assert str(e.value) == (
+        f"no space left to write {tmp_path / 'last.ckpt'} (it needs about 4.0 MB, 1000 bytes "
+        "free); free space on that disk or write somewhere with room (e.g. --out on another disk)"
+    )
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(files.DiskFull, match="metrics.json \\(it needs more space, 1000 bytes free\\)"):
+        with files.atomic_open(tmp_path / "metrics.json") as f:
+            f.write("{}")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(RuntimeError, match="a bug"):  # not a question of space: passes through as it is
+        monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 0, 10**9))
+        with files.atomic_open(tmp_path / "x.txt") as f:
+            raise RuntimeError("a bug")

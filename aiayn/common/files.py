@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -62,9 +63,10 @@ def atomic_symlink(target: str | os.PathLike, link: str | os.PathLike) -> None:
 
 
 @contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w"):
+def atomic_open(path: str | os.PathLike, mode: str = "w", need: int | None = None):
     """A file to write `path` through: on success it is fsynced and renamed over `path`; on any error
-    (or a kill) `path` keeps its old content or stays absent, and the temporary file is removed."""
+    (or a kill) `path` keeps its old content or stays absent, and the temporary file is removed. A write the disk
+    has no room for is a `DiskFull` naming the path and what it needed (`need`: bytes, where the caller knows)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temp_beside(path)
@@ -74,8 +76,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "w"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        full = _disk_full(path, e, need) if isinstance(e, Exception) and not isinstance(e, UserError) else None
+        if full is not None:
+            raise full from None
         raise
 
 
@@ -117,6 +122,44 @@ def atomic_directory(path: str | os.PathLike, flag: str = "--out"):
         raise
 
 
+def check_writable_file(path: str | os.PathLike, flag: str) -> None:
+    """A UserError unless `path` can be written as a file: its directory exists or can be created, and it is not a
+    directory itself (checked before any work, so a command does not compute everything and then fail to write)."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a directory; pass a file name (e.g. {path / 'out.txt'})")
+    check_writable_dir(path.parent if str(path.parent) else Path("."), flag)
+
+
+class DiskFull(UserError):
+    """A write that the filesystem refused for want of space: one line naming the file and what it needed."""
+
+
+def _disk_full(path: Path, error: BaseException, need: int | None) -> DiskFull | None:
+    """The DiskFull a failed write of `path` means, or None when space is not what failed: an OSError ENOSPC, or any
+    error of a writer (torch's zip writer says "unexpected pos") on a filesystem left with less than it needed."""
+    if isinstance(error, OSError) and error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    if not (isinstance(error, OSError) or (free is not None and free < max(need or 0, 1 << 20))):
+        return None
+    needs = f"about {_size(need)}" if need else "more space"
+    left = f", {_size(free)} free" if free is not None else ""
+    return DiskFull(f"no space left to write {path} (it needs {needs}{left}); free space on that disk or write "
+                    "somewhere with room (e.g. --out on another disk)")  # fmt: skip
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_open(path) as f:
         f.write(text)
@@ -130,9 +173,20 @@ def atomic_write_json(path: str | os.PathLike, obj) -> Path:
 def atomic_torch_save(obj, path: str | os.PathLike) -> Path:
     import torch  # lazily: the CLI's light commands import this module without torch
 
-    with atomic_open(path, "wb") as f:
+    with atomic_open(path, "wb", need=_tensor_bytes(obj)) as f:
         torch.save(obj, f)
     return Path(path)
+
+
+def _tensor_bytes(obj) -> int:
+    """The bytes of the tensors in `obj` (nested dicts, lists, tuples): about what torch.save writes."""
+    if hasattr(obj, "nbytes") and hasattr(obj, "untyped_storage"):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 class UnsafeFile(UserError):
@@ -151,12 +205,16 @@ def load_torch_file(path: str | os.PathLike, **kwargs):
     try:
         return torch.load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if found is None:  # random bytes and other damage: not a question of safety
+        # torch words the refusal by what it met: "Unsupported global: GLOBAL mod.Class was not an allowed global"
+        # for a class, "Trying to load unsupported GLOBAL posix.system whose module posix is blocked" for a callable
+        # a __reduce__ smuggles in (torch 2.13); both name it after GLOBAL
+        found = re.search(r"\bGLOBAL (\S+)", str(e))
+        if found is None and "Weights only load failed" not in str(e):  # random bytes and other damage
             raise
+        what = f" ({found[1]})" if found else ""
         raise UnsafeFile(
-            f"{path} holds a pickled Python object ({found[1]}), which could run code when loaded; aiayn loads "
-            f"tensors and plain data only: use a checkpoint that aiayn wrote"
+            f"{path} holds a pickled Python object{what}, which could run code when loaded; aiayn loads tensors and "
+            f"plain data only: use a checkpoint that aiayn wrote"
         ) from None
 
 
