@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Selection:
     """The rows × seeds of a sweep (`aiayn table3`, `aiayn slurm`): each row `seeds`, base `base_seeds`, and so does
-    a row the preset predicts equivalent to base (unless --seeds is given)."""
+    a row the preset predicts equivalent to base; a row it reports as a check, one (unless --seeds is given)."""
 
     rows: str | None = option(
         None, "row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the "
@@ -35,8 +35,9 @@ class Selection:
         """The rows to train, in table order; a row the preset's rule maps onto another (`Preset.aliases`) is
         trained once, under that row's name."""
         spec = self.rows if self.rows is not None else preset.rows
-        if spec == "scored":
-            rows = ["base", *scored_rows(preset.name)]
+        if spec == "scored":  # the pre-registered tests, base, and the rows reported as checks (label smoothing's)
+            checks = [r for r, p in predictions(preset.name).items() if p.check]
+            rows = ["base", *scored_rows(preset.name), *checks]
         else:
             rows = select_rows(spec, self.extended, tables)
         same = dict(preset.aliases)
@@ -52,10 +53,13 @@ class Selection:
         if self.first_seed < 0 or self.first_seed + base_seeds - 1 > MAX_SEED:
             raise UserError(f"seeds {self.first_seed}..{self.first_seed + base_seeds - 1} are outside 0..{MAX_SEED}; "
                             f"pass a smaller --first-seed or fewer seeds")  # fmt: skip
-        # an equivalence claim needs the power of base's seeds on its side too (ablations/predictions.csv)
-        equivalent = {r for r, p in predictions(preset.name).items() if p.equivalence} if self.seeds is None else set()
+        # an equivalence claim needs the power of base's seeds on its side too; a check (a row compared with its own
+        # floor, not with base over seeds) one seed (ablations/predictions.csv)
+        registered = predictions(preset.name) if self.seeds is None else {}
+        equivalent = {r for r, p in registered.items() if p.equivalence}
+        checks = {r for r, p in registered.items() if p.check}
         out = []
         for row in self.row_names(preset, tables):
-            n = base_seeds if row == "base" or row in equivalent else seeds
+            n = base_seeds if row == "base" or row in equivalent else 1 if row in checks else seeds
             out += [(row, seed) for seed in range(self.first_seed, self.first_seed + n)]
         return out

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_directory, check_new_directory, sha256_bytes
+from aiayn.common.secrets import redact
 from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
 from aiayn.lightning_modules.options import CT2_QUANTIZATIONS, ExportOptions
 
@@ -205,6 +206,34 @@ def write_marian_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, da
     return tokenizer
 
 
+def write_fast_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig):
+    """Our joint SentencePiece model as a Transformers fast tokenizer (tokenizer.json, read by AutoTokenizer): the
+    same pieces and ids as SentencePiece's own encoding (transformers' SpmConverter builds it from the model file:
+    its normalizer, whitespace handling and BPE merges ranked by piece score), and, unlike MarianTokenizer, no
+    `</s>` appended to a source, because aiayn's models were trained without one: the defaults give aiayn's
+    translations. Returns the tokenizer."""
+    import sentencepiece as spm
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
+
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    spec = import_protobuf().ModelProto()
+    spec.ParseFromString(proto)
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    built = SpmConverter.build_tokenizer_from_spm_proto(spec, vocab)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=built, unk_token=sp.id_to_piece(UNK), eos_token=sp.id_to_piece(EOS),
+        pad_token=sp.id_to_piece(PAD), bos_token=sp.id_to_piece(BOS), model_max_length=cfg.max_len,
+        clean_up_tokenization_spaces=False,
+    )  # fmt: skip
+    probe = ["A man rides a bike.", "Ein Mann fährt Fahrrad.", "  two  spaces  "]
+    if [tokenizer(x).input_ids for x in probe] != [sp.encode(x) for x in probe]:
+        raise UserError("this SentencePiece model cannot be expressed as a Transformers fast tokenizer here (its "
+                        "pieces differ); export with --format ctranslate2")  # fmt: skip
+    tokenizer.save_pretrained(str(where))
+    return tokenizer
+
+
 def generation_config(cfg: TransformerConfig, beam: int, alpha: float):
     """Transformers' generation defaults closest to aiayn's decoding: beam 4, α 0.6, stop once `beam`
     hypotheses have ended (fairseq's rule, aiayn's), PAD, UNK and BOS never generated, EOS forced at the length
@@ -223,12 +252,18 @@ def generation_config(cfg: TransformerConfig, beam: int, alpha: float):
 # --- writing --------------------------------------------------------------------------------------
 
 
-def write_hf(model: Transformer, proto: bytes, where: Path, *, data: dict, beam: int, alpha: float) -> None:
-    """MarianMTModel (config.json, model.safetensors, generation_config.json) and MarianTokenizer into `where`."""
+def write_hf(model: Transformer, proto: bytes, where: Path, *, data: dict, beam: int, alpha: float,
+             tokenizer: str = "fast") -> None:  # fmt: skip
+    """MarianMTModel (config.json, model.safetensors, generation_config.json) and its tokenizer into `where`: the
+    fast tokenizer AutoTokenizer loads (`tokenizer="fast"`, what `aiayn export` publishes), or MarianTokenizer's
+    files (`"marian"`, what CTranslate2's converter reads)."""
     hf = to_marian(model)
     hf.generation_config = generation_config(model.cfg, beam, alpha)
     hf.save_pretrained(str(where))
-    write_marian_tokenizer(proto, where, model.cfg, data)
+    if tokenizer == "fast":
+        write_fast_tokenizer(proto, where, model.cfg)
+    else:
+        write_marian_tokenizer(proto, where, model.cfg, data)
 
 
 def ct2_converter(hf_dir: Path):
@@ -264,7 +299,7 @@ def write_ct2(model: Transformer, proto: bytes, where: Path, *, data: dict, quan
     with tempfile.TemporaryDirectory(prefix=".hf-", dir=where.parent) as tmp:
         hf_dir = Path(tmp) / "hf"
         hf_dir.mkdir()
-        write_hf(model, proto, hf_dir, data=data, beam=4, alpha=0.6)
+        write_hf(model, proto, hf_dir, data=data, beam=4, alpha=0.6, tokenizer="marian")
         converted = Path(tmp) / "ct2"
         ct2_converter(hf_dir).convert(str(converted), quantization=quantization)
         for file in converted.iterdir():
@@ -329,22 +364,92 @@ def export(opts: ExportOptions) -> Path:
     record = export_record(opts.format, model, proto, data=translator.data, checkpoints=translator.checkpoints,
                            beam=translator.beam, alpha=translator.alpha, extra_len=translator.extra_len,
                            quantization=opts.quantization if opts.format == "ctranslate2" else None)  # fmt: skip
+    record["run"] = run_summary(translator.run_config, opts.model.run)
     with atomic_directory(out, "--out") as tmp:
         if opts.format == "hf":
             write_hf(model, proto, tmp, data=translator.data, beam=translator.beam, alpha=translator.alpha)
         else:
             write_ct2(model, proto, tmp, data=translator.data, quantization=opts.quantization)
         (tmp / EXPORT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        (tmp / "README.md").write_text(readme(opts.format, record), encoding="utf-8")
+        (tmp / "README.md").write_text(model_card(opts.format, record, opts.license), encoding="utf-8")
     log.info("exported %s to %s (%s)", source, out, opts.format)
+    if opts.push_to_hub:
+        push(out, opts.push_to_hub, private=opts.private)
     return out
 
 
-# --- the export's README ------------------------------------------------------------------------------
+def run_summary(config: dict | None, run_dir: str | None) -> dict:
+    """What the model card says of the run: its Table 3 row, preset and deviations (from the config the checkpoint
+    carries), and its dev results (from the run directory's metrics.json, where there is one)."""
+    spec = (config or {}).get("spec") or {}
+    out = {"row": spec.get("row"), "preset": (spec.get("preset") or {}).get("name"), "corpus": spec.get("corpus"),
+           "deviations": [d.get("text") for d in spec.get("deviations") or [] if isinstance(d, dict)],
+           "paper": spec.get("paper")}  # fmt: skip
+    if run_dir:
+        from aiayn.lightning_modules.rundir import RunDir
+
+        metrics = RunDir(Path(run_dir)).read_metrics()
+        if metrics is not None and metrics.completed:
+            out.update(dev_bleu=metrics.dev_bleu, dev_bleu_signature=metrics.dev_bleu_signature,
+                       dev_ppl=metrics.dev_ppl, dev_sentences=metrics.dev_sentences, steps=metrics.steps,
+                       commit=metrics.commit)  # fmt: skip
+    return out
+
+
+def push(folder: Path, repo: str, *, private: bool = False) -> None:
+    """Upload an export to the Hugging Face Hub model repository `repo` (created if it does not exist), through
+    huggingface_hub; any refusal (no token, no access, no network) is one line."""
+    hub = require("huggingface_hub", "hf", "aiayn export --push-to-hub")
+    api = hub.HfApi()
+    try:
+        api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+        info = api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model",
+                                 commit_message="aiayn export")  # fmt: skip
+    except Exception as e:  # HfHubHTTPError, an OSError of the network, a missing token
+        reason = redact(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        raise UserError(f"could not push {folder} to the Hub repository {repo} ({reason}); the export is written "
+                        f"there: log in (`hf auth login` or HF_TOKEN) and push it again with huggingface_hub, or "
+                        f"rerun with a new --out") from None  # fmt: skip
+    log.info("pushed %s to https://huggingface.co/%s (%s)", folder, repo, getattr(info, "commit_url", "") or "")
+
+
+# --- the export's README: a model card -------------------------------------------------------------
+
+HUB_DATASETS = {"wmt14": "wmt/wmt14", "multi30k": "bentrevett/multi30k"}  # our corpus names -> the Hub's
+
+
+def model_card(fmt: str, record: dict, license: str = "mit") -> str:
+    """README.md of an export: Hub metadata (languages, license, datasets, the dev BLEU with its sacreBLEU
+    signature as a model-index result) through huggingface_hub's ModelCardData, then how to use it, the Table 3 row
+    it is, and where it leaves the paper."""
+    body = readme(fmt, record)
+    try:
+        from huggingface_hub import EvalResult, ModelCardData
+    except ImportError:  # the card's text is all a CTranslate2 user needs
+        return body
+    run, data = record.get("run") or {}, record.get("data") or {}
+    langs = [x for x in (data.get("src_lang"), data.get("tgt_lang")) if x]
+    corpus = run.get("corpus") or data.get("corpus") or ""
+    dataset = HUB_DATASETS.get(corpus) or (corpus[3:].split(":")[0] if corpus.startswith("hf:") else None)
+    results = None
+    if run.get("dev_bleu") is not None:
+        results = [EvalResult(task_type="translation", task_name=f"Translation {'-'.join(langs)}",
+                              dataset_type=dataset or corpus or "unknown", dataset_name=corpus or "unknown",
+                              dataset_split="dev", metric_type="bleu", metric_value=run["dev_bleu"],
+                              metric_name="sacreBLEU (dev, beam search)", metric_config=run.get("dev_bleu_signature"),
+                              source_name="aiayn")]  # fmt: skip
+    card = ModelCardData(
+        language=langs or None, license=license, library_name="transformers" if fmt == "hf" else "ctranslate2",
+        pipeline_tag="translation", tags=["translation", "marian", "aiayn", "attention-is-all-you-need"],
+        datasets=[dataset] if dataset else None, metrics=["bleu"], model_name=f"aiayn-{run.get('row') or 'model'}",
+        eval_results=results,
+    )  # fmt: skip
+    return f"---\n{card.to_yaml()}\n---\n\n{body}"
 
 
 def readme(fmt: str, record: dict) -> str:
     cfg, dec = record["model_cfg"], record["decoding"]
+    run = record.get("run") or {}
     langs = f"{record['data'].get('src_lang') or 'source'} → {record['data'].get('tgt_lang') or 'target'}"
     head = (
         f"# aiayn model ({langs}), exported for {'Hugging Face Transformers' if fmt == 'hf' else 'CTranslate2'}\n\n"
@@ -352,28 +457,40 @@ def readme(fmt: str, record: dict) -> str:
         f"d_model={cfg['d_model']}, d_ff={cfg['d_ff']}, h={cfg['h']}, a joint SentencePiece vocabulary of "
         f"{cfg['vocab_size']}, at most {cfg['max_len']} tokens a sentence. From: {', '.join(record['checkpoints'])}. "
         f"`aiayn.json` records the model config, the corpus and the decoding settings.\n\n"
-        "**The source gets no `</s>`.** The model was trained on sources without an end-of-sentence token, so "
-        "encode sources without one, as below.\n\n"
     )
+    if run.get("row"):
+        head += (f"**Table 3 row {run['row']}** at aiayn's preset `{run.get('preset')}` (corpus `{run.get('corpus')}`)"
+                 + (f", trained {run['steps']} steps" if run.get("steps") else "") + ". ")  # fmt: skip
+        if run.get("dev_bleu") is not None:
+            head += (f"Dev BLEU {run['dev_bleu']:.2f} (sacreBLEU `{run.get('dev_bleu_signature')}`, beam search, "
+                     f"{run.get('dev_sentences')} sentences), dev perplexity {run.get('dev_ppl')}"
+                     + (f"; from commit `{run['commit'][:12]}`" if run.get("commit") else "") + ". ")  # fmt: skip
+        deviations = run.get("deviations") or []
+        head += ("Where it leaves the paper: " + "; ".join(deviations) + ".\n\n" if deviations
+                 else "It follows the paper's recipe for its row at this scale.\n\n")  # fmt: skip
     if fmt == "hf":
         return head + _README_HF.format(beam=dec["beam"], alpha=dec["alpha"], extra=dec["extra_len"] + 2)
+    head += ("**The source gets no `</s>`.** The model was trained on sources without an end-of-sentence token, so "
+             "encode sources without one, as below.\n\n")  # fmt: skip
     return head + _README_CT2.format(beam=dec["beam"], alpha=dec["alpha"], extra=dec["extra_len"],
                                      quantization=record.get("quantization"))  # fmt: skip
 
 
 _README_HF = """\
-    from transformers import MarianMTModel, MarianTokenizer
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    tokenizer = MarianTokenizer.from_pretrained("THIS_DIRECTORY")
-    model = MarianMTModel.from_pretrained("THIS_DIRECTORY")
-    batch = tokenizer(["A man rides a bike."], add_special_tokens=False, padding=True, return_tensors="pt")
+    tokenizer = AutoTokenizer.from_pretrained("THIS_DIRECTORY_OR_REPO")
+    model = AutoModelForSeq2SeqLM.from_pretrained("THIS_DIRECTORY_OR_REPO")
+    batch = tokenizer(["A man rides a bike."], padding=True, return_tensors="pt")
     out = model.generate(**batch, max_length=batch.input_ids.shape[1] + {extra})
     tokenizer.batch_decode(out, skip_special_tokens=True)
 
-`add_special_tokens=False` is required: MarianTokenizer appends `</s>` to every source otherwise. The model is
-a `MarianMTModel` (post-LN, ReLU, shared embeddings × √d_model, sinusoidal positions; aiayn's weights with the
-model dimension permuted from the paper's interleaved sinusoids to Marian's sin-then-cos layout, which computes
-the same logits), its weights in `model.safetensors`.
+Transformers 5 has no `pipeline("translation")` (nor `text2text-generation`): call `generate` as above. The
+tokenizer (`tokenizer.json`) encodes exactly as aiayn's SentencePiece model and, as aiayn trained, appends no
+`</s>` to a source: its defaults give aiayn's translations. The model is a `MarianMTModel` (post-LN, ReLU, shared
+embeddings × √d_model, sinusoidal positions; aiayn's weights with the model dimension permuted from the paper's
+interleaved sinusoids to Marian's sin-then-cos layout, which computes the same logits), its weights in
+`model.safetensors`. Use this tokenizer, not `MarianTokenizer`, which would append `</s>`.
 
 `generation_config.json` holds aiayn's decoding as far as Transformers can express it: beam {beam}, length
 penalty {alpha}, stop once {beam} hypotheses have ended (`early_stopping=True`), `<pad>`, `<unk>` and `<s>` never
@@ -381,10 +498,9 @@ generated, `</s>` forced at the length limit. Transformers' length penalty divid
 log-probability by |Y|^α where aiayn (GNMT) divides by ((5 + |Y|) / 6)^α, so a few sentences end differently
 (with `length_penalty=0` both rank by log-probability alone and agree). aiayn limits each sentence to its source
 length + 50 tokens; `max_length` above is the batch's longest source + {extra} (50, the `</s>` and the decoder's
-start token `<s>`), so batch sentences of one length together to limit each as aiayn does. A blank line has no
-tokens to translate: skip it.
+start token `<s>`), so batch sentences of one length together to limit each as aiayn does. A blank line has no tokens to
+translate: skip it.
 """
-
 _README_CT2 = """\
     import ctranslate2
     import sentencepiece as spm

@@ -265,12 +265,18 @@ CT2_QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfl
 
 @dataclass
 class ExportOptions:
-    """`aiayn export`: a trained model for Hugging Face Transformers (MarianMTModel + MarianTokenizer) or
-    CTranslate2 (lightning_modules/export.py)."""
+    """`aiayn export`: a trained model for Hugging Face Transformers (MarianMTModel and a fast tokenizer, with a
+    model card; optionally pushed to the Hub) or CTranslate2 (lightning_modules/export.py)."""
 
     model: ModelSource = field(default_factory=ModelSource)
-    format: str = option("hf", "hf: a MarianMTModel + MarianTokenizer directory; ctranslate2: a CTranslate2 model",
+    format: str = option("hf", "hf: a MarianMTModel + tokenizer directory with a model card; ctranslate2: a "
+                         "CTranslate2 model",
                          choices=("hf", "ctranslate2"))  # fmt: skip
     out: str | None = option(None, "the directory to write (required; new or empty; written whole or not at all)",
                              metavar="DIR")  # fmt: skip
     quantization: str = option("float32", "ctranslate2: the weights' type", choices=CT2_QUANTIZATIONS)
+    push_to_hub: str | None = option(None, "also upload the export to this Hugging Face Hub model repository "
+                                     "(created if need be; the token from HF_TOKEN or `hf auth login`)",
+                                     metavar="REPO")  # fmt: skip
+    private: bool = option(False, "with --push-to-hub: create the repository private")
+    license: str = option("mit", "the model card's license (a Hub license id; the corpus's terms may restrict it)")

@@ -534,21 +534,31 @@ class RunDir:
         return int(_STEP_CKPT.search(found[-1].name)[1]) if found else None
 
     def resume_checkpoint(self) -> Path | None:
-        """The checkpoint a rerun resumes from: the newer of `last.ckpt` (periodic) and `requeue.ckpt`
-        (saved on SLURM's warning signal). Newer = higher global step; an unreadable file (killed
-        mid-save) is passed over."""
+        """The checkpoint a rerun resumes from: the one at the highest global step among `last.ckpt` (periodic),
+        `requeue.ckpt` (saved on SLURM's warning signal) and the periodic stepNNNNNNN.ckpt files that hold the whole
+        state (a kill inside the write of last.ckpt leaves the periodic file of the same step, written just before
+        it: the run goes on from there, not from step 0). On a tie the requeue checkpoint wins, then last.ckpt. An
+        unreadable file (killed mid-save) is passed over; a weights-only one cannot resume a run."""
         best, best_step = None, -1
-        for path in (self.checkpoints / "last.ckpt", self.checkpoints / REQUEUE_CHECKPOINT):
+        candidates = [
+            *self.periodic_checkpoints(),
+            self.checkpoints / "last.ckpt",
+            self.checkpoints / REQUEUE_CHECKPOINT,
+        ]
+        for path in candidates:
             if not path.is_file():
                 continue
             try:  # mmap: reads the step without loading the tensors; weights_only: no code runs (load_torch_file)
-                step = load_torch_file(path, map_location="cpu", mmap=True)["global_step"]
+                state = load_torch_file(path, map_location="cpu", mmap=True)
+                step = state["global_step"]
             except UnsafeFile as e:  # not a kill's leftover: someone put it there
                 raise UserError(f"cannot resume from checkpoint {e}") from None
             except Exception as e:
                 log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
                 continue
-            if step >= best_step:  # on a tie the later candidate (the requeue checkpoint) wins
+            if _STEP_CKPT.search(path.name) and "optimizer_states" not in state:
+                continue  # weights only (--weights-only-checkpoints, or kept for averaging): no optimizer to resume
+            if step >= best_step:  # on a tie the later candidate wins: requeue, then last, then periodic
                 best, best_step = path, step
         return best
 

@@ -29,7 +29,7 @@ import torch
 
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.bleu import bleu
-from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw
+from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_files
 from aiayn.lightning_modules.config import PAPER_DECODING
 from aiayn.lightning_modules.decoding import beam_search, greedy
 from aiayn.lightning_modules.devices import autocast, resolve_precision
@@ -135,6 +135,7 @@ class Translator:
         self.checkpoints = list(checkpoints)
         self.data = dict(data or {})  # the corpus identity the model was trained on (for `eval --split`)
         self.tokenizer_proto = tokenizer  # the SentencePiece model's bytes (`aiayn export` copies them)
+        self.run_config: dict | None = None  # the run's config.json as its checkpoint carries it (`aiayn export`)
 
     # ---- loading
 
@@ -176,8 +177,10 @@ class Translator:
         model = _model(ckpt, paths[-1])
         proto = _tokenizer(ckpt, paths[-1])
         data = ckpt["hyper_parameters"].get("data") or {}
-        return cls(model, proto, device=device, max_len=data.get("max_len"), checkpoints=[str(p) for p in paths],
-                   data=data, **kw)  # fmt: skip
+        translator = cls(model, proto, device=device, max_len=data.get("max_len"),
+                         checkpoints=[str(p) for p in paths], data=data, **kw)  # fmt: skip
+        translator.run_config = run_files(ckpt).get("config")  # config.json, as the checkpoint saved it
+        return translator
 
     # ---- translating
 

@@ -98,10 +98,10 @@ def hf_translate(model, tokenizer, sentences: list[str], **generate) -> tuple[li
     and texts, per sentence."""
     groups = defaultdict(list)
     for i, s in enumerate(sentences):
-        groups[len(tokenizer(s, add_special_tokens=False).input_ids)].append(i)
+        groups[len(tokenizer(s).input_ids)].append(i)
     ids, texts = [[] for _ in sentences], [""] * len(sentences)
     for n, rows in groups.items():
-        batch = tokenizer([sentences[i] for i in rows], add_special_tokens=False, padding=True, return_tensors="pt")
+        batch = tokenizer([sentences[i] for i in rows], padding=True, return_tensors="pt")  # its defaults
         out = model.generate(**batch, max_length=n + 52, **generate)  # + 50, + </s>, + the decoder's start <s>
         for i, row, text in zip(rows, out.tolist(), tokenizer.batch_decode(out, skip_special_tokens=True)):
             ids[i], texts[i] = [t for t in row if t not in (PAD, BOS, EOS)], text
@@ -109,16 +109,17 @@ def hf_translate(model, tokenizer, sentences: list[str], **generate) -> tuple[li
 
 
 def test_the_hf_export_loads_with_transformers_and_computes_aiayns_logits(trained, hf_dir):
-    from transformers import MarianMTModel, MarianTokenizer
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
 
     from aiayn import Translator
 
     run, src, ref = trained
     ours = Translator.from_run(run, device="cpu")
-    model, tokenizer = MarianMTModel.from_pretrained(hf_dir).eval(), MarianTokenizer.from_pretrained(hf_dir)
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval(), AutoTokenizer.from_pretrained(hf_dir)
+    assert isinstance(model, MarianMTModel)
     assert sorted(p.name for p in hf_dir.iterdir()) == [
-        "README.md", "aiayn.json", "config.json", "generation_config.json", "model.safetensors", "source.spm",
-        "target.spm", "tokenizer_config.json", "vocab.json",
+        "README.md", "aiayn.json", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+        "tokenizer_config.json",
     ]  # fmt: skip
     c = model.config
     assert (c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_attention_heads, c.decoder_attention_heads,
@@ -132,12 +133,13 @@ def test_the_hf_export_loads_with_transformers_and_computes_aiayns_logits(traine
         4, 0.6, True, EOS, [PAD, UNK, BOS])  # fmt: skip
     assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()  # one matrix, as ours
 
-    # our token ids, once told not to append </s> (Marian's models were trained with it, ours without)
-    assert tokenizer(src, add_special_tokens=False).input_ids == ours.encode(src)
-    assert tokenizer(src[0]).input_ids == ours.encode(src[:1])[0] + [EOS]
+    # our token ids with the tokenizer's defaults: no </s> appended, as aiayn trained (issue 32: MarianTokenizer's
+    # defaults appended one and translated 4 of 8 sentences otherwise), on sources and references alike
+    assert tokenizer(src).input_ids == ours.encode(src) and tokenizer(ref).input_ids == ours.encode(ref)
+    assert [tokenizer.decode(x) for x in ours.encode(ref)] == [ours.sp.decode(x) for x in ours.encode(ref)]
 
-    batch = tokenizer(src, add_special_tokens=False, padding=True, return_tensors="pt")
-    target = tokenizer(text_target=ref, add_special_tokens=False, padding=True, return_tensors="pt").input_ids
+    batch = tokenizer(src, padding=True, return_tensors="pt")
+    target = tokenizer(text_target=ref, padding=True, return_tensors="pt").input_ids
     tgt_in = torch.cat([torch.full((len(ref), 1), BOS), target], dim=1)  # teacher forcing, as in training
     with torch.no_grad():
         expected = ours.model(batch.input_ids, tgt_in)
@@ -153,12 +155,12 @@ def test_the_hf_export_translates_as_aiayn(trained, hf_dir):
     the finished hypotheses otherwise; with the paper's α = 0.6 Transformers divides by |Y|^α and aiayn by GNMT's
     ((5 + |Y|) / 6)^α, which ranks hypotheses of different lengths otherwise. Greedy may differ only where two
     tokens tie within float rounding (the logits agree to LOGIT_ATOL, not bit for bit)."""
-    from transformers import MarianMTModel, MarianTokenizer
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from aiayn import Translator
 
     run, src, _ = trained
-    model, tokenizer = MarianMTModel.from_pretrained(hf_dir).eval(), MarianTokenizer.from_pretrained(hf_dir)
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval(), AutoTokenizer.from_pretrained(hf_dir)
     ours = Translator.from_run(run, device="cpu")
     limits = [len(x) + 50 for x in ours.encode(src)]
 
@@ -184,6 +186,54 @@ def test_the_hf_export_translates_as_aiayn(trained, hf_dir):
     got, _ = hf_translate(model, tokenizer, src)
     same = [i for i in range(len(src)) if got[i] == expected[i]]
     assert len(same) >= 0.8 * len(src), f"{len(same)} of {len(src)} identical"
+
+
+def test_the_model_card_carries_hub_metadata_the_row_and_the_bleu_signature(trained, hf_dir):
+    import yaml
+
+    text = (hf_dir / "README.md").read_text(encoding="utf-8")
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["language"] == ["en", "de"] and front["license"] == "mit" and front["pipeline_tag"] == "translation"
+    assert front["library_name"] == "transformers" and "translation" in front["tags"] and front["metrics"] == ["bleu"]
+    metrics = json.loads((trained[0] / "metrics.json").read_text())
+    (result,) = front["model-index"][0]["results"]
+    (bleu,) = result["metrics"]
+    assert (bleu["type"], bleu["value"], bleu["config"]) == ("bleu", metrics["dev_bleu"], metrics["dev_bleu_signature"])
+    assert "**Table 3 row base** at aiayn's preset `tiny`" in text and "overridden: N=2 d_model=32" in text
+    assert 'pipeline("translation")' in text and "add_special_tokens" not in text
+
+
+def test_push_to_hub_uploads_the_export_through_huggingface_hub(trained, tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    calls = []
+
+    class FakeApi:  # the Hub cannot be reached here: the test stops at the upload call
+        def create_repo(self, repo_id, **kw):
+            calls.append(("create_repo", repo_id, kw))
+
+        def upload_folder(self, **kw):
+            calls.append(("upload_folder", kw["repo_id"], sorted(os.listdir(kw["folder_path"]))))
+            return type("Info", (), {"commit_url": "https://huggingface.co/me/m/commit/1"})()
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    out = tmp_path / "hf"
+    argv = ["export", "--run", str(trained[0]), "--format", "hf", "--out", str(out), "--push-to-hub", "me/m",
+            "--private"]  # fmt: skip
+    assert main(argv) == 0
+    assert calls[0] == ("create_repo", "me/m", {"repo_type": "model", "private": True, "exist_ok": True})
+    assert calls[1] == ("upload_folder", "me/m", sorted(os.listdir(out))) and "tokenizer.json" in calls[1][2]
+
+    class Refused(FakeApi):
+        def create_repo(self, repo_id, **kw):
+            raise OSError("401 Client Error: Unauthorized for url https://huggingface.co/api/repos/create")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Refused)
+    capsys.readouterr()
+    assert main([*argv[:-3], str(tmp_path / "hf2"), "--push-to-hub", "me/m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn: error: could not push") and "401 Client Error" in err and err.count("\n") == 1
+    assert (tmp_path / "hf2" / "model.safetensors").is_file()  # the export itself is there to push again
 
 
 def test_every_parameter_lands_in_its_place_in_marian():

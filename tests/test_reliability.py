@@ -166,6 +166,44 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     assert len(list((b / "logs").glob("version_*"))) == 2  # it was really interrupted and resumed
 
 
+KILL_IN_LAST_WRITE = """
+import io, os, signal, sys, torch
+from aiayn.cli import main
+real_save = torch.save
+def save(obj, f, *a, **k):  # the first last.ckpt: half written, then SIGKILL (its periodic twin is on disk)
+    if os.path.basename(getattr(f, "name", "")).startswith(".last.ckpt."):
+        buf = io.BytesIO(); real_save(obj, buf); f.write(buf.getvalue()[: len(buf.getvalue()) // 2]); f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_save(obj, f, *a, **k)
+torch.save = save
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_checkpoint(cache, tmp_path):
+    """A kill inside the write of the first last.ckpt (issue 32): the periodic step0000010.ckpt written just before
+    it holds the whole state, so the rerun resumes at step 10, not 0, and ends where an uninterrupted run does."""
+    common = ["train", "--preset", "tiny", "--max-steps", "20", "--ckpt-every", "10", "--val-every", "10",
+              "--val-bleu-sentences", "0", "--eval-subset", "4", *SMALL_MODEL, *QUIET]  # fmt: skip
+    env = dict(os.environ, AIAYN_CACHE=str(cache))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run(aiayn(*common, "--out", str(whole)), env=env, check=True, capture_output=True)
+    proc = subprocess.run([sys.executable, "-c", KILL_IN_LAST_WRITE, *common, "--out", str(killed)], env=env,
+                          capture_output=True)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    ckpts = run_dir(killed) / "checkpoints"
+    assert (ckpts / "step0000010.ckpt").exists() and not (ckpts / "last.ckpt").exists()
+    done = subprocess.run(aiayn(*common, "--out", str(killed)), env=env, check=True, capture_output=True, text=True)
+    assert "step0000010.ckpt" in done.stderr  # Lightning names the checkpoint it restores
+    a, b = run_dir(whole), run_dir(killed)
+    ma, mb = (json.loads((d / "metrics.json").read_text()) for d in (a, b))
+    assert (ma["steps"], ma["dev_ppl"]) == (mb["steps"], mb["dev_ppl"]) == (20, ma["dev_ppl"])
+    second = next(p for p in sorted((b / "logs").glob("version_*")) if p.name == "version_1") / "metrics.csv"
+    steps = [int(line.split(",")[0]) for line in second.read_text().splitlines()[1:] if line.split(",")[0].isdigit()]
+    assert min(steps) >= 10, "the rerun trained from step 0 again"
+
+
 # --- divergence --------------------------------------------------------------------------------
 
 

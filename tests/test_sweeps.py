@@ -65,7 +65,7 @@ def grid(opts):
 
 def test_grid_is_the_presets_scored_rows_by_default_or_the_rows_asked_for_times_seeds(tmp_path):
     pairs = grid(opts(tmp_path, seeds=3))  # tiny: its pre-registered rows and base
-    assert pairs == [(r, s) for r in ["base", *scored_rows("tiny")] for s in range(3)] and len(pairs) == 18
+    assert pairs == [(r, s) for r in ["base", *scored_rows("tiny")] for s in range(3)] and len(pairs) == 12
     everything = grid(opts(tmp_path, rows="all"))  # C2 is C1's config at tiny: trained once, as C1
     assert everything == [(r, 0) for r in select_rows(None) if r != "C2"] and len(everything) == 19
     assert grid(opts(tmp_path, rows="base,A")) == [("base", 0), ("A1", 0), ("A2", 0), ("A3", 0), ("A4", 0)]
@@ -73,11 +73,13 @@ def test_grid_is_the_presets_scored_rows_by_default_or_the_rows_asked_for_times_
     more_base = Selection(rows="base,A1", seeds=2, base_seeds=3, first_seed=5).pairs(PRESETS["tiny"])
     assert more_base == [("base", 5), ("base", 6), ("base", 7), ("A1", 5), ("A1", 6)]
     # the preset's own seeds: 4 per row, 8 for base and for the rows predicted equivalent to it (A3, E1)
+    # and the rows it reports as checks (D3, D4: label smoothing's floors) one
     evidence = Selection().pairs(PRESETS["evidence"])
+    rows = [r for r in select_rows("all", True) if r in {*scored_rows("evidence"), "D3", "D4"}]  # table order
     assert evidence == [("base", s) for s in range(8)] + [
-        (r, s) for r in scored_rows("evidence") for s in range(8 if r in ("A3", "E1") else 4)
-    ]
-    assert len(evidence) == 8 * 3 + 4 * 9
+        (r, s) for r in rows for s in range(8 if r in ("A3", "E1") else 1 if r in ("D3", "D4") else 4)
+    ]  # fmt: skip
+    assert len(evidence) == 8 * 3 + 4 * 9 + 2
     assert Selection(seeds=2).pairs(PRESETS["evidence"])[8:10] == [("A1", 0), ("A1", 1)]  # --seeds: every row
 
 
