@@ -7,10 +7,11 @@ never loses the curves of its earlier attempts:
   highest there): Lightning's CSVLogger deletes an existing metrics.csv when it starts.
 - tensorboard: `logs/version_N/events.out.tfevents.*`, beside the CSV of the same attempt;
   `tensorboard --logdir runs/` shows every run and attempt live.
-- mlflow: one MLflow run per attempt in `mlflow.db`, an SQLite store in the run directory (MLflow 3 refuses its
-  old file store unless MLFLOW_ALLOW_FILE_STORE is set, and SQLite is its documented local default), or wherever
-  MLFLOW_TRACKING_URI points (a server, or one database for a whole sweep); experiment `aiayn-PRESET` unless
-  MLFLOW_EXPERIMENT_NAME says otherwise.
+- mlflow: one MLflow run per attempt, tagged with its row, seed, preset and corpus, in one store for everything
+  under --out, `OUT/mlflow.db` (an SQLite store: MLflow 3 refuses its old file store unless MLFLOW_ALLOW_FILE_STORE
+  is set, and SQLite is its documented local default; artifacts in `OUT/mlartifacts`), or wherever
+  MLFLOW_TRACKING_URI points (a server); one experiment per sweep, `aiayn-PRESET-CORPUS`, so that MLflow's UI
+  compares a sweep's rows and seeds side by side, unless MLFLOW_EXPERIMENT_NAME says otherwise.
 - wandb: lightning_modules/wandb_run.py (W&B's own conventions: one W&B run per run directory online).
 
 The default is csv, and tensorboard when it is installed: both are plain files, work offline and need no account,
@@ -28,8 +29,10 @@ import importlib
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiayn.common.errors import UserError
+from aiayn.lightning_modules.corpora import corpus_dirname
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +98,25 @@ def of(opts) -> tuple[str, ...]:
     return chosen(opts.logger, opts.wandb)
 
 
-def mlflow_uri(run_path) -> tuple[str, str | None]:
+def mlflow_uri(out_root) -> tuple[str, str | None]:
     """(tracking URI, artifact location): MLFLOW_TRACKING_URI when set (its server or database decides where
-    artifacts go), else the SQLite store `mlflow.db` in the run directory with artifacts beside it."""
+    artifacts go), else the SQLite store `mlflow.db` at the root of --out, with artifacts beside it: one store for
+    every run and sweep there."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri, None
-    return f"sqlite:///{run_path.resolve() / 'mlflow.db'}", (run_path.resolve() / "mlartifacts").as_uri()
+    root = Path(out_root).resolve()
+    return f"sqlite:///{root / 'mlflow.db'}", (root / "mlartifacts").as_uri()
 
 
-def build(names: tuple[str, ...], run, config, *, rank_zero: bool) -> list:
-    """Lightning loggers for this attempt of `run` (a RunDir) with `config` (its RunConfig, secrets masked)."""
+def mlflow_experiment(preset: str, corpus: str) -> str:
+    """The experiment of a sweep (every row and seed of one preset on one corpus), unless MLFLOW_EXPERIMENT_NAME."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"aiayn-{preset}-{corpus_dirname(corpus)}"
+
+
+def build(names: tuple[str, ...], run, config, *, rank_zero: bool, out_root=None) -> list:
+    """Lightning loggers for this attempt of `run` (a RunDir) with `config` (its RunConfig, secrets masked); MLflow's
+    store at `out_root` (the --out the run lies under; default: the run directory)."""
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     if "csv" not in names:
@@ -120,7 +131,7 @@ def build(names: tuple[str, ...], run, config, *, rank_zero: bool) -> list:
         elif name == "tensorboard":  # no hp_metric placeholder: our metrics are named train/…, val/…
             out.append(TensorBoardLogger(run.path, name=run.logs.name, version=version, default_hp_metric=False))
         elif name == "mlflow" and rank_zero:
-            out.append(_mlflow(run, config, version))
+            out.append(_mlflow(run, config, version, out_root if out_root is not None else run.path))
         elif name == "wandb" and rank_zero:
             from aiayn.lightning_modules import wandb_run
 
@@ -129,15 +140,15 @@ def build(names: tuple[str, ...], run, config, *, rank_zero: bool) -> list:
     return out
 
 
-def _mlflow(run, config, version: int):
+def _mlflow(run, config, version: int, out_root):
     from lightning.pytorch.loggers import MLFlowLogger
 
     spec, seed = config.spec, config.train.seed
-    uri, artifacts = mlflow_uri(run.path)
+    uri, artifacts = mlflow_uri(out_root)
     name = f"{spec['row']}-s{seed}" + (f" attempt {version + 1}" if version else "")
     tags = {"row": spec["row"], "group": spec["group"], "seed": str(seed), "preset": spec["preset"]["name"],
             "corpus": config.data.corpus, "attempt": str(version + 1), "run_dir": str(run.path.resolve())}  # fmt: skip
-    experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"aiayn-{spec['preset']['name']}"
+    experiment = mlflow_experiment(spec["preset"]["name"], config.data.corpus)
     log.info("MLflow: run %r of experiment %s at %s", name, experiment, uri)
     # tracking_uri given here: MLFlowLogger's own default reads MLFLOW_TRACKING_URI when Lightning is imported
     return MLFlowLogger(experiment_name=experiment, run_name=name, tracking_uri=uri, tags=tags,

@@ -9,7 +9,6 @@ A run's directory depends only on (preset, corpus, row, seed), so rerunning the 
             tokenizer.model        the run's SentencePiece model (its sha256 in config.json and in every checkpoint)
             checkpoints/           last.ckpt, stepNNNNNNN.ckpt (the newest periodic ones), requeue.ckpt (SLURM)
             logs/version_N/        the loggers' files of attempt N (CSV: training and validation curves; TensorBoard)
-            mlflow.db, mlartifacts/ the MLflow runs, one per attempt (with --logger mlflow, unless MLFLOW_TRACKING_URI)
             dev.hyp, dev.ref       the final dev translations and their references, line by line
             metrics.json           the result (`RunMetrics`), written last
             wandb-run.json, wandb/ the run directory's W&B run id and attempts, W&B's own files (with W&B)
@@ -19,6 +18,7 @@ A run's directory depends only on (preset, corpus, row, seed), so rerunning the 
         hpo/PRESET/ROW/best.json   the search's result
         .locks/                    one lock per claimed pair or trial, per queue pop, per driver setup
         optuna.db, hpo.db          the Optuna studies of `aiayn table3` and `aiayn hpo` (SQLite by default)
+        mlflow.db, mlartifacts/    the MLflow runs of every run, one per attempt (--logger mlflow; MLFLOW_TRACKING_URI)
         slurm/                     sbatch scripts, logs/, pairs/ (which array task holds which pair)
         sweeps/PRESET-CORPUS.json  the pairs a sweep owes (every pair its commands asked for): `aiayn status` reads it
         reports/                   the reports (`aiayn report`), unless --report says otherwise

@@ -344,7 +344,7 @@ def integrations(opts: TrainOptions, p: Plan) -> Integrations:
     """The loggers of --logger, one version (or run) per attempt under the run directory (lightning_modules/
     loggers.py); under SLURM, Lightning's requeue handler off and ours (a checkpoint at a step boundary) on."""
     config = RunConfig.from_dict(redact_obj(p.config.to_dict()))
-    loggers = run_loggers.build(run_loggers.of(opts), p.run, config, rank_zero=is_launch_rank_zero())
+    loggers = run_loggers.build(run_loggers.of(opts), p.run, config, rank_zero=is_launch_rank_zero(), out_root=opts.out)
     plugins, callbacks = slurm_parts(p.run.checkpoints, opts.world_size)
     return Integrations(loggers, callbacks, plugins)
 

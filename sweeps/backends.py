@@ -32,6 +32,7 @@ import optuna
 from optuna.trial import TrialState
 
 from aiayn.ablations.presets import Preset
+from aiayn.ablations.table import MAX_SEED, select_rows
 from aiayn.common.errors import UserError
 from aiayn.common.lifetime import DIE_WITH_PARENT, die_with_parent
 from aiayn.common.locks import file_lock
@@ -115,17 +116,31 @@ def enqueue_pending(study: optuna.Study, pairs: list[Pair], cost: dict[str, floa
     """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial. With `cost`
     (row -> relative cost), the longest runs first (workers pop in enqueue order).
 
-    The pair is the trial's user attributes, not a parameter: Optuna requires a categorical parameter to keep
-    the same choices in every trial of a study, so a row stored as one would freeze the table at the study's
-    first run. The trial has no parameters at all: nothing is sampled."""
+    The pair is the trial's user attributes: that is what the books read. It is also given as the trial's two
+    parameters, row (categorical) and seed, for tools that plot parameters (optuna-dashboard), where the row is one
+    of the fixed choices `ROW_CHOICES` (Optuna requires a categorical parameter to keep the same choices in every
+    trial of a study; a row of a user's table has none). Nothing is sampled: the values are the enqueued ones."""
     busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
     taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
     pending = [p for p in pairs if p not in taken]
     if cost is not None:
         pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
     for row, seed in pending:
-        study.enqueue_trial({}, user_attrs={"row": row, "seed": seed})
+        params = {"row": row, "seed": seed} if row in ROW_CHOICES else {}
+        study.enqueue_trial(params, user_attrs={"row": row, "seed": seed})
     return pending
+
+
+# the rows of ablations/ (the paper's and the extended ones), the same in every study: the row parameter's choices
+ROW_CHOICES = tuple(select_rows("all", True))
+
+
+def set_params(trial: optuna.Trial, pair: Pair) -> None:
+    """The popped trial's row and seed as its parameters (enqueued, so these return them: nothing is sampled)."""
+    row, seed = pair
+    if row in ROW_CHOICES:
+        trial.suggest_categorical("row", ROW_CHOICES)
+        trial.suggest_int("seed", 0, MAX_SEED)
 
 
 def _n_finished(trials: list[optuna.trial.FrozenTrial]) -> int:
@@ -211,6 +226,7 @@ class QueueBackend(Backend):
                 if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
                     study.tell(trial, state=TrialState.FAIL)
                     break
+                set_params(trial, pair)
                 if held is None or self._completed_elsewhere(study, pair, trial.number):
                     # the same pair, enqueued twice by racing drivers, is running or done in another worker
                     if held is not None:

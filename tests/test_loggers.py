@@ -47,15 +47,18 @@ def test_tensorboard_and_csv_write_one_version_per_attempt(two_attempts):
         assert from_csv == pytest.approx([value for _, value in scalars["val/ppl"]])  # the same curve in both
 
 
-def test_mlflow_keeps_one_run_per_attempt_in_the_run_directory(two_attempts, tmp_path, monkeypatch):
+def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experiment_per_sweep(two_attempts, tmp_path,
+                                                                                              monkeypatch):  # fmt: skip
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    uri, artifacts = loggers.mlflow_uri(two_attempts)
-    assert uri == f"sqlite:///{two_attempts.resolve()}/mlflow.db" and (two_attempts / "mlflow.db").is_file()
+    out = two_attempts.parents[3]  # OUT/tiny/synthetic/base/seed0
+    uri, artifacts = loggers.mlflow_uri(out)
+    assert uri == f"sqlite:///{out.resolve()}/mlflow.db" and (out / "mlflow.db").is_file()
+    assert not (two_attempts / "mlflow.db").exists()  # not one store per run directory (issue 32)
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("aiayn-tiny")
-    assert experiment.artifact_location == artifacts == (two_attempts.resolve() / "mlartifacts").as_uri()
+    experiment = client.get_experiment_by_name("aiayn-tiny-synthetic")
+    assert experiment.artifact_location == artifacts == (out.resolve() / "mlartifacts").as_uri()
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == {"base-s0", "base-s0 attempt 2"}
     for name, steps in (("base-s0", [0, 1]), ("base-s0 attempt 2", [2])):

@@ -671,3 +671,18 @@ def test_print_config_masks_a_storage_password_and_a_dollar_reference_reads_the_
     assert "printed as ***" in err
     monkeypatch.setenv("PGPASSWORD_TEST", "s3cr3t-pw")
     assert expand("postgresql://aiayn:$PGPASSWORD_TEST@db.example/aiayn") == url
+
+
+def test_a_sweeps_row_and_seed_are_optuna_parameters_for_the_dashboard(tmp_path, runner_backend):
+    """optuna-dashboard plots parameters: each table3 trial carries its row and seed as parameters (issue 32), the
+    values enqueued, never sampled, while its user attributes stay the books' source."""
+    runner_backend(FakeRunner())
+    out = tmp_path / "runs"
+    assert main([*T3, "--out", str(out), "--rows", "base,A1,C4", "--seeds", "2"]) == 0
+    study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out / 'optuna.db'}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted((t.params["row"], t.params["seed"]) for t in done) == sorted(
+        (r, s) for r in ("base", "A1", "C4") for s in (0, 1)
+    )
+    assert all((t.params["row"], t.params["seed"]) == (t.user_attrs["row"], t.user_attrs["seed"]) for t in done)
+    assert isinstance(done[0].distributions["row"], optuna.distributions.CategoricalDistribution)
