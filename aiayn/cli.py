@@ -334,10 +334,50 @@ def cmd_status(args) -> None:
     sys.stdout.write(json.dumps(found, indent=2) + "\n" if args.json else render(found))
 
 
+# what an option's value completes to: names (rows, presets, loggers, corpora) or paths
+NAME_OPTIONS = {"--row": "rows", "--rows": "rows", "--preset": "presets", "--logger": "loggers", "--data": "corpora"}
+FILE_OPTIONS = ("--table", "--config", "--ckpt", "--tokenizer", "--input", "--output", "--space", "--hyp", "--ref",
+                "--src", "--json")  # fmt: skip
+DIR_OPTIONS = ("--out", "--runs", "--run", "--data-dir", "--cache-dir", "--ct2", "--report")
+
+
+def _completion_names() -> dict[str, list[str]]:
+    from aiayn.ablations.presets import PRESETS
+    from aiayn.ablations.table import load_rows
+    from aiayn.lightning_modules.corpora import CORPORA
+    from aiayn.lightning_modules.loggers import KINDS
+
+    rows = load_rows()
+    return {"rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
+            "presets": list(PRESETS), "loggers": list(KINDS), "corpora": [*CORPORA, "hf:"]}  # fmt: skip
+
+
+def _mark_completions(parser: argparse.ArgumentParser, shtab, names: dict[str, list[str]]) -> None:
+    """Tell shtab what each option's value is: one of `names` (a completion function per kind, below), a file or
+    a directory; every subcommand's parser likewise."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _mark_completions(sub, shtab, names)
+            continue
+        flags = set(action.option_strings)
+        kind = next((NAME_OPTIONS[f] for f in flags if f in NAME_OPTIONS), None)
+        if kind is not None:
+            action.complete = {"bash": f"_aiayn_{kind}", "zsh": "(" + " ".join(names[kind]) + ")"}
+        elif flags & set(FILE_OPTIONS):
+            action.complete = shtab.FILE
+        elif flags & set(DIR_OPTIONS):
+            action.complete = shtab.DIRECTORY
+
+
 def cmd_completion(args) -> None:
     import shtab  # a maintained generator of completion scripts from argparse parsers
 
-    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    parser, names = build_parser(), _completion_names()
+    _mark_completions(parser, shtab, names)
+    preamble = {"bash": "\n".join(f'_aiayn_{kind}() {{ compgen -W "{" ".join(words)}" -- "$1"; }}'
+                                  for kind, words in names.items())}  # fmt: skip
+    sys.stdout.write(shtab.complete(parser, shell=args.shell, preamble=preamble))
 
 
 def cmd_sweep_export(args) -> None:

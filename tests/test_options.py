@@ -198,3 +198,10 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
 
     assert complete("tab") == ["table3"] and complete("sta") == ["status"]
     assert complete("table3", "--max-s") == ["--max-steps"] and complete("hpo", "--spa") == ["--space"]
+    # values (issue 32): rows and groups, presets, loggers, corpora, and file names where a file is asked for
+    assert complete("train", "--row", "C") == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C"]
+    assert complete("table3", "--preset", "ti") == ["tiny", "tiny-2k"] and complete("train", "--logger", "ml") == [
+        "mlflow"]  # fmt: skip
+    assert complete("train", "--data", "synthetic-") == ["synthetic-20", "synthetic-40"]
+    (tmp_path / "rows.csv").write_text("row\n")
+    assert complete("train", "--table", str(tmp_path / "ro")) == [str(tmp_path / "rows.csv")]
