@@ -266,6 +266,9 @@ def _load_local(ref: HFRef, datasets) -> dict:
     if (path / "state.json").is_file():
         raise UserError(f"--data {ref}: {path} holds one split (a Dataset); save a DatasetDict of train, validation "
                         f"and test splits with save_to_disk")  # fmt: skip
+    if (path / "dataset_dict.json").is_file() and ref.config:
+        raise UserError(f"--data {ref}: {path} is a dataset saved with save_to_disk, which has no configs; drop "
+                        f":{ref.config} (pass --data hf:{path})")  # fmt: skip
     try:
         if (path / "dataset_dict.json").is_file():
             return dict(datasets.load_from_disk(str(path)))

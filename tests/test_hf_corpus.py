@@ -152,6 +152,9 @@ def test_a_missing_text_is_one_line(tmp_path):
     (["--data", "hf:{tmp}/state"],
      "--data hf:{tmp}/state: {tmp}/state holds one split (a Dataset); save a DatasetDict of train, validation and "
      "test splits with save_to_disk"),
+    (["--data", "hf:{saved}:de-en"],  # a config it cannot have: it was ignored before (issue 32)
+     "--data hf:{saved}:de-en: {saved} is a dataset saved with save_to_disk, which has no configs; drop :de-en "
+     "(pass --data hf:{saved})"),
 ])  # fmt: skip
 def test_a_bad_dataset_is_one_line_exit_2_and_nothing_written(argv, message, saved, tmp_path, capsys):
     datasets.Dataset.from_dict({"en": ["a"]}).save_to_disk(tmp_path / "state")
