@@ -97,59 +97,72 @@ class TranslationModule(pl.LightningModule):
         """Once per optimizer step: normalize the update by its real target tokens (see the module docstring), count
         them, and stop a run whose loss is not finite (`Diverged`, before the step is taken or saved).
 
-        One host-device synchronization per step, the non-finite flag's: the token counts come from the host
-        (collate counts them), and with several ranks they, the flag and the ranks' other flags (`step_flags`: a
-        SLURM requeue signal) are reduced in one all-reduce and stay on the device; the logged values are tensors,
-        which Lightning reads only when it writes its logs (every `log_every_n_steps`)."""
+        One host-device synchronization per step, with every default on (the progress bar, a log step): the token
+        counts come from the host (collate counts them); with several ranks they, the non-finite flag and the ranks'
+        other flags (`step_flags`: a SLURM requeue signal) are summed by one all-reduce (torch.distributed's own:
+        Lightning's `strategy.reduce` puts a barrier before it); then one transfer brings the flags to the host,
+        and on a log step the step's loss sums and token totals with them, so that what is logged (and what the
+        progress bar shows between log steps) is host numbers, which Lightning reads without waiting on the device."""
         (n_src, n_tgt), self._window = self._window, [0, 0]
         sums, self._sums = self._sums, None
         world, grads = self.trainer.world_size, [p.grad for p in self.parameters() if p.grad is not None]
-        diverged = ~torch.isfinite(sums).all()  # on the device
+        step = self.trainer.global_step + 1
+        every = self.trainer.log_every_n_steps
+        log_now = bool(every) and (step % every == 0 or step >= (self.trainer.max_steps or 0) > 0)
+        diverged = (~torch.isfinite(sums).all()).to(torch.float64).reshape(1)  # on the device
         others, self.step_flags = dict(self.step_flags), {}  # on the host
+        payload = []  # what the step's one transfer brings to the host
         if world > 1:  # counts and host flags through pinned memory (no wait), then one all-reduce with the device's
             cuda = self.device.type == "cuda"
             host = torch.tensor([n_src, n_tgt, *map(float, others.values())], dtype=torch.float64, device="cpu",
                                 pin_memory=cuda)  # fmt: skip
-            local = torch.cat([host.to(self.device, non_blocking=cuda), diverged.to(torch.float64).reshape(1)])
-            packed = self.trainer.strategy.reduce(local, reduce_op="sum")
+            packed = torch.cat([host.to(self.device, non_blocking=cuda), diverged])
+            torch.distributed.all_reduce(packed, op=torch.distributed.ReduceOp.SUM)  # the step's one collective
             scale = (self.trainer.accumulate_grad_batches * world / packed[1].clamp(min=1)).float()
             torch._foreach_mul_(grads, scale)
             totals = packed[:2]
             self._trained_on_device = totals if self._trained_on_device is None else self._trained_on_device + totals
-            reduced = packed[2:].tolist()  # the step's one synchronization
-            decisions = {**dict(zip(others, (x > 0 for x in reduced[:-1]))), "diverged": reduced[-1] > 0}
-            tokens = (packed[0], packed[1])
+            payload.append(packed[2:])  # the ranks' flags, then diverged
         else:
             torch._foreach_mul_(grads, self.trainer.accumulate_grad_batches / max(n_tgt, 1))
             self.trained["src_tokens"] += n_src
             self.trained["tgt_tokens"] += n_tgt
-            decisions = {**others, "diverged": bool(diverged)}  # the step's one synchronization
-            tokens = (torch.tensor(float(n_src), device="cpu"), torch.tensor(float(n_tgt), device="cpu"))
+            payload.append(diverged)
+        if log_now:
+            payload.append(sums.detach().to(torch.float64))
+            if world > 1:
+                payload.append(packed[:2])
+        values = torch.cat(payload).tolist()  # the step's one synchronization
+        n_flags = len(others) + 1 if world > 1 else 1
+        flags, rest = values[:n_flags], values[n_flags:]
+        if world > 1:
+            decisions = {**dict(zip(others, (x > 0 for x in flags[:-1]))), "diverged": flags[-1] > 0}
+        else:
+            decisions = {**others, "diverged": flags[0] > 0}
         self.trained["steps"] += 1
         self.step_decisions = decisions
-        step = self.trainer.global_step + 1
         if decisions["diverged"]:
             raise Diverged(step, float(sums[0].float()))
-        every = self.trainer.log_every_n_steps
-        if every and (step % every == 0 or step >= (self.trainer.max_steps or 0) > 0):
-            self._log_step(sums, max(n_tgt, 1), tokens)
+        if log_now:
+            tokens = rest[2:4] if world > 1 else [float(n_src), float(n_tgt)]
+            self._log_step(rest[0], rest[1], max(n_tgt, 1), tokens)
 
-    def _log_step(self, sums: Tensor, n_tgt: int, tokens: tuple[Tensor, Tensor]) -> None:
-        """The step's curves, on the steps whose logs Lightning writes (every `log_every_n_steps`: it reads every
-        logged value, and the progress bar's, on those steps only): loss and NLL per target token of this rank, real
-        tokens per step (all ranks), the learning rate, tokens/s since the last log (this rank)."""
+    def _log_step(self, loss_sum: float, nll_sum: float, n_tgt: int, tokens: list[float]) -> None:
+        """The step's curves, on the steps whose logs Lightning writes (every `log_every_n_steps`), as host numbers in
+        CPU tensors (Lightning keeps a logged tensor where it is; a Python number it would copy to the device): loss
+        and NLL per target token of this rank, real tokens per step (all ranks), the learning rate, tokens/s since
+        the last log (this rank)."""
         now = time.perf_counter()
         values = {
-            "train/loss": sums[0] / n_tgt, "train/nll": sums[1] / n_tgt, "train/src_tokens_per_step": tokens[0],
-            "train/tgt_tokens_per_step": tokens[1],
-            "lr": torch.tensor(float(self.optimizers().param_groups[0]["lr"]), device="cpu"),
+            "train/loss": loss_sum / n_tgt, "train/nll": nll_sum / n_tgt, "train/src_tokens_per_step": tokens[0],
+            "train/tgt_tokens_per_step": tokens[1], "lr": float(self.optimizers().param_groups[0]["lr"]),
         }  # fmt: skip
         if self._t_last is not None:
-            rate = (self.total_tokens - self._tokens_last) / (now - self._t_last)
-            values["train/tokens_per_s"] = torch.tensor(rate, device="cpu")
+            values["train/tokens_per_s"] = (self.total_tokens - self._tokens_last) / (now - self._t_last)
         self._t_last, self._tokens_last = now, self.total_tokens
         for name, value in values.items():
-            self.log(name, value, prog_bar=name in ("train/loss", "lr", "train/tokens_per_s"), batch_size=1,
+            self.log(name, torch.tensor(value, dtype=torch.float32, device="cpu"), batch_size=1,
+                     prog_bar=name in ("train/loss", "lr", "train/tokens_per_s"),
                      rank_zero_only=name.startswith("train/") and "tokens_per_step" in name)  # fmt: skip
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

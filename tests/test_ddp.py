@@ -153,3 +153,70 @@ def test_two_nodes_through_the_generic_environment(union, split, cache, tmp_path
     (m2, t2), (mu, _) = _result(tmp_path), union
     assert t2["world_size"] == 2 and m2["steps"] == STEPS
     assert m2["dev_ppl"] == pytest.approx(mu["dev_ppl"], rel=REL_TOL)
+
+
+# Counts, per optimizer step of each rank, the reads of tensors derived from the step's loss (a host-device sync on a
+# GPU; OnDevice, as in tests/test_syncs.py) and the collectives called from Python (DDP's gradient all-reduce runs
+# in its C++ reducer, overlapped with the backward, and is not one of them); each rank writes its counts at exit.
+COUNT_SYNCS = """
+import atexit, json, os, sys
+import torch, torch.distributed as dist
+from aiayn.lightning_modules import module
+class OnDevice(torch.Tensor):
+    pass
+counts, inside, per_step, last = {"reads": 0, "collectives": 0}, [False], [], [None]
+for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+    def read(self, *a, _real=getattr(torch.Tensor, name), **kw):
+        if inside[0]:
+            return _real(self, *a, **kw)
+        counts["reads"] += isinstance(self, OnDevice)
+        inside[0] = True
+        try:
+            return _real(self, *a, **kw)
+        finally:
+            inside[0] = False
+    setattr(torch.Tensor, name, read)
+for name in ("all_reduce", "barrier", "broadcast", "all_gather", "all_gather_object", "reduce"):
+    def collective(*a, _real=getattr(dist, name), **kw):
+        counts["collectives"] += 1
+        return _real(*a, **kw)
+    setattr(dist, name, collective)
+real_loss = module.projected_label_smoothed_loss
+def on_device(*a, **kw):
+    loss, nll, rest = real_loss(*a, **kw)
+    return loss.as_subclass(OnDevice), nll.as_subclass(OnDevice), rest
+module.projected_label_smoothed_loss = on_device
+def on_train_batch_start(self, *a):
+    now = dict(counts)
+    if last[0] is not None:
+        per_step.append({k: now[k] - last[0][k] for k in now})
+    last[0] = now
+module.TranslationModule.on_train_batch_start = on_train_batch_start
+rank = os.environ.get("LOCAL_RANK", "0")
+atexit.register(lambda: open(os.path.join(os.environ["SYNC_COUNTS"], f"rank{rank}.json"), "w").write(
+    json.dumps(per_step)))
+from aiayn.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_sync_once_per_step_with_one_collective(cache, tmp_path):
+    """Issue 31: under DDP (2 processes, gloo) with the progress bar on and log steps in the window, each rank reads
+    the device once per optimizer step and calls one collective (the packed counts and flags); Lightning's
+    strategy.reduce would add a barrier to it."""
+    script = tmp_path / "count_syncs.py"
+    script.write_text(COUNT_SYNCS)
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    cmd = [sys.executable, str(script), "train", "--preset", "tiny", "--row", "base", "--accelerator", "cpu",
+           "--devices", "2", "--strategy", "ddp", "--max-steps", "10", "--val-every", "1000", "--ckpt-every", "1000",
+           "--eval-subset", "8", "--out", str(tmp_path / "runs"), "--progress", "--trainer", "log_every_n_steps=2",
+           "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    env = {**os.environ, "AIAYN_CACHE": str(cache), "SYNC_COUNTS": str(counts), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        per_step = json.loads((counts / f"rank{rank}.json").read_text())[1:]  # the first sets things up
+        assert len(per_step) >= 8, per_step
+        assert {json.dumps(s, sort_keys=True) for s in per_step} == {'{"collectives": 1, "reads": 1}'}, (rank, per_step)

@@ -142,3 +142,59 @@ def test_sync_counter_counts_the_syncs_of_exactly_its_window(monkeypatch):
 def _line_of(text: str) -> int:
     lines = open(__file__).read().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+def _ctx(tmp_path, gpus=0):
+    from aiayn.doctor import DoctorOptions
+
+    return doctor.Context(DoctorOptions(), tmp_path, gpus)
+
+
+def test_the_sync_check_counts_the_defaults_with_a_log_step_in_its_window(tmp_path, monkeypatch):
+    """Issue 31: the window (after step 3, 10 steps) holds log step 10, and the run has `aiayn train`'s defaults (the
+    progress bar on, log_every_n_steps not overridden), so a healthy node is judged on what users run."""
+    from aiayn.lightning_modules import train as T
+
+    seen = {}
+    monkeypatch.setattr(T, "train", lambda opts, hooks: seen.update(opts=opts, hooks=hooks))
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    result = doctor.check_syncs(_ctx(tmp_path, gpus=1))
+    opts, (counter,) = seen["opts"], seen["hooks"].callbacks
+    assert opts.progress is True and opts.trainer == {} and T.TRAINER_DEFAULTS["log_every_n_steps"] == 10
+    assert counter.marks[0] < 10 <= counter.marks[1] and opts.max_steps > counter.marks[2]
+    assert result.status == "fail" and "never closed" in result.detail  # the fake loop ran nothing
+
+
+def test_the_translate_check_compares_float32_on_both_devices(tmp_path, monkeypatch):
+    """`--device cuda` alone decodes in bf16 (`--precision auto`): the compared GPU run asks for float32, as the CPU
+    one does; the bf16 run is counted as information. Seen with bf16 translations that differ from float32."""
+    calls = []
+
+    def fake_aiayn(args, ctx, log_name, env=None):
+        calls.append(args)
+        if args[0] == "translate":
+            precision = args[args.index("--precision") + 1]
+            out = [f"Satz {i}" + (" bf16" if precision.startswith("bf16") and i == 0 else "") for i in range(8)]
+            (tmp_path / args[args.index("--output") + 1].split("/")[-1]).write_text("\n".join(out) + "\n")
+        return ""
+
+    monkeypatch.setattr(doctor, "aiayn", fake_aiayn)
+    monkeypatch.setattr(doctor, "SENTENCES", [f"sentence {i}" for i in range(8)])
+    result = doctor.check_translate(_ctx(tmp_path, gpus=1))
+    runs = [(a[a.index("--device") + 1], a[a.index("--precision") + 1]) for a in calls if a[0] == "translate"]
+    assert runs == [("cpu", "32-true"), ("cuda", "32-true"), ("cuda", "bf16-mixed")]
+    assert result.status == "pass" and "float32 on both" in result.detail and "7 of 8 equal" in result.detail
+
+
+def test_mfu_counts_the_real_tokens_not_the_padding():
+    from aiayn.bench import run as bench
+    from aiayn.lightning_modules.model import TransformerConfig
+
+    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)
+    batch = bench.training_batch(cfg, 64, 8)  # 8 sentences padded to 8 tokens: about 10% padding
+    B, S = batch["src"].shape
+    real = doctor.real_token_flops(cfg, batch)
+    padded = bench.flops_per_step(cfg, B * S, B * batch["tgt_in"].shape[1], S, batch["tgt_in"].shape[1])
+    n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]
+    assert n_src < B * S and real < padded
+    assert real == bench.flops_per_step(cfg, n_src, n_tgt, n_src / B, n_tgt / B)

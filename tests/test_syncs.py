@@ -63,3 +63,57 @@ def test_at_most_one_host_device_sync_per_optimizer_step(cache, tmp_path, counte
     batches_per_step = 1 if accumulate_tokens is None else 2
     per_step = [sum(per_batch[i : i + batches_per_step]) for i in range(0, len(per_batch), batches_per_step)]
     assert len(per_step) >= 3 and max(per_step) <= 1, per_step
+
+
+class OnDevice(torch.Tensor):
+    """A tensor the training step computed, which on a GPU lives on the device: the subclass survives every op on it
+    (sums, stacks, divisions, clones), so a CPU run can tell a read of it (a synchronization on a GPU) from a read of
+    a number that was on the host all along (a token count, the learning rate)."""
+
+
+@pytest.fixture
+def device_reads(monkeypatch):
+    """Counts .item(), .tolist(), bool(), int(), float() of tensors derived from the step's loss, wherever they are
+    called from (ours, Lightning's logger connector, the progress bar)."""
+    from aiayn.lightning_modules import module
+
+    counter, inside = [0], [False]
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        real = getattr(torch.Tensor, name)
+
+        def wrapped(self, *a, _real=real, **kw):
+            if inside[0]:  # the subclass's __torch_function__ calls the method again: one read, counted once
+                return _real(self, *a, **kw)
+            counter[0] += isinstance(self, OnDevice)
+            inside[0] = True
+            try:
+                return _real(self, *a, **kw)
+            finally:
+                inside[0] = False
+
+        monkeypatch.setattr(torch.Tensor, name, wrapped)
+    real_loss = module.projected_label_smoothed_loss
+
+    def on_device(*a, **kw):
+        loss, nll, rest = real_loss(*a, **kw)
+        return loss.as_subclass(OnDevice), nll.as_subclass(OnDevice), rest
+
+    monkeypatch.setattr(module, "projected_label_smoothed_loss", on_device)
+    return counter
+
+
+def test_one_sync_per_step_with_the_defaults_progress_bar_and_log_steps_included(cache, tmp_path, device_reads):
+    """Issue 31: with the progress bar on (the default) and log steps inside the window (every 2 steps here), a step
+    still reads the device once. Before, the bar read the logged loss at every batch end and a log step read every
+    logged value: about 1.2 reads per step at the default log_every_n_steps 10, and 2-5 on a log step."""
+    syncs = Syncs(device_reads)
+    opts = T.TrainOptions(out=str(tmp_path), max_steps=STEPS, val_every=1000, ckpt_every=1000, progress=True,
+                          accelerator="cpu", overrides=SMALL, eval_subset=8,
+                          trainer={"log_every_n_steps": 2})  # fmt: skip
+    T.train(opts, hooks=T.Hooks(callbacks=(syncs,)))
+    per_step = syncs.per_step[1:]
+    assert len(per_step) >= STEPS - 2 and per_step == [1] * len(per_step), per_step
+    logged = (tmp_path / "tiny" / "synthetic" / "base" / "seed0" / "logs" / "version_0" / "metrics.csv").read_text()
+    header, *lines = logged.splitlines()
+    loss = header.split(",").index("train/loss")
+    assert sum(1 for line in lines if line.split(",")[loss]) == STEPS // 2  # the log steps were in the window

@@ -511,18 +511,30 @@ class SyncCounter(pl.Callback):
             self.profiler_error = f"{type(e).__name__}: {_first_line(e)}"
 
 
+SYNC_WARMUP, SYNC_STEPS = 3, 10  # the window: the end of step 3 to the end of step 13, log step 10 inside it
+
+
+def sync_options(ctx: Context):
+    """The run the sync check counts: `aiayn train`'s defaults (the progress bar on, a log step every
+    log_every_n_steps = 10, so step 10 of the window is one) on one GPU in bf16-mixed, tiny preset."""
+    from aiayn.lightning_modules.options import TrainOptions
+
+    return TrainOptions(preset="tiny", out=str(ctx.scratch / "syncs"), cache_dir=ctx.opts.cache_dir,
+                        accelerator="gpu", devices=1, precision="bf16-mixed",
+                        max_steps=SYNC_WARMUP + 2 * SYNC_STEPS + 1, eval_subset=3, val_bleu_sentences=0)  # fmt: skip
+
+
 def check_syncs(ctx: Context) -> Result:
     """Host-device syncs per optimizer step of the real training loop: `train()` (what `aiayn train` runs: the
-    module, build_trainer's callbacks, CSV logger, checkpoints) on one GPU in bf16-mixed, tiny preset, no progress
-    bar; counted over 10 steps after 3 (SyncCounter). Pass at SYNC_BUDGET per step or fewer."""
-    from aiayn.lightning_modules.options import TrainOptions
+    module, build_trainer's callbacks, CSV logger, checkpoints) with its defaults, the progress bar and a log step
+    included (`sync_options`); counted over 10 steps after 3 (SyncCounter). Pass at SYNC_BUDGET per step or
+    fewer."""
     from aiayn.lightning_modules.train import Hooks, train
 
-    warmup, steps = 3, 10
+    warmup, steps = SYNC_WARMUP, SYNC_STEPS
     counter = SyncCounter(warmup, steps)
-    opts = TrainOptions(preset="tiny", out=str(ctx.scratch / "syncs"), cache_dir=ctx.opts.cache_dir,
-                        accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=warmup + 2 * steps + 1,
-                        progress=False, eval_subset=3, val_bleu_sentences=0)  # fmt: skip
+    opts = sync_options(ctx)
+    logged = [s for s in range(warmup + 1, warmup + steps + 1) if s % 10 == 0]  # log_every_n_steps (the default)
     try:
         train(opts, hooks=Hooks(callbacks=(counter,), run_dir=ctx.scratch / "syncs" / "run"))
     finally:
@@ -537,7 +549,8 @@ def check_syncs(ctx: Context) -> Result:
     data = {"syncs": counter.count, "steps": steps, "per_step": per_step, "budget": SYNC_BUDGET,
             "sources": dict(counter.sources.most_common()), "profiler": counter.profiled,
             "profiler_error": counter.profiler_error}  # fmt: skip
-    text = f"{counter.count} syncs in {steps} optimizer steps (budget {SYNC_BUDGET:g} per step): {top or 'none'}{prof}"
+    text = (f"{counter.count} syncs in {steps} optimizer steps (budget {SYNC_BUDGET:g} per step; progress bar on, log "
+            f"step(s) {', '.join(map(str, logged))} in the window): {top or 'none'}{prof}")  # fmt: skip
     if per_step > SYNC_BUDGET:
         return failed(f"{per_step:.1f} / step", text, **data)
     return passed(f"{per_step:.1f} / step", text, **data)
@@ -563,24 +576,57 @@ def check_throughput(ctx: Context) -> Result:
     seconds = statistics.median(step.timed(ctx.opts.steps) for _ in range(3))
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     B, S = batch["src"].shape
-    T = batch["tgt_in"].shape[1]
-    tflops = bench.flops_per_step(bc.model, B * S, B * T, S, T) / seconds / 1e12
+    useful = real_token_flops(bc.model, batch)
+    tflops = useful / seconds / 1e12
     name = torch.cuda.get_device_name(device) if ctx.cuda else _cpu_name()
-    peak = bench.peak_bf16_tflops(name) if ctx.cuda else None
+    stated = bench.peak_bf16_tflops(name) if ctx.cuda else None
+    measured = measured_matmul_tflops(device) if ctx.cuda else None
     data = {"config": bc.name, "config_note": bc.note, "tokens_per_s": tokens / seconds, "step_s": seconds,
-            "achieved_tflops": tflops, "peak_bf16_tflops": peak, "mfu": tflops / peak if peak else None,
-            "device_name": name}  # fmt: skip
+            "model_flops_real_tokens": useful, "achieved_tflops": tflops, "peak_bf16_tflops_stated": stated,
+            "peak_bf16_tflops_measured": measured, "mfu": tflops / stated if stated else None,
+            "mfu_of_measured": tflops / measured if measured else None, "device_name": name}  # fmt: skip
     del step
     if ctx.cuda:
         torch.cuda.empty_cache()
-    value = f"{tokens / seconds:,.0f} tokens/s" + (f", MFU {100 * tflops / peak:.1f}%" if peak else "")
+    value = f"{tokens / seconds:,.0f} tokens/s" + (f", MFU {100 * tflops / stated:.1f}%" if stated else "")
     where = "bf16-mixed" if ctx.cuda else "fp32"
-    if peak:
-        peak_text = f"{tflops:.1f} TFLOP/s of {peak:.0f} (bf16 dense peak)"
+    if stated:
+        peak_text = (f"{tflops:.1f} TFLOP/s of the real tokens' model FLOPs, {100 * tflops / stated:.1f}% of the "
+                     f"stated bf16 dense peak {stated:.0f} (datasheet)")  # fmt: skip
+        if measured:
+            peak_text += f", {100 * tflops / measured:.1f}% of a measured bf16 matmul's {measured:.0f}"
     else:
         peak_text = f"{tflops * 1e3:.1f} GFLOP/s" + ("; no bf16 peak known for this device" if ctx.cuda else "")
     text = f"{name}, {bc.note}, batch {B}×{S}, {where}: {seconds * 1e3:.1f} ms/step, {peak_text}"
     return passed(value, text, **data)
+
+
+def real_token_flops(cfg, batch: dict) -> float:
+    """Model FLOPs of one training step on a batch's real tokens (padding excluded, as MFU counts useful work):
+    bench.flops_per_step with the real source and target tokens as positions, each attending over its side's mean
+    real length."""
+    from aiayn.bench import run as bench
+
+    B = batch["src"].shape[0]
+    n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]
+    return bench.flops_per_step(cfg, n_src, n_tgt, n_src / B, n_tgt / B)
+
+
+def measured_matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -> float:
+    """What this GPU delivers on the best case it has: an n×n by n×n bf16 matmul, timed with CUDA events after a
+    warm-up (the measured peak MFU is also quoted against, beside the datasheet's)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        a @ b
+    end.record()
+    torch.cuda.synchronize(device)
+    seconds = start.elapsed_time(end) / 1e3 / repeats
+    return 2 * n**3 / seconds / 1e12
 
 
 # --- aiayn subprocesses: DDP, resume, translate -------------------------------------------------------
@@ -652,7 +698,8 @@ def check_resume(ctx: Context) -> Result:
 
 def check_translate(ctx: Context) -> Result:
     """A 2-step run of a tiny model (`aiayn train`), then `aiayn translate` of SENTENCES on the CPU and, with CUDA,
-    on the GPU: every sentence translated, and the GPU's translations equal the CPU's (beam 4, float32)."""
+    on the GPU: every sentence translated, and the GPU's translations in float32 equal the CPU's (beam 4); the
+    GPU's bf16 translations (its default) are counted against them as information."""
     out = ctx.scratch / "translate"
     accelerator = "gpu" if ctx.cuda else "cpu"
     aiayn(["train", *TINY_RUN, "--out", str(out), "--max-steps", "2", "--accelerator", accelerator,
@@ -661,25 +708,31 @@ def check_translate(ctx: Context) -> Result:
     src = ctx.scratch / "sentences.en"
     src.write_text("".join(s + "\n" for s in SENTENCES))
     outputs = {}
-    for device in ("cpu", "cuda") if ctx.cuda else ("cpu",):
-        hyp = ctx.scratch / f"translate-{device}.de"
-        aiayn(["translate", "--run", str(run), "--device", device, "--input", str(src), "--output", str(hyp)], ctx,
-              f"translate-{device}")  # fmt: skip
-        outputs[device] = hyp.read_text().splitlines()
-        if len(outputs[device]) != len(SENTENCES):
-            return failed(f"{len(outputs[device])} lines", f"--device {device}: {len(outputs[device])} lines for "
-                          f"{len(SENTENCES)} sentences", outputs=outputs)  # fmt: skip
+    for key, device, precision in TRANSLATE_RUNS if ctx.cuda else TRANSLATE_RUNS[:1]:
+        hyp = ctx.scratch / f"translate-{key}.de"
+        aiayn(["translate", "--run", str(run), "--device", device, "--precision", precision, "--input", str(src),
+               "--output", str(hyp)], ctx, f"translate-{key}")  # fmt: skip
+        outputs[key] = hyp.read_text().splitlines()
+        if len(outputs[key]) != len(SENTENCES):
+            return failed(f"{len(outputs[key])} lines", f"--device {device} --precision {precision}: "
+                          f"{len(outputs[key])} lines for {len(SENTENCES)} sentences", outputs=outputs)  # fmt: skip
     if not ctx.cuda:
         return passed(f"{len(SENTENCES)} sentences", f"{NO_CUDA}: a 2-step run translates on the CPU; the GPU's "
                       "output is compared with it on a GPU node", outputs=outputs)  # fmt: skip
+    # like with like: float32 on both devices (`--device cuda` alone would decode in bf16, `--precision auto`)
     differ = [i for i, (a, b) in enumerate(zip(outputs["cpu"], outputs["cuda"])) if a != b]
+    same_bf16 = sum(a == b for a, b in zip(outputs["cpu"], outputs["cuda-bf16"]))
+    info = f"; in bf16 (the GPU's default) {same_bf16} of {len(SENTENCES)} equal the float32 ones (information)"
     if differ:
         i = differ[0]
-        return failed(f"{len(differ)} differ", f"sentence {i + 1}: cpu {outputs['cpu'][i]!r}, cuda "
-                      f"{outputs['cuda'][i]!r}", outputs=outputs)  # fmt: skip
-    return passed(
-        f"{len(SENTENCES)} equal", "a 2-step run translates on cuda as on cpu (beam 4, float32)", outputs=outputs
-    )
+        return failed(f"{len(differ)} differ", f"float32 on both, sentence {i + 1}: cpu {outputs['cpu'][i]!r}, cuda "
+                      f"{outputs['cuda'][i]!r}{info}", outputs=outputs)  # fmt: skip
+    return passed(f"{len(SENTENCES)} equal", f"a 2-step run translates on cuda as on cpu (beam 4, float32 on both)"
+                  f"{info}", outputs=outputs)  # fmt: skip
+
+
+# (key, --device, --precision): the CPU's float32, the GPU's float32 (compared with it), the GPU's default bf16
+TRANSLATE_RUNS = (("cpu", "cpu", "32-true"), ("cuda", "cuda", "32-true"), ("cuda-bf16", "cuda", "bf16-mixed"))
 
 
 REGISTRY: dict[str, Check] = {
