@@ -10,6 +10,7 @@ itself, and Lightning cannot inject a `DistributedSampler` into a custom batch s
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +35,15 @@ log = logging.getLogger(__name__)
 # re-exported for the modules that build batches the way training does (translate, bench)
 __all__ = ["TranslationDataModule", "collate", "derive_accumulation"]
 from aiayn.lightning_modules.batching import derive_accumulation  # noqa: E402
+
+
+def ignore_requeue_signal(worker_id: int) -> None:
+    """A DataLoader worker ignores SLURM's warning signal (callbacks.REQUEUE_SIGNAL, SIGUSR1). `#SBATCH
+    --signal=USR1@90` without `B:` goes to every process of the job step, the loader's workers included: the trainer
+    checkpoints and requeues on it, and a worker started by a forkserver or spawn (Python 3.14's default start
+    method) does not inherit the trainer's handler, so its default action, terminate, would kill it and the step
+    with it."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -261,6 +271,7 @@ class TranslationDataModule(pl.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
+            worker_init_fn=ignore_requeue_signal,
         )
 
     def train_dataloader(self) -> ResumableDataLoader:

@@ -51,11 +51,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     flash kernel, 1.05-1.6× forward and backward on training shapes and 2-3× for beam search's grouped
     cross-attention (single-query self-attention: about even), at the memory cost of the (T, S) weights, which
     at those sizes is small. A query whose keys are all masked (an empty source sentence) attends to nothing and
-    gets zeros, on both paths (outside autograd: training pairs are never empty).
+    gets zeros, on both paths: explicitly on the fused one, whose kernels disagree there (CPU's and some CUDA
+    kernels give zeros, others NaN), by letting such a row attend to every key and zeroing its output afterwards
+    (elementwise work on the mask, no branch and so no host sync; training pairs are never empty).
     """
     T, S = q.shape[-2], k.shape[-2]
     if not cpu_fast_path(q) or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        if mask is None or mask.dtype != torch.bool:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        empty = ~mask.any(-1, keepdim=True)  # (B, 1 or h, 1 or T, 1): queries with no key to attend
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, is_causal=causal)
+        return out.masked_fill(empty, 0.0)
     scores = (q @ k.transpose(-2, -1)).mul_(q.shape[-1] ** -0.5)  # (B, h, T, S); in place below: a fresh tensor
     if causal:  # query i sees keys ≤ i (top-left aligned, as scaled_dot_product_attention's is_causal)
         scores.masked_fill_(torch.ones(T, S, dtype=torch.bool, device=q.device).triu_(1), -math.inf)

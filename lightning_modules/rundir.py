@@ -396,6 +396,25 @@ class RunDir:
                     f"use another --out or delete that directory"
                 )
 
+    def check_resume_plan(self, config: RunConfig) -> None:
+        """A run resumes only with the batches it started with: the same world size, accumulation and tokens per
+        device batch. Its data position is counted in batches of its own rank's share of the epoch (rank r takes
+        every world-th batch), so another split would resume at another place in the data and silently train some
+        batches twice and others never; refused in one line instead, before anything is written."""
+        saved = self.read_config()
+        if saved is None or self.resume_checkpoint() is None:
+            return
+        old, new = saved.train, config.train
+        fields_ = ("world_size", "accumulate", "effective_tokens_per_step")
+        differ = [f"{f} {getattr(old, f)} -> {getattr(new, f)}" for f in fields_ if getattr(old, f) != getattr(new, f)]
+        if differ:
+            raise UserError(
+                f"run directory {self.path} was trained with world size {old.world_size} x {old.accumulate} "
+                f"accumulated batch(es) of {old.effective_tokens_per_step // max(old.world_size * old.accumulate, 1)} "
+                f"tokens; resuming it with {', '.join(differ)} would misplace its position in the data: resume with "
+                f"--devices/--num-nodes/--max-tokens as it ran, or start it again in another --out"
+            )
+
     def write_config(self, config: RunConfig) -> None:
         atomic_write_json(self.config_file, redact_obj(config.to_dict()))
 

@@ -195,6 +195,7 @@ def prepare(p: Plan):
         p.dm.prepare_data()
     p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
     p.run.check_config(p.config)
+    p.run.check_resume_plan(p.config)
     lock = p.run.hold_lock() if is_launch_rank_zero() else None
     if lock is not None:
         p.run.remove_stale_temps()

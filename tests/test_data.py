@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import logging
+import os
 import random
 from pathlib import Path
 
@@ -651,3 +652,34 @@ def test_a_data_limited_regime_trains_on_the_first_k_pairs_only(tiny_dm):
     with pytest.raises(UserError, match="--train-pairs 1000 is more than the corpus's 401 training pairs"):
         D.TranslationDataModule(corpus="files", data_dir=str(root), cache_dir=str(dm.cache_dir), vocab_size=150,
                                 max_tokens=400, max_len=48, train_pairs=1000).setup("fit")  # fmt: skip
+
+
+def _a_worker(init, ready, done):  # a loader worker as a spawned process starts it: the init function, then work
+    init(0)
+    ready.set()
+    done.wait(30)
+
+
+def test_the_requeue_signal_never_kills_a_loader_worker():
+    """Issue 31: SLURM's USR1 (sent without B: to every process of the step) reaches the loader's workers too; a
+    spawned or forkserver worker has the default action, terminate, unless its init function ignores the signal.
+    The data module's loaders pass that function; a spawned worker running it survives USR1."""
+    import multiprocessing
+    import signal
+
+    from aiayn.lightning_modules.data import TranslationDataModule, ignore_requeue_signal
+
+    dm = TranslationDataModule.__new__(TranslationDataModule)
+    dm._samplers, dm._datasets, dm.num_workers, dm.pin_memory = {"dev": [[0]]}, {"dev": [0]}, 0, False
+    assert dm._loader("dev").worker_init_fn is ignore_requeue_signal
+    ctx = multiprocessing.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    worker = ctx.Process(target=_a_worker, args=(ignore_requeue_signal, ready, done))
+    worker.start()
+    assert ready.wait(60)
+    os.kill(worker.pid, signal.SIGUSR1)
+    worker.join(1.0)
+    alive = worker.is_alive()
+    done.set()
+    worker.join(30)
+    assert alive and worker.exitcode == 0

@@ -245,3 +245,28 @@ def test_an_empty_source_gives_a_finite_perplexity_and_a_translation():
         nll, n = nll_sum(model, batch)
         hyps = beam_search(model, src, 2, 3, beam=2, alpha=0.6, extra_len=3)
     assert torch.isfinite(nll) and n == 5 and len(hyps) == 2
+
+
+def test_a_query_with_no_key_gets_zeros_on_the_fused_path_whatever_the_kernel(monkeypatch):
+    """Issue 31: some CUDA attention kernels return NaN for a query whose keys are all masked (an empty source),
+    CPU's return zeros. The fused path no longer leaves it to the kernel: with a kernel that gives NaN there (as
+    those CUDA ones), rows with keys are unchanged and the empty row is zeros."""
+    from aiayn.lightning_modules import model as M
+
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def nan_where_nothing_to_attend(q, k, v, attn_mask=None, is_causal=False):
+        out = real(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        empty = ~attn_mask.any(-1, keepdim=True)
+        return out.masked_fill(empty, float("nan"))
+
+    monkeypatch.setattr(M, "CPU_FAST_PATHS", False)  # the code a GPU takes
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (5, 70, 70))
+    mask = torch.ones(2, 1, 1, 70, dtype=torch.bool)
+    mask[1] = False  # the second source is empty
+    expected = real(q[:1], k[:1], v[:1], attn_mask=mask[:1])
+    monkeypatch.setattr(M.F, "scaled_dot_product_attention", nan_where_nothing_to_attend)
+    out = M.attention(q, k, v, mask)
+    assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(out[:1], expected)

@@ -561,3 +561,24 @@ def test_each_rank_restores_its_own_rng_states_and_draws_from_its_own_seed(monke
         assert cb.states == (states[rank] if rank < 2 else None)
         torch.manual_seed(7 + rank)
         assert torch.equal(drawn, torch.rand(1)) == (rank > 0)  # rank 0 keeps the stream it had
+
+
+def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache, tmp_path, capsys):
+    """Issue 31: a run's data position is counted in its own split of the epoch's batches (world size x accumulated
+    batches of max_tokens); resuming with another split would misplace it. Refused before anything is written: here
+    the same 1024 tokens per step as one batch, then as two accumulated batches of 512 (as 2 ranks would split it)."""
+    argv = ["train", "--preset", "tiny", "--max-steps", "2", "--ckpt-every", "1", "--val-every", "100",
+            "--val-bleu-sentences", "0", "--eval-subset", "2", "--out", str(tmp_path), *SMALL_MODEL,
+            *QUIET]  # fmt: skip
+    assert main(argv) == 0
+    run = run_dir(tmp_path)
+    (run / "metrics.json").unlink()  # as if it had been killed: there is a checkpoint to resume from
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*argv[:4], "3", *argv[5:], "--max-tokens", "512"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"aiayn: error: run directory {run} was trained with world size 1 x 1 accumulated "
+                              "batch(es) of 1024 tokens; resuming it with accumulate 1 -> 2")  # fmt: skip
+    assert "would misplace its position in the data" in err[-1]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert main([*argv[:4], "3", *argv[5:]]) == 0  # as it ran: it resumes

@@ -678,20 +678,27 @@ def check_ddp(ctx: Context) -> Result:
 
 
 def check_resume(ctx: Context) -> Result:
-    """The DDP run's checkpoint (written with 2 GPUs visible) resumed with one visible (CUDA_VISIBLE_DEVICES narrowed
-    to the first) and `--devices 1`, to 5 steps: Lightning restores it, and the run completes at step 5."""
+    """The DDP run's checkpoint resumed as it ran (2 GPUs, DDP) to 5 steps: Lightning restores it and the run completes
+    at step 5; before that, resuming it on one GPU (CUDA_VISIBLE_DEVICES narrowed to the first, `--devices 1`) is
+    refused in one line, since its data position is counted in the 2-rank split (RunDir.check_resume_plan)."""
     out = ctx.shared.get("ddp_out")
     if out is None:
         return skipped("needs the ddp check's run, which did not complete")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") or ""
     first = visible.split(",")[0].strip() or "0"
-    output = aiayn(["train", *TINY_RUN, "--out", str(out), "--max-steps", "5", "--accelerator", "gpu", "--devices",
-                    "1", "--precision", "bf16-mixed", *_cache_args(ctx)], ctx, "resume",
-                   env={"CUDA_VISIBLE_DEVICES": first})  # fmt: skip
+    common = ["train", *TINY_RUN, "--out", str(out), "--max-steps", "5", "--accelerator", "gpu", "--precision",
+              "bf16-mixed", *_cache_args(ctx)]  # fmt: skip
+    try:
+        aiayn([*common, "--devices", "1"], ctx, "resume-one-gpu", env={"CUDA_VISIBLE_DEVICES": first})
+        refused = False
+    except RuntimeError as e:
+        refused = "exited 2" in str(e) and "would misplace its position in the data" in str(e)
+    output = aiayn([*common, "--devices", "2", "--strategy", "ddp"], ctx, "resume")
     m = _run_metrics(out)
     restored = "Restored all states from the checkpoint" in output  # Lightning's own line when it resumes
-    text = f"CUDA_VISIBLE_DEVICES={first}: restored {restored}, status {m.get('status')}, {m.get('steps')} steps"
-    if not restored or m.get("status") != "completed" or m.get("steps") != 5:
+    text = (f"on 1 GPU: refused {refused}; on 2 (as it ran): restored {restored}, status {m.get('status')}, "
+            f"{m.get('steps')} steps")  # fmt: skip
+    if not refused or not restored or m.get("status") != "completed" or m.get("steps") != 5:
         return failed("no", text)
     return passed("yes", text)
 
