@@ -57,6 +57,32 @@ def projected_label_smoothed_loss(
     return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps, chunk, reduction == "mean")
 
 
+def compute_dtype(hidden: Tensor) -> torch.dtype:
+    """The dtype the chunk's matmuls run in: autocast's where it is on for the device (bf16-mixed), else the hidden
+    states' own."""
+    kind = hidden.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return hidden.dtype
+
+
+def accumulate_outer(acc: Tensor, g: Tensor, h: Tensor) -> None:
+    """acc (float32) += gᵀ h. With bf16 chunks on a GPU, one GEMM: cuBLAS's bf16 GEMM accumulating in float32
+    straight into `acc` (addmm's out_dtype), where it used to write a bf16 product, cast it to a float32 copy and
+    add that (three passes over a V × d_model matrix per chunk); elsewhere (float32, or bf16 on a CPU, or a torch
+    without that overload) the product, then the add."""
+    if g.dtype == acc.dtype:  # float32: the product, then the add, as it always was (a CPU run's bits unchanged)
+        acc += g.t() @ h
+        return
+    if acc.device.type == "cuda":
+        try:
+            torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
+            return
+        except (RuntimeError, TypeError, NotImplementedError):
+            pass
+    acc += (g.t() @ h).to(acc.dtype)
+
+
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int, mean: bool):
@@ -64,22 +90,27 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         n = mask.sum()
         inv_n = 1.0 / n.clamp(min=1).float() if mean else hidden.new_ones((), dtype=torch.float32)
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        # the weight in the compute dtype once per call, not once per chunk and matmul (under Lightning's autocast,
+        # whose cast cache is off, F.linear re-cast the fp32 embedding for every chunk, and the gradient again)
+        dtype, hidden_dtype = compute_dtype(hidden), hidden.dtype
+        w, hidden = weight.to(dtype), hidden.to(dtype)
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
         loss = hidden.new_zeros((), dtype=torch.float32)
         nll = hidden.new_zeros((), dtype=torch.float32)
         body = chunk_body(hidden.device)
-        for s in range(0, hidden.shape[0], chunk):
-            h, t, m = hidden[s : s + chunk], target[s : s + chunk], mask[s : s + chunk].float()
-            loss_c, nll_c, g = body(F.linear(h, weight), t, m, inv_n, eps, want_h or want_w)
-            loss, nll = loss + loss_c, nll + nll_c
-            if g is not None:
-                if want_h:
-                    grad_h[s : s + chunk] = g @ weight.to(h.dtype)
-                if want_w:
-                    grad_w += (g.t() @ h).float()
+        with torch.autocast(hidden.device.type, enabled=False):  # the operands are in `dtype` already
+            for s in range(0, hidden.shape[0], chunk):
+                h, t, m = hidden[s : s + chunk], target[s : s + chunk], mask[s : s + chunk].float()
+                loss_c, nll_c, g = body(F.linear(h, w), t, m, inv_n, eps, want_h or want_w)
+                loss, nll = loss + loss_c, nll + nll_c
+                if g is not None:
+                    if want_h:
+                        grad_h[s : s + chunk] = g @ w
+                    if want_w:
+                        accumulate_outer(grad_w, g, h)
         ctx.save_for_backward(grad_h, grad_w)
-        ctx.weight_dtype = weight.dtype
+        ctx.weight_dtype, ctx.hidden_dtype = weight.dtype, hidden_dtype
         nll = nll * inv_n
         ctx.mark_non_differentiable(nll, n)
         return loss * inv_n, nll, n
@@ -87,7 +118,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: Tensor, g_nll, g_n):
         grad_h, grad_w = ctx.saved_tensors
-        gh = grad_h * g_loss if grad_h is not None else None
+        gh = (grad_h * g_loss).to(ctx.hidden_dtype) if grad_h is not None else None
         gw = (grad_w * g_loss).to(ctx.weight_dtype) if grad_w is not None else None
         return gh, gw, None, None, None, None
 

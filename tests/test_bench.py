@@ -202,3 +202,15 @@ def test_bench_trainer_cli_times_the_real_trainer_beside_the_bare_step(tmp_path,
 def test_bench_trainer_config_is_checked():
     assert main(["bench", "--trainer", "--trainer-config", "huge", "--device", "cpu"]) == 2
     assert main(["bench", "--trainer-config", "tiny", "--device", "cpu"]) == 2  # without --trainer: a mistake
+
+
+def test_the_fused_loss_casts_the_weight_once_per_call_under_autocast():
+    """Issue 31: under bf16 autocast (Lightning's bf16-mixed keeps autocast's cast cache off) the fp32 embedding was
+    cast to bf16 for every chunk's logits and again for its gradient, 2 casts per chunk (56 a step at the paper's
+    shapes); once per call now. Counted on fake tensors (aiayn.bench.traffic), 4 chunks here; and in fp32 (a CPU
+    run) the weight is never cast."""
+    from aiayn.bench.traffic import loss_traffic
+
+    t = loss_traffic(vocab=300, d_model=16, positions=40, chunk=10)
+    assert t.watched_casts == 1 and t.ops["mm"] == 4 * 3  # logits, grad_h, grad_w per chunk
+    assert loss_traffic(vocab=300, d_model=16, positions=40, chunk=10, autocast=False).watched_casts == 0
