@@ -46,15 +46,30 @@ def derive_accumulation(target_tokens_per_step: int, max_tokens_per_batch: int, 
     return max(1, math.ceil(target_tokens_per_step / (max_tokens_per_batch * world_size)))
 
 
-def padding_stats(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int]) -> float:
-    """Fraction of padded positions over ``src`` plus ``tgt_in`` tensors of ``batches`` (0 = no waste)."""
+def padding_stats(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int],
+                  pad_to: int = 1, square: bool = False) -> float:  # fmt: skip
+    """Fraction of padded positions over ``src`` plus ``tgt_in`` tensors of ``batches`` (0 = no waste), their lengths
+    rounded up to a multiple of ``pad_to`` (and made equal with ``square``) as collate does."""
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens) + 1
     real = padded = 0
     for b in batches:
         s, t = src_lens[b], tgt_lens[b]
         real += int(s.sum() + t.sum())
-        padded += len(b) * int(s.max() + t.max())
+        S, T = round_up(int(max(s.max(), 1)), pad_to), round_up(int(t.max()), pad_to)
+        padded += len(b) * (2 * max(S, T) if square else S + T)
     return 1.0 - real / padded if padded else 0.0
+
+
+def batch_shapes(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int],
+                 pad_to: int = 1, square: bool = False) -> set[tuple[int, int, int]]:  # fmt: skip
+    """The distinct (sentences, source length, target length) shapes of ``batches`` as collate pads them: what a
+    compiled model or an attention plan is made for, once each."""
+    src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens) + 1
+    out = set()
+    for b in batches:
+        s, t = round_up(int(max(src_lens[b].max(), 1)), pad_to), round_up(int(tgt_lens[b].max()), pad_to)
+        out.add((len(b), max(s, t), max(s, t)) if square else (len(b), s, t))
+    return out
 
 
 class TokenBucketSampler(Sampler[list[int]]):
@@ -95,6 +110,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         rank: int = 0,
         drop_uneven: bool = True,
         accumulate: int = 1,
+        static_bucket: int | None = None,
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} outside [0, {num_replicas})")
@@ -105,6 +121,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.num_replicas, self.rank, self.drop_uneven = num_replicas, rank, drop_uneven
         self.accumulate = accumulate
+        self.static_bucket = static_bucket  # static shapes: lengths in buckets of this width, a fixed count each
         self.epoch, self.yielded, self._skip = 0, 0, 0
         self._len = len(self._rank_share(self.all_batches(0)))  # batch count is the same every epoch
 
@@ -118,6 +135,8 @@ class TokenBucketSampler(Sampler[list[int]]):
         key = np.maximum(self.src_lens, self.tgt_lens + 1)
         rng = np.random.default_rng([self.seed, epoch])
         tie = rng.random(len(key)) if self.shuffle else np.arange(len(key))
+        if self.static_bucket:
+            return self._static_batches(key, tie, rng)
         order = np.lexsort((tie, key))
         batches, start, real = [], 0, 0
         for pos, i in enumerate(order.tolist()):
@@ -130,6 +149,23 @@ class TokenBucketSampler(Sampler[list[int]]):
             real += tgt
         if start < len(order):
             batches.append(order[start:].tolist())
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def _static_batches(self, key, tie, rng) -> list[list[int]]:
+        """Static shapes (`static_bucket` K): each sentence's longer side, rounded up to a multiple of K, is its
+        bucket L; a bucket's batches hold max_tokens // L sentences each (its last one fewer), and collate pads both
+        sides to L (`collate(..., square_to=K)`), so an epoch has at most two shapes per bucket: a compiled model, or
+        a CUDA graph, is made for each once. The budget then bounds padded positions, so a step carries fewer real
+        tokens than max_tokens by the padding (BENCHMARKS.md measures it)."""
+        bucket = -(-key // self.static_bucket) * self.static_bucket
+        batches = []
+        for length in np.unique(bucket).tolist():
+            members = np.flatnonzero(bucket == length)
+            members = members[np.argsort(tie[members], kind="stable")]
+            size = max(1, self.max_tokens // length)
+            batches += [members[i : i + size].tolist() for i in range(0, len(members), size)]
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -227,18 +263,27 @@ class _CountingIter:
 # --------------------------------------------------------------------------------------------------
 
 
-def collate(items: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> dict:
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def collate(items: Sequence[tuple[int, torch.Tensor, torch.Tensor]], pad_to: int = 1, square: bool = False) -> dict:
     """Pad a list of ``(idx, src_ids, tgt_ids)`` into the batch dict the model consumes.
 
     ``src`` (B,S), ``tgt_in`` = [bos]+y and ``tgt_out`` = y+[eos] (B,T+1), all long and padded with 0;
     ``idx`` (B,) indexes the split (reference lookup for BLEU); ``n_*_tokens`` count non-pad positions.
+    ``pad_to``: S and T+1 rounded up to a multiple of it (length buckets: shapes repeat, for compiled kernels);
+    ``square``: both sides padded to the longer one's bucket (the static shapes of the sampler's `static_bucket`).
+    Padded positions are masked as any padding is.
     """
     # vectorized (one masked copy per tensor, not a loop over sentences): collation runs once per batch in
     # the training process, and at the tiny preset's batch sizes a per-sentence loop costs ~3% of a step
     b = len(items)
     src_lens, tgt_lens = [len(x[1]) for x in items], [len(x[2]) for x in items]  # host numbers: no tensor read
     src_len, tgt_len = torch.tensor(src_lens, dtype=torch.long), torch.tensor(tgt_lens, dtype=torch.long)
-    s, t = max(max(src_lens), 1), max(tgt_lens) + 1
+    s, t = round_up(max(max(src_lens), 1), pad_to), round_up(max(tgt_lens) + 1, pad_to)
+    if square:
+        s = t = max(s, t)
     src = torch.full((b, s), PAD, dtype=torch.long)
     tgt_in = torch.full((b, t), PAD, dtype=torch.long)
     tgt_out = torch.full((b, t), PAD, dtype=torch.long)

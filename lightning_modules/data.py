@@ -9,6 +9,7 @@ itself, and Lightning cannot inject a `DistributedSampler` into a custom batch s
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 from collections.abc import Sequence
@@ -74,6 +75,8 @@ class TranslationDataModule(pl.LightningDataModule):
         train_pairs: int | None = None,
         pin_memory: bool = False,
         splits: str | None = None,
+        pad_to: int = 1,
+        static_shapes: bool = False,
     ) -> None:
         super().__init__()
         if max_tokens <= max_len:
@@ -99,6 +102,8 @@ class TranslationDataModule(pl.LightningDataModule):
         self.accumulate = accumulate
         self.train_pairs = train_pairs  # a data-limited regime: the first K training pairs (the tokenizer: all)
         self.pin_memory = pin_memory  # page-locked batches for a GPU's asynchronous copies (not a CPU run's)
+        self.pad_to = pad_to  # batch lengths rounded up to a multiple of it (length buckets; 1: none)
+        self.static_shapes = static_shapes  # a fixed number of sentences per length bucket, both sides padded to it
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
         self.sp = None
         self.tokenizer = Path(tokenizer) if tokenizer else None  # a SentencePiece model to use instead of training one
@@ -177,6 +182,7 @@ class TranslationDataModule(pl.LightningDataModule):
             self._samplers[split] = TokenBucketSampler(
                 ds.src_lens, ds.tgt_lens, self.max_tokens, shuffle=train, seed=self.seed,
                 num_replicas=world, rank=rank, drop_uneven=train, accumulate=self.accumulate if train else 1,
+                static_bucket=self.pad_to if self.static_shapes else None,
             )  # fmt: skip
 
     def _world(self) -> tuple[int, int]:
@@ -267,7 +273,7 @@ class TranslationDataModule(pl.LightningDataModule):
         return ResumableDataLoader(
             self._datasets[split],
             batch_sampler=self._samplers[split],
-            collate_fn=collate,
+            collate_fn=functools.partial(collate, pad_to=self.pad_to, square=self.static_shapes),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,

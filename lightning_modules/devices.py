@@ -59,3 +59,14 @@ def autocast(device: torch.device, precision: str):
     if device.type == "cuda" and precision.startswith("bf16"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+GPU_PAD_TO = 8  # length buckets on a GPU: multiples of 8 keep bf16 tensor-core tiles whole
+
+
+def pad_multiple(requested: int | None, accelerator: str) -> int:
+    """`--pad-to`, or on a GPU GPU_PAD_TO (shapes repeat: compiled kernels and attention plans are reused), on a CPU 1
+    (no extra padding: a CPU run's numbers stay what they were)."""
+    if requested is not None:
+        return requested
+    return GPU_PAD_TO if uses_cuda(accelerator) else 1

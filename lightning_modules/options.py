@@ -90,6 +90,22 @@ class TrainOptions:
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )
     num_workers: int | None = option(None, "data loader worker processes (default: 4 on a GPU, 0 on a CPU)")
+    pad_to: int | None = option(
+        None, "pad each batch's lengths up to a multiple of K, so batch shapes repeat (a GPU's compiled kernels and "
+        "attention plans are made once per shape) at the cost of some padding (default: 8 on a GPU, 1 on a CPU)",
+        positive=True, metavar="K",
+    )  # fmt: skip
+    static_shapes: bool = option(
+        False, "batches of a few fixed shapes: each sentence's longer side rounded up to a multiple of --pad-to (its "
+        "bucket), a fixed number of sentences per bucket, both sides padded to it; what --compile model with fixed "
+        "shapes, or a CUDA graph, needs; more padding (BENCHMARKS.md), so fewer real tokens per step",
+    )  # fmt: skip
+    compile: str = option(
+        "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
+        "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
+        "compiles once). Numbers equal eager's within float rounding; with dropout, masks come from inductor's RNG",
+        choices=("none", "layers", "model"),
+    )  # fmt: skip
     logger: str | None = option(
         None, "where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each "
         "under the run directory (default: csv,tensorboard, or csv where tensorboard is not installed)",

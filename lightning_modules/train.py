@@ -41,7 +41,14 @@ from aiayn.lightning_modules.callbacks import (
 )
 from aiayn.lightning_modules.corpora import check_corpus_options
 from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
-from aiayn.lightning_modules.devices import autocast, data_workers, prepare_matmuls, resolve_precision, uses_cuda
+from aiayn.lightning_modules.devices import (
+    autocast,
+    data_workers,
+    pad_multiple,
+    prepare_matmuls,
+    resolve_precision,
+    uses_cuda,
+)
 from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.module import Diverged, TranslationModule
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TRAINER_DEFAULTS, TrainOptions, options_record
@@ -87,6 +94,8 @@ def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None =
         max_len=preset.max_len,
         num_workers=data_workers(opts.num_workers, opts.accelerator),
         pin_memory=uses_cuda(opts.accelerator),
+        pad_to=pad_multiple(opts.pad_to, opts.accelerator),
+        static_shapes=opts.static_shapes,
         tokenizer=tokenizer,
         train_pairs=opts.train_pairs or preset.train_pairs,
         splits=opts.hf_splits,
@@ -214,6 +223,7 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
         p.spec.model.to_dict(), **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset),
         data=p.config.data.to_dict(),
     )  # fmt: skip
+    compile_model(module.model, opts.compile, dynamic=not p.dm.static_shapes)
     trainer = build_trainer(opts, p, hooks)
     if trainer.is_global_zero:
         p.run.write_config(p.config)
@@ -227,6 +237,23 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     result["eval_time_s"] = time.perf_counter() - evaluating
     result["wall_time_s"] = time.perf_counter() - started
     return record(trainer, module, p, opts, hooks, result)
+
+
+def compile_model(model, how: str, dynamic: bool = True) -> None:
+    """`--compile`: each encoder and decoder layer (`layers`: nn.Module.compile, in place, so parameter names and
+    checkpoints are unchanged), or the encoder and decoder whole (`model`). `dynamic`: shapes vary from batch to batch
+    (without --static-shapes the sentence count does, even with --pad-to's length buckets), so compile for symbolic
+    shapes instead of recompiling per shape."""
+    import torch
+
+    if how == "none":
+        return
+    if how == "layers":
+        for layer in (*model.encoder, *model.decoder):
+            layer.compile(dynamic=dynamic)
+        return
+    model.encode = torch.compile(model.encode, dynamic=dynamic)  # instance attributes: the state dict is unchanged
+    model.decode = torch.compile(model.decode, dynamic=dynamic)
 
 
 def _val_bleu_sentences(opts: TrainOptions, preset: Preset) -> int:
@@ -290,7 +317,8 @@ def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: 
     paper-scale beam decode of newstest2013 there would take hours)."""
     full_dev = TranslationDataModule(
         **p.config.data.to_dict(), cache_dir=opts.cache_dir, max_tokens=max(p.dm.max_tokens, DECODE_MAX_TOKENS),
-        dev_subset=opts.eval_subset, tokenizer=p.dm.tokenizer_model,
+        dev_subset=opts.eval_subset, tokenizer=p.dm.tokenizer_model, pad_to=p.dm.pad_to,
+        static_shapes=p.dm.static_shapes,
     )  # fmt: skip
     full_dev.setup("validate")
     device = trainer.strategy.root_device

@@ -683,3 +683,66 @@ def test_the_requeue_signal_never_kills_a_loader_worker():
     done.set()
     worker.join(30)
     assert alive and worker.exitcode == 0
+
+
+def test_length_buckets_pad_to_a_multiple_and_change_no_number(both_paths):
+    """--pad-to K (issue 31): a batch's lengths rounded up to a multiple of K, the added positions padding like any
+    other; the model's logits at the real positions and the loss are those of the unbucketed batch (dropout off)."""
+    from aiayn.lightning_modules.batching import collate
+    from aiayn.lightning_modules.loss import projected_label_smoothed_loss
+    from aiayn.lightning_modules.model import Transformer, TransformerConfig
+
+    items = [(0, [5, 6, 7], [8, 9]), (1, [5, 6, 7, 8, 9, 10, 11, 12, 13], [8, 9, 10, 11])]
+    plain, bucketed = collate(items), collate(items, pad_to=8)
+    assert plain["src"].shape == (2, 9) and bucketed["src"].shape == (2, 16)
+    assert plain["tgt_in"].shape == (2, 5) and bucketed["tgt_in"].shape == (2, 8)
+    assert (plain["n_src_tokens"], plain["n_tgt_tokens"]) == (bucketed["n_src_tokens"], bucketed["n_tgt_tokens"])
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=20, max_len=64, P_drop=0.0))
+
+    def run(batch):
+        memory, mask = model.encode(batch["src"])
+        hidden = model.decode(batch["tgt_in"], memory, mask)
+        loss, _, _ = projected_label_smoothed_loss(hidden, model.embed.weight, batch["tgt_out"], 0.1)
+        return model.project(hidden)[:, :5], loss
+
+    (logits_a, loss_a), (logits_b, loss_b) = run(plain), run(bucketed)
+    real = plain["tgt_out"] != 0
+    torch.testing.assert_close(logits_b[real], logits_a[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-6, rtol=1e-6)
+
+
+def test_padding_and_distinct_shapes_with_length_buckets_by_hand():
+    from aiayn.lightning_modules.batching import batch_shapes, padding_stats
+
+    src, tgt = [3, 5, 9, 10], [2, 4, 8, 9]  # tgt_in lengths are one more: 3, 5, 9, 10
+    batches = [[0, 1], [2, 3]]
+    # unbucketed: (2 x 5 + 2 x 5) + (2 x 10 + 2 x 10) = 60 positions for 3+5+3+5 + 9+10+9+10 = 54 real
+    assert padding_stats(batches, src, tgt) == pytest.approx(1 - 54 / 60)
+    assert batch_shapes(batches, src, tgt) == {(2, 5, 5), (2, 10, 10)}
+    # to a multiple of 8: (2 x 8 + 2 x 8) + (2 x 16 + 2 x 16) = 96 positions
+    assert padding_stats(batches, src, tgt, pad_to=8) == pytest.approx(1 - 54 / 96)
+    assert batch_shapes(batches, src, tgt, pad_to=8) == {(2, 8, 8), (2, 16, 16)}
+
+
+def test_static_shapes_give_a_few_fixed_batch_shapes_and_every_sentence_once():
+    """--static-shapes (issue 31): each sentence's longer side rounded up to a multiple of K is its bucket; a bucket's
+    batches hold max_tokens // bucket sentences (the last fewer), and collate pads both sides to the bucket: at most
+    two shapes per bucket, every sentence in one batch (a dev split's sampler drops nothing)."""
+    from aiayn.lightning_modules.batching import TokenBucketSampler, batch_shapes, collate
+
+    rng = random.Random(0)
+    src = [rng.randint(1, 40) for _ in range(500)]
+    tgt = [max(1, s + rng.randint(-3, 3)) for s in src]
+    sampler = TokenBucketSampler(src, tgt, max_tokens=256, shuffle=False, drop_uneven=False, static_bucket=8)
+    batches = sampler.all_batches()
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    buckets = {-(-max(src[i], tgt[i] + 1) // 8) * 8 for i in range(500)}
+    shapes = batch_shapes(batches, src, tgt, pad_to=8, square=True)
+    assert len(shapes) <= 2 * len(buckets) and all(s == t and s in buckets for _, s, t in shapes)
+    full = [n for n, s, _ in shapes if n == 256 // s]
+    assert len(full) >= len(buckets) - 1  # every bucket with more sentences than one batch has its full shape
+    b = batches[0]
+    batch = collate([(i, list(range(4, 4 + src[i])), list(range(4, 4 + tgt[i]))) for i in b], pad_to=8, square=True)
+    ((_, length, _),) = batch_shapes([b], src, tgt, 8, square=True)
+    assert batch["src"].shape[1] == batch["tgt_in"].shape[1] == length

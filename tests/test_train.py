@@ -301,3 +301,49 @@ def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
     import wandb
 
     assert wandb.run is None  # finished: the next run in this process starts its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["layers", "model"])
+def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
+    """--compile layers|model (issue 31) on CPU, through inductor: three optimizer steps on fixed batches, with
+    length buckets (--pad-to 8, as a GPU run has them: one compile per shape), give eager's losses and weights within
+    float rounding (dropout off: inductor draws its own masks). Tolerance: 1e-4 relative, loose against fp32 sums
+    reordered by fusion, tight against a wrong kernel (a missing residual or norm moves the loss by 10% and more)."""
+    from aiayn.lightning_modules.batching import collate
+    from aiayn.lightning_modules.loss import projected_label_smoothed_loss
+    from aiayn.lightning_modules.model import Transformer, TransformerConfig
+    from aiayn.lightning_modules.train import compile_model
+
+    g = torch.Generator().manual_seed(0)
+
+    def pair(i: int, n: int) -> tuple:
+        return i, torch.randint(4, 50, (n,), generator=g).tolist(), torch.randint(4, 50, (n + 1,), generator=g).tolist()
+
+    batches = [collate([pair(i, n) for i, n in enumerate((5, 7, 9, 11))], pad_to=8) for _ in range(3)]
+
+    def train(compiled: str):
+        torch.manual_seed(0)
+        model = Transformer(TransformerConfig(N=2, d_model=32, d_ff=64, h=4, vocab_size=50, max_len=64, P_drop=0.0))
+        compile_model(model, compiled, dynamic=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # linear in the gradient: rounding stays rounding (Adam's
+        losses, grads = [], None  # update divides by tiny second moments and would amplify it)
+        for b in batches:
+            memory, mask = model.encode(b["src"])
+            loss, _, _ = projected_label_smoothed_loss(model.decode(b["tgt_in"], memory, mask), model.embed.weight,
+                                                       b["tgt_out"], 0.1)  # fmt: skip
+            loss.backward()
+            grads = grads or {k: p.grad.clone() for k, p in model.named_parameters()}  # the first step's
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses, grads, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    eager_losses, eager_grads, eager_state = train("none")
+    losses, grads, state = train(how)
+    assert losses == pytest.approx(eager_losses, rel=1e-4)
+    assert state.keys() == eager_state.keys()  # checkpoints load either way
+    for k in grads:
+        torch.testing.assert_close(grads[k], eager_grads[k], rtol=1e-3, atol=1e-6)
+    for k in state:
+        torch.testing.assert_close(state[k], eager_state[k], rtol=1e-4, atol=1e-5)

@@ -400,6 +400,7 @@ def peak_memory_mb(fn, device: torch.device) -> float:
 
 def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict]:
     """Padding waste of the token-bucket batches of the training split (one epoch's batches)."""
+    from aiayn.lightning_modules.batching import batch_shapes, padding_stats
     from aiayn.lightning_modules.data import TranslationDataModule
 
     setups = [("synthetic", None, 1000, 1024)]
@@ -412,10 +413,25 @@ def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict
             corpus=corpus, data_dir=data_dir, cache_dir=cache_dir, vocab_size=vocab, max_tokens=max_tokens
         )
         dm.setup("fit")
-        frac = dm.padding_fraction("train")
-        out.append({"corpus": corpus, "vocab_size": vocab, "max_tokens": max_tokens, "padding_fraction": frac})
-        log.info("padding: %s max_tokens %d: %.2f%% padded positions", corpus, max_tokens, 100 * frac)
+        s = dm._samplers["train"]
+        for pad_to, static in PAD_TO:
+            s.static_bucket = pad_to if static else None
+            batches = s.all_batches()
+            frac = padding_stats(batches, s.src_lens, s.tgt_lens, pad_to, square=static)
+            shapes = len(batch_shapes(batches, s.src_lens, s.tgt_lens, pad_to, square=static))
+            real = sum(int(s.tgt_lens[b].sum()) + len(b) for b in batches) / len(batches)
+            out.append({"corpus": corpus, "vocab_size": vocab, "max_tokens": max_tokens, "pad_to": pad_to,
+                        "static_shapes": static, "padding_fraction": frac, "batches": len(batches),
+                        "distinct_shapes": shapes, "real_target_tokens_per_batch": real})  # fmt: skip
+            log.info("padding: %s max_tokens %d, pad to %d%s: %.2f%% padded positions, %d distinct shapes in %d "
+                     "batches", corpus, max_tokens, pad_to, ", static shapes" if static else "", 100 * frac, shapes,
+                     len(batches))  # fmt: skip
+        s.static_bucket = None
     return out
+
+
+# --padding: no buckets; the length buckets of --pad-to 8 and 16; the static shapes of --static-shapes with them
+PAD_TO = ((1, False), (8, False), (16, False), (8, True), (16, True))
 
 
 def run(args: BenchOptions) -> list[dict]:
@@ -540,7 +556,10 @@ def table(results: list[dict]) -> str:
         f"GFLOP/s" + (f", MFU {100 * r['mfu']:.1f}% of {r['peak_bf16_tflops']:.0f} TFLOP/s bf16" if "mfu" in r else "")
     )
     for p in r.get("padding", []):
-        lines.append(f"padding {p['corpus']} (max_tokens {p['max_tokens']}): {100 * p['padding_fraction']:.2f}%")
+        lines.append(f"padding {p['corpus']} (max_tokens {p['max_tokens']}, lengths to a multiple of {p['pad_to']}"
+                     f"{', static shapes' if p['static_shapes'] else ''}): {100 * p['padding_fraction']:.2f}%, "
+                     f"{p['distinct_shapes']} distinct shapes in {p['batches']} batches, "
+                     f"{p['real_target_tokens_per_batch']:.0f} real target tokens a batch")  # fmt: skip
     return "\n".join(lines)
 
 
