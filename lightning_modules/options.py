@@ -91,8 +91,8 @@ class TrainOptions:
     )
     num_workers: int | None = option(None, "data loader worker processes (default: 4 on a GPU, 0 on a CPU)")
     pad_to: int | None = option(
-        None, "pad each batch's lengths up to a multiple of K, so batch shapes repeat (a GPU's compiled kernels and "
-        "attention plans are made once per shape) at the cost of some padding (default: 8 on a GPU, 1 on a CPU)",
+        None, "pad each batch's lengths up to a multiple of K (8 or 16 on a GPU), so batch shapes repeat (compiled "
+        "kernels and attention plans are made once per shape), at the cost of padding (default: 1, none)",
         positive=True, metavar="K",
     )  # fmt: skip
     static_shapes: bool = option(
