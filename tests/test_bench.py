@@ -214,3 +214,15 @@ def test_the_fused_loss_casts_the_weight_once_per_call_under_autocast():
     t = loss_traffic(vocab=300, d_model=16, positions=40, chunk=10)
     assert t.watched_casts == 1 and t.ops["mm"] == 4 * 3  # logits, grad_h, grad_w per chunk
     assert loss_traffic(vocab=300, d_model=16, positions=40, chunk=10, autocast=False).watched_casts == 0
+
+
+def test_decode_sources_land_on_the_models_device():
+    """The bench decodes sources on the model's device (issue 31: the old check accepted sources made on the CPU):
+    on the meta device, which any device="cpu" left in the path would not give."""
+    from aiayn.bench.run import decode_sources
+    from aiayn.lightning_modules.model import TransformerConfig
+
+    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)
+    src = decode_sources(cfg, 4, 7, torch.device("meta"))
+    assert src.device.type == "meta" and tuple(src.shape) == (4, 7)
+    assert torch.equal(decode_sources(cfg, 4, 7, torch.device("cpu")), decode_sources(cfg, 4, 7, torch.device("cpu")))

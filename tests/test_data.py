@@ -746,3 +746,31 @@ def test_static_shapes_give_a_few_fixed_batch_shapes_and_every_sentence_once():
     batch = collate([(i, list(range(4, 4 + src[i])), list(range(4, 4 + tgt[i]))) for i in b], pad_to=8, square=True)
     ((_, length, _),) = batch_shapes([b], src, tgt, 8, square=True)
     assert batch["src"].shape[1] == batch["tgt_in"].shape[1] == length
+
+
+def test_with_two_ranks_the_dev_split_is_shared_whole_and_training_is_cut_even(cache):
+    """The DataModule's wiring under DDP (issue 31: no test failed when it was reverted): with 2 ranks each gets its
+    share of the dev batches, together every dev sentence once (nothing dropped or repeated: perplexity counts each
+    once); the training shares are cut to equal counts. A fake trainer stands for Lightning's (world 2, rank r)."""
+
+    class FakeTrainer:
+        def __init__(self, rank):
+            self.world_size, self.global_rank = 2, rank
+            self._accelerator_connector = type("C", (), {"use_distributed_sampler": False})()
+
+    from aiayn.lightning_modules.data import TranslationDataModule
+
+    dev, train = [], []
+    for rank in (0, 1):
+        # 120 dev sentences in batches of at most 300 tokens: 5 batches, an odd count, so cutting them even would
+        # drop one
+        dm = TranslationDataModule(corpus="synthetic", cache_dir=cache, vocab_size=1000, max_tokens=300,
+                                   dev_subset=120)  # fmt: skip
+        dm.trainer = FakeTrainer(rank)
+        dm.setup("fit")
+        assert len(dm._samplers["dev"].all_batches()) == 5
+        dev.append([i for b in dm._samplers["dev"] for i in b])
+        train.append(len(dm._samplers["train"]))
+    assert sorted(dev[0] + dev[1]) == list(range(120))  # every dev sentence, once
+    assert dev[0] and dev[1] and not set(dev[0]) & set(dev[1])
+    assert train[0] == train[1]

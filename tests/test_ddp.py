@@ -220,3 +220,18 @@ def test_two_processes_sync_once_per_step_with_one_collective(cache, tmp_path):
         per_step = json.loads((counts / f"rank{rank}.json").read_text())[1:]  # the first sets things up
         assert len(per_step) >= 8, per_step
         assert {json.dumps(s, sort_keys=True) for s in per_step} == {'{"collectives": 1, "reads": 1}'}, (rank, per_step)
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_holds_each_ranks_own_rng_states(cache, tmp_path):
+    """RNGStates under two processes (issue 31: no test failed when its gather was reverted): the checkpoint rank 0
+    writes holds both ranks' states, gathered, and they differ (rank 1 draws from seed + 1)."""
+    import torch
+
+    _finish(_train(tmp_path, cache, "--devices", "2", "--strategy", "ddp", "--ckpt-every", "10"))
+    ckpt = torch.load(tmp_path / "tiny" / "synthetic" / ROW / "seed0" / "checkpoints" / "last.ckpt",
+                      weights_only=False)  # fmt: skip
+    (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("RNGStates")]
+    ranks = state["ranks"]
+    assert len(ranks) == 2 and all(r is not None for r in ranks)
+    assert not torch.equal(ranks[0]["torch"], ranks[1]["torch"])

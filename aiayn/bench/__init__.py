@@ -34,6 +34,8 @@ class BenchOptions:
     alpha: float = option(PAPER_DECODING.alpha, "length penalty (aiayn: GNMT's; Marian: score/len^alpha)")
     threads: int | None = option(None, "torch.set_num_threads (default: torch's own)", positive=True)
     padding: bool = option(False, "also the padding waste of token-bucket batches")
+    compile: str = option("none", "torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is "
+                          "fixed, so statically)", choices=("none", "layers", "model"))  # fmt: skip
     multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
     cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")
     trainer: bool = option(

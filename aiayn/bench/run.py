@@ -459,6 +459,10 @@ def run(args: BenchOptions) -> list[dict]:
     log.info("config %s: %s; batch %d×%d, %s, %d threads", bc.name, bc.note, B, S, device_name, torch.get_num_threads())
 
     models = {impl: build(impl, cfg).to(device) for impl in impls}
+    if args.compile != "none":
+        from aiayn.lightning_modules.train import compile_model
+
+        compile_model(models["aiayn"], args.compile, dynamic=False)  # the bench's batch has one shape
     trainers = {impl: Trainer(impl, models[impl], cfg, batch, device) for impl in impls}
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     step_s: dict[str, list[float]] = {impl: [] for impl in impls}
