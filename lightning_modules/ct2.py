@@ -47,6 +47,9 @@ def read_export(path: Path, fmt: str) -> dict:
     return record
 
 
+BATCHINGS = ("same-length", "sorted")
+
+
 class Ct2Translator:
     """A CTranslate2 export with its tokenizer and decoding settings (module docstring)."""
 
@@ -61,9 +64,13 @@ class Ct2Translator:
         max_tokens: int = DECODE_MAX_TOKENS,
         compute_type: str = "default",
         threads: int | None = None,
+        batching: str = "same-length",
     ) -> None:
         import sentencepiece as spm
 
+        if batching not in BATCHINGS:
+            raise UserError(f"batching {batching!r}: one of {', '.join(BATCHINGS)}")
+        self.batching = batching
         path = Path(path)
         record = read_export(path, "ctranslate2")
         ctranslate2 = require("ctranslate2", "ctranslate2", f"the CTranslate2 model {path}")
@@ -104,9 +111,13 @@ class Ct2Translator:
         beam, alpha = beam or self.beam, self.alpha if alpha is None else alpha
         pieces = encode_checked(self.sp, sentences, self.cfg.max_len, name, out_type=str)
         out = [""] * len(pieces)
-        # one source length per batch: CTranslate2's length limit is per batch, aiayn's per sentence
-        for batch in token_batches([len(p) for p in pieces], self.max_tokens, same_length=True):
-            limit = min(len(pieces[batch[0]]) + self.extra_len, self.cfg.max_len - 1)
+        # same-length: one source length per batch, since CTranslate2's length limit is per batch and aiayn's per
+        # sentence (exactly aiayn's limits, at the cost of small batches); sorted: sentences of neighbouring
+        # lengths together, each batch limited by its longest source (a shorter sentence may run longer than
+        # aiayn would let it, only where it reaches the limit: a model that never ends)
+        same = self.batching == "same-length"
+        for batch in token_batches([len(p) for p in pieces], self.max_tokens, same_length=same):
+            limit = min(max(len(pieces[i]) for i in batch) + self.extra_len, self.cfg.max_len - 1)
             results = self.model.translate_batch(
                 [pieces[i] for i in batch], beam_size=beam, length_penalty=alpha, patience=1, disable_unk=True,
                 suppress_sequences=self._never, max_decoding_length=limit, max_input_length=0,

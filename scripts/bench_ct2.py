@@ -39,6 +39,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max-tokens", type=int, default=4096, help="source tokens per batch, padding included")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results here")
+    p.add_argument(
+        "--batching",
+        action="append",
+        choices=("same-length", "sorted"),
+        default=None,
+        help="CTranslate2's batches (repeatable: each is an engine of its own; default: same-length)",
+    )
     return p.parse_args(argv)
 
 
@@ -55,9 +62,11 @@ def engines(args, where: Path) -> dict:
     for quantization in ("float32", "int8"):
         path = where / f"ct2-{quantization}"
         export(ExportOptions(model=source, format="ctranslate2", out=str(path), quantization=quantization))
-        out[f"ct2 {'fp32' if quantization == 'float32' else quantization}"] = Ct2Translator(
-            path, device="cpu", beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, threads=args.threads
-        )
+        for batching in args.batching:
+            name = f"ct2 {'fp32' if quantization == 'float32' else quantization}" + (
+                f" {batching}" if len(args.batching) > 1 else "")  # fmt: skip
+            out[name] = Ct2Translator(path, device="cpu", beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens,
+                                      threads=args.threads, batching=batching)  # fmt: skip
     return out
 
 
@@ -105,6 +114,7 @@ def table(rows: list[dict], info: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    args.batching = args.batching or ["same-length"]
     import ctranslate2
     import torch
 
