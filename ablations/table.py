@@ -33,7 +33,6 @@ class Row:
     paper_bleu: float | None
     paper_params_m: float | None
     note: str = ""  # what an extended row is (shown by `aiayn rows` and in reports)
-    source: str = ""  # the table file the row came from
 
     @property
     def extended(self) -> bool:
@@ -142,11 +141,11 @@ def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
                     f"give the row another name"
                 )
             where[r["row"]] = f"{path} line {line}"
-            raw.append((path, r))
-    base_raw = next(r for _, r in raw if r["row"] == "base")
+            raw.append(r)
+    base_raw = next(r for r in raw if r["row"] == "base")
     base = dict(PAPER_BASE, **{k: v for k, v in base_raw.items() if k in TABLE_KNOBS})
     rows = {}
-    for path, r in raw:
+    for r in raw:
         rows[r["row"]] = Row(
             row=r["row"],
             group=r["group"],
@@ -155,7 +154,6 @@ def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
             paper_bleu=r.get("paper_bleu_dev"),
             paper_params_m=r.get("paper_params_M"),
             note=r["note"],
-            source=str(path),
         )
     return rows
 

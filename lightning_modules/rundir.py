@@ -288,12 +288,6 @@ class OutDir:
         found = self.root.glob("*/*/*/seed*")
         return sorted(RunDir(p) for p in found if p.is_dir() and p.relative_to(self.root).parts[0] not in self.RESERVED)
 
-    def table_runs(self) -> list[RunDir]:
-        """Every run directory of a Table 3 run under the root (OUT/PRESET/CORPUS/ROW/seedS with a metrics.json);
-        HPO trials, SLURM files and reports are not among them."""
-        found = self.root.glob("*/*/*/seed*/metrics.json")
-        return sorted(RunDir(p.parent) for p in found if p.relative_to(self.root).parts[0] not in self.RESERVED)
-
 
 @dataclass(frozen=True)
 class RunDir:

@@ -64,9 +64,6 @@ class RunSpec:
     deviations: tuple[Deviation, ...] = ()
     note: str = ""
 
-    def model_config(self) -> TransformerConfig:
-        return self.model
-
     def cost(self) -> float:
         """A run's relative cost, for ordering a sweep's queue: its steps × its parameters (a proxy for FLOPs)."""
         return float(self.train_steps * self.model.params())
