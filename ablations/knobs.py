@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+try:  # pandas' missing value (a report's Int64 column): printed as nothing. ablations/ imports no torch; pandas is
+    from pandas import NA as _NA  # a dependency anyway
+except ImportError:  # pragma: no cover
+    _NA = object()
+
 from aiayn.common.errors import UserError
 
 
@@ -30,6 +35,25 @@ class Knob:
     fmt: str  # how a report prints it: "d", "g", "s", "ln" (post/pre)
     tex: str  # its column header in a LaTeX table
     help: str
+    label: str = ""  # its column header in a report's tables (default: its name)
+
+    def header(self) -> str:
+        return self.label or self.name
+
+    def cell(self, value) -> str:
+        """`value` as a report prints it ("" for none): by `fmt`."""
+        if value is None or (isinstance(value, float) and value != value):  # None or NaN
+            return ""
+        try:
+            if value is _NA:
+                return ""
+        except TypeError:
+            pass
+        if self.fmt == "ln":
+            return "pre" if value else "post"
+        if self.fmt == "d":
+            return f"{int(value):d}"
+        return f"{value:{self.fmt}}" if self.fmt != "s" else str(value)
 
     @property
     def what(self) -> str:
@@ -47,8 +71,10 @@ KNOBS = {
         Knob("d_v", int, "model", "attention", "d", "$d_v$", "value width per head (default d_model/h)"),
         Knob("P_drop", float, "model", None, "g", "$P_{drop}$", "residual and embedding dropout"),
         Knob("eps_ls", float, "model", None, "g", r"$\epsilon_{ls}$", "label smoothing"),
-        Knob("pe", str, "model", None, "s", "PE", "positional encoding: sinusoid, learned, none, rope"),
-        Knob("norm_first", parse_bool, "model", None, "ln", "LN", "pre-LN residuals (a deviation; paper: post-LN)"),
+        Knob("pe", str, "model", None, "s", "PE", "positional encoding: sinusoid, learned, none, rope", "PE"),
+        Knob(
+            "norm_first", parse_bool, "model", None, "ln", "LN", "pre-LN residuals (a deviation; paper: post-LN)", "LN"
+        ),
         Knob("train_steps", int, "steps", "steps", "d", "steps", "the row's training steps (paper's; big: 3x)"),
         Knob("warmup", int, "schedule", None, "d", "warmup", "warmup steps of the learning-rate schedule"),
         Knob("lr_factor", float, "schedule", None, "g", "lr", "factor on the paper's learning-rate schedule"),

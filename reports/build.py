@@ -531,16 +531,7 @@ def display_wide(table: pd.DataFrame) -> pd.DataFrame:
         {
             "group": table["group"].where(first, ""),
             "row": table["row"],
-            "N": table["N"].map(lambda x: _fmt(x, "d")),
-            "d_model": table["d_model"].map(lambda x: _fmt(x, "d")),
-            "d_ff": table["d_ff"].map(lambda x: _fmt(x, "d")),
-            "h": table["h"].map(lambda x: _fmt(x, "d")),
-            "d_k": table["d_k"].map(lambda x: _fmt(x, "d")),
-            "d_v": table["d_v"].map(lambda x: _fmt(x, "d")),
-            "P_drop": table["P_drop"].map(lambda x: _fmt(x, "g")),
-            "eps_ls": table["eps_ls"].map(lambda x: _fmt(x, "g")),
-            "PE": table["pe"].fillna("").astype(str),
-            "LN": table["norm_first"].map(lambda x: "" if x is None or pd.isna(x) else ("pre" if x else "post")),
+            **{KNOBS[k].header(): table[k].map(KNOBS[k].cell) for k in MODEL_KEYS},  # each knob as it says
             "steps": table["steps"].map(_text),
             "n": table["n"].astype(str),
             "PPL (dev)": [_pm(m, s, ".3f") for m, s in zip(table["ppl"], table["ppl_std"])],

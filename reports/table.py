@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from aiayn.ablations.knobs import MODEL_KEYS
+from aiayn.ablations.knobs import KNOBS, MODEL_KEYS
 from aiayn.ablations.predictions import scored_rows
 from aiayn.ablations.table import SERIES, load_rows
 from aiayn.lightning_modules.spec import resolve
@@ -254,7 +254,7 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     judged = verdicts.judge(preset, values, converged, floors) if preset else {}
     set_verdicts(df, judged)
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
-    for k in ("bootstrap_seed", "N", "d_model", "d_ff", "h", "d_k", "d_v", "n"):
+    for k in ("bootstrap_seed", "n", *(k for k in MODEL_KEYS if KNOBS[k].type is int)):
         df[k] = df[k].astype("Int64")
     runs_df = pd.DataFrame.from_records(
         [
