@@ -83,3 +83,56 @@ def test_every_flag_the_prose_names_is_an_option_of_some_command(page):
     every = {s for p in COMMANDS.values() for a in p._actions for s in a.option_strings}
     named = set(re.findall(r"(?<![\w-])--[a-z][\w.-]*", page.read_text(encoding="utf-8")))
     assert named - every - FOREIGN == set(), f"{page.name} names flags no aiayn command has"
+
+
+PACKAGE_DIRS = ("aiayn", "ablations", "lightning_modules", "sweeps", "reports")
+
+
+def _modules() -> list[Path]:
+    return sorted(p for d in PACKAGE_DIRS for p in (ROOT / d).rglob("*.py") if p.name != "__init__.py")
+
+
+def _defined_names() -> set[str]:
+    names = set()
+    for path in _modules():
+        text = path.read_text(encoding="utf-8")
+        names |= set(re.findall(r"^\s*(?:def|class)\s+(\w+)", text, re.M))
+        names |= set(re.findall(r"^(\w+)\s*(?::[^=\n]*)?=", text, re.M))  # module-level names
+        names |= set(re.findall(r"^    (\w+)\s*:", text, re.M))  # dataclass fields
+    return names
+
+
+def test_architecture_names_every_module_and_only_what_exists():
+    """ARCHITECTURE.md is kept in step with the code (issue 30): every module of the package is named there (by its
+    path, or by its file name in a row that names its directory), every .py path it cites exists, and every
+    code name it cites (`RunSpec`, `Selection.pairs()`, `spec.resolve`) is defined somewhere in the package."""
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    missing = [p.relative_to(ROOT).as_posix() for p in _modules()
+               if p.relative_to(ROOT).as_posix() not in text and f"`{p.name}`" not in text]  # fmt: skip
+    assert not missing, f"ARCHITECTURE.md does not name {missing}"
+    for cited in re.findall(r"`([\w/<>.-]+\.py)`", text):
+        if "<" not in cited:
+            assert (ROOT / cited).is_file() or any(p.name == cited for p in _modules()), f"no file {cited}"
+    defined = _defined_names()
+    for span in re.findall(r"`([^`\s]+)`", text):
+        if span.startswith("aiayn."):  # a module path: aiayn.X is X/ for the top-level directories, else aiayn/X
+            parts = span.removesuffix("()").split(".")[1:]
+            where, rest = (ROOT, parts) if parts[0] in PACKAGE_DIRS else (ROOT / "aiayn", parts)
+            while rest and ((where / rest[0]).is_dir() or (where / f"{rest[0]}.py").is_file()):
+                where = where / rest[0] if (where / rest[0]).is_dir() else where / f"{rest[0]}.py"
+                rest = rest[1:]
+            assert where.exists() and all(r in defined for r in rest), f"ARCHITECTURE.md cites `{span}`: not found"
+            continue
+        m = re.fullmatch(r"(?:[a-z_]+\.)*([A-Za-z_]\w*)(?:\(\w*\))?", span)
+        if not m or span.endswith((".py", ".md", ".csv", ".json", ".model", ".toml")) or "/" in span:
+            continue
+        name = m.group(1)
+        if name.islower() and "_" not in name and "." not in span and "(" not in span:
+            continue  # a plain word in code style (a command, a row, a preset): not a code name
+        if span in ARCHITECTURE_FOREIGN or span.endswith((".hyp", ".ref")):
+            continue
+        assert name in defined, f"ARCHITECTURE.md cites `{span}`, which the package does not define"
+
+
+# names ARCHITECTURE.md cites that live outside the package: another library's, a test's
+ARCHITECTURE_FOREIGN = {"MarianMTModel", "MarianTokenizer", "RunnerBackend"}

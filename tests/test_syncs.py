@@ -102,7 +102,9 @@ def device_reads(monkeypatch):
     return counter
 
 
-def test_one_sync_per_step_with_the_defaults_progress_bar_and_log_steps_included(cache, tmp_path, device_reads):
+def test_one_sync_per_step_with_the_defaults_progress_bar_and_log_steps_included(
+    cache, tmp_path, device_reads, both_paths
+):
     """Issue 31: with the progress bar on (the default) and log steps inside the window (every 2 steps here), a step
     still reads the device once. Before, the bar read the logged loss at every batch end and a log step read every
     logged value: about 1.2 reads per step at the default log_every_n_steps 10, and 2-5 on a log step."""
