@@ -25,6 +25,7 @@ from typing import ClassVar
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_open, atomic_symlink
 from aiayn.common.names import check_name
+from aiayn.common.text import NotUTF8, utf8_lines
 from aiayn.lightning_modules.hf_corpus import HFRef, HFText, is_hf, open_dataset, parse_splits
 
 log = logging.getLogger(__name__)
@@ -80,17 +81,12 @@ def _read_lines(path: Path) -> list[str]:
             raw = f.read()
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read {path} ({e}); check the file or pass --data-dir with valid files") from e
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final newline does not start another sentence
-    out = []
-    for i, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise UserError(
-                f"{path} line {i} is not valid UTF-8 ({e.reason}); re-encode the file as UTF-8 (e.g. iconv -t utf-8)"
-            ) from e
+    try:
+        out = utf8_lines(raw)
+    except NotUTF8 as e:
+        raise UserError(
+            f"{path} line {e.line} is not valid UTF-8 ({e.reason}); re-encode the file as UTF-8 (e.g. iconv -t utf-8)"
+        ) from None
     if not out:
         raise UserError(f"{path} is empty; provide a non-empty file with one sentence per line")
     return out

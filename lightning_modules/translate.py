@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from aiayn.common.errors import UserError
+from aiayn.common.text import NotUTF8, utf8_lines
 from aiayn.lightning_modules.bleu import bleu
 from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_files
 from aiayn.lightning_modules.config import PAPER_DECODING
@@ -61,17 +62,11 @@ def read_sentences(path: str, what: str = "input") -> list[str]:
         raise UserError(f"cannot read {what} {path} ({e.strerror or e}); pass a UTF-8 text file, one sentence "
                         f"per line") from None  # fmt: skip
     name = "stdin" if path == "-" else path
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    for i, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise UserError(f"{what} {name} line {i} is not valid UTF-8 ({e.reason}); re-encode it as UTF-8 "
-                            f"(e.g. iconv -t utf-8)") from None  # fmt: skip
-    return out
+    try:
+        return utf8_lines(raw)
+    except NotUTF8 as e:
+        raise UserError(f"{what} {name} line {e.line} is not valid UTF-8 ({e.reason}); re-encode it as UTF-8 "
+                        f"(e.g. iconv -t utf-8)") from None  # fmt: skip
 
 
 def _tokenizer(ckpt: dict, path: Path) -> bytes:

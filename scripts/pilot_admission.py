@@ -5,6 +5,7 @@ fixed before the pilot was read (BENCHMARKS.md, "Attempt 4"), which never looks 
         --seeds 1 --base-seeds 2 --first-seed 100 --out pilot4-s20 --report ''
     python scripts/pilot_admission.py pilot4-s20 --export reports/reference/pilots/evidence-v4-synthetic-20
     python scripts/pilot_admission.py reports/reference/pilots/evidence-v4-synthetic-20   # the same, from git
+    python scripts/pilot_admission.py --choose R1=PREFIX1 R2=PREFIX2 R3=PREFIX3   # the rule over the candidates
 
 A budget B (a multiple of the preset's validation interval, at most the pilot's length) is admitted when
 
@@ -118,11 +119,39 @@ def export(curves: pd.DataFrame, runs: pd.DataFrame, prefix: Path) -> None:
     print(f"wrote {prefix}-curves.csv and {prefix}-runs.csv")
 
 
+def choose(pilots: list[tuple[str, Path]]) -> tuple[str, int, str]:
+    """The regime and budget of attempt 4 by its rule over the candidates in order: the smallest admitted budget of the
+    first candidate that admits one; else the (candidate, budget) meeting (a) and (d) with the most pilot runs
+    converged by (b), ties going to the earlier candidate, then the smaller budget. (name, budget, why)."""
+    best = None
+    for rank, (name, source) in enumerate(pilots):
+        curves, runs = read_pilot(source)
+        results = [r for r in (judge(curves, runs, b) for b in BUDGETS) if "falls" in r]
+        admitted = [r["budget"] for r in results if r["admitted"]]
+        if admitted:
+            return name, admitted[0], "admitted"
+        for r in results:
+            if r["a_headroom"] and r["d_affordable"]:
+                key = (-r["converged_runs"], rank, r["budget"])
+                if best is None or key < best[0]:
+                    best = (key, name, r["budget"], f"fallback: {r['converged_runs']} of {r['runs']} runs converged")
+    if best is None:
+        raise SystemExit("no candidate meets (a) and (d) at any budget")
+    return best[1], best[2], best[3]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("pilot", type=Path, help="a pilot's --out, or the PREFIX of its export")
+    ap.add_argument("pilot", type=Path, nargs="?", help="a pilot's --out, or the PREFIX of its export")
     ap.add_argument("--export", type=Path, metavar="PREFIX", help="write the pilot in compact form")
+    ap.add_argument("--choose", nargs="+", metavar="NAME=PREFIX", help="the candidates in their registered order: "
+                    "print the regime and budget the rule chooses among them")  # fmt: skip
     args = ap.parse_args()
+    if args.choose:
+        pilots = [(x.split("=", 1)[0], Path(x.split("=", 1)[1])) for x in args.choose]
+        name, budget, why = choose(pilots)
+        print(f"chosen: {name} at {budget} steps ({why})")
+        return
     curves, runs = read_pilot(args.pilot)
     if args.export:
         export(curves, runs, args.export)

@@ -38,6 +38,7 @@ from aiayn.common.lifetime import DIE_WITH_PARENT, die_with_parent
 from aiayn.common.locks import file_lock
 from aiayn.common.options import to_argv
 from aiayn.common.secrets import redact
+from aiayn.common.text import clock
 from aiayn.lightning_modules.corpora import corpus_dirname
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunMetrics
@@ -148,9 +149,7 @@ def _n_finished(trials: list[optuna.trial.FrozenTrial]) -> int:
 
 
 def _hms(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+    return clock(seconds)
 
 
 class QueueBackend(Backend):

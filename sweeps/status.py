@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from aiayn.common.errors import UserError
+from aiayn.common.text import clock
 from aiayn.lightning_modules.rundir import OutDir
 from aiayn.sweeps import books
 
@@ -46,11 +47,7 @@ def sweep_status(out: str | Path) -> list[dict]:
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+    return clock(seconds, with_seconds=False)
 
 
 def _step(p: dict) -> str:
