@@ -40,9 +40,7 @@ log = logging.getLogger("aiayn")
 
 # Options a sweep sets for each of its runs, not the user.
 PER_RUN = ("train.row", "train.seed", "train.progress")
-# `aiayn slurm`: the Trainer's devices, nodes and strategy follow the SLURM resources unless given.
 HPO_SKIP = ("train.progress",)
-SLURM_DEFAULTS = {"train.accelerator": "gpu", "train.devices": None, "train.num_nodes": None, "train.strategy": None}
 
 
 # ---- one run
@@ -133,7 +131,7 @@ def _with_config_tokenizer(opts: TrainOptions, args, spec) -> TrainOptions:
         return opts
     from aiayn.common.files import sha256_file
 
-    source = Path(args.config).parent
+    source = Path(args.config_source).parent
     sibling = source / "tokenizer.model"
     recorded = args.config_tokenizer
     elsewhere = spec.run_dir(opts.out, opts.seed).path.resolve() != source.resolve()
@@ -401,6 +399,7 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # `--max-step` is a typo answered with "did you mean", not a guess
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
@@ -409,9 +408,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _config_arguments(p, cls, command: str, *, skip=(), config_help: str = "", print_help: str = "") -> None:
     """--config FILE and --print-config for a command whose options are the dataclass `cls`."""
-    p.add_argument("--config", metavar="FILE", default=None, help=config_help or (
+    p.add_argument("--config", metavar="FILE", action="append", default=None, help=config_help or (
         "a YAML file of these options (what --print-config prints; nested by group or dotted, e.g. train.max_steps); "
-        "flags given here override it"))  # fmt: skip
+        "repeatable, later files over earlier ones; flags given here override them all"))  # fmt: skip
     p.add_argument("--print-config", action="store_true", help=print_help or (
         "print these options as YAML (every value, the config file included) and exit: `--config` of that file runs "
         "the same command"))  # fmt: skip
@@ -468,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arguments(
         t, TrainOptions, "aiayn train",
         config_help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
-        "flags given here override it (--set and --table add to it)",
+        "repeatable, later files over earlier ones; flags given here override them (--set and --table add to them)",
         print_help="print the run's resolved config.json (JSON, which --config reads back) and exit: nothing "
         "prepared, trained or written",
     )  # fmt: skip
@@ -509,13 +508,13 @@ def build_parser() -> argparse.ArgumentParser:
     sl = sub.add_parser("slurm", help="submit Table 3 (or one run) to SLURM as a job array; requeued on preemption")
     slsub = sl.add_subparsers(dest="slurm_command", required=True, parser_class=_Parser)
     sp = slsub.add_parser("table3", help="one array task per pending (row, seed)")
-    add_options(sp, SlurmOptions, skip=PER_RUN, defaults=SLURM_DEFAULTS)
+    add_options(sp, SlurmOptions, skip=PER_RUN)
     _config_arguments(sp, SlurmOptions, "aiayn slurm table3", skip=PER_RUN)
     sp.set_defaults(func=cmd_slurm)
     sp = slsub.add_parser("train", help="one run")
     one_run = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
                "train.progress")  # fmt: skip
-    add_options(sp, SlurmOptions, skip=one_run, defaults=SLURM_DEFAULTS)
+    add_options(sp, SlurmOptions, skip=one_run)
     _config_arguments(sp, SlurmOptions, "aiayn slurm train", skip=one_run)
     sp.set_defaults(func=cmd_slurm)
 
@@ -567,29 +566,71 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--last", type=positive_int, default=5, help="how many of the newest periodic checkpoints")
     a.add_argument("--out", required=True, help="the averaged checkpoint to write (a .ckpt file)")
     a.set_defaults(func=cmd_average)
+    _own_parsers(p)
     return p
 
 
+def _own_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's parser records itself (`args.parser_of`), so an unknown flag is matched against its options."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                sub.set_defaults(parser_of=sub)
+                _own_parsers(sub)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The parsed command line. `--config FILE` (train, table3, hpo, slurm): FILE's options become the command's
-    parser's defaults (argparse's own layering), so the flags given on the command line override them."""
+    """The parsed command line. `--config FILE` (train, table3, hpo, slurm; repeatable): each FILE's options, in
+    order, become the command's parser's defaults (argparse's own layering; a later file's value replaces an earlier
+    one's, and `set`/`trainer` mappings merge key by key), so the flags given on the command line override them all."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse_known(parser, argv)
     if getattr(args, "config", None) and hasattr(args, "options_of"):  # (bench's --config is its own)
         cls, skip, command, sub = args.options_of
-        if cls is TrainOptions:  # a YAML file of options, or a run's own config.json (its spec comes too)
-            from aiayn.lightning_modules.options import read_config_file
+        values, spec, source, tokenizer = {}, None, None, None
+        for path in args.config:
+            if cls is TrainOptions:  # a YAML file of options, or a run's own config.json (its spec comes too)
+                from aiayn.lightning_modules.options import read_config_file
 
-            config = read_config_file(args.config)
-            sub.set_defaults(**defaults_of(TrainOptions, config.values))
-            args = parser.parse_args(argv)
-            args.config_spec, args.config_tokenizer = config.spec, config.tokenizer_sha256
-        else:
-            doc = read_mapping(args.config, f"a YAML file of `{command}` options (e.g. what --print-config prints)")
-            sub.set_defaults(**defaults_of(cls, config_values(cls, doc, f"config {args.config}", command, skip=skip),
-                                           skip=skip))  # fmt: skip
-            args = parser.parse_args(argv)
+                config = read_config_file(path)
+                layer = config.values
+                if config.spec is not None:
+                    spec, source, tokenizer = config.spec, path, config.tokenizer_sha256
+            else:
+                doc = read_mapping(path, f"a YAML file of `{command}` options (e.g. what --print-config prints)")
+                layer = config_values(cls, doc, f"config {path}", command, skip=skip)
+            for key, value in layer.items():
+                both = isinstance(value, dict) and isinstance(values.get(key), dict)
+                values[key] = {**values[key], **value} if both else value
+        sub.set_defaults(**defaults_of(cls, values, skip=skip))
+        args = _parse_known(parser, argv)
+        args.config_spec, args.config_source, args.config_tokenizer = spec, source, tokenizer
     return args
+
+
+# options a sweep sets for each of its runs, and what to use instead
+SWEEP_SETS = {
+    "--row": "choose the rows with --rows", "--seed": "choose the seeds with --seeds and --first-seed",
+    "--progress": "its runs print one line each as they end", "--no-progress": "its runs print one line each as they "
+    "end, without progress bars",
+}  # fmt: skip
+
+
+def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`parser.parse_args`, with an unknown flag answered by the nearest option of its own subcommand."""
+    from aiayn.common.options import did_you_mean
+
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    sub = getattr(args, "parser_of", parser)
+    word = next((w for w in extra if w.startswith("-")), extra[0]).split("=")[0]
+    flags = [f for p in (sub, parser) for a in p._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
+    if word in SWEEP_SETS and sub.prog.split()[-1] in ("table3", "hpo"):
+        raise UserError(f"{sub.prog} sets {word} for each of its runs ({SWEEP_SETS[word]}); leave it out")
+    near = did_you_mean(word, flags) if word.startswith("--") else ""
+    raise UserError(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {near[1:-1]}?)" if near else "")
+                    + f"; see `{sub.prog} --help`")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,13 +6,14 @@ Importing this module is cheap (no torch, no Lightning): the CLI builds every pa
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from aiayn.ablations.knobs import format_overrides, parse_overrides, set_help
 from aiayn.ablations.presets import PRESETS
 from aiayn.common.errors import UserError
-from aiayn.common.options import config_values, option, read_mapping
+from aiayn.common.options import config_values, did_you_mean, option, read_mapping, type_name, value_matches
 from aiayn.lightning_modules.config import PAPER_DECODING
 from aiayn.lightning_modules.corpora import CORPORA
 
@@ -159,14 +160,29 @@ def parse_trainer(items) -> dict:
             raise UserError(f"--trainer {key}: aiayn sets the Trainer's {key}; use {TRAINER_OWNED[key]}")
         from lightning.pytorch import Trainer  # lazily: only a command line with --trainer pays for it
 
-        if key not in inspect.signature(Trainer.__init__).parameters:
-            raise UserError(f"--trainer {key}: not an argument of lightning.pytorch.Trainer; see its documentation "
-                            f"(e.g. log_every_n_steps, gradient_clip_val, limit_val_batches)")  # fmt: skip
+        names = inspect.signature(Trainer.__init__).parameters
+        if key not in names:
+            near = did_you_mean(key, [n for n in names if n not in TRAINER_OWNED and n != "self"])
+            raise UserError(
+                f"--trainer {key}: not an argument of lightning.pytorch.Trainer"
+                + (f" (did you mean {near}?)" if near else "")
+                + "; see its documentation (e.g. log_every_n_steps, gradient_clip_val, limit_val_batches)"
+            )
         try:
-            out[key] = yaml.safe_load(text)
+            value = yaml.safe_load(text)
         except yaml.YAMLError:
             raise UserError(f"--trainer {item}: the value is not YAML; quote it, e.g. --trainer {key}=1.0") from None
+        hint = typing.get_type_hints(Trainer.__init__).get(key)
+        if hint is not None and value_matches(value, hint) is False:  # before any run directory exists
+            raise UserError(f"--trainer {item}: lightning.pytorch.Trainer's {key} must be {type_name(hint)}, not "
+                            f"{value!r}; e.g. --trainer {key}={_example(hint)}")  # fmt: skip
+        out[key] = value
     return out
+
+
+def _example(hint) -> str:
+    names = type_name(hint)
+    return "1.0" if "a number" in names else "10" if "an integer" in names else "true" if "true" in names else "VALUE"
 
 
 def format_trainer(trainer: dict) -> list[str]:

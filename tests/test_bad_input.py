@@ -230,8 +230,31 @@ CASES = {
                        "cannot read config {tmp}/none.json (No such file or directory); pass a run's config.json or "
                        "a YAML file of `aiayn train` options (e.g. `row: C3`)"),
     "config with an unknown option": (TRAIN + ["--config", "{tmp}/t.csv"], table("row: C1\nmax_step: 3\n"),
-                                      "config {tmp}/t.csv: unknown option 'max_step'; use the option names of "
-                                      "`aiayn train --help` (e.g. max_steps, set)"),
+                                      "config {tmp}/t.csv: unknown option 'max_step' (did you mean 'max_steps'?); "
+                                      "use the option names of `aiayn train --help` (e.g. max_steps, set)"),
+    "config option of the wrong type": (T3 + ["--config", "{tmp}/t.csv"], table("select:\n  seeds: [1, 2]\n"),
+                                        "config {tmp}/t.csv: select.seeds must be an integer or null, not [1, 2]; "
+                                        "fix the file"),
+    "config boolean that is not one": (T3 + ["--config", "{tmp}/t.csv"], table("fail_on_diverged: maybe\n"),
+                                       "config {tmp}/t.csv: fail_on_diverged must be true or false, not 'maybe'; fix "
+                                       "the file"),
+    "config option in another group": (T3 + ["--config", "{tmp}/t.csv"], table("train:\n  rows: A1\n"),
+                                       "config {tmp}/t.csv: unknown option 'train.rows' (did you mean 'select.rows'?); "
+                                       "use the option names of `aiayn table3 --help` (e.g. jobs, max_steps or "
+                                       "train.max_steps)"),
+    "mistyped flag": (T3 + ["--max-step", "5"], None,
+                      "unrecognized arguments: --max-step 5 (did you mean --max-steps?); see `aiayn table3 --help`"),
+    "a run's own option on a sweep": (T3 + ["--no-progress"], None,
+                                      "aiayn table3 sets --no-progress for each of its runs (its runs print one line "
+                                      "each as they end, without progress bars); leave it out"),
+    "trainer value of the wrong type": (TRAIN + ["--trainer", "gradient_clip_val=abc"], None,
+                                        "--trainer gradient_clip_val=abc: lightning.pytorch.Trainer's "
+                                        "gradient_clip_val must be a number or null, not 'abc'; e.g. --trainer "
+                                        "gradient_clip_val=1.0"),
+    "trainer argument mistyped": (TRAIN + ["--trainer", "gradient_clip_vall=1"], None,
+                                  "--trainer gradient_clip_vall: not an argument of lightning.pytorch.Trainer (did "
+                                  "you mean 'gradient_clip_val'?); see its documentation (e.g. log_every_n_steps, "
+                                  "gradient_clip_val, limit_val_batches)"),
     "config that is not a mapping": (TRAIN + ["--config", "{tmp}/t.csv"], table("- C1\n"),
                                      "config {tmp}/t.csv is not a mapping of options; pass a run's config.json or a "
                                      "YAML file of `aiayn train` options (e.g. `row: C3`)"),

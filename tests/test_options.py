@@ -153,8 +153,41 @@ def test_a_config_file_nests_dots_or_flattens_and_the_command_line_overrides_it(
     assert (dotted.train.max_steps, dotted.select.rows) == (9, "A1")
 
 
+def test_config_files_layer_in_order_and_the_command_line_overrides_them_all(tmp_path):
+    (tmp_path / "a.yaml").write_text("jobs: 1\ntrain:\n  max_steps: 3\n  set: {N: 1, h: 2}\n")
+    (tmp_path / "b.yaml").write_text("train:\n  max_steps: 5\n  set: {h: 4}\n")
+    ab, _ = _options("table3", ["--config", str(tmp_path / "a.yaml"), "--config", str(tmp_path / "b.yaml")])
+    assert (ab.jobs, ab.train.max_steps, ab.train.overrides) == (1, 5, {"N": 1, "h": 4})  # b over a; --set merged
+    ba, _ = _options("table3", ["--config", str(tmp_path / "b.yaml"), "--config", str(tmp_path / "a.yaml")])
+    assert (ba.train.max_steps, ba.train.overrides) == (3, {"N": 1, "h": 2})
+    flags, _ = _options("table3", ["--config", str(tmp_path / "a.yaml"), "--config", str(tmp_path / "b.yaml"),
+                                   "--max-steps", "7"])  # fmt: skip
+    assert flags.train.max_steps == 7
+    (tmp_path / "t1.yaml").write_text("max_steps: 2\nseed: 3\n")
+    (tmp_path / "t2.yaml").write_text("max_steps: 4\n")
+    from aiayn.cli import parse as cli_parse
+
+    run = from_args(TrainOptions, cli_parse(["train", "--config", str(tmp_path / "t1.yaml"), "--config",
+                                             str(tmp_path / "t2.yaml")]))  # fmt: skip
+    assert (run.max_steps, run.seed) == (4, 3)
+
+
+def test_a_sweeps_nested_defaults_are_its_own():
+    """A group's flags default to the group's default instance, not its class: `aiayn slurm`'s runs default to the
+    GPU, with devices following the SLURM resources; a sweep's runs show no progress bars."""
+    text = " ".join(_subparser("table3").format_help().split())
+    sl = from_args(SlurmOptions, parse("slurm", "table3"), kind="table3")
+    assert (sl.train.accelerator, sl.train.devices, sl.train.num_nodes, sl.train.strategy) == ("gpu", None, None, None)
+    assert from_args(SweepOptions, parse("table3")).train.progress is False
+    assert "--accelerator ACCELERATOR Lightning accelerator: auto" in text
+
+
 @pytest.mark.parametrize("text,message", [
     ("train: {max_step: 3}\n", "unknown option 'train.max_step'"),
+    ("select: {seeds: [1, 2]}\n", "select.seeds must be an integer or null, not [1, 2]"),
+    ("fail_on_diverged: maybe\n", "fail_on_diverged must be true or false, not 'maybe'"),
+    ("train: {max_steps: 2.5}\n", "train.max_steps must be an integer or null, not 2.5"),
+    ("train: {data_dir: [a, b]}\n", "train.data_dir must be a string or null, not ['a', 'b']"),
     ("row: C1\n", "unknown option 'row'"),  # the sweep sets each run's row: not an option of table3
     ("jobs: -1\n", "argument --jobs: expected a positive integer, got -1"),
 ])  # fmt: skip

@@ -125,9 +125,12 @@ def _dest(prefix: str, name: str) -> str:
     return f"{prefix}{name}".replace(".", "__")
 
 
-def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None, prefix: str = "") -> None:
+def add_options(
+    parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None, prefix: str = "", instance=None
+) -> None:
     """Add `cls`'s option fields to `parser`. `skip` and `defaults` name fields by their dotted path
-    from `cls` (e.g. "train.row"); `defaults` replaces a field's default for this parser only."""
+    from `cls` (e.g. "train.row"); `defaults` replaces a field's default for this parser only. A group's defaults
+    are its default instance's (a sweep's `train` defaults to `TrainOptions(progress=False)`, so its flags do too)."""
     hints = typing.get_type_hints(cls)
     defaults = defaults or {}
     for f in fields(cls):
@@ -135,10 +138,12 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None,
         base = _base_type(hints[f.name])
         if path in skip or not meta["cli"]:
             continue
+        own = _default(f) if instance is None else getattr(instance, f.name)
         if dataclasses.is_dataclass(base):
-            add_options(parser, base, skip=skip, defaults=defaults, prefix=f"{path}.")
+            add_options(parser, base, skip=skip, defaults=defaults, prefix=f"{path}.",
+                        instance=own if dataclasses.is_dataclass(own) else None)  # fmt: skip
             continue
-        default = defaults.get(path, _default(f))
+        default = defaults.get(path, own)
         kw = {"dest": _dest("", path), "help": meta["help"], "default": default}
         if base is not bool and not meta["choices"]:
             kw["metavar"] = meta["metavar"] or f.name.upper()
@@ -161,9 +166,10 @@ def add_options(parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None,
             parser.add_argument(f"--{path}", **{**alias, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS})
 
 
-def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", **fixed):
+def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", instance=None, **fixed):
     """An instance of `cls` from a namespace that `add_options` parsed; `fixed` sets fields directly
-    (skipped ones, or ones a command decides)."""
+    (skipped ones, or ones a command decides). A field the command skips keeps its default: its group's default
+    instance's (`instance`), else its class's."""
     hints = typing.get_type_hints(cls)
     values = {}
     for f in fields(cls):
@@ -171,11 +177,15 @@ def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", **fixed):
             values[f.name] = fixed[f.name]
             continue
         base, meta = _base_type(hints[f.name]), _meta(f)
+        own = _default(f) if instance is None else getattr(instance, f.name)
         if dataclasses.is_dataclass(base):
-            values[f.name] = from_args(base, namespace, prefix=f"{prefix}{f.name}.")
+            values[f.name] = from_args(base, namespace, prefix=f"{prefix}{f.name}.",
+                                       instance=own if dataclasses.is_dataclass(own) else None)  # fmt: skip
             continue
         dest = _dest(prefix, f.name)
         if not hasattr(namespace, dest):
+            if instance is not None:
+                values[f.name] = own
             continue  # skipped by this command: the field keeps its default
         value = getattr(namespace, dest)
         if base in (tuple, list) and value is not None:
@@ -230,6 +240,21 @@ def _leaves(cls, prefix: str = "", skip=()):
             yield path, f, base
 
 
+def _hints(cls, prefix: str = "", skip=(), instance=None):
+    """(dotted path, full type hint) of every command-line option of `cls`, as :func:`_leaves` walks them; a field
+    whose default is None (in its group's default instance, e.g. `aiayn slurm`'s devices) also takes None."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        path, hint = f"{prefix}{f.name}", hints[f.name]
+        if path in skip or not _meta(f)["cli"]:
+            continue
+        own = _default(f) if instance is None else getattr(instance, f.name)
+        if dataclasses.is_dataclass(_base_type(hint)):
+            yield from _hints(_base_type(hint), f"{path}.", skip, own if dataclasses.is_dataclass(own) else None)
+        else:
+            yield path, (hint | None if own is None and not isinstance(hint, str) else hint)
+
+
 def read_mapping(path, what: str) -> dict:
     """A config file (YAML, or JSON, which is YAML) that must hold a mapping; each way it can fail is one line that
     names the file and ends in `pass {what}` or `fix the file`."""
@@ -258,6 +283,7 @@ def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
     (`train.max_steps: 5`), or be an option's own name anywhere (`max_steps`, `max-steps`, `set`), as its flag is on
     the command line; an unknown or skipped key is a UserError naming it."""
     leaves = {path: f for path, f, _ in _leaves(cls, skip=skip)}
+    hints = {path: hint for path, hint in _hints(cls, skip=skip)}
     groups = {path.rsplit(".", 1)[0] for path in leaves if "." in path}
     by_name: dict[str, list[str]] = {}
     for path, f in leaves.items():
@@ -276,11 +302,83 @@ def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
             elif len(named := [q for q in by_name.get(str(key), ()) if q.startswith(prefix)]) == 1:
                 out[named[0]] = value  # an option by its own name or flag, as on the command line
             else:
-                raise UserError(f"{where}: unknown option '{prefix}{key}'; use the option names of `{command} --help` "
-                                f"(e.g. {example})")  # fmt: skip
+                last = dotted.rsplit(".", 1)[-1]
+                same = [q for q in leaves if q.rsplit(".", 1)[-1] == last]  # in another group than written
+                near = f"'{same[0]}'" if len(same) == 1 else did_you_mean(dotted, [*leaves, *by_name])
+                raise UserError(f"{where}: unknown option '{prefix}{key}'"
+                                + (f" (did you mean {near}?)" if near else "")
+                                + f"; use the option names of `{command} --help` (e.g. {example})")  # fmt: skip
 
     walk(doc, "")
+    for path, value in out.items():
+        check_value(value, hints[path], f"{where}: {path}")
     return out
+
+
+def did_you_mean(word: str, candidates) -> str:
+    """The candidate closest to `word` (a mistyped option), quoted, or ''."""
+    import difflib
+
+    near = difflib.get_close_matches(word, list(dict.fromkeys(candidates)), n=1, cutoff=0.6)
+    return f"'{near[0]}'" if near else ""
+
+
+def value_matches(value, hint) -> bool | None:
+    """Whether `value` (as YAML reads it) is of type `hint`; None where the type is not one a YAML value can be
+    checked against (a class such as a Profiler), so the caller lets the library that owns it decide."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is typing.Any:
+        return True
+    if hint is type(None) or hint is None:
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        seen = [value_matches(value, a) for a in args]
+        return True if any(seen) else None if None in seen else False
+    if origin is typing.Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if (origin or hint) in (tuple, list, typing.Sequence):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = [a for a in args if a is not Ellipsis][:1]
+        return all(value_matches(v, inner[0]) is not False for v in value) if inner else True
+    if (origin or hint) is dict:
+        return isinstance(value, dict)
+    return None
+
+
+def type_name(hint) -> str:
+    """`int | None` -> 'an integer or null', for messages."""
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null",
+             dict: "a mapping", tuple: "a list", list: "a list"}  # fmt: skip
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in args if not (a is int and float in args)]  # a number covers the integers
+        return " or ".join(dict.fromkeys(type_name(a) for a in args))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    return words.get(origin or hint, getattr(hint, "__name__", str(hint)))
+
+
+def check_value(value, hint, where: str) -> None:
+    """A UserError naming `where` unless `value` has the type `hint` (a YAML string for a number is checked when
+    the command line's own parser reads it, as if typed)."""
+    base = _base_type(hint)
+    if isinstance(value, str) and base in (int, float) and not isinstance(value, bool):
+        return  # '5' from YAML quoting: argparse converts and checks it as it would the flag's text
+    if base in (tuple, list) and not isinstance(value, (list, tuple, dict)):
+        value = [value]  # one item, as a repeated flag given once
+    if base is dict and isinstance(value, (list, tuple)):
+        return  # KEY=VALUE strings, parsed (and checked) by the option's own parser
+    if value_matches(value, hint) is False:
+        raise UserError(f"{where} must be {type_name(hint)}, not {value!r}; fix the file")
 
 
 def defaults_of(cls, values: dict, *, skip=()) -> dict:
