@@ -70,8 +70,12 @@ def test_the_readmes_presets_table_is_the_presets_numbers():
             p.width, p.heads, p.train_steps, p.tokens_per_step, p.vocab_size), name  # fmt: skip
         assert eval(depth) == pytest.approx(p.depth), name
         assert seeds == (f"{p.seeds} ({p.base_seeds})" if p.base_seeds else str(p.seeds)), name
-        assert {"synthetic": "synthetic", "synthetic-20": "synthetic, sentences of 5-20", "multi30k": "Multi30k",
-                "wmt14": "WMT14"}[p.corpus] in corpus, name
+        assert {
+            "synthetic": "synthetic",
+            "synthetic-20": "synthetic, sentences of 5-20",
+            "multi30k": "Multi30k",
+            "wmt14": "WMT14",
+        }[p.corpus] in corpus, name
 
 
 # flags of other tools that the pages show (sbatch/srun directives, pip, tensorboard, mlflow)
