@@ -106,12 +106,13 @@ def _spec_of(opts: TrainOptions, args):
     """The run to train, resolved once: from the table, or, with --config of a run's config.json naming this row and
     preset, that run's own recorded spec (so the run is reproduced even when its table changed since or is not at
     hand), with the command line's --set on top."""
-    from aiayn.lightning_modules.spec import RunSpec, resolve
-    from aiayn.lightning_modules.train import spec_of
+    from aiayn.lightning_modules.spec import RunSpec, resolve, spec_of
 
     recorded = getattr(args, "config_spec", None)
     if not recorded or recorded.get("row") != opts.row or recorded.get("preset", {}).get("name") != opts.preset:
         return spec_of(opts)
+    if getattr(args, "config_resolved", False):  # a sweep's driver resolved it for this process: as it is
+        return RunSpec.from_dict(recorded)
     spec = RunSpec.from_dict(recorded).with_overrides(opts.overrides)
     try:
         now = resolve(opts.row, opts.preset, tables=opts.table).knobs
@@ -587,7 +588,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = _parse_known(parser, argv)
     if getattr(args, "config", None) and hasattr(args, "options_of"):  # (bench's --config is its own)
         cls, skip, command, sub = args.options_of
-        values, spec, source, tokenizer = {}, None, None, None
+        values, spec, source, tokenizer, resolved = {}, None, None, None, False
         for path in args.config:
             if cls is TrainOptions:  # a YAML file of options, or a run's own config.json (its spec comes too)
                 from aiayn.lightning_modules.options import read_config_file
@@ -595,7 +596,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 config = read_config_file(path)
                 layer = config.values
                 if config.spec is not None:
-                    spec, source, tokenizer = config.spec, path, config.tokenizer_sha256
+                    spec, source, tokenizer, resolved = config.spec, path, config.tokenizer_sha256, config.resolved
             else:
                 doc = read_mapping(path, f"a YAML file of `{command}` options (e.g. what --print-config prints)")
                 layer = config_values(cls, doc, f"config {path}", command, skip=skip)
@@ -605,6 +606,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         sub.set_defaults(**defaults_of(cls, values, skip=skip))
         args = _parse_known(parser, argv)
         args.config_spec, args.config_source, args.config_tokenizer = spec, source, tokenizer
+        args.config_resolved = resolved
     return args
 
 

@@ -218,6 +218,19 @@ class ConfigFile:
     values: dict
     spec: dict | None = None
     tokenizer_sha256: str | None = None
+    resolved: bool = False  # written by a sweep's driver (resolved_run): train its spec as it is
+
+
+# The key that marks a file as a run resolved by a sweep's driver for a process of its own (a subprocess, a SLURM array
+# task): the child trains the spec in it, and looks the row up in no table
+RESOLVED_KEY = "resolved_by"
+
+
+def resolved_run(spec: dict, driver: str) -> dict:
+    """The file a sweep's driver hands a run's own process (`aiayn train --config FILE`): the row as the driver
+    resolved it (RunSpec.to_dict()), so no process resolves a row a second time (and a table edited meanwhile
+    changes nothing that is already queued). The options travel on the command line."""
+    return {RESOLVED_KEY: driver, "spec": spec, "options": {}}
 
 
 def read_config_file(path: str | Path) -> ConfigFile:
@@ -228,7 +241,7 @@ def read_config_file(path: str | Path) -> ConfigFile:
     values = config_values(TrainOptions, (doc["options"] if is_run else doc) or {}, f"config {path}", "aiayn train")
     if not is_run:
         return ConfigFile(values)
-    return ConfigFile(values, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"))
+    return ConfigFile(values, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"), RESOLVED_KEY in doc)
 
 
 @dataclass

@@ -331,6 +331,11 @@ class RunDir:
         return self.path / "dev.ref"
 
     @property
+    def resolved_file(self) -> Path:
+        """Beside the run directory: the run as a sweep's driver resolved it, for the run's own process."""
+        return self.path.parent / f"{self.path.name}.spec.json"
+
+    @property
     def sweep_log(self) -> Path:
         """The training process's output when a sweep ran it, every attempt appended under a header line."""
         return self.path.parent / f"{self.path.name}.log"

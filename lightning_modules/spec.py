@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiayn.ablations.knobs import MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, format_overrides
 from aiayn.ablations.presets import Preset, get_preset, scale
@@ -17,6 +18,9 @@ from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.config import PE_KINDS, TransformerConfig
 from aiayn.lightning_modules.corpora import canonical_corpus
+
+if TYPE_CHECKING:  # the options of `aiayn train`, which are above this module
+    from aiayn.lightning_modules.options import TrainOptions
 
 MIN_MODEL_MAX_LEN = 512  # positions the model covers at least (dev and test sentences are longer than training's)
 
@@ -92,7 +96,7 @@ class RunSpec:
         the preset say now."""
         names = {f.name for f in fields(Preset)}
         preset = Preset(**{k: v for k, v in d["preset"].items() if k in names})
-        preset = replace(preset, aliases=tuple(tuple(a) for a in preset.aliases))
+        preset = replace(preset, aliases=tuple(tuple(a) for a in preset.aliases), cells=tuple(preset.cells))
         return _build(d["row"], d["group"], d.get("note", ""), preset, d["corpus"], d["knobs"], d["overrides"],
                       Paper(**d["paper"]), d["model"]["vocab_size"])  # fmt: skip
 
@@ -152,3 +156,11 @@ def _deviations(cfg: TransformerConfig, overrides: dict) -> tuple[Deviation, ...
     if overrides:
         out.append(Deviation("override", "overridden: " + " ".join(format_overrides(overrides))))
     return tuple(out)
+
+
+def spec_of(opts: TrainOptions) -> RunSpec:
+    """The run `opts` (an `aiayn train`'s options) name, resolved: the one call of a driver (`aiayn train`, a sweep,
+    a search); `aiayn train --config` of a run's config.json passes that run's own spec instead, so the run is
+    reproduced even when its table or preset changed since."""
+    return resolve(opts.row, opts.preset, tables=opts.table, overrides=opts.overrides, corpus=opts.data,
+                   vocab_size=opts.vocab_size)  # fmt: skip

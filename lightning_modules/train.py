@@ -53,7 +53,7 @@ from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.module import Diverged, TranslationModule
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TRAINER_DEFAULTS, TrainOptions, options_record
 from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, RunDir, RunMetrics, TrainPlan
-from aiayn.lightning_modules.spec import RunSpec, resolve
+from aiayn.lightning_modules.spec import RunSpec, spec_of
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +151,6 @@ class Plan:
     @property
     def preset(self) -> Preset:
         return self.spec.preset
-
-
-def spec_of(opts: TrainOptions) -> RunSpec:
-    """The run `opts` name, resolved (the driver's one call; `aiayn train --config` of a run's config.json passes
-    that run's own spec instead, so the run is reproduced even when its table or preset changed since)."""
-    return resolve(opts.row, opts.preset, tables=opts.table, overrides=opts.overrides, corpus=opts.data,
-                   vocab_size=opts.vocab_size)  # fmt: skip
 
 
 def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | None = None) -> Plan:

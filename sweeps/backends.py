@@ -34,13 +34,14 @@ from optuna.trial import TrialState
 from aiayn.ablations.presets import Preset
 from aiayn.ablations.table import MAX_SEED, select_rows
 from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_json
 from aiayn.common.lifetime import DIE_WITH_PARENT, die_with_parent
 from aiayn.common.locks import file_lock
 from aiayn.common.options import to_argv
 from aiayn.common.secrets import redact
 from aiayn.common.text import clock
 from aiayn.lightning_modules.corpora import corpus_dirname
-from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.options import TrainOptions, resolved_run
 from aiayn.lightning_modules.rundir import OutDir, RunMetrics
 from aiayn.lightning_modules.spec import RunSpec
 from aiayn.sweeps import books
@@ -365,10 +366,17 @@ class LocalBackend(QueueBackend):
 # ---------------------------------------------------------------- subprocess: a fresh `aiayn train` per pair
 
 
-def train_process_command(opts: TrainOptions) -> list[str]:
+def train_process_command(opts: TrainOptions, resolved: Path | None = None) -> list[str]:
     """A fresh `aiayn train` process for `opts`: the way to start a run that launches DDP ranks (Lightning starts
-    the other ranks by re-running the command line, which only a fresh process has)."""
-    return [sys.executable, "-m", "aiayn", "train", *to_argv(opts, always=("row", "preset", "seed"))]
+    the other ranks by re-running the command line, which only a fresh process has). With `resolved` (the file of
+    `write_resolved`), the process trains the driver's spec of the row instead of resolving it again."""
+    config = ["--config", str(resolved)] if resolved is not None else []
+    return [sys.executable, "-m", "aiayn", "train", *config, *to_argv(opts, always=("row", "preset", "seed"))]
+
+
+def write_resolved(path: Path, spec: RunSpec, driver: str) -> Path:
+    """The row as this driver resolved it, for a process of its own to train (lightning_modules/options.py)."""
+    return atomic_write_json(path, resolved_run(spec.to_dict(), driver))
 
 
 # The scheduler's and the launcher's variables a child must not inherit: inside an sbatch allocation Lightning
@@ -440,7 +448,8 @@ class SubprocessBackend(QueueBackend):
         with open(run.sweep_log, "a") as out:
             out.write(attempt_header())
             out.flush()
-            cmd = train_process_command(sweep.run_options(row, seed))
+            resolved = write_resolved(run.resolved_file, sweep.specs[row], f"aiayn table3 --backend {self.name}")
+            cmd = train_process_command(sweep.run_options(row, seed), resolved)
             returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
         return _result(sweep, row, seed, returncode)
 

@@ -38,7 +38,7 @@ from aiayn.common.options import option, read_mapping
 from aiayn.lightning_modules import loggers
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.spec import RunSpec, spec_of
 from aiayn.sweeps import books
 from aiayn.sweeps.storage import open_storage
 
@@ -124,7 +124,8 @@ def _key(trial) -> str:
     return f"trial{trial.number:04d}"
 
 
-def objective(opts: HpoOptions, trial: optuna.Trial) -> float:
+def objective(opts: HpoOptions, trial: optuna.Trial, spec: RunSpec) -> float:
+    """One trial: `spec` (the row as the search resolved it, once) with the trial's parameters on top."""
     from optuna_integration import PyTorchLightningPruningCallback
 
     from aiayn.lightning_modules.train import Hooks, train
@@ -138,7 +139,8 @@ def objective(opts: HpoOptions, trial: optuna.Trial) -> float:
     hooks = Hooks(callbacks=(PyTorchLightningPruningCallback(trial, monitor="val/ppl"),), val_per_epoch=True,
                   run_dir=run_dir, kind="hpo",
                   status_of=lambda e: "pruned" if isinstance(e, optuna.TrialPruned) else None)  # fmt: skip
-    metrics = train(replace(t, overrides={**t.overrides, **params}, progress=False), hooks=hooks)
+    metrics = train(replace(t, overrides={**t.overrides, **params}, progress=False), spec.with_overrides(params),
+                    hooks=hooks)  # fmt: skip
     if metrics.status == "diverged":  # a result, not a crash: the search goes on without it
         trial.set_user_attr("diverged_at_step", metrics.diverged_at_step)
         raise optuna.TrialPruned(f"diverged: {metrics.error}")
@@ -164,7 +166,7 @@ def run_hpo(opts: HpoOptions) -> dict:
     if t.world_size > 1:
         raise UserError(f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
                         f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)")  # fmt: skip
-    resolve(t.row, t.preset, tables=t.table)  # unknown row or preset: fail before any study exists
+    spec = spec_of(t)  # the row, resolved once for every trial; unknown row or preset: before any study exists
     space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
     out = OutDir(t.out)
@@ -189,7 +191,7 @@ def run_hpo(opts: HpoOptions) -> dict:
     if done < opts.trials:
         log.info("hpo %s: %d of %d trials done, running %d", study.study_name, done, opts.trials, opts.trials - done)
     for _ in range(opts.trials - done):
-        _run_trial(study, opts, claims, pop_lock)
+        _run_trial(study, opts, spec, claims, pop_lock)
     complete = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
     counts = {"trials": len(study.trials), "completed": len(complete),
               "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
@@ -206,11 +208,11 @@ def run_hpo(opts: HpoOptions) -> dict:
     return result
 
 
-def _run_trial(study: optuna.Study, opts: HpoOptions, claims, pop_lock) -> None:
+def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop_lock) -> None:
     """Ask one trial (a queued retry first) and claim it under the pop lock, train it, tell its outcome."""
     with books.pop_and_claim(study, pop_lock, claims, _key, study.ask) as (trial, _, held):
         try:
-            value = objective(opts, trial)
+            value = objective(opts, trial, spec)
         except optuna.TrialPruned as e:
             trial.set_user_attr("pruned", str(e))
             study.tell(trial, state=TrialState.PRUNED)

@@ -52,9 +52,9 @@ from aiayn.lightning_modules import disk, loggers
 from aiayn.lightning_modules.corpora import canonical_corpus
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunDir
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.spec import RunSpec, resolve
 from aiayn.sweeps import books
-from aiayn.sweeps.backends import Backend, Sweep, register
+from aiayn.sweeps.backends import Backend, Sweep, register, write_resolved
 from aiayn.sweeps.table3 import report_dir
 
 log = logging.getLogger(__name__)
@@ -308,7 +308,7 @@ def train_command(opts: SlurmOptions, per_node: int) -> list[str]:
         num_nodes=opts.resources.nodes, strategy=t.strategy or ("ddp" if world > 1 else "auto"), progress=False,
     )  # fmt: skip
     argv = to_argv(fixed, always=("preset", "out", "accelerator", "devices", "num_nodes", "strategy"))
-    options = ['--row "$ROW"', '--seed "$SEED"']
+    options = [f'--config "{resolved_dir(opts)}/$ROW.json"', '--row "$ROW"', '--seed "$SEED"']
     for word in argv:  # "--flag value" pairs, or a lone "--flag"
         if word.startswith("--"):
             options.append(word)
@@ -376,13 +376,22 @@ def _wrap(words: list[str], width: int = 100) -> list[str]:
     return [*lines, current]
 
 
-def disk_line(opts: SlurmOptions, todo: list[tuple[str, int]]) -> str:
+def specs_of(opts: SlurmOptions, todo: list[tuple[str, int]]) -> dict[str, RunSpec]:
+    """Each row of `todo`, resolved once, at submission: the array's tasks train these (`resolved_dir`)."""
+    t = opts.train
+    return {row: resolve(row, t.preset, tables=t.table, overrides=t.overrides, corpus=t.data, vocab_size=t.vocab_size)
+            for row in dict.fromkeys(row for row, _ in todo)}  # fmt: skip
+
+
+def resolved_dir(opts: SlurmOptions) -> Path:
+    """OUT/slurm/JOB-NAME.specs/: ROW.json for each row the array trains, as `aiayn slurm` resolved it."""
+    return Path(opts.train.out).resolve() / "slurm" / f"{job_name(opts)}.specs"
+
+
+def disk_line(opts: SlurmOptions, todo: list[tuple[str, int]], specs: dict[str, RunSpec]) -> str:
     """What the checkpoints of the array's runs will take: each run keeps its periodic checkpoints, last.ckpt and,
     once preempted, requeue.ckpt (lightning_modules/disk.py)."""
-    t = opts.train
-    each = {row: disk.estimate(t, resolve(row, t.preset, tables=t.table, overrides=t.overrides, corpus=t.data,
-                                          vocab_size=t.vocab_size), slurm=True)
-            for row in dict.fromkeys(row for row, _ in todo)}  # fmt: skip
+    each = {row: disk.estimate(opts.train, specs[row], slurm=True) for row in dict.fromkeys(row for row, _ in todo)}
     total = sum(each[row].total for row, _ in todo)
     big = max(each, key=lambda row: each[row].total)
     return (f"disk: checkpoints of the {len(todo)} runs: about {disk.human(total)} in all (the largest, {big}: "
@@ -517,8 +526,11 @@ def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dic
         if not opts.dry_run:
             check_partition(opts.resources.partition)
         text = render(opts, pending, per_node)
-        summary["disk"] = disk_line(opts, pending)
-        new_dir = first_missing(script_path(opts).parent / "logs")
+        specs = specs_of(opts, pending)
+        summary["disk"] = disk_line(opts, pending, specs)
+        new_dir, new_specs = first_missing(script_path(opts).parent / "logs"), first_missing(resolved_dir(opts))
+        for row, spec in specs.items():  # what each task trains: the rows as resolved here, once
+            write_resolved(resolved_dir(opts) / f"{row}.json", spec, f"aiayn slurm {opts.kind}")
         path = write_script(script_path(opts), text)
         (path.parent / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's directory
         summary.update(script=str(path), text=redact(text))  # what a dry run prints: never a secret
@@ -526,7 +538,9 @@ def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dic
             try:
                 job = sbatch(path)
             except UserError:  # nothing submitted: leave nothing written either
-                shutil.rmtree(new_dir) if new_dir else path.unlink()
+                if new_specs is not None and new_specs.exists():
+                    shutil.rmtree(new_specs)
+                shutil.rmtree(new_dir) if new_dir and new_dir.exists() else path.unlink()
                 raise
             summary["job"] = job
             for i, (row, seed) in enumerate(pending):

@@ -122,6 +122,100 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     assert p.spec is resolved and p.config.spec["model"]["d_k"] == 8
 
 
+def _count_lookups(monkeypatch) -> dict:
+    """How often a row is looked up in a table (get_row) or resolved (resolve), wherever it is called from."""
+    from aiayn.ablations import table
+    from aiayn.lightning_modules import spec
+
+    counts = {"get_row": 0, "resolve": 0}
+
+    def counting(module, name, key):
+        real = getattr(module, name)
+
+        def wrapped(*a, **k):
+            counts[key] += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(module, name, wrapped)
+
+    counting(table, "get_row", "get_row")
+    counting(spec, "get_row", "get_row")
+    counting(spec, "resolve", "resolve")
+    return counts
+
+
+def _child_spec(argv: list[str]):
+    """The spec a run's own process trains for `aiayn ARGV` (its `aiayn train` command line), in this process."""
+    from aiayn.cli import _spec_of, parse
+    from aiayn.common.options import from_args
+    from aiayn.lightning_modules.options import TrainOptions
+
+    args = parse(argv)
+    return _spec_of(from_args(TrainOptions, args), args)
+
+
+def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkeypatch):
+    """The subprocess back end, a SLURM array task and an HPO trial train the spec their driver resolved: the
+    child looks no row up, and a table edited after the driver resolved it changes nothing already handed out."""
+    import shlex
+    import subprocess as sp
+
+    from aiayn.ablations.selection import Selection
+    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.sweeps import backends, slurm
+    from aiayn.sweeps.hpo import HpoOptions, run_hpo
+    from aiayn.sweeps.table3 import SweepOptions, build_sweep
+
+    table = tmp_path / "mine.csv"
+    table.write_text(MINE)
+    counts = _count_lookups(monkeypatch)
+
+    # subprocess: the driver resolves, writes the row beside the run, and the fresh `aiayn train` reads it back
+    opts = SweepOptions(select=Selection(rows="wide-ff"), backend="subprocess",
+                        train=TrainOptions(out=str(tmp_path / "sub"), max_steps=2, table=(str(table),)))  # fmt: skip
+    sweep = build_sweep(opts)
+    started = []
+    with monkeypatch.context() as m:  # subprocess.run itself: only for this call
+        m.setattr(backends.subprocess, "run", lambda cmd, **k: started.append(cmd) or sp.CompletedProcess(cmd, 0))
+        backends.SubprocessBackend().run_one(sweep, "wide-ff", 0, None)
+    table.write_text(MINE.replace("4096", "1024"))  # edited after the driver resolved the row
+    before = dict(counts)
+    child = _child_spec(started[0][3:])  # [python, -m, aiayn, train, ...]
+    assert counts == before and child == sweep.specs["wide-ff"] and child.model.d_ff == 1024  # 4096 x 1/4, not 1024
+    table.write_text(MINE)
+
+    # SLURM: the array's tasks train the rows as `aiayn slurm` resolved them at submission
+    res = slurm.SlurmResources(partition="debug", time="00:30:00", tasks_per_node=1)
+    so = slurm.SlurmOptions(select=Selection(rows="wide-ff"), dry_run=True, resources=res, train=TrainOptions(
+        accelerator="cpu", devices=None, num_nodes=None, strategy=None, progress=False, out=str(tmp_path / "sl"),
+        table=(str(table),)))  # fmt: skip
+    slurm.submit(so)
+    script = slurm.script_path(so).read_text()
+    line = " ".join(script.split("srun ", 1)[1].replace("\\\n", " ").split())
+    words = shlex.split(line.replace("$ROW", "wide-ff").replace("$SEED", "0"))
+    table.write_text(MINE.replace("4096", "1024"))
+    before = dict(counts)
+    task = _child_spec(words[words.index("train") :])
+    assert counts == before and task.model.d_ff == 1024  # the table as it was at submission (4096 x 1/4)
+    table.write_text(MINE)
+
+    # HPO: the search resolves the row once; each trial trains it with the trial's values on top
+    from aiayn.lightning_modules import train as train_mod
+    from aiayn.lightning_modules.rundir import RunMetrics
+
+    trained = []
+
+    def fake(o, spec, hooks):
+        trained.append(spec)
+        return RunMetrics(o.row, o.seed, o.preset, "completed", dev_ppl=5.0, dev_bleu=1.0)
+
+    monkeypatch.setattr(train_mod, "train", fake)
+    before = dict(counts)
+    run_hpo(HpoOptions(trials=2, train=TrainOptions(row="C1", out=str(tmp_path / "hpo"), progress=False)))
+    assert counts["resolve"] - before["resolve"] == 1 and len(trained) == 2
+    assert all(set(s.overrides) == {"lr_factor", "warmup", "P_drop", "eps_ls"} for s in trained)
+
+
 def test_a_trainer_argument_reaches_lightnings_trainer_and_is_recorded(cache, tmp_path):
     """--trainer log_every_n_steps=1: the training curve gets a row per step (the default, 10, gives none in 2)."""
     import csv

@@ -30,7 +30,8 @@ def trains(monkeypatch):
     """Each trial's train() call (options, keyword arguments), each completing at once."""
     calls = []
 
-    def fake(opts, hooks):
+    def fake(opts, spec, hooks):
+        assert spec.overrides == opts.overrides  # the search's one spec, with this trial's values on top
         calls.append((opts, hooks))
         return RunMetrics(opts.row, opts.seed, opts.preset, "completed", dev_ppl=10.0 - len(calls),
                           dev_bleu=float(len(calls)))  # fmt: skip
@@ -175,7 +176,7 @@ def test_a_bad_search_space_file_is_one_line_before_any_study(tmp_path, trains, 
 
 
 def test_a_search_whose_every_trial_is_pruned_exits_1_not_the_usage_code(tmp_path, monkeypatch, capsys):
-    def pruned(opts, hooks):
+    def pruned(opts, spec, hooks):
         raise optuna.TrialPruned("pruned at step 1")
 
     monkeypatch.setattr(train_mod, "train", pruned)
