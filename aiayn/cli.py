@@ -32,9 +32,10 @@ from aiayn.common.options import (
 )
 from aiayn.doctor import DoctorOptions
 from aiayn.lightning_modules.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
+from aiayn.sweeps.books import report_dir
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
-from aiayn.sweeps.table3 import SweepOptions, exit_status, report_dir
+from aiayn.sweeps.table3 import SweepOptions, exit_status
 
 log = logging.getLogger("aiayn")
 
@@ -295,12 +296,13 @@ def cmd_hpo(args) -> None:
 
 
 def cmd_slurm(args) -> None:
-    from aiayn.sweeps.slurm import submit
+    from aiayn.sweeps.backends.slurm import SlurmBackend
 
     opts = from_args(SlurmOptions, args, kind=args.slurm_command)
     if _print_config(opts, args):
         return
-    summary = submit(opts)
+    backend, sweep = SlurmBackend.from_options(opts)  # checked, and the rows resolved once
+    summary = backend.launch(sweep, sweep.pairs)
     if opts.dry_run and summary.get("text"):
         sys.stdout.write(summary["text"])
     print(f"# slurm {opts.kind} {opts.train.preset}: {summary['pairs']} pairs, {summary['completed']} completed, "

@@ -312,3 +312,10 @@ def fail_stale_trials(
                 on_stale(t)
             stale.append(t)
     return stale
+
+
+def report_dir(report: str | None, out: str) -> Path | None:
+    """Where a sweep's report goes: `--report DIR`, OUT/reports by default, none for ''."""
+    if report == "":
+        return None
+    return Path(report) if report is not None else OutDir(out).reports

@@ -54,8 +54,8 @@ from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunDir
 from aiayn.lightning_modules.spec import RunSpec, resolve
 from aiayn.sweeps import books
-from aiayn.sweeps.backends import Backend, Sweep, register, write_resolved
-from aiayn.sweeps.table3 import report_dir
+from aiayn.sweeps.backends import write_resolved
+from aiayn.sweeps.books import report_dir
 
 log = logging.getLogger(__name__)
 
@@ -485,26 +485,6 @@ def outcome(opts: SlurmOptions, row: str, seed: int) -> str:
     return f"{'no metrics.json' if status == 'missing' else status}; see {log_file}"
 
 
-@register
-class SlurmBackend(Backend):
-    """A SLURM job array, one task per pending pair (`aiayn slurm table3`); the books are every back end's, with
-    SLURM holding a pair's claim while it holds the array task."""
-
-    name = "slurm"
-
-    def __init__(self, opts: SlurmOptions):
-        self.opts = opts
-
-    def claims(self, sweep: Sweep) -> books.Claims:
-        return claims(self.opts)
-
-    def check(self, sweep: Sweep) -> None:
-        check(self.opts)
-
-    def launch(self, sweep: Sweep, todo: list[tuple[str, int]]) -> dict:
-        return submit(self.opts, todo)
-
-
 def write_script(path: Path, text: str) -> Path:
     """An sbatch script, atomically; readable by its owner alone when it holds a secret (a key in --setup, a password
     in --storage), which the job needs verbatim, so it is kept out of other users' reach instead of masked."""
@@ -514,9 +494,11 @@ def write_script(path: Path, text: str) -> Path:
     return written
 
 
-def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dict:
+def submit(
+    opts: SlurmOptions, todo: list[tuple[str, int]] | None = None, specs: dict[str, RunSpec] | None = None
+) -> dict:
     """Check, write the script, submit it (unless a dry run), optionally wait; return a summary
-    (`results`: each pair's outcome, after --wait)."""
+    (`results`: each pair's outcome, after --wait). `specs`: the rows as the sweep resolved them (else here, once)."""
     per_node = check(opts)
     todo = pairs(opts) if todo is None else todo
     held = classify(opts, todo, set() if opts.dry_run else live_jobs())
@@ -526,7 +508,7 @@ def submit(opts: SlurmOptions, todo: list[tuple[str, int]] | None = None) -> dic
         if not opts.dry_run:
             check_partition(opts.resources.partition)
         text = render(opts, pending, per_node)
-        specs = specs_of(opts, pending)
+        specs = specs if specs is not None else specs_of(opts, pending)
         summary["disk"] = disk_line(opts, pending, specs)
         new_dir, new_specs = first_missing(script_path(opts).parent / "logs"), first_missing(resolved_dir(opts))
         for row, spec in specs.items():  # what each task trains: the rows as resolved here, once

@@ -11,19 +11,9 @@ from pathlib import Path
 from aiayn.common.errors import UserError
 from aiayn.common.text import clock
 from aiayn.lightning_modules.rundir import OutDir
-from aiayn.sweeps import books
+from aiayn.sweeps import backends, books
 
 log = logging.getLogger(__name__)
-
-
-def _live_slurm_jobs() -> set[str]:
-    from aiayn.sweeps.slurm import live_jobs
-
-    try:
-        return live_jobs()
-    except UserError as e:  # squeue failed: every SLURM-held pair shows as not held, and the user is told why
-        log.warning("%s; SLURM tasks are shown as not running", e)
-        return set()
 
 
 def sweep_status(out: str | Path) -> list[dict]:
@@ -36,7 +26,7 @@ def sweep_status(out: str | Path) -> list[dict]:
     if not sweeps:
         raise UserError(f"{out} holds no sweep (no sweeps/*.json and no PRESET/CORPUS/ROW/seedN run directories); "
                         "pass the --out of an `aiayn table3` or `aiayn slurm` sweep")  # fmt: skip
-    claims = books.AnyClaims(books.LockClaims(root, "pair"), books.SlurmClaims(root, "pair", _live_slurm_jobs))
+    claims = backends.status_claims(root)  # every registered back end's books
     found = []
     for sweep in sweeps:
         pairs = books.states(root, sweep.preset, sweep.corpus, sweep.pairs, claims)

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from aiayn.ablations.presets import get_preset
 from aiayn.ablations.selection import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
-from aiayn.lightning_modules import loggers
-from aiayn.lightning_modules.corpora import canonical_corpus
 from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import OutDir
-from aiayn.lightning_modules.spec import resolve
-from aiayn.sweeps.backends import Backend, Sweep, backend_for, visible_gpus
+from aiayn.sweeps.backends import Backend, Sweep, backend_for, make_sweep
+from aiayn.sweeps.backends.processes import visible_gpus
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +55,15 @@ def exit_status(summary: dict, fail_on_diverged: bool = False) -> int:
     return int(bool(summary.get("failed")) or (fail_on_diverged and bool(summary.get("diverged"))))
 
 
-def report_dir(report: str | None, out: str) -> Path | None:
-    """Where a sweep's report goes: `--report DIR`, OUT/reports by default, none for ''."""
-    if report == "":
-        return None
-    return Path(report) if report is not None else OutDir(out).reports
-
-
 def build_sweep(opts: SweepOptions) -> Sweep:
     """The sweep resolved once: its pairs, and each row's spec (the runs get theirs from here)."""
     preset = get_preset(opts.train.preset)
-    t = opts.train
-    loggers.of(t)  # an unknown logger or a missing package: said once, not by every run
-    pairs = opts.select.pairs(preset, t.table)
     jobs = preset.sweep_jobs if opts.jobs is None else opts.jobs
     if jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
-    specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=t.data, vocab_size=t.vocab_size)
-             for row in dict.fromkeys(row for row, _ in pairs)}  # fmt: skip
-    corpus = canonical_corpus(t.data) if t.data else preset.corpus  # hf:./local as an absolute path, as the runs say
-    return Sweep(OutDir(t.out), preset, corpus, pairs, t, specs, opts.storage, jobs, gpus_per_job(opts, jobs))
+    sweep = make_sweep(opts.select.pairs(preset, opts.train.table), opts.train, storage=opts.storage, jobs=jobs)
+    sweep.gpus_per_job = gpus_per_job(opts, jobs)
+    return sweep
 
 
 def gpus_per_job(opts: SweepOptions, jobs: int) -> int | None:

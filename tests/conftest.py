@@ -25,7 +25,7 @@ class RunnerBackend:
 
     def __new__(cls, runner, base=None):
         from aiayn.lightning_modules.rundir import RunMetrics
-        from aiayn.sweeps.backends import QueueBackend
+        from aiayn.sweeps.backends.queue import QueueBackend
 
         class Runner(base or QueueBackend):
             name = "runner"

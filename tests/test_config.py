@@ -105,7 +105,7 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     counting(table, "get_row", "get_row")
     counting(spec, "get_row", "get_row")
     counting(spec, "resolve", "resolve")
-    monkeypatch.setattr("aiayn.sweeps.table3.resolve", spec.resolve)
+    monkeypatch.setattr("aiayn.sweeps.backends.resolve", spec.resolve)
     real_init = config.TransformerConfig.__post_init__
     monkeypatch.setattr(config.TransformerConfig, "__post_init__",
                         lambda self: counts.__setitem__("TransformerConfig", counts["TransformerConfig"] + 1)
@@ -162,7 +162,8 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
 
     from aiayn.ablations.selection import Selection
     from aiayn.lightning_modules.options import TrainOptions
-    from aiayn.sweeps import backends, slurm
+    from aiayn.sweeps import slurm
+    from aiayn.sweeps.backends import processes as backends
     from aiayn.sweeps.hpo import HpoOptions, run_hpo
     from aiayn.sweeps.table3 import SweepOptions, build_sweep
 

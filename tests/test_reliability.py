@@ -31,7 +31,7 @@ from aiayn.common.locks import file_lock
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import OutDir, RunMetrics
 from aiayn.sweeps import books
-from aiayn.sweeps.backends import pair_of, study_name
+from aiayn.sweeps.backends.queue import pair_of, study_name
 from aiayn.sweeps.storage import open_storage
 from aiayn.sweeps.table3 import SweepOptions, run_table3
 
@@ -266,7 +266,7 @@ def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeyp
         RunMetrics("base", 0, "tiny", "diverged", diverged_at_step=3, error="loss nan at optimizer step 3"),
         RunMetrics("base", 0, "tiny", "completed", dev_ppl=9.5, dev_bleu=1.0),
     ])  # fmt: skip
-    monkeypatch.setattr(train_mod, "train", lambda opts, hooks: next(results))
+    monkeypatch.setattr(train_mod, "train", lambda opts, spec, hooks: next(results))
     result = run_hpo(HpoOptions(trials=2, train=TrainOptions(row="base", preset="tiny", out=str(tmp_path))))
     assert (result["trials"], result["pruned"], result["best_trial"], result["best_dev_ppl"]) == (2, 1, 1, 9.5)
     study = optuna.load_study(study_name="hpo-tiny-base", storage=f"sqlite:///{tmp_path}/hpo.db")

@@ -29,7 +29,8 @@ from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.spec import resolve
-from aiayn.sweeps.backends import LocalBackend, SubprocessBackend, child_environment
+from aiayn.sweeps.backends.local import LocalBackend
+from aiayn.sweeps.backends.processes import SubprocessBackend, child_environment
 from aiayn.sweeps.export import wandb_sweep, wandb_yaml
 from aiayn.sweeps.table3 import SweepOptions, build_sweep, run_table3
 
@@ -173,7 +174,7 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
         def join(self):
             pass
 
-    monkeypatch.setattr("aiayn.sweeps.backends._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
+    monkeypatch.setattr("aiayn.sweeps.backends.local._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
     monkeypatch.setattr(
         "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
     )
@@ -202,7 +203,7 @@ def test_a_run_whose_process_dies_before_its_log_exists_fails_with_a_line_not_a_
         def join(self):
             pass
 
-    monkeypatch.setattr("aiayn.sweeps.backends._forkserver", lambda: type("Ctx", (), {"Process": DiesAtStart}))
+    monkeypatch.setattr("aiayn.sweeps.backends.local._forkserver", lambda: type("Ctx", (), {"Process": DiesAtStart}))
     result = LocalBackend().run_one(build_sweep(opts(tmp_path)), "base", 0, None)
     assert result.status == "failed" and "no log" in result.error and "exit 1" in result.error
 
@@ -379,7 +380,7 @@ class GpuRunner(ConcurrencyRunner):
 
 
 def test_each_concurrent_run_gets_its_own_gpus(tmp_path, monkeypatch):
-    monkeypatch.setattr("aiayn.sweeps.backends.visible_gpus", lambda: [str(i) for i in range(8)])
+    monkeypatch.setattr("aiayn.sweeps.backends.processes.visible_gpus", lambda: [str(i) for i in range(8)])
     runner = GpuRunner(delay=0.6)
     sweep = opts(tmp_path, rows="base,A,B", seeds=2, jobs=4, gpus_per_job=2)
     summary = run_table3(sweep, backend=RunnerBackend(runner, SubprocessBackend))
@@ -422,8 +423,8 @@ def test_a_run_on_its_gpus_is_a_fresh_process_with_its_cuda_visible_devices(tmp_
     monkeypatch.setattr(
         "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
     )
-    monkeypatch.setattr("aiayn.sweeps.backends._forkserver", lambda: pytest.fail("a GPU run must not be forked"))
-    monkeypatch.setattr("aiayn.sweeps.backends.visible_gpus", lambda: ["0", "1", "2", "3"])
+    monkeypatch.setattr("aiayn.sweeps.backends.local._forkserver", lambda: pytest.fail("a GPU run must not be forked"))
+    monkeypatch.setattr("aiayn.sweeps.backends.processes.visible_gpus", lambda: ["0", "1", "2", "3"])
     for gpus, devices in (("3", 1), ("2,3", 2)):
         sweep = build_sweep(opts(tmp_path, jobs=2, gpus_per_job=devices, devices=devices))
         SubprocessBackend().run_one(sweep, "base", 0, gpus)
@@ -597,7 +598,7 @@ def test_status_writes_no_lock_file_for_a_pair_nobody_ever_claimed(tmp_path, cap
 
 
 def test_a_rerun_appends_to_the_pairs_log_under_a_header_per_attempt(tmp_path, monkeypatch):
-    from aiayn.sweeps import backends
+    from aiayn.sweeps.backends import local as backends
 
     class Child:  # the forkserver child, run in this process: _train_in_child's log handling, then "training"
         def __init__(self, target, args):
@@ -686,3 +687,26 @@ def test_a_sweeps_row_and_seed_are_optuna_parameters_for_the_dashboard(tmp_path,
     )
     assert all((t.params["row"], t.params["seed"]) == (t.user_attrs["row"], t.user_attrs["seed"]) for t in done)
     assert isinstance(done[0].distributions["row"], optuna.distributions.CategoricalDistribution)
+
+
+def test_back_ends_are_found_without_an_import_and_a_second_of_one_name_is_refused(tmp_path):
+    """A back end is one module of sweeps/backends/ under @register: `load()` finds every one (no import added by
+    hand), `aiayn status` reads every one's claims, and a second class under a taken name is refused."""
+    code = "from aiayn.sweeps import backends; print(' '.join(sorted(backends.load())))"
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert found.stdout.split() == ["local", "slurm", "subprocess"], found.stderr
+    from aiayn.lightning_modules.rundir import OutDir
+    from aiayn.sweeps import backends
+
+    claims = backends.status_claims(OutDir(tmp_path))
+    assert sorted(type(c).__name__ for c in claims.kinds) == ["LockClaims", "SlurmClaims"]
+
+    class Impostor(backends.Backend):
+        name = "local"
+
+        def launch(self, sweep, pairs):
+            return {}
+
+    with pytest.raises(ValueError, match="two sweep back ends are named 'local'"):
+        backends.register(Impostor)
+    assert backends.BACKENDS["local"].__module__ == "aiayn.sweeps.backends.local"

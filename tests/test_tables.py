@@ -16,7 +16,7 @@ from aiayn.lightning_modules.options import TrainOptions
 from aiayn.lightning_modules.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
 from aiayn.lightning_modules.spec import resolve
 from aiayn.reports.build import write_reports
-from aiayn.sweeps.backends import pair_of, study_name
+from aiayn.sweeps.backends.queue import pair_of, study_name
 from aiayn.sweeps.storage import open_storage
 from aiayn.sweeps.table3 import SweepOptions, run_table3
 

@@ -1,0 +1,99 @@
+"""The `subprocess` back end: each pair as a fresh `aiayn train` process, handed the driver's spec of its row."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from aiayn.common.errors import UserError
+from aiayn.common.lifetime import DIE_WITH_PARENT
+from aiayn.common.options import to_argv
+from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.rundir import RunMetrics
+from aiayn.sweeps.backends import Sweep, register, write_resolved
+from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
+
+
+def train_process_command(opts: TrainOptions, resolved: Path | None = None) -> list[str]:
+    """A fresh `aiayn train` process for `opts`: the way to start a run that launches DDP ranks (Lightning starts
+    the other ranks by re-running the command line, which only a fresh process has). With `resolved` (the file of
+    `write_resolved`), the process trains the driver's spec of the row instead of resolving it again."""
+    config = ["--config", str(resolved)] if resolved is not None else []
+    return [sys.executable, "-m", "aiayn", "train", *config, *to_argv(opts, always=("row", "preset", "seed"))]
+
+
+# concurrent DDP runs would meet on one MASTER_PORT.
+LAUNCHER_VARIABLES = ("SLURM_", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE",
+                      "RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_", "PL_")  # fmt: skip
+MASTER_PORT_BASE = 29500
+
+
+def child_environment(slot_index: int, gpus: str | None, threads: int | None) -> dict:
+    """The environment of a pair's own process: ours without the launchers' variables, its GPUs, its threads, and a
+    MASTER_PORT of its own (the slot's), so that concurrent DDP runs on one machine do not collide."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES)}
+    env[DIE_WITH_PARENT] = "1"  # the child asks the kernel to end it when this driver dies (aiayn.common.lifetime)
+    env["MASTER_PORT"] = str(MASTER_PORT_BASE + 17 * slot_index + os.getpid() % 1000)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries when it is set, else every GPU torch
+    sees (counted without starting CUDA here; the runs that use them are fresh processes)."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [g.strip() for g in given.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+@register
+class SubprocessBackend(QueueBackend):
+    """Each pair as a fresh `aiayn train` process, on the GPUs of its worker's slot (`--gpus-per-job K`: worker i
+    gets the i-th K of the visible GPUs, so N runs at once do not all land on GPU 0)."""
+
+    name = "subprocess"
+
+    def check(self, sweep: Sweep) -> None:
+        k, t = sweep.gpus_per_job, sweep.train
+        if k is None:
+            return
+        if t.accelerator == "cpu":
+            raise UserError(f"--gpus-per-job {k} hands out GPUs but --accelerator cpu trains on CPUs; drop one of them")
+        if t.devices not in (1, k) or t.num_nodes != 1:
+            raise UserError(f"--devices {t.devices} and --gpus-per-job {k} disagree: each run trains on its {k} "
+                            f"GPUs of this machine; drop --devices/--num-nodes")  # fmt: skip
+        gpus = visible_gpus()
+        if sweep.jobs * k > len(gpus):
+            raise UserError(f"--jobs {sweep.jobs} x --gpus-per-job {k} needs {sweep.jobs * k} GPUs but {len(gpus)} "
+                            f"are visible ({','.join(gpus) or 'none'}); lower --jobs or --gpus-per-job")  # fmt: skip
+        sweep.train = replace(t, devices=k)
+
+    def slots(self, sweep: Sweep) -> list[str] | None:
+        k = sweep.gpus_per_job
+        if k is None:
+            return None
+        gpus = visible_gpus()
+        return [",".join(gpus[i * k : (i + 1) * k]) for i in range(sweep.jobs)]
+
+    def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
+        run = sweep.out.run(sweep.preset.name, sweep.corpus, row, seed)
+        run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
+        slots = self.slots(sweep) or []
+        index = slots.index(slot) if slot in slots else 0
+        env = child_environment(index, slot, _threads(sweep.jobs))
+        with open(run.sweep_log, "a") as out:
+            out.write(attempt_header())
+            out.flush()
+            resolved = write_resolved(run.resolved_file, sweep.specs[row], f"aiayn table3 --backend {self.name}")
+            cmd = train_process_command(sweep.run_options(row, seed), resolved)
+            returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        return _result(sweep, row, seed, returncode)

@@ -1,0 +1,225 @@
+"""Optuna's queue, shared by the back ends that run pairs from this machine (local, subprocess): each pair is enqueued
+once as a fixed trial whose user attributes name it; workers pop and claim trials (books.pop_and_claim) and never
+let the sampler invent new ones; a trial's value is the run's dev BLEU. Pairs are enqueued longest first (a spec's
+cost: steps x parameters), so that with N workers the long `big` row does not start last (longest-processing-time-
+first scheduling)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from abc import abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from aiayn.ablations.table import MAX_SEED, select_rows
+from aiayn.common.locks import file_lock
+from aiayn.common.text import clock
+from aiayn.lightning_modules.corpora import corpus_dirname
+from aiayn.lightning_modules.rundir import RunMetrics
+from aiayn.sweeps import books
+from aiayn.sweeps.backends import Backend, Sweep
+from aiayn.sweeps.books import Pair
+from aiayn.sweeps.storage import open_storage
+
+log = logging.getLogger(__name__)
+
+
+def study_name(preset: str, corpus: str) -> str:
+    return f"table3-{preset}-{corpus_dirname(corpus)}"  # also its pop lock's file name
+
+
+def pair_of(trial: optuna.trial.FrozenTrial) -> Pair | None:
+    """The (row, seed) a trial stands for: its user attributes `row` and `seed`."""
+    attrs = trial.user_attrs
+    return (str(attrs["row"]), int(attrs["seed"])) if "row" in attrs and "seed" in attrs else None
+
+
+def enqueue_pending(study: optuna.Study, pairs: list[Pair], cost: dict[str, float] | None = None) -> list[Pair]:
+    """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial. With `cost`
+    (row -> relative cost), the longest runs first (workers pop in enqueue order).
+
+    The pair is the trial's user attributes: that is what the books read. It is also given as the trial's two
+    parameters, row (categorical) and seed, for tools that plot parameters (optuna-dashboard), where the row is one
+    of the fixed choices `ROW_CHOICES` (Optuna requires a categorical parameter to keep the same choices in every
+    trial of a study; a row of a user's table has none). Nothing is sampled: the values are the enqueued ones."""
+    busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
+    taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
+    pending = [p for p in pairs if p not in taken]
+    if cost is not None:
+        pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
+    for row, seed in pending:
+        params = {"row": row, "seed": seed} if row in ROW_CHOICES else {}
+        study.enqueue_trial(params, user_attrs={"row": row, "seed": seed})
+    return pending
+
+
+# the rows of ablations/ (the paper's and the extended ones), the same in every study: the row parameter's choices
+ROW_CHOICES = tuple(select_rows("all", True))
+
+
+def set_params(trial: optuna.Trial, pair: Pair) -> None:
+    """The popped trial's row and seed as its parameters (enqueued, so these return them: nothing is sampled)."""
+    row, seed = pair
+    if row in ROW_CHOICES:
+        trial.suggest_categorical("row", ROW_CHOICES)
+        trial.suggest_int("seed", 0, MAX_SEED)
+
+
+def _n_finished(trials: list[optuna.trial.FrozenTrial]) -> int:
+    return sum(t.state in (TrialState.COMPLETE, TrialState.FAIL) and pair_of(t) is not None for t in trials)
+
+
+def _hms(seconds: float) -> str:
+    return clock(seconds)
+
+
+class QueueBackend(Backend):
+    """Pairs through Optuna's queue, `sweep.jobs` worker threads in this process, each waiting on one run at a
+    time (`run_one`). A rerun of the same command skips completed pairs and retries failed ones; two drivers on
+    one storage run each pair once."""
+
+    needs_only_the_sweep = True  # `aiayn table3 --backend NAME` builds it from the sweep alone
+
+    def launch(self, sweep: Sweep, pairs: list[Pair]) -> dict:
+        name = study_name(sweep.preset.name, sweep.corpus)
+        url = sweep.storage or sweep.out.study_url("table3")
+        claims = self.claims(sweep)
+        key_of = self._key_of(sweep)
+        # drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race
+        with file_lock(sweep.out.lock(f"{name}.setup"), wait=True):
+            storage = open_storage(url, create_dir=sweep.out.root)
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+            study.set_user_attr("preset", sweep.preset.name)
+            study.set_user_attr("corpus", sweep.corpus)
+            for t in books.fail_stale_trials(study, self.pop_lock(sweep), claims, key_of):
+                log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
+                            t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
+            cost = {row: spec.cost() for row, spec in sweep.specs.items()}
+            pending = enqueue_pending(study, pairs, cost)
+            books.record_sweep(sweep.out, sweep.preset.name, sweep.corpus, sweep.pairs, self.name)
+        log.info("table3 %s on %s: %d pairs, %d to run (%s), %d at a time", sweep.preset.name, sweep.corpus,
+                 len(sweep.pairs), len(pending), name, sweep.jobs)  # fmt: skip
+        slots = self.slots(sweep)
+        pace = (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
+
+        def worker(i: int) -> tuple[int, int]:
+            # its own storage object: Optuna caches trial states per storage, as separate drivers would
+            one = optuna.load_study(study_name=name, storage=open_storage(url))
+            return self.work(one, sweep, claims, slots[i] if slots else None, pace)
+
+        with ThreadPoolExecutor(sweep.jobs) as pool:
+            results = [f.result() for f in [pool.submit(worker, i) for i in range(sweep.jobs)]]
+        done, failed, diverged = (sum(r[i] for r in results) for i in range(3))
+        return {"pairs": len(sweep.pairs), "ran": done + failed + diverged, "completed": done, "failed": failed,
+                "diverged": diverged}  # fmt: skip
+
+    def pop_lock(self, sweep: Sweep) -> Path:
+        return sweep.out.lock(f"{study_name(sweep.preset.name, sweep.corpus)}.pop")
+
+    def _key_of(self, sweep: Sweep):
+        return lambda t: sweep.pair_key(*pair_of(t)) if pair_of(t) is not None else None
+
+    def slots(self, sweep: Sweep) -> list[str] | None:
+        """Each worker's GPUs (CUDA_VISIBLE_DEVICES), or None."""
+        return None
+
+    @abstractmethod
+    def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
+        """Train one pair to its end; its metrics (status failed when it died)."""
+
+    def work(self, study: optuna.Study, sweep: Sweep, claims, slot, pace) -> tuple[int, int, int]:
+        """Pop and run queued trials until the queue is empty; returns (completed, failed, diverged) by this
+        worker."""
+        done = failed = diverged = 0
+        t_start, finished_before = pace
+        key_of = self._key_of(sweep)
+        wanted = set(sweep.pairs)
+
+        def ask():
+            if not any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+                return None  # checked under the pop lock: ask() would invent a trial on an empty queue
+            return study.ask()
+
+        while True:
+            with books.pop_and_claim(study, self.pop_lock(sweep), claims, key_of, ask) as (trial, frozen, held):
+                if trial is None:
+                    break
+                pair = pair_of(frozen)
+                if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
+                    study.tell(trial, state=TrialState.FAIL)
+                    break
+                set_params(trial, pair)
+                if held is None or self._completed_elsewhere(study, pair, trial.number):
+                    # the same pair, enqueued twice by racing drivers, is running or done in another worker
+                    if held is not None:
+                        held.close()
+                    trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
+                    study.tell(trial, state=TrialState.PRUNED)
+                    continue
+                try:
+                    t0 = time.perf_counter()
+                    metrics = self.run_one(sweep, *pair, slot)
+                    elapsed = time.perf_counter() - t0
+                    run = sweep.out.run(sweep.preset.name, sweep.corpus, *pair)
+                    trial.set_user_attr("metrics", {k: v for k, v in metrics.to_dict().items() if k != "config"})
+                    trial.set_user_attr("run_dir", str(run.path))
+                    if metrics.completed:
+                        run.clear_failure()
+                    elif run.read_metrics() is None:  # it failed before training: the books must say so too
+                        run.write_failure(metrics.status, metrics.error)
+                    if metrics.completed:  # told while holding the claim: no duplicate can start
+                        study.tell(trial, metrics.dev_bleu)
+                        done += 1
+                        result = f"BLEU {metrics.dev_bleu:.2f}"
+                    else:
+                        study.tell(trial, state=TrialState.FAIL)
+                        diverged += metrics.status == "diverged"
+                        failed += metrics.status != "diverged"
+                        result = f"{metrics.status.upper()} ({metrics.error or '?'})"
+                finally:
+                    held.close()
+            trials = study.get_trials(deepcopy=False)
+            # of this sweep's pairs: the study also holds other seed sets run into the same --out
+            finished = sum(t.state == TrialState.COMPLETE and pair_of(t) in wanted for t in trials)
+            # the driver's pace so far (all its workers) x what is left; longest pairs run first, so it errs long
+            ran = max(_n_finished(trials) - finished_before, 1)
+            eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)
+            log.info("[%d/%d] %s seed %d: %s in %s; ETA %s", finished, len(sweep.pairs), *pair, result,
+                     _hms(elapsed), _hms(eta))  # fmt: skip
+        return done, failed, diverged
+
+    @staticmethod
+    def _completed_elsewhere(study: optuna.Study, pair: Pair, number: int) -> bool:
+        return any(
+            t.state == TrialState.COMPLETE and t.number != number and pair_of(t) == pair
+            for t in study.get_trials(deepcopy=False)
+        )
+
+
+def _threads(jobs: int) -> int | None:
+    """CPU threads per run when `jobs` share the machine: N processes x all cores would thrash."""
+    if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def attempt_header() -> str:
+    """The line that opens each attempt in a pair's log: a rerun appends, so the earlier attempts' output stays."""
+    return f"===== aiayn: attempt started {time.strftime('%Y-%m-%d %H:%M:%S %z')} (pid {os.getpid()}) =====\n"
+
+
+def _result(sweep: Sweep, row: str, seed: int, returncode: int | None) -> RunMetrics:
+    run = sweep.out.run(sweep.preset.name, sweep.corpus, row, seed)
+    metrics = run.read_metrics()
+    if returncode == 0 and metrics is not None:
+        return metrics
+    try:
+        tail = run.sweep_log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    except FileNotFoundError:  # the process died before it opened its log; the driver's stderr has why
+        tail = ["no log: the run's process died before it started (its error is in the sweep's own output)"]
+    return sweep.failed(row, seed, f"exit {returncode}: {tail[0][:300]}")
