@@ -36,6 +36,10 @@ class Knob:
     tex: str  # its column header in a LaTeX table
     help: str
     label: str = ""  # its column header in a report's tables (default: its name)
+    # the paper's value for base where the paper's table has no column for the knob (None: the table gives it); a
+    # run whose value differs leaves the paper's recipe: a deviation (`deviation`'s text, or "NAME=VALUE (paper: …)")
+    paper: object = None
+    deviation: str = ""
 
     def header(self) -> str:
         return self.label or self.name
@@ -55,6 +59,12 @@ class Knob:
             return f"{int(value):d}"
         return f"{value:{self.fmt}}" if self.fmt != "s" else str(value)
 
+    def deviates(self, value) -> str | None:
+        """What a run with `value` says among its deviations, or None where it keeps the paper's recipe."""
+        if self.paper is None or value == self.paper:
+            return None
+        return self.deviation or f"{self.name}={self.cell(value)} (paper: {self.cell(self.paper)})"
+
     @property
     def what(self) -> str:
         return {int: "an integer", float: "a number", parse_bool: "true or false"}.get(self.type, "a value")
@@ -73,7 +83,16 @@ KNOBS = {
         Knob("eps_ls", float, "model", None, "g", r"$\epsilon_{ls}$", "label smoothing"),
         Knob("pe", str, "model", None, "s", "PE", "positional encoding: sinusoid, learned, none, rope", "PE"),
         Knob(
-            "norm_first", parse_bool, "model", None, "ln", "LN", "pre-LN residuals (a deviation; paper: post-LN)", "LN"
+            "norm_first",
+            parse_bool,
+            "model",
+            None,
+            "ln",
+            "LN",
+            "pre-LN residuals (a deviation; paper: post-LN)",
+            "LN",
+            paper=False,
+            deviation="pre-LN residuals (paper: post-LN)",
         ),
         Knob("train_steps", int, "steps", "steps", "d", "steps", "the row's training steps (paper's; big: 3x)"),
         Knob("warmup", int, "schedule", None, "d", "warmup", "warmup steps of the learning-rate schedule"),
@@ -84,7 +103,7 @@ MODEL_KEYS = tuple(k for k, v in KNOBS.items() if v.kind == "model")  # Transfor
 TABLE_KNOBS = tuple(k for k, v in KNOBS.items() if v.kind in ("model", "steps"))  # a table file's knob columns
 SCHEDULE_KEYS = tuple(k for k, v in KNOBS.items() if v.kind == "schedule")
 OVERRIDABLE = (*MODEL_KEYS, *SCHEDULE_KEYS)  # what `--set KEY=VALUE` may change
-PAPER_BASE = {"norm_first": False}  # the paper's base is post-LN; the paper's table has no such column
+PAPER_BASE = {k: v.paper for k, v in KNOBS.items() if v.paper is not None}  # base's knobs beyond the paper's table
 
 
 def set_help() -> str:

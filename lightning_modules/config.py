@@ -7,6 +7,7 @@ The model itself is `model.Transformer` (paper §3); this is what it is built fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 # The reserved ids of the one joint vocabulary (§3.4); the data pipeline's SentencePiece model is trained with
@@ -16,23 +17,35 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 @dataclass(frozen=True)
 class PositionalEncoding:
-    """A kind of positional information (§3.5 and Table 3 row E). `paper`: one the paper ran; any other is a
-    deviation, listed among a run's deviations. Its module is `model.POSITIONAL_ENCODINGS[name]`."""
+    """A kind of positional information (§3.5 and Table 3 row E), said once: `paper`, whether the paper ran it (any
+    other is a deviation, listed among a run's deviations); `params(cfg)`, the parameters it adds to the model;
+    `requires(cfg)`, what it needs of the config, as (field, what it must be) or None; `marian`, whether
+    MarianMTModel has it (`aiayn export`). Its module is `model.POSITIONAL_ENCODINGS[name]`."""
 
     name: str
     paper: bool
     note: str
+    params: Callable[[TransformerConfig], int] = lambda cfg: 0
+    requires: Callable[[TransformerConfig], tuple[str, str] | None] = lambda cfg: None
+    marian: bool = False
 
 
 PE_KINDS = {
     p.name: p
     for p in (
-        PositionalEncoding("sinusoid", True, "sines and cosines of the position (§3.5), the paper's default"),
-        PositionalEncoding("learned", True, "a learned embedding per position (Table 3 row E)"),
+        PositionalEncoding(
+            "sinusoid", True, "sines and cosines of the position (§3.5), the paper's default", marian=True,
+            requires=lambda c: None if c.d_model % 2 == 0 else ("d_model", "even for the sinusoid positional encoding"),
+        ),
+        PositionalEncoding("learned", True, "a learned embedding per position (Table 3 row E)",
+                           params=lambda c: c.max_len * c.d_model),
         PositionalEncoding("none", False, "no positional information at all"),
-        PositionalEncoding("rope", False, "rotary position embedding in self-attention (Su et al., 2021)"),
+        PositionalEncoding(
+            "rope", False, "rotary position embedding in self-attention (Su et al., 2021)",
+            requires=lambda c: None if c.d_k % 2 == 0 else ("d_k", "even for rotary positional encoding"),
+        ),
     )
-}
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,10 +82,9 @@ class TransformerConfig:
             value = getattr(self, name)
             _require(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, f"in [0, 1), got {value!r}")
         _require(self.pe in PE_KINDS, "pe", f"one of {', '.join(PE_KINDS)}, got {self.pe!r}")
-        if self.pe == "sinusoid":
-            _require(self.d_model % 2 == 0, "d_model", "even for the sinusoid positional encoding")
-        if self.pe == "rope":
-            _require(self.d_k % 2 == 0, "d_k", "even for rotary positional encoding")
+        need = PE_KINDS[self.pe].requires(self)
+        if need is not None:
+            _require(False, *need)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,8 +104,7 @@ class TransformerConfig:
         encoder = attention + ffn + 2 * norm
         decoder = 2 * attention + ffn + 3 * norm
         total = self.vocab_size * d + self.N * (encoder + decoder)  # one embedding, shared (§3.4)
-        if self.pe == "learned":
-            total += self.max_len * d
+        total += PE_KINDS[self.pe].params(self)
         if self.norm_first:  # the final LayerNorm of each stack
             total += 2 * norm
         return total

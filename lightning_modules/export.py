@@ -37,9 +37,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aiayn.ablations.knobs import KNOBS
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_directory, check_new_directory, sha256_bytes
 from aiayn.common.secrets import redact
+from aiayn.lightning_modules.config import PE_KINDS
 from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
 from aiayn.lightning_modules.options import CT2_QUANTIZATIONS, ExportOptions
 
@@ -65,14 +67,16 @@ def require(package: str, extra: str, what: str):
 def unsupported(cfg: TransformerConfig) -> list[str]:
     """What in `cfg` MarianMTModel cannot express (empty: exportable)."""
     reasons = []
-    if cfg.pe != "sinusoid":
-        kind = {"learned": "learned positional embeddings", "rope": "rotary positions", "none": "no positions"}
-        reasons.append(f"{kind.get(cfg.pe, cfg.pe)} (pe={cfg.pe}), where Marian has the sinusoids only")
-    if cfg.norm_first:
-        reasons.append("pre-LN residuals (norm_first), where Marian's layers are post-LN only")
+    if not PE_KINDS[cfg.pe].marian:
+        marian = " or ".join(k for k, v in PE_KINDS.items() if v.marian)
+        reasons.append(f"pe={cfg.pe} ({PE_KINDS[cfg.pe].note}), where Marian has pe={marian} only")
     if cfg.h * cfg.d_k != cfg.d_model or cfg.h * cfg.d_v != cfg.d_model:
         reasons.append(f"d_k={cfg.d_k} d_v={cfg.d_v} with h={cfg.h} and d_model={cfg.d_model}, where Marian's heads "
                        f"are d_model / h = {cfg.d_model / cfg.h:g} wide")  # fmt: skip
+    for name, knob in KNOBS.items():  # a knob beyond the paper's table: Marian has the paper's value only
+        if knob.kind == "model" and knob.paper is not None and getattr(cfg, name) != knob.paper:
+            reasons.append(f"{name}={knob.cell(getattr(cfg, name))} ({knob.help}), where Marian has the paper's "
+                           f"{name}={knob.cell(knob.paper)} only")  # fmt: skip
     return reasons
 
 
@@ -436,8 +440,8 @@ def model_card(fmt: str, record: dict, license: str = "mit") -> str:
         results = [EvalResult(task_type="translation", task_name=f"Translation {'-'.join(langs)}",
                               dataset_type=dataset or corpus or "unknown", dataset_name=corpus or "unknown",
                               dataset_split="dev", metric_type="bleu", metric_value=run["dev_bleu"],
-                              metric_name="sacreBLEU (dev, beam search)", metric_config=run.get("dev_bleu_signature"),
-                              source_name="aiayn")]  # fmt: skip
+                              metric_name="sacreBLEU (dev, beam search)",
+                              metric_config=run.get("dev_bleu_signature"))]  # fmt: skip
     card = ModelCardData(
         language=langs or None, license=license, library_name="transformers" if fmt == "hf" else "ctranslate2",
         pipeline_tag="translation", tags=["translation", "marian", "aiayn", "attention-is-all-you-need"],

@@ -81,9 +81,10 @@ class MultiHeadAttention(nn.Module):
     free of d_model / h (Table 3 rows A and B). Eq. 1 itself is `attention` below.
     """
 
-    def __init__(self, d_model: int, h: int, d_k: int, d_v: int):
+    def __init__(self, d_model: int, h: int, d_k: int, d_v: int, attend=None):
         super().__init__()
         self.h, self.d_k, self.d_v = h, d_k, d_v
+        self.attend = attend  # the positional encoding's hook on queries and keys (Positions.attend), if it has one
         self.w_q = nn.Linear(d_model, h * d_k)
         self.w_k = nn.Linear(d_model, h * d_k)
         self.w_v = nn.Linear(d_model, h * d_v)
@@ -110,23 +111,24 @@ class MultiHeadAttention(nn.Module):
         kv: tuple[Tensor, Tensor] | None = None,
         mask: Tensor | None = None,
         causal: bool = False,
-        rope: Tensor | None = None,
+        pos: Tensor | None = None,
         group: int = 1,
     ) -> Tensor:
-        """x (B, T, d_model) queries; kv keys/values (B, h, S, d_k|d_v), None for self-attention over x (rotary
-        positions, if any, applied to both); mask (B, 1, 1, S), True = attend (or additive: 0 = attend, -inf = not).
+        """x (B, T, d_model) queries; kv keys/values (B, h, S, d_k|d_v), None for self-attention over x; pos: the
+        positional encoding's state for self-attention (`Positions.attention_state`), given to its hook with the
+        queries and keys (rotary positions); mask (B, 1, 1, S), True = attend (or additive: 0 = attend, -inf = not).
 
         group > 1 (beam search): each run of `group` consecutive query rows shares one row of kv and mask,
         (B / group, ...), so the K hypotheses of a sentence attend to one copy of its memory."""
         if kv is None:
             q, k, v = self.project_qkv(x)  # (B, h, T, d_k), (B, h, T, d_k), (B, h, T, d_v)
-            if rope is not None:
-                k = apply_rope(k, rope[-k.shape[2] :])
+            if pos is not None:
+                k = self.attend(k, pos)
         else:
             q = self.split(self.w_q(x), self.d_k)  # (B, h, T, d_k)
             k, v = kv
-        if rope is not None:  # rotate queries at their positions; given keys were rotated when projected
-            q = apply_rope(q, rope[-q.shape[2] :])
+        if pos is not None:  # queries at their positions; given keys got theirs when projected
+            q = self.attend(q, pos)
         B, _, T, _ = q.shape
         if group > 1:  # (B, h, T, d_k) -> (B/group, h, group·T, d_k): one attention call per sentence
             q = q.view(B // group, group, self.h, T, self.d_k).transpose(1, 2).reshape(B // group, self.h, -1, self.d_k)
@@ -181,8 +183,11 @@ def apply_rope(x: Tensor, rot: Tensor) -> Tensor:
 
 class Positions(nn.Module):
     """A kind of positional information (config.PE_KINDS): what it adds to the scaled embeddings at positions
-    offset.. (`forward`), and the rotations it applies in self-attention (`rotation`; None: none). This base class
-    is `pe="none"`: no positional information (beyond the paper)."""
+    offset.. (`forward`), and what it does to queries and keys in self-attention: `attend(x, state)`, a function of
+    x (B, h, T, d_k) at the last T of the positions that `attention_state(length)` describes (None: nothing). This
+    base class is `pe="none"`: no positional information (beyond the paper)."""
+
+    attend = None  # a staticmethod (x, state) -> x, for a positional encoding that acts in attention
 
     def __init__(self, cfg: TransformerConfig | None = None):
         super().__init__()
@@ -190,7 +195,7 @@ class Positions(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:  # (B, T, d_model)
         return x
 
-    def rotation(self, length: int) -> Tensor | None:
+    def attention_state(self, length: int) -> Tensor | None:
         return None
 
     def reset_parameters(self) -> None:
@@ -230,7 +235,11 @@ class RotaryPositions(Positions):
         super().__init__()
         self.register_buffer("table", rope_table(cfg.max_len, cfg.d_k), persistent=False)
 
-    def rotation(self, length: int) -> Tensor:
+    @staticmethod
+    def attend(x: Tensor, table: Tensor) -> Tensor:
+        return apply_rope(x, table[-x.shape[2] :])  # x's T positions are the last T of the table's
+
+    def attention_state(self, length: int) -> Tensor:
         return self.table[:length]
 
 
@@ -282,13 +291,13 @@ class Residual(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v, POSITIONAL_ENCODINGS[cfg.pe].attend)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
         self.res_attn = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
         self.res_ffn = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
 
-    def forward(self, x: Tensor, mask: Tensor, rope: Tensor | None) -> Tensor:
-        x = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, rope=rope))
+    def forward(self, x: Tensor, mask: Tensor, pos: Tensor | None) -> Tensor:
+        x = self.res_attn(x, lambda y: self.self_attn(y, mask=mask, pos=pos))
         return self.res_ffn(x, self.ffn)
 
 
@@ -297,7 +306,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v, POSITIONAL_ENCODINGS[cfg.pe].attend)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.h, cfg.d_k, cfg.d_v)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
         self.res_self = Residual(cfg.d_model, cfg.P_drop, cfg.norm_first)
@@ -309,7 +318,7 @@ class DecoderLayer(nn.Module):
         y: Tensor,
         memory_kv: tuple[Tensor, Tensor],
         src_mask: Tensor,
-        rope: Tensor | None,
+        pos: Tensor | None,
         cache: dict | None = None,
         group: int = 1,
     ) -> Tensor:
@@ -317,15 +326,15 @@ class DecoderLayer(nn.Module):
 
         def self_attend(z):
             if cache is None:  # training: the whole target at once, masked so position i sees ≤ i
-                return self.self_attn(z, causal=True, rope=rope)
+                return self.self_attn(z, causal=True, pos=pos)
             # incremental decoding: the cache grows by the new position; it sees all cached ones
             k, v = self.self_attn.project_kv(z)
-            if rope is not None:
-                k = apply_rope(k, rope[-z.shape[1] :])
+            if pos is not None:
+                k = self.self_attn.attend(k, pos)
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v  # (B, h, t, d_k), (B, h, t, d_v)
-            return self.self_attn(z, (k, v), rope=rope)
+            return self.self_attn(z, (k, v), pos=pos)
 
         y = self.res_self(y, self_attend)
         y = self.res_cross(y, lambda z: self.cross_attn(z, memory_kv, mask=src_mask, group=group))
@@ -372,24 +381,25 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.cfg.max_len}")
         return self.drop(self.positions(self.embed(tokens) * math.sqrt(self.cfg.d_model), offset))
 
-    def rope(self, length: int) -> Tensor | None:
-        return self.positions.rotation(length)
+    def attention_positions(self, length: int) -> Tensor | None:
+        """The positional encoding's state for self-attention over `length` positions (None: it acts there not)."""
+        return self.positions.attention_state(length)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src (B, S) token ids → memory (B, S, d_model) and key mask (B, 1, 1, S), True = real token."""
         src_mask = (src != PAD)[:, None, None, :]
         x = self.embed_tokens(src)
-        rope = self.rope(src.shape[1])
+        pos = self.attention_positions(src.shape[1])
         for layer in self.encoder:
-            x = layer(x, src_mask, rope)
+            x = layer(x, src_mask, pos)
         return self.enc_norm(x), src_mask
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoder over the whole target: (B, T) → hidden states (B, T, d_model)."""
         y = self.embed_tokens(tgt_in)
-        rope = self.rope(tgt_in.shape[1])
+        pos = self.attention_positions(tgt_in.shape[1])
         for layer in self.decoder:
-            y = layer(y, layer.cross_attn.project_kv(memory), src_mask, rope)
+            y = layer(y, layer.cross_attn.project_kv(memory), src_mask, pos)
         return self.dec_norm(y)
 
     def project(self, hidden: Tensor) -> Tensor:
@@ -414,9 +424,9 @@ class Transformer(nn.Module):
         """tokens (B, 1), the latest target token per hypothesis → log-probabilities (B, V)."""
         pos = cache["pos"]
         y = self.embed_tokens(tokens, offset=pos)
-        rope = self.rope(pos + 1)
+        state = self.attention_positions(pos + 1)
         for layer, lc in zip(self.decoder, cache["layers"]):
-            y = layer(y, lc["cross"], cache["src_bias"], rope, cache=lc, group=cache["group"])
+            y = layer(y, lc["cross"], cache["src_bias"], state, cache=lc, group=cache["group"])
         cache["pos"] = pos + 1
         return F.log_softmax(self.project(self.dec_norm(y[:, -1])).float(), dim=-1)
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.ablations.knobs import MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, format_overrides
+from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, SCHEDULE_KEYS, format_overrides
 from aiayn.ablations.presets import Preset, get_preset, scale
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
@@ -148,8 +148,10 @@ def _build(row, group, note, preset: Preset, corpus, knobs: dict, overrides: dic
 def _deviations(cfg: TransformerConfig, overrides: dict) -> tuple[Deviation, ...]:
     """Where a run leaves the paper's recipe beyond Table 3's own variations."""
     out = []
-    if cfg.norm_first != PAPER_BASE["norm_first"]:
-        out.append(Deviation("norm_first", "pre-LN residuals (paper: post-LN)"))
+    for name in MODEL_KEYS:  # a knob beyond the paper's table, away from the paper's value
+        text = KNOBS[name].deviates(getattr(cfg, name))
+        if text is not None:
+            out.append(Deviation(name, text))
     if not PE_KINDS[cfg.pe].paper:
         paper_pes = " or ".join(k for k, v in PE_KINDS.items() if v.paper)
         out.append(Deviation("pe", f"positional encoding {cfg.pe} (paper: {paper_pes})"))
