@@ -112,9 +112,13 @@ def _spec_of(opts: TrainOptions, args):
     recorded = getattr(args, "config_spec", None)
     if not recorded or recorded.get("row") != opts.row or recorded.get("preset", {}).get("name") != opts.preset:
         return spec_of(opts)
+    try:
+        spec = RunSpec.from_dict(recorded)
+    except ValueError as e:
+        raise UserError(f"--config: the run it records is not one aiayn wrote ({e})") from None
     if getattr(args, "config_resolved", False):  # a sweep's driver resolved it for this process: as it is
-        return RunSpec.from_dict(recorded)
-    spec = RunSpec.from_dict(recorded).with_overrides(opts.overrides)
+        return spec
+    spec = spec.with_overrides(opts.overrides)
     try:
         now = resolve(opts.row, opts.preset, tables=opts.table).knobs
     except UserError:

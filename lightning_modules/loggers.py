@@ -145,10 +145,10 @@ def _mlflow(run, config, version: int, out_root):
 
     spec, seed = config.spec, config.train.seed
     uri, artifacts = mlflow_uri(out_root)
-    name = f"{spec['row']}-s{seed}" + (f" attempt {version + 1}" if version else "")
-    tags = {"row": spec["row"], "group": spec["group"], "seed": str(seed), "preset": spec["preset"]["name"],
+    name = f"{spec.row}-s{seed}" + (f" attempt {version + 1}" if version else "")
+    tags = {"row": spec.row, "group": spec.group, "seed": str(seed), "preset": spec.preset.name,
             "corpus": config.data.corpus, "attempt": str(version + 1), "run_dir": str(run.path.resolve())}  # fmt: skip
-    experiment = mlflow_experiment(spec["preset"]["name"], config.data.corpus)
+    experiment = mlflow_experiment(spec.preset.name, config.data.corpus)
     log.info("MLflow: run %r of experiment %s at %s", name, experiment, uri)
     # tracking_uri given here: MLFlowLogger's own default reads MLFLOW_TRACKING_URI when Lightning is imported
     return MLFlowLogger(experiment_name=experiment, run_name=name, tracking_uri=uri, tags=tags,

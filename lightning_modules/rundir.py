@@ -57,6 +57,7 @@ from aiayn.common.locks import is_held, try_lock
 from aiayn.common.names import under
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.corpora import corpus_dirname
+from aiayn.lightning_modules.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ class TrainPlan:
 class RunConfig:
     """config.json: the run as resolved before training. `aiayn train --config RUN/config.json` trains it again."""
 
-    spec: dict  # RunSpec.to_dict(): the row at its scale, --set, the model config, schedule, deviations
+    spec: RunSpec  # the row at its scale, --set, the model config, schedule, deviations (a dict only in the file)
     data: DataIdentity
     train: TrainPlan
     tokenizer_file: str = "tokenizer.model"
@@ -211,18 +212,19 @@ class RunConfig:
 
     @property
     def model(self) -> dict:
-        return self.spec["model"]
+        return self.spec.model.to_dict()
 
     @property
     def schedule(self) -> dict:
-        return self.spec["schedule"]
+        return asdict(self.spec.schedule)
 
     def identity(self) -> dict:
         """What must match for a rerun to resume a run directory."""
         return {"model": self.model, "data": self.data.to_dict(), "schedule": self.schedule}
 
     def to_dict(self) -> dict:
-        return {"schema": self.schema, "spec": self.spec, "data": self.data.to_dict(), "train": asdict(self.train),
+        return {"schema": self.schema, "spec": self.spec.to_dict(), "data": self.data.to_dict(),
+                "train": asdict(self.train),
                 "tokenizer": {"file": self.tokenizer_file, "sha256": self.tokenizer_sha256},
                 "options": self.options}  # fmt: skip
 
@@ -233,7 +235,13 @@ class RunConfig:
         if int(d.get("schema", SCHEMA)) > SCHEMA:
             raise ValueError(f"config.json of schema {d['schema']} (this aiayn reads {SCHEMA}): a newer aiayn's")
         tok = d.get("tokenizer") or {}
-        return cls(spec=d["spec"], data=_from_dict(DataIdentity, d["data"], "data"),
+        try:
+            spec = RunSpec.from_dict(d["spec"])
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"its spec is not one aiayn wrote ({type(e).__name__}: {e})") from None
+        except UserError as e:  # a recorded value this aiayn's model config refuses
+            raise ValueError(str(e)) from None
+        return cls(spec=spec, data=_from_dict(DataIdentity, d["data"], "data"),
                    train=_from_dict(TrainPlan, d["train"], "train"), tokenizer_file=tok.get("file", "tokenizer.model"),
                    tokenizer_sha256=tok.get("sha256"), options=d.get("options") or {})  # fmt: skip
 
@@ -504,13 +512,13 @@ class RunDir:
         spec, t = config.spec, config.train
         code = provenance.source()
         metrics = RunMetrics(
-            row=spec["row"], group=spec["group"], seed=t.seed, preset=spec["preset"]["name"], data=config.data.corpus,
-            status=status, kind=kind, planned_steps=t.steps, paper_ppl=spec["paper"]["ppl"],
-            paper_bleu=spec["paper"]["bleu"], paper_params_m=spec["paper"]["params_m"],
-            config={k: spec["model"][k] for k in MODEL_KEYS}, deviations=[d["text"] for d in spec["deviations"]],
+            row=spec.row, group=spec.group, seed=t.seed, preset=spec.preset.name, data=config.data.corpus,
+            status=status, kind=kind, planned_steps=t.steps, paper_ppl=spec.paper.ppl,
+            paper_bleu=spec.paper.bleu, paper_params_m=spec.paper.params_m,
+            config={k: getattr(spec.model, k) for k in MODEL_KEYS}, deviations=[d.text for d in spec.deviations],
             effective_tokens_per_step=t.effective_tokens_per_step, host=platform.node(), torch=_torch_version(),
             finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=code.commit, dirty=code.dirty,
-            predictions_sha256=registration_sha256(spec["preset"]["name"]), **measured,
+            predictions_sha256=registration_sha256(spec.preset.name), **measured,
         )  # fmt: skip
         atomic_write_json(self.metrics_file, redact_obj(metrics.to_dict()))
         return RunMetrics.from_dict(redact_obj(metrics.to_dict()))

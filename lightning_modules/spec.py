@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, SCHEDULE_KEYS, format_overrides
+from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, format_overrides
 from aiayn.ablations.presets import Preset, get_preset, scale
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
@@ -97,8 +97,18 @@ class RunSpec:
         names = {f.name for f in fields(Preset)}
         preset = Preset(**{k: v for k, v in d["preset"].items() if k in names})
         preset = replace(preset, aliases=tuple(tuple(a) for a in preset.aliases), cells=tuple(preset.cells))
-        return _build(d["row"], d["group"], d.get("note", ""), preset, d["corpus"], d["knobs"], d["overrides"],
+        knobs = {**PAPER_BASE, **d["knobs"]}  # a knob added since the file was written: the paper's value
+        spec = _build(d["row"], d["group"], d.get("note", ""), preset, d["corpus"], knobs, d["overrides"],
                       Paper(**d["paper"]), d["model"]["vocab_size"])  # fmt: skip
+        # the file's model is derived from its knobs and overrides; one edited by hand (or by another aiayn) that no
+        # longer follows from them is refused rather than silently replaced by what they give
+        built = spec.model.to_dict()
+        differ = sorted(k for k, v in d["model"].items() if k in built and built[k] != v)
+        if differ:
+            k = differ[0]
+            raise ValueError(f"its model's {k} is {d['model'][k]!r} where its knobs and overrides give {built[k]!r}; "
+                             "change a model value through overrides (--set), not the model section")  # fmt: skip
+        return spec
 
 
 def resolve(

@@ -173,7 +173,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     steps = opts.max_steps or spec.train_steps
     tokenizer = dm.tokenizer
     config = RunConfig(
-        spec=spec.to_dict(),
+        spec=spec,
         data=data_identity(dm),
         train=TrainPlan(seed=opts.seed, steps=steps, accumulate=dm.accumulate, world_size=opts.world_size,
                         effective_tokens_per_step=dm.max_tokens * opts.world_size * dm.accumulate,

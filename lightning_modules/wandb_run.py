@@ -39,17 +39,15 @@ def wandb_config(config: RunConfig) -> dict:
     """The W&B run config of a run's config.json: the row's knobs at the top (W&B groups and filters by
     top-level keys; `row` and `seed` are also the sweep's parameters), every section beside them. (Lightning
     adds the module's and the data module's hyper-parameters at fit: model_cfg, max_tokens, tokenizer…)"""
-    from aiayn.lightning_modules.spec import RunSpec
-
-    spec, train = RunSpec.from_dict(config.spec), config.train
+    spec, train = config.spec, config.train
     return {
         "row": spec.row, "seed": train.seed, "group": spec.group, "preset": spec.preset.name,
         "corpus": config.data.corpus, **{k: getattr(spec.model, k) for k in MODEL_KEYS},
         "train_steps": train.steps, "precision": train.precision, "accumulate": train.accumulate,
         "world_size": train.world_size, "effective_tokens_per_step": train.effective_tokens_per_step,
         "warmup": spec.schedule.warmup, "lr_factor": spec.schedule.lr_factor, "preset_rule": spec.preset.rule(),
-        "deviations": [str(d) for d in spec.deviations], "paper": config.spec["paper"], "model": config.model,
-        "data": config.data.to_dict(), "train": config.to_dict()["train"], "preset_config": config.spec["preset"],
+        "deviations": [str(d) for d in spec.deviations], "paper": spec.to_dict()["paper"], "model": config.model,
+        "data": config.data.to_dict(), "train": config.to_dict()["train"], "preset_config": spec.to_dict()["preset"],
         "tokenizer_sha256": config.tokenizer_sha256, "options": config.options,
     }  # fmt: skip
 
@@ -57,7 +55,7 @@ def wandb_config(config: RunConfig) -> dict:
 def init_kwargs(run: RunDir, config: RunConfig, mode: str, why: str) -> dict | None:
     """The arguments of this attempt's WandbLogger (and so of wandb.init), or None when W&B is
     disabled. Records the attempt in the run directory and says in the log where it goes."""
-    row, seed, preset = config.spec["row"], config.train.seed, config.spec["preset"]["name"]
+    row, seed, preset = config.spec.row, config.train.seed, config.spec.preset.name
     if mode == "disabled":
         log.info("W&B disabled (%s): %s seed %d is not logged to W&B", why, row, seed)
         return None

@@ -27,7 +27,6 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.secrets import redact
 from aiayn.lightning_modules.corpora import corpus_dirname
-from aiayn.lightning_modules.spec import RunSpec
 from aiayn.reports import plots, significance, stats, verdicts
 from aiayn.reports.runs import Run, Scan, read_curve, scan
 from aiayn.reports.table import build_table, rounded, row_order, set_verdicts
@@ -235,7 +234,7 @@ def _rule(runs: list[Run], preset: str) -> str:
     """The preset's scaling rule as the runs recorded it in config.json (else as ablations/ says it now)."""
     for run in runs:
         if run.config is not None:
-            return RunSpec.from_dict(run.config.spec).preset.rule()
+            return run.config.spec.preset.rule()
     known = PRESETS.get(preset)
     return known.rule() if known else "unknown preset (not in ablations/presets.py)"
 

@@ -153,7 +153,7 @@ def _floor(runs: list[Run]) -> float | None:
     """Label smoothing's perplexity floor for the row's ε and vocabulary, as its runs recorded them."""
     for run in runs:
         eps = (run.metrics.config or {}).get("eps_ls")
-        vocab = run.config.model.get("vocab_size") if run.config is not None else None
+        vocab = run.config.spec.model.vocab_size if run.config is not None else None
         if eps is not None and vocab:
             return verdicts.smoothing_floor(float(eps), int(vocab))
     return None

@@ -80,13 +80,15 @@ def base_d_model() -> int:
 
 
 def other_run(tmp: Path) -> None:
-    """The run directory of base/seed0 holding a run whose d_model is one more than base's (and the same data)."""
-    spec = resolve("base", "tiny", corpus="files", vocab_size=60).to_dict()
-    spec["model"]["d_model"] += 1
+    """The run directory of base/seed0 holding a run whose d_model is two more than base's (and the same data)."""
+    spec = resolve("base", "tiny", corpus="files", vocab_size=60)
     data = DataIdentity("files", str(tmp / "corpus"), 60)
+    config = RunConfig(spec, data, TrainPlan(0, 2, 1, 1, 1024, "32-true")).to_dict()
+    config["spec"]["knobs"]["d_model"] += 2  # the knob the model is built from, and the model derived from it
+    config["spec"]["model"]["d_model"] += 2
     d = tmp / "runs" / "tiny" / "files" / "base" / "seed0"
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(RunConfig(spec, data, TrainPlan(0, 2, 1, 1, 1024, "32-true")).to_dict()))
+    (d / "config.json").write_text(json.dumps(config))
 
 
 HELD = []  # locks held by a "running" process during one test
@@ -191,7 +193,7 @@ CASES = {
     # --- run directories and checkpoints
     "run directory of another config": (TRAIN + FILES, lambda t: (corpus(t), other_run(t)),
                                         "run directory {tmp}/runs/tiny/files/base/seed0 holds a run of another config "
-                                        f"(model differs: {{'d_model': ({base_d_model() + 1}, {base_d_model()})}}); "
+                                        f"(model differs: {{'d_model': ({base_d_model() + 2}, {base_d_model()})}}); "
                                         "use another --out or delete that directory"),
     "run directory in use": (TRAIN + FILES, busy_run,
                              "run directory {tmp}/runs/tiny/files/base/seed0 is being trained by another process; "
@@ -391,11 +393,11 @@ def test_a_report_skips_a_metrics_json_of_the_wrong_types_with_a_line(tmp_path, 
 
 
 def test_a_run_config_whose_row_is_a_path_is_refused_before_anything_is_written(tmp_path, capsys):
-    spec = resolve("base", "tiny").to_dict()
-    spec["row"] = "../../escape"
+    spec = resolve("base", "tiny")
     config = RunConfig(spec, DataIdentity("synthetic", None, 1000), TrainPlan(0, 2, 1, 1, 1024, "32-true"),
-                       options={"row": "../../escape", "max_steps": 2, "accelerator": "cpu"})  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+                       options={"row": "../../escape", "max_steps": 2, "accelerator": "cpu"}).to_dict()  # fmt: skip
+    config["spec"]["row"] = "../../escape"
+    (tmp_path / "config.json").write_text(json.dumps(config))
     before = tree(tmp_path)
     code = main(["train", "--config", str(tmp_path / "config.json"), "--out", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip().splitlines()

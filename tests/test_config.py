@@ -119,7 +119,7 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     sweep.specs["B1"].cost()  # the sweep orders its queue by it
     p = train.plan(sweep.run_options("B1", 0), resolved)
     assert counts == {"get_row": 1, "resolve": 1, "TransformerConfig": 1, "Transformer": 0}
-    assert p.spec is resolved and p.config.spec["model"]["d_k"] == 8
+    assert p.spec is resolved and p.config.spec.model.d_k == 8
 
 
 def _count_lookups(monkeypatch) -> dict:

@@ -132,16 +132,21 @@ def test_queue_runs_longest_first(tmp_path):
 
 
 class ConcurrencyRunner(FakeRunner):
-    """Also records how many pairs ran at the same moment."""
+    """Also records how many pairs ran at the same moment. Each pair waits (up to 30 s) until `expect` pairs have
+    run at once, so that a loaded machine's slow workers still overlap: fewer workers than `expect` read as fewer
+    (after the wait), more read as more."""
 
-    def __init__(self, **kw):
+    def __init__(self, expect: int, **kw):
         super().__init__(**kw)
         self.active = self.most = 0
+        self.expect, self.changed = expect, threading.Condition(self.lock)
 
     def __call__(self, opts, corpus, row, seed):
-        with self.lock:
+        with self.changed:
             self.active += 1
             self.most = max(self.most, self.active)
+            self.changed.notify_all()
+            self.changed.wait_for(lambda: self.most >= self.expect, timeout=30)
         try:
             return super().__call__(opts, corpus, row, seed)
         finally:
@@ -151,7 +156,7 @@ class ConcurrencyRunner(FakeRunner):
 
 @pytest.mark.parametrize("jobs", [2, 3])
 def test_jobs_run_pairs_at_once_each_exactly_once(tmp_path, jobs):
-    runner = ConcurrencyRunner(delay=0.5)  # long enough for every worker to pop its first pair meanwhile
+    runner = ConcurrencyRunner(expect=jobs, delay=0.2)
     summary = run_table3(opts(tmp_path, rows="base,A", seeds=2, jobs=jobs), backend=RunnerBackend(runner))
     assert summary == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0, "diverged": 0}
     assert set(Counter(runner.calls).values()) == {1} and len(runner.calls) == 10

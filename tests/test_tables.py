@@ -42,7 +42,7 @@ class MetricsRunner:
     def __call__(self, opts, corpus, row, seed):
         self.calls.append((row, seed))
         spec = resolve(row, "tiny", tables=opts.train.table)
-        config = RunConfig(spec.to_dict(), DataIdentity(corpus), TrainPlan(seed, 10, 1, 1, 1024, "32-true"))
+        config = RunConfig(spec, DataIdentity(corpus), TrainPlan(seed, 10, 1, 1, 1024, "32-true"))
         run = OutDir(opts.train.out).run("tiny", corpus, row, seed)
         return run.write_metrics(config, "completed", dev_bleu=20.0 + len(row), dev_ppl=5.0, steps=10,
                                  params=spec.model.params()).to_dict()  # fmt: skip
