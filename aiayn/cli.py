@@ -136,11 +136,12 @@ def _with_config_tokenizer(opts: TrainOptions, args, spec) -> TrainOptions:
     if not args.config or opts.tokenizer or getattr(args, "config_spec", None) is None:
         return opts
     from aiayn.common.files import sha256_file
+    from aiayn.lightning_modules.rundir import OutDir
 
     source = Path(args.config_source).parent
     sibling = source / "tokenizer.model"
     recorded = args.config_tokenizer
-    elsewhere = spec.run_dir(opts.out, opts.seed).path.resolve() != source.resolve()
+    elsewhere = OutDir(opts.out).run_of(spec, opts.seed).path.resolve() != source.resolve()
     if recorded and elsewhere and sibling.is_file() and sha256_file(sibling) == recorded:
         return replace(opts, tokenizer=str(sibling))
     return opts

@@ -263,6 +263,10 @@ class OutDir:
         return RunDir(under(self.root, preset, corpus_dirname(corpus), row, _seed_dir(seed),
                             kinds=("preset", "corpus", "row", "seed")))  # fmt: skip
 
+    def run_of(self, spec: RunSpec, seed: int) -> RunDir:
+        """The run directory of a resolved run and a seed."""
+        return self.run(spec.preset.name, spec.corpus, spec.row, seed)
+
     def hpo_trial(self, preset: str, row: str, number: int) -> RunDir:
         return RunDir(under(self.root, "hpo", preset, row, f"trial{number:04d}", kinds=("", "preset", "row")))
 

@@ -9,7 +9,6 @@ ways the run leaves the paper (`deviations`, structured: each has a kind and its
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, format_overrides
@@ -71,11 +70,6 @@ class RunSpec:
     def cost(self) -> float:
         """A run's relative cost, for ordering a sweep's queue: its steps × its parameters (a proxy for FLOPs)."""
         return float(self.train_steps * self.model.params())
-
-    def run_dir(self, out: str | Path, seed: int):
-        from aiayn.lightning_modules.rundir import OutDir
-
-        return OutDir(out).run(self.preset.name, self.corpus, self.row, seed)
 
     def with_overrides(self, extra: dict) -> RunSpec:
         """The same row with more `--set` values (later ones win)."""

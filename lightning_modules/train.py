@@ -52,7 +52,7 @@ from aiayn.lightning_modules.devices import (
 from aiayn.lightning_modules.evaluate import evaluate
 from aiayn.lightning_modules.module import Diverged, TranslationModule
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TRAINER_DEFAULTS, TrainOptions, options_record
-from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, RunDir, RunMetrics, TrainPlan
+from aiayn.lightning_modules.rundir import DataIdentity, OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.spec import RunSpec, spec_of
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
-    run = RunDir(Path(run_dir)) if run_dir else spec.run_dir(opts.out, opts.seed)
+    run = RunDir(Path(run_dir)) if run_dir else OutDir(opts.out).run_of(spec, opts.seed)
     dm = build_datamodule(opts, spec, tokenizer_for(opts, run))
     steps = opts.max_steps or spec.train_steps
     tokenizer = dm.tokenizer
