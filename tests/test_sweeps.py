@@ -136,7 +136,7 @@ class ConcurrencyRunner(FakeRunner):
     run at once, so that a loaded machine's slow workers still overlap: fewer workers than `expect` read as fewer
     (after the wait), more read as more."""
 
-    def __init__(self, expect: int, **kw):
+    def __init__(self, expect: int = 0, **kw):
         super().__init__(**kw)
         self.active = self.most = 0
         self.expect, self.changed = expect, threading.Condition(self.lock)
