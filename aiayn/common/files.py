@@ -70,8 +70,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", need: int | None = Non
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temp_beside(path)
+    os.close(fd)  # opened again by name, so that the file object's name is the temporary file's path, not a number
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
