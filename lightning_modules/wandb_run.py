@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import asdict
 
 from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.common.wandb_mode import wandb_mode
@@ -46,8 +47,8 @@ def wandb_config(config: RunConfig) -> dict:
         "train_steps": train.steps, "precision": train.precision, "accumulate": train.accumulate,
         "world_size": train.world_size, "effective_tokens_per_step": train.effective_tokens_per_step,
         "warmup": spec.schedule.warmup, "lr_factor": spec.schedule.lr_factor, "preset_rule": spec.preset.rule(),
-        "deviations": [str(d) for d in spec.deviations], "paper": spec.to_dict()["paper"], "model": config.model,
-        "data": config.data.to_dict(), "train": config.to_dict()["train"], "preset_config": spec.to_dict()["preset"],
+        "deviations": [str(d) for d in spec.deviations], "paper": asdict(spec.paper), "model": config.model,
+        "data": config.data.to_dict(), "train": config.to_dict()["train"], "preset_config": asdict(spec.preset),
         "tokenizer_sha256": config.tokenizer_sha256, "options": config.options,
     }  # fmt: skip
 
