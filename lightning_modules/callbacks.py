@@ -15,6 +15,8 @@ checkpoints, and preemption under SLURM.
   local path, in a temporary file under /tmp that is then *moved*: a copy across filesystems,
   unsynced, so a kill mid-copy leaves a truncated `last.ckpt`.)
 - :class:`RequeueOnSignal`: on SLURM's warning signal, checkpoint at a step boundary and requeue.
+- :class:`SigtermWithTheStep`: under DDP, SIGTERM rides in the step's one all-reduce instead of Lightning's
+  per-batch broadcast and device read, and every rank stops at the same step.
 - :class:`RunFilesInCheckpoint` puts the run's resolved config and its tokenizer into every
   checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/translate.py).
 
@@ -293,6 +295,55 @@ class RequeueOnSignal(pl.Callback):
             log.info("requeued SLURM job %s", job)
         else:
             log.warning("scontrol requeue %s failed (%s)", job, proc.stderr.strip() or proc.returncode)
+
+
+class SigtermWithTheStep(pl.Callback):
+    """SIGTERM under DDP without a collective of its own. Lightning 2.6 asks every rank, before every training
+    batch, whether rank 0 received SIGTERM: a broadcast and an `.item()` (`_TrainingEpochLoop.
+    _broadcast_sigterm_tensor`), that is a second collective and a second host-device synchronization per step,
+    and its SIGTERM handler broadcasts once more from inside the signal handler. Here the handler only sets a flag
+    (and forwards the signal to the ranks this process launched, as Lightning's does); the flag rides in the
+    step's one all-reduce (`TranslationModule.step_flags`, as the requeue flag does), and the epoch loop's check
+    before the next batch reads the step's decision: every rank raises Lightning's `SIGTERMException` at the same
+    step, whichever rank got the signal. The flag reaches Lightning (`received_sigterm`) only with that decision, so
+    no rank stops alone at a step the others go on with. One rank: nothing changes (Lightning broadcasts nothing).
+    A Lightning without these internals: nothing changes either, and tests/test_ddp.py's collective count says so."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.pending = False  # this rank got SIGTERM; not yet decided
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module) -> None:
+        if trainer.world_size <= 1 or not hasattr(pl_module, "step_flags"):
+            return
+        loop, connector = trainer.fit_loop.epoch_loop, getattr(trainer, "_signal_connector", None)
+        notifier = getattr(connector, "_sigterm_notifier_fn", None)
+        handlers = getattr(signal.getsignal(signal.SIGTERM), "signal_handlers", None)  # Lightning's _HandlersCompose
+        if not hasattr(loop, "_broadcast_sigterm_tensor") or not isinstance(handlers, list) or notifier not in handlers:
+            return  # another Lightning: its SIGTERM handling is left as it is
+        handlers[handlers.index(notifier)] = lambda signum, frame: self._on_signal(trainer, signum)
+        loop._broadcast_sigterm_tensor = lambda: self._check(trainer, pl_module)
+        self.active = True
+
+    def _on_signal(self, trainer: pl.Trainer, signum) -> None:  # a flag and a forward: no I/O, no collectives
+        if not self.pending and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signum)
+        self.pending = True
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module, optimizer) -> None:
+        if self.active:
+            pl_module.step_flags["sigterm"] = self.pending
+
+    @staticmethod
+    def _check(trainer: pl.Trainer, pl_module) -> None:
+        if getattr(pl_module, "step_decisions", {}).get("sigterm"):
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            log.warning(
+                "rank %d: SIGTERM, every rank stops before step %d", trainer.global_rank, trainer.global_step + 1
+            )
+            trainer._signal_connector.received_sigterm = True
+            raise SIGTERMException()
 
 
 def slurm_parts(ckpt_dir: str | Path, world_size: int = 1) -> tuple[list, list]:

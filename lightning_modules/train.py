@@ -16,6 +16,7 @@ import hashlib
 import logging
 import math
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
@@ -36,6 +38,7 @@ from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
     RNGStates,
     RunFilesInCheckpoint,
+    SigtermWithTheStep,
     StepCheckpoints,
     slurm_parts,
 )
@@ -283,6 +286,12 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
         metrics = p.run.write_metrics(p.config, "diverged", kind=hooks.kind, diverged_at_step=e.step, error=str(e))
         wandb_run.finish(trainer, metrics, exit_code=1)
         return metrics
+    except SIGTERMException:  # Lightning's SystemExit without a code: exit 0 would read as a finished run
+        log.warning("%s seed %d stopped by SIGTERM at step %d; its checkpoints are kept and the same command "
+                    "resumes it", row, seed, trainer.global_step)  # fmt: skip
+        if trainer.is_global_zero:
+            wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step, status="stopped")
+        raise SystemExit(128 + signal.SIGTERM) from None
     except Exception as e:
         if trainer.is_global_zero:
             status = hooks.status_of(e) or "failed"
@@ -414,8 +423,9 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         val_check_interval=None if val_per_epoch else min(opts.val_every or preset.val_every, steps) * accumulate,
         check_val_every_n_epoch=1 if val_per_epoch else None,
         num_sanity_val_steps=0,
-        # RNGStates: exact resume (the module itself ends a run whose loss is not finite: Diverged)
-        callbacks=[RNGStates(opts.seed), ckpt, *callbacks, *extra.callbacks],
+        # RNGStates: exact resume (the module itself ends a run whose loss is not finite: Diverged); under DDP,
+        # SigtermWithTheStep puts Lightning's per-batch SIGTERM broadcast into the step's one all-reduce
+        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), ckpt, *callbacks, *extra.callbacks],
         plugins=[AtomicCheckpointIO(), *extra.plugins],  # checkpoints: written to a temporary file and renamed
         logger=extra.loggers,
         default_root_dir=run.path,

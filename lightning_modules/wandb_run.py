@@ -95,14 +95,22 @@ def _wandb_loggers(trainer) -> list:
 
 
 def finish(
-    trainer, metrics: RunMetrics | None, *, checkpoint=None, preempted: bool = False, steps: int = 0, exit_code: int = 0
+    trainer,
+    metrics: RunMetrics | None,
+    *,
+    checkpoint=None,
+    preempted: bool = False,
+    steps: int = 0,
+    exit_code: int = 0,
+    status: str = "requeued",
 ) -> None:
     """Put the run's result into the W&B run's summary (and, with `checkpoint`, log that file as a
     model artifact), then finish the W&B run, so that the next run in this process (an hpo trial)
-    starts its own. `preempted`: checkpointed for a SLURM requeue at step `steps` (W&B marks the run preempting)."""
+    starts its own. `preempted`: stopped at step `steps` to go on later (`status`: "requeued" by SLURM, or "stopped"
+    by SIGTERM), so W&B marks the run preempting."""
     for logger in _wandb_loggers(trainer):
         experiment = logger.experiment
-        values = metrics.to_dict() if metrics is not None else {"status": "requeued", "steps": steps}
+        values = metrics.to_dict() if metrics is not None else {"status": status, "steps": steps}
         summary = {SUMMARY[k]: v for k, v in values.items() if k in SUMMARY}
         experiment.summary.update({"status": values["status"], **summary})
         if checkpoint is not None:

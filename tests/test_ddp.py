@@ -17,11 +17,14 @@ below that flaw.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -201,11 +204,6 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="known failure, found 2026-11-26 at the end of a session and not yet fixed: two "
-    "processes make 2 collectives a step, not 1 (one read each, as designed)",
-)
 def test_two_processes_sync_once_per_step_with_one_collective(cache, tmp_path):
     """Issue 31: under DDP (2 processes, gloo) with the progress bar on and log steps in the window, each rank reads
     the device once per optimizer step and calls one collective (the packed counts and flags); Lightning's
@@ -240,3 +238,54 @@ def test_a_ddp_checkpoint_holds_each_ranks_own_rng_states(cache, tmp_path):
     ranks = state["ranks"]
     assert len(ranks) == 2 and all(r is not None for r in ranks)
     assert not torch.equal(ranks[0]["torch"], ranks[1]["torch"])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signalled", [0, 1])
+def test_a_sigterm_to_either_rank_stops_every_rank_at_the_same_step(cache, tmp_path, signalled):
+    """SIGTERM under DDP rides in the step's one all-reduce (callbacks.SigtermWithTheStep): whichever rank gets it,
+    every rank learns it from the step's reduce and stops before the same step. With Lightning's own handling a
+    SIGTERM to rank 1 alone stops rank 1 and leaves rank 0 to fail in its next collective, which logs no decision."""
+    log_path = tmp_path / "log.txt"
+    cmd = [sys.executable, "-m", "aiayn", "train", "--preset", "tiny", "--row", ROW, "--accelerator", "cpu",
+           "--devices", "2", "--strategy", "ddp", "--max-steps", "100000", "--val-every", "100000",
+           "--ckpt-every", "5", "--eval-subset", "8", "--out", str(tmp_path / "runs"), "--no-progress",
+           "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ckpts = tmp_path / "runs" / "tiny" / "synthetic" / ROW / "seed0" / "checkpoints"
+        deadline = time.monotonic() + 300
+        while not (ckpts / "step0000005.ckpt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        (rank1,) = _children(proc.pid)
+        os.kill(proc.pid if signalled == 0 else rank1, signal.SIGTERM)
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        with pytest.raises(ProcessLookupError):  # no rank is left behind
+            while time.monotonic() < deadline:
+                os.killpg(proc.pid, 0)
+                time.sleep(0.2)
+        assert proc.returncode == 128 + signal.SIGTERM  # not 0: the run did not finish
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    stops = sorted(line.split("SIGTERM, every rank stops before step ")[1] + f" (rank {line.split('rank ')[1][0]})"
+                   for line in text.splitlines() if "SIGTERM, every rank stops" in line)  # fmt: skip
+    assert len(stops) == 2 and stops[0].split()[0] == stops[1].split()[0], text[-3000:]
+    assert not (ckpts.parent / "metrics.json").exists()

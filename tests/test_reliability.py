@@ -30,7 +30,7 @@ from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.locks import file_lock
 from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import OutDir, RunMetrics
+from aiayn.lightning_modules.rundir import OutDir, RunDir, RunMetrics
 from aiayn.sweeps import books
 from aiayn.sweeps.backends.queue import pair_of, study_name
 from aiayn.sweeps.storage import open_storage
@@ -203,6 +203,27 @@ def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_ch
     second = next(p for p in sorted((b / "logs").glob("version_*")) if p.name == "version_1") / "metrics.csv"
     steps = [int(r["step"]) for r in csv.DictReader(second.read_text().splitlines())]  # 0-based: 9 is step 10
     assert steps and min(steps) >= 10, f"the rerun trained from step 0 again (it logged steps {steps})"
+
+
+@pytest.mark.slow
+def test_a_sigterm_stops_the_run_with_exit_143_and_the_same_command_resumes_it(cache, tmp_path):
+    """SIGTERM (a driver's death, `kill`, a scheduler) is not a finished run: exit 128 + 15, no metrics.json, and the
+    rerun resumes from the last checkpoint (Lightning's SIGTERMException alone exits 0)."""
+    common = ["train", "--preset", "tiny", "--max-steps", "100000", "--ckpt-every", "5", "--val-every", "100000",
+              "--eval-subset", "4", *SMALL_MODEL, *QUIET, "--out", str(tmp_path / "runs")]  # fmt: skip
+    env = dict(os.environ, AIAYN_CACHE=str(cache))
+    proc = subprocess.Popen(aiayn(*common), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ckpts = run_dir(tmp_path / "runs") / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (ckpts / "step0000005.ckpt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by SIGTERM at step" in err and "the same command resumes it" in err
+    assert not (run_dir(tmp_path / "runs") / "metrics.json").exists()
+    assert RunDir(run_dir(tmp_path / "runs")).resume_checkpoint() is not None
 
 
 # --- divergence --------------------------------------------------------------------------------
