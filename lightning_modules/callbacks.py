@@ -18,7 +18,9 @@ checkpoints, and preemption under SLURM.
 - :class:`SigtermWithTheStep`: under DDP, SIGTERM rides in the step's one all-reduce instead of Lightning's
   per-batch broadcast and device read, and every rank stops at the same step.
 - :class:`RunFilesInCheckpoint` puts the run's resolved config and its tokenizer into every
-  checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/translate.py).
+  checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/translate.py); it is the
+  checkpoint's one config (the modules keep no Lightning hyper-parameters). :class:`LogRunConfig` gives the same
+  config to the loggers.
 
 Preemption under SLURM. `aiayn slurm` asks SLURM for `--signal=USR1@LEAD --requeue`; every srun task
 (DDP rank) gets SIGUSR1 some seconds before the time limit (or `scancel --signal=USR1 JOB` sends it
@@ -148,6 +150,21 @@ class RunFilesInCheckpoint(pl.Callback):
             self.files = {"format": 1, "config": self._config(), "tokenizer_model": data,
                           "tokenizer_sha256": sha256_bytes(data)}  # fmt: skip
         checkpoint[RUN_FILES] = self.files
+
+
+class LogRunConfig(pl.Callback):
+    """The loggers' hyper-parameters: the run's config (secrets masked), as one flat view (row, seed, the knobs,
+    `model/d_model`, `data/corpus`, `train/steps`…: wandb_run.wandb_config), logged once when fit starts. Lightning
+    would log the modules' hyper-parameters instead; they hold none (the checkpoint keeps the config once, typed).
+    W&B gets the same view at init, so not again here."""
+
+    def __init__(self, params: dict) -> None:
+        self.params = params
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module) -> None:
+        for logger in trainer.loggers:
+            if type(logger).__name__ != "WandbLogger":
+                logger.log_hyperparams(self.params)
 
 
 class StepCheckpoints(ModelCheckpoint):

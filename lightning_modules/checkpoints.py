@@ -2,7 +2,8 @@
 
 A checkpoint written by `aiayn train` holds, beside Lightning's state, the run's resolved config
 and its tokenizer (`checkpoint["aiayn"]`, see callbacks.RunFilesInCheckpoint); an averaged one keeps
-those of the checkpoints it averages, which must agree.
+those of the checkpoints it averages, which must agree. That config is the checkpoint's only one (no Lightning
+hyper-parameters), read back typed by `run_config` (as litgpt's `Config.from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from aiayn.common.errors import UserError
 from aiayn.common.files import UnsafeFile, atomic_torch_save, load_torch_file, sha256_bytes
 from aiayn.lightning_modules.callbacks import RUN_FILES
-from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.rundir import RunConfig, RunDir
 
 # What a checkpoint for translation keeps; the rest (optimizer, loops, RNG states) is for resuming training.
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -33,9 +34,20 @@ def load_raw(path: str | Path) -> dict:
         raise UserError(
             f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint"
         ) from e
-    if not isinstance(ckpt, dict) or "model_cfg" not in ckpt.get("hyper_parameters", {}):
-        raise UserError(f"checkpoint {path} was not written by aiayn (no model_cfg in its hyper-parameters)")
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get(RUN_FILES), dict) or "config" not in ckpt[RUN_FILES]:
+        raise UserError(f"checkpoint {path} was not written by `aiayn train` (no run config under checkpoint"
+                        f"[{RUN_FILES!r}]); pass a checkpoint from a run directory's checkpoints/")  # fmt: skip
     return ckpt
+
+
+def run_config(ckpt: dict, path: str | Path) -> RunConfig:
+    """The run config a checkpoint carries (config.json as the run wrote it), typed; one this aiayn cannot read,
+    or whose model section does not follow from its knobs, is a UserError naming the checkpoint."""
+    try:
+        return RunConfig.from_dict(run_files(ckpt).get("config"))
+    except ValueError as e:
+        raise UserError(f"checkpoint {path} holds a run config this aiayn cannot use ({e}); translate it with the "
+                        f"aiayn that trained it") from None  # fmt: skip
 
 
 def run_files(ckpt: dict) -> dict:
@@ -83,13 +95,13 @@ def averaged(paths: list[Path]) -> dict:
     The checkpoints must share the model config and the tokenizer."""
     ckpts = [load_raw(p) for p in paths]
     first, last = ckpts[0], ckpts[-1]
-    for p, c in zip(paths[1:], ckpts[1:]):
-        for what in ("model_cfg", "data"):
-            if c["hyper_parameters"].get(what) != first["hyper_parameters"].get(what):
-                raise UserError(
-                    f"checkpoint {p} has another {'model config' if what == 'model_cfg' else 'data config'} than "
-                    f"{paths[0]}; average checkpoints of one run"
-                )
+    configs = [run_config(c, p) for p, c in zip(paths, ckpts)]
+    for p, c, config in zip(paths[1:], ckpts[1:], configs[1:]):
+        for name, mine, theirs in (("model", config.spec.model, configs[0].spec.model),
+                                   ("data", config.data, configs[0].data)):  # fmt: skip
+            if mine != theirs:
+                raise UserError(f"checkpoint {p} has another {name} config than {paths[0]}; average checkpoints of "
+                                f"one run")  # fmt: skip
         if run_files(c).get("tokenizer_sha256") != run_files(first).get("tokenizer_sha256"):
             raise UserError(f"checkpoint {p} has another tokenizer than {paths[0]}; average checkpoints of one run")
     avg = {}

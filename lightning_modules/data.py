@@ -88,11 +88,8 @@ class TranslationDataModule(pl.LightningDataModule):
             raise UserError(f"--dev-subset must be positive, got {dev_subset}; pass a positive count or omit it")
         if train_pairs is not None and train_pairs <= 0:
             raise UserError(f"--train-pairs must be positive, got {train_pairs}; pass a positive count or omit it")
-        # Plain strings in hparams: Path objects would break weights_only checkpoint loading.
+        # No Lightning hyper-parameters: the data identity a checkpoint keeps is config.json's (RunConfig.data).
         data_dir = str(data_dir) if data_dir is not None else None
-        cache_dir = str(cache_dir) if cache_dir is not None else None
-        tokenizer = str(tokenizer) if tokenizer is not None else None
-        self.save_hyperparameters()
         self.corpus, self.data_dir = corpus, data_dir
         self.splits = splits  # --hf-splits: which of a Hugging Face dataset's splits are train, dev, test
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()

@@ -31,8 +31,9 @@ import json
 import logging
 import shutil
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -44,6 +45,9 @@ from aiayn.common.secrets import redact
 from aiayn.lightning_modules.config import PE_KINDS
 from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
 from aiayn.lightning_modules.options import CT2_QUANTIZATIONS, ExportOptions
+
+if TYPE_CHECKING:
+    from aiayn.lightning_modules.rundir import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -382,13 +386,13 @@ def export(opts: ExportOptions) -> Path:
     return out
 
 
-def run_summary(config: dict | None, run_dir: str | None) -> dict:
+def run_summary(config: RunConfig | None, run_dir: str | None) -> dict:
     """What the model card says of the run: its Table 3 row, preset and deviations (from the config the checkpoint
     carries), and its dev results (from the run directory's metrics.json, where there is one)."""
-    spec = (config or {}).get("spec") or {}
-    out = {"row": spec.get("row"), "preset": (spec.get("preset") or {}).get("name"), "corpus": spec.get("corpus"),
-           "deviations": [d.get("text") for d in spec.get("deviations") or [] if isinstance(d, dict)],
-           "paper": spec.get("paper")}  # fmt: skip
+    spec = config.spec if config is not None else None
+    out = {"row": spec and spec.row, "preset": spec and spec.preset.name, "corpus": spec and spec.corpus,
+           "deviations": [d.text for d in spec.deviations] if spec else [],
+           "paper": asdict(spec.paper) if spec else None}  # fmt: skip
     if run_dir:
         from aiayn.lightning_modules.rundir import RunDir
 

@@ -48,20 +48,26 @@ class TranslationModule(pl.LightningModule):
 
     def __init__(
         self,
-        model_cfg: dict,
+        cfg: TransformerConfig,
         warmup: int = 4000,
         lr_factor: float = 1.0,
         beam: int = PAPER_DECODING.beam,
         alpha: float = PAPER_DECODING.alpha,
         val_bleu_sentences: int | None = None,
-        data: dict | None = None,  # the corpus/tokenizer identity, so a checkpoint names its data
     ):
         """Validation scores the whole dev set's perplexity (teacher-forced: cheap, and smooth enough to judge
         convergence by) and beam-decodes the first `val_bleu_sentences` dev sentences for val/bleu (None or 0:
-        no BLEU during training; the final evaluation decodes the whole dev set either way)."""
+        no BLEU during training; the final evaluation decodes the whole dev set either way).
+
+        No Lightning hyper-parameters: a checkpoint holds the run's config once, typed, as config.json wrote it
+        (`checkpoint["aiayn"]`, callbacks.RunFilesInCheckpoint; read back with checkpoints.run_config), and the
+        loggers get that config (callbacks.LogRunConfig)."""
         super().__init__()
-        self.save_hyperparameters()
-        self.cfg = TransformerConfig.from_dict(model_cfg)
+        if not isinstance(cfg, TransformerConfig):
+            raise TypeError(f"TranslationModule takes a TransformerConfig, not {type(cfg).__name__}")
+        self.cfg = cfg
+        self.warmup, self.lr_factor, self.val_bleu_sentences = warmup, lr_factor, val_bleu_sentences
+        self.decoding = Decoding(beam, alpha)
         self.model = Transformer(self.cfg)
         self._t_last: float | None = None
         self._tokens_last = 0
@@ -187,14 +193,13 @@ class TranslationModule(pl.LightningModule):
         v = self._val
         v["nll"] = v.get("nll", 0.0) + float(nll)
         v["n"] = v.get("n", 0) + n
-        k = self.hparams.val_bleu_sentences
+        k = self.val_bleu_sentences
         if k:  # beam search on this batch's sentences among the first k of the dev set
             pick = (batch["idx"] < k).nonzero().squeeze(1)
             if len(pick):
                 dm = self.trainer.datamodule
                 src = batch["src"].index_select(0, pick)
-                decoding = Decoding(self.hparams.beam, self.hparams.alpha)
-                out = translate_batch(self.model, src, dm.bos_id, dm.eos_id, decoding)
+                out = translate_batch(self.model, src, dm.bos_id, dm.eos_id, self.decoding)
                 idx = batch["idx"].index_select(0, pick).tolist()
                 v.setdefault("hyps", {}).update(zip(idx, (dm.decode(ids) for ids in out)))
 
@@ -207,7 +212,7 @@ class TranslationModule(pl.LightningModule):
         nll, n = sum(p.get("nll", 0.0) for p in parts), sum(p.get("n", 0) for p in parts)
         self.log("val/ppl", math.exp(nll / max(n, 1)), prog_bar=True, rank_zero_only=True)
         self.log("val/nll", nll / max(n, 1), rank_zero_only=True)
-        if self.hparams.val_bleu_sentences and not self.trainer.sanity_checking:
+        if self.val_bleu_sentences and not self.trainer.sanity_checking:
             hyps = {i: h for p in parts for i, h in p.get("hyps", {}).items()}
             refs = self.trainer.datamodule.references("dev")
             order = sorted(hyps)
@@ -219,7 +224,7 @@ class TranslationModule(pl.LightningModule):
         # step, BENCHMARKS.md); the same update as the loop's up to float rounding
         fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in self.parameters())
         opt = torch.optim.Adam(self.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
-        d, w, f = self.cfg.d_model, self.hparams.warmup, self.hparams.lr_factor
+        d, w, f = self.cfg.d_model, self.warmup, self.lr_factor
         # LambdaLR counts scheduler steps from 0; the paper's step number is that + 1.
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d, w, f))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -36,6 +36,7 @@ from aiayn.lightning_modules import disk, wandb_run
 from aiayn.lightning_modules import loggers as run_loggers
 from aiayn.lightning_modules.callbacks import (
     AtomicCheckpointIO,
+    LogRunConfig,
     RNGStates,
     RunFilesInCheckpoint,
     SigtermWithTheStep,
@@ -216,8 +217,7 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     prepare_matmuls(opts.accelerator)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(
-        p.spec.model.to_dict(), **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset),
-        data=p.config.data.to_dict(),
+        p.spec.model, **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset)
     )  # fmt: skip
     compile_model(module.model, opts.compile, dynamic=not p.dm.static_shapes)
     trainer = build_trainer(opts, p, hooks)
@@ -377,7 +377,7 @@ def integrations(opts: TrainOptions, p: Plan) -> Integrations:
     config = RunConfig.from_dict(redact_obj(p.config.to_dict()))
     loggers = run_loggers.build(run_loggers.of(opts), p.run, config, rank_zero=is_launch_rank_zero(), out_root=opts.out)
     plugins, callbacks = slurm_parts(p.run.checkpoints, opts.world_size)
-    return Integrations(loggers, callbacks, plugins)
+    return Integrations(loggers, [LogRunConfig(wandb_run.wandb_config(config)), *callbacks], plugins)
 
 
 def strategy(opts: TrainOptions):

@@ -30,14 +30,14 @@ import torch
 from aiayn.common.errors import UserError
 from aiayn.common.text import NotUTF8, utf8_lines
 from aiayn.lightning_modules.bleu import bleu
-from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_files
+from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_config
 from aiayn.lightning_modules.config import PAPER_DECODING
 from aiayn.lightning_modules.decoding import beam_search, greedy
 from aiayn.lightning_modules.devices import autocast, resolve_precision
 from aiayn.lightning_modules.evaluate import nll_sum
-from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig
+from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer
 from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, ModelSource
-from aiayn.lightning_modules.rundir import RunDir
+from aiayn.lightning_modules.rundir import RunConfig, RunDir
 
 
 def pick_device(device: str) -> torch.device:
@@ -73,18 +73,14 @@ def _tokenizer(ckpt: dict, path: Path) -> bytes:
     """The SentencePiece model a checkpoint carries (checked against its recorded sha256)."""
     data = embedded_tokenizer(ckpt, path)
     if data is None:
-        raise UserError(f"checkpoint {path} carries no tokenizer (no run files): it was not written by `aiayn train`; "
-                        "pass a checkpoint from a run directory's checkpoints/")  # fmt: skip
+        raise UserError(f"checkpoint {path} carries no tokenizer; pass a checkpoint from a run directory's "
+                        "checkpoints/ (aiayn train puts the tokenizer in each)")  # fmt: skip
     return data
 
 
 def _model(ckpt: dict, path: Path) -> Transformer:
-    """The Transformer of a checkpoint, built from its own config (no Lightning module needed)."""
-    try:
-        cfg = TransformerConfig.from_dict(ckpt["hyper_parameters"]["model_cfg"])
-    except ValueError as e:
-        raise UserError(f"checkpoint {path} holds an impossible model config ({e})") from None
-    model = Transformer(cfg)
+    """The Transformer of a checkpoint, built from its own run config (no Lightning module needed)."""
+    model = Transformer(run_config(ckpt, path).spec.model)
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)
@@ -130,7 +126,7 @@ class Translator:
         self.checkpoints = list(checkpoints)
         self.data = dict(data or {})  # the corpus identity the model was trained on (for `eval --split`)
         self.tokenizer_proto = tokenizer  # the SentencePiece model's bytes (`aiayn export` copies them)
-        self.run_config: dict | None = None  # the run's config.json as its checkpoint carries it (`aiayn export`)
+        self.run_config: RunConfig | None = None  # the run's config.json as its checkpoint carries it (`aiayn export`)
 
     # ---- loading
 
@@ -171,10 +167,10 @@ class Translator:
         ckpt = load_raw(paths[0]) if len(paths) == 1 else averaged(paths)
         model = _model(ckpt, paths[-1])
         proto = _tokenizer(ckpt, paths[-1])
-        data = ckpt["hyper_parameters"].get("data") or {}
-        translator = cls(model, proto, device=device, max_len=data.get("max_len"),
-                         checkpoints=[str(p) for p in paths], data=data, **kw)  # fmt: skip
-        translator.run_config = run_files(ckpt).get("config")  # config.json, as the checkpoint saved it
+        config = run_config(ckpt, paths[-1])
+        translator = cls(model, proto, device=device, max_len=config.data.max_len,
+                         checkpoints=[str(p) for p in paths], data=config.data.to_dict(), **kw)  # fmt: skip
+        translator.run_config = config  # config.json, as the checkpoint carries it
         return translator
 
     # ---- translating

@@ -38,8 +38,8 @@ SUMMARY = {"dev_bleu": "dev/bleu", "dev_tok_bleu": "dev/tok_bleu", "dev_ppl": "d
 
 def wandb_config(config: RunConfig) -> dict:
     """The W&B run config of a run's config.json: the row's knobs at the top (W&B groups and filters by
-    top-level keys; `row` and `seed` are also the sweep's parameters), every section beside them. (Lightning
-    adds the module's and the data module's hyper-parameters at fit: model_cfg, max_tokens, tokenizer…)"""
+    top-level keys; `row` and `seed` are also the sweep's parameters), every section beside them. The other loggers
+    get the same view (callbacks.LogRunConfig)."""
     spec, train = config.spec, config.train
     return {
         "row": spec.row, "seed": train.seed, "group": spec.group, "preset": spec.preset.name,

@@ -45,3 +45,19 @@ def both_paths(request, monkeypatch):
 
     monkeypatch.setattr(model, "CPU_FAST_PATHS", request.param == "cpu fast paths")
     return request.param
+
+
+def checkpoint_of(spec=None, state_dict=None, data=None, **extra) -> dict:
+    """A checkpoint as `aiayn train` writes one, made by hand: its state_dict (default: `spec`'s model's fresh
+    weights under "model.") and its one run config (`checkpoint["aiayn"]`, config.json's form); `spec` defaults to
+    a small resolved tiny base row."""
+    from aiayn.lightning_modules.module import TranslationModule
+    from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, TrainPlan
+    from aiayn.lightning_modules.spec import resolve
+
+    spec = spec or resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 32, "h": 2}, vocab_size=50)
+    config = RunConfig(spec, data or DataIdentity("synthetic", None, spec.model.vocab_size),
+                       TrainPlan(0, 2, 1, 1, 1024, "32-true"))  # fmt: skip
+    if state_dict is None:
+        state_dict = TranslationModule(spec.model).state_dict()
+    return {"state_dict": state_dict, "aiayn": {"format": 1, "config": config.to_dict()}, **extra}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import checkpoint_of
 
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.table import COLUMNS, TABLE_FILES, load_rows
@@ -45,11 +46,7 @@ def corpus(tmp: Path, break_it=None) -> None:
 
 
 def checkpoint(tmp: Path, kind: str) -> None:
-    from aiayn.lightning_modules.model import TransformerConfig
-    from aiayn.lightning_modules.module import TranslationModule
-
-    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64).to_dict()
-    ckpt = {"hyper_parameters": {"model_cfg": cfg}, "state_dict": TranslationModule(cfg).state_dict()}
+    ckpt = checkpoint_of()
     path = tmp / "model.ckpt"
     if kind == "foreign":
         torch.save({"state_dict": {}}, path)
@@ -57,7 +54,8 @@ def checkpoint(tmp: Path, kind: str) -> None:
     if kind == "smuggled":  # a callable by __reduce__: torch 2.13 words this refusal apart from a class's
         ckpt["planted"] = Smuggled()
     if kind == "other-config":  # weights of d_ff=32 under a config that says d_ff=64
-        ckpt["hyper_parameters"]["model_cfg"] = dict(cfg, d_ff=64)
+        other = resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 64, "h": 2}, vocab_size=50)
+        ckpt["aiayn"] = checkpoint_of(other, state_dict={})["aiayn"]
     torch.save(ckpt, path)
     if kind == "truncated":
         path.write_bytes(path.read_bytes()[:1000])
@@ -213,8 +211,9 @@ CASES = {
                                      "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading "
                                      "state_dict for Transformer:)"),
     "checkpoint not by aiayn": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "foreign"),
-                                "checkpoint {tmp}/model.ckpt was not written by aiayn (no model_cfg in its "
-                                "hyper-parameters)"),
+                                "checkpoint {tmp}/model.ckpt was not written by `aiayn train` (no run config "
+                                "under checkpoint['aiayn']); pass a checkpoint from a run directory's "
+                                "checkpoints/"),
     "missing checkpoint": (["eval", "--ckpt", "{tmp}/none.ckpt"], None,
                            "checkpoint {tmp}/none.ckpt does not exist; pass the path of a .ckpt file (see "
                            "RUN/checkpoints/)"),

@@ -9,6 +9,7 @@ import torch
 
 from aiayn.cli import main
 from aiayn.lightning_modules import disk
+from aiayn.lightning_modules.checkpoints import run_config
 from aiayn.lightning_modules.spec import resolve
 
 SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "100", "--val-bleu-sentences", "0", "--eval-subset",
@@ -46,7 +47,8 @@ def test_periodic_checkpoints_hold_the_weights_and_the_run_files_last_holds_ever
     assert not set(TRAINING_STATE) & set(step) and set(TRAINING_STATE) <= set(last)
     assert step["global_step"] == last["global_step"] == 4
     assert all(torch.equal(step["state_dict"][k], v) for k, v in last["state_dict"].items())  # the same weights
-    assert step["hyper_parameters"]["model_cfg"]["d_model"] == 32
+    assert "hyper_parameters" not in step and "datamodule_hyper_parameters" not in step  # one config, not two
+    assert run_config(step, "step").spec.model.d_model == 32
     tokenizer = (weights_only / "tokenizer.model").read_bytes()
     assert step["aiayn"]["tokenizer_model"] == tokenizer and step["aiayn"]["config"]["spec"]["row"] == "base"
 

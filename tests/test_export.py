@@ -5,12 +5,15 @@ import json
 import os
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import checkpoint_of
 
 from aiayn.cli import main
+from aiayn.lightning_modules.checkpoints import run_config
 from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
 
 
@@ -26,7 +29,7 @@ class Planted:
 
 def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_and_runs_nothing(tmp_path, capsys):
     marker = tmp_path / "code-ran"
-    ckpt = {"hyper_parameters": {"model_cfg": {"N": 1}}, "state_dict": {}, "planted": Planted(marker)}
+    ckpt = checkpoint_of(state_dict={}, planted=Planted(marker))
     torch.save(ckpt, tmp_path / "shared.ckpt")
     torch.load(tmp_path / "shared.ckpt", weights_only=False)  # the file does what it says: loading it runs code
     assert marker.is_file()
@@ -327,9 +330,10 @@ def variant_checkpoint(run: Path, where: Path, **change) -> Path:
     """The run's last checkpoint with its model config changed (and weights of that shape): a row Marian
     cannot express, as `aiayn train --set` would have made it."""
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    cfg = TransformerConfig.from_dict({**ckpt["hyper_parameters"]["model_cfg"], **change})
-    ckpt["hyper_parameters"]["model_cfg"] = cfg.to_dict()
-    ckpt["state_dict"] = {f"model.{k}": v for k, v in Transformer(cfg).state_dict().items()}
+    config = run_config(ckpt, "last.ckpt")
+    config = replace(config, spec=config.spec.with_overrides(change))
+    ckpt["aiayn"] = {**ckpt["aiayn"], "config": config.to_dict()}
+    ckpt["state_dict"] = {f"model.{k}": v for k, v in Transformer(config.spec.model).state_dict().items()}
     path = where / f"{'-'.join(f'{k}={v}' for k, v in change.items())}.ckpt"
     torch.save(ckpt, path)
     return path

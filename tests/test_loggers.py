@@ -66,7 +66,8 @@ def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experim
         assert run.info.status == "FINISHED"
         assert (run.data.tags["row"], run.data.tags["seed"], run.data.tags["corpus"]) == ("base", "0", "synthetic")
         assert [m.step for m in client.get_metric_history(run.info.run_id, "val/ppl")] == steps
-        assert run.data.params["model_cfg/d_model"] == "32"  # the module's hyper-parameters, as Lightning logs them
+        assert run.data.params["model/d_model"] == "32"  # the run's config (LogRunConfig), as W&B's config has it
+        assert (run.data.params["row"], run.data.params["train_steps"]) == ("base", str(len(steps) + steps[0]))
     csv = (two_attempts / "logs" / "version_1" / "metrics.csv").read_text().splitlines()
     last = client.get_metric_history(runs["base-s0 attempt 2"].info.run_id, "val/ppl")[-1].value
     assert last == pytest.approx(float(csv[-1].split(",")[csv[0].split(",").index("val/ppl")]))

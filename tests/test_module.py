@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.lightning_modules.loss import label_smoothed_loss
+from aiayn.lightning_modules.model import TransformerConfig
 from aiayn.lightning_modules.module import TranslationModule, noam_lr
 
 
@@ -16,7 +17,7 @@ def test_lr_at_step_1_warmup_and_twice_warmup():
 
 
 def tiny_module(**kw):
-    cfg = {"N": 1, "d_model": 16, "d_ff": 32, "h": 2, "vocab_size": 20, "P_drop": 0.0, "max_len": 32}
+    cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=20, P_drop=0.0, max_len=32)
     return TranslationModule(cfg, **kw)
 
 

@@ -2,12 +2,16 @@
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import checkpoint_of
 
 from aiayn.cli import main
+from aiayn.lightning_modules.checkpoints import run_config
+from aiayn.lightning_modules.spec import resolve
 
 FAST = [
     "--max-steps",
@@ -153,12 +157,12 @@ def test_eval_and_average_a_checkpoint(trained, capsys, tmp_path):
     assert result["split"] == "test" and result["n_sentences"] == 1000 and result["ppl"] > 1
 
 
-def _checkpoint(path: Path, step: int, seed: int, model_cfg: dict | None = None) -> dict:
+def _checkpoint(path: Path, step: int, seed: int, d_model: int = 16) -> dict:
     g = torch.Generator().manual_seed(seed)
-    hparams = {"model_cfg": model_cfg or {"d_model": 4}, "data": {"corpus": "x"}}
-    ckpt = {"global_step": step, "hyper_parameters": hparams,
-            "state_dict": {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g) * 1e3,
-                           "count": torch.tensor([step])}}  # fmt: skip
+    spec = resolve("base", "tiny", overrides={"N": 1, "d_model": d_model, "d_ff": 32, "h": 2}, vocab_size=50)
+    ckpt = checkpoint_of(spec, global_step=step,
+                         state_dict={"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g) * 1e3,
+                                     "count": torch.tensor([step])})  # fmt: skip
     torch.save(ckpt, path)
     return ckpt
 
@@ -196,7 +200,7 @@ def test_average_refuses_a_checkpoint_of_another_config(tmp_path, capsys):
     ckpts = tmp_path / "run" / "checkpoints"
     ckpts.mkdir(parents=True)
     _checkpoint(ckpts / "step0000001.ckpt", 1, seed=1)
-    _checkpoint(ckpts / "step0000002.ckpt", 2, seed=2, model_cfg={"d_model": 8})
+    _checkpoint(ckpts / "step0000002.ckpt", 2, seed=2, d_model=8)
     out = tmp_path / "avg.ckpt"
     assert main(["average", "--run", str(tmp_path / "run"), "--last", "2", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -289,7 +293,8 @@ def test_translate_a_file(trained, tmp_path, capsys):
 
 def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_a_clear_error(trained, tmp_path, capsys):
     ckpt = torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)
-    ckpt["hyper_parameters"]["model_cfg"]["d_ff"] = 64  # weights of d_ff=512 under a config of d_ff=64
+    config = run_config(ckpt, "last.ckpt")  # weights of d_ff=512 under a config of d_ff=64
+    ckpt["aiayn"]["config"] = replace(config, spec=config.spec.with_overrides({"d_ff": 64})).to_dict()
     bad = tmp_path / "other.ckpt"
     torch.save(ckpt, bad)
     assert main(["eval", "--ckpt", str(bad)]) == 2

@@ -133,11 +133,10 @@ def test_device_auto_is_the_cpu_here_and_cuda_is_refused_in_one_line(trained, tm
     )
 
 
-def old_checkpoint(run: Path, where: Path) -> Path:
-    """The run's last checkpoint without its run files (no tokenizer, no config inside): a Lightning checkpoint
-    of the model that `aiayn train` did not write."""
+def stripped_checkpoint(run: Path, where: Path) -> Path:
+    """The run's last checkpoint with its run config but without its tokenizer: a checkpoint someone stripped."""
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
-    del ckpt["aiayn"]
+    del ckpt["aiayn"]["tokenizer_model"]
     where.mkdir(parents=True, exist_ok=True)
     torch.save(ckpt, where / "old.ckpt")
     return where / "old.ckpt"
@@ -151,7 +150,7 @@ def bad_cases(run: Path, tmp: Path) -> dict:
     n_long = len(Translator.from_run(run, device="cpu").sp.encode(long))
     (tmp / "long.en").write_text(f"The dog.\n{long}\n")
     (tmp / "latin1.en").write_bytes("The dog.\nDer Hund läuft.\n".encode("latin-1"))
-    old = old_checkpoint(run, tmp / "old")
+    old = stripped_checkpoint(run, tmp / "old")
     out = ["--output", f"{tmp}/out.de"]
     return {
         "a line longer than the model's maximum": (
@@ -165,8 +164,8 @@ def bad_cases(run: Path, tmp: Path) -> dict:
         ),
         "a checkpoint without a tokenizer": (
             ["translate", "--ckpt", str(old), "--input", f"{tmp}/long.en", *out],
-            f"checkpoint {old} carries no tokenizer (no run files): it was not written by `aiayn train`; pass a "
-            "checkpoint from a run directory's checkpoints/",
+            f"checkpoint {old} carries no tokenizer; pass a checkpoint from a run directory's checkpoints/ (aiayn "
+            "train puts the tokenizer in each)",
         ),
         "misaligned test set": (
             ["eval", "--run", str(run), "--src", f"{tmp}/long.en", "--ref", f"{tmp}/one.de"],

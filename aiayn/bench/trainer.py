@@ -170,9 +170,9 @@ def measure(name: str, args: BenchOptions, device: torch.device) -> dict:
     batch = training_batch(cfg, bc.tokens_per_side, bc.seq_len)
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     torch.manual_seed(0)
-    bare = BareStep(TranslationModule(cfg.to_dict()), batch, device)
+    bare = BareStep(TranslationModule(cfg), batch, device)
     torch.manual_seed(0)
-    module = TranslationModule(cfg.to_dict())  # the same initial weights as the bare side's
+    module = TranslationModule(cfg)  # the same initial weights as the bare side's
     for _ in range(args.warmup):
         bare.step()
     bare_s: list[float] = []

@@ -410,7 +410,7 @@ def training_losses(device: torch.device, precision: str, cfg, batch: dict, step
     from aiayn.lightning_modules.module import TranslationModule
 
     torch.manual_seed(0)
-    module = TranslationModule(cfg.to_dict(), warmup=1, lr_factor=BF16_LR * cfg.d_model**0.5)
+    module = TranslationModule(cfg, warmup=1, lr_factor=BF16_LR * cfg.d_model**0.5)
     recorder = LossRecorder()
     trainer = lightning_trainer(device, steps, [recorder], root, precision=precision)
     trainer.fit(module, train_dataloaders=batch_loader(on_device(batch, device), steps))
