@@ -35,11 +35,11 @@ def __getattr__(name: str):
     """`from aiayn import Translator` (or Ct2Translator) without importing torch when `aiayn` (or any aiayn.* module) is
     imported: the CLI's light commands and every layer import this package first."""
     if name == "Translator":
-        from aiayn.lightning_modules.translate import Translator
+        from aiayn.lightning_modules.use.translate import Translator
 
         return Translator
     if name == "Ct2Translator":
-        from aiayn.lightning_modules.ct2 import Ct2Translator
+        from aiayn.lightning_modules.use.ct2 import Ct2Translator
 
         return Ct2Translator
     raise AttributeError(f"module 'aiayn' has no attribute {name!r}")

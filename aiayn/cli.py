@@ -31,7 +31,7 @@ from aiayn.common.options import (
     to_config,
 )
 from aiayn.doctor import DoctorOptions
-from aiayn.lightning_modules.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
+from aiayn.lightning_modules.run.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.books import report_dir
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
@@ -53,7 +53,7 @@ def cmd_rows(args) -> None:
     from aiayn.ablations.knobs import MODEL_KEYS
     from aiayn.ablations.presets import get_preset
     from aiayn.ablations.table import select_rows
-    from aiayn.lightning_modules.spec import resolve
+    from aiayn.lightning_modules.run.spec import resolve
 
     preset = get_preset(args.preset)
     tables = tuple(args.table or ())
@@ -80,13 +80,13 @@ def cmd_rows(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from aiayn.lightning_modules.train import plan, train
+    from aiayn.lightning_modules.run.train import plan, train
 
     opts = from_args(TrainOptions, args)
     spec = _spec_of(opts, args)
     opts = _with_config_tokenizer(opts, args, spec)
     if args.print_config:
-        from aiayn.lightning_modules.disk import estimate
+        from aiayn.lightning_modules.run.disk import estimate
 
         print(json.dumps(plan(opts, spec).config.to_dict(), indent=2))
         # on stderr, so that stdout stays the config.json that `aiayn train --config` reads back
@@ -107,7 +107,7 @@ def _spec_of(opts: TrainOptions, args):
     """The run to train, resolved once: from the table, or, with --config of a run's config.json naming this row and
     preset, that run's own recorded spec (so the run is reproduced even when its table changed since or is not at
     hand), with the command line's --set on top."""
-    from aiayn.lightning_modules.spec import RunSpec, resolve, spec_of
+    from aiayn.lightning_modules.run.spec import RunSpec, resolve, spec_of
 
     recorded = getattr(args, "config_spec", None)
     if not recorded or recorded.get("row") != opts.row or recorded.get("preset", {}).get("name") != opts.preset:
@@ -136,7 +136,7 @@ def _with_config_tokenizer(opts: TrainOptions, args, spec) -> TrainOptions:
     if not args.config or opts.tokenizer or getattr(args, "config_spec", None) is None:
         return opts
     from aiayn.common.files import sha256_file
-    from aiayn.lightning_modules.rundir import OutDir
+    from aiayn.lightning_modules.run.rundir import OutDir
 
     source = Path(args.config_source).parent
     sibling = source / "tokenizer.model"
@@ -148,8 +148,8 @@ def _with_config_tokenizer(opts: TrainOptions, args, spec) -> TrainOptions:
 
 
 def cmd_eval(args) -> None:
-    from aiayn.lightning_modules.ct2 import load_translator
-    from aiayn.lightning_modules.translate import read_sentences, split_of
+    from aiayn.lightning_modules.use.ct2 import load_translator
+    from aiayn.lightning_modules.use.translate import read_sentences, split_of
 
     opts = from_args(EvalOptions, args)
     if (opts.src is None) != (opts.ref is None):
@@ -167,8 +167,8 @@ def cmd_eval(args) -> None:
 
 
 def cmd_score(args) -> None:
-    from aiayn.lightning_modules.bleu import bleu
-    from aiayn.lightning_modules.translate import read_sentences
+    from aiayn.lightning_modules.use.bleu import bleu
+    from aiayn.lightning_modules.use.translate import read_sentences
 
     hyps, refs = read_sentences(args.hyp, "--hyp"), read_sentences(args.ref, "--ref")
     if len(hyps) != len(refs) or not refs:
@@ -186,8 +186,8 @@ def cmd_score(args) -> None:
 
 def cmd_translate(args) -> None:
     from aiayn.common.files import atomic_write_text, check_writable_file
-    from aiayn.lightning_modules.ct2 import load_translator
-    from aiayn.lightning_modules.translate import read_sentences
+    from aiayn.lightning_modules.use.ct2 import load_translator
+    from aiayn.lightning_modules.use.translate import read_sentences
 
     opts = from_args(TranslateOptions, args)
     if opts.output:
@@ -202,7 +202,7 @@ def cmd_translate(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from aiayn.lightning_modules.export import export
+    from aiayn.lightning_modules.use.export import export
 
     out = export(from_args(ExportOptions, args))
     print(f"exported to {out}")
@@ -210,7 +210,7 @@ def cmd_export(args) -> None:
 
 def cmd_average(args) -> None:
     from aiayn.common.files import check_writable_file
-    from aiayn.lightning_modules.checkpoints import average, last_checkpoints
+    from aiayn.lightning_modules.use.checkpoints import average, last_checkpoints
 
     check_writable_file(args.out, "--out")
     chosen = last_checkpoints(args.run, args.last)
@@ -280,7 +280,7 @@ def cmd_table3(args) -> None:
           f"{summary.get('diverged', 0)} diverged of {summary['ran']} run ({summary['pairs']} pairs in the table)"
           f"; `aiayn status {opts.train.out}` lists each pair")  # fmt: skip
     if report:
-        from aiayn.lightning_modules.loggers import of as loggers_of
+        from aiayn.lightning_modules.run.loggers import of as loggers_of
 
         _report(opts.train.out, report, opts.train.preset, wandb="wandb" in loggers_of(opts.train))
     status = exit_status(summary, opts.fail_on_diverged)
@@ -350,8 +350,8 @@ DIR_OPTIONS = ("--out", "--runs", "--run", "--data-dir", "--cache-dir", "--ct2",
 def _completion_names() -> dict[str, list[str]]:
     from aiayn.ablations.presets import PRESETS
     from aiayn.ablations.table import load_rows
-    from aiayn.lightning_modules.corpora import CORPORA
-    from aiayn.lightning_modules.loggers import KINDS
+    from aiayn.lightning_modules.data.corpora import CORPORA
+    from aiayn.lightning_modules.run.loggers import KINDS
 
     rows = load_rows()
     return {"rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
@@ -598,7 +598,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         values, spec, source, tokenizer, resolved = {}, None, None, None, False
         for path in args.config:
             if cls is TrainOptions:  # a YAML file of options, or a run's own config.json (its spec comes too)
-                from aiayn.lightning_modules.options import read_config_file
+                from aiayn.lightning_modules.run.options import read_config_file
 
                 config = read_config_file(path)
                 layer = config.values

@@ -26,7 +26,7 @@ from aiayn.ablations.presets import PRESETS, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules.corpora import corpus_dirname
+from aiayn.lightning_modules.data.corpora import corpus_dirname
 from aiayn.reports import plots, significance, stats, verdicts
 from aiayn.reports.runs import Run, Scan, read_curve, scan
 from aiayn.reports.table import build_table, rounded, row_order, set_verdicts

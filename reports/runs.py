@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.rundir import OutDir, RunConfig, RunDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import OutDir, RunConfig, RunDir, RunMetrics
 
 log = logging.getLogger(__name__)
 

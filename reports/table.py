@@ -11,7 +11,7 @@ import pandas as pd
 from aiayn.ablations.knobs import KNOBS, MODEL_KEYS
 from aiayn.ablations.predictions import scored_rows
 from aiayn.ablations.table import SERIES, load_rows
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.run.spec import resolve
 from aiayn.reports import significance, stats, verdicts
 from aiayn.reports.runs import Run, read_curve, read_text_lines
 

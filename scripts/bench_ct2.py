@@ -51,10 +51,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def engines(args, where: Path) -> dict:
     """name -> translator: aiayn's own, and its CTranslate2 exports in float32 and int8."""
-    from aiayn.lightning_modules.ct2 import Ct2Translator
-    from aiayn.lightning_modules.export import export
-    from aiayn.lightning_modules.options import ExportOptions, ModelSource
-    from aiayn.lightning_modules.translate import Translator
+    from aiayn.lightning_modules.run.options import ExportOptions, ModelSource
+    from aiayn.lightning_modules.use.ct2 import Ct2Translator
+    from aiayn.lightning_modules.use.export import export
+    from aiayn.lightning_modules.use.translate import Translator
 
     source = ModelSource(run=args.run, ckpt=args.ckpt, average=args.average, device="cpu", beam=args.beam,
                          alpha=args.alpha, max_tokens=args.max_tokens)  # fmt: skip
@@ -86,7 +86,7 @@ def measure(translators: dict, sources: list[str], rounds: int) -> tuple[dict, d
 
 
 def results(seconds: dict, outputs: dict, refs: list[str], lang: str) -> list[dict]:
-    from aiayn.lightning_modules.bleu import bleu
+    from aiayn.lightning_modules.use.bleu import bleu
 
     base = outputs["aiayn"]
     rows = []
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from aiayn.bench.run import _cpu_name
     from aiayn.common.errors import UserError, print_error
-    from aiayn.lightning_modules.translate import read_sentences
+    from aiayn.lightning_modules.use.translate import read_sentences
 
     try:
         sources, refs = read_sentences(args.src, "--src"), read_sentences(args.ref, "--ref")

@@ -35,8 +35,8 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.common.names import check_name
-from aiayn.lightning_modules.corpora import corpus_dirname
-from aiayn.lightning_modules.rundir import OutDir, RunDir
+from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.run.rundir import OutDir, RunDir
 
 log = logging.getLogger(__name__)
 

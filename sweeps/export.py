@@ -13,7 +13,7 @@ import yaml
 from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import select_rows
 from aiayn.common.options import to_argv
-from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.run.options import TrainOptions
 
 
 def wandb_sweep(

@@ -35,10 +35,10 @@ from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.options import option, read_mapping
-from aiayn.lightning_modules import loggers
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import OutDir
-from aiayn.lightning_modules.spec import RunSpec, spec_of
+from aiayn.lightning_modules.run import loggers
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import OutDir
+from aiayn.lightning_modules.run.spec import RunSpec, spec_of
 from aiayn.sweeps import books
 from aiayn.sweeps.storage import open_storage
 
@@ -128,7 +128,7 @@ def objective(opts: HpoOptions, trial: optuna.Trial, spec: RunSpec) -> float:
     """One trial: `spec` (the row as the search resolved it, once) with the trial's parameters on top."""
     from optuna_integration import PyTorchLightningPruningCallback
 
-    from aiayn.lightning_modules.train import Hooks, train
+    from aiayn.lightning_modules.run.train import Hooks, train
 
     t = opts.train
     preset = get_preset(t.preset)

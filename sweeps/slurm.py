@@ -8,7 +8,7 @@ resubmit by hand; the job runs the same `aiayn train` command as a laptop (no pi
 function, no extra dependency); and submitit's requeue hook (`checkpoint()`) runs on one process,
 where a DDP checkpoint needs every rank (it deadlocks on the save's barrier).
 
-Requeue: exactly one handler is in charge, aiayn's RequeueOnSignal (lightning_modules/callbacks.py),
+Requeue: exactly one handler is in charge, aiayn's RequeueOnSignal (lightning_modules/run/callbacks.py),
 with Lightning's own switched off (`SLURMEnvironment(auto_requeue=False)`): Lightning 2.6 saves
 inside the signal handler, which hangs DDP when the ranks are at different points of a step
 (reproduced here). The script asks for `--signal=USR1@LEAD` (without `B:`, so every srun task gets
@@ -48,11 +48,11 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules import disk, loggers
-from aiayn.lightning_modules.corpora import canonical_corpus
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import OutDir, RunDir
-from aiayn.lightning_modules.spec import RunSpec, resolve
+from aiayn.lightning_modules.data.corpora import canonical_corpus
+from aiayn.lightning_modules.run import disk, loggers
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import OutDir, RunDir
+from aiayn.lightning_modules.run.spec import RunSpec, resolve
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import write_resolved
 from aiayn.sweeps.books import report_dir
@@ -390,7 +390,7 @@ def resolved_dir(opts: SlurmOptions) -> Path:
 
 def disk_line(opts: SlurmOptions, todo: list[tuple[str, int]], specs: dict[str, RunSpec]) -> str:
     """What the checkpoints of the array's runs will take: each run keeps its periodic checkpoints, last.ckpt and,
-    once preempted, requeue.ckpt (lightning_modules/disk.py)."""
+    once preempted, requeue.ckpt (lightning_modules/run/disk.py)."""
     each = {row: disk.estimate(opts.train, specs[row], slurm=True) for row in dict.fromkeys(row for row, _ in todo)}
     total = sum(each[row].total for row, _ in todo)
     big = max(each, key=lambda row: each[row].total)

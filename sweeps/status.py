@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiayn.common.errors import UserError
 from aiayn.common.text import clock
-from aiayn.lightning_modules.rundir import OutDir
+from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import backends, books
 
 log = logging.getLogger(__name__)

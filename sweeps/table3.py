@@ -15,7 +15,7 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.selection import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
-from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps.backends import Backend, Sweep, backend_for, make_sweep
 from aiayn.sweeps.backends.processes import visible_gpus
 

@@ -24,7 +24,7 @@ class RunnerBackend:
     and the books are the real ones. `base`: the back end whose slots and checks it keeps."""
 
     def __new__(cls, runner, base=None):
-        from aiayn.lightning_modules.rundir import RunMetrics
+        from aiayn.lightning_modules.run.rundir import RunMetrics
         from aiayn.sweeps.backends.queue import QueueBackend
 
         class Runner(base or QueueBackend):
@@ -41,7 +41,7 @@ class RunnerBackend:
 def both_paths(request, monkeypatch):
     """Run a test twice: with the CPU fast paths (plain-ops attention, bit-mask dropout), and with them off, through
     exactly the code a GPU takes (scaled_dot_product_attention, F.dropout)."""
-    from aiayn.lightning_modules import model
+    from aiayn.lightning_modules.transformer import model
 
     monkeypatch.setattr(model, "CPU_FAST_PATHS", request.param == "cpu fast paths")
     return request.param
@@ -51,9 +51,9 @@ def checkpoint_of(spec=None, state_dict=None, data=None, **extra) -> dict:
     """A checkpoint as `aiayn train` writes one, made by hand: its state_dict (default: `spec`'s model's fresh
     weights under "model.") and its one run config (`checkpoint["aiayn"]`, config.json's form); `spec` defaults to
     a small resolved tiny base row."""
-    from aiayn.lightning_modules.module import TranslationModule
-    from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, TrainPlan
-    from aiayn.lightning_modules.spec import resolve
+    from aiayn.lightning_modules.run.module import TranslationModule
+    from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
+    from aiayn.lightning_modules.run.spec import resolve
 
     spec = spec or resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 32, "h": 2}, vocab_size=50)
     config = RunConfig(spec, data or DataIdentity("synthetic", None, spec.model.vocab_size),

@@ -12,8 +12,8 @@ from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.table import load_rows, select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.model import Transformer
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.run.spec import resolve
+from aiayn.lightning_modules.transformer.model import Transformer
 
 PAPER_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
               "D1", "D2", "D3", "D4", "E1", "big"]  # fmt: skip

@@ -17,9 +17,9 @@ from conftest import checkpoint_of
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.table import COLUMNS, TABLE_FILES, load_rows
 from aiayn.cli import main
-from aiayn.lightning_modules.corpora import CORPORA
-from aiayn.lightning_modules.rundir import DataIdentity, RunConfig, TrainPlan
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.data.corpora import CORPORA
+from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
+from aiayn.lightning_modules.run.spec import resolve
 
 ROWS = ", ".join(load_rows())
 GROUPS = ", ".join(sorted({r.group for r in load_rows().values()}))

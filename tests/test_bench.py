@@ -13,9 +13,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from aiayn.bench import run as bench
 from aiayn.cli import main
-from aiayn.lightning_modules.decoding import beam_search
-from aiayn.lightning_modules.loss import label_smoothed_loss, projected_label_smoothed_loss
-from aiayn.lightning_modules.model import Transformer, TransformerConfig
+from aiayn.lightning_modules.transformer.decoding import beam_search
+from aiayn.lightning_modules.transformer.loss import label_smoothed_loss, projected_label_smoothed_loss
+from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
 
 @pytest.fixture(autouse=True)
@@ -220,7 +220,7 @@ def test_decode_sources_land_on_the_models_device():
     """The bench decodes sources on the model's device (issue 31: the old check accepted sources made on the CPU):
     on the meta device, which any device="cpu" left in the path would not give."""
     from aiayn.bench.run import decode_sources
-    from aiayn.lightning_modules.model import TransformerConfig
+    from aiayn.lightning_modules.transformer.model import TransformerConfig
 
     cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)
     src = decode_sources(cfg, 4, 7, torch.device("meta"))

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from aiayn.cli import main
-from aiayn.lightning_modules import disk
-from aiayn.lightning_modules.checkpoints import run_config
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.run import disk
+from aiayn.lightning_modules.run.spec import resolve
+from aiayn.lightning_modules.use.checkpoints import run_config
 
 SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "100", "--val-bleu-sentences", "0", "--eval-subset",
          "4", "--no-progress", "--accelerator", "cpu", "--logger", "csv"]  # fmt: skip

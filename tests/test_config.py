@@ -87,8 +87,9 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     parameter count comes from the shapes: no throw-away model either)."""
     from aiayn.ablations import table
     from aiayn.ablations.selection import Selection
-    from aiayn.lightning_modules import config, spec, train
-    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.lightning_modules.run import spec, train
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.transformer import config
     from aiayn.sweeps.table3 import SweepOptions, build_sweep
 
     counts = {"get_row": 0, "resolve": 0, "TransformerConfig": 0, "Transformer": 0}
@@ -110,7 +111,7 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     monkeypatch.setattr(config.TransformerConfig, "__post_init__",
                         lambda self: counts.__setitem__("TransformerConfig", counts["TransformerConfig"] + 1)
                         or real_init(self))  # fmt: skip
-    from aiayn.lightning_modules import model
+    from aiayn.lightning_modules.transformer import model
 
     monkeypatch.setattr(model.Transformer, "__init__", lambda *a, **k: pytest.fail("a model built to size the run"))
     opts = SweepOptions(select=Selection(rows="B1"), train=TrainOptions(out=str(tmp_path), max_steps=2))
@@ -125,7 +126,7 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
 def _count_lookups(monkeypatch) -> dict:
     """How often a row is looked up in a table (get_row) or resolved (resolve), wherever it is called from."""
     from aiayn.ablations import table
-    from aiayn.lightning_modules import spec
+    from aiayn.lightning_modules.run import spec
 
     counts = {"get_row": 0, "resolve": 0}
 
@@ -148,7 +149,7 @@ def _child_spec(argv: list[str]):
     """The spec a run's own process trains for `aiayn ARGV` (its `aiayn train` command line), in this process."""
     from aiayn.cli import _spec_of, parse
     from aiayn.common.options import from_args
-    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.lightning_modules.run.options import TrainOptions
 
     args = parse(argv)
     return _spec_of(from_args(TrainOptions, args), args)
@@ -161,7 +162,7 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
     import subprocess as sp
 
     from aiayn.ablations.selection import Selection
-    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.lightning_modules.run.options import TrainOptions
     from aiayn.sweeps import slurm
     from aiayn.sweeps.backends import processes as backends
     from aiayn.sweeps.hpo import HpoOptions, run_hpo
@@ -201,8 +202,8 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
     table.write_text(MINE)
 
     # HPO: the search resolves the row once; each trial trains it with the trial's values on top
-    from aiayn.lightning_modules import train as train_mod
-    from aiayn.lightning_modules.rundir import RunMetrics
+    from aiayn.lightning_modules.run import train as train_mod
+    from aiayn.lightning_modules.run.rundir import RunMetrics
 
     trained = []
 

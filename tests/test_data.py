@@ -1,4 +1,4 @@
-"""Tests for lightning_modules/data.py: reading, corpora, SPM, caches, batching, collation, DataModule."""
+"""Tests for lightning_modules/data/datamodule.py: reading, corpora, SPM, caches, batching, collation, DataModule."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules import batching as B
-from aiayn.lightning_modules import corpora as C
-from aiayn.lightning_modules import data as D
-from aiayn.lightning_modules import tokenizer as T
+from aiayn.lightning_modules.data import batching as B
+from aiayn.lightning_modules.data import corpora as C
+from aiayn.lightning_modules.data import datamodule as D
+from aiayn.lightning_modules.data import tokenizer as T
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 WORDS = (
@@ -295,9 +295,9 @@ def test_multi30k_shared_copy(tmp_path):
 
 
 def test_synthetic_corpus(tmp_path, monkeypatch):
-    if importlib.util.find_spec("aiayn.lightning_modules.synthetic") is None:
-        pytest.skip("lightning_modules/synthetic.py (write_corpus) not available yet")
-    import aiayn.lightning_modules.synthetic as synthetic
+    if importlib.util.find_spec("aiayn.lightning_modules.data.synthetic") is None:
+        pytest.skip("lightning_modules/data/synthetic.py (write_corpus) not available yet")
+    import aiayn.lightning_modules.data.synthetic as synthetic
 
     calls = []
     real = synthetic.write_corpus
@@ -667,7 +667,7 @@ def test_the_requeue_signal_never_kills_a_loader_worker():
     import multiprocessing
     import signal
 
-    from aiayn.lightning_modules.data import TranslationDataModule, ignore_requeue_signal
+    from aiayn.lightning_modules.data.datamodule import TranslationDataModule, ignore_requeue_signal
 
     dm = TranslationDataModule.__new__(TranslationDataModule)
     dm._samplers, dm._datasets, dm.num_workers, dm.pin_memory = {"dev": [[0]]}, {"dev": [0]}, 0, False
@@ -689,9 +689,9 @@ def test_the_requeue_signal_never_kills_a_loader_worker():
 def test_length_buckets_pad_to_a_multiple_and_change_no_number(both_paths):
     """--pad-to K (issue 31): a batch's lengths rounded up to a multiple of K, the added positions padding like any
     other; the model's logits at the real positions and the loss are those of the unbucketed batch (dropout off)."""
-    from aiayn.lightning_modules.batching import collate
-    from aiayn.lightning_modules.loss import projected_label_smoothed_loss
-    from aiayn.lightning_modules.model import Transformer, TransformerConfig
+    from aiayn.lightning_modules.data.batching import collate
+    from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+    from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
     items = [(0, [5, 6, 7], [8, 9]), (1, [5, 6, 7, 8, 9, 10, 11, 12, 13], [8, 9, 10, 11])]
     plain, bucketed = collate(items), collate(items, pad_to=8)
@@ -714,7 +714,7 @@ def test_length_buckets_pad_to_a_multiple_and_change_no_number(both_paths):
 
 
 def test_padding_and_distinct_shapes_with_length_buckets_by_hand():
-    from aiayn.lightning_modules.batching import batch_shapes, padding_stats
+    from aiayn.lightning_modules.data.batching import batch_shapes, padding_stats
 
     src, tgt = [3, 5, 9, 10], [2, 4, 8, 9]  # tgt_in lengths are one more: 3, 5, 9, 10
     batches = [[0, 1], [2, 3]]
@@ -730,7 +730,7 @@ def test_static_shapes_give_a_few_fixed_batch_shapes_and_every_sentence_once():
     """--static-shapes (issue 31): each sentence's longer side rounded up to a multiple of K is its bucket; a bucket's
     batches hold max_tokens // bucket sentences (the last fewer), and collate pads both sides to the bucket: at most
     two shapes per bucket, every sentence in one batch (a dev split's sampler drops nothing)."""
-    from aiayn.lightning_modules.batching import TokenBucketSampler, batch_shapes, collate
+    from aiayn.lightning_modules.data.batching import TokenBucketSampler, batch_shapes, collate
 
     rng = random.Random(0)
     src = [rng.randint(1, 40) for _ in range(500)]
@@ -759,7 +759,7 @@ def test_with_two_ranks_the_dev_split_is_shared_whole_and_training_is_cut_even(c
             self.world_size, self.global_rank = 2, rank
             self._accelerator_connector = type("C", (), {"use_distributed_sampler": False})()
 
-    from aiayn.lightning_modules.data import TranslationDataModule
+    from aiayn.lightning_modules.data.datamodule import TranslationDataModule
 
     dev, train = [], []
     for rank in (0, 1):

@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from aiayn.ablations.presets import get_preset
-from aiayn.lightning_modules.batching import derive_accumulation
-from aiayn.lightning_modules.train import device_tokens
+from aiayn.lightning_modules.data.batching import derive_accumulation
+from aiayn.lightning_modules.run.train import device_tokens
 
 ROW, STEPS, REL_TOL = "D1", 20, 1e-3
 # `aiayn train` whose training sampler builds the batches of twice its budget (--max-tokens 512: the reference's
@@ -40,7 +40,7 @@ ROW, STEPS, REL_TOL = "D1", 20, 1e-3
 # other DDP ranks by running sys.argv again.
 SPLIT = """
 import sys
-from aiayn.lightning_modules import batching as data
+from aiayn.lightning_modules.data import batching as data
 whole = data.TokenBucketSampler.all_batches
 def parts(self, epoch=None):
     if not self.shuffle:  # dev and test: as they are
@@ -164,7 +164,7 @@ def test_two_nodes_through_the_generic_environment(union, split, cache, tmp_path
 COUNT_SYNCS = """
 import atexit, json, os, sys
 import torch, torch.distributed as dist
-from aiayn.lightning_modules import module
+from aiayn.lightning_modules.run import module
 class OnDevice(torch.Tensor):
     pass
 counts, inside, per_step, last = {"reads": 0, "collectives": 0}, [False], [], [None]

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aiayn.lightning_modules.decoding import beam_search, greedy, length_penalty
-from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK
+from aiayn.lightning_modules.transformer.decoding import beam_search, greedy, length_penalty
+from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, UNK
 
 
 @pytest.fixture(autouse=True)

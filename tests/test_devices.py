@@ -1,14 +1,14 @@
-"""What a run's hardware decides (lightning_modules/devices.py and the Trainer's environment), checked on a CPU with the
-GPU's answers stood in for: a GPU run gets bf16, TF32 matmuls, loader workers and pinned memory; a CPU run keeps
-fp32 and no workers; local DDP inside a SLURM allocation launches its own ranks; DDP broadcasts no buffers."""
+"""What a run's hardware decides (lightning_modules/run/devices.py and the Trainer's environment), checked on a CPU
+with the GPU's answers stood in for: a GPU run gets bf16, TF32 matmuls, loader workers and pinned memory; a CPU run
+keeps fp32 and no workers; local DDP inside a SLURM allocation launches its own ranks; DDP broadcasts no buffers."""
 
 import pytest
 import torch
 
-from aiayn.lightning_modules import devices
-from aiayn.lightning_modules.callbacks import RequeueOnSignal, slurm_parts
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.train import strategy
+from aiayn.lightning_modules.run import devices
+from aiayn.lightning_modules.run.callbacks import RequeueOnSignal, slurm_parts
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.train import strategy
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_ddp_broadcasts_no_buffers_every_forward():
 
 
 def test_a_few_bf16_mixed_steps_of_the_tiny_row_train_on_cpu_through_lightning(cache, tmp_path):
-    from aiayn.lightning_modules.train import train
+    from aiayn.lightning_modules.run.train import train
 
     small = {"N": 1, "d_model": 32, "d_ff": 64, "h": 2}
     opts = TrainOptions(out=str(tmp_path), max_steps=3, precision="bf16-mixed", accelerator="cpu", progress=False,

@@ -153,7 +153,7 @@ def _ctx(tmp_path, gpus=0):
 def test_the_sync_check_counts_the_defaults_with_a_log_step_in_its_window(tmp_path, monkeypatch):
     """Issue 31: the window (after step 3, 10 steps) holds log step 10, and the run has `aiayn train`'s defaults (the
     progress bar on, log_every_n_steps not overridden), so a healthy node is judged on what users run."""
-    from aiayn.lightning_modules import train as T
+    from aiayn.lightning_modules.run import train as T
 
     seen = {}
     monkeypatch.setattr(T, "train", lambda opts, hooks: seen.update(opts=opts, hooks=hooks))
@@ -188,7 +188,7 @@ def test_the_translate_check_compares_float32_on_both_devices(tmp_path, monkeypa
 
 def test_mfu_counts_the_real_tokens_not_the_padding():
     from aiayn.bench import run as bench
-    from aiayn.lightning_modules.model import TransformerConfig
+    from aiayn.lightning_modules.transformer.model import TransformerConfig
 
     cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)
     batch = bench.training_batch(cfg, 64, 8)  # 8 sentences padded to 8 tokens: about 10% padding

@@ -13,8 +13,8 @@ import torch
 from conftest import checkpoint_of
 
 from aiayn.cli import main
-from aiayn.lightning_modules.checkpoints import run_config
-from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.use.checkpoints import run_config
 
 
 class Planted:
@@ -50,7 +50,7 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_and_runs_n
 
 def test_a_run_does_not_resume_from_a_planted_checkpoint(tmp_path):
     from aiayn.common.errors import UserError
-    from aiayn.lightning_modules.rundir import RunDir
+    from aiayn.lightning_modules.run.rundir import RunDir
 
     run = RunDir(tmp_path / "run")
     run.checkpoints.mkdir(parents=True)
@@ -77,7 +77,7 @@ def trained(cache, tmp_path_factory):
             "75", "--val-bleu-sentences", "0", "--val-every", "1000", "--eval-subset", "4", "--no-progress",
             "--accelerator", "cpu", "--set", "N=2 d_model=32 h=4 d_ff=64"]  # fmt: skip
     assert main(argv) == 0
-    from aiayn.lightning_modules.data import read_parallel, resolve_corpus
+    from aiayn.lightning_modules.data.datamodule import read_parallel, resolve_corpus
 
     src, ref = read_parallel(resolve_corpus("synthetic", cache_dir=cache), "dev")
     yield out / "tiny" / "synthetic" / "base" / "seed0", src[:SENTENCES], ref[:SENTENCES]
@@ -243,7 +243,7 @@ def test_push_to_hub_uploads_the_export_through_huggingface_hub(trained, tmp_pat
 def test_every_parameter_lands_in_its_place_in_marian():
     """Every weight, bias and LayerNorm parameter random: a model trained for a moment keeps its LayerNorms near
     1 and its biases near 0, which would hide one mapped to the wrong place or left unpermuted."""
-    from aiayn.lightning_modules.export import to_marian
+    from aiayn.lightning_modules.use.export import to_marian
 
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(N=2, d_model=16, d_ff=24, h=4, vocab_size=40, max_len=32)).eval()
@@ -262,7 +262,7 @@ def test_every_parameter_lands_in_its_place_in_marian():
 def test_the_permutation_is_read_off_the_two_position_tables():
     from transformers import MarianMTModel
 
-    from aiayn.lightning_modules.export import marian_config, sinusoid_permutation
+    from aiayn.lightning_modules.use.export import marian_config, sinusoid_permutation
 
     cfg = TransformerConfig(N=1, d_model=16, d_ff=8, h=2, vocab_size=10, max_len=64)
     theirs = MarianMTModel(marian_config(cfg)).model.encoder.embed_positions.weight.detach()
@@ -410,7 +410,7 @@ def test_a_missing_package_names_the_extra_to_install(trained, tmp_path, capsys,
 
 
 def test_an_export_that_fails_half_way_leaves_nothing(trained, tmp_path, monkeypatch):
-    from aiayn.lightning_modules import export
+    from aiayn.lightning_modules.use import export
 
     def broken(model, proto, where, **kw):
         (where / "config.json").write_text("{}")

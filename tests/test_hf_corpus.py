@@ -9,8 +9,8 @@ import pytest
 
 from aiayn.cli import main
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules import corpora as C
-from aiayn.lightning_modules import hf_corpus as H
+from aiayn.lightning_modules.data import corpora as C
+from aiayn.lightning_modules.data import hf_corpus as H
 
 datasets = pytest.importorskip("datasets")
 
@@ -117,7 +117,7 @@ def test_the_tokenizer_sample_is_the_one_of_the_joined_text(monkeypatch):
     """Sampling source and target text without joining them picks what a sample of the joined list would."""
     import numpy as np
 
-    from aiayn.lightning_modules import tokenizer as T
+    from aiayn.lightning_modules.data import tokenizer as T
 
     src, tgt = sentences(50, 1), sentences(40, 2)
     keep = np.sort(np.random.default_rng(7).choice(90, size=30, replace=False))

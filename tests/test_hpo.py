@@ -8,10 +8,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-import aiayn.lightning_modules.train as train_mod
+import aiayn.lightning_modules.run.train as train_mod
 from aiayn.cli import main
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import OutDir, RunMetrics
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
 from aiayn.sweeps.books import LockClaims
 from aiayn.sweeps.hpo import HpoOptions, default_space, run_hpo, suggest
 

@@ -30,8 +30,9 @@ def modules() -> dict[str, Path]:
     out = {}
     dirs = package_dirs()
     for package, directory in dirs.items():
-        for path in directory.glob("*.py"):
-            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in directory.rglob("*.py"):  # subpackages too (lightning_modules/run/, sweeps/backends/)
+            parts = path.relative_to(directory).with_suffix("").parts
+            out[".".join((package, *parts[:-1], *([] if parts[-1] == "__init__" else parts[-1:])))] = path
     for sub in (ROOT / "aiayn").iterdir():  # aiayn's own subpackages (aiayn.common)
         if sub.is_dir() and (sub / "__init__.py").exists() and f"aiayn.{sub.name}" not in dirs:
             for path in sub.glob("*.py"):
@@ -111,7 +112,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_module_is_found():
     found = modules()
-    for name in ("aiayn.cli", "aiayn.common.files", "aiayn.ablations.table", "aiayn.lightning_modules.train",
+    for name in ("aiayn.cli", "aiayn.common.files", "aiayn.ablations.table", "aiayn.lightning_modules.run.train",
                  "aiayn.sweeps.table3", "aiayn.reports.build"):  # fmt: skip
         assert name in found, name
     assert len(found) > 30
@@ -145,7 +146,9 @@ def test_the_one_run_layer_imports_no_optuna():
             assert not {n for n in imports_all(path) if n.split(".")[0] in ("optuna", "optuna_integration")}, module
 
 
-@pytest.mark.parametrize("name", ["config", "spec", "rundir", "options", "corpora", "disk", "loggers"])
+@pytest.mark.parametrize(
+    "name", ["transformer.config", "run.spec", "run.rundir", "run.options", "data.corpora", "run.disk", "run.loggers"]
+)
 def test_the_one_run_layers_descriptions_import_no_torch_at_module_level(name):
     """The command line builds its parsers, and sweeps resolve and order their runs, without importing torch."""
     tree = ast.parse(modules()[f"aiayn.lightning_modules.{name}"].read_text())
@@ -156,7 +159,7 @@ def test_the_one_run_layers_descriptions_import_no_torch_at_module_level(name):
 
 
 def test_the_model_file_imports_no_lightning():
-    names = {n for n in imports_all(modules()["aiayn.lightning_modules.model"])}
+    names = {n for n in imports_all(modules()["aiayn.lightning_modules.transformer.model"])}
     assert not {n for n in names if n.split(".")[0] in ("lightning", "pytorch_lightning")}
 
 
@@ -173,14 +176,14 @@ def imports_all(path: Path) -> set[str]:
 def test_the_checker_catches_an_upward_import_and_a_cycle():
     """The checks above can fail: a fake graph with a forbidden import and a cycle."""
     graph = {
-        "aiayn.ablations.table": {"aiayn.lightning_modules.model"},  # up: forbidden
+        "aiayn.ablations.table": {"aiayn.lightning_modules.transformer.model"},  # up: forbidden
         "aiayn.sweeps.table3": {"aiayn.reports.build"},  # sideways between sweeps and reports: forbidden
         "aiayn.lightning_modules.a": {"aiayn.lightning_modules.b"},
         "aiayn.lightning_modules.b": {"aiayn.lightning_modules.a"},
         "aiayn.cli": {"aiayn.sweeps.table3", "aiayn.common.files"},  # down: allowed
     }
     assert violations(graph) == [
-        "aiayn.ablations.table (ablations) imports aiayn.lightning_modules.model (lightning_modules)",
+        "aiayn.ablations.table (ablations) imports aiayn.lightning_modules.transformer.model (lightning_modules)",
         "aiayn.sweeps.table3 (sweeps) imports aiayn.reports.build (reports)",
     ]
     assert cycles(graph) == [["aiayn.lightning_modules.a", "aiayn.lightning_modules.b", "aiayn.lightning_modules.a"]]
@@ -188,9 +191,10 @@ def test_the_checker_catches_an_upward_import_and_a_cycle():
 
 # The modules that make tensors on the device a run uses: each constructor says where (`device=`), so none lands on
 # the CPU by default beside a model on a GPU (aiayn bench --device cuda once decoded CPU sources with CUDA models).
-DEVICE_EXPLICIT = ["lightning_modules/model.py", "lightning_modules/decoding.py", "lightning_modules/evaluate.py",
-                   "lightning_modules/translate.py", "lightning_modules/module.py", "lightning_modules/ct2.py",
-                   "lightning_modules/export.py", "aiayn/bench/run.py", "aiayn/bench/trainer.py"]  # fmt: skip
+DEVICE_EXPLICIT = ["lightning_modules/transformer/model.py", "lightning_modules/transformer/decoding.py",
+                   "lightning_modules/use/evaluate.py", "lightning_modules/use/translate.py",
+                   "lightning_modules/run/module.py", "lightning_modules/use/ct2.py", "lightning_modules/use/export.py",
+                   "aiayn/bench/run.py", "aiayn/bench/trainer.py"]  # fmt: skip
 CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "empty", "arange", "randint", "rand", "randn", "randperm", "eye",
                 "linspace", "as_tensor"}  # fmt: skip
 ALLOWED: set = set()  # (file, constructor) pairs a reason would name; none today
@@ -207,3 +211,14 @@ def test_tensor_constructors_say_their_device(path):
         and not any(k.arg == "device" for k in node.keywords) and (path, node.func.attr) not in ALLOWED
     ]  # fmt: skip
     assert missing == []
+
+
+def test_the_model_room_imports_no_other_room_and_no_lightning():
+    """lightning_modules/transformer/ (the model, its config, loss and decoding) is the bottom room of the one-run
+    layer: it imports nothing of data/, run/ or use/, and no Lightning, so the model can be read (and used) alone."""
+    room = "aiayn.lightning_modules.transformer"
+    for module, path in modules().items():
+        if module.startswith(room):
+            ours = {n for n in imports(path) if n.startswith("aiayn.lightning_modules.")}
+            assert all(n.startswith(room) for n in ours), (module, ours)
+            assert not {n for n in imports_all(path) if n.split(".")[0] in ("lightning", "pytorch_lightning")}, module

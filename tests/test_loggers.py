@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import main
-from aiayn.lightning_modules import loggers
+from aiayn.lightning_modules.run import loggers
 
 FAST = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--ckpt-every", "1", "--val-every", "1", "--val-bleu-sentences", "2",
         "--eval-subset", "4", "--no-progress", "--accelerator", "cpu"]  # fmt: skip

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from aiayn.lightning_modules.config import PE_KINDS
-from aiayn.lightning_modules.decoding import beam_search, greedy
-from aiayn.lightning_modules.model import (
+from aiayn.lightning_modules.transformer.config import PE_KINDS
+from aiayn.lightning_modules.transformer.decoding import beam_search, greedy
+from aiayn.lightning_modules.transformer.model import (
     Dropout,
     MultiHeadAttention,
     Transformer,
@@ -230,8 +230,8 @@ def test_dropout_drops_p_drop_of_the_elements_and_keeps_the_expectation():
 def test_an_empty_source_gives_a_finite_perplexity_and_a_translation():
     """A dev line with no source tokens: every key of its cross-attention is masked. The plain-ops path once gave
     NaN (softmax over -inf only) where scaled_dot_product_attention gives zeros; both give zeros now."""
-    from aiayn.lightning_modules.decoding import beam_search
-    from aiayn.lightning_modules.evaluate import nll_sum
+    from aiayn.lightning_modules.transformer.decoding import beam_search
+    from aiayn.lightning_modules.use.evaluate import nll_sum
 
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=20, max_len=64)).eval()
@@ -251,7 +251,7 @@ def test_a_query_with_no_key_gets_zeros_on_the_fused_path_whatever_the_kernel(mo
     """Issue 31: some CUDA attention kernels return NaN for a query whose keys are all masked (an empty source),
     CPU's return zeros. The fused path no longer leaves it to the kernel: with a kernel that gives NaN there (as
     those CUDA ones), rows with keys are unchanged and the empty row is zeros."""
-    from aiayn.lightning_modules import model as M
+    from aiayn.lightning_modules.transformer import model as M
 
     real = torch.nn.functional.scaled_dot_product_attention
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.lightning_modules.loss import label_smoothed_loss
-from aiayn.lightning_modules.model import TransformerConfig
-from aiayn.lightning_modules.module import TranslationModule, noam_lr
+from aiayn.lightning_modules.run.module import TranslationModule, noam_lr
+from aiayn.lightning_modules.transformer.loss import label_smoothed_loss
+from aiayn.lightning_modules.transformer.model import TransformerConfig
 
 
 def test_lr_at_step_1_warmup_and_twice_warmup():
@@ -73,8 +73,8 @@ GOLDEN = [3.3202, 2.8294, 2.4586, 2.2648, 2.0751]  # measured on CPU, torch 2.13
 def test_validation_nll_through_the_chunked_path_equals_cross_entropy_on_full_logits():
     """Evaluation's NLL comes from the fused, chunked projection (no (B, T, V) logits), equal to the straightforward
     cross-entropy within float32 rounding."""
-    from aiayn.lightning_modules.evaluate import nll_sum
-    from aiayn.lightning_modules.model import PAD, Transformer, TransformerConfig
+    from aiayn.lightning_modules.transformer.model import PAD, Transformer, TransformerConfig
+    from aiayn.lightning_modules.use.evaluate import nll_sum
 
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)).eval()
@@ -93,7 +93,7 @@ def test_validation_nll_through_the_chunked_path_equals_cross_entropy_on_full_lo
 def test_the_compiled_chunk_body_equals_the_eager_one():
     """On a GPU the chunk body of the fused loss is torch.compile'd; compiled on this CPU, it gives the eager body's
     loss, NLL and gradient (slow: compiling takes tens of seconds)."""
-    from aiayn.lightning_modules.loss import _compiled, chunk_loss
+    from aiayn.lightning_modules.transformer.loss import _compiled, chunk_loss
 
     torch.manual_seed(0)
     logits, t = torch.randn(37, 211), torch.randint(0, 211, (37,))

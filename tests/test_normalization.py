@@ -8,12 +8,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from aiayn.ablations.presets import get_preset
-from aiayn.lightning_modules import batching as B
-from aiayn.lightning_modules import data as D
-from aiayn.lightning_modules.module import TranslationModule, noam_lr
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.spec import resolve
-from aiayn.lightning_modules.train import build_datamodule
+from aiayn.lightning_modules.data import batching as B
+from aiayn.lightning_modules.data import datamodule as D
+from aiayn.lightning_modules.run.module import TranslationModule, noam_lr
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.spec import resolve
+from aiayn.lightning_modules.run.train import build_datamodule
 
 CFG = {"N": 1, "d_model": 16, "d_ff": 32, "h": 2, "vocab_size": 30, "P_drop": 0.0, "max_len": 64}
 

@@ -14,7 +14,7 @@ from aiayn import __version__
 from aiayn.bench import BenchOptions
 from aiayn.cli import build_parser
 from aiayn.common.options import from_args, to_argv
-from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
 from aiayn.sweeps.table3 import SweepOptions

@@ -80,29 +80,34 @@ def test_a_knob_by_its_recipe(copy, tmp_path):
     )
     edit(
         copy,
-        "lightning_modules/config.py",
+        "lightning_modules/transformer/config.py",
         "    vocab_size: int = 37000",
         """    act: str = "relu"
     vocab_size: int = 37000""",
     )
     edit(
         copy,
-        "lightning_modules/config.py",
+        "lightning_modules/transformer/config.py",
         "        _require(self.pe in PE_KINDS,",
         """        _require(self.act in ("relu", "gelu"), "act", f"relu or gelu, got {self.act!r}")
         _require(self.pe in PE_KINDS,""",
     )
     edit(
         copy,
-        "lightning_modules/model.py",
+        "lightning_modules/transformer/model.py",
         "    def __init__(self, d_model: int, d_ff: int):\n        super().__init__()",
         """    def __init__(self, d_model: int, d_ff: int, act: str = "relu"):
         super().__init__()
         self.act = {"relu": F.relu, "gelu": F.gelu}[act]""",
     )
-    edit(copy, "lightning_modules/model.py", "self.w_2(F.relu(self.w_1(x)))", "self.w_2(self.act(self.w_1(x)))")
-    model = (copy / "lightning_modules/model.py").read_text()
-    (copy / "lightning_modules/model.py").write_text(
+    edit(
+        copy,
+        "lightning_modules/transformer/model.py",
+        "self.w_2(F.relu(self.w_1(x)))",
+        "self.w_2(self.act(self.w_1(x)))",
+    )
+    model = (copy / "lightning_modules/transformer/model.py").read_text()
+    (copy / "lightning_modules/transformer/model.py").write_text(
         model.replace("FeedForward(cfg.d_model, cfg.d_ff)", "FeedForward(cfg.d_model, cfg.d_ff, cfg.act)")
     )
     assert changed(copy) <= recipe_files("A knob")
@@ -124,7 +129,7 @@ def test_a_knob_by_its_recipe(copy, tmp_path):
 def test_a_positional_encoding_by_its_recipe(copy, tmp_path):
     edit(
         copy,
-        "lightning_modules/config.py",
+        "lightning_modules/transformer/config.py",
         """        PositionalEncoding("none", False,""",
         """        PositionalEncoding("constant", False, "one learned vector added at every position",
                            params=lambda c: c.d_model),
@@ -132,7 +137,7 @@ def test_a_positional_encoding_by_its_recipe(copy, tmp_path):
     )
     edit(
         copy,
-        "lightning_modules/model.py",
+        "lightning_modules/transformer/model.py",
         "POSITIONAL_ENCODINGS = {",
         '''class ConstantPositions(Positions):
     """One learned vector, the same at every position (it carries no order: a test of the recipe)."""
@@ -149,7 +154,7 @@ POSITIONAL_ENCODINGS = {"constant": ConstantPositions, ''',
     )
     assert changed(copy) <= recipe_files("A positional encoding")
 
-    check = ("from aiayn.lightning_modules.model import Transformer, TransformerConfig; "
+    check = ("from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig; "
              "c = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64, pe='constant'); "
              "print(c.params(), sum(p.numel() for p in Transformer(c).parameters()))")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(copy)}
@@ -168,7 +173,7 @@ POSITIONAL_ENCODINGS = {"constant": ConstantPositions, ''',
 def test_a_corpus_by_its_recipe(copy, tmp_path):
     edit(
         copy,
-        "lightning_modules/corpora.py",
+        "lightning_modules/data/corpora.py",
         "CORPORA: dict[str, Corpus] = {",
         '''class Counting(Corpus):
     """Fifty numbered sentences, written into the cache (a test of the recipe)."""
@@ -188,7 +193,7 @@ CORPORA: dict[str, Corpus] = {''',
     )
     edit(
         copy,
-        "lightning_modules/corpora.py",
+        "lightning_modules/data/corpora.py",
         "Multi30k(), WMT14(), Files())",
         "Multi30k(), WMT14(), Files(), Counting())",
     )

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from aiayn.ablations.presets import PRESETS
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.run.spec import resolve
 from aiayn.reports.verdicts import Cell, judge_cells, smoothing_floor
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reports" / "reference"

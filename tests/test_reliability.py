@@ -29,8 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.locks import file_lock
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import OutDir, RunDir, RunMetrics
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
 from aiayn.sweeps import books
 from aiayn.sweeps.backends.queue import pair_of, study_name
 from aiayn.sweeps.storage import open_storage
@@ -83,7 +83,7 @@ class Toy(pl.LightningModule):
 
 
 def toy_fit(tmp_path, steps, val_every=None, ckpt=None, callbacks=None):
-    from aiayn.lightning_modules.callbacks import RNGStates
+    from aiayn.lightning_modules.run.callbacks import RNGStates
 
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(12, 4, generator=g), torch.randn(12, 1, generator=g))
@@ -120,7 +120,7 @@ def test_validation_and_restarts_leave_no_trace_in_the_training_rng(tmp_path):
 KILL_AT_STEP = """
 import os, signal, sys
 from aiayn.cli import main
-from aiayn.lightning_modules.module import TranslationModule
+from aiayn.lightning_modules.run.module import TranslationModule
 step, end = int(sys.argv[1]), TranslationModule.on_train_batch_end
 def on_train_batch_end(self, *args):
     end(self, *args)
@@ -281,7 +281,7 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
 
 
 def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeypatch):
-    import aiayn.lightning_modules.train as train_mod
+    import aiayn.lightning_modules.run.train as train_mod
     from aiayn.sweeps.hpo import HpoOptions, run_hpo
 
     results = iter([
@@ -417,7 +417,7 @@ def test_a_sweep_killed_mid_way_and_restarted_runs_every_pair_exactly_once(cache
 
 KILL_MID_WRITE = textwrap.dedent("""
     import io, os, signal, sys, torch
-    from aiayn.lightning_modules.callbacks import AtomicCheckpointIO
+    from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO
     from aiayn.common.files import atomic_write_json
     target = sys.argv[1]
     if target.endswith(".ckpt"):
@@ -454,8 +454,8 @@ def test_a_kill_during_a_write_leaves_the_old_file_and_a_restart_clears_the_temp
 
 
 def test_the_trainer_writes_checkpoints_through_the_atomic_checkpoint_io(tmp_path):
-    from aiayn.lightning_modules.callbacks import AtomicCheckpointIO, RNGStates
-    from aiayn.lightning_modules.train import build_trainer, plan
+    from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO, RNGStates
+    from aiayn.lightning_modules.run.train import build_trainer, plan
 
     opts = TrainOptions(accelerator="cpu", out=str(tmp_path))
     trainer = build_trainer(opts, plan(opts))
@@ -508,7 +508,7 @@ def test_redact_masks_url_passwords_named_keys_and_secret_env_values(monkeypatch
 def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_path, monkeypatch, capsys, caplog):
     """A W&B run with WANDB_API_KEY set, then a run that fails with the key and a storage password in
     its error: every file written (W&B's offline files included) and everything printed is masked."""
-    import aiayn.lightning_modules.module as module
+    import aiayn.lightning_modules.run.module as module
 
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -549,7 +549,7 @@ def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_p
 def test_cuda_rng_state_is_the_own_devices_so_a_resume_with_fewer_gpus_restores_it(monkeypatch):
     """A checkpoint written with 8 GPUs visible, resumed with 1 (`table3 --gpus-per-job 1` on a run begun with
     --devices 1 on an 8-GPU box): the states of every visible device, restored by index, raised IndexError."""
-    from aiayn.lightning_modules import callbacks as C
+    from aiayn.lightning_modules.run import callbacks as C
 
     saved, restored = torch.tensor([1, 2, 3], dtype=torch.uint8), []
 
@@ -571,7 +571,7 @@ def test_cuda_rng_state_is_the_own_devices_so_a_resume_with_fewer_gpus_restores_
 def test_each_rank_restores_its_own_rng_states_and_draws_from_its_own_seed(monkeypatch):
     from types import SimpleNamespace
 
-    from aiayn.lightning_modules.callbacks import RNGStates
+    from aiayn.lightning_modules.run.callbacks import RNGStates
 
     states = [{"torch": torch.tensor([r])} for r in range(2)]
     for rank in (0, 1, 2):  # resumed with a third rank: it starts from its seed

@@ -43,7 +43,7 @@ from aiayn.ablations import predictions as P
 from aiayn.ablations.presets import PRESETS
 from aiayn.cli import main
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.rundir import RunMetrics
+from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.reports import significance
 from aiayn.reports.build import write_reports
 from aiayn.reports.runs import Run, read_curve, read_text_lines, scan

@@ -23,7 +23,7 @@ import torch
 
 from aiayn.ablations.selection import Selection
 from aiayn.cli import main
-from aiayn.lightning_modules.options import TrainOptions
+from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps import slurm
 from aiayn.sweeps.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
 
@@ -220,8 +220,8 @@ def test_requeue_handler_checkpoints_at_the_step_it_was_signalled_and_stops(tmp_
     import lightning.pytorch as pl
     from lightning.pytorch.demos.boring_classes import BoringModel
 
-    from aiayn.lightning_modules.callbacks import RequeueOnSignal
-    from aiayn.lightning_modules.rundir import REQUEUE_CHECKPOINT
+    from aiayn.lightning_modules.run.callbacks import RequeueOnSignal
+    from aiayn.lightning_modules.run.rundir import REQUEUE_CHECKPOINT
 
     for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(var, raising=False)  # outside SLURM: saves, and has nothing to requeue
@@ -246,7 +246,7 @@ def test_requeue_handler_checkpoints_at_the_step_it_was_signalled_and_stops(tmp_
 
 
 def test_resume_takes_the_checkpoint_with_the_highest_step(tmp_path):
-    from aiayn.lightning_modules.rundir import RunDir
+    from aiayn.lightning_modules.run.rundir import RunDir
 
     def resume_checkpoint(path):
         return RunDir(path).resume_checkpoint()

@@ -27,8 +27,8 @@ from aiayn.ablations.selection import Selection
 from aiayn.ablations.table import select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.spec import resolve
 from aiayn.sweeps.backends.local import LocalBackend
 from aiayn.sweeps.backends.processes import SubprocessBackend, child_environment
 from aiayn.sweeps.export import wandb_sweep, wandb_yaml
@@ -221,8 +221,8 @@ def test_the_package_imports_from_a_checkout_without_an_install_mapping_its_subp
         "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
         "sys.path_hooks[:] = [h for h in sys.path_hooks if 'editable' not in repr(h).lower()]; "
         "sys.path_importer_cache.clear(); "
-        "import aiayn.lightning_modules.train, aiayn.sweeps.backends, aiayn.ablations.presets, aiayn.reports; "
-        "print(aiayn.__file__); print(aiayn.lightning_modules.train.__file__)"
+        "import aiayn.lightning_modules.run.train, aiayn.sweeps.backends, aiayn.ablations.presets, aiayn.reports; "
+        "print(aiayn.__file__); print(aiayn.lightning_modules.run.train.__file__)"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -503,7 +503,7 @@ def test_table3_exits_1_when_a_pair_failed_0_when_all_completed_and_diverged_cou
 
 def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, runner_backend, capsys):
     from aiayn.common.files import atomic_write_json
-    from aiayn.lightning_modules.rundir import OutDir, RunMetrics
+    from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
     from aiayn.sweeps.books import LockClaims, pair_key
 
     fake = FakeRunner(fail={"A1"})
@@ -563,7 +563,7 @@ def test_a_pair_that_fails_before_training_is_failed_in_status_and_report_alike(
     is `failed` with its reason in `aiayn status` and in the report, not `pending` and "none"; `aiayn status`
     writes nothing (no lock files); a later completion clears the failure."""
     from aiayn.common.files import atomic_write_json
-    from aiayn.lightning_modules.rundir import RunMetrics
+    from aiayn.lightning_modules.run.rundir import RunMetrics
 
     def a1_fails_before_training(sweep, corpus, row, seed):
         if row == "A1":  # as the local back end returns it: metrics of the driver's, none in the run directory
@@ -700,7 +700,7 @@ def test_back_ends_are_found_without_an_import_and_a_second_of_one_name_is_refus
     code = "from aiayn.sweeps import backends; print(' '.join(sorted(backends.load())))"
     found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert found.stdout.split() == ["local", "slurm", "subprocess"], found.stderr
-    from aiayn.lightning_modules.rundir import OutDir
+    from aiayn.lightning_modules.run.rundir import OutDir
     from aiayn.sweeps import backends
 
     claims = backends.status_claims(OutDir(tmp_path))

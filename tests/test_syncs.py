@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from aiayn.lightning_modules import train as T
+from aiayn.lightning_modules.run import train as T
 
 STEPS, SMALL = 8, {"N": 1, "d_model": 32, "d_ff": 64, "h": 2}
 
@@ -75,7 +75,7 @@ class OnDevice(torch.Tensor):
 def device_reads(monkeypatch):
     """Counts .item(), .tolist(), bool(), int(), float() of tensors derived from the step's loss, wherever they are
     called from (ours, Lightning's logger connector, the progress bar)."""
-    from aiayn.lightning_modules import module
+    from aiayn.lightning_modules.run import module
 
     counter, inside = [0], [False]
     for name in ("item", "tolist", "__bool__", "__int__", "__float__"):

@@ -10,8 +10,8 @@ import statistics
 import pytest
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules import synthetic as syn
-from aiayn.lightning_modules.synthetic import _NP, _Clause, _de_main, _de_pp, _de_sub, _en_clause, _Subj
+from aiayn.lightning_modules.data import synthetic as syn
+from aiayn.lightning_modules.data.synthetic import _NP, _Clause, _de_main, _de_pp, _de_sub, _en_clause, _Subj
 
 NOUN = {n.en: n for n in syn._NOUNS}
 VERB = {v.en: v for v in syn._VERBS}

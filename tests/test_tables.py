@@ -12,9 +12,9 @@ from conftest import RunnerBackend
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.selection import Selection
 from aiayn.cli import main
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
+from aiayn.lightning_modules.run.spec import resolve
 from aiayn.reports.build import write_reports
 from aiayn.sweeps.backends.queue import pair_of, study_name
 from aiayn.sweeps.storage import open_storage

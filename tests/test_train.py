@@ -10,8 +10,8 @@ import torch
 from conftest import checkpoint_of
 
 from aiayn.cli import main
-from aiayn.lightning_modules.checkpoints import run_config
-from aiayn.lightning_modules.spec import resolve
+from aiayn.lightning_modules.run.spec import resolve
+from aiayn.lightning_modules.use.checkpoints import run_config
 
 FAST = [
     "--max-steps",
@@ -56,7 +56,7 @@ SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "100"]
 @pytest.fixture
 def batches_trained(monkeypatch):
     """The `idx` of every batch a training step sees, in order."""
-    from aiayn.lightning_modules.module import TranslationModule
+    from aiayn.lightning_modules.run.module import TranslationModule
 
     seen, step = [], TranslationModule.training_step
 
@@ -100,7 +100,7 @@ def test_the_final_evaluation_runs_on_the_device_the_run_trained_on(cache, tmp_p
     changed to `meta` as fit() ends: the evaluation must see the model there."""
     import lightning.pytorch as pl
 
-    from aiayn.lightning_modules import train as T
+    from aiayn.lightning_modules.run import train as T
 
     seen = []
 
@@ -168,7 +168,7 @@ def _checkpoint(path: Path, step: int, seed: int, d_model: int = 16) -> dict:
 
 
 def test_three_checkpoints_average_to_their_float64_mean(tmp_path):
-    from aiayn.lightning_modules.checkpoints import average
+    from aiayn.lightning_modules.use.checkpoints import average
 
     paths = [tmp_path / f"step{s:07d}.ckpt" for s in (10, 20, 30)]
     ckpts = [_checkpoint(p, s, seed=s) for p, s in zip(paths, (10, 20, 30))]
@@ -208,7 +208,7 @@ def test_average_refuses_a_checkpoint_of_another_config(tmp_path, capsys):
 
 
 def test_average_of_identical_checkpoints_is_that_checkpoint(trained, tmp_path):
-    from aiayn.lightning_modules.checkpoints import average, periodic_checkpoints
+    from aiayn.lightning_modules.use.checkpoints import average, periodic_checkpoints
 
     last = periodic_checkpoints(trained)[-1]
     out = average([last, last], tmp_path / "same.ckpt")
@@ -274,8 +274,8 @@ def test_bad_flags_are_one_line_exit_2(argv, message, tmp_path, cache, capsys):
 
 def test_the_disk_estimate_is_within_10_percent_of_a_full_size_runs_checkpoints(trained):
     """The tiny preset's base model (1M parameters): weights and Adam's moments are nearly all of a checkpoint."""
-    from aiayn.lightning_modules.disk import checkpoint_bytes
-    from aiayn.lightning_modules.spec import resolve
+    from aiayn.lightning_modules.run.disk import checkpoint_bytes
+    from aiayn.lightning_modules.run.spec import resolve
 
     estimate = checkpoint_bytes(resolve("base", "tiny").model.params(), 1000, weights_only=False)
     for name in ("step0000002.ckpt", "last.ckpt"):
@@ -322,10 +322,10 @@ def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
     length buckets (--pad-to 8, as a GPU run has them: one compile per shape), give eager's losses and weights within
     float rounding (dropout off: inductor draws its own masks). Tolerance: 1e-4 relative, loose against fp32 sums
     reordered by fusion, tight against a wrong kernel (a missing residual or norm moves the loss by 10% and more)."""
-    from aiayn.lightning_modules.batching import collate
-    from aiayn.lightning_modules.loss import projected_label_smoothed_loss
-    from aiayn.lightning_modules.model import Transformer, TransformerConfig
-    from aiayn.lightning_modules.train import compile_model
+    from aiayn.lightning_modules.data.batching import collate
+    from aiayn.lightning_modules.run.train import compile_model
+    from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+    from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
     g = torch.Generator().manual_seed(0)
 

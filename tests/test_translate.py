@@ -13,7 +13,7 @@ import torch
 
 from aiayn.cli import main
 from aiayn.common.files import sha256_file
-from aiayn.lightning_modules.corpora import read_parallel, resolve_corpus
+from aiayn.lightning_modules.data.corpora import read_parallel, resolve_corpus
 
 FAST = ["--max-steps", "3", "--ckpt-every", "2", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
@@ -107,7 +107,7 @@ def test_an_averaged_checkpoint_alone_translates_and_eval_averages(trained, tmp_
 
 
 def test_batches_follow_the_token_budget_and_the_output_keeps_the_input_order(trained):
-    from aiayn.lightning_modules.translate import Translator
+    from aiayn.lightning_modules.use.translate import Translator
 
     run, _ = trained
     sentences = [" ".join(["the dog"] * n) + " ." for n in (1, 9, 3, 12, 2, 5)] + ["", "The cat sleeps."]
@@ -144,7 +144,7 @@ def stripped_checkpoint(run: Path, where: Path) -> Path:
 
 def bad_cases(run: Path, tmp: Path) -> dict:
     """argv, then the exact error line, for each bad input of translation."""
-    from aiayn.lightning_modules.translate import Translator
+    from aiayn.lightning_modules.use.translate import Translator
 
     long = " ".join(["the small dog"] * 300)
     n_long = len(Translator.from_run(run, device="cpu").sp.encode(long))

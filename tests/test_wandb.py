@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import main
-from aiayn.lightning_modules.rundir import OutDir, RunDir
-from aiayn.lightning_modules.wandb_run import init_kwargs
+from aiayn.lightning_modules.run.rundir import OutDir, RunDir
+from aiayn.lightning_modules.run.wandb_run import init_kwargs
 
 FAST = ["--max-steps", "2", "--ckpt-every", "1", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
@@ -136,8 +136,8 @@ def test_online_every_attempt_resumes_the_run_directorys_one_w_and_b_run(tmp_pat
     WANDB_RUN_ID (e.g. from `wandb agent`) wins."""
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
-    from aiayn.lightning_modules.options import TrainOptions
-    from aiayn.lightning_modules.train import plan
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.train import plan
 
     run = RunDir(tmp_path / "seed0")
     config = plan(TrainOptions(row="C1", out=str(tmp_path))).config  # what config.json would say; nothing prepared

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiayn.common.options import option
-from aiayn.lightning_modules.config import PAPER_DECODING
+from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
 
 @dataclass

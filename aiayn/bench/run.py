@@ -47,10 +47,10 @@ from torch import Tensor, nn
 from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
-from aiayn.lightning_modules.decoding import beam_search
-from aiayn.lightning_modules.export import marian_config
-from aiayn.lightning_modules.loss import projected_label_smoothed_loss
-from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.transformer.decoding import beam_search
+from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.use.export import marian_config
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def bench_config(name: str, device: str, layers: int | None = None, tokens: int 
     """`tiny`: the tiny preset's base row; `laptop`: the laptop preset's base row (the tiny model at vocabulary 8000,
     Multi30k's); `base`: the paper's base widths, vocabulary 8000, 2 layers per stack on CPU (6 on CUDA) to keep CPU
     runs short; `paper`: the paper's base row at 37000 vocabulary, 25k+25k tokens."""
-    from aiayn.lightning_modules.spec import resolve
+    from aiayn.lightning_modules.run.spec import resolve
 
     if name == "tiny":
         cfg, tok, T, note = resolve("base", "tiny").model, 1024, 32, "tiny preset, base row"
@@ -400,8 +400,8 @@ def peak_memory_mb(fn, device: torch.device) -> float:
 
 def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict]:
     """Padding waste of the token-bucket batches of the training split (one epoch's batches)."""
-    from aiayn.lightning_modules.batching import batch_shapes, padding_stats
-    from aiayn.lightning_modules.data import TranslationDataModule
+    from aiayn.lightning_modules.data.batching import batch_shapes, padding_stats
+    from aiayn.lightning_modules.data.datamodule import TranslationDataModule
 
     setups = [("synthetic", None, 1000, 1024)]
     if multi30k_dir:
@@ -460,7 +460,7 @@ def run(args: BenchOptions) -> list[dict]:
 
     models = {impl: build(impl, cfg).to(device) for impl in impls}
     if args.compile != "none":
-        from aiayn.lightning_modules.train import compile_model
+        from aiayn.lightning_modules.run.train import compile_model
 
         compile_model(models["aiayn"], args.compile, dynamic=False)  # the bench's batch has one shape
     trainers = {impl: Trainer(impl, models[impl], cfg, batch, device) for impl in impls}

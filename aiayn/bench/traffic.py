@@ -79,7 +79,7 @@ def loss_traffic(vocab: int, d_model: int, positions: int, *, autocast: bool = T
     `loss_fn`: the function to count (default: aiayn's projected_label_smoothed_loss)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from aiayn.lightning_modules.loss import projected_label_smoothed_loss
+    from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 
     loss_fn = loss_fn or projected_label_smoothed_loss
     with FakeTensorMode():

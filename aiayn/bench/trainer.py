@@ -46,9 +46,9 @@ from aiayn.bench import BenchOptions
 from aiayn.bench.run import _cpu_name, _sync, bench_config, resolve_device, time_steps, training_batch
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
-from aiayn.lightning_modules.callbacks import RNGStates
-from aiayn.lightning_modules.loss import projected_label_smoothed_loss
-from aiayn.lightning_modules.module import TranslationModule
+from aiayn.lightning_modules.run.callbacks import RNGStates
+from aiayn.lightning_modules.run.module import TranslationModule
+from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 
 log = logging.getLogger(__name__)
 

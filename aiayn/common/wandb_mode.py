@@ -7,7 +7,7 @@
 3. Otherwise offline: nothing to log in with, and a run must not stop for a prompt. The log says so,
    with how to go online or upload later (`wandb sync`).
 
-Used by training runs (lightning_modules/train.py) and by `aiayn report --wandb`.
+Used by training runs (lightning_modules/run/train.py) and by `aiayn report --wandb`.
 """
 
 from __future__ import annotations

@@ -298,7 +298,7 @@ def sdpa_case(q, k, v, mask, causal: bool, backward: bool) -> dict:
     PyTorch's first reason), and the largest difference of the default output from float32 math."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from aiayn.lightning_modules.model import attention
+    from aiayn.lightning_modules.transformer.model import attention
 
     def call():
         qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
@@ -407,7 +407,7 @@ def training_losses(device: torch.device, precision: str, cfg, batch: dict, step
     """The module's per-token losses over `steps` Trainer steps on `batch` at `precision`, from seed 0's weights,
     at learning rate BF16_LR from the first step (warmup 1; the schedule's factor set for it)."""
     from aiayn.bench.trainer import batch_loader, lightning_trainer, on_device
-    from aiayn.lightning_modules.module import TranslationModule
+    from aiayn.lightning_modules.run.module import TranslationModule
 
     torch.manual_seed(0)
     module = TranslationModule(cfg, warmup=1, lr_factor=BF16_LR * cfg.d_model**0.5)
@@ -422,8 +422,8 @@ def check_bf16_loss(ctx: Context) -> Result:
     the same function), the same initial weights and batch, through Lightning's Trainer and the module's loss; the
     loss of step 1 (same weights) and of step 2 (after one Adam step from each one's own gradients)."""
     from aiayn.bench.run import training_batch
-    from aiayn.lightning_modules.config import TransformerConfig
-    from aiayn.lightning_modules.spec import resolve
+    from aiayn.lightning_modules.run.spec import resolve
+    from aiayn.lightning_modules.transformer.config import TransformerConfig
 
     cfg = TransformerConfig.from_dict(resolve("base", "tiny").model.to_dict() | {"P_drop": 0.0})
     batch = training_batch(cfg, 1024 if ctx.cuda else CPU_TOKENS, 32)
@@ -517,7 +517,7 @@ SYNC_WARMUP, SYNC_STEPS = 3, 10  # the window: the end of step 3 to the end of s
 def sync_options(ctx: Context):
     """The run the sync check counts: `aiayn train`'s defaults (the progress bar on, a log step every
     log_every_n_steps = 10, so step 10 of the window is one) on one GPU in bf16-mixed, tiny preset."""
-    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.lightning_modules.run.options import TrainOptions
 
     return TrainOptions(preset="tiny", out=str(ctx.scratch / "syncs"), cache_dir=ctx.opts.cache_dir,
                         accelerator="gpu", devices=1, precision="bf16-mixed",
@@ -529,7 +529,7 @@ def check_syncs(ctx: Context) -> Result:
     module, build_trainer's callbacks, CSV logger, checkpoints) with its defaults, the progress bar and a log step
     included (`sync_options`); counted over 10 steps after 3 (SyncCounter). Pass at SYNC_BUDGET per step or
     fewer."""
-    from aiayn.lightning_modules.train import Hooks, train
+    from aiayn.lightning_modules.run.train import Hooks, train
 
     warmup, steps = SYNC_WARMUP, SYNC_STEPS
     counter = SyncCounter(warmup, steps)

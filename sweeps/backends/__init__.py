@@ -29,11 +29,11 @@ from aiayn.ablations.presets import Preset, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules import loggers
-from aiayn.lightning_modules.corpora import canonical_corpus, corpus_dirname
-from aiayn.lightning_modules.options import TrainOptions, resolved_run
-from aiayn.lightning_modules.rundir import OutDir, RunMetrics
-from aiayn.lightning_modules.spec import RunSpec, resolve
+from aiayn.lightning_modules.data.corpora import canonical_corpus, corpus_dirname
+from aiayn.lightning_modules.run import loggers
+from aiayn.lightning_modules.run.options import TrainOptions, resolved_run
+from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
+from aiayn.lightning_modules.run.spec import RunSpec, resolve
 from aiayn.sweeps import books
 from aiayn.sweeps.books import Pair, PairState
 
@@ -108,7 +108,7 @@ def make_sweep(pairs: list[Pair], train: TrainOptions, *, storage: str | None = 
 
 
 def write_resolved(path: Path, spec: RunSpec, driver: str) -> Path:
-    """The row as this driver resolved it, for a process of its own to train (lightning_modules/options.py)."""
+    """The row as this driver resolved it, for a process of its own to train (lightning_modules/run/options.py)."""
     return atomic_write_json(path, resolved_run(spec.to_dict(), driver))
 
 

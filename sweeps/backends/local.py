@@ -9,9 +9,9 @@ import sys
 
 from aiayn.common.errors import UserError
 from aiayn.common.lifetime import die_with_parent
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import RunMetrics
-from aiayn.lightning_modules.spec import RunSpec
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import RunMetrics
+from aiayn.lightning_modules.run.spec import RunSpec
 from aiayn.sweeps.backends import Sweep, register
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
 
@@ -21,7 +21,7 @@ def _forkserver():
     from it instead of starting a fresh interpreter: importing torch + Lightning takes ~5 s, a tenth of a tiny row.
     (Forked from the forkserver, not from this multi-threaded driver, which fork() would make unsafe.)"""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["aiayn.lightning_modules.train"])
+    ctx.set_forkserver_preload(["aiayn.lightning_modules.run.train"])
     return ctx
 
 
@@ -38,7 +38,7 @@ def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: in
 
     from aiayn.common.errors import print_error
     from aiayn.common.logs import configure_logging
-    from aiayn.lightning_modules.train import train
+    from aiayn.lightning_modules.run.train import train
 
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)

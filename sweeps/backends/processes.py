@@ -11,8 +11,8 @@ from pathlib import Path
 from aiayn.common.errors import UserError
 from aiayn.common.lifetime import DIE_WITH_PARENT
 from aiayn.common.options import to_argv
-from aiayn.lightning_modules.options import TrainOptions
-from aiayn.lightning_modules.rundir import RunMetrics
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.sweeps.backends import Sweep, register, write_resolved
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
 

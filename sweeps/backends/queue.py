@@ -19,8 +19,8 @@ from optuna.trial import TrialState
 from aiayn.ablations.table import MAX_SEED, select_rows
 from aiayn.common.locks import file_lock
 from aiayn.common.text import clock
-from aiayn.lightning_modules.corpora import corpus_dirname
-from aiayn.lightning_modules.rundir import RunMetrics
+from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep
 from aiayn.sweeps.books import Pair

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.rundir import OutDir
+from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, make_sweep, register
 from aiayn.sweeps.books import Pair

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.config import BOS, EOS, PAD
+from aiayn.lightning_modules.transformer.config import BOS, EOS, PAD
 
 # A batch's padded tensors may hold at most this many times its budget of real target tokens: a guard for
 # pathological batches (long sources with short targets), not a limit that sorted batches normally reach.

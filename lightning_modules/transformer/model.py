@@ -3,11 +3,11 @@
 Read top to bottom against the paper: config, scaled dot-product and multi-head attention
 (Eq. 1, Fig. 2, §3.2), position-wise FFN (Eq. 2, §3.3), positional encodings (§3.5), encoder and
 decoder layers and stacks (§3.1, Fig. 1), tied embeddings × √d_model (§3.4), and incremental
-decoding with a key/value cache. No Lightning here: training lives in `lightning_modules.module`.
+decoding with a key/value cache. No Lightning here: training lives in `lightning_modules.run.module`.
 
 The paper is the default. Every deviation is one named config field and is said where it acts:
 `norm_first` (pre-LN instead of the paper's post-LN), `pe="none"` and `pe="rope"` (beyond the paper). The config,
-`TransformerConfig`, is lightning_modules/config.py's (no torch there).
+`TransformerConfig`, is lightning_modules/transformer/config.py's (no torch there).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.lightning_modules.config import BOS, EOS, PAD, PE_KINDS, UNK, TransformerConfig
+from aiayn.lightning_modules.transformer.config import BOS, EOS, PAD, PE_KINDS, UNK, TransformerConfig
 
 # The config (one flat dataclass named with the paper's symbols) and the reserved ids live beside this file,
 # without torch, so that the command line and the sweeps can read configs without importing it.

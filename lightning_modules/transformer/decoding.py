@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from aiayn.lightning_modules.config import PAPER_DECODING, Decoding
-from aiayn.lightning_modules.model import BOS, PAD, UNK, Transformer
+from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
+from aiayn.lightning_modules.transformer.model import BOS, PAD, UNK, Transformer
 
 NEVER_GENERATED = (PAD, BOS, UNK)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import UnsafeFile, atomic_torch_save, load_torch_file, sha256_bytes
-from aiayn.lightning_modules.callbacks import RUN_FILES
-from aiayn.lightning_modules.rundir import RunConfig, RunDir
+from aiayn.lightning_modules.run.callbacks import RUN_FILES
+from aiayn.lightning_modules.run.rundir import RunConfig, RunDir
 
 # What a checkpoint for translation keeps; the rest (optimizer, loops, RNG states) is for resuming training.
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")

@@ -18,7 +18,7 @@ checkpoints, and preemption under SLURM.
 - :class:`SigtermWithTheStep`: under DDP, SIGTERM rides in the step's one all-reduce instead of Lightning's
   per-batch broadcast and device read, and every rank stops at the same step.
 - :class:`RunFilesInCheckpoint` puts the run's resolved config and its tokenizer into every
-  checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/translate.py); it is the
+  checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/use/translate.py); it is the
   checkpoint's one config (the modules keep no Lightning hyper-parameters). :class:`LogRunConfig` gives the same
   config to the loggers.
 
@@ -56,7 +56,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from aiayn.common.files import atomic_torch_save, sha256_bytes
-from aiayn.lightning_modules.rundir import REQUEUE_CHECKPOINT
+from aiayn.lightning_modules.run.rundir import REQUEUE_CHECKPOINT
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ never loses the curves of its earlier attempts:
   is set, and SQLite is its documented local default; artifacts in `OUT/mlartifacts`), or wherever
   MLFLOW_TRACKING_URI points (a server); one experiment per sweep, `aiayn-PRESET-CORPUS`, so that MLflow's UI
   compares a sweep's rows and seeds side by side, unless MLFLOW_EXPERIMENT_NAME says otherwise.
-- wandb: lightning_modules/wandb_run.py (W&B's own conventions: one W&B run per run directory online).
+- wandb: lightning_modules/run/wandb_run.py (W&B's own conventions: one W&B run per run directory online).
 
 The default is csv, and tensorboard when it is installed: both are plain files, work offline and need no account,
 server or setup; tensorboard is an extra (`aiayn[tensorboard]`), so without it the default stays csv alone rather
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.corpora import corpus_dirname
+from aiayn.lightning_modules.data.corpora import corpus_dirname
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def build(names: tuple[str, ...], run, config, *, rank_zero: bool, out_root=None
         elif name == "mlflow" and rank_zero:
             out.append(_mlflow(run, config, version, out_root if out_root is not None else run.path))
         elif name == "wandb" and rank_zero:
-            from aiayn.lightning_modules import wandb_run
+            from aiayn.lightning_modules.run import wandb_run
 
             logger = wandb_run.wandb_logger(run, config)
             out += [logger] if logger is not None else []

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from aiayn.lightning_modules.config import PAD
+from aiayn.lightning_modules.transformer.config import PAD
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, int]:

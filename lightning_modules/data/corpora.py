@@ -3,7 +3,7 @@ registry of kinds.
 
 `resolve_corpus(name, ...)` gives a corpus by name (`--data`): the built-in synthetic corpus (generated), Multi30k
 (a local copy, or downloaded), WMT14 En-De (a local copy, or the Hub's wmt/wmt14 de-en), the user's `files`, or any
-Hugging Face dataset, `hf:NAME[:CONFIG]` (lightning_modules/hf_corpus.py). What it gives is a directory of files
+Hugging Face dataset, `hf:NAME[:CONFIG]` (lightning_modules/data/hf_corpus.py). What it gives is a directory of files
 (a `Path`) or a dataset read where `datasets` keeps it (an `HFText`); `read_parallel`, `parallel_text` and
 `split_identity` read either. Each kind is a `Corpus` in `CORPORA`; a new corpus is one class and one line there.
 Every problem with a user's files is a one-line UserError naming the file and the fix.
@@ -26,7 +26,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_open, atomic_symlink
 from aiayn.common.names import check_name
 from aiayn.common.text import NotUTF8, utf8_lines
-from aiayn.lightning_modules.hf_corpus import HFRef, HFText, is_hf, open_dataset, parse_splits
+from aiayn.lightning_modules.data.hf_corpus import HFRef, HFText, is_hf, open_dataset, parse_splits
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class Corpus(ABC):
 
 
 class Synthetic(Corpus):
-    """The built-in English -> German-like corpus (lightning_modules/synthetic.py), generated once into the cache:
+    """The built-in English -> German-like corpus (lightning_modules/data/synthetic.py), generated once into the cache:
     `synthetic`, sentences of 5-10 words; `synthetic-20` and `synthetic-40`, the same grammar and lexicon with
     sentences of 5-20 and 5-40 words (more clauses, so more dependencies per sentence and longer ones)."""
 
@@ -284,7 +284,7 @@ class Synthetic(Corpus):
             self.name = f"synthetic-{max_words}"
 
     def find(self, data_dir, cache_dir, src_lang, tgt_lang) -> Path:
-        from aiayn.lightning_modules import synthetic  # lazy: only this corpus needs it
+        from aiayn.lightning_modules.data import synthetic  # lazy: only this corpus needs it
 
         words = self.max_words or synthetic.MAX_WORDS
         suffix = "" if self.max_words is None else f"-w{words}"

@@ -25,7 +25,7 @@ from dataclasses import asdict
 
 from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.common.wandb_mode import wandb_mode
-from aiayn.lightning_modules.rundir import RunConfig, RunDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import RunConfig, RunDir, RunMetrics
 
 log = logging.getLogger(__name__)
 

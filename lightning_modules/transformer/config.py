@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 # The reserved ids of the one joint vocabulary (§3.4); the data pipeline's SentencePiece model is trained with
-# exactly these (lightning_modules/tokenizer.py), and decoding starts at BOS and stops at EOS.
+# exactly these (lightning_modules/data/tokenizer.py), and decoding starts at BOS and stops at EOS.
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
@@ -112,7 +112,7 @@ class TransformerConfig:
 
 @dataclass(frozen=True)
 class Decoding:
-    """How a model translates (lightning_modules/decoding.py): beam size (1: greedy), the length penalty α of
+    """How a model translates (transformer/decoding.py): beam size (1: greedy), the length penalty α of
     lp(Y) = ((5 + |Y|) / 6)^α (Wu et al., 2016), and the longest output, source length + `extra_len`."""
 
     beam: int = 4

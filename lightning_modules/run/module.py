@@ -21,11 +21,11 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from aiayn.lightning_modules.config import PAPER_DECODING, Decoding
-from aiayn.lightning_modules.decoding import translate_batch
-from aiayn.lightning_modules.evaluate import bleu, nll_sum
-from aiayn.lightning_modules.loss import projected_label_smoothed_loss
-from aiayn.lightning_modules.model import Transformer, TransformerConfig
+from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
+from aiayn.lightning_modules.transformer.decoding import translate_batch
+from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+from aiayn.lightning_modules.use.evaluate import bleu, nll_sum
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

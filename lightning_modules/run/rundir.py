@@ -56,8 +56,8 @@ from aiayn.common.files import (
 from aiayn.common.locks import is_held, try_lock
 from aiayn.common.names import under
 from aiayn.common.secrets import redact_obj
-from aiayn.lightning_modules.corpora import corpus_dirname
-from aiayn.lightning_modules.spec import RunSpec
+from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.run.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ class RunConfig:
     train: TrainPlan
     tokenizer_file: str = "tokenizer.model"
     tokenizer_sha256: str | None = None  # None until the tokenizer exists
-    options: dict = field(default_factory=dict)  # the TrainOptions that made it (lightning_modules/options.py)
+    options: dict = field(default_factory=dict)  # the TrainOptions that made it (lightning_modules/run/options.py)
     schema: int = SCHEMA
 
     @property

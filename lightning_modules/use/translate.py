@@ -29,15 +29,15 @@ import torch
 
 from aiayn.common.errors import UserError
 from aiayn.common.text import NotUTF8, utf8_lines
-from aiayn.lightning_modules.bleu import bleu
-from aiayn.lightning_modules.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_config
-from aiayn.lightning_modules.config import PAPER_DECODING
-from aiayn.lightning_modules.decoding import beam_search, greedy
-from aiayn.lightning_modules.devices import autocast, resolve_precision
-from aiayn.lightning_modules.evaluate import nll_sum
-from aiayn.lightning_modules.model import BOS, EOS, PAD, Transformer
-from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, ModelSource
-from aiayn.lightning_modules.rundir import RunConfig, RunDir
+from aiayn.lightning_modules.run.devices import autocast, resolve_precision
+from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS, ModelSource
+from aiayn.lightning_modules.run.rundir import RunConfig, RunDir
+from aiayn.lightning_modules.transformer.config import PAPER_DECODING
+from aiayn.lightning_modules.transformer.decoding import beam_search, greedy
+from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, Transformer
+from aiayn.lightning_modules.use.bleu import bleu
+from aiayn.lightning_modules.use.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_config
+from aiayn.lightning_modules.use.evaluate import nll_sum
 
 
 def pick_device(device: str) -> torch.device:
@@ -284,7 +284,10 @@ def evaluation(translator, sources: Sequence[str], references: Sequence[str], na
 def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str | None = None) -> tuple[list, list]:
     """Sources and references of a split of the corpus a model was trained on (`data`: the corpus
     identity its checkpoint records); `data_dir` where the corpus's files are now, if they moved."""
-    from aiayn.lightning_modules.corpora import read_parallel, resolve_corpus  # lazily: translating needs no corpus
+    from aiayn.lightning_modules.data.corpora import (  # lazily: translating needs no corpus
+        read_parallel,
+        resolve_corpus,
+    )
 
     if not data.get("corpus"):
         raise UserError("the checkpoint does not name its corpus; pass --src FILE --ref FILE instead of --split")

@@ -15,11 +15,11 @@ from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, 
 from aiayn.ablations.presets import Preset, get_preset, scale
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.config import PE_KINDS, TransformerConfig
-from aiayn.lightning_modules.corpora import canonical_corpus
+from aiayn.lightning_modules.data.corpora import canonical_corpus
+from aiayn.lightning_modules.transformer.config import PE_KINDS, TransformerConfig
 
 if TYPE_CHECKING:  # the options of `aiayn train`, which are above this module
-    from aiayn.lightning_modules.options import TrainOptions
+    from aiayn.lightning_modules.run.options import TrainOptions
 
 MIN_MODEL_MAX_LEN = 512  # positions the model covers at least (dev and test sentences are longer than training's)
 

@@ -42,12 +42,12 @@ from aiayn.ablations.knobs import KNOBS
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_directory, check_new_directory, sha256_bytes
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules.config import PE_KINDS
-from aiayn.lightning_modules.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
-from aiayn.lightning_modules.options import CT2_QUANTIZATIONS, ExportOptions
+from aiayn.lightning_modules.run.options import CT2_QUANTIZATIONS, ExportOptions
+from aiayn.lightning_modules.transformer.config import PE_KINDS
+from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
 
 if TYPE_CHECKING:
-    from aiayn.lightning_modules.rundir import RunConfig
+    from aiayn.lightning_modules.run.rundir import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ def export(opts: ExportOptions) -> Path:
     """`aiayn export`: the model of `opts.model` in `opts.format` at `opts.out`, written atomically. Every
     refusal (a non-empty --out, no checkpoint, a row Marian cannot express, a missing package) comes before
     anything is written."""
-    from aiayn.lightning_modules.translate import Translator
+    from aiayn.lightning_modules.use.translate import Translator
 
     if not opts.out:
         raise UserError("pass --out DIR, the directory to write")
@@ -394,7 +394,7 @@ def run_summary(config: RunConfig | None, run_dir: str | None) -> dict:
            "deviations": [d.text for d in spec.deviations] if spec else [],
            "paper": asdict(spec.paper) if spec else None}  # fmt: skip
     if run_dir:
-        from aiayn.lightning_modules.rundir import RunDir
+        from aiayn.lightning_modules.run.rundir import RunDir
 
         metrics = RunDir(Path(run_dir)).read_metrics()
         if metrics is not None and metrics.completed:

@@ -7,7 +7,7 @@ cheap and harmless (the loser of a race overwrites an identical file).
 - `encode_split` encodes each split once into a `.pt` file (flat int32 ids + offsets), a slice of sentences at a
   time; `EncodedPairs` is the dataset of sentence pairs over it.
 
-A corpus is a directory of files or a Hugging Face dataset (lightning_modules/corpora.py); both are read as
+A corpus is a directory of files or a Hugging Face dataset (lightning_modules/data/corpora.py); both are read as
 sequences of sentences (`corpora.parallel_text`), a dataset's from its Arrow files in slices, never copied.
 """
 
@@ -28,8 +28,8 @@ from torch.utils.data import Dataset
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_torch_save, sha256_file
-from aiayn.lightning_modules.config import BOS, EOS, PAD, UNK
-from aiayn.lightning_modules.corpora import corpus_dirname, parallel_text, split_identity
+from aiayn.lightning_modules.data.corpora import corpus_dirname, parallel_text, split_identity
+from aiayn.lightning_modules.transformer.config import BOS, EOS, PAD, UNK
 
 log = logging.getLogger(__name__)
 

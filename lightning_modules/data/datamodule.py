@@ -1,11 +1,10 @@
 """The LightningDataModule: corpus → joint SentencePiece BPE → cached ids → token-bucket batches.
 
-Each stage is its own module: lightning_modules/corpora.py (the corpora and reading them),
-lightning_modules/tokenizer.py (SentencePiece and the encoded cache), lightning_modules/batching.py (the token-
-bucket sampler, the resumable loader, collation). `TranslationDataModule` wires them together for Lightning. With
-several devices the Trainer must be built with `use_distributed_sampler=False`: the sampler shards by rank
-itself, and Lightning cannot inject a `DistributedSampler` into a custom batch sampler.
-"""
+Each stage is its own module in lightning_modules/data/: corpora.py (the corpora and reading them), tokenizer.py
+(SentencePiece and the encoded cache), batching.py (the token-bucket sampler, the resumable loader, collation).
+`TranslationDataModule` wires them together for Lightning. With several devices the Trainer must be built with
+`use_distributed_sampler=False`: the sampler shards by rank itself, and Lightning cannot inject a
+`DistributedSampler` into a custom batch sampler."""
 
 from __future__ import annotations
 
@@ -19,10 +18,9 @@ import lightning.pytorch as pl
 import torch
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.batching import ResumableDataLoader, TokenBucketSampler, collate, padding_stats
-from aiayn.lightning_modules.config import BOS, EOS, PAD, UNK
-from aiayn.lightning_modules.corpora import SPLITS, default_cache_dir, parallel_text, read_parallel, resolve_corpus
-from aiayn.lightning_modules.tokenizer import (
+from aiayn.lightning_modules.data.batching import ResumableDataLoader, TokenBucketSampler, collate, padding_stats
+from aiayn.lightning_modules.data.corpora import SPLITS, default_cache_dir, parallel_text, read_parallel, resolve_corpus
+from aiayn.lightning_modules.data.tokenizer import (
     EncodedPairs,
     encode_split,
     encoded_cache_path,
@@ -30,12 +28,13 @@ from aiayn.lightning_modules.tokenizer import (
     spm_cache_prefix,
     train_spm,
 )
+from aiayn.lightning_modules.transformer.config import BOS, EOS, PAD, UNK
 
 log = logging.getLogger(__name__)
 
 # re-exported for the modules that build batches the way training does (translate, bench)
 __all__ = ["TranslationDataModule", "collate", "derive_accumulation"]
-from aiayn.lightning_modules.batching import derive_accumulation  # noqa: E402
+from aiayn.lightning_modules.data.batching import derive_accumulation  # noqa: E402
 
 
 def ignore_requeue_signal(worker_id: int) -> None:

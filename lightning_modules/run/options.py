@@ -14,8 +14,8 @@ from aiayn.ablations.knobs import format_overrides, parse_overrides, set_help
 from aiayn.ablations.presets import PRESETS
 from aiayn.common.errors import UserError
 from aiayn.common.options import config_values, did_you_mean, option, read_mapping, type_name, value_matches
-from aiayn.lightning_modules.config import PAPER_DECODING
-from aiayn.lightning_modules.corpora import CORPORA
+from aiayn.lightning_modules.data.corpora import CORPORA
+from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
 
 @dataclass
@@ -311,7 +311,7 @@ CT2_QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfl
 @dataclass
 class ExportOptions:
     """`aiayn export`: a trained model for Hugging Face Transformers (MarianMTModel and a fast tokenizer, with a
-    model card; optionally pushed to the Hub) or CTranslate2 (lightning_modules/export.py)."""
+    model card; optionally pushed to the Hub) or CTranslate2 (lightning_modules/use/export.py)."""
 
     model: ModelSource = field(default_factory=ModelSource)
     format: str = option("hf", "hf: a MarianMTModel + tokenizer directory with a model card; ctranslate2: a "

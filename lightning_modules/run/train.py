@@ -32,9 +32,11 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import check_writable_dir, sha256_file
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
-from aiayn.lightning_modules import disk, wandb_run
-from aiayn.lightning_modules import loggers as run_loggers
-from aiayn.lightning_modules.callbacks import (
+from aiayn.lightning_modules.data.corpora import check_corpus_options
+from aiayn.lightning_modules.data.datamodule import TranslationDataModule, derive_accumulation
+from aiayn.lightning_modules.run import disk, wandb_run
+from aiayn.lightning_modules.run import loggers as run_loggers
+from aiayn.lightning_modules.run.callbacks import (
     AtomicCheckpointIO,
     LogRunConfig,
     RNGStates,
@@ -43,9 +45,7 @@ from aiayn.lightning_modules.callbacks import (
     StepCheckpoints,
     slurm_parts,
 )
-from aiayn.lightning_modules.corpora import check_corpus_options
-from aiayn.lightning_modules.data import TranslationDataModule, derive_accumulation
-from aiayn.lightning_modules.devices import (
+from aiayn.lightning_modules.run.devices import (
     autocast,
     data_workers,
     pad_multiple,
@@ -53,11 +53,11 @@ from aiayn.lightning_modules.devices import (
     resolve_precision,
     uses_cuda,
 )
-from aiayn.lightning_modules.evaluate import evaluate
-from aiayn.lightning_modules.module import Diverged, TranslationModule
-from aiayn.lightning_modules.options import DECODE_MAX_TOKENS, TRAINER_DEFAULTS, TrainOptions, options_record
-from aiayn.lightning_modules.rundir import DataIdentity, OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
-from aiayn.lightning_modules.spec import RunSpec, spec_of
+from aiayn.lightning_modules.run.module import Diverged, TranslationModule
+from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS, TRAINER_DEFAULTS, TrainOptions, options_record
+from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
+from aiayn.lightning_modules.run.spec import RunSpec, spec_of
+from aiayn.lightning_modules.use.evaluate import evaluate
 
 log = logging.getLogger(__name__)
 

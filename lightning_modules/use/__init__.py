@@ -1,0 +1,3 @@
+"""aiayn.lightning_modules.use: using a trained model: checkpoints (load, average), translation, evaluation and BLEU,
+export (Hugging Face Marian, CTranslate2).
+"""
