@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from aiayn import __version__
@@ -35,7 +34,7 @@ from aiayn.lightning_modules.run.options import EvalOptions, ExportOptions, Trai
 from aiayn.sweeps.books import report_dir
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
-from aiayn.sweeps.table3 import SweepOptions, exit_status
+from aiayn.sweeps.table3 import SweepOptions, exit_status, summary_line
 
 log = logging.getLogger("aiayn")
 
@@ -48,43 +47,21 @@ HPO_SKIP = ("train.progress",)
 
 
 def cmd_rows(args) -> None:
-    import pandas as pd
-
-    from aiayn.ablations.knobs import MODEL_KEYS
     from aiayn.ablations.presets import get_preset
-    from aiayn.ablations.table import select_rows
-    from aiayn.lightning_modules.run.spec import resolve
+    from aiayn.reports.rows import rows_records, rows_text
 
     preset = get_preset(args.preset)
-    tables = tuple(args.table or ())
-    records = []
-    for name in select_rows(args.rows, include_extended=args.extended, tables=tables):
-        s = resolve(name, preset, tables=tables)
-        records.append({
-            "row": s.row, "group": s.group,
-            **{k if k != "P_drop" else "p_drop": getattr(s.model, k) for k in MODEL_KEYS},
-            "train_steps": s.train_steps, "params": s.model.params(), "paper_ppl": s.paper.ppl,
-            "paper_bleu": s.paper.bleu, "paper_params_m": s.paper.params_m, "note": s.note, "preset": preset.name,
-            "corpus": s.corpus, "vocab_size": s.model.vocab_size,
-        })  # fmt: skip
-    if args.format == "json":
-        print(json.dumps(records, indent=2))
-        return
-    df = pd.DataFrame(records).drop(columns=["preset", "corpus", "vocab_size"])
-    df["params"] = (df["params"] / 1e6).map("{:.1f}M".format)
-    if not df["note"].any():
-        df = df.drop(columns=["note"])
-    print(f"preset {preset.name}: {preset.description}")
-    print(f"rule: {preset.rule()}")
-    print(df.to_string(index=False, na_rep=""))
+    records = rows_records(args.rows, preset, extended=args.extended, tables=tuple(args.table or ()))
+    print(json.dumps(records, indent=2) if args.format == "json" else rows_text(records, preset))
 
 
 def cmd_train(args) -> None:
-    from aiayn.lightning_modules.run.train import plan, train
+    from aiayn.lightning_modules.run.spec import spec_for
+    from aiayn.lightning_modules.run.train import plan, train, with_recorded_tokenizer
 
     opts = from_args(TrainOptions, args)
-    spec = _spec_of(opts, args)
-    opts = _with_config_tokenizer(opts, args, spec)
+    spec = spec_for(opts, args.recorded)
+    opts = with_recorded_tokenizer(opts, spec, args.recorded)
     if args.print_config:
         from aiayn.lightning_modules.run.disk import estimate
 
@@ -103,102 +80,27 @@ def cmd_train(args) -> None:
         )
 
 
-def _spec_of(opts: TrainOptions, args):
-    """The run to train, resolved once: from the table, or, with --config of a run's config.json naming this row and
-    preset, that run's own recorded spec (so the run is reproduced even when its table changed since or is not at
-    hand), with the command line's --set on top."""
-    from aiayn.lightning_modules.run.spec import RunSpec, resolve, spec_of
-
-    recorded = getattr(args, "config_spec", None)
-    if not recorded or recorded.get("row") != opts.row or recorded.get("preset", {}).get("name") != opts.preset:
-        return spec_of(opts)
-    try:
-        spec = RunSpec.from_dict(recorded)
-    except ValueError as e:
-        raise UserError(f"--config: the run it records is not one aiayn wrote ({e})") from None
-    if getattr(args, "config_resolved", False):  # a sweep's driver resolved it for this process: as it is
-        return spec
-    spec = spec.with_overrides(opts.overrides)
-    try:
-        now = resolve(opts.row, opts.preset, tables=opts.table).knobs
-    except UserError:
-        now = None  # the table is not at hand: the config's row is all there is
-    if now is not None and now != spec.knobs:
-        changed = {k: (spec.knobs.get(k), v) for k, v in now.items() if spec.knobs.get(k) != v}
-        log.warning("row %s of the config file differs from its table now (config, table: %s); training the config "
-                    "file's", opts.row, changed)  # fmt: skip
-    return spec
-
-
-def _with_config_tokenizer(opts: TrainOptions, args, spec) -> TrainOptions:
-    """With --config RUN/config.json for a run elsewhere: RUN's tokenizer.model, when it is the one that
-    config.json names (so the run is reproduced even where the cache holds another tokenizer)."""
-    if not args.config or opts.tokenizer or getattr(args, "config_spec", None) is None:
-        return opts
-    from aiayn.common.files import sha256_file
-    from aiayn.lightning_modules.run.rundir import OutDir
-
-    source = Path(args.config_source).parent
-    sibling = source / "tokenizer.model"
-    recorded = args.config_tokenizer
-    elsewhere = OutDir(opts.out).run_of(spec, opts.seed).path.resolve() != source.resolve()
-    if recorded and elsewhere and sibling.is_file() and sha256_file(sibling) == recorded:
-        return replace(opts, tokenizer=str(sibling))
-    return opts
-
-
 def cmd_eval(args) -> None:
-    from aiayn.lightning_modules.use.ct2 import load_translator
-    from aiayn.lightning_modules.use.translate import read_sentences, split_of
+    from aiayn.lightning_modules.use.commands import evaluate_test_set
 
-    opts = from_args(EvalOptions, args)
-    if (opts.src is None) != (opts.ref is None):
-        raise UserError("pass both --src FILE and --ref FILE (or --split dev|test)")
-    if opts.src and opts.split:
-        raise UserError("--split and --src/--ref each name a test set; pass one of them")
-    if opts.src:  # read (and checked) before the model loads
-        sources, refs = read_sentences(opts.src, "--src"), read_sentences(opts.ref, "--ref")
-        test_set = {"src": opts.src, "ref": opts.ref}
-    translator = load_translator(opts.model)
-    if not opts.src:
-        test_set = {"split": opts.split or "dev", "corpus": translator.data.get("corpus")}
-        sources, refs = split_of(translator.data, test_set["split"], opts.data_dir, opts.cache_dir)
-    print(json.dumps({**test_set, **translator.evaluate(sources, refs, name="--src line")}, indent=2))
+    print(json.dumps(evaluate_test_set(from_args(EvalOptions, args)), indent=2))
 
 
 def cmd_score(args) -> None:
-    from aiayn.lightning_modules.use.bleu import bleu
-    from aiayn.lightning_modules.use.translate import read_sentences
+    from aiayn.lightning_modules.use.commands import score_files
 
-    hyps, refs = read_sentences(args.hyp, "--hyp"), read_sentences(args.ref, "--ref")
-    if len(hyps) != len(refs) or not refs:
-        raise UserError(
-            f"--hyp {args.hyp} has {len(hyps)} lines and --ref {args.ref} has {len(refs)}; pass line-aligned, "
-            "non-empty files (one sentence per line)"
-        )
-    result = bleu(hyps, refs, lang=args.lang)
+    result = score_files(args.hyp, args.ref, args.lang)
     if args.json:
-        print(json.dumps({**result, "n_sentences": len(refs)}, indent=2))
+        print(json.dumps(result, indent=2))
     else:
         print(f"BLEU {result['bleu']:.2f} ({result['bleu_signature']})")
         print(f"tokenized BLEU {result['tok_bleu']:.2f} ({result['tok_bleu_label']})")
 
 
 def cmd_translate(args) -> None:
-    from aiayn.common.files import atomic_write_text, check_writable_file
-    from aiayn.lightning_modules.use.ct2 import load_translator
-    from aiayn.lightning_modules.use.translate import read_sentences
+    from aiayn.lightning_modules.use.commands import translate_file
 
-    opts = from_args(TranslateOptions, args)
-    if opts.output:
-        check_writable_file(opts.output, "--output")
-    lines = read_sentences(opts.input)  # all of it, checked, before anything is decoded or written
-    translator = load_translator(opts.model)
-    text = "".join(line + "\n" for line in translator.translate(lines, name="input line"))
-    if opts.output:
-        atomic_write_text(opts.output, text)
-    else:
-        sys.stdout.write(text)
+    translate_file(from_args(TranslateOptions, args))
 
 
 def cmd_export(args) -> None:
@@ -209,13 +111,9 @@ def cmd_export(args) -> None:
 
 
 def cmd_average(args) -> None:
-    from aiayn.common.files import check_writable_file
-    from aiayn.lightning_modules.use.checkpoints import average, last_checkpoints
+    from aiayn.lightning_modules.use.commands import average_last
 
-    check_writable_file(args.out, "--out")
-    chosen = last_checkpoints(args.run, args.last)
-    out = average(chosen, args.out)
-    print(f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {out}")
+    print(average_last(args.run, args.last, args.out))
 
 
 def cmd_bench(args) -> None:
@@ -239,17 +137,10 @@ def cmd_doctor(args) -> None:
 
 
 def _report(runs_dir, out_dir, preset: str | None, wandb: bool = False) -> None:
-    """Write the report of `runs_dir` into `out_dir` and print the files written; with `wandb`, log each
-    report to W&B (its table and its files)."""
-    from aiayn.reports.build import command_line, write_reports
+    from aiayn.reports.build import report
 
-    paths = write_reports(runs_dir, out_dir, preset=preset)
-    for path in paths:
+    for path in report(runs_dir, out_dir, preset, wandb=wandb):
         print(path)
-    if wandb:
-        from aiayn.reports.wandb_export import log_reports
-
-        log_reports(paths, command_line(runs_dir, out_dir, preset))
 
 
 def cmd_report(args) -> None:
@@ -276,9 +167,7 @@ def cmd_table3(args) -> None:
     if opts.storage:
         check_url(opts.storage)  # before the sweep takes its setup lock under --out
     summary = run_table3(opts)
-    print(f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed, "
-          f"{summary.get('diverged', 0)} diverged of {summary['ran']} run ({summary['pairs']} pairs in the table)"
-          f"; `aiayn status {opts.train.out}` lists each pair")  # fmt: skip
+    print(summary_line(summary, opts))
     if report:
         from aiayn.lightning_modules.run.loggers import of as loggers_of
 
@@ -301,7 +190,7 @@ def cmd_hpo(args) -> None:
 
 
 def cmd_slurm(args) -> None:
-    from aiayn.sweeps.backends.slurm import SlurmBackend
+    from aiayn.sweeps.backends.slurm import SlurmBackend, summary_text
 
     opts = from_args(SlurmOptions, args, kind=args.slurm_command)
     if _print_config(opts, args):
@@ -310,19 +199,7 @@ def cmd_slurm(args) -> None:
     summary = backend.launch(sweep, sweep.pairs)
     if opts.dry_run and summary.get("text"):
         sys.stdout.write(summary["text"])
-    print(f"# slurm {opts.kind} {opts.train.preset}: {summary['pairs']} pairs, {summary['completed']} completed, "
-          f"{summary['in_slurm']} queued or running, {summary['pending']} "
-          f"{'to submit (dry run: nothing submitted)' if opts.dry_run else 'submitted'}"
-          + (f"; job {summary['job']}, script {summary['script']}" if summary["job"] else "")
-          + (f"; script {summary['script']}" if opts.dry_run and summary["script"] else ""))  # fmt: skip
-    if summary.get("disk"):
-        print(f"# {summary['disk']}")
-    if summary.get("report_job"):
-        print(f"# report: job {summary['report_job']} writes it when the array has ended (--dependency=afterany:"
-              f"{summary['job']}); script {summary['report_script']}")  # fmt: skip
-    elif summary.get("report_script") and opts.dry_run:
-        print(f"# report: script {summary['report_script']}, submitted after the array with "
-              f"`sbatch --dependency=afterany:<array job> {summary['report_script']}`")  # fmt: skip
+    print(summary_text(summary, opts))
     results = summary.get("results", {})
     for pair, status in results.items():
         print(f"{pair}: {status}")
@@ -340,50 +217,10 @@ def cmd_status(args) -> None:
     sys.stdout.write(json.dumps(found, indent=2) + "\n" if args.json else render(found))
 
 
-# what an option's value completes to: names (rows, presets, loggers, corpora) or paths
-NAME_OPTIONS = {"--row": "rows", "--rows": "rows", "--preset": "presets", "--logger": "loggers", "--data": "corpora"}
-FILE_OPTIONS = ("--table", "--config", "--ckpt", "--tokenizer", "--input", "--output", "--space", "--hyp", "--ref",
-                "--src", "--json")  # fmt: skip
-DIR_OPTIONS = ("--out", "--runs", "--run", "--data-dir", "--cache-dir", "--ct2", "--report")
-
-
-def _completion_names() -> dict[str, list[str]]:
-    from aiayn.ablations.presets import PRESETS
-    from aiayn.ablations.table import load_rows
-    from aiayn.lightning_modules.data.corpora import CORPORA
-    from aiayn.lightning_modules.run.loggers import KINDS
-
-    rows = load_rows()
-    return {"rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
-            "presets": list(PRESETS), "loggers": list(KINDS), "corpora": [*CORPORA, "hf:"]}  # fmt: skip
-
-
-def _mark_completions(parser: argparse.ArgumentParser, shtab, names: dict[str, list[str]]) -> None:
-    """Tell shtab what each option's value is: one of `names` (a completion function per kind, below), a file or
-    a directory; every subcommand's parser likewise."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):
-                _mark_completions(sub, shtab, names)
-            continue
-        flags = set(action.option_strings)
-        kind = next((NAME_OPTIONS[f] for f in flags if f in NAME_OPTIONS), None)
-        if kind is not None:
-            action.complete = {"bash": f"_aiayn_{kind}", "zsh": "(" + " ".join(names[kind]) + ")"}
-        elif flags & set(FILE_OPTIONS):
-            action.complete = shtab.FILE
-        elif flags & set(DIR_OPTIONS):
-            action.complete = shtab.DIRECTORY
-
-
 def cmd_completion(args) -> None:
-    import shtab  # a maintained generator of completion scripts from argparse parsers
+    from aiayn.completion import completion_script
 
-    parser, names = build_parser(), _completion_names()
-    _mark_completions(parser, shtab, names)
-    preamble = {"bash": "\n".join(f'_aiayn_{kind}() {{ compgen -W "{" ".join(words)}" -- "$1"; }}'
-                                  for kind, words in names.items())}  # fmt: skip
-    sys.stdout.write(shtab.complete(parser, shell=args.shell, preamble=preamble))
+    sys.stdout.write(completion_script(build_parser(), args.shell))
 
 
 def cmd_sweep_export(args) -> None:
@@ -595,15 +432,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = _parse_known(parser, argv)
     if getattr(args, "config", None) and hasattr(args, "options_of"):  # (bench's --config is its own)
         cls, skip, command, sub = args.options_of
-        values, spec, source, tokenizer, resolved = {}, None, None, None, False
+        values, recorded = {}, None
         for path in args.config:
             if cls is TrainOptions:  # a YAML file of options, or a run's own config.json (its spec comes too)
                 from aiayn.lightning_modules.run.options import read_config_file
 
                 config = read_config_file(path)
                 layer = config.values
-                if config.spec is not None:
-                    spec, source, tokenizer, resolved = config.spec, path, config.tokenizer_sha256, config.resolved
+                recorded = config if config.spec is not None else recorded
             else:
                 doc = read_mapping(path, f"a YAML file of `{command}` options (e.g. what --print-config prints)")
                 layer = config_values(cls, doc, f"config {path}", command, skip=skip)
@@ -612,8 +448,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 values[key] = {**values[key], **value} if both else value
         sub.set_defaults(**defaults_of(cls, values, skip=skip))
         args = _parse_known(parser, argv)
-        args.config_spec, args.config_source, args.config_tokenizer = spec, source, tokenizer
-        args.config_resolved = resolved
+        args.recorded = recorded  # the last run config.json among them (its spec, tokenizer and path)
+    else:
+        args.recorded = None
     return args
 
 

@@ -97,6 +97,17 @@ def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None) -> l
     return written
 
 
+def report(runs_dir, out_dir, preset: str | None = None, *, wandb: bool = False) -> list[Path]:
+    """`aiayn report` (and a sweep's --report): write the reports of `runs_dir` into `out_dir`; with `wandb`, log
+    each to W&B as well (its table and its files). The files written."""
+    paths = write_reports(runs_dir, out_dir, preset=preset)
+    if wandb:
+        from aiayn.reports.wandb_export import log_reports
+
+        log_reports(paths, command_line(runs_dir, out_dir, preset))
+    return paths
+
+
 def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: Path, command: str) -> list[Path]:
     name = report_name(preset, data)
     runs = _dedupe(runs)

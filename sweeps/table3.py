@@ -55,6 +55,13 @@ def exit_status(summary: dict, fail_on_diverged: bool = False) -> int:
     return int(bool(summary.get("failed")) or (fail_on_diverged and bool(summary.get("diverged"))))
 
 
+def summary_line(summary: dict, opts: SweepOptions) -> str:
+    """What `aiayn table3` prints when its sweep ends: completed, failed and diverged of what it ran."""
+    return (f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed, "
+            f"{summary.get('diverged', 0)} diverged of {summary['ran']} run ({summary['pairs']} pairs in the table)"
+            f"; `aiayn status {opts.train.out}` lists each pair")  # fmt: skip
+
+
 def build_sweep(opts: SweepOptions) -> Sweep:
     """The sweep resolved once: its pairs, and each row's spec (the runs get theirs from here)."""
     preset = get_preset(opts.train.preset)

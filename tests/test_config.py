@@ -75,7 +75,7 @@ def test_the_config_files_row_is_trained_even_when_its_table_changed(tmp_path, c
     assert main(["train", "--config", str(tmp_path / "config.json"), "--print-config"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["spec"]["model"]["d_ff"] == 1024  # 4096 at width 1/4, as the config file says
-    assert "WARNING aiayn: row wide-ff of the config file differs from its table now" in err
+    assert "WARNING aiayn.lightning_modules.run.spec: row wide-ff of the config file differs from its table now" in err
     assert "'d_ff': (1024, 2048)" in err
     table.unlink()  # the table is gone: the config file's row is all there is
     assert printed(capsys, "--config", str(tmp_path / "config.json"))["spec"]["model"]["d_ff"] == 1024
@@ -147,12 +147,13 @@ def _count_lookups(monkeypatch) -> dict:
 
 def _child_spec(argv: list[str]):
     """The spec a run's own process trains for `aiayn ARGV` (its `aiayn train` command line), in this process."""
-    from aiayn.cli import _spec_of, parse
+    from aiayn.cli import parse
     from aiayn.common.options import from_args
     from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.spec import spec_for
 
     args = parse(argv)
-    return _spec_of(from_args(TrainOptions, args), args)
+    return spec_for(from_args(TrainOptions, args), args.recorded)
 
 
 def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkeypatch):

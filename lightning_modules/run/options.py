@@ -219,6 +219,7 @@ class ConfigFile:
     spec: dict | None = None
     tokenizer_sha256: str | None = None
     resolved: bool = False  # written by a sweep's driver (resolved_run): train its spec as it is
+    source: str | None = None  # the file's path
 
 
 # The key that marks a file as a run resolved by a sweep's driver for a process of its own (a subprocess, a SLURM array
@@ -241,7 +242,7 @@ def read_config_file(path: str | Path) -> ConfigFile:
     values = config_values(TrainOptions, (doc["options"] if is_run else doc) or {}, f"config {path}", "aiayn train")
     if not is_run:
         return ConfigFile(values)
-    return ConfigFile(values, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"), RESOLVED_KEY in doc)
+    return ConfigFile(values, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"), RESOLVED_KEY in doc, str(path))
 
 
 @dataclass

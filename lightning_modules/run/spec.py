@@ -8,6 +8,7 @@ ways the run leaves the paper (`deviations`, structured: each has a kind and its
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,9 @@ from aiayn.lightning_modules.data.corpora import canonical_corpus
 from aiayn.lightning_modules.transformer.config import PE_KINDS, TransformerConfig
 
 if TYPE_CHECKING:  # the options of `aiayn train`, which are above this module
-    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.options import ConfigFile, TrainOptions
+
+log = logging.getLogger(__name__)
 
 MIN_MODEL_MAX_LEN = 512  # positions the model covers at least (dev and test sentences are longer than training's)
 
@@ -170,3 +173,29 @@ def spec_of(opts: TrainOptions) -> RunSpec:
     reproduced even when its table or preset changed since."""
     return resolve(opts.row, opts.preset, tables=opts.table, overrides=opts.overrides, corpus=opts.data,
                    vocab_size=opts.vocab_size)  # fmt: skip
+
+
+def spec_for(opts: TrainOptions, recorded: ConfigFile | None = None) -> RunSpec:
+    """The run `aiayn train` trains, resolved once: from the table (`spec_of`), or, with --config of a run's
+    config.json (`recorded`) naming this row and preset, that run's own recorded spec (so the run is reproduced even
+    when its table changed since or is not at hand), with the command line's --set on top. A file a sweep's driver
+    resolved for this process (`recorded.resolved`) is trained as it is."""
+    spec = recorded.spec if recorded is not None else None
+    if not spec or spec.get("row") != opts.row or (spec.get("preset") or {}).get("name") != opts.preset:
+        return spec_of(opts)
+    try:
+        run = RunSpec.from_dict(spec)
+    except ValueError as e:
+        raise UserError(f"--config: the run it records is not one aiayn wrote ({e})") from None
+    if recorded.resolved:
+        return run
+    run = run.with_overrides(opts.overrides)
+    try:
+        now = resolve(opts.row, opts.preset, tables=opts.table).knobs
+    except UserError:
+        now = None  # the table is not at hand: the config's row is all there is
+    if now is not None and now != run.knobs:
+        changed = {k: (run.knobs.get(k), v) for k, v in now.items() if run.knobs.get(k) != v}
+        log.warning("row %s of the config file differs from its table now (config, table: %s); training the config "
+                    "file's", opts.row, changed)  # fmt: skip
+    return run

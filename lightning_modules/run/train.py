@@ -54,7 +54,13 @@ from aiayn.lightning_modules.run.devices import (
     uses_cuda,
 )
 from aiayn.lightning_modules.run.module import Diverged, TranslationModule
-from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS, TRAINER_DEFAULTS, TrainOptions, options_record
+from aiayn.lightning_modules.run.options import (
+    DECODE_MAX_TOKENS,
+    TRAINER_DEFAULTS,
+    ConfigFile,
+    TrainOptions,
+    options_record,
+)
 from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
 from aiayn.lightning_modules.use.evaluate import evaluate
@@ -233,6 +239,19 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     result["eval_time_s"] = time.perf_counter() - evaluating
     result["wall_time_s"] = time.perf_counter() - started
     return record(trainer, module, p, opts, hooks, result)
+
+
+def with_recorded_tokenizer(opts: TrainOptions, spec: RunSpec, recorded: ConfigFile | None) -> TrainOptions:
+    """With --config RUN/config.json of a run elsewhere (`recorded`): RUN's tokenizer.model, when it is the one that
+    config.json names (so the run is reproduced even where the cache holds another tokenizer)."""
+    if recorded is None or recorded.spec is None or opts.tokenizer or not recorded.tokenizer_sha256:
+        return opts
+    source = Path(recorded.source).parent
+    sibling = source / "tokenizer.model"
+    elsewhere = OutDir(opts.out).run_of(spec, opts.seed).path.resolve() != source.resolve()
+    if elsewhere and sibling.is_file() and sha256_file(sibling) == recorded.tokenizer_sha256:
+        return replace(opts, tokenizer=str(sibling))
+    return opts
 
 
 def compile_model(model, how: str, dynamic: bool = True) -> None:

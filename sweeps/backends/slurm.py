@@ -60,3 +60,23 @@ def _live_jobs_or_none() -> set[str]:
     except UserError as e:  # squeue failed: every SLURM-held pair shows as not held, and the user is told why
         log.warning("%s; SLURM tasks are shown as not running", e)
         return set()
+
+
+def summary_text(summary: dict, opts) -> str:
+    """What `aiayn slurm` prints of a launch (`summary`, SlurmBackend.launch's) for its options `opts` (SlurmOptions):
+    the pairs, queued or submitted, the job and script, the disk estimate and the report's job, as # lines."""
+    dry = opts.dry_run
+    lines = [f"# slurm {opts.kind} {opts.train.preset}: {summary['pairs']} pairs, {summary['completed']} completed, "
+             f"{summary['in_slurm']} queued or running, {summary['pending']} "
+             f"{'to submit (dry run: nothing submitted)' if dry else 'submitted'}"
+             + (f"; job {summary['job']}, script {summary['script']}" if summary["job"] else "")
+             + (f"; script {summary['script']}" if dry and summary["script"] else "")]  # fmt: skip
+    if summary.get("disk"):
+        lines.append(f"# {summary['disk']}")
+    if summary.get("report_job"):
+        lines.append(f"# report: job {summary['report_job']} writes it when the array has ended "
+                     f"(--dependency=afterany:{summary['job']}); script {summary['report_script']}")  # fmt: skip
+    elif summary.get("report_script") and dry:
+        lines.append(f"# report: script {summary['report_script']}, submitted after the array with "
+                     f"`sbatch --dependency=afterany:<array job> {summary['report_script']}`")  # fmt: skip
+    return "\n".join(lines)

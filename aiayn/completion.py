@@ -1,0 +1,53 @@
+"""`aiayn completion bash|zsh`: shell completion from the command line's own parsers (shtab, a maintained generator
+of completion scripts from argparse), with the values that are names (rows, presets, loggers, corpora) completed from
+the data, and files and directories where an option takes a path."""
+
+from __future__ import annotations
+
+import argparse
+
+# what an option's value completes to: names (rows, presets, loggers, corpora) or paths
+NAME_OPTIONS = {"--row": "rows", "--rows": "rows", "--preset": "presets", "--logger": "loggers", "--data": "corpora"}
+FILE_OPTIONS = ("--table", "--config", "--ckpt", "--tokenizer", "--input", "--output", "--space", "--hyp", "--ref",
+                "--src", "--json")  # fmt: skip
+DIR_OPTIONS = ("--out", "--runs", "--run", "--data-dir", "--cache-dir", "--ct2", "--report")
+
+
+def _completion_names() -> dict[str, list[str]]:
+    from aiayn.ablations.presets import PRESETS
+    from aiayn.ablations.table import load_rows
+    from aiayn.lightning_modules.data.corpora import CORPORA
+    from aiayn.lightning_modules.run.loggers import KINDS
+
+    rows = load_rows()
+    return {"rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
+            "presets": list(PRESETS), "loggers": list(KINDS), "corpora": [*CORPORA, "hf:"]}  # fmt: skip
+
+
+def _mark_completions(parser: argparse.ArgumentParser, shtab, names: dict[str, list[str]]) -> None:
+    """Tell shtab what each option's value is: one of `names` (a completion function per kind, below), a file or
+    a directory; every subcommand's parser likewise."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _mark_completions(sub, shtab, names)
+            continue
+        flags = set(action.option_strings)
+        kind = next((NAME_OPTIONS[f] for f in flags if f in NAME_OPTIONS), None)
+        if kind is not None:
+            action.complete = {"bash": f"_aiayn_{kind}", "zsh": "(" + " ".join(names[kind]) + ")"}
+        elif flags & set(FILE_OPTIONS):
+            action.complete = shtab.FILE
+        elif flags & set(DIR_OPTIONS):
+            action.complete = shtab.DIRECTORY
+
+
+def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
+    """The completion script of `parser` (the `aiayn` parser) for `shell`."""
+    import shtab
+
+    names = _completion_names()
+    _mark_completions(parser, shtab, names)
+    preamble = {"bash": "\n".join(f'_aiayn_{kind}() {{ compgen -W "{" ".join(words)}" -- "$1"; }}'
+                                  for kind, words in names.items())}  # fmt: skip
+    return shtab.complete(parser, shell=shell, preamble=preamble)

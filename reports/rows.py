@@ -1,0 +1,38 @@
+"""`aiayn rows`: the Table 3 rows resolved at a preset, before anything trains: their knobs, steps and parameter
+counts beside the paper's numbers, as records (JSON) or a table for reading."""
+
+from __future__ import annotations
+
+from aiayn.ablations.knobs import MODEL_KEYS
+from aiayn.ablations.presets import Preset
+from aiayn.ablations.table import select_rows
+from aiayn.lightning_modules.run.spec import resolve
+
+
+def rows_records(rows: str | None, preset: Preset, *, extended: bool = False, tables: tuple[str, ...] = ()) -> list:
+    """One record per selected row (`rows`: ids and/or groups, comma-separated; None: every paper row), resolved at
+    `preset`."""
+    records = []
+    for name in select_rows(rows, include_extended=extended, tables=tables):
+        s = resolve(name, preset, tables=tables)
+        records.append({
+            "row": s.row, "group": s.group,
+            **{k if k != "P_drop" else "p_drop": getattr(s.model, k) for k in MODEL_KEYS},
+            "train_steps": s.train_steps, "params": s.model.params(), "paper_ppl": s.paper.ppl,
+            "paper_bleu": s.paper.bleu, "paper_params_m": s.paper.params_m, "note": s.note, "preset": preset.name,
+            "corpus": s.corpus, "vocab_size": s.model.vocab_size,
+        })  # fmt: skip
+    return records
+
+
+def rows_text(records: list, preset: Preset) -> str:
+    """The records as a table to read: the preset and its rule, then a row a line (parameters in millions; the note
+    column only where a row has one)."""
+    import pandas as pd
+
+    df = pd.DataFrame(records).drop(columns=["preset", "corpus", "vocab_size"])
+    df["params"] = (df["params"] / 1e6).map("{:.1f}M".format)
+    if not df["note"].any():
+        df = df.drop(columns=["note"])
+    return "\n".join([f"preset {preset.name}: {preset.description}", f"rule: {preset.rule()}",
+                      df.to_string(index=False, na_rep="")])  # fmt: skip
