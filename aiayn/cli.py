@@ -41,6 +41,7 @@ log = logging.getLogger("aiayn")
 # Options a sweep sets for each of its runs, not the user.
 PER_RUN = ("train.row", "train.seed", "train.progress")
 HPO_SKIP = ("train.progress",)
+EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens")  # what an export does not read
 
 
 # ---- one run
@@ -83,7 +84,9 @@ def cmd_train(args) -> None:
 def cmd_eval(args) -> None:
     from aiayn.lightning_modules.use.commands import evaluate_test_set
 
-    print(json.dumps(evaluate_test_set(from_args(EvalOptions, args)), indent=2))
+    opts = from_args(EvalOptions, args)
+    if not _print_config(opts, args):
+        print(json.dumps(evaluate_test_set(opts), indent=2))
 
 
 def cmd_score(args) -> None:
@@ -100,14 +103,17 @@ def cmd_score(args) -> None:
 def cmd_translate(args) -> None:
     from aiayn.lightning_modules.use.commands import translate_file
 
-    translate_file(from_args(TranslateOptions, args))
+    opts = from_args(TranslateOptions, args)
+    if not _print_config(opts, args):
+        translate_file(opts)
 
 
 def cmd_export(args) -> None:
     from aiayn.lightning_modules.use.export import export
 
-    out = export(from_args(ExportOptions, args))
-    print(f"exported to {out}")
+    opts = from_args(ExportOptions, args)
+    if not _print_config(opts, args):
+        print(f"exported to {export(opts)}")
 
 
 def cmd_average(args) -> None:
@@ -128,7 +134,10 @@ def cmd_bench(args) -> None:
 def cmd_doctor(args) -> None:
     from aiayn.doctor.checks import main as doctor_main
 
-    status = doctor_main(from_args(DoctorOptions, args))
+    opts = from_args(DoctorOptions, args)
+    if _print_config(opts, args):
+        return
+    status = doctor_main(opts)
     if status:
         raise SystemExit(status)
 
@@ -320,13 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split")
     add_options(e, EvalOptions)
+    _config_arguments(e, EvalOptions, "aiayn eval")
     e.set_defaults(func=cmd_eval)
     tr = sub.add_parser("translate", help="translate sentences (a file or stdin) with a run or a checkpoint")
     add_options(tr, TranslateOptions)
+    _config_arguments(tr, TranslateOptions, "aiayn translate")
     tr.set_defaults(func=cmd_translate)
 
     ex = sub.add_parser("export", help="a trained model for Hugging Face Transformers (MarianMTModel) or CTranslate2")
-    add_options(ex, ExportOptions, skip=("model.ct2", "model.device", "model.max_tokens"))
+    add_options(ex, ExportOptions, skip=EXPORT_SKIP)
+    _config_arguments(ex, ExportOptions, "aiayn export", skip=EXPORT_SKIP)
     ex.set_defaults(func=cmd_export)
 
     sc = sub.add_parser("score", help="BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU")
@@ -343,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="check this machine's GPUs for aiayn in a few minutes: a pass/fail/skip table "
                         "and a JSON for bug reports")  # fmt: skip
     add_options(dr, DoctorOptions)
+    _config_arguments(dr, DoctorOptions, "aiayn doctor")
     dr.set_defaults(func=cmd_doctor)
 
     t3 = sub.add_parser("table3", help="run Table 3 as a sweep (Optuna keeps the books), then write the report")

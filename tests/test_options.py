@@ -14,7 +14,8 @@ from aiayn import __version__
 from aiayn.bench import BenchOptions
 from aiayn.cli import build_parser
 from aiayn.common.options import from_args, to_argv
-from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.doctor import DoctorOptions
+from aiayn.lightning_modules.run.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
 from aiayn.sweeps.table3 import SweepOptions
@@ -109,6 +110,10 @@ CONFIGURED = {
     "slurm table3": (SlurmOptions, ["--partition", "gpu", "--time", "01:00:00", "--seeds", "2", "--preset", "small",
                                     "--setup", "module load cuda"]),
     "slurm train": (SlurmOptions, ["--row", "B1", "--gpus-per-node", "2", "--sbatch=--qos=high"]),
+    "eval": (EvalOptions, ["--run", "r", "--split", "test", "--beam", "2"]),
+    "translate": (TranslateOptions, ["--ckpt", "m.ckpt", "--alpha", "0.7", "--output", "o.txt"]),
+    "export": (ExportOptions, ["--run", "r", "--out", "x", "--format", "ctranslate2", "--quantization", "int8"]),
+    "doctor": (DoctorOptions, ["--steps", "5"]),
 }  # fmt: skip
 
 
@@ -128,7 +133,8 @@ def test_print_config_is_yaml_that_config_reads_back_as_the_same_options(command
     opts, _ = _options(command, argv)
     assert main([*command.split(), *argv, "--print-config"]) == 0
     printed = capsys.readouterr().out
-    assert isinstance(yaml.safe_load(printed), dict) and "train" in yaml.safe_load(printed)
+    first = "train" if "train" in {f.name for f in dataclasses.fields(CONFIGURED[command][0])} else None
+    assert isinstance(yaml.safe_load(printed), dict) and (first is None or first in yaml.safe_load(printed))
     (tmp_path / "c.yaml").write_text(printed)
     again, _ = _options(command, ["--config", str(tmp_path / "c.yaml")])
     assert again == opts != _options(command, [])[0]
