@@ -23,6 +23,7 @@ import torch
 
 from aiayn.ablations.selection import Selection
 from aiayn.cli import main
+from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps import slurm
 from aiayn.sweeps.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
@@ -98,7 +99,7 @@ def test_local_run_dir_is_refused_for_two_nodes_unless_declared_shared(tmp_path)
     assert fstype not in slurm.SHARED_FS and Path(tmp_path).resolve().is_relative_to(mount)
     resources = SlurmResources(nodes=2, gpus_per_node=8, partition="p", time="1:00:00")
     opts = slurm_opts(out=str(tmp_path), resources=resources, dry_run=True)
-    with pytest.raises(slurm.UserError, match="local filesystem"):
+    with pytest.raises(UserError, match="local filesystem"):
         slurm.check(opts)
     opts.resources.assume_shared = True
     assert slurm.check(opts) == 8

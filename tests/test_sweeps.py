@@ -228,7 +228,7 @@ def test_the_package_imports_from_a_checkout_without_an_install_mapping_its_subp
     assert done.returncode == 0, done.stderr[-2000:]
     package, train = done.stdout.split()
     assert Path(package) == ROOT / "aiayn" / "__init__.py"  # the checkout's, as the forkserver would import it
-    assert Path(train) == ROOT / "lightning_modules" / "train.py"
+    assert Path(train) == ROOT / "lightning_modules" / "run" / "train.py"
 
 
 def test_a_failing_row_does_not_stop_the_sweep_and_is_retried_on_rerun(tmp_path):

@@ -7,7 +7,7 @@ with one class under `@register` (as fairseq's `register_model`), found by `load
 - `subprocess` (processes.py): each pair as a fresh `python -m aiayn train` process: what a run that starts DDP
   ranks needs (Lightning starts the other ranks by re-running the command line), and a run on GPUs of its own.
 - `slurm` (slurm.py): a SLURM job array, one task per pair (`aiayn slurm table3`), built from the sweep and the
-  SLURM options (sweeps/slurm.py).
+  SLURM options (sweeps/slurm/).
 
 The first two share Optuna's queue (queue.py: `QueueBackend`). Every back end is built from the `Sweep` (resolved
 once by its driver) plus its own options, and a run that trains in a process of its own is handed the driver's

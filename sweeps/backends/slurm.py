@@ -1,5 +1,5 @@
 """The `slurm` back end: a SLURM job array, one task per pending pair (`aiayn slurm table3`), built from the sweep and
-the SLURM options (sweeps/slurm.py writes the script and keeps the books); SLURM holds a pair's claim while it holds
+the SLURM options (sweeps/slurm/ writes the script and keeps the books); SLURM holds a pair's claim while it holds
 the array task."""
 
 from __future__ import annotations

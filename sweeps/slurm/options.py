@@ -1,0 +1,57 @@
+"""What `aiayn slurm` takes: the resources to ask SLURM for and the command's options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiayn.ablations.selection import Selection
+from aiayn.common.options import option
+from aiayn.lightning_modules.run.options import TrainOptions
+
+# Strategies that start their own processes: under srun, SLURM starts one process per device instead.
+SPAWNING = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+
+# srun runs this; `aiayn` is on PATH wherever the package is installed (jobs inherit the submitter's env).
+TRAIN = "aiayn train"
+
+
+@dataclass
+class SlurmResources:
+    """What to ask SLURM for, per array task (one run)."""
+
+    partition: str | None = option(None, "the partition (see `sinfo -s` for the cluster's)")
+    account: str | None = option(None, "the account to charge")
+    time: str | None = option(None, "time limit per attempt, HH:MM:SS or D-HH:MM:SS (SLURM's formats)")
+    nodes: int = option(1, "nodes per run (the Trainer's num_nodes)", positive=True)
+    gpus_per_node: int | None = option(None, "GPUs per node = srun tasks per node", positive=True)
+    tasks_per_node: int | None = option(None, "srun tasks per node, with --accelerator cpu", positive=True)
+    cpus_per_task: int | None = option(None, "CPU cores per srun task (OMP_NUM_THREADS follows)", positive=True)
+    mem: str | None = option(None, "memory per node, e.g. 64G (default: the partition's)")
+    signal_lead: int = option(90, "seconds between the warning signal (USR1) and the time limit", positive=True)
+    max_parallel: int | None = option(None, "array tasks running at once (default: no throttle)", positive=True)
+    setup: tuple[str, ...] = option((), "a shell line before srun, e.g. 'source venv/bin/activate' (repeatable)")
+    sbatch: tuple[str, ...] = option((), "another #SBATCH option, e.g. --qos=high (repeatable)")
+    assume_shared: bool = option(False, "--out is on a shared filesystem though /proc/mounts says not")
+
+
+def _slurm_train_template() -> TrainOptions:
+    # devices, num_nodes, strategy None: they follow the SLURM resources (checked to agree where given)
+    return TrainOptions(accelerator="gpu", devices=None, num_nodes=None, strategy=None, progress=False)
+
+
+@dataclass
+class SlurmOptions:
+    """`aiayn slurm table3|train`: what to run (table3: `select`'s rows x seeds; train: `train`'s row
+    and seed), how each run trains (`train`), what to ask SLURM for (`resources`), and whether to wait."""
+
+    kind: str = option("table3", cli=False)  # table3 | train
+    select: Selection = field(default_factory=Selection)
+    train: TrainOptions = field(default_factory=_slurm_train_template)
+    resources: SlurmResources = field(default_factory=SlurmResources)
+    report: str | None = option(
+        None, "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
+        "ended (sbatch --dependency=afterany), or here after --wait",
+    )  # fmt: skip
+    dry_run: bool = option(False, "write and print the script, submit nothing")
+    wait: bool = option(False, "block until the jobs end; exit 1 if any run did not complete")
+    poll_s: float = option(5.0, cli=False)
