@@ -96,20 +96,31 @@ def results(seconds: dict, outputs: dict, refs: list[str], lang: str) -> list[di
             "engine": name, "sentences": len(refs), "sentences_per_s": len(refs) / statistics.median(times),
             "seconds": times, "bleu": score["bleu"], "bleu_signature": score["bleu_signature"],
             "identical_to_aiayn": sum(a == b for a, b in zip(outputs[name], base)) / len(base),
+            "words_per_output": statistics.mean(len(h.split()) for h in outputs[name]),
         })  # fmt: skip
     return rows
 
 
 def table(rows: list[dict], info: dict) -> str:
     base = rows[0]["sentences_per_s"]
-    lines = ["| engine | sentences/s | × aiayn | sacreBLEU | identical to aiayn |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| engine | sentences/s | × aiayn | sacreBLEU | identical to aiayn | words per output |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
         lines.append(f"| {r['engine']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / base:.2f} | "
-                     f"{r['bleu']:.2f} | {100 * r['identical_to_aiayn']:.1f}% |")  # fmt: skip
-    lines.append(f"\n{info['sentences']} sentences, beam {info['beam']}, α {info['alpha']}, {info['threads']} "
+                     f"{r['bleu']:.2f} | {100 * r['identical_to_aiayn']:.1f}% | "
+                     f"{r['words_per_output']:.1f} |")  # fmt: skip
+    lines.append(f"\nmodel {info['model_shape']}; {info['sentences']} sentences, beam {info['beam']}, "
+                 f"α {info['alpha']}, {info['threads']} "
                  f"thread(s), median of {info['rounds']} interleaved rounds; {info['cpu']}; torch {info['torch']}, "
                  f"ctranslate2 {info['ctranslate2']}; {rows[0]['bleu_signature']}")  # fmt: skip
     return "\n".join(lines)
+
+
+def _shape(cfg) -> str:
+    return (
+        f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, h {cfg.h}, N {cfg.N}, vocabulary {cfg.vocab_size}, "
+        f"{cfg.params():,} parameters"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     info = {"sentences": len(sources), "beam": args.beam, "alpha": args.alpha, "rounds": args.rounds,
             "threads": torch.get_num_threads(), "cpu": _cpu_name(), "machine": platform.machine(),
             "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
-            "model": translators["aiayn"].checkpoints}  # fmt: skip
+            "model": translators["aiayn"].checkpoints,
+            "model_shape": _shape(translators["aiayn"].model.cfg)}  # fmt: skip
     print(table(rows, info))
     if args.json:
         Path(args.json).write_text(json.dumps({"info": info, "results": rows}, indent=2) + "\n")
