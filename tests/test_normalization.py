@@ -14,6 +14,7 @@ from aiayn.lightning_modules.run.module import TranslationModule, noam_lr
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import resolve
 from aiayn.lightning_modules.run.train import build_datamodule
+from aiayn.lightning_modules.transformer.config import TransformerConfig
 
 CFG = {"N": 1, "d_model": 16, "d_ff": 32, "h": 2, "vocab_size": 30, "P_drop": 0.0, "max_len": 64}
 
@@ -22,7 +23,7 @@ class Recording(TranslationModule):
     """Records the gradients the optimizer gets and the learning rate of every training batch."""
 
     def __init__(self, vocab_size: int = 30):
-        super().__init__({**CFG, "vocab_size": vocab_size}, warmup=4)
+        super().__init__(TransformerConfig(**{**CFG, "vocab_size": vocab_size}), warmup=4)
         self.grads: list[list[torch.Tensor]] = []
         self.lrs: list[float] = []
 
