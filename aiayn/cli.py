@@ -41,7 +41,7 @@ log = logging.getLogger("aiayn")
 # Options a sweep sets for each of its runs, not the user.
 PER_RUN = ("train.row", "train.seed", "train.progress")
 HPO_SKIP = ("train.progress",)
-EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens")  # what an export does not read
+EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens", "model.ct2_batching")  # what an export does not read
 
 
 # ---- one run

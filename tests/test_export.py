@@ -312,6 +312,8 @@ def test_ctranslate2_round_trip(trained, tmp_path, capsys):
         assert theirs[1] == "" and len(theirs) == len(src) + 1
         same = sum(a == b for a, b in zip(ours, theirs))
         assert same >= (1.0 if settings[0] == "--beam" else 0.8) * len(theirs), f"{settings}: {same} of {len(theirs)}"
+    fast = translate("--ct2", str(f32), "--ct2-batching", "sorted")  # a batch's limit is its longest source's
+    assert fast[1] == "" and len(fast) == len(src) + 1
     paper = sum(a == b for a, b in zip(translate("--run", str(run)), translate("--ct2", str(f32))))
     assert paper >= 0.8 * (len(src) + 1)
     assert len(translate("--ct2", str(int8))) == len(src) + 1

@@ -266,6 +266,12 @@ class ModelSource:
     alpha: float = option(PAPER_DECODING.alpha, "length penalty alpha; the paper's 0.6")
     extra_len: int = option(PAPER_DECODING.extra_len, "longest output = source length + this; the paper's 50")
     max_tokens: int = option(DECODE_MAX_TOKENS, "source tokens per batch, padding included", positive=True)
+    ct2_batching: str = option(
+        "same-length", "with --ct2: CTranslate2's batches: same-length (one source length a batch: exactly aiayn's "
+        "per-sentence length limits) or sorted (neighbouring lengths together, each batch limited by its longest "
+        "source: 1.7x faster at d_model 256, BENCHMARKS.md; differs only for outputs that never end)",
+        choices=("same-length", "sorted"),
+    )  # fmt: skip
 
     def kind(self) -> str:
         """Which model it names: "run", "ckpt" or "ct2"; a UserError unless exactly one, with what goes with it."""

@@ -102,7 +102,7 @@ class Ct2Translator:
     @classmethod
     def from_options(cls, opts: ModelSource) -> Ct2Translator:
         return cls(opts.ct2, device=opts.device, beam=opts.beam, alpha=opts.alpha, extra_len=opts.extra_len,
-                   max_tokens=opts.max_tokens)  # fmt: skip
+                   max_tokens=opts.max_tokens, batching=opts.ct2_batching)  # fmt: skip
 
     def translate(
         self, sentences: Sequence[str], *, beam: int | None = None, alpha: float | None = None, name: str = "sentence"
