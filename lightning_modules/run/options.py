@@ -269,7 +269,7 @@ class ModelSource:
     ct2_batching: str = option(
         "same-length", "with --ct2: CTranslate2's batches: same-length (one source length a batch: exactly aiayn's "
         "per-sentence length limits) or sorted (neighbouring lengths together, each batch limited by its longest "
-        "source: 1.7x faster at d_model 256, BENCHMARKS.md; differs only for outputs that never end)",
+        "source: 1.7-2.0x faster at d_model 256, BENCHMARKS.md; differs only for outputs that never end)",
         choices=("same-length", "sorted"),
     )  # fmt: skip
 

@@ -78,9 +78,9 @@ def _tokenizer(ckpt: dict, path: Path) -> bytes:
     return data
 
 
-def _model(ckpt: dict, path: Path) -> Transformer:
+def _model(ckpt: dict, path: Path, config: RunConfig) -> Transformer:
     """The Transformer of a checkpoint, built from its own run config (no Lightning module needed)."""
-    model = Transformer(run_config(ckpt, path).spec.model)
+    model = Transformer(config.spec.model)
     state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)
@@ -165,9 +165,9 @@ class Translator:
     @classmethod
     def _load(cls, paths: list[Path], device: str, kw: dict) -> Translator:
         ckpt = load_raw(paths[0]) if len(paths) == 1 else averaged(paths)
-        model = _model(ckpt, paths[-1])
-        proto = _tokenizer(ckpt, paths[-1])
         config = run_config(ckpt, paths[-1])
+        model = _model(ckpt, paths[-1], config)
+        proto = _tokenizer(ckpt, paths[-1])
         translator = cls(model, proto, device=device, max_len=config.data.max_len,
                          checkpoints=[str(p) for p in paths], data=config.data.to_dict(), **kw)  # fmt: skip
         translator.run_config = config  # config.json, as the checkpoint carries it
