@@ -1,8 +1,9 @@
 """`aiayn`: the command line, the top of the import graph.
 
-Each subcommand turns its arguments into the options dataclass of the layer that does the work (the
-parsers are generated from those dataclasses: aiayn.common.options), calls that layer's function,
-and prints the result. Heavy imports (torch, Lightning) happen inside the command that needs them.
+The commands are data (COMMANDS): each one a name, its options dataclass in the layer that does the work and the
+function that calls that layer and prints the result. Every parser is generated from those dataclasses
+(aiayn.common.options), with --config/--print-config on each; nothing else is decided here. Heavy imports (torch,
+Lightning, pandas) happen inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from aiayn import __version__
 from aiayn.bench import BenchOptions
@@ -25,42 +28,44 @@ from aiayn.common.options import (
     config_values,
     defaults_of,
     from_args,
-    positive_int,
     read_mapping,
     to_config,
 )
+from aiayn.completion import CompletionOptions
 from aiayn.doctor import DoctorOptions
-from aiayn.lightning_modules.run.options import EvalOptions, ExportOptions, TrainOptions, TranslateOptions
+from aiayn.lightning_modules.run.options import (
+    AverageOptions,
+    EvalOptions,
+    ExportOptions,
+    ScoreOptions,
+    TrainOptions,
+    TranslateOptions,
+)
+from aiayn.reports.options import ReportOptions
+from aiayn.reports.rows import RowsOptions
 from aiayn.sweeps.books import report_dir
+from aiayn.sweeps.export import SweepExportOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.slurm import SlurmOptions
+from aiayn.sweeps.status import StatusOptions
 from aiayn.sweeps.table3 import SweepOptions, exit_status, summary_line
 
 log = logging.getLogger("aiayn")
 
-# Options a sweep sets for each of its runs, not the user.
-PER_RUN = ("train.row", "train.seed", "train.progress")
-HPO_SKIP = ("train.progress",)
-EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens", "model.ct2_batching")  # what an export does not read
+
+# ---- one run: each command is a function of its options (and the parsed namespace, for what it alone reads)
 
 
-# ---- one run
+def cmd_rows(opts, args) -> None:
+    from aiayn.reports.rows import show_rows
+
+    print(show_rows(opts))
 
 
-def cmd_rows(args) -> None:
-    from aiayn.ablations.presets import get_preset
-    from aiayn.reports.rows import rows_records, rows_text
-
-    preset = get_preset(args.preset)
-    records = rows_records(args.rows, preset, extended=args.extended, tables=tuple(args.table or ()))
-    print(json.dumps(records, indent=2) if args.format == "json" else rows_text(records, preset))
-
-
-def cmd_train(args) -> None:
+def cmd_train(opts, args) -> None:
     from aiayn.lightning_modules.run.spec import spec_for
     from aiayn.lightning_modules.run.train import plan, train, with_recorded_tokenizer
 
-    opts = from_args(TrainOptions, args)
     spec = spec_for(opts, args.recorded)
     opts = with_recorded_tokenizer(opts, spec, args.recorded)
     if args.print_config:
@@ -81,49 +86,38 @@ def cmd_train(args) -> None:
         )
 
 
-def cmd_eval(args) -> None:
+def cmd_eval(opts, args) -> None:
     from aiayn.lightning_modules.use.commands import evaluate_test_set
 
-    opts = from_args(EvalOptions, args)
-    if not _print_config(opts, args):
-        print(json.dumps(evaluate_test_set(opts), indent=2))
+    print(json.dumps(evaluate_test_set(opts), indent=2))
 
 
-def cmd_score(args) -> None:
-    from aiayn.lightning_modules.use.commands import score_files
+def cmd_score(opts, args) -> None:
+    from aiayn.lightning_modules.use.commands import score_files, score_text
 
-    result = score_files(args.hyp, args.ref, args.lang)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"BLEU {result['bleu']:.2f} ({result['bleu_signature']})")
-        print(f"tokenized BLEU {result['tok_bleu']:.2f} ({result['tok_bleu_label']})")
+    result = score_files(opts)
+    print(json.dumps(result, indent=2) if opts.json else score_text(result))
 
 
-def cmd_translate(args) -> None:
+def cmd_translate(opts, args) -> None:
     from aiayn.lightning_modules.use.commands import translate_file
 
-    opts = from_args(TranslateOptions, args)
-    if not _print_config(opts, args):
-        translate_file(opts)
+    translate_file(opts)
 
 
-def cmd_export(args) -> None:
+def cmd_export(opts, args) -> None:
     from aiayn.lightning_modules.use.export import export
 
-    opts = from_args(ExportOptions, args)
-    if not _print_config(opts, args):
-        print(f"exported to {export(opts)}")
+    print(f"exported to {export(opts)}")
 
 
-def cmd_average(args) -> None:
+def cmd_average(opts, args) -> None:
     from aiayn.lightning_modules.use.commands import average_last
 
-    print(average_last(args.run, args.last, args.out))
+    print(average_last(opts))
 
 
-def cmd_bench(args) -> None:
-    opts = from_args(BenchOptions, args)
+def cmd_bench(opts, args) -> None:
     if opts.trainer:
         from aiayn.bench.trainer import main as bench_main
     else:
@@ -131,12 +125,9 @@ def cmd_bench(args) -> None:
     bench_main(opts)
 
 
-def cmd_doctor(args) -> None:
+def cmd_doctor(opts, args) -> None:
     from aiayn.doctor.checks import main as doctor_main
 
-    opts = from_args(DoctorOptions, args)
-    if _print_config(opts, args):
-        return
     status = doctor_main(opts)
     if status:
         raise SystemExit(status)
@@ -145,30 +136,22 @@ def cmd_doctor(args) -> None:
 # ---- many runs
 
 
-def _report(runs_dir, out_dir, preset: str | None, wandb: bool = False) -> None:
-    from aiayn.reports.build import report
-
-    for path in report(runs_dir, out_dir, preset, wandb=wandb):
+def _print_paths(paths) -> None:
+    for path in paths:
         print(path)
 
 
-def cmd_report(args) -> None:
-    from aiayn.common.files import check_writable_dir
+def cmd_report(opts, args) -> None:
+    from aiayn.reports.options import report_command
 
-    runs = args.runs or ["runs"]
-    out = args.out or str(Path(runs[0]) / "reports")
-    check_writable_dir(out, "--out")
-    _report(runs, out, args.preset, wandb=args.wandb)
+    _print_paths(report_command(opts))
 
 
-def cmd_table3(args) -> None:
+def cmd_table3(opts, args) -> None:
     from aiayn.common.files import check_writable_dir
     from aiayn.sweeps.storage import check_url
     from aiayn.sweeps.table3 import run_table3
 
-    opts = from_args(SweepOptions, args)
-    if _print_config(opts, args):
-        return
     check_writable_dir(opts.train.out, "--out")
     report = report_dir(opts.report, opts.train.out)
     if report:
@@ -179,31 +162,26 @@ def cmd_table3(args) -> None:
     print(summary_line(summary, opts))
     if report:
         from aiayn.lightning_modules.run.loggers import of as loggers_of
+        from aiayn.reports.build import report as write_report
 
-        _report(opts.train.out, report, opts.train.preset, wandb="wandb" in loggers_of(opts.train))
+        _print_paths(write_report(opts.train.out, report, opts.train.preset, wandb="wandb" in loggers_of(opts.train)))
     status = exit_status(summary, opts.fail_on_diverged)
     if status:
         raise SystemExit(status)
 
 
-def cmd_hpo(args) -> None:
+def cmd_hpo(opts, args) -> None:
     from aiayn.sweeps.hpo import run_hpo
 
-    opts = from_args(HpoOptions, args)
-    if _print_config(opts, args):
-        return
     result = run_hpo(opts)
     print(json.dumps(result, indent=2))
     if result["best_trial"] is None:
         raise SystemExit(1)  # every trial pruned or failed: a result of the search, not a usage error (2)
 
 
-def cmd_slurm(args) -> None:
+def cmd_slurm(opts, args) -> None:
     from aiayn.sweeps.backends.slurm import SlurmBackend, summary_text
 
-    opts = from_args(SlurmOptions, args, kind=args.slurm_command)
-    if _print_config(opts, args):
-        return
     backend, sweep = SlurmBackend.from_options(opts)  # checked, and the rows resolved once
     summary = backend.launch(sweep, sweep.pairs)
     if opts.dry_run and summary.get("text"):
@@ -214,35 +192,105 @@ def cmd_slurm(args) -> None:
         print(f"{pair}: {status}")
     report = report_dir(opts.report, opts.train.out)
     if opts.kind == "table3" and report and "completed" in results.values():
-        _report(opts.train.out, report, opts.train.preset)
+        from aiayn.reports.build import report as write_report
+
+        _print_paths(write_report(opts.train.out, report, opts.train.preset))
     if any(status != "completed" for status in results.values()):
         raise SystemExit(1)
 
 
-def cmd_status(args) -> None:
-    from aiayn.sweeps.status import render, sweep_status
+def cmd_status(opts, args) -> None:
+    from aiayn.sweeps.status import status_text
 
-    found = sweep_status(args.out)
-    sys.stdout.write(json.dumps(found, indent=2) + "\n" if args.json else render(found))
+    sys.stdout.write(status_text(opts))
 
 
-def cmd_completion(args) -> None:
+def cmd_completion(opts, args) -> None:
     from aiayn.completion import completion_script
 
-    sys.stdout.write(completion_script(build_parser(), args.shell))
+    sys.stdout.write(completion_script(build_parser(), opts.shell))
 
 
-def cmd_sweep_export(args) -> None:
-    from aiayn.common.files import atomic_write_text
-    from aiayn.sweeps.export import wandb_yaml
+def cmd_sweep_export(opts, args) -> None:
+    from aiayn.sweeps.export import export_sweep
 
-    if not args.wandb:
-        raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
-    text = wandb_yaml(args.preset, args.rows, args.seeds, args.extended, tuple(args.table or ()))
-    if args.out:
-        atomic_write_text(args.out, text)
-    else:
+    text = export_sweep(opts)
+    if text is not None:
         sys.stdout.write(text)
+
+
+# ---- the commands, as data: each one (name, help, options dataclass, function); the parsers are built from them
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand. `name` is its words after `aiayn` ("slurm table3"); its parser is `options`'s fields
+    (`skip`: those it does not take, by dotted path), plus --config/--print-config unless `config` is False (bench
+    reads its own); `fixed` gives the fields the command line itself decides (slurm's kind); `own_print`: `run`
+    answers --print-config itself (train prints the resolved config.json)."""
+
+    name: str
+    help: str
+    options: type
+    run: Callable[[Any, argparse.Namespace], None]
+    skip: tuple[str, ...] = ()
+    config: bool = True
+    own_print: bool = False
+    fixed: Callable[[argparse.Namespace], dict] | None = None
+    config_help: str = ""
+    print_help: str = ""
+
+
+# Options a sweep sets for each of its runs, not the user.
+PER_RUN = ("train.row", "train.seed", "train.progress")
+HPO_SKIP = ("train.progress",)
+EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens", "model.ct2_batching")  # what an export does not read
+ONE_RUN = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
+           "train.progress")  # fmt: skip
+GROUPS = {  # the commands with subcommands
+    "slurm": "submit Table 3 (or one run) to SLURM as a job array; requeued on preemption",
+    "sweep": "sweep definitions generated from ablations/",
+}
+
+
+def _slurm_kind(args) -> dict:
+    return {"kind": args.slurm_command}
+
+
+COMMANDS = (
+    Command("rows", "the Table 3 rows resolved at a preset (no training)", RowsOptions, cmd_rows),
+    Command("train", "train one (row, preset, corpus, seed); reruns resume", TrainOptions, cmd_train, own_print=True,
+            config_help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
+            "repeatable, later files over earlier ones; flags given here override them (--set and --table add to "
+            "them)", print_help="print the run's resolved config.json (JSON, which --config reads back) and exit: "
+            "nothing prepared, trained or written"),
+    Command("eval", "BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split", EvalOptions,
+            cmd_eval),
+    Command("translate", "translate sentences (a file or stdin) with a run or a checkpoint", TranslateOptions,
+            cmd_translate),
+    Command("export", "a trained model for Hugging Face Transformers (MarianMTModel) or CTranslate2", ExportOptions,
+            cmd_export, skip=EXPORT_SKIP),
+    Command("score", "BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU", ScoreOptions, cmd_score),
+    Command("bench", "training and decoding speed, side by side with peers", BenchOptions, cmd_bench, config=False),
+    Command("doctor", "check this machine's GPUs for aiayn in a few minutes: a pass/fail/skip table and a JSON for "
+            "bug reports", DoctorOptions, cmd_doctor),
+    Command("table3", "run Table 3 as a sweep (Optuna keeps the books), then write the report", SweepOptions,
+            cmd_table3, skip=PER_RUN),
+    Command("slurm table3", "one array task per pending (row, seed)", SlurmOptions, cmd_slurm, skip=PER_RUN,
+            fixed=_slurm_kind),
+    Command("slurm train", "one run", SlurmOptions, cmd_slurm, skip=ONE_RUN, fixed=_slurm_kind),
+    Command("hpo", "Optuna TPE over lr factor, warmup, dropout, label smoothing of one row", HpoOptions, cmd_hpo,
+            skip=HPO_SKIP),
+    Command("status", "the state of every (row, seed) of the sweeps under OUT: completed, running (host and age), "
+            "failed (its reason), pending; trains and writes nothing", StatusOptions, cmd_status),
+    Command("sweep export", "write a sweep definition (to stdout without --out)", SweepExportOptions,
+            cmd_sweep_export),
+    Command("report", "Table 3 report tables and plots from every metrics.json under --runs", ReportOptions,
+            cmd_report),
+    Command("completion", "print a shell completion script: `eval \"$(aiayn completion bash)\"` in ~/.bashrc (zsh: "
+            "`aiayn completion zsh > ~/.zfunc/_aiayn`)", CompletionOptions, cmd_completion),
+    Command("average", "average the last k periodic checkpoints of a run", AverageOptions, cmd_average),
+)  # fmt: skip
 
 
 # ---- the parser
@@ -260,26 +308,23 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message}; see `{self.prog} --help`")
 
 
-def _config_arguments(p, cls, command: str, *, skip=(), config_help: str = "", print_help: str = "") -> None:
-    """--config FILE and --print-config for a command whose options are the dataclass `cls`."""
-    p.add_argument("--config", metavar="FILE", action="append", default=None, help=config_help or (
+def _config_arguments(p, command: Command) -> None:
+    """--config FILE and --print-config for `command`."""
+    p.add_argument("--config", metavar="FILE", action="append", default=None, help=command.config_help or (
         "a YAML file of these options (what --print-config prints; nested by group or dotted, e.g. train.max_steps); "
         "repeatable, later files over earlier ones; flags given here override them all"))  # fmt: skip
-    p.add_argument("--print-config", action="store_true", help=print_help or (
+    p.add_argument("--print-config", action="store_true", help=command.print_help or (
         "print these options as YAML (every value, the config file included) and exit: `--config` of that file runs "
         "the same command"))  # fmt: skip
-    p.set_defaults(options_of=(cls, skip, command, p))
 
 
-def _print_config(opts, args) -> bool:
-    """With --print-config: print `opts` as the YAML that --config reads back; True when printed."""
-    if not args.print_config:
-        return False
+def _print_config(opts, command: Command) -> None:
+    """Print `opts` as the YAML that --config reads back, secrets masked."""
     import yaml
 
     from aiayn.common.secrets import redact
 
-    text = yaml.safe_dump(to_config(opts, skip=args.options_of[1]), sort_keys=False)
+    text = yaml.safe_dump(to_config(opts, skip=command.skip), sort_keys=False)
     masked = redact(text)  # a password in --storage, a key in --setup: never printed, so never in a file from it
     sys.stdout.write(masked)
     if masked != text:
@@ -288,142 +333,29 @@ def _print_config(opts, args) -> bool:
             "--storage 'postgresql://user:$PGPASSWORD@host/db', expanded from the environment)",
             file=sys.stderr,
         )
-    return True
-
-
-def _rows_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rows", default=None, help="row ids and/or groups, comma-separated (default: all paper rows)")
-    p.add_argument("--extended", action="store_true", help="include the extended rows beyond the paper")
-    p.add_argument(
-        "--table",
-        action="append",
-        metavar="FILE",
-        default=None,
-        help="a table file of your own rows, in the layout of ablations/extended.csv (repeatable)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `aiayn` parser, every subcommand built from COMMANDS."""
     p = _Parser(prog="aiayn", description="Table 3 of 'Attention Is All You Need', reproduced.")
     p.add_argument("--version", action="version", version=f"aiayn {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    r = sub.add_parser("rows", help="the Table 3 rows resolved at a preset (no training)")
-    r.add_argument("--preset", default="paper", help="the scale whose rule resolves the rows (`aiayn train --help` "
-                   "lists the presets)")  # fmt: skip
-    _rows_arguments(r)
-    r.add_argument("--format", choices=("table", "json"), default="table", help="a table for reading or JSON")
-    r.set_defaults(func=cmd_rows)
-
-    t = sub.add_parser("train", help="train one (row, preset, corpus, seed); reruns resume")
-    add_options(t, TrainOptions)
-    _config_arguments(
-        t, TrainOptions, "aiayn train",
-        config_help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
-        "repeatable, later files over earlier ones; flags given here override them (--set and --table add to them)",
-        print_help="print the run's resolved config.json (JSON, which --config reads back) and exit: nothing "
-        "prepared, trained or written",
-    )  # fmt: skip
-    t.set_defaults(func=cmd_train)
-
-    e = sub.add_parser("eval", help="BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split")
-    add_options(e, EvalOptions)
-    _config_arguments(e, EvalOptions, "aiayn eval")
-    e.set_defaults(func=cmd_eval)
-    tr = sub.add_parser("translate", help="translate sentences (a file or stdin) with a run or a checkpoint")
-    add_options(tr, TranslateOptions)
-    _config_arguments(tr, TranslateOptions, "aiayn translate")
-    tr.set_defaults(func=cmd_translate)
-
-    ex = sub.add_parser("export", help="a trained model for Hugging Face Transformers (MarianMTModel) or CTranslate2")
-    add_options(ex, ExportOptions, skip=EXPORT_SKIP)
-    _config_arguments(ex, ExportOptions, "aiayn export", skip=EXPORT_SKIP)
-    ex.set_defaults(func=cmd_export)
-
-    sc = sub.add_parser("score", help="BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU")
-    sc.add_argument("--hyp", required=True, help="detokenized system output, one sentence per line")
-    sc.add_argument("--ref", required=True, help="detokenized references, line by line with --hyp")
-    sc.add_argument("--lang", default="de", help="target language, for the Moses tokenizer of the tokenized BLEU")
-    sc.add_argument("--json", action="store_true", help="print bleu, bleu_signature, tok_bleu, tok_bleu_label as JSON")
-    sc.set_defaults(func=cmd_score)
-
-    b = sub.add_parser("bench", help="training and decoding speed, side by side with peers")
-    add_options(b, BenchOptions)
-    b.set_defaults(func=cmd_bench)
-
-    dr = sub.add_parser("doctor", help="check this machine's GPUs for aiayn in a few minutes: a pass/fail/skip table "
-                        "and a JSON for bug reports")  # fmt: skip
-    add_options(dr, DoctorOptions)
-    _config_arguments(dr, DoctorOptions, "aiayn doctor")
-    dr.set_defaults(func=cmd_doctor)
-
-    t3 = sub.add_parser("table3", help="run Table 3 as a sweep (Optuna keeps the books), then write the report")
-    add_options(t3, SweepOptions, skip=PER_RUN)
-    _config_arguments(t3, SweepOptions, "aiayn table3", skip=PER_RUN)
-    t3.set_defaults(func=cmd_table3)
-
-    sl = sub.add_parser("slurm", help="submit Table 3 (or one run) to SLURM as a job array; requeued on preemption")
-    slsub = sl.add_subparsers(dest="slurm_command", required=True, parser_class=_Parser)
-    sp = slsub.add_parser("table3", help="one array task per pending (row, seed)")
-    add_options(sp, SlurmOptions, skip=PER_RUN)
-    _config_arguments(sp, SlurmOptions, "aiayn slurm table3", skip=PER_RUN)
-    sp.set_defaults(func=cmd_slurm)
-    sp = slsub.add_parser("train", help="one run")
-    one_run = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
-               "train.progress")  # fmt: skip
-    add_options(sp, SlurmOptions, skip=one_run)
-    _config_arguments(sp, SlurmOptions, "aiayn slurm train", skip=one_run)
-    sp.set_defaults(func=cmd_slurm)
-
-    hp = sub.add_parser("hpo", help="Optuna TPE over lr factor, warmup, dropout, label smoothing of one row")
-    add_options(hp, HpoOptions, skip=HPO_SKIP)
-    _config_arguments(hp, HpoOptions, "aiayn hpo", skip=HPO_SKIP)
-    hp.set_defaults(func=cmd_hpo)
-
-    st = sub.add_parser("status", help="the state of every (row, seed) of the sweeps under OUT: completed, running "
-                        "(host and age), failed (its reason), pending; trains and writes nothing")  # fmt: skip
-    st.add_argument("out", metavar="OUT", help="the --out of an `aiayn table3` or `aiayn slurm` sweep")
-    st.add_argument("--json", action="store_true", help="print every sweep and pair as JSON, for scripts")
-    st.set_defaults(func=cmd_status)
-
-    sw = sub.add_parser("sweep", help="sweep definitions generated from ablations/")
-    swsub = sw.add_subparsers(dest="sweep_command", required=True, parser_class=_Parser)
-    ex = swsub.add_parser("export", help="write a sweep definition (to stdout without --out)")
-    ex.add_argument("--wandb", action="store_true", help="a W&B sweep YAML (grid over row x seed)")
-    ex.add_argument("--preset", default="tiny", help="the scale each run of the sweep trains at")
-    _rows_arguments(ex)
-    ex.add_argument("--seeds", type=positive_int, default=1, help="seeds 0..N-1 per row")
-    ex.add_argument("--out", default=None, help="the file to write (default: stdout)")
-    ex.set_defaults(func=cmd_sweep_export)
-
-    rp = sub.add_parser("report", help="Table 3 report tables and plots from every metrics.json under --runs")
-    rp.add_argument(
-        "--runs",
-        action="append",
-        default=None,
-        help="the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run "
-        "into separate directories into one table (default: runs)",
-    )
-    rp.add_argument("--out", default=None, help="report directory (default: the first RUNS/reports)")
-    rp.add_argument("--preset", default=None, help="only this preset (default: every preset found)")
-    rp.add_argument(
-        "--wandb",
-        action="store_true",
-        help="also log each report to W&B: the table as a wandb.Table, the files as an artifact",
-    )
-    rp.set_defaults(func=cmd_report)
-
-    c = sub.add_parser("completion", help="print a shell completion script: `eval \"$(aiayn completion bash)\"` in "
-                       "~/.bashrc (zsh: `aiayn completion zsh > ~/.zfunc/_aiayn`)")  # fmt: skip
-    c.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="the shell the script is for")
-    c.set_defaults(func=cmd_completion)
-
-    a = sub.add_parser("average", help="average the last k periodic checkpoints of a run")
-    a.add_argument("--run", required=True, help="run directory or its checkpoints/ directory")
-    a.add_argument("--last", type=positive_int, default=5, help="how many of the newest periodic checkpoints")
-    a.add_argument("--out", required=True, help="the averaged checkpoint to write (a .ckpt file)")
-    a.set_defaults(func=cmd_average)
+    groups = {}
+    for command in COMMANDS:
+        words = command.name.split()
+        where = sub
+        if len(words) == 2:
+            if words[0] not in groups:
+                group = sub.add_parser(words[0], help=GROUPS[words[0]])
+                groups[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", required=True,
+                                                        parser_class=_Parser)  # fmt: skip
+            where = groups[words[0]]
+        cp = where.add_parser(words[-1], help=command.help)
+        add_options(cp, command.options, skip=command.skip)
+        if command.config:
+            _config_arguments(cp, command)
+        cp.set_defaults(command_of=command)
     _own_parsers(p)
     return p
 
@@ -438,13 +370,14 @@ def _own_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The parsed command line. `--config FILE` (train, table3, hpo, slurm; repeatable): each FILE's options, in
+    """The parsed command line. `--config FILE` (every command but bench; repeatable): each FILE's options, in
     order, become the command's parser's defaults (argparse's own layering; a later file's value replaces an earlier
     one's, and `set`/`trainer` mappings merge key by key), so the flags given on the command line override them all."""
     parser = build_parser()
     args = _parse_known(parser, argv)
-    if getattr(args, "config", None) and hasattr(args, "options_of"):  # (bench's --config is its own)
-        cls, skip, command, sub = args.options_of
+    command = getattr(args, "command_of", None)
+    if getattr(args, "config", None) and command is not None and command.config:  # (bench's --config is its own)
+        cls, skip, sub = command.options, command.skip, args.parser_of
         values, recorded = {}, None
         for path in args.config:
             if cls is TrainOptions:  # a YAML file of options, or a run's own config.json (its spec comes too)
@@ -454,8 +387,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 layer = config.values
                 recorded = config if config.spec is not None else recorded
             else:
-                doc = read_mapping(path, f"a YAML file of `{command}` options (e.g. what --print-config prints)")
-                layer = config_values(cls, doc, f"config {path}", command, skip=skip)
+                doc = read_mapping(path, f"a YAML file of `{sub.prog}` options (e.g. what --print-config prints)")
+                layer = config_values(cls, doc, f"config {path}", sub.prog, skip=skip)
             for key, value in layer.items():
                 both = isinstance(value, dict) and isinstance(values.get(key), dict)
                 values[key] = {**values[key], **value} if both else value
@@ -502,10 +435,20 @@ def main(argv: list[str] | None = None) -> int:
         return print_error(e)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        args.func(args)
+        run(args.command_of, args)
     except UserError as e:
         return print_error(e)
     return 0
+
+
+def run(command: Command, args: argparse.Namespace) -> None:
+    """`command` with its options built from `args` (and checked: a required one missing is one line), or, with
+    --print-config, those options printed."""
+    opts = from_args(command.options, args, **(command.fixed(args) if command.fixed else {}))
+    if command.config and args.print_config and not command.own_print:
+        _print_config(opts, command)
+        return
+    command.run(opts, args)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,19 @@ the data, and files and directories where an option takes a path."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+from aiayn.common.options import option
+
+SHELLS = ("bash", "zsh", "tcsh")
+
+
+@dataclass
+class CompletionOptions:
+    """`aiayn completion SHELL`: the completion script of which shell."""
+
+    shell: str = option(help="the shell the script is for", positional=True, choices=SHELLS)
+
 
 # what an option's value completes to: names (rows, presets, loggers, corpora) or paths
 NAME_OPTIONS = {"--row": "rows", "--rows": "rows", "--preset": "presets", "--logger": "loggers", "--data": "corpora"}

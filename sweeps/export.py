@@ -8,12 +8,42 @@ command must itself start `srun` (see the README's SLURM section).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import yaml
 
 from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import select_rows
-from aiayn.common.options import to_argv
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_text
+from aiayn.common.options import option, to_argv
 from aiayn.lightning_modules.run.options import TrainOptions
+
+
+@dataclass
+class SweepExportOptions:
+    """`aiayn sweep export`: which sweep definition, over which rows and seeds, written where."""
+
+    wandb: bool = option(False, "a W&B sweep YAML (grid over row x seed)")
+    preset: str = option("tiny", "the scale each run of the sweep trains at")
+    rows: str | None = option(None, "row ids and/or groups, comma-separated (default: all paper rows)")
+    extended: bool = option(False, "include the extended rows beyond the paper")
+    table: tuple[str, ...] = option(
+        (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
+    )
+    seeds: int = option(1, "seeds 0..N-1 per row", positive=True)
+    out: str | None = option(None, "the file to write (default: stdout)")
+
+
+def export_sweep(opts: SweepExportOptions) -> str | None:
+    """`aiayn sweep export`: the definition written to `opts.out` (atomically; None returned), or returned to print."""
+    if not opts.wandb:
+        raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
+    text = wandb_yaml(opts.preset, opts.rows, opts.seeds, opts.extended, opts.table)
+    if not opts.out:
+        return text
+    atomic_write_text(opts.out, text)
+    return None
 
 
 def wandb_sweep(

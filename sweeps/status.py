@@ -5,15 +5,32 @@ reason its metrics.json gives), pending. Nothing is trained or written."""
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.common.errors import UserError
+from aiayn.common.options import option
 from aiayn.common.text import clock
 from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import backends, books
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StatusOptions:
+    """`aiayn status OUT`: the sweeps under OUT, as text or JSON."""
+
+    out: str = option(help="the --out of an `aiayn table3` or `aiayn slurm` sweep", positional=True, metavar="OUT")
+    json: bool = option(False, "print every sweep and pair as JSON, for scripts")
+
+
+def status_text(opts: StatusOptions) -> str:
+    """What `aiayn status` prints: every sweep's pairs as a table to read, or as JSON."""
+    found = sweep_status(opts.out)
+    return json.dumps(found, indent=2) + "\n" if opts.json else render(found)
 
 
 def sweep_status(out: str | Path) -> list[dict]:

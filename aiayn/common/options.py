@@ -46,12 +46,14 @@ def option(
     render=None,
     default_factory=MISSING,
     cli: bool = True,
+    positional: bool = False,
 ):
     """A dataclass field that is also a command-line option. `parse` turns the repeated string values
     of a `dict` field into the dict, `render` the dict back into those strings; `cli=False` keeps a
-    field off the command line."""
+    field off the command line; `positional` makes it an argument without a flag (`aiayn status OUT`). A field
+    without a default is required: on the command line or in a --config file (checked by :func:`from_args`)."""
     meta = {_KEY: dict(help=help, choices=choices, positive=positive, at_least=at_least, flag=flag, metavar=metavar,
-                       parse=parse, render=render, cli=cli)}  # fmt: skip
+                       parse=parse, render=render, cli=cli, positional=positional)}  # fmt: skip
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -59,7 +61,8 @@ def option(
 
 def _meta(f: dataclasses.Field) -> dict:
     return f.metadata.get(_KEY, {"cli": True, "help": "", "choices": None, "positive": False, "at_least": None,
-                                 "flag": None, "metavar": None, "parse": None, "render": None})  # fmt: skip
+                                 "flag": None, "metavar": None, "parse": None, "render": None,
+                                 "positional": False})  # fmt: skip
 
 
 def _base_type(hint):
@@ -157,9 +160,13 @@ def add_options(
             if meta["choices"]:
                 kw["choices"] = meta["choices"]
         kw["help"] = kw["help"].replace("%", "%%")  # argparse formats help with %
-        if default is MISSING:
-            kw.pop("default")
-            kw["required"] = True
+        if default is MISSING:  # required, but a --config file may give it: from_args checks that one did
+            kw["default"] = None
+            kw["help"] += " (required)" if kw["help"] else "required"
+        if meta["positional"]:
+            kw["nargs"] = "?"  # a --config file may give it; from_args says when nothing did
+            parser.add_argument(kw.pop("dest"), **kw)
+            continue
         parser.add_argument(flag_of(f), **kw)
         if prefix:  # the dotted path too (`--train.max_steps`), kept out of --help: the same option
             alias = {k: v for k, v in kw.items() if k != "required"}
@@ -169,7 +176,15 @@ def add_options(
 def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", instance=None, **fixed):
     """An instance of `cls` from a namespace that `add_options` parsed; `fixed` sets fields directly
     (skipped ones, or ones a command decides). A field the command skips keeps its default: its group's default
-    instance's (`instance`), else its class's."""
+    instance's (`instance`), else its class's. A required field that neither the command line nor a --config file
+    gave is a UserError naming every one missing, as argparse's own."""
+    missing = [flag_of(f) if not _meta(f)["positional"] else (_meta(f)["metavar"] or f.name.upper())
+               for f in fields(cls) if f.name not in fixed and _meta(f)["cli"] and _default(f) is MISSING
+               and getattr(namespace, _dest(prefix, f.name), None) is None]  # fmt: skip
+    if missing:
+        prog = getattr(getattr(namespace, "parser_of", None), "prog", "aiayn")
+        raise UserError(f"the following arguments are required: {', '.join(missing)}; give them on the command line "
+                        f"or in a --config file, see `{prog} --help`")  # fmt: skip
     hints = typing.get_type_hints(cls)
     values = {}
     for f in fields(cls):
@@ -209,7 +224,9 @@ def to_argv(obj, *, always=()) -> list[str]:
         if value == _default(f) and f.name not in always:
             continue
         flag = flag_of(f)
-        if isinstance(value, bool):
+        if meta["positional"]:
+            argv.append(str(value))
+        elif isinstance(value, bool):
             argv.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, dict):
             for item in (meta["render"] or (lambda d: [f"{k}={v}" for k, v in d.items()]))(value):

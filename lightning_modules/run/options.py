@@ -310,6 +310,25 @@ class EvalOptions:
     )
 
 
+@dataclass
+class ScoreOptions:
+    """`aiayn score`: BLEU of any system's output against references, both kinds."""
+
+    hyp: str = option(help="detokenized system output, one sentence per line", metavar="FILE")
+    ref: str = option(help="detokenized references, line by line with --hyp", metavar="FILE")
+    lang: str = option("de", "target language, for the Moses tokenizer of the tokenized BLEU")
+    json: bool = option(False, "print bleu, bleu_signature, tok_bleu, tok_bleu_label as JSON")
+
+
+@dataclass
+class AverageOptions:
+    """`aiayn average`: the last K periodic checkpoints of a run, averaged into one checkpoint."""
+
+    run: str = option(help="run directory or its checkpoints/ directory", metavar="DIR")
+    out: str = option(help="the averaged checkpoint to write (a .ckpt file)", metavar="FILE")
+    last: int = option(5, "how many of the newest periodic checkpoints", positive=True)
+
+
 # CTranslate2's weight types (ctranslate2.converters ACCEPTED_MODEL_TYPES); the CPU computes in float32, int8,
 # int8_float32 and, with Intel MKL, int16 (`ctranslate2.get_supported_compute_types("cpu")`); the others are for GPUs.
 CT2_QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")

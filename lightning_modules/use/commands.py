@@ -8,7 +8,7 @@ import sys
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
-from aiayn.lightning_modules.run.options import EvalOptions, TranslateOptions
+from aiayn.lightning_modules.run.options import AverageOptions, EvalOptions, ScoreOptions, TranslateOptions
 
 
 def evaluate_test_set(opts: EvalOptions) -> dict:
@@ -31,16 +31,22 @@ def evaluate_test_set(opts: EvalOptions) -> dict:
     return {**test_set, **translator.evaluate(sources, refs, name="--src line")}
 
 
-def score_files(hyp: str, ref: str, lang: str | None) -> dict:
+def score_files(opts: ScoreOptions) -> dict:
     """sacreBLEU and the paper's tokenized BLEU of line-aligned hypothesis and reference files."""
     from aiayn.lightning_modules.use.bleu import bleu
     from aiayn.lightning_modules.use.translate import read_sentences
 
-    hyps, refs = read_sentences(hyp, "--hyp"), read_sentences(ref, "--ref")
+    hyps, refs = read_sentences(opts.hyp, "--hyp"), read_sentences(opts.ref, "--ref")
     if len(hyps) != len(refs) or not refs:
-        raise UserError(f"--hyp {hyp} has {len(hyps)} lines and --ref {ref} has {len(refs)}; pass line-aligned, "
-                        "non-empty files (one sentence per line)")  # fmt: skip
-    return {**bleu(hyps, refs, lang=lang), "n_sentences": len(refs)}
+        raise UserError(f"--hyp {opts.hyp} has {len(hyps)} lines and --ref {opts.ref} has {len(refs)}; pass "
+                        "line-aligned, non-empty files (one sentence per line)")  # fmt: skip
+    return {**bleu(hyps, refs, lang=opts.lang), "n_sentences": len(refs)}
+
+
+def score_text(result: dict) -> str:
+    """`aiayn score`'s two lines: sacreBLEU with its signature, then the tokenized BLEU with its label."""
+    return (f"BLEU {result['bleu']:.2f} ({result['bleu_signature']})\n"
+            f"tokenized BLEU {result['tok_bleu']:.2f} ({result['tok_bleu_label']})")  # fmt: skip
 
 
 def translate_file(opts: TranslateOptions) -> None:
@@ -60,11 +66,12 @@ def translate_file(opts: TranslateOptions) -> None:
         sys.stdout.write(text)
 
 
-def average_last(run: str, last: int, out: str) -> str:
-    """Average the last `last` periodic checkpoints of `run` into `out`; what was averaged, in one line."""
+def average_last(opts: AverageOptions) -> str:
+    """Average the last `opts.last` periodic checkpoints of `opts.run` into `opts.out`; what was averaged, in one
+    line."""
     from aiayn.lightning_modules.use.checkpoints import average, last_checkpoints
 
-    check_writable_file(out, "--out")
-    chosen = last_checkpoints(run, last)
-    written = average(chosen, out)
+    check_writable_file(opts.out, "--out")
+    chosen = last_checkpoints(opts.run, opts.last)
+    written = average(chosen, opts.out)
     return f"averaged {len(chosen)} checkpoints ({chosen[0].name} .. {chosen[-1].name}) into {written}"

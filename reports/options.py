@@ -1,0 +1,34 @@
+"""`aiayn report`'s options and the command: light to import (the command line builds its parser from them), the
+report itself (pandas, matplotlib) imported only when one is written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiayn.common.files import check_writable_dir
+from aiayn.common.options import option
+
+
+@dataclass
+class ReportOptions:
+    """`aiayn report`: which runs, reported where, for which preset, and whether to W&B too."""
+
+    runs: tuple[str, ...] = option(
+        (), "the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run into "
+        "separate directories into one table (default: runs)",
+    )  # fmt: skip
+    out: str | None = option(None, "report directory (default: the first RUNS/reports)")
+    preset: str | None = option(None, "only this preset (default: every preset found)")
+    wandb: bool = option(False, "also log each report to W&B: the table as a wandb.Table, the files as an artifact")
+
+
+def report_command(opts: ReportOptions) -> list[Path]:
+    """`aiayn report`: the reports of `opts.runs` (default: runs) written into `opts.out` (default: the first
+    RUNS/reports), checked writable before anything is read. The files written."""
+    from aiayn.reports.build import report
+
+    runs = list(opts.runs) or ["runs"]
+    out = opts.out or str(Path(runs[0]) / "reports")
+    check_writable_dir(out, "--out")
+    return report(runs, out, opts.preset, wandb=opts.wandb)
