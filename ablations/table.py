@@ -18,6 +18,7 @@ from pathlib import Path
 from aiayn.ablations.knobs import PAPER_BASE, TABLE_KNOBS, parse_value
 from aiayn.common.errors import UserError
 from aiayn.common.names import check_name
+from aiayn.common.options import option
 
 HERE = Path(__file__).resolve().parent
 TABLE_FILES = (HERE / "table3.csv", HERE / "extended.csv")
@@ -186,3 +187,19 @@ def select_rows(spec: str | None, include_extended: bool = False, tables: tuple[
                 f"unknown row or group {item!r} in --rows; rows are {', '.join(rows)}; groups are {', '.join(groups)}"
             )
     return [r for r in rows if r in chosen]
+
+
+@dataclass
+class RowChoice:
+    """Rows of the table by name (`aiayn rows`, `aiayn sweep export`): ids and groups, the extended rows, and the
+    rows of a user's own table files."""
+
+    rows: str | None = option(None, "row ids and/or groups, comma-separated (default: all paper rows)")
+    extended: bool = option(False, "include the extended rows beyond the paper")
+    table: tuple[str, ...] = option(
+        (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
+    )
+
+    def names(self) -> list[str]:
+        """The chosen row ids, in table order."""
+        return select_rows(self.rows, include_extended=self.extended, tables=self.table)

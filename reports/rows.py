@@ -4,11 +4,11 @@ counts beside the paper's numbers, as records (JSON) or a table for reading."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.ablations.presets import Preset, get_preset
-from aiayn.ablations.table import select_rows
+from aiayn.ablations.table import RowChoice
 from aiayn.common.options import option
 from aiayn.lightning_modules.run.spec import resolve
 
@@ -17,28 +17,23 @@ from aiayn.lightning_modules.run.spec import resolve
 class RowsOptions:
     """`aiayn rows`: which rows, resolved at which preset, printed how."""
 
+    select: RowChoice = field(default_factory=RowChoice)
     preset: str = option("paper", "the scale whose rule resolves the rows (`aiayn train --help` lists the presets)")
-    rows: str | None = option(None, "row ids and/or groups, comma-separated (default: all paper rows)")
-    extended: bool = option(False, "include the extended rows beyond the paper")
-    table: tuple[str, ...] = option(
-        (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
-    )
     format: str = option("table", "a table for reading or JSON", choices=("table", "json"))
 
 
 def show_rows(opts: RowsOptions) -> str:
     """What `aiayn rows` prints: the selected rows' records as JSON, or the table to read."""
     preset = get_preset(opts.preset)
-    records = rows_records(opts.rows, preset, extended=opts.extended, tables=opts.table)
+    records = rows_records(opts.select, preset)
     return json.dumps(records, indent=2) if opts.format == "json" else rows_text(records, preset)
 
 
-def rows_records(rows: str | None, preset: Preset, *, extended: bool = False, tables: tuple[str, ...] = ()) -> list:
-    """One record per selected row (`rows`: ids and/or groups, comma-separated; None: every paper row), resolved at
-    `preset`."""
+def rows_records(choice: RowChoice, preset: Preset) -> list:
+    """One record per chosen row, resolved at `preset`."""
     records = []
-    for name in select_rows(rows, include_extended=extended, tables=tables):
-        s = resolve(name, preset, tables=tables)
+    for name in choice.names():
+        s = resolve(name, preset, tables=choice.table)
         records.append({
             "row": s.row, "group": s.group,
             **{k if k != "P_drop" else "p_drop": getattr(s.model, k) for k in MODEL_KEYS},

@@ -8,12 +8,12 @@ command must itself start `srun` (see the README's SLURM section).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
 from aiayn.ablations.presets import get_preset
-from aiayn.ablations.table import select_rows
+from aiayn.ablations.table import RowChoice, select_rows
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
@@ -26,11 +26,7 @@ class SweepExportOptions:
 
     wandb: bool = option(False, "a W&B sweep YAML (grid over row x seed)")
     preset: str = option("tiny", "the scale each run of the sweep trains at")
-    rows: str | None = option(None, "row ids and/or groups, comma-separated (default: all paper rows)")
-    extended: bool = option(False, "include the extended rows beyond the paper")
-    table: tuple[str, ...] = option(
-        (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
-    )
+    select: RowChoice = field(default_factory=RowChoice)
     seeds: int = option(1, "seeds 0..N-1 per row", positive=True)
     out: str | None = option(None, "the file to write (default: stdout)")
 
@@ -39,7 +35,7 @@ def export_sweep(opts: SweepExportOptions) -> str | None:
     """`aiayn sweep export`: the definition written to `opts.out` (atomically; None returned), or returned to print."""
     if not opts.wandb:
         raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
-    text = wandb_yaml(opts.preset, opts.rows, opts.seeds, opts.extended, opts.table)
+    text = wandb_yaml(opts.preset, opts.select.rows, opts.seeds, opts.select.extended, opts.select.table)
     if not opts.out:
         return text
     atomic_write_text(opts.out, text)

@@ -127,7 +127,7 @@ CONFIGURED = {
     "translate": (TranslateOptions, ["--ckpt", "m.ckpt", "--alpha", "0.7", "--output", "o.txt"]),
     "export": (ExportOptions, ["--run", "r", "--out", "x", "--format", "ctranslate2", "--quantization", "int8"]),
     "doctor": (DoctorOptions, ["--steps", "5"]),
-    "rows": (RowsOptions, ["--preset", "tiny", "--rows", "base,A1", "--table", "t.csv", "--format", "json"]),
+    "rows": (RowsOptions, ["--preset", "tiny", "--rows", "base,A1", "--extended", "--format", "json"]),
     "score": (ScoreOptions, ["--hyp", "h.txt", "--ref", "r.txt", "--lang", "en", "--json"]),
     "average": (AverageOptions, ["--run", "r", "--out", "a.ckpt", "--last", "3"]),
     "status": (StatusOptions, ["runs", "--json"]),
