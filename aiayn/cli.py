@@ -226,7 +226,7 @@ def cmd_sweep_export(opts, args) -> None:
 class Command:
     """One subcommand. `name` is its words after `aiayn` ("slurm table3"); its parser is `options`'s fields
     (`skip`: those it does not take, by dotted path), plus --config/--print-config unless `config` is False (bench
-    reads its own); `fixed` gives the fields the command line itself decides (slurm's kind); `own_print`: `run`
+    reads its own); `fixed`: (field, value) pairs the command itself sets (slurm's kind); `own_print`: `run`
     answers --print-config itself (train prints the resolved config.json)."""
 
     name: str
@@ -236,7 +236,7 @@ class Command:
     skip: tuple[str, ...] = ()
     config: bool = True
     own_print: bool = False
-    fixed: Callable[[argparse.Namespace], dict] | None = None
+    fixed: tuple[tuple[str, Any], ...] = ()
     config_help: str = ""
     print_help: str = ""
 
@@ -251,10 +251,6 @@ GROUPS = {  # the commands with subcommands
     "slurm": "submit Table 3 (or one run) to SLURM as a job array; requeued on preemption",
     "sweep": "sweep definitions generated from ablations/",
 }
-
-
-def _slurm_kind(args) -> dict:
-    return {"kind": args.slurm_command}
 
 
 COMMANDS = (
@@ -277,8 +273,8 @@ COMMANDS = (
     Command("table3", "run Table 3 as a sweep (Optuna keeps the books), then write the report", SweepOptions,
             cmd_table3, skip=PER_RUN),
     Command("slurm table3", "one array task per pending (row, seed)", SlurmOptions, cmd_slurm, skip=PER_RUN,
-            fixed=_slurm_kind),
-    Command("slurm train", "one run", SlurmOptions, cmd_slurm, skip=ONE_RUN, fixed=_slurm_kind),
+            fixed=(("kind", "table3"),)),
+    Command("slurm train", "one run", SlurmOptions, cmd_slurm, skip=ONE_RUN, fixed=(("kind", "train"),)),
     Command("hpo", "Optuna TPE over lr factor, warmup, dropout, label smoothing of one row", HpoOptions, cmd_hpo,
             skip=HPO_SKIP),
     Command("status", "the state of every (row, seed) of the sweeps under OUT: completed, running (host and age), "
@@ -444,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(command: Command, args: argparse.Namespace) -> None:
     """`command` with its options built from `args` (and checked: a required one missing is one line), or, with
     --print-config, those options printed."""
-    opts = from_args(command.options, args, **(command.fixed(args) if command.fixed else {}))
+    opts = from_args(command.options, args, **dict(command.fixed))
     if command.config and args.print_config and not command.own_print:
         _print_config(opts, command)
         return
