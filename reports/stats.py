@@ -35,13 +35,14 @@ EQUIVALENT_UNASSAYED = (
 )
 DISAGREE = "disagree"
 SIGNIFICANT_DISAGREE = "significant disagree"
-NOT_CONVERGED = "not converged"
+# passed at the end (100% of the budget) but not at an earlier point of the stability rule (reports/verdicts.py): a miss
+NOT_STABLE = "not stable"
 NOT_TESTABLE = "not testable"
 NOT_SCORED = "not scored"  # testable, but the preset does not score it (e.g. one seed cannot resolve its effect)
 CHECK_PASSED = "check passed"  # an implementation check (label smoothing's perplexity floor): reported, never scored
 CHECK_FAILED = "check failed"
-VERDICTS = (SIGNIFICANT_AGREE, EQUIVALENT, AGREE, INCONCLUSIVE, EQUIVALENT_UNASSAYED, DISAGREE, SIGNIFICANT_DISAGREE,
-            NOT_CONVERGED, NOT_TESTABLE)  # fmt: skip
+VERDICTS = (SIGNIFICANT_AGREE, EQUIVALENT, AGREE, INCONCLUSIVE, EQUIVALENT_UNASSAYED, NOT_STABLE, DISAGREE,
+            SIGNIFICANT_DISAGREE, NOT_TESTABLE)  # fmt: skip
 PASSING = (SIGNIFICANT_AGREE, EQUIVALENT)  # what counts as a pre-registered test passed
 
 
@@ -144,7 +145,7 @@ def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
 
 
 def verdict(delta_worse: float, predicted_worse: bool, p_adjusted: float, n_row: int, n_base: int) -> str:
-    """The verdict on one scored row whose runs (and base's) converged: `delta_worse` is how much worse the row
+    """The verdict on one scored row at one point: `delta_worse` is how much worse the row
     is than base in its metric (positive: worse), `predicted_worse` the pre-registered prediction.
 
     - significant agree / significant disagree: Holm-adjusted p < ALPHA, the sign as predicted / opposite;

@@ -22,11 +22,16 @@ COLUMNS = [
     "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
     "paper_ppl", "paper_bleu", "paper_params_m", "delta_ppl_pct", "paper_delta_ppl_pct", "delta_bleu",
     "paper_delta_bleu", "delta_ppl_ci_low", "delta_ppl_ci_high", "metric", "predicted", "margin_pct", "p", "p_holm",
-    "verdict", "last_drop", "converged", "bootstrap_seed", "bootstrap_p", "sig",
+    "verdict", "verdict_75", "verdict_87.5", "p_holm_75", "p_holm_87.5", "last_drop", "bootstrap_seed", "bootstrap_p",
+    "sig",
 ]  # fmt: skip
 # One line per run: what the table's means and tests are made of.
-RUN_COLUMNS = ["row", "seed", "status", "steps", "dev_ppl", "dev_bleu", "dev_tok_bleu", "params", "train_time_s",
-               "last_drop", "converged", "commit", "dirty", "predictions_sha256"]  # fmt: skip
+RUN_COLUMNS = ["row", "seed", "status", "steps", "dev_ppl", "dev_bleu", "dev_tok_bleu", "ppl_75", "ppl_87.5", "bleu_75",
+               "bleu_87.5", "params", "train_time_s", "last_drop", "commit", "dirty", "predictions_sha256"]  # fmt: skip
+# The stability rule's earlier points (verdicts.STABILITY without 100%) as column suffixes: 75, 87.5
+EARLY = {f: f"{100 * f:g}" for f in verdicts.STABILITY[:-1]}
+# what each scored metric's curve is logged as during training
+CURVE_OF = {"ppl": "val/ppl", "bleu": "val/bleu"}
 SLOPE_COLUMNS = ["series", "knob", "rows", "values", "n", "slope_pct", "ci_low_pct", "ci_high_pct"]
 
 
@@ -140,13 +145,27 @@ def _bootstrap(completed: dict[str, dict[int, Run]], files: _Files) -> dict[str,
 
 
 def run_convergence(run: Run, rule: str = "endpoints") -> float:
-    """The run's last-quarter drop in dev perplexity by the convergence rule `rule` (`verdicts.convergence_drop`);
-    NaN without a curve."""
+    """The run's last-quarter fall in dev perplexity by the rule `rule` (`verdicts.convergence_drop`); NaN without a
+    curve."""
     return verdicts.convergence_drop(read_curve(run.dir, "val/ppl"), rule)
 
 
-def _converged(drop: float) -> str:
-    return "" if pd.isna(drop) else ("yes" if drop < verdicts.CONVERGED_MAX_DROP else "no")
+def run_points(run: Run) -> dict[tuple[str, float], float]:
+    """(metric, fraction) -> the run's dev number at the validation nearest each earlier point of the stability rule
+    (verdicts.STABILITY), from the curve logged during training, for each metric logged (ppl, bleu)."""
+    out = {}
+    budget = run.metrics.steps
+    for metric, name in CURVE_OF.items():
+        curve = read_curve(run.dir, name)
+        if budget is None or curve.empty:
+            continue
+        values = dict(zip(curve["step"], curve[name]))
+        for fraction in EARLY:
+            step = verdicts.point_step(values, int(budget), fraction)
+            # a validation more than half an interval from the point is not the point's (a run that logged too few)
+            if step is not None and abs(step + 1 - fraction * budget) <= 0.0625 * budget:
+                out[(metric, fraction)] = float(values[step])
+    return out
 
 
 def _floor(runs: list[Run]) -> float | None:
@@ -208,15 +227,20 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         by_row.setdefault(row, [])  # a scored row without runs is a line too: its verdict says so
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
     drops = {(r.row, r.seed): run_convergence(r, convergence) for r in runs if r.completed}
+    early = {(r.row, r.seed): run_points(r) for r in runs if r.completed}
     files = _Files()
     tested = _bootstrap(completed, files)
-    records, values, converged, floors = [], {}, {}, {}
+    records, values, floors = [], {}, {}
+    points: dict[float, dict] = {f: {} for f in EARLY}
     for row in row_order(set(by_row)):
         rs = by_row[row]
         done = sorted(completed[row].values(), key=lambda r: r.seed)
         ppls = [float(r.metrics.dev_ppl) for r in done if r.metrics.dev_ppl is not None]
         bleus = [float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None]
         values[row] = {"ppl": ppls, "bleu": bleus}
+        for f in EARLY:  # the seeds with a validation at the point (a run without one is left out there)
+            points[f][row] = {m: [early[(row, r.seed)][(m, f)] for r in done if (m, f) in early[(row, r.seed)]]
+                              for m in CURVE_OF}  # fmt: skip
         ppl, ppl_std = _mean_std(ppls)
         bleu, bleu_std = _mean_std(bleus)
         params, _ = _mean_std([r.metrics.params for r in done])
@@ -224,7 +248,6 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         seed, p = tested.get(row, (None, None))
         row_drops = [drops[(row, r.seed)] for r in done]
         drop = np.nan if not row_drops or any(pd.isna(d) for d in row_drops) else max(row_drops)
-        converged[row] = None if pd.isna(drop) else bool(drop < verdicts.CONVERGED_MAX_DROP)
         floors[row] = _floor(done)
         records.append(
             {
@@ -233,7 +256,7 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
                 "steps": _steps(rs, done), "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu,
                 "bleu_std": bleu_std, "params_m": params / 1e6, "paper_ppl": _num(paper_ppl),
                 "paper_bleu": _num(paper_bleu), "paper_params_m": _num(paper_params), "bootstrap_seed": seed,
-                "bootstrap_p": _num(p), "last_drop": drop, "converged": _converged(drop),
+                "bootstrap_p": _num(p), "last_drop": drop,
             }
         )  # fmt: skip
     df = pd.DataFrame.from_records(records)
@@ -250,8 +273,8 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     cis = [_ci_pct(values[r]["ppl"], base_ppls) if r != "base" else (np.nan, np.nan) for r in df["row"]]
     df["delta_ppl_ci_low"] = [c[0] for c in cis]
     df["delta_ppl_ci_high"] = [c[1] for c in cis]
-    cell = verdicts.Cell(preset, values, converged, floors) if preset else None
-    judged = verdicts.judge(preset, values, converged, floors) if preset else {}
+    cell = verdicts.Cell(preset, values, points, floors) if preset else None
+    judged = verdicts.judge(preset, values, points, floors) if preset else {}
     set_verdicts(df, judged)
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
     for k in ("bootstrap_seed", "n", *(k for k in MODEL_KEYS if KNOBS[k].type is int)):
@@ -261,16 +284,19 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
             {
                 "row": r.row, "seed": r.seed, "status": r.metrics.status, "steps": r.metrics.steps,
                 "dev_ppl": r.metrics.dev_ppl, "dev_bleu": r.metrics.dev_bleu,
-                "dev_tok_bleu": r.metrics.dev_tok_bleu, "params": r.metrics.params,
-                "train_time_s": r.metrics.train_time_s, "last_drop": drops.get((r.row, r.seed), np.nan),
-                "converged": _converged(drops.get((r.row, r.seed), np.nan)), "commit": r.metrics.commit,
+                "dev_tok_bleu": r.metrics.dev_tok_bleu,
+                **{f"{m}_{suffix}": early.get((r.row, r.seed), {}).get((m, f), np.nan) for m in CURVE_OF
+                   for f, suffix in EARLY.items()},
+                "params": r.metrics.params, "train_time_s": r.metrics.train_time_s,
+                "last_drop": drops.get((r.row, r.seed), np.nan), "commit": r.metrics.commit,
                 "dirty": r.metrics.dirty, "predictions_sha256": r.metrics.predictions_sha256,
             }
             for row in row_order(set(by_row)) for r in sorted(by_row[row], key=lambda r: r.seed)
         ],
         columns=RUN_COLUMNS,
     )  # fmt: skip
-    for k in ("dev_ppl", "dev_bleu", "dev_tok_bleu", "train_time_s", "last_drop"):
+    for k in ("dev_ppl", "dev_bleu", "dev_tok_bleu", "train_time_s", "last_drop", "ppl_75", "ppl_87.5", "bleu_75",
+              "bleu_87.5"):
         runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
     runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
     runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")
@@ -283,6 +309,11 @@ def set_verdicts(df: pd.DataFrame, judged: dict) -> None:
         df[col] = [getattr(judged[r], attr) or "" if r in judged else "" for r in df["row"]]
     df["p"] = [judged[r].p if r in judged else np.nan for r in df["row"]]
     df["p_holm"] = [judged[r].p_holm if r in judged else np.nan for r in df["row"]]
+    for i, suffix in enumerate(EARLY.values()):  # the test at the stability rule's earlier points
+        df[f"verdict_{suffix}"] = [judged[r].points[i].verdict if r in judged and judged[r].points else ""
+                                   for r in df["row"]]  # fmt: skip
+        df[f"p_holm_{suffix}"] = [judged[r].points[i].p_holm if r in judged and judged[r].points else np.nan
+                                  for r in df["row"]]  # fmt: skip
     df["margin_pct"] = [100 * (np.exp(judged[r].margin) - 1) if r in judged and judged[r].margin else np.nan
                         for r in df["row"]]  # fmt: skip
 
@@ -295,10 +326,10 @@ def rounded(df: pd.DataFrame) -> pd.DataFrame:
               "ci_high_pct"):  # fmt: skip
         if k in out:
             out[k] = pd.to_numeric(out[k]).astype("float64").round(2) + 0.0  # + 0.0: no "-0.0" where it rounds to 0
-    for k in ("bootstrap_p", "last_drop", "dev_ppl"):
+    for k in ("bootstrap_p", "last_drop", "dev_ppl", "ppl_75", "ppl_87.5"):
         if k in out:
             out[k] = out[k].round(4)
-    for k in ("p", "p_holm"):
+    for k in ("p", "p_holm", "p_holm_75", "p_holm_87.5"):
         if k in out:
             out[k] = out[k].map(lambda x: x if pd.isna(x) else float(f"{x:.4g}"))
     return out

@@ -1,20 +1,24 @@
 """The pre-registered verdicts of one preset's Table 3: each scored row (ablations/predictions.csv) against base,
-on its metric, over seeds, after convergence is checked.
+on its metric, over seeds, by the paper's own protocol.
 
-Convergence is judged on the whole dev set's perplexity (val/ppl, teacher-forced, logged at every validation):
-a run has converged when its dev perplexity fell by less than `CONVERGED_MAX_DROP` over the last quarter of
-its steps; a run whose perplexity rose has converged (it is no longer improving). How the fall is measured is
-the preset's `convergence`, one of two rules, each fixed before the runs it judges:
+**A fixed budget, compared at the end** (as the paper trained every Table 3 row for the same 100k steps and compared
+them there): every row trains its preset's steps and is judged on its final dev numbers. No run is required to have
+stopped improving: how much a row still learns at the budget is part of what the row is (learning speed and capacity
+together, as in the paper), so the last-quarter fall of every run is reported beside the verdicts, never used as a
+gate.
 
-- `endpoints`: the mean of the two validations nearest 75% of the steps against the mean of the last two, so one
-  noisy validation does not decide it (`last_quarter_drop`);
+**The stability rule**: no verdict may rest on one lucky validation. The family of pre-registered tests is run at
+each of `STABILITY` (the validations nearest 75% and 87.5% of the budget, on the whole dev set's perplexity as logged
+during training, and the final evaluation at 100%), each time with its own Holm adjustment; a test passes only when
+it passes at all three, and a one-seed sign counts only where the sign is the same at all three. A test that
+passes at 100% but not at an earlier point is `not stable` (a miss), whatever it was there.
+
+The last-quarter fall (`last_quarter_drop`, `last_quarter_fit`): how much dev perplexity fell over the last quarter
+of the run, measured by the preset's `convergence` rule, fixed before the runs it describes:
+
+- `endpoints`: the mean of the two validations nearest 75% of the steps against the mean of the last two;
 - `line`: a least-squares line through log dev perplexity at every validation from the one nearest 75% of the
-  steps to the last, its fall over that span (`last_quarter_fit`). It uses every validation of the quarter, so a
-  slow, uneven curve (a model without dropout on little data) is judged by its trend, not by which two
-  validations happen to sit at the window's ends.
-
-A row has converged when every one of its completed seeds has. A row that has not converged, while base has,
-gets no sign verdict; when base has not converged, no row does.
+  steps to the last, its fall over that span.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from aiayn.ablations.predictions import SCORED, Prediction, predictions
 from aiayn.ablations.table import load_rows
 from aiayn.reports import stats
 
-CONVERGED_MAX_DROP = 0.05
+# The stability rule's points, as fractions of the run's budget: the validations nearest 75% and 87.5% of its steps
+# (from the dev perplexity logged during training) and the final evaluation (100%).
+STABILITY = (0.75, 0.875, 1.0)
 
 
 def last_quarter_drop(curve: pd.DataFrame, metric: str = "val/ppl") -> float:
@@ -80,16 +86,38 @@ def _known(rule: str) -> tuple:
 
 
 def rule_text(rule: str = "endpoints") -> str:
-    """The convergence rule `rule` (CONVERGENCE_RULES) in words, as the reports print it."""
+    """How the reports measure the last-quarter fall (`rule`: CONVERGENCE_RULES), in words, and what it is for."""
     return (
-        f"converged: the whole dev set's perplexity fell by less than {CONVERGED_MAX_DROP:.0%} over the last quarter "
-        f"of the run ({_known(rule)[0]}; a rise counts as converged), for every seed of the row"
+        f"last-quarter fall: how much the whole dev set's perplexity fell over the last quarter of the run "
+        f"({_known(rule)[0]}; negative: it rose), the largest over the row's seeds; learning speed and capacity "
+        "together at this budget, as in the paper, reported and never used as a gate"
+    )
+
+
+def stability_text() -> str:
+    """The stability rule in words, as the reports print it."""
+    points = ", ".join(f"{f:.1%}".replace(".0%", "%") for f in STABILITY)
+    return (
+        f"stability: every test is made again at the validations nearest {points} of the budget (dev perplexity "
+        "logged during training; 100%: the final evaluation), each time Holm-adjusted over the family; a test passes "
+        "only when it passes at all three, and a one-seed sign counts only when it is the same at all three"
     )
 
 
 def convergence_drop(curve: pd.DataFrame, rule: str = "endpoints", metric: str = "val/ppl") -> float:
-    """The last-quarter fall of `metric` by the convergence rule `rule` (CONVERGENCE_RULES)."""
+    """The last-quarter fall of `metric` by the rule `rule` (CONVERGENCE_RULES)."""
     return _known(rule)[1](curve, metric)
+
+
+def point_step(steps, budget: int, fraction: float) -> int | None:
+    """The logged step of the validation nearest `fraction` of `budget` optimizer steps (ties: the later), or None
+    when nothing was logged. A validation logged at step s ran after s + 1 optimizer steps (Lightning logs the
+    0-based index of the step that triggered it)."""
+    steps = sorted(int(s) for s in steps)
+    if not steps:
+        return None
+    target = fraction * budget
+    return min(reversed(steps), key=lambda s: abs(s + 1 - target))
 
 
 def smoothing_floor(eps_ls: float, vocab_size: int) -> float:
@@ -109,14 +137,30 @@ CHECK_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
+class Point:
+    """One scored test at one point of the stability rule."""
+
+    fraction: float  # of the budget (STABILITY)
+    delta_worse: float  # the row against base there (log PPL, or BLEU points; positive: worse); NaN if no data
+    p_holm: float  # the registered test's Holm-adjusted p there (NaN: no test)
+    verdict: str  # the test's verdict there alone
+    n_row: int
+    n_base: int
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict in stats.PASSING
+
+
+@dataclass(frozen=True)
 class Verdict:
     row: str
     metric: str | None
     predicted: str
     delta_worse: float  # how much worse than base in the metric (log-PPL difference, or BLEU points); NaN if none
-    p: float  # the pre-registered test's p: Welch's two-sided, or TOST's for an equivalence (NaN: no test)
+    p: float  # the pre-registered test's p at 100%: Welch's two-sided, or TOST's for an equivalence (NaN: no test)
     p_holm: float
-    verdict: str
+    verdict: str  # after the stability rule
     n_row: int = 0  # completed seeds behind the numbers
     n_base: int = 0
     ci_low: float = math.nan  # Welch's 95% interval of delta_worse (NaN: no test)
@@ -125,22 +169,34 @@ class Verdict:
     cell: str = ""  # the preset whose runs these are (a suite judges several together)
     floor: float | None = None  # a check's floor (dev PPL), with `ppl` the row's measured mean
     ppl: float | None = None
+    points: tuple[Point, ...] = ()  # the test at each point of the stability rule (STABILITY), 100% last
+    tost_low: float = math.nan  # an equivalence's 90% interval of delta_worse (TOST at α 0.05 is it inside ±margin)
+    tost_high: float = math.nan
 
     @property
     def passed(self) -> bool:
         return self.verdict in stats.PASSING
 
+    @property
+    def why(self) -> str:
+        """One line: why the test passed or failed, point by point."""
+        return why(self)
+
 
 @dataclass(frozen=True)
 class Cell:
-    """One preset's inputs to its verdicts: per row, the per-seed dev numbers of its completed runs
-    (`values[row]["ppl"|"bleu"]`), whether it converged (True, False, None: no curve), and, for label smoothing's
-    checks, the perplexity floor of its ε and vocabulary."""
+    """One preset's inputs to its verdicts: per row, the per-seed dev numbers of its completed runs at the end
+    (`values[row]["ppl"|"bleu"]`: the final evaluation), the same at the stability rule's earlier points
+    (`points[fraction][row][...]`, from the validations logged during training), and, for label smoothing's checks,
+    the perplexity floor of its ε and vocabulary."""
 
     preset: str
     values: dict
-    converged: dict
+    points: dict = field(default_factory=dict)
     floors: dict = field(default_factory=dict)
+
+    def at(self, fraction: float) -> dict:
+        return self.values if fraction == STABILITY[-1] else self.points.get(fraction, {})
 
 
 def _worse_by(metric: str, row: list[float], base: list[float]) -> float:
@@ -180,60 +236,93 @@ class _Test:
     n_base: int
     ci: tuple[float, float]
     margin: float | None
+    tost_ci: tuple[float, float] = (math.nan, math.nan)
 
 
 def _test(pred: Prediction, mine: list[float], base: list[float]) -> _Test:
+    if not mine or not base:
+        return _Test(pred, math.nan, math.nan, math.nan, len(mine), len(base), (math.nan,) * 2, _metric_margin(pred))
     a, b = _sample(pred.metric, mine), _sample(pred.metric, base)
     margin = _metric_margin(pred)
     _, low, high = stats.welch_ci(a, b)
     p_diff = stats.welch_p(a, b)
     p = stats.tost_p(a, b, margin) if pred.equivalence else p_diff
-    return _Test(pred, _worse_by(pred.metric, mine, base), p, p_diff, len(mine), len(base), (low, high), margin)
+    tost = stats.welch_ci(a, b, level=1 - 2 * stats.ALPHA)[1:] if pred.equivalence else (math.nan, math.nan)
+    return _Test(pred, _worse_by(pred.metric, mine, base), p, p_diff, len(mine), len(base), (low, high), margin,
+                 tost)  # fmt: skip
 
 
-def judge_cells(cells: list[Cell]) -> dict[tuple[str, str], Verdict]:
-    """(preset, row) -> Verdict for every row the cells' predictions name, the scored ones tested together: one Holm
-    family over every cell's pre-registered tests (a suite such as `evidence` with its data-limited cell). An
-    equivalence counts only where its own cell shows a row predicted worse significantly worse (assay sensitivity);
-    it is refuted when Welch's difference test, Bonferroni-adjusted over the family, is significant."""
-    out: dict[tuple[str, str], Verdict] = {}
+def every_change_hurts(pred: Prediction) -> Prediction:
+    """The trivial guess: every scored row worse than base, in the metric the row is scored on."""
+    return Prediction(pred.row, pred.metric, "worse", "every change hurts") if pred.scored else pred
+
+
+def _registered(cell: Cell, predict) -> dict[str, Prediction]:
+    preds = predictions(cell.preset)
+    return {row: predict(p) for row, p in preds.items()} if predict else preds
+
+
+def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, str], tuple[_Test, float, str]]:
+    """(preset, row) -> (test, Holm-adjusted p, verdict) of every scored row at one point of the stability rule, the
+    cells' tests in one Holm family."""
     tests: dict[tuple[str, str], _Test] = {}
     for cell in cells:
-        base_ok = cell.converged.get("base") is not False
-        for row, pred in predictions(cell.preset).items():
-            key = (cell.preset, row)
-            if pred.check:
-                out[key] = _check(row, pred, cell)
-                continue
-            if not pred.scored:
-                label = stats.NOT_TESTABLE if pred.predicted == "not testable" else stats.NOT_SCORED
-                out[key] = Verdict(row, None, pred.predicted, math.nan, math.nan, math.nan, label, cell=cell.preset)
-                continue
-            mine = cell.values.get(row, {}).get(pred.metric, [])
-            base = cell.values.get("base", {}).get(pred.metric, [])
-            if mine and base and (not base_ok or cell.converged.get(row) is False):
-                out[key] = Verdict(row, pred.metric, pred.predicted, _worse_by(pred.metric, mine, base), math.nan,
-                                   math.nan, stats.NOT_CONVERGED, len(mine), len(base), margin=_metric_margin(pred),
-                                   cell=cell.preset)  # fmt: skip
-                continue
-            tests[key] = _test(pred, mine, base) if mine and base else _Test(pred, math.nan, math.nan, math.nan,
-                                                                              len(mine), len(base), (math.nan,) * 2,
-                                                                              _metric_margin(pred))  # fmt: skip
+        values = cell.at(fraction)
+        for row, pred in _registered(cell, predict).items():
+            if pred.scored:
+                mine = values.get(row, {}).get(pred.metric, [])
+                tests[(cell.preset, row)] = _test(pred, mine, values.get("base", {}).get(pred.metric, []))
     adjusted = stats.holm({key: t.p for key, t in tests.items()})
     family = sum(not math.isnan(t.p) for t in tests.values())
-
-    def verdict(key, t: _Test, label: str) -> Verdict:
-        return Verdict(key[1], t.pred.metric, t.pred.predicted, t.worse, t.p, adjusted[key], label, t.n_row, t.n_base,
-                       *t.ci, t.margin, cell=key[0])  # fmt: skip
-
+    out = {}
     for key, t in tests.items():
         if not t.pred.equivalence:
-            out[key] = verdict(key, t, stats.verdict(t.worse, t.pred.worse, adjusted[key], t.n_row, t.n_base))
-    sensitive = {key[0] for key, t in tests.items() if t.pred.worse and out[key].verdict == stats.SIGNIFICANT_AGREE}
+            out[key] = (t, adjusted[key], stats.verdict(t.worse, t.pred.worse, adjusted[key], t.n_row, t.n_base))
+    sensitive = {key[0] for key, (t, _, label) in out.items() if t.pred.worse and label == stats.SIGNIFICANT_AGREE}
     for key, t in tests.items():
         if t.pred.equivalence:
             refuted = min(1.0, t.p_diff * family) if not math.isnan(t.p_diff) else math.nan
-            out[key] = verdict(key, t, stats.equivalence_verdict(adjusted[key], refuted, t.worse, key[0] in sensitive))
+            label = stats.equivalence_verdict(adjusted[key], refuted, t.worse, key[0] in sensitive)
+            out[key] = (t, adjusted[key], label)
+    return out
+
+
+def stable_verdict(labels: list[str]) -> str:
+    """The verdict after the stability rule, from the test's verdicts at each point (100% last): a pass stands only
+    when it is the same pass at every point; a sign without significance (`agree`, as with one seed a side) only
+    when every point agrees in sign; anything else at 100% (a miss) stands as it is."""
+    final = labels[-1]
+    if final in stats.PASSING:
+        return final if all(label == final for label in labels) else stats.NOT_STABLE
+    if final == stats.AGREE:
+        agreeing = (stats.AGREE, stats.SIGNIFICANT_AGREE)
+        return final if all(label in agreeing for label in labels) else stats.NOT_STABLE
+    return final
+
+
+def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdict]:
+    """(preset, row) -> Verdict for every row the cells' predictions name, the scored ones tested together: one Holm
+    family over every cell's pre-registered tests (a suite such as `evidence` with its data-limited cell), at each
+    point of the stability rule. An equivalence counts only where its own cell shows a row predicted worse
+    significantly worse at the same point (assay sensitivity); it is refuted when Welch's difference test,
+    Bonferroni-adjusted over the family, is significant. `predict`: another predictor's predictions instead of the
+    registered ones (`every_change_hurts`), judged on the same numbers by the same rules."""
+    out: dict[tuple[str, str], Verdict] = {}
+    for cell in cells:
+        for row, pred in _registered(cell, predict).items():
+            if pred.check:
+                out[(cell.preset, row)] = _check(row, pred, cell)
+            elif not pred.scored:
+                label = stats.NOT_TESTABLE if pred.predicted == "not testable" else stats.NOT_SCORED
+                out[(cell.preset, row)] = Verdict(row, None, pred.predicted, math.nan, math.nan, math.nan, label,
+                                                  cell=cell.preset)  # fmt: skip
+    at = {fraction: _judge_at(cells, fraction, predict) for fraction in STABILITY}
+    for key, (t, p_holm, _) in at[STABILITY[-1]].items():
+        points = tuple(Point(f, at[f][key][0].worse, at[f][key][1], at[f][key][2], at[f][key][0].n_row,
+                             at[f][key][0].n_base) for f in STABILITY)  # fmt: skip
+        out[key] = Verdict(key[1], t.pred.metric, t.pred.predicted, t.worse, t.p, p_holm,
+                           stable_verdict([p.verdict for p in points]), t.n_row, t.n_base, *t.ci, t.margin,
+                           cell=key[0], points=points, tost_low=t.tost_ci[0], tost_high=t.tost_ci[1])  # fmt: skip
     order = {row: i for i, row in enumerate(load_rows())}
     cell_order = [c.preset for c in cells]
     return dict(sorted(out.items(), key=lambda kv: (cell_order.index(kv[0][0]), order.get(kv[0][1], len(order)))))
@@ -247,21 +336,50 @@ def _metric_margin(pred: Prediction) -> float | None:
     return math.log1p(pred.margin) if pred.metric == "ppl" else pred.margin
 
 
-def judge(preset: str, values: dict[str, dict[str, list[float]]], converged: dict[str, bool | None],
+def judge(preset: str, values: dict[str, dict[str, list[float]]], points: dict | None = None,
           floors: dict | None = None) -> dict:  # fmt: skip
     """row -> Verdict for every row the preset's predictions name (one cell; `judge_cells` for a suite)."""
-    return {row: v for (_, row), v in judge_cells([Cell(preset, values, converged, floors or {})]).items()}
+    return {row: v for (_, row), v in judge_cells([Cell(preset, values, points or {}, floors or {})]).items()}
 
 
-def score(verdicts: dict[str, Verdict]) -> dict:
+def _pct(fraction: float) -> str:
+    return f"{fraction:.1%}".replace(".0%", "%")
+
+
+def _p(x: float) -> str:
+    return "no test" if math.isnan(x) else f"{x:.2g}" if x >= 0.001 else f"{x:.1e}"
+
+
+def why(v: Verdict) -> str:
+    """Why a scored test passed or failed, in one line, from its verdict at each point of the stability rule."""
+    if not v.points:
+        return v.verdict
+    held = [p for p in v.points if p.verdict == v.points[-1].verdict]
+    each = "; ".join(f"{_pct(p.fraction)}: {p.verdict}" + (f" (Holm p {_p(p.p_holm)})" if not math.isnan(p.p_holm)
+                                                              else "") for p in v.points)  # fmt: skip
+    if v.verdict == stats.NOT_STABLE:
+        missing = [_pct(p.fraction) for p in v.points if p.n_row == 0 or p.n_base == 0]
+        lost = [_pct(p.fraction) for p in v.points if p not in held]
+        if missing:
+            return f"{v.points[-1].verdict} at 100% but no validation logged at {', '.join(missing)}: not stable ({each})"
+        return f"{v.points[-1].verdict} at 100% but not at {', '.join(lost)}: not stable ({each})"
+    if v.passed:
+        return f"{v.verdict} at every point ({each})"
+    if v.verdict == stats.AGREE:
+        return f"the predicted sign at every point, without a test that could make it significant ({each})"
+    return f"{v.verdict} at 100% ({each})"
+
+
+def score(verdicts: dict, trivial: dict | None = None) -> dict:
     """The table's verdict in numbers: scored tests, how many passed as pre-registered (significant in the predicted
-    direction, or equivalent with assay sensitivity), how many agree in sign, and what trivial predictors score on
-    the same set ("every change hurts" passes at most the rows predicted worse; random signs on the directional
-    ones)."""
+    direction, or equivalent with assay sensitivity, at every point of the stability rule), how many agree in sign,
+    and what trivial predictors score on the same set: "every change hurts" judged on the same numbers by the same
+    rules (`trivial`, from `judge_cells(cells, every_change_hurts)`), and random signs on the directional tests."""
     scored = [v for v in verdicts.values() if v.predicted in SCORED]
     count = {name: sum(v.verdict == name for v in scored) for name in stats.VERDICTS}
     directional = [v for v in scored if v.predicted in ("worse", "better")]
     agreeing = count[stats.SIGNIFICANT_AGREE] + count[stats.AGREE]
+    hurts = [v for v in (trivial or {}).values() if v.predicted in SCORED]
     return {
         "scored": len(scored),
         "passed": sum(v.passed for v in scored),
@@ -271,7 +389,9 @@ def score(verdicts: dict[str, Verdict]) -> dict:
         "counts": count,
         "trivial": {
             **stats.trivial_scores([v.predicted == "worse" for v in directional], agreeing),
-            "every_change_hurts_of_all": sum(v.predicted == "worse" for v in scored),
+            "every_change_hurts_passed": sum(v.passed for v in hurts) if trivial is not None else None,
+            "every_change_hurts_agree": sum(v.verdict in (stats.SIGNIFICANT_AGREE, stats.AGREE) for v in hurts)
+            if trivial is not None else None,
         },
         "checks": [
             {"row": v.row, "cell": v.cell, "floor": v.floor, "ppl": v.ppl, "verdict": v.verdict}
