@@ -9,6 +9,8 @@ One line per (preset, row) that a preset scores, checks or declares not testable
   regime; or `not scored` there though testable (e.g. an effect one seed cannot resolve, in a single-seed preset);
 - `margin`: for `equivalent` only, the largest relative difference in the metric still called equivalent (0.0125:
   1.25% of dev PPL), fixed with the prediction;
+- `seeds`: how many seeds the row trains in a sweep of its preset, where the registration sets it (the power each
+  test was given before its runs; blank: the preset's `seeds`, or `base_seeds` for an equivalence);
 - `reason`: why, wherever the prediction is not simply the paper's sign (a regime that predicts otherwise, a
   row that cannot be tested there), and why the metric where it is not the paper's clearer one.
 
@@ -55,6 +57,7 @@ class Prediction:
     predicted: str  # one of PREDICTIONS
     reason: str
     margin: float | None = None  # `equivalent` only: the relative margin (0.0125 = 1.25%)
+    seeds: int | None = None  # the row's seeds in a sweep of its preset, as registered (None: the preset's)
 
     @property
     def scored(self) -> bool:
@@ -135,6 +138,14 @@ def _margin(text: str, where: str, predicted: str) -> float | None:
     return margin
 
 
+def _seeds(text: str, where: str) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"{where}: seeds must be a whole number of at least 1 (or blank: the preset's); got {text!r}")
+    return int(text)
+
+
 def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction]]:
     out: dict[str, dict[str, Prediction]] = {}
     if text is None:
@@ -151,9 +162,10 @@ def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction
                 raise UserError(f"{where}: a scored or checked row names its metric ({' or '.join(METRICS)}), a row "
                                 f"not testable none; got metric {metric!r} for {predicted!r}")  # fmt: skip
             margin = _margin((raw.get("margin") or "").strip(), where, predicted)
+            seeds = _seeds((raw.get("seeds") or "").strip(), where)
             if row in out.setdefault(preset, {}):
                 raise UserError(f"{where}: row {row} of preset {preset} is listed twice")
-            out[preset][row] = Prediction(row, metric, predicted, (raw.get("reason") or "").strip(), margin)
+            out[preset][row] = Prediction(row, metric, predicted, (raw.get("reason") or "").strip(), margin, seeds)
     return out
 
 
@@ -169,13 +181,15 @@ def predictions(preset: str) -> dict[str, Prediction]:
 
 def registration_sha256(preset: str, text: str | None = None) -> str | None:
     """A fingerprint of what `preset` pre-registered: the sha256 of its lines (row, metric, prediction, margin,
-    reason, in file order), so that lines of other presets may be added later without changing it; None when it
+    reason, and seeds where registered, in file order), so that lines of other presets may be added later without
+    changing it; None when it
     registers nothing. `text`: a predictions.csv's content (e.g. as committed at some commit) instead of the
     file's. Every run records it, and each report prints it beside the one it scored with."""
     mine = _read(PREDICTIONS_FILE, text).get(preset, {}) if text is not None else _all().get(preset, {})
     if not mine:
         return None
-    lines = [[p.row, p.metric, p.predicted, p.margin, p.reason] for p in mine.values()]
+    lines = [[p.row, p.metric, p.predicted, p.margin, p.reason] + ([p.seeds] if p.seeds is not None else [])
+             for p in mine.values()]
     return hashlib.sha256(json.dumps(lines, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 

@@ -96,6 +96,30 @@ _TINY = Preset(
     "the post-LN model to learn); the rows of its pre-registered verdict, one seed, two runs at a time",
 )
 
+_EVIDENCE = Preset(
+    name="evidence", corpus="synthetic-20", vocab_size=1000, width=1 / 16, heads=0.5, depth=1 / 3,
+    aliases=(("C2", "C1"),), train_steps=4500, tokens_per_step=1024, max_tokens=1024, warmup=200,
+    lr_factor=0.5, val_bleu_sentences=0, val_every=100, ckpt_every=500, keep_ckpts=2, sweep_jobs=2,
+    rows="scored", seeds=4, base_seeds=8, convergence="line", cells=("tiny-2k",),
+    description="Table 3 as evidence on 2 CPU cores, in a regime with headroom: a sixteenth of the paper's "
+    "width (d_model 32, 4 heads of 8), a third of its depth, on the synthetic grammar's sentences of 5-20 "
+    "words (attempt 4's regime R2, its learning rate: half the paper's); every row trains the same 4500 steps and "
+    "is compared at the end, as in the paper, each test held at the validations nearest 75% and 87.5% of the budget "
+    "and at its end (evidence v5: the budget is the largest that the registered timing probe projects within 165 "
+    "minutes on 2 cores, BENCHMARKS.md)",
+)
+
+# The main job (`aiayn table3`, the README's first line): the evidence regime at a fixed budget, one seed a row,
+# the rows of its registration (base, C1, C4 worse, C5 better: a row "every change hurts" cannot pass).
+_QUICK = replace(
+    _EVIDENCE, name="quick", train_steps=3000, val_every=125, seeds=1, base_seeds=None, cells=(),
+    description="the main job: the evidence regime (d_model 32, 4 heads of 8, N 2, sentences of 5-20 words, half the "
+    "paper's learning rate) at a fixed budget of 3000 steps, one seed a row, two runs at a time: base, C1 and C4 "
+    "(predicted worse) and C5 (d_model 64, predicted better); the budget is the largest that the registered timing "
+    "probe projects within 7 minutes on 2 cores (BENCHMARKS.md)",
+)
+MAIN_PRESET = _QUICK.name  # what `aiayn table3` runs without --preset
+
 PRESETS = {
     p.name: p
     for p in (
@@ -113,17 +137,8 @@ PRESETS = {
             "(the paper trained about 18 over WMT14), warmup 10%",
         ),
         _TINY,
-        Preset(
-            name="evidence", corpus="synthetic-20", vocab_size=1000, width=1 / 16, heads=0.5, depth=1 / 3,
-            aliases=(("C2", "C1"),), train_steps=6000, tokens_per_step=1024, max_tokens=1024, warmup=200,
-            lr_factor=0.5, val_bleu_sentences=0, val_every=100, ckpt_every=500, keep_ckpts=2, sweep_jobs=2,
-            rows="scored", seeds=4, base_seeds=8, convergence="line", cells=("tiny-2k",),
-            description="Table 3 as evidence on 2 CPU cores, in a regime with headroom: a sixteenth of the paper's "
-            "width (d_model 32, 4 heads of 8), a third of its depth, on the synthetic grammar's sentences of 5-20 "
-            "words; 6000 steps, chosen by attempt 4's pre-registered pilot rule as its fallback (no candidate met "
-            "every condition; this one had base's headroom and the time budget, but only 2 of its 13 pilot runs "
-            "had converged: BENCHMARKS.md); convergence judged by the line rule",
-        ),
+        _EVIDENCE,
+        _QUICK,
         replace(
             _TINY, name="tiny-2k", train_pairs=2000, seeds=4, base_seeds=8, train_steps=1300, convergence="line",
             description="a data-limited regime, where dropout has overfitting to prevent: the tiny preset on the "

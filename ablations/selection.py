@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class Selection:
     """The rows × seeds of a sweep (`aiayn table3`, `aiayn slurm`): each row `seeds`, base `base_seeds`, and so does
-    a row the preset predicts equivalent to base; a row it reports as a check, one (unless --seeds is given)."""
+    a row the preset predicts equivalent to base; a row it reports as a check, one; a row whose registration names
+    its seeds (ablations/predictions.csv), that many (unless --seeds is given)."""
 
     rows: str | None = option(
         None, "row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the "
@@ -50,16 +51,20 @@ class Selection:
     def pairs(self, preset: Preset, tables: tuple[str, ...] = ()) -> list[tuple[str, int]]:
         seeds = self.seeds or preset.seeds
         base_seeds = max(self.base_seeds or preset.base_seeds or seeds, seeds)
-        if self.first_seed < 0 or self.first_seed + base_seeds - 1 > MAX_SEED:
-            raise UserError(f"seeds {self.first_seed}..{self.first_seed + base_seeds - 1} are outside 0..{MAX_SEED}; "
-                            f"pass a smaller --first-seed or fewer seeds")  # fmt: skip
         # an equivalence claim needs the power of base's seeds on its side too; a check (a row compared with its own
-        # floor, not with base over seeds) one seed (ablations/predictions.csv)
+        # floor, not with base over seeds) one seed; a row whose registration names its seeds, those
+        # (ablations/predictions.csv)
         registered = predictions(preset.name) if self.seeds is None else {}
         equivalent = {r for r, p in registered.items() if p.equivalence}
         checks = {r for r, p in registered.items() if p.check}
+        registered_seeds = {r: p.seeds for r, p in registered.items() if p.seeds is not None}
+        most = max([base_seeds, *registered_seeds.values()])
+        if self.first_seed < 0 or self.first_seed + most - 1 > MAX_SEED:
+            raise UserError(f"seeds {self.first_seed}..{self.first_seed + most - 1} are outside 0..{MAX_SEED}; "
+                            f"pass a smaller --first-seed or fewer seeds")  # fmt: skip
         out = []
         for row in self.row_names(preset, tables):
             n = base_seeds if row == "base" or row in equivalent else 1 if row in checks else seeds
+            n = registered_seeds.get(row, n)
             out += [(row, seed) for seed in range(self.first_seed, self.first_seed + n)]
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from aiayn.ablations.presets import get_preset
+from aiayn.ablations.presets import MAIN_PRESET, get_preset
 from aiayn.ablations.selection import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
@@ -46,7 +46,8 @@ class SweepOptions:
         False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
         "such, and the exit status is 0)",
     )  # fmt: skip
-    train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
+    # the main job without --preset: the evidence regime at a fixed budget, one seed (ablations/presets.py, `quick`)
+    train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, preset=MAIN_PRESET))
 
 
 def exit_status(summary: dict, fail_on_diverged: bool = False) -> int:

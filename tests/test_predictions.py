@@ -51,10 +51,16 @@ def test_every_line_keeps_the_rules(preset):
 def test_the_scored_sets():
     # v3 of the main job: label smoothing's rows are arithmetic at tiny's floor, so not scored (issue 29)
     assert P.scored_rows("tiny") == ["A1", "C1", "C4"]
-    # v4: issue 29's twelve tests, eleven here and D1 in its data-limited cell tiny-2k
+    # v4 and v5: issue 29's twelve tests, eleven here and D1 in its data-limited cell tiny-2k; v5 spends label
+    # smoothing's checks on A1's and B2's seeds (issue 36)
     assert P.scored_rows("evidence") == ["A1", "A3", "A4", "B1", "B2", "C1", "C4", "C5", "C6", "C7", "E1"]
     assert PRESETS["evidence"].cells == ("tiny-2k",)
-    assert [r for r, p in P.predictions("evidence").items() if p.check] == ["D3", "D4"]
+    assert [r for r, p in P.predictions("evidence").items() if p.check] == []
+    assert {r: p.seeds for r, p in P.predictions("evidence").items() if p.seeds} == {"A1": 12, "B2": 6}
+    # the main job v4 (issue 36): a row predicted better, which "every change hurts" cannot pass
+    assert P.scored_rows("quick") == ["C1", "C4", "C5"]
+    assert {r: p.predicted for r, p in P.predictions("quick").items() if p.scored} == {
+        "C1": "worse", "C4": "worse", "C5": "better"}  # fmt: skip
     assert (P.scored_rows("tiny-2k"), P.scored_rows("laptop"), P.scored_rows("paper")) == (["D1"], ["D1", "D3"], [])
 
 
@@ -69,11 +75,13 @@ def test_the_scored_sets():
         ("tiny,A3,ppl,equivalent,,x", "an equivalent row names its margin"),
         ("tiny,A3,ppl,equivalent,1.5,x", "margin must be a fraction between 0 and 1"),
         ("tiny,A1,ppl,worse,0.01,x", "only an equivalent row has a margin"),
+        ("tiny,A1,ppl,worse,,x,0", "seeds must be a whole number of at least 1"),
+        ("tiny,A1,ppl,worse,,x,two", "seeds must be a whole number of at least 1"),
     ],
 )
 def test_a_bad_line_is_one_line_naming_the_file_and_line(tmp_path, line, message):
     path = tmp_path / "p.csv"
-    path.write_text("preset,row,metric,predicted,margin,reason\n" + line + "\n")
+    path.write_text("preset,row,metric,predicted,margin,reason,seeds\n" + line + "\n")
     with pytest.raises(UserError, match=message) as e:
         P._read(path)
     assert f"{path} line 2" in str(e.value) and "\n" not in str(e.value)
@@ -82,8 +90,12 @@ def test_a_bad_line_is_one_line_naming_the_file_and_line(tmp_path, line, message
 def test_a_registration_fingerprint_moves_with_its_own_lines_only():
     text = P.PREDICTIONS_FILE.read_text(encoding="utf-8")
     assert P.registration_sha256("evidence", text) == P.registration_sha256("evidence")
-    other = text + 'laptop,C4,ppl,worse,,"a line of another preset"\n'
+    other = text + 'laptop,C4,ppl,worse,,,"a line of another preset"\n'
     assert P.registration_sha256("evidence", other) == P.registration_sha256("evidence")
     changed = text.replace("evidence,A3,ppl,equivalent,0.0125,", "evidence,A3,ppl,equivalent,0.02,")
     assert changed != text and P.registration_sha256("evidence", changed) != P.registration_sha256("evidence")
     assert P.registration_sha256("no-such-preset") is None
+    # a row's registered seeds are part of what was registered; a preset that registers none keeps its fingerprint
+    more = text.replace("evidence,A1,ppl,worse,,12,", "evidence,A1,ppl,worse,,16,")
+    assert more != text and P.registration_sha256("evidence", more) != P.registration_sha256("evidence")
+    assert P.registration_sha256("tiny", more) == P.registration_sha256("tiny")
