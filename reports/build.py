@@ -41,18 +41,27 @@ GLOBAL_DEVIATIONS = (
     "splitting, multi-bleu) is each run's `dev_tok_bleu` in metrics.json (`aiayn score` scores any output so)",
 )
 PLOTS = {
-    "forest.png": "every row's Δ dev PPL against base with its 95% interval, the paper's Δ and the equivalence band",
+    "forest.png": "every row's Δ dev PPL against base (with its 95% interval where seeds allow), the paper's Δ and the "
+    "equivalence band",
     "bleu_vs_params.png": "dev BLEU vs parameters",
     "delta_vs_paper.png": "our Δ PPL and Δ BLEU vs the paper's",
-    "curves.png": "training loss, learning rate, dev PPL and dev BLEU of every row and seed",
+    "curves.png": "training loss, learning rate (once per schedule), dev PPL (the stability rule's points dotted) and, "
+    "where logged, dev BLEU of every row and seed",
 }
 CURVES = ("train/loss", "lr", "val/ppl", "val/bleu")
 
 
-def report_name(preset: str, data: str) -> str:
-    """table3-PRESET, or table3-PRESET-CORPUS for runs of a preset on another corpus than its own."""
+UNRECORDED_CORPUS = "corpus-unrecorded"  # the name part of runs whose metrics.json names no corpus, beside others
+
+
+def report_name(preset: str, data: str, *, apart: bool = False) -> str:
+    """table3-PRESET, or table3-PRESET-CORPUS for runs of a preset on another corpus than its own; `apart`: runs
+    that recorded no corpus, reported beside runs that did (table3-PRESET-corpus-unrecorded), so that neither
+    group's files overwrite the other's."""
     known = PRESETS.get(preset)
-    if not data or known is None or data == known.corpus:
+    if not data:
+        return f"table3-{preset}-{UNRECORDED_CORPUS}" if apart else f"table3-{preset}"
+    if known is None or data == known.corpus:
         return f"table3-{preset}"
     return f"table3-{preset}-{corpus_dirname(data)}"  # a file name: hf:wmt/wmt16:de-en is hf-wmt--wmt16-de-en
 
@@ -93,7 +102,9 @@ def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None) -> l
     written = []
     for p, data in keys:
         runs = [r for r in found.runs if (r.preset, r.data) == (p, data)]
-        written += write_report(runs, found, p, data, Path(out_dir), command)
+        # runs that recorded no corpus beside runs of the preset's own: two groups, two names (one overwrote the other)
+        apart = not data and any(q == p and d for q, d in keys)
+        written += write_report(runs, found, p, data, Path(out_dir), command, apart=apart)
     return written
 
 
@@ -108,8 +119,9 @@ def report(runs_dir, out_dir, preset: str | None = None, *, wandb: bool = False)
     return paths
 
 
-def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: Path, command: str) -> list[Path]:
-    name = report_name(preset, data)
+def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: Path, command: str,
+                 apart: bool = False) -> list[Path]:  # fmt: skip
+    name = report_name(preset, data, apart=apart)
     runs = _dedupe(runs)
     known = PRESETS.get(preset)
     # the pre-registered verdicts are about the preset's own regime: its corpus
@@ -126,7 +138,8 @@ def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: 
         plots.bleu_vs_params(table, plot_dir / "bleu_vs_params.png", title),
         plots.delta_vs_paper(table, plot_dir / "delta_vs_paper.png", title),
         plots.forest(table, plot_dir / "forest.png", title),
-        plots.curves(_curves(runs), plot_dir / "curves.png", title, capped=_capped(runs)),
+        plots.curves(_curves(runs), plot_dir / "curves.png", title, capped=_capped(runs),
+                     points=verdicts.STABILITY[:-1] if scored_preset else ()),
     ]
     plot_links = [(f"{plot_dir.name}/{file}", alt) for file, alt in PLOTS.items()]
     skipped = [(path, why) for path, why in found.skipped if _belongs(path, preset)]
@@ -329,6 +342,11 @@ def _notes(
     notes.append(
         (f"Compute: {_hours(total)} of training ({total:.0f} s summed over {len(done)} completed run(s)).", [])
     )
+    changed = _changed_rows(done)
+    if changed:
+        notes.append(("Rows that resolve otherwise now than when they ran (edited in ablations/, or the preset's rule "
+                      "changed): their numbers here are the old rows'; delete their run directories and sweep again "
+                      "to train them anew:", changed))  # fmt: skip
     failed = sorted((r for r in runs if not r.completed), key=lambda r: (r.row, r.seed))
     notes.append(
         (
@@ -343,6 +361,23 @@ def _notes(
         )
     )
     return notes
+
+
+def _changed_rows(runs: list[Run]) -> list[str]:
+    """'ROW (seeds S, ...): d_model 128 -> 256' for every row whose completed runs' recorded spec differs from what
+    its row resolves to now (spec.changed_since)."""
+    from aiayn.lightning_modules.run.spec import changed_since
+
+    by_row: dict[str, tuple[list[int], tuple]] = {}
+    for run in runs:
+        if run.config is None:
+            continue
+        change = tuple(changed_since(run.config.spec))
+        if change:
+            seeds, _ = by_row.setdefault(run.row, ([], change))
+            seeds.append(run.seed)
+    return [f"{row} (seed {', '.join(map(str, sorted(seeds)))}): {', '.join(change)}"
+            for row, (seeds, change) in by_row.items()]
 
 
 def _code_note(runs: list[Run], scored_preset: str | None) -> tuple[str, list[str]]:
@@ -394,7 +429,7 @@ def _verdict_notes(family: dict, trivial: dict, scored_preset: str | None, prese
     scored = [v for v in family.values() if v.predicted in SCORED]
     if not scored:
         return [(f"Preset `{preset}` has no pre-registered scored rows (`ablations/{PREDICTIONS_FILE.name}`).", [])]
-    t, c = s["trivial"], s["counts"]
+    c = s["counts"]
     cells = list(dict.fromkeys(v.cell for v in family.values()))
     where = lambda v: f" [{v.cell}]" if len(cells) > 1 else ""  # noqa: E731
     single = [v.row for v in scored if min(v.n_row, v.n_base) == 1]
@@ -589,7 +624,7 @@ def display_wide(table: pd.DataFrame) -> pd.DataFrame:
             "paper PPL": table["paper_ppl"].map(lambda x: _fmt(x, ".2f")),
             "paper BLEU": table["paper_bleu"].map(lambda x: _fmt(x, ".1f")),
             "paper params ×10⁶": table["paper_params_m"].map(lambda x: _fmt(x, "g")),
-            "Δ PPL % [95%]": _delta_ci(table),
+            _delta_header(table): _delta_ci(table),
             "paper Δ PPL %": table["paper_delta_ppl_pct"].map(lambda x: _fmt(x, "+.1f")),
             "Δ BLEU": table["delta_bleu"].map(lambda x: _fmt(x, "+.2f")),
             "paper Δ BLEU": table["paper_delta_bleu"].map(lambda x: _fmt(x, "+.1f")),
@@ -626,9 +661,15 @@ def _delta_ci(table: pd.DataFrame) -> list[str]:
     ]
 
 
+def _delta_header(table: pd.DataFrame) -> str:
+    """The Δ PPL column's header: with "[95%]" only where some row has an interval (two seeds a side or more)."""
+    return "Δ PPL % [95%]" if table["delta_ppl_ci_low"].notna().any() else "Δ PPL %"
+
+
 def display(table: pd.DataFrame) -> pd.DataFrame:
-    """The table a person reads first, in the paper's layout: the row, what it changes, ours, the paper's, the
-    verdict (every setting, p-value and test is in the wide table: the CSV and the HTML)."""
+    """The table a person reads first, in the paper's layout: the row, what it changes, ours, our Δ beside the paper's
+    Δ (the only numbers that compare: our corpus and scale are not the paper's), the prediction and the verdict
+    (every setting, absolute paper number, p-value and test is in the wide table: the CSV and the HTML)."""
     base = table[table["row"] == "base"]
     base = base.iloc[0] if len(base) else None
     first = table["group"].ne(table["group"].shift())
@@ -641,13 +682,31 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
             "PPL (dev)": [_pm(m, s, ".3f") for m, s in zip(table["ppl"], table["ppl_std"])],
             "BLEU (dev)": [_pm(m, s, ".2f") for m, s in zip(table["bleu"], table["bleu_std"])],
             "params ×10⁶": table["params_m"].map(lambda x: _fmt(x, ".2f")),
-            "Δ PPL % [95%]": _delta_ci(table),
-            "paper PPL": table["paper_ppl"].map(lambda x: _fmt(x, ".2f")),
-            "paper BLEU": table["paper_bleu"].map(lambda x: _fmt(x, ".1f")),
+            _delta_header(table): _delta_ci(table),
             "paper Δ PPL %": table["paper_delta_ppl_pct"].map(lambda x: _fmt(x, "+.1f")),
+            "Δ BLEU": table["delta_bleu"].map(lambda x: _fmt(x, "+.2f")),
+            "paper Δ BLEU": table["paper_delta_bleu"].map(lambda x: _fmt(x, "+.1f")),
             "predicted": table["predicted"],
             "verdict": table["verdict"],
         }
+    )
+
+
+def key(table: pd.DataFrame) -> str:
+    """What the table's verdicts and columns mean, printed under every table."""
+    single = table["n"].fillna(0).astype(int).le(1) & table["predicted"].isin(SCORED)
+    return (
+        f"**Key.** Only the Δ columns compare with the paper's: our corpus and scale are not WMT14's, so absolute PPL "
+        f"and BLEU do not (the paper's are in the CSV and the HTML's wide table). A test **passes** when it is "
+        f"`{stats.SIGNIFICANT_AGREE}` (Holm-adjusted Welch p < {stats.ALPHA:g} over seeds, in the predicted direction) "
+        f"or `{stats.EQUIVALENT}` (TOST within the registered margin, with a row in the same table significantly "
+        f"worse), at each of the validations nearest 75% and 87.5% of the budget and at its end. "
+        f"`{stats.AGREE}`: the predicted sign at every point, without significance"
+        + (" (one seed a side: a sign, not a test)" if single.any() else "")
+        + f". `{stats.NOT_STABLE}`: passed at the end but not at an earlier point, a miss. `{stats.DISAGREE}` / "
+        f"`{stats.SIGNIFICANT_DISAGREE}`: the opposite sign. `{stats.INCONCLUSIVE}`: neither shown. "
+        f"`{stats.CHECK_PASSED}`: label smoothing's arithmetic floor, an implementation check, not a finding. "
+        f"`{stats.NOT_SCORED}` / `{stats.NOT_TESTABLE}`: as registered, each with its reason in the notes."
     )
 
 
@@ -661,7 +720,7 @@ def _md_table(table: pd.DataFrame) -> str:
 
 
 def markdown(table, notes, title, notice, plot_links) -> str:
-    lines = [notice, "", f"# {title}", "", _md_table(table), "", "## Notes", ""]
+    lines = [notice, "", f"# {title}", "", _md_table(table), "", key(table), "", "## Notes", ""]
     for text, items in notes:
         lines.append(f"- {text}")
         lines += [f"  - {item}" for item in items]
@@ -671,13 +730,35 @@ def markdown(table, notes, title, notice, plot_links) -> str:
 
 
 def _html_text(text: str) -> str:
-    return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text, quote=False))
+    text = re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text, quote=False))
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
+
+
+# the verdicts' colours in the HTML: passes green, a sign without a test pale green, misses red, the rest grey
+VERDICT_COLOURS = {
+    stats.SIGNIFICANT_AGREE: "#c8e6c9", stats.EQUIVALENT: "#c8e6c9", stats.AGREE: "#e8f5e9",
+    stats.NOT_STABLE: "#ffe0b2", stats.DISAGREE: "#ffcdd2", stats.SIGNIFICANT_DISAGREE: "#ef9a9a",
+    stats.INCONCLUSIVE: "#eeeeee", stats.EQUIVALENT_UNASSAYED: "#eeeeee", stats.CHECK_PASSED: "#e3f2fd",
+    stats.CHECK_FAILED: "#ef9a9a",
+}  # fmt: skip
+
+
+def _styled(df: pd.DataFrame) -> str:
+    """A table as HTML through pandas' Styler: verdict cells coloured, numbers right-aligned, no index."""
+    styler = df.style.hide(axis="index").set_table_attributes('class="table3"')
+    if "verdict" in df:
+        styler = styler.map(lambda v: f"background-color: {VERDICT_COLOURS[v]}" if v in VERDICT_COLOURS else "",
+                            subset=["verdict"])  # fmt: skip
+    left = [c for c in df.columns if c in LEFT]
+    if left:
+        styler = styler.set_properties(subset=left, **{"text-align": "left"})
+    return styler.to_html(escape="html")
 
 
 def html_page(table, notes, title, notice, plot_links) -> str:
-    compact = display(table).to_html(index=False, na_rep="", border=0, classes="table3", escape=True)
-    wide = display_wide(table).to_html(index=False, na_rep="", border=0, classes="table3", escape=True)
-    body = f"{compact}\n<h2>Every column</h2>\n{wide}"
+    compact, wide = _styled(display(table)), _styled(display_wide(table))
+    body = (f'{compact}\n<p class="key">{_html_text(key(table))}</p>\n<h2>Every column</h2>\n'
+            f'<div class="wide">{wide}</div>')  # fmt: skip
     items = []
     for text, sub in notes:
         inner = "".join(f"<li>{_html_text(s)}</li>" for s in sub)
@@ -688,8 +769,9 @@ def html_page(table, notes, title, notice, plot_links) -> str:
         for path, alt in plot_links
     )
     style = (
-        "body{font-family:sans-serif;margin:2em}table.table3{border-collapse:collapse;font-size:13px}"
+        "body{font-family:sans-serif;margin:2em;max-width:1400px}table.table3{border-collapse:collapse;font-size:13px}"
         ".table3 td,.table3 th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
+        "div.wide{overflow-x:auto;max-width:100%}p.key{font-size:13px;max-width:1100px}"
         "img{max-width:100%}figure{display:inline-block;margin:1em}"
     )
     return (
@@ -713,6 +795,7 @@ def tex_escape(text: str) -> str:
 
 
 def _tex_text(text: str) -> str:
+    text = re.sub(r"\*\*([^*]+)\*\*", r"\1", text)  # the key's bold lead: plain in LaTeX
     parts = re.split(r"`([^`]*)`", text)
     return "".join(tex_escape(p) if i % 2 == 0 else r"\texttt{" + tex_escape(p) + "}" for i, p in enumerate(parts))
 
@@ -737,7 +820,7 @@ def latex(table, notes, title, notice) -> str:
                 out.append(r"\midrule")
             i += 1
         out.append(line)
-    notes_tex = []
+    notes_tex = [r"\item " + _tex_text(key(table))]
     for text, sub in notes:
         notes_tex.append(r"\item " + _tex_text(text))
         if sub:

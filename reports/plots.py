@@ -119,47 +119,42 @@ def forest(table: pd.DataFrame, path: Path, title: str) -> Path:
         ax.set_yticklabels([f"{r} ({v})" if v else r for r, v in zip(df["row"], df["verdict"])], fontsize=7)
         ax.legend(fontsize=7, loc="best")
     ax.axvline(0, color="black", linewidth=0.6)
-    ax.set_xlabel("Δ dev PPL against base, % (filled: scored; bars: 95% interval over seeds)")
+    intervals = table["delta_ppl_ci_low"].notna().any()
+    bars = "; bars: 95% interval over seeds" if intervals else "; one seed a side: no interval"
+    ax.set_xlabel(f"Δ dev PPL against base, % (filled: scored{bars})")
     ax.set_title(title, fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
     return save_png(fig, path)
 
 
-def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str, capped: list[str] = ()) -> Path:
+def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str, capped: list[str] = (),
+           points: tuple[float, ...] = ()) -> Path:
     """Training loss, learning rate, dev PPL and, where the runs logged it, dev BLEU against step: one panel each,
-    one line per run (row and seed; a row's seeds share its colour), so the spread between seeds is seen beside the
-    differences between rows. Dev PPL is on a linear scale zoomed to the second half of training, where the final
-    differences are; runs cut short by --max-steps are named in the title."""
+    only the panels with data, one line per run (row and seed; a row's seeds share its colour), so the spread between
+    seeds is seen beside the differences between rows. The learning rate is drawn once per distinct schedule (rows
+    that share one are named together). Dev PPL is on a linear scale zoomed to the second half of training, where the
+    final differences are, with the stability rule's `points` (fractions of the last step) marked; runs cut short by
+    --max-steps are named in the title."""
     metrics = [("train/loss", "training loss (label-smoothed, per token)"), ("lr", "learning rate"),
                ("val/ppl", "dev PPL (whole dev set), second half of training"),
                ("val/bleu", "dev BLEU (validation subset)")]  # fmt: skip
     logged = lambda m: any(m in df and df[m].notna().any() for df in runs.values())  # noqa: E731
     shown_metrics = [m for m in metrics if logged(m[0])] or metrics[:1]
-    cols = 2 if len(shown_metrics) > 1 else 1
-    nrows = (len(shown_metrics) + 1) // 2
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 3.8 * nrows), squeeze=False)
+    cols = min(len(shown_metrics), 2 if len(shown_metrics) == 4 else 3)
+    nrows = -(-len(shown_metrics) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.0 * cols, 3.8 * nrows), squeeze=False)
     rows = list(dict.fromkeys(row for row, _ in runs))
     last = max((df["step"].max() for df in runs.values() if len(df)), default=0)
     for ax, (metric, label) in zip(axes.ravel(), shown_metrics):
-        shown, tail = set(), []
-        for (row, _seed), df in runs.items():
-            part = df[["step", metric]].dropna() if metric in df else pd.DataFrame()
-            if metric == "val/ppl" and len(part):
-                part = part[part["step"] >= last / 2]
-                tail += list(part[metric])
-            if part.empty:
-                continue
-            ax.plot(part["step"], part[metric], color=f"C{rows.index(row) % 10}", linewidth=0.9, alpha=0.8,
-                    label=row if row not in shown else "_")  # fmt: skip
-            shown.add(row)
-        if not shown:
-            _no_data(ax, f"{metric} not in these runs' logs")
+        if metric == "lr":
+            _schedules(ax, runs, rows)
         else:
-            if tail:
-                lo, hi = min(tail), max(tail)
-                pad = 0.05 * (hi - lo or hi)
-                ax.set_ylim(lo - pad, hi + pad)
-            ax.legend(fontsize=6, ncol=2)
+            _per_run(ax, runs, rows, metric, last)
+        if metric == "val/ppl":
+            for f in points:
+                ax.axvline(f * (last + 1) - 1, color="gray", linestyle=":", linewidth=0.8)
+            if points:
+                label += "; dotted: the stability rule's points"
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
@@ -169,3 +164,47 @@ def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str, ca
     fig.suptitle(title + note, fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)
+
+
+def _per_run(ax, runs, rows, metric, last) -> None:
+    shown, tail = set(), []
+    for (row, _seed), df in runs.items():
+        part = df[["step", metric]].dropna() if metric in df else pd.DataFrame()
+        if metric == "val/ppl" and len(part):
+            part = part[part["step"] >= last / 2]
+            tail += list(part[metric])
+        if part.empty:
+            continue
+        ax.plot(part["step"], part[metric], color=f"C{rows.index(row) % 10}", linewidth=0.9, alpha=0.8,
+                label=row if row not in shown else "_")  # fmt: skip
+        shown.add(row)
+    if not shown:
+        _no_data(ax, f"{metric} not in these runs' logs")
+        return
+    if tail:
+        lo, hi = min(tail), max(tail)
+        pad = 0.05 * (hi - lo or hi)
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.legend(fontsize=6, ncol=2)
+
+
+def _schedules(ax, runs, rows) -> None:
+    """One line per distinct learning-rate schedule, labelled with every row that follows it."""
+    schedules: dict[tuple, list[str]] = {}
+    curves = {}
+    for (row, _seed), df in runs.items():
+        part = df[["step", "lr"]].dropna() if "lr" in df else pd.DataFrame()
+        if part.empty:
+            continue
+        key = tuple(part["lr"].round(12))
+        names = schedules.setdefault(key, [])
+        if row not in names:
+            names.append(row)
+        curves[key] = part
+    if not schedules:
+        _no_data(ax, "lr not in these runs' logs")
+        return
+    for key, names in schedules.items():
+        ax.plot(curves[key]["step"], curves[key]["lr"], color=f"C{rows.index(names[0]) % 10}", linewidth=1.0,
+                label=", ".join(names) if len(schedules) > 1 else f"every row ({', '.join(names)})")  # fmt: skip
+    ax.legend(fontsize=6)

@@ -361,7 +361,8 @@ def why(v: Verdict) -> str:
         missing = [_pct(p.fraction) for p in v.points if p.n_row == 0 or p.n_base == 0]
         lost = [_pct(p.fraction) for p in v.points if p not in held]
         if missing:
-            return f"{v.points[-1].verdict} at 100% but no validation logged at {', '.join(missing)}: not stable ({each})"
+            where = ", ".join(missing)
+            return f"{v.points[-1].verdict} at 100% but no validation logged at {where}: not stable ({each})"
         return f"{v.points[-1].verdict} at 100% but not at {', '.join(lost)}: not stable ({each})"
     if v.passed:
         return f"{v.verdict} at every point ({each})"

@@ -1,9 +1,11 @@
 """The committed reference reports (reports/reference/) agree with the code and the pre-registered predictions.
 
-Each reference table ships its per-run CSV (`table3-PRESET-runs.csv`: every seed's dev numbers and convergence).
-Judging those numbers again with today's `ablations/predictions.csv` and `reports.verdicts` must give the
-committed verdicts and Holm-adjusted p-values: a scored set edited after the results, or a change to the
-statistics, shows here as a changed verdict rather than passing unnoticed.
+Each reference table ships its per-run CSV (`table3-PRESET-runs.csv`: every seed's final dev numbers, its numbers at
+the stability rule's earlier points, its last-quarter fall) and every run's validation curve
+(`table3-PRESET-curves.csv`). The falls and the points are recomputed from the curves, and the verdicts from the
+per-run numbers with today's `ablations/predictions.csv` and `reports.verdicts`: they must give the committed
+columns, verdicts and Holm-adjusted p-values, so a scored set edited after the results, a change to the statistics,
+or a curve that does not say what the table says shows here rather than passing unnoticed.
 """
 
 import math
@@ -14,44 +16,71 @@ import pytest
 
 from aiayn.ablations.presets import PRESETS
 from aiayn.lightning_modules.run.spec import resolve
-from aiayn.reports.verdicts import Cell, judge_cells, smoothing_floor
+from aiayn.reports.table import EARLY
+from aiayn.reports.verdicts import Cell, convergence_drop, judge_cells, point_step, smoothing_floor
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reports" / "reference"
-# every table3-PRESET.csv outside history/ (earlier attempts' reports, kept as they were: its README says why)
+# every table3-PRESET.csv outside history/ (earlier attempts' reports, kept as they were: its README says why), and
+# the main job's other seed sets (main-job-seed-sets/first-seed-S.csv: preset quick)
 TABLES = sorted(
-    p for p in REFERENCE.rglob("table3-*.csv")
-    if not p.name.endswith(("-runs.csv", "-slopes.csv")) and "history" not in p.relative_to(REFERENCE).parts
+    p for p in REFERENCE.rglob("*.csv")
+    if (p.name.startswith("table3-") or p.name.startswith("first-seed-"))
+    and not p.name.endswith(("-runs.csv", "-slopes.csv", "-curves.csv"))
+    and not {"history", "pilots", "ct2"} & set(p.relative_to(REFERENCE).parts)
 )  # fmt: skip
 
 
 def _preset(table: Path) -> str:
-    return table.stem.removeprefix("table3-")
+    return "quick" if table.name.startswith("first-seed-") else table.stem.removeprefix("table3-")
 
 
 def _cell(runs: pd.DataFrame, preset: str) -> Cell:
     done = runs[runs["status"] == "completed"]
     values = {row: {"ppl": list(g["dev_ppl"]), "bleu": list(g["dev_bleu"])} for row, g in done.groupby("row")}
-    converged = {row: bool((g["converged"] == "yes").all()) for row, g in done.groupby("row")}
+    points = {f: {row: {m: list(g[f"{m}_{suffix}"].dropna()) for m in ("ppl", "bleu")}
+                  for row, g in done.groupby("row")} for f, suffix in EARLY.items()}  # fmt: skip
     floors = {}
     for row in values:
         model = resolve(row, preset).model
         floors[row] = smoothing_floor(model.eps_ls, model.vocab_size)
-    return Cell(preset, values, converged, floors)
+    return Cell(preset, values, points, floors)
 
 
 def _judge_again(runs: pd.DataFrame, preset: str, table: Path | None = None) -> dict:
     """The verdicts again from the per-run CSVs: the preset's, with its cells' beside it (table3-CELL-runs.csv in the
     same directory) in one Holm family, as the report judged them."""
     cells = [_cell(runs, preset)]
-    for name in PRESETS[preset].cells if table is not None else ():
+    for name in PRESETS[preset].cells if table is not None and table.name.startswith("table3-") else ():
         cells.append(_cell(pd.read_csv(table.with_name(f"table3-{name}-runs.csv")), name))
     return {row: v for (cell, row), v in judge_cells(cells).items() if cell == preset}
 
 
-def test_every_reference_table_has_its_runs():
+def test_every_reference_table_has_its_runs_and_their_curves():
     assert TABLES, f"no reference tables under {REFERENCE}"
     for table in TABLES:
         assert table.with_name(f"{table.stem}-runs.csv").exists(), f"{table} has no per-run CSV beside it"
+        assert table.with_name(f"{table.stem}-curves.csv").exists(), f"{table} has no curves beside it"
+
+
+@pytest.mark.parametrize("table", TABLES, ids=[str(t.relative_to(REFERENCE)) for t in TABLES])
+def test_the_falls_and_the_stability_points_recompute_from_the_committed_curves(table):
+    """Issue 36: a reader re-derives every run's last-quarter fall (by the preset's rule) and its dev PPL at the
+    validations nearest 75% and 87.5% of its budget from the committed curves alone, and gets the per-run CSV."""
+    runs = pd.read_csv(table.with_name(f"{table.stem}-runs.csv"))
+    curves = pd.read_csv(table.with_name(f"{table.stem}-curves.csv"))
+    rule = PRESETS[_preset(table)].convergence
+    done = runs[runs["status"] == "completed"]
+    assert len(done), f"{table.name}: no completed run"
+    for _, run in done.iterrows():
+        curve = curves[(curves["row"] == run["row"]) & (curves["seed"] == run["seed"])]
+        curve = curve.rename(columns={"val_ppl": "val/ppl"}).reset_index(drop=True)
+        where = f"{table.name}: {run['row']} seed {run['seed']}"
+        assert len(curve), f"{where} has no curve"
+        assert convergence_drop(curve, rule) == pytest.approx(run["last_drop"], abs=1.5e-4), where
+        values = dict(zip(curve["step"], curve["val/ppl"]))
+        for fraction, suffix in EARLY.items():
+            step = point_step(values, int(run["steps"]), fraction)
+            assert values[step] == pytest.approx(run[f"ppl_{suffix}"], abs=1.5e-4), f"{where} at {suffix}%"
 
 
 @pytest.mark.parametrize("table", TABLES, ids=[str(t.relative_to(REFERENCE)) for t in TABLES])
@@ -64,6 +93,8 @@ def test_reference_verdicts_reproduce(table):
     for row, line in scored.iterrows():
         v = again[row]
         assert v.verdict == line["verdict"], f"{table.name} {row}: committed {line['verdict']!r}, now {v.verdict!r}"
+        if v.points:  # the stability rule's earlier points, as committed
+            assert [p.verdict for p in v.points[:-1]] == [line[f"verdict_{s}"] for s in EARLY.values()], row
         assert (v.metric, v.predicted) == (line["metric"], line["predicted"]), (
             f"{table.name} {row}: predicted differently"
         )
@@ -89,14 +120,14 @@ def test_reference_runs_were_trained_at_the_presets_budget(table):
 
 
 def _main_job_verdicts(reference: Path) -> dict[str, pd.Series]:
-    sets = {"{0}": reference / "table3-tiny.csv"}
+    sets = {"{0}": reference / "table3-quick.csv"}
     sets |= {f"{{{p.stem[-1]}}}": p for p in sorted((reference / "main-job-seed-sets").glob("first-seed-?.csv"))}
     return {name: pd.read_csv(path).set_index("row")["verdict"].dropna() for name, path in sets.items()}
 
 
 def test_the_main_job_gives_the_same_verdict_on_each_seed_set_run_apart(reference=REFERENCE):
-    """Issue 19's bar for the main job: seed sets {0}, {1} and {2}, each a separate `aiayn table3 --first-seed S`,
-    give every scored row the same verdict."""
+    """Issues 19 and 36: seed sets {0}, {1} and {2} of the main job (`quick`), each a separate `aiayn table3
+    --first-seed S`, give every scored row the same verdict."""
     verdicts = _main_job_verdicts(reference)
     assert sorted(verdicts) == ["{0}", "{1}", "{2}"]
     first = verdicts["{0}"]

@@ -7,15 +7,22 @@ can be checked by hand, and were (see test_numbers_checked_by_hand, test_verdict
     A1     PPL 6.0, 6.2 -> 6.10 ± 0.14; Δ PPL 100·(6.1/5.1 - 1) = +19.61%, paper 100·(5.29/4.92 - 1) = +7.52%
            Welch on log PPL against base's: t = 8.986, df = 1.959, p = 0.01298 -> predicted worse: significant agree
     B1     failed (n = 0); "not scored" at tiny (ablations/predictions.csv)
-    C1     PPL 6.4, 6.8; seed 0's curve falls 10.67% over its last quarter -> not converged, no sign verdict
+    C1     PPL 6.4, 6.8: Welch p = 0.04748 -> worse, but not significant after Holm -> agree (seed 0's curve still
+           falls 10.67% over its last quarter: reported, not a gate)
     C4     no run: a scored row, listed, "inconclusive" (no completed run)
     D1     not testable at tiny; D3 PPL 4.9, one seed: predicted better, is better -> agree, no test
     D4     PPL 4.95, 5.0 -> 4.975: predicted worse, is better -> Welch p = 0.1518 -> disagree
     pre-ln extended: no verdict; C2/seed0/metrics.json is truncated JSON (skipped, named)
     train time 700 + 720 + 710 (base) + 2 x 400 (A1) + 2 x 300 (C1) + 400 + 400 + 2 x 400 + 400 = 5530 s = 1 h 32 min
-    Holm over the two tests made (A1, D4): 2 x 0.01298 = 0.02595, max(0.02595, 0.1518) = 0.1518
-    score: 2 of 5 scored rows agree (A1, D3), 1 significantly; every change hurts: 4 of 5 (D3 is predicted
-    better); random signs agree on 2 or more of 5 with probability 1 - 6/32 = 0.8125
+    Holm over the three tests made (A1, C1, D4): 3 x 0.01298 = 0.03893; 2 x 0.04748 = 0.09497; 0.1518
+    The stability rule (validations nearest 75% and 87.5% of 800 steps: steps 599 and 699; the final evaluation at
+    100%): every flat curve keeps its run's ratios there, so A1 and D4 test the same at each point (Welch 0.01297,
+    0.1517); C1's steep seed 0 (8.0 at 599, 7.0 at 699) gives 0.1025 at 75% (Holm 2 x 0.1025 = 0.205: agree) and
+    0.000398 at 87.5% (Holm 3 x = 0.0012: significant agree). A1 is significant at all three -> significant agree;
+    C1 agrees in sign at all three -> agree.
+    score: 3 of 5 scored rows agree (A1, C1, D3), 1 significantly; "every change hurts" on the same numbers: passes
+    1 (A1), agrees on 2 (A1, C1: D3 and D4 are better than base); random signs agree on 3 or more of 5 with
+    probability 16/32 = 0.5
 
 Convergence (val/ppl, 8 validations at steps 99..799): the two nearest 75% of 799 are 599 and 699. The flat curve
 (.., 5.3, 5.2, 5.1, scaled to the run's PPL): (5.3 + 5.2)/2 = 5.25 -> (5.2 + 5.1)/2 = 5.15, a drop of 1.90%;
@@ -85,6 +92,7 @@ def test_files_written(report):
     root, paths = report
     names = sorted(p.relative_to(root / "out").as_posix() for p in paths)
     assert names == [
+        "table3-tiny-curves.csv",
         "table3-tiny-plots/bleu_vs_params.png",
         "table3-tiny-plots/curves.png",
         "table3-tiny-plots/delta_vs_paper.png",
@@ -123,8 +131,11 @@ def test_csvs_load_as_plain_tables_with_the_header_first(report, name):
 def test_provenance_beside_the_csvs(report):
     doc = json.loads((report[0] / "out" / "table3-tiny.json").read_text())
     assert doc["generated_by"] == "aiayn report --runs runs --out out" and doc["notice"] == NOTICE
-    assert doc["predictions"] == "ablations/predictions.csv" and "fell by less than 5%" in doc["convergence_rule"]
-    assert (doc["score"]["scored"], doc["score"]["agree"], doc["score"]["significant_agree"]) == (5, 2, 1)
+    assert doc["predictions"] == "ablations/predictions.csv" and "never used as a gate" in doc["last_quarter_fall"]
+    assert "nearest 75%, 87.5%, 100% of the budget" in doc["stability_rule"]
+    assert (doc["score"]["scored"], doc["score"]["agree"], doc["score"]["significant_agree"]) == (5, 3, 1)
+    hurts = doc["score"]["trivial"]
+    assert (hurts["every_change_hurts_passed"], hurts["every_change_hurts_agree"]) == (1, 2)
     assert doc["score"]["passed"] == 1 and doc["cells"] == []
     # the fixture's runs predate provenance: none recorded a commit, and the report says so
     assert doc["runs_recorded"] == {"commits": [], "dirty_runs": [], "unrecorded_runs": 13, "predictions_sha256": []}
@@ -154,29 +165,37 @@ def test_numbers_checked_by_hand(report):
 def test_verdicts_checked_by_hand(report):
     t = _csv(report[0])
     assert dict(t["verdict"]) == {
-        "base": "", "A1": "significant agree", "B1": "not scored", "C1": "not converged", "C4": "inconclusive",
+        "base": "", "A1": "significant agree", "B1": "not scored", "C1": "agree", "C4": "inconclusive",
         "D1": "not testable", "D3": "agree", "D4": "disagree", "pre-ln": "",
     }  # fmt: skip
-    assert (float(t.loc["A1", "p"]), float(t.loc["A1", "p_holm"])) == (0.01298, 0.02595)
+    assert (float(t.loc["A1", "p"]), float(t.loc["A1", "p_holm"])) == (0.01298, 0.03893)
+    assert (float(t.loc["C1", "p"]), float(t.loc["C1", "p_holm"])) == (0.04748, 0.09497)
     assert (float(t.loc["D4", "p"]), float(t.loc["D4", "p_holm"])) == (0.1518, 0.1518)
-    assert t.loc["D3", "p"] == "" and t.loc["C1", "p"] == ""  # one seed: no test; not converged: none made
-    assert dict(t["converged"]) == {**dict.fromkeys(t.index, "yes"), "C1": "no", "B1": "", "C4": "", "pre-ln": ""}
+    assert t.loc["D3", "p"] == ""  # one seed: no test
+    # the stability rule's earlier points (steps 599 and 699)
+    assert (t.loc["C1", "verdict_75"], t.loc["C1", "verdict_87.5"]) == ("agree", "significant agree")
+    assert (float(t.loc["C1", "p_holm_75"]), float(t.loc["C1", "p_holm_87.5"])) == (0.205, 0.001195)
+    assert (t.loc["A1", "verdict_75"], t.loc["A1", "verdict_87.5"]) == ("significant agree",) * 2
+    # the last-quarter fall, reported for every row with curves and gating nothing (C1 falls 10.67%, still agrees)
     assert (float(t.loc["C1", "last_drop"]), float(t.loc["base", "last_drop"])) == (0.1067, 0.019)
 
 
 def test_notes(report):
     md = (report[0] / "out" / "table3-tiny.md").read_text(encoding="utf-8")
     assert (
-        "- Score: 1 of 5 pre-registered tests pass (1 significant in the predicted direction, 0 equivalent); 1 more "
+        "- Score: 1 of 5 pre-registered tests pass (1 significant in the predicted direction, 0 equivalent); 2 more "
         "agree in sign without significance, 1 disagree (0 significantly), 1 inconclusive, 0 equivalent without assay "
-        'sensitivity (not counted), 1 not converged. "Every change hurts" would pass at most 4 of 5 (the rows '
-        "predicted worse); on the 5 directional tests random signs agree on 2.5 on average, and on 2 or more with "
-        "probability 0.812."
+        'sensitivity (not counted), 0 not stable. "Every change hurts", judged on the same numbers by the same rules, '
+        "passes 1 of 5 and agrees in sign on 2; on the 5 directional tests random signs agree on 2.5 on average, and "
+        "on 3 or more with probability 0.500."
     ) in md
+    assert ("  - C1: the predicted sign at every point, without a test that could make it significant (75%: agree "
+            "(Holm p 0.2); 87.5%: significant agree (Holm p 0.0012); 100%: agree (Holm p 0.095))") in md
+    assert md.index("**Key.**") < md.index("## Notes")  # the key under the table
     assert "- Code: the runs ran from commit(s) not recorded; 13 run(s) recorded no commit" in md
     # the series as slopes: heads h 1 (A1: 6.0, 6.2) and 4 (base: 5.0, 5.1, 5.2), log PPL on log2 h = 0 and 2
     assert "  - heads h (h 1 4; rows base A1; 5 runs): -8.56% per doubling (95% interval -11.29 to -5.75)" in md
-    assert "  - A1 (ppl, predicted worse): significant agree (2 vs 3 seeds: p = 0.013, Holm-adjusted 0.026)" in md
+    assert "  - A1 (ppl, predicted worse): significant agree (2 vs 3 seeds: p = 0.013, Holm-adjusted 0.039)" in md
     assert "  - C4 (ppl, predicted worse): inconclusive (no completed run of C4)" in md
     assert "- One seed on a side (D3): no seed-level test" in md
     assert "  - B1 seed 0: failed: RuntimeError: loss is NaN at step 312" in md  # the error's first line only
@@ -186,27 +205,63 @@ def test_notes(report):
     assert "signature `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0`" in md
     assert "d_model, d_ff, h·d_k, h·d_v x 0.25; h x 0.5; N x 0.333" in md  # the preset's rule
     assert "pre-LN residuals (paper: post-LN) (rows: pre-ln)" in md
-    assert "5 of 6 rows with curves converged (still improving: C1)." in md
+    assert "never used as a gate" in md and "  - base 1.9%, A1 1.9%, C1 10.7%, D1 1.9%, D3 1.9%, D4 1.9%" in md
 
 
-def _run(root: Path, row: str, seed: int, ppl: float, curve=(9.0, 3.0, 2.0, 1.5, 1.3, 1.2, 1.2, 1.18)) -> Run:
-    """A completed run of `row` with its dev PPL and a val/ppl curve (one value per 100 steps)."""
+def _run(root: Path, row: str, seed: int, ppl: float, curve=(9.0, 3.0, 2.0, 1.5, 1.3, 1.2, 1.2)) -> Run:
+    """A completed 800-step run of `row` with its final dev PPL and a val/ppl curve logged as Lightning logs it (steps
+    99, 199, ..., 699; the final evaluation's PPL is the 100% point)."""
     log = root / f"{row}-{seed}" / "logs" / "version_0"
     log.mkdir(parents=True)
-    lines = [f"{100 * (i + 1)},{v}" for i, v in enumerate(curve)]
+    lines = [f"{100 * (i + 1) - 1},{v}" for i, v in enumerate((*curve, ppl))]
     (log / "metrics.csv").write_text("step,val/ppl\n" + "\n".join(lines) + "\n")
-    metrics = RunMetrics(row, seed, "tiny", "completed", dev_ppl=ppl, dev_bleu=20.0, group=row[0])
+    metrics = RunMetrics(row, seed, "tiny", "completed", dev_ppl=ppl, dev_bleu=20.0, group=row[0], steps=800)
     return Run(root / f"{row}-{seed}", metrics)
 
 
-def test_when_base_has_not_converged_no_row_gets_a_sign_verdict(tmp_path):
-    still_falling = (9.0, 6.0, 4.0, 3.0, 2.5, 2.0, 1.7, 1.5)
-    runs = [_run(tmp_path, "base", s, 1.5, still_falling) for s in range(3)]
-    runs += [_run(tmp_path, "A1", s, p) for s, p in ((0, 1.9), (1, 2.0), (2, 2.1))]
-    t3 = build_table(runs, "tiny")
-    assert t3.verdicts["A1"].verdict == "not converged" and t3.rows.set_index("row").loc["base", "converged"] == "no"
-    converged_base = [_run(tmp_path / "x", "base", s, 1.5) for s in range(3)]
-    assert build_table([*converged_base, *runs[3:]], "tiny").verdicts["A1"].verdict == "significant agree"
+SEEDS = {0: 0.98, 1: 1.0, 2: 1.02}  # each seed's spread around its row's numbers
+
+
+def _seeds(root: Path, row: str, at_599: float, at_699: float, final: float, odd: dict | None = None) -> list[Run]:
+    """Three seeds of `row` whose curves reach `at_599`, `at_699` (the validations nearest 75% and 87.5% of 800
+    steps) and `final`, each scaled by its seed's factor; `odd`: a seed's own value at 599."""
+    return [_run(root, row, s, round(final * f, 4), (9.0, 3.0, 2.5, 2.2, 2.1, round((odd or {}).get(s, at_599 * f), 4),
+                                                     round(at_699 * f, 4))) for s, f in SEEDS.items()]  # fmt: skip
+
+
+def test_a_verdict_that_holds_at_the_end_but_not_at_75_percent_is_refused(tmp_path):
+    """The stability rule on hand-made curves (issue 36): A1 is clearly worse than base at 100% (final PPL 2.0
+    against 1.5) and at 87.5% (step 699), but at 75% (step 599) its seeds straddle base's 1.55, so the test is not
+    significant there: `not stable`, a miss. The same runs with a 75% point as clear as the others pass."""
+    base = _seeds(tmp_path, "base", 1.55, 1.52, 1.5)
+    straddling = _seeds(tmp_path, "A1", 2.05, 2.0, 2.0, odd={0: 1.5, 1: 1.75, 2: 1.52})
+    v = build_table([*base, *straddling], "tiny").verdicts["A1"]
+    assert [p.verdict for p in v.points] == ["agree", "significant agree", "significant agree"]
+    assert v.verdict == "not stable" and not v.passed
+    assert "significant agree at 100% but not at 75%: not stable" in v.why
+    clear = _seeds(tmp_path / "clear", "A1", 2.05, 2.0, 2.0)
+    again = build_table([*base, *clear], "tiny").verdicts["A1"]
+    assert again.verdict == "significant agree" and all(p.verdict == "significant agree" for p in again.points)
+
+
+def test_a_one_seed_sign_that_flips_before_the_end_is_not_stable(tmp_path):
+    """With one seed a side (the main job) the verdict is a sign, and the sign must hold at every point."""
+    base = _run(tmp_path, "base", 0, 1.5, (9.0, 3.0, 2.0, 1.7, 1.6, 1.55, 1.52))
+    flips = _run(tmp_path, "A1", 0, 1.6, (9.0, 3.0, 2.0, 1.7, 1.6, 1.50, 1.55))  # better than base at 75% only
+    v = build_table([base, flips], "tiny").verdicts["A1"]
+    assert [p.verdict for p in v.points] == ["disagree", "agree", "agree"] and v.verdict == "not stable"
+    holds = _run(tmp_path / "holds", "A1", 0, 1.6, (9.0, 3.0, 2.0, 1.7, 1.6, 1.60, 1.55))
+    assert build_table([base, holds], "tiny").verdicts["A1"].verdict == "agree"
+
+
+def test_a_run_still_improving_at_the_end_withholds_no_verdict(tmp_path):
+    """The paper's protocol: a fixed budget, compared at the end. Base still falls over its last quarter (v4's gate
+    withheld every verdict then); now its fall is reported and the test is made."""
+    base = _seeds(tmp_path, "base", 2.0, 1.7, 1.5)
+    a1 = _seeds(tmp_path, "A1", 2.6, 2.3, 2.0)
+    t3 = build_table([*base, *a1], "tiny")
+    assert t3.verdicts["A1"].verdict == "significant agree"
+    assert t3.rows.set_index("row").loc["base", "last_drop"] > 0.05  # still falling, reported
 
 
 def test_the_presets_convergence_rule_judges_its_runs(tmp_path, monkeypatch):
@@ -221,9 +276,9 @@ def test_the_presets_convergence_rule_judges_its_runs(tmp_path, monkeypatch):
     t = _csv(tmp_path)
     assert float(t.loc["C1", "last_drop"]) == pytest.approx(0.20, abs=1e-4)
     assert float(t.loc["base", "last_drop"]) == pytest.approx(1 - 5.1 / 5.3, abs=1e-4)
-    assert t.loc["C1", "verdict"] == "not converged" and t.loc["base", "converged"] == "yes"
+    assert t.loc["C1", "verdict"] == "agree"  # the fall is reported, not a gate
     doc = json.loads((tmp_path / "out" / "table3-tiny.json").read_text())
-    assert "least-squares line" in doc["convergence_rule"] and "least-squares line" in (
+    assert "least-squares line" in doc["last_quarter_fall"] and "least-squares line" in (
         tmp_path / "out" / "table3-tiny.md"
     ).read_text(encoding="utf-8")
 
@@ -331,7 +386,7 @@ def test_cli_prints_written_paths(tmp_path, capsys, monkeypatch):
     shutil.copytree(FIXTURES / "runs" / "tiny" / "synthetic" / "D1", runs / "tiny" / "synthetic" / "D1")
     assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     printed = io.StringIO(capsys.readouterr().out).read().split()
-    assert printed[0].endswith("table3-tiny.md") and len(printed) == 11
+    assert printed[0].endswith("table3-tiny.md") and len(printed) == 12
     assert all(Path(p).is_file() for p in printed)
 
 
@@ -363,8 +418,8 @@ def test_the_verdict_is_printed_in_one_line(report, capsys):
     assert main(["report", "--runs", str(root / "runs"), "--out", str(root / "again")]) == 0
     err = capsys.readouterr().err
     assert (
-        "table3-tiny: base dev PPL 5.100, BLEU 20.30 (converged); 1 of 5 pre-registered tests pass (1 significant, "
-        "0 equivalent; 1 disagree, 1 not converged, 1 inconclusive); every-change-hurts: at most 4 of 5"
+        "table3-tiny: base dev PPL 5.100, BLEU 20.30; 1 of 5 pre-registered tests pass (1 significant, "
+        "0 equivalent; 1 disagree, 0 not stable, 1 inconclusive); every-change-hurts: 1 of 5"
     ) in err
 
 
