@@ -1,82 +1,195 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh: aiayn's GPU paths on ONE GPU in one call of at most 8 minutes, with no network.
+# scripts/gpu-check.sh: aiayn's GPU paths on ONE GPU in one call of at most 8 minutes, on a machine with no network.
 #
-#   OUT=/tmp/gpu-check bash scripts/gpu-check.sh              # on the GPU machine, from the repository's root
-#   GPU_CHECK_SMOKE=1 OUT=/tmp/gpu-check bash scripts/gpu-check.sh   # the same stages on a CPU, small (minutes)
+#   bash scripts/gpu-check.sh prep                        # 1. where PyPI is reachable: stage what the GPU image lacks
+#   OUT=/tmp/gpu-check bash scripts/gpu-check.sh          # 2. on the GPU machine, from the repository's root
+#   GPU_CHECK_SMOKE=1 OUT=/tmp/gc bash scripts/gpu-check.sh   # the same stages on a CPU, small (a few minutes)
 #
-# It runs the project as it stands in this checkout (python -m aiayn from the root; no install needed beyond the
-# packages of pyproject.toml) and writes only under $OUT: summary.md (each stage's result and time) and each
-# stage's JSON and log. Stages, each bounded by `timeout` so that the whole call stays within 480 s:
-#   1 doctor     `aiayn doctor` (cuda, bf16, sdpa, bf16_loss, syncs with the progress bar on, throughput, translate;
-#                ddp and resume need two GPUs and say so)                                        <= 150 s
-#   2 bench      `aiayn bench --config paper` eager, then --compile model: tokens/s and MFU       <= 150 s
-#   3 trainer    `aiayn bench --trainer`: Lightning's Trainer beside the bare step (tiny, paper)  <= 90 s
-#   4 table      `aiayn table3 --preset tiny --rows base,A1 --max-steps 300` on the GPU: a few hundred steps of a
-#                small table, its report and verdict                                             <= 90 s
+# `prep` downloads into .gpucheck/whl/ (git-ignored; carry it to the GPU machine with the checkout) the wheels of the
+# packages aiayn imports at start that the GPU image lacks (STAGED below, for CPython 3.12 on x86-64); the check
+# installs them from there, with no index, when they are missing. It runs the project as it stands in this checkout
+# (python -m aiayn from the root) and writes at most 8 files under $OUT, whatever the stages do:
+#   summary.md         each stage's result and time, and the figures that go into BENCHMARKS.md
+#   results.json       every figure, by stage
+#   evidence-slice.md  the report of a real slice of the evidence table trained on the GPU
+#   logs.tar.gz        every stage's log and JSON (its runs stay in a scratch folder outside $OUT)
+# Stages, each bounded by `timeout`, together within 480 s:
+#   paths      the grad_w path the fused loss takes on this torch, the empty-source beam on the fused attention
+#              kernels, static-shape training compiled without hitting the recompile limit                  <= 60 s
+#   bench      `aiayn bench --size paper` eager, --compile layers, --compile model: tokens/s, MFU, graphs <= 210 s
+#   share      evidence-size runs sharing the GPU, 1, 4, 8 and 16 at once: steps/s each and together      <= 120 s
+#   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps) and its report    <= 90 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
 set -u
+STAGED="optuna alembic SQLAlchemy greenlet Mako colorlog sacremoses shtab"
+if [ "${1:-}" = prep ]; then
+  set -e
+  [ -d .git ] || { echo "run this in the repository's root"; exit 2; }
+  mkdir -p .gpucheck/whl
+  grep -qxF '/.gpucheck/' .git/info/exclude 2>/dev/null || echo '/.gpucheck/' >> .git/info/exclude
+  rm -f .gpucheck/whl/*.whl
+  # shellcheck disable=SC2086
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpucheck/whl $STAGED
+  ls .gpucheck/whl
+  echo "staged $(ls .gpucheck/whl | wc -l) wheels; next, on the GPU machine: OUT=<dir> bash scripts/gpu-check.sh"
+  exit 0
+fi
+
 OUT=${OUT:?OUT must be set: the folder for the results}
 SMOKE=${GPU_CHECK_SMOKE:-0}
 PY=${PYTHON:-python3}
-mkdir -p "$OUT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/aiayn-gpu-check.XXXXXX")
+mkdir -p "$OUT" "$WORK/logs"
 SUM="$OUT/summary.md"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-export AIAYN_CACHE=${AIAYN_CACHE:-$OUT/cache}
+export AIAYN_CACHE=${AIAYN_CACHE:-$WORK/cache}
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 START=$(date +%s)
 note() { echo "$*" | tee -a "$SUM"; }
 stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, log it, note its status and time
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
   local rc=$?
-  note "| $name | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s | $name.log |"
+  note "| $name | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s |"
 }
 
 if [ "$SMOKE" = 1 ]; then
-  DEVICE=cpu; BENCH=(--config tiny --steps 1 --trials 1 --warmup 1 --decode-sentences 4); STEPS=20
-  TRAINER=(--trainer-config tiny); DOCTOR=(--check bf16 --check throughput --check translate --steps 1)
+  export AIAYN_COMPILE_BACKEND=eager  # dynamo's tracing, without inductor's code generation: minutes on a CPU
+  DEVICE=cpu; ACCEL=cpu; BENCH=(--size tiny --steps 1 --trials 1 --warmup 1 --decode-sentences 4)
+  SHARE=(1 2); SHARE_STEPS=30; SLICE=(--seeds 1 --base-seeds 1 --max-steps 40 --val-every 10)
 else
-  DEVICE=cuda; BENCH=(--config paper --steps 3 --trials 3); STEPS=300
-  TRAINER=(--trainer-config tiny --trainer-config paper); DOCTOR=()
+  DEVICE=cuda; ACCEL=gpu; BENCH=(--size paper --steps 3 --trials 3)
+  SHARE=(1 4 8 16); SHARE_STEPS=300; SLICE=(--seeds 2 --base-seeds 2 --max-steps 1000 --jobs 8)
 fi
 
 : > "$SUM"
 note "# aiayn GPU check ($(date -u +%FT%TZ), smoke=$SMOKE)"
 note ""
+# the packages the image lacks, from the staged wheels (no index: this machine may have no network)
+if ! "$PY" -c "import optuna, sacremoses, shtab" 2>/dev/null; then
+  if [ -d .gpucheck/whl ]; then
+    # shellcheck disable=SC2086
+    "$PY" -m pip install -q --no-index --find-links .gpucheck/whl $STAGED > "$WORK/logs/install.log" 2>&1 \
+      && note "installed from .gpucheck/whl: $STAGED" || note "install from .gpucheck/whl FAILED (logs/install.log)"
+  else
+    note "optuna, sacremoses or shtab missing and no .gpucheck/whl: run \`bash scripts/gpu-check.sh prep\` first"
+  fi
+fi
 note "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1)"
 note ""
-note "| stage | result | time | log |"
-note "| --- | --- | --- | --- |"
-stage doctor 150 "$PY" -m aiayn doctor "${DOCTOR[@]}" --json "$OUT/doctor.json" --out "$OUT/doctor-runs"
-stage bench-eager 75 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --json "$OUT/bench-eager.json"
-stage bench-compiled 75 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile model \
-    --json "$OUT/bench-compiled.json"
-stage trainer 90 "$PY" -m aiayn bench --trainer --device "$DEVICE" "${TRAINER[@]}" --json "$OUT/bench-trainer.json"
-stage table 90 "$PY" -m aiayn table3 --preset tiny --rows base,A1 --max-steps "$STEPS" --val-every 100 \
-    --accelerator "$([ "$DEVICE" = cuda ] && echo gpu || echo cpu)" --out "$OUT/table" --report "$OUT/table/reports"
+note "| stage | result | time |"
+note "| --- | --- | --- |"
+
+stage paths 60 "$PY" - "$DEVICE" "$WORK/paths.json" <<'EOF'
+# The three GPU-only defects of issue 38 that a GPU decides: which grad_w path ran, whether beam search keeps an
+# empty source finite on this GPU's fused attention kernels, and whether an epoch of static shapes compiles
+# without hitting dynamo's recompile limit (and evaluation compiles nothing).
+import json, sys, time
+import torch
+from aiayn.lightning_modules.transformer import loss as L
+from aiayn.lightning_modules.transformer import model as M
+from aiayn.lightning_modules.transformer.compiled import compile_model
+from aiayn.lightning_modules.transformer.decoding import beam_search
+
+device, out = torch.device(sys.argv[1]), {}
+g, h = torch.randn(512, 64, device=device), torch.randn(512, 32, device=device)
+acc = torch.zeros(64, 32, device=device)
+L.accumulate_outer(acc, g.bfloat16(), h.bfloat16())
+out["grad_w_path"] = L.grad_w_path(device.type)
+M.CPU_FAST_PATHS = False  # the fused kernels, as a GPU runs them
+torch.manual_seed(0)
+model = M.Transformer(M.TransformerConfig(N=2, d_model=64, d_ff=128, h=4, vocab_size=50, max_len=128)).to(device).eval()
+src = torch.tensor([[5, 6, 7, 8], [0, 0, 0, 0], [9, 4, 0, 0]], device=device)
+with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+    hyps = beam_search(model, src, 2, 3, beam=4, alpha=0.6, extra_len=50)
+out["empty_source_beam"] = {"lengths": [len(x) for x in hyps], "to_the_limit": len(hyps[1]) >= 54}
+from torch._dynamo.utils import counters
+model.train()
+shapes = [(max(1, 2048 // n), n) for n in range(8, 96, 8)]
+compile_model(model, "layers", dynamic=False, shapes=len(shapes))
+t0 = time.perf_counter()
+for b, n in shapes:
+    x, y = torch.randint(4, 50, (b, n), device=device), torch.randint(4, 50, (b, n), device=device)
+    memory, mask = model.encode(x)
+    loss, _, _ = L.projected_label_smoothed_loss(model.decode(y, memory, mask), model.embed.weight, y, 0.1)
+    loss.backward()
+graphs = int(counters["stats"]["unique_graphs"])
+with torch.no_grad():
+    model.eval()
+    beam_search(model, src, 2, 3, beam=4, alpha=0.6, extra_len=10)
+out["static_shapes_compiled"] = {
+    "shapes": len(shapes), "graphs": graphs, "seconds": round(time.perf_counter() - t0, 1),
+    "recompile_limit_hit": sum(v for k, v in counters["unimplemented"].items() if "recompile limit" in k),
+    "graphs_added_by_decoding": int(counters["stats"]["unique_graphs"]) - graphs,
+}
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+print(json.dumps(out))
+EOF
+for how in none layers model; do
+  stage "bench-$how" 70 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" \
+      --json "$WORK/bench-$how.json"
+done
+stage share 120 "$PY" - "$WORK" "$ACCEL" "$SHARE_STEPS" "${SHARE[@]}" <<'EOF'
+# N evidence-size runs at once on this one device (the sweep places them: sweeps/backends/processes.py), for N in
+# the list: the wall time of all of them, setup included
+import json, subprocess, sys, time
+work, accel, steps, counts = sys.argv[1], sys.argv[2], sys.argv[3], [int(n) for n in sys.argv[4:]]
+for n in counts:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "aiayn", "table3", "--preset", "evidence", "--rows", "base", "--seeds",
+                    str(n), "--base-seeds", str(n), "--first-seed", "900", "--jobs", str(n), "--max-steps", steps,
+                    "--val-every", "1000", "--report", "", "--accelerator", accel, "--out", f"{work}/share-{n}"],
+                   check=True)
+    with open(f"{work}/share.jsonl", "a") as f:
+        f.write(json.dumps({"runs": n, "steps": int(steps), "wall_s": round(time.perf_counter() - t0, 1)}) + "\n")
+EOF
+stage slice 90 "$PY" -m aiayn table3 --preset evidence --rows base,C1,C4,C5 "${SLICE[@]}" --first-seed 900 \
+    --accelerator "$ACCEL" --out "$WORK/slice" --report "$WORK/slice/reports"
+cp "$WORK/slice/reports/table3-evidence.md" "$OUT/evidence-slice.md" 2>/dev/null || note "no evidence-slice report"
+
 note ""
-"$PY" - "$OUT" <<'EOF' | tee -a "$SUM"
+"$PY" - "$WORK" "$OUT/results.json" <<'EOF' | tee -a "$SUM"
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+work, results = Path(sys.argv[1]), {}
 def read(name):
     try:
-        return json.loads((out / name).read_text())
+        return json.loads((work / name).read_text())
     except (OSError, ValueError):
         return None
-for name in ("bench-eager.json", "bench-compiled.json"):
-    r = read(name)
+results["paths"] = read("paths.json")
+if results["paths"]:
+    p = results["paths"]
+    print(f"- grad_w: {p['grad_w_path']}")
+    print(f"- empty source, beam search on the fused kernels: output lengths {p['empty_source_beam']['lengths']}"
+          f"{' (the empty one ran to the limit: NOT guarded)' if p['empty_source_beam']['to_the_limit'] else ''}")
+    c = p["static_shapes_compiled"]
+    print(f"- static shapes, --compile layers: {c['shapes']} shapes, {c['graphs']} graphs in {c['seconds']} s, "
+          f"recompile limit hit {c['recompile_limit_hit']} time(s), graphs added by decoding {c['graphs_added_by_decoding']}")
+for how in ("none", "layers", "model"):
+    r = read(f"bench-{how}.json")
+    results[f"bench-{how}"] = r
     if r:
         a = r[0]
         mfu = f", MFU {100 * a['mfu']:.1f}%" if a.get("mfu") else ""
-        print(f"- {name}: {a['train_tokens_per_s']:,.0f} tokens/s, {a['train_step_s'] * 1e3:.1f} ms/step{mfu}")
-d = read("doctor.json")
-if d:
-    print("- doctor: " + ", ".join(f"{c['name']} {c['status']} ({c['value']})" for c in d["checks"]))
-t = read("bench-trainer.json")
-if t:
-    print("- trainer vs bare step: " + ", ".join(f"{r.get('config')} {r.get('ratio', 0):.2f}x" for r in t))
+        graphs = f", {a['graphs_compiled']} graphs" if "graphs_compiled" in a else ""
+        print(f"- bench --compile {how}: {a['train_tokens_per_s']:,.0f} tokens/s, {a['train_step_s'] * 1e3:.1f} "
+              f"ms/step{mfu}{graphs}")
+try:
+    share = [json.loads(line) for line in (work / "share.jsonl").read_text().splitlines()]
+except OSError:
+    share = []
+results["share"] = share
+for s in share:
+    print(f"- {s['runs']} evidence-size run(s) at once: {s['runs'] * s['steps'] / s['wall_s']:.1f} steps/s together, "
+          f"{s['steps'] / s['wall_s']:.1f} each (wall {s['wall_s']:.0f} s, setup included)")
+Path(sys.argv[2]).write_text(json.dumps(results, indent=1) + "\n")
 EOF
+cp "$WORK"/*.json "$WORK/logs/" 2>/dev/null
+tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
 note ""
-note "total $(( $(date +%s) - START )) s"
+note "total $(( $(date +%s) - START )) s; files: $(ls "$OUT" | tr '\n' ' ')"
+rm -rf "$WORK"

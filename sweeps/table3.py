@@ -75,12 +75,13 @@ def build_sweep(opts: SweepOptions) -> Sweep:
 
 
 def gpus_per_job(opts: SweepOptions, jobs: int) -> int | None:
-    """--gpus-per-job, or 1 when the sweep sees a GPU for each of its concurrent one-device runs: N runs at once
-    would otherwise all land on cuda:0."""
+    """--gpus-per-job, or 1 when the sweep sees a GPU: each of its concurrent one-device runs gets one of its own,
+    or, with more runs than GPUs, a share of one (round robin: sweeps/backends/processes.py); N runs at once would
+    otherwise all land on cuda:0."""
     t = opts.train
     if opts.gpus_per_job is not None or t.accelerator == "cpu" or t.world_size > 1:
         return opts.gpus_per_job
-    return 1 if len(visible_gpus()) >= jobs else None
+    return 1 if visible_gpus() else None
 
 
 def cell_options(opts: SweepOptions) -> list[SweepOptions]:

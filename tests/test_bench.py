@@ -161,7 +161,7 @@ def test_marian_peer_sizes():
 def test_bench_cli_writes_json(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[test]')")
     out = tmp_path / "bench.json"
-    argv = ["--config", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1",
+    argv = ["--size", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1",
             "--decode-sentences", "2", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu",
             "--peers", "--json", str(out)]  # fmt: skip
     assert main(["bench", *argv]) == 0
@@ -179,7 +179,7 @@ def test_bench_trainer_cli_times_the_real_trainer_beside_the_bare_step(tmp_path,
     really ran Lightning's loop over TranslationModule (the module counts its own optimizer steps), the bare side
     as many steps, and the rounds were interleaved one trainer window per bare round."""
     out = tmp_path / "trainer.json"
-    argv = ["--trainer", "--trainer-config", "tiny", "--trainer-config", "laptop", "--tokens", "64", "--layers", "1",
+    argv = ["--trainer", "--trainer-size", "tiny", "--trainer-size", "laptop", "--tokens", "64", "--layers", "1",
             "--steps", "1", "--warmup", "1", "--trials", "2", "--device", "cpu", "--json", str(out)]  # fmt: skip
     assert main(["bench", *argv]) == 0
     results = json.loads(out.read_text())
@@ -200,8 +200,8 @@ def test_bench_trainer_cli_times_the_real_trainer_beside_the_bare_step(tmp_path,
 
 
 def test_bench_trainer_config_is_checked():
-    assert main(["bench", "--trainer", "--trainer-config", "huge", "--device", "cpu"]) == 2
-    assert main(["bench", "--trainer-config", "tiny", "--device", "cpu"]) == 2  # without --trainer: a mistake
+    assert main(["bench", "--trainer", "--trainer-size", "huge", "--device", "cpu"]) == 2
+    assert main(["bench", "--trainer-size", "tiny", "--device", "cpu"]) == 2  # without --trainer: a mistake
 
 
 def test_the_fused_loss_casts_the_weight_once_per_call_under_autocast():
@@ -226,3 +226,49 @@ def test_decode_sources_land_on_the_models_device():
     src = decode_sources(cfg, 4, 7, torch.device("meta"))
     assert src.device.type == "meta" and tuple(src.shape) == (4, 7)
     assert torch.equal(decode_sources(cfg, 4, 7, torch.device("cpu")), decode_sources(cfg, 4, 7, torch.device("cpu")))
+
+
+def test_the_grad_w_path_is_found_once_logged_once_and_said(monkeypatch, caplog):
+    """Issue 38, G2: with bf16 chunks on a GPU, grad_w tries one GEMM that accumulates in float32 (addmm's out_dtype
+    into a float32 accumulator); a torch that refuses it (before pytorch/pytorch#167931) used to fall back silently
+    on every chunk. The path is found once per process, logged once, and said (`grad_w_path`, metrics.json's)."""
+    import logging
+
+    from aiayn.lightning_modules.transformer import loss as L
+
+    monkeypatch.setattr(L, "_grad_w_paths", {})
+    g, h = torch.randn(6, 5), torch.randn(6, 3)
+    acc = torch.zeros(5, 3)
+    L.accumulate_outer(acc, g, h)  # float32: the product, then the add
+    assert L.grad_w_path("cpu") == L.FP32_PATH and torch.allclose(acc, g.t() @ h)
+
+    monkeypatch.setattr(L, "_grad_w_paths", {})
+    monkeypatch.setattr(L, "_one_gemm_device", lambda device: True)  # as on CUDA
+    tried = []
+
+    def refuses(*args, **kwargs):  # an older torch: no float32 out_dtype into a float32 accumulator
+        tried.append(kwargs.get("out_dtype"))
+        raise RuntimeError("out_dtype is only supported for ...")
+
+    monkeypatch.setattr(L.torch, "addmm", refuses)
+    acc = torch.zeros(5, 3)
+    gb, hb = g.bfloat16(), h.bfloat16()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=L.__name__):
+        for _ in range(4):  # four chunks
+            L.accumulate_outer(acc, gb, hb)
+    assert tried == [torch.float32]  # tried once per process, not per chunk
+    assert L.grad_w_path("cpu") == L.THREE_PASS_PATH
+    assert torch.allclose(acc, 4 * (gb.t() @ hb).float())
+    said = [r.getMessage() for r in caplog.records if "grad_w on" in r.getMessage()]
+    assert said == [f"grad_w on cpu: {L.THREE_PASS_PATH}"]
+
+    monkeypatch.setattr(L, "_grad_w_paths", {})
+
+    def one_gemm(acc, a, b, out_dtype=None, out=None):  # a torch that has it: one GEMM into the accumulator
+        out += (a.float() @ b.float())
+        return out
+
+    monkeypatch.setattr(L.torch, "addmm", one_gemm)
+    L.accumulate_outer(acc, gb, hb)
+    assert L.grad_w_path("cpu") == L.ONE_GEMM_PATH

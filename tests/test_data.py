@@ -775,3 +775,26 @@ def test_with_two_ranks_the_dev_split_is_shared_whole_and_training_is_cut_even(c
     assert sorted(dev[0] + dev[1]) == list(range(120))  # every dev sentence, once
     assert dev[0] and dev[1] and not set(dev[0]) & set(dev[1])
     assert train[0] == train[1]
+
+
+def test_every_rank_gets_a_dev_batch_even_when_the_dev_set_has_fewer_batches_than_ranks():
+    """Issue 38, G8: a dev set of one batch on two ranks left rank 1 with none (DDP then crashed at the first
+    validation). Rank 1 gets a filler batch: one row of padding, index -1, that counts no token."""
+    import torch
+
+    from aiayn.lightning_modules.data.batching import TokenBucketSampler, collate
+    from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+    from aiayn.lightning_modules.use.evaluate import nll_sum
+
+    shares = [list(TokenBucketSampler([5], [6], 1024, shuffle=False, num_replicas=2, rank=r, drop_uneven=False))
+              for r in (0, 1)]  # fmt: skip
+    assert shares == [[[0]], [[]]]
+    filler = collate([], pad_to=8)
+    assert filler["idx"].tolist() == [-1] and (filler["n_src_tokens"], filler["n_tgt_tokens"]) == (0, 0)
+    model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=20, max_len=64)).eval()
+    with torch.no_grad():
+        nll, n = nll_sum(model, filler)
+    assert n == 0 and float(nll) == 0.0
+    # training keeps dropping an uneven tail: a rank never gets a filler there
+    train = TokenBucketSampler([5], [6], 1024, shuffle=True, num_replicas=2, rank=1, drop_uneven=True)
+    assert list(train) == []

@@ -289,3 +289,23 @@ def test_a_sigterm_to_either_rank_stops_every_rank_at_the_same_step(cache, tmp_p
                    for line in text.splitlines() if "SIGTERM, every rank stops" in line)  # fmt: skip
     assert len(stops) == 2 and stops[0].split()[0] == stops[1].split()[0], text[-3000:]
     assert not (ckpts.parent / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_a_dev_set_of_fewer_batches_than_ranks_validates_under_ddp(cache, tmp_path):
+    """Issue 38, G8: one dev sentence is one batch, and rank 1 had none: it skipped validation while rank 0 waited
+    for it in the epoch's gather, and the run crashed at its first validation. Every rank now gets a batch (a filler
+    row of padding that counts no token), and the validation's perplexity is the one sentence's."""
+    cmd = [sys.executable, "-m", "aiayn.cli", "train", "--preset", "tiny", "--row", "base", "--accelerator", "cpu",
+           "--devices", "2", "--strategy", "ddp", "--max-steps", "4", "--val-every", "2", "--ckpt-every", "1000",
+           "--eval-subset", "1", "--val-bleu-sentences", "1", "--out", str(tmp_path / "runs"), "--no-progress",
+           "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny" / "synthetic" / "base" / "seed0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["dev_sentences"] == 1
+    curve = (run / "logs" / "version_0" / "metrics.csv").read_text().splitlines()
+    column = curve[0].split(",").index("val/ppl")
+    assert len([line for line in curve[1:] if line.split(",")[column]]) == 2  # validated at steps 2 and 4

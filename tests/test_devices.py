@@ -17,6 +17,7 @@ def gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
 
 
 def test_auto_precision_is_bf16_on_a_gpu_that_has_it_and_fp32_elsewhere(gpu, monkeypatch):
@@ -40,6 +41,29 @@ def test_loader_workers_and_pinned_memory_follow_the_trainers_accelerator(gpu):
     assert (devices.data_workers(None, "auto"), devices.uses_cuda("auto")) == (4, True)
     assert (devices.data_workers(None, "cpu"), devices.uses_cuda("cpu")) == (0, False)  # a CPU run on a GPU box
     assert devices.data_workers(2, "cpu") == 2  # --num-workers as given
+
+
+def test_loader_workers_fit_the_cpus_the_job_was_given_not_the_machines(gpu, monkeypatch):
+    """Issue 38, G6: a SLURM task given 4 CPUs of a 64-core node (its affinity, a cgroup) gets 3 workers beside its
+    own process, not min(4, os.cpu_count()) = 4; with 1 CPU, none."""
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {8, 9, 10, 11}, raising=False)
+    assert devices.usable_cpus() == 4 and devices.data_workers(None, "gpu") == 3
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {5}, raising=False)
+    assert devices.data_workers(None, "gpu") == 0 and devices.data_workers(2, "gpu") == 2  # --num-workers wins
+
+
+def test_matmul_precision_is_the_users_and_a_runs_precision_is_recorded(gpu, monkeypatch):
+    """Issue 38, G5: `--matmul-precision highest` with `--precision 32-true` reruns a CPU-registered table exactly
+    on a GPU; the default stays TF32 ("high")."""
+    calls = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    devices.prepare_matmuls("auto", "highest")
+    devices.prepare_matmuls("auto")
+    assert calls == ["highest", "high"]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    assert devices.trained_precision("32-true") == "32-true, fp32 matmuls highest"
 
 
 def test_nothing_changes_on_a_cpu_machine():

@@ -270,3 +270,32 @@ def test_a_query_with_no_key_gets_zeros_on_the_fused_path_whatever_the_kernel(mo
     out = M.attention(q, k, v, mask)
     assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros_like(out[1]))
     torch.testing.assert_close(out[:1], expected)
+
+
+def test_beam_search_guards_an_empty_source_on_the_fused_path_whatever_the_kernel(monkeypatch):
+    """Issue 38, G3: beam search's cache made the source mask an additive -inf mask that went straight to the fused
+    kernel, so a kernel that gives NaN for an all-masked row (some CUDA ones) decoded an empty sentence to the
+    length limit. The cache keeps the boolean mask now, which `attention` guards: on the code a GPU takes, with such
+    a kernel, beam search gives what the plain path (zeros for the empty row) gives."""
+    from aiayn.lightning_modules.transformer import model as M
+    from aiayn.lightning_modules.transformer.decoding import beam_search
+
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def nan_where_nothing_to_attend(q, k, v, attn_mask=None, is_causal=False):
+        out = real(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        if attn_mask is None:
+            return out
+        empty = ~attn_mask.any(-1, keepdim=True) if attn_mask.dtype == torch.bool else (
+            attn_mask == float("-inf")).all(-1, keepdim=True)  # fmt: skip
+        return out.masked_fill(empty, float("nan"))
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=20, max_len=64)).eval()
+    src = torch.tensor([[5, 6, 7], [0, 0, 0], [9, 4, 0]])  # the second sentence is empty: all padding
+    with torch.no_grad():
+        expected = beam_search(model, src, 2, 3, beam=2, alpha=0.6, extra_len=5)  # the plain path: zeros there
+        monkeypatch.setattr(M, "CPU_FAST_PATHS", False)  # the code a GPU takes
+        monkeypatch.setattr(M.F, "scaled_dot_product_attention", nan_where_nothing_to_attend)
+        got = beam_search(model, src, 2, 3, beam=2, alpha=0.6, extra_len=5)
+    assert got == expected

@@ -44,6 +44,8 @@ def test_train_writes_config_checkpoints_and_metrics(trained):
     assert metrics["status"] == "completed" and metrics["steps"] == 2 and metrics["dev_sentences"] == 4
     assert metrics["dev_bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert metrics["dev_ppl"] > 1 and metrics["params"] > 1e6
+    # what it trained under, and how grad_w was accumulated (issue 38, G2 and G5): fp32 on a CPU
+    assert (metrics["precision"], metrics["grad_w_path"]) == ("32-true", "float32: the product, then the add")
     config = json.loads((trained / "config.json").read_text())
     assert config["spec"]["model"]["d_model"] == 128 and config["spec"]["model"]["vocab_size"] == 1000
     assert (trained / "checkpoints" / "last.ckpt").is_file()
@@ -323,7 +325,7 @@ def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
     float rounding (dropout off: inductor draws its own masks). Tolerance: 1e-4 relative, loose against fp32 sums
     reordered by fusion, tight against a wrong kernel (a missing residual or norm moves the loss by 10% and more)."""
     from aiayn.lightning_modules.data.batching import collate
-    from aiayn.lightning_modules.run.train import compile_model
+    from aiayn.lightning_modules.transformer.compiled import compile_model
     from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
     from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
@@ -359,3 +361,48 @@ def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
         torch.testing.assert_close(grads[k], eager_grads[k], rtol=1e-3, atol=1e-6)
     for k in state:
         torch.testing.assert_close(state[k], eager_state[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["layers", "model"])
+def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compile_nothing(how):
+    """Issue 38, G1 and G4, counted with the eager backend (what dynamo traces, without inductor's codegen): with
+    static shapes every training shape of an epoch (11 here, Multi30k's count at --pad-to 8) gets its graph without
+    hitting dynamo's recompile limit (8 per function: it then ran the rest eager for good), and validation under
+    inference mode, teacher-forced evaluation and beam search (a KV cache that grows every step) add no graph: the
+    compiled code runs only in training."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from aiayn.lightning_modules.transformer.compiled import compile_model
+    from aiayn.lightning_modules.transformer.decoding import beam_search
+    from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+    from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+
+    torch._dynamo.reset()
+    counters.clear()
+    limits = {n: getattr(torch._dynamo.config, n) for n in ("recompile_limit", "cache_size_limit")
+              if hasattr(torch._dynamo.config, n)}  # fmt: skip
+    try:
+        torch.manual_seed(0)
+        model = Transformer(TransformerConfig(N=2, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=128, P_drop=0.0))
+        shapes = [(max(1, 64 // n), n) for n in range(8, 96, 8)]  # (sentences, length): 11 buckets of width 8
+        compile_model(model, how, dynamic=False, shapes=len(shapes), backend="eager")
+        for b, n in shapes:
+            src, tgt = torch.randint(4, 40, (b, n)), torch.randint(4, 40, (b, n))
+            memory, mask = model.encode(src)
+            loss, _, _ = projected_label_smoothed_loss(model.decode(tgt, memory, mask), model.embed.weight, tgt, 0.1)
+            loss.backward()
+        limited = [k for k in counters["unimplemented"] if "recompile limit" in k]
+        assert not limited, "an epoch's shapes hit dynamo's recompile limit: the rest ran eager"
+        trained = counters["stats"]["unique_graphs"]
+        assert trained >= len(shapes)
+        with torch.inference_mode():  # validation
+            model(torch.randint(4, 40, (3, 13)), torch.randint(4, 40, (3, 17)))
+        with torch.no_grad():  # the final evaluation and translation
+            model(torch.randint(4, 40, (5, 9)), torch.randint(4, 40, (5, 11)))
+            beam_search(model, torch.randint(4, 40, (2, 7)), 2, 3, beam=2, alpha=0.6, extra_len=6)
+        assert counters["stats"]["unique_graphs"] == trained, "evaluation or decoding compiled graphs of its own"
+    finally:
+        for name, value in limits.items():
+            setattr(torch._dynamo.config, name, value)
+        torch._dynamo.reset()

@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from aiayn.common.options import option
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
+BENCH_SIZES = ("tiny", "laptop", "base", "paper")
+
 
 @dataclass
 class BenchOptions:
     """What `aiayn bench` measures (aiayn/bench/run.py): one model's training and decoding speed."""
 
-    config: str = option("tiny", "model sizes", choices=("tiny", "laptop", "base", "paper"))
+    size: str = option("tiny", "the model's size (`--config` is a YAML file of these options, as everywhere)",
+                       choices=BENCH_SIZES)  # fmt: skip
     device: str = option("auto", "auto: cuda when available", choices=("auto", "cpu", "cuda"))
     peers: bool = option(False, "also torch.nn.Transformer and transformers' MarianMTModel")
     json: str | None = option(None, "write the results here, one object per implementation (--trainer: per config)")
@@ -40,9 +43,9 @@ class BenchOptions:
     cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")
     trainer: bool = option(
         False, "instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches "
-        "(tokens/s of each and their ratio, per config; aiayn/bench/trainer.py says what each side includes)",
+        "(tokens/s of each and their ratio, per size; aiayn/bench/trainer.py says what each side includes)",
     )  # fmt: skip
-    trainer_configs: tuple[str, ...] = option(
-        (), "with --trainer: a config to measure (repeatable; default: tiny and laptop)", flag="--trainer-config",
-        metavar="CONFIG",
+    trainer_sizes: tuple[str, ...] = option(
+        (), "with --trainer: a model size to measure (repeatable; default: tiny and laptop)", flag="--trainer-size",
+        metavar="SIZE",
     )  # fmt: skip

@@ -438,7 +438,7 @@ def run(args: BenchOptions) -> list[dict]:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    bc = bench_config(args.config, device.type, args.layers, args.tokens)
+    bc = bench_config(args.size, device.type, args.layers, args.tokens)
     cfg = bc.model
     impls = list(IMPLS if args.peers else IMPLS[:1])
     if args.peers:
@@ -460,9 +460,11 @@ def run(args: BenchOptions) -> list[dict]:
 
     models = {impl: build(impl, cfg).to(device) for impl in impls}
     if args.compile != "none":
-        from aiayn.lightning_modules.run.train import compile_model
+        from aiayn.lightning_modules.transformer.compiled import compile_model
 
-        compile_model(models["aiayn"], args.compile, dynamic=False)  # the bench's batch has one shape
+        # the training batch has one shape; decoding runs eager (compiled code runs only where autograd records:
+        # a growing KV cache under dynamic=False recompiled the decoder at every step, issue 38 G4)
+        compile_model(models["aiayn"], args.compile, dynamic=False, shapes=1)
     trainers = {impl: Trainer(impl, models[impl], cfg, batch, device) for impl in impls}
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     step_s: dict[str, list[float]] = {impl: [] for impl in impls}
@@ -518,7 +520,13 @@ def run(args: BenchOptions) -> list[dict]:
             "decode_sentences_per_s": len(sources) / d,
             "flops_per_step": flops,
             "achieved_tflops": flops / s / 1e12,
+            "compile": args.compile if impl == "aiayn" else "none",
         }
+        if impl == "aiayn" and args.compile != "none":  # what dynamo made: graphs, and any function it gave up on
+            from torch._dynamo.utils import counters
+
+            r["graphs_compiled"] = int(counters["stats"]["unique_graphs"])
+            r["recompile_limit_hit"] = sum(v for k, v in counters["unimplemented"].items() if "recompile limit" in k)
         if peak:
             r["peak_bf16_tflops"] = peak
             r["mfu"] = flops / s / 1e12 / peak
@@ -576,8 +584,8 @@ def resolve_device(opts: BenchOptions) -> str:
 
 
 def main(opts: BenchOptions) -> int:
-    if opts.trainer_configs:
-        raise UserError("--trainer-config is for --trainer; pass --config CONFIG for the implementations' bench")
+    if opts.trainer_sizes:
+        raise UserError("--trainer-size is for --trainer; pass --size SIZE for the implementations' bench")
     results = run(dataclasses.replace(opts, device=resolve_device(opts)))
     print(table(results))
     if opts.json:

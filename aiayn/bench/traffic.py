@@ -6,6 +6,8 @@ Runs under a FakeTensorMode, so paper-sized shapes cost no compute and no memory
 row (25,000 target positions, a 37,000 × 512 embedding) is counted on a laptop in a second.
 
     python -m aiayn.bench.traffic                      # the fused loss at the paper's shapes, bf16 autocast
+    python -m aiayn.bench.traffic --step               # the whole step (forward, loss, backward) by kind of op
+    python -m aiayn.bench.traffic --step --residual bf16   # the same with a bf16 residual stream
 """
 
 from __future__ import annotations
@@ -92,13 +94,79 @@ def loss_traffic(vocab: int, d_model: int, positions: int, *, autocast: bool = T
     return counter.traffic
 
 
+# Kinds of op in a training step, by ATen name: the GEMMs, fused attention (its kernels read Q, K, V and write O;
+# they never hold the (T, S) scores), and everything else: elementwise and reductions (dropout, residual adds,
+# LayerNorm, the loss's passes over the logits, casts, the embedding gather and its gradient's scatter)
+GEMM_OPS = ("mm", "bmm", "addmm", "linear", "matmul", "_scaled_mm", "baddbmm", "addbmm")
+
+
+def kind_of(name: str) -> str:
+    if name in GEMM_OPS:
+        return "gemm"
+    if "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name:
+        return "attention"
+    return "elementwise"
+
+
+def step_traffic(cfg, tokens: int, seq_len: int, *, residual: str = "fp32") -> dict[str, Traffic]:
+    """Bytes read and written by one training step of `cfg` (forward, fused loss, backward; the optimizer apart) on
+    `tokens` target and as many source tokens in sentences of `seq_len`, under bf16 autocast, on the code a GPU runs
+    (scaled_dot_product_attention, F.dropout), by kind of op (`kind_of`); on fake tensors. `residual`: the residual
+    stream's dtype (model.residual_stream)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from aiayn.lightning_modules.transformer import model as M
+    from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+
+    fast, M.CPU_FAST_PATHS = M.CPU_FAST_PATHS, False
+    try:
+        with FakeTensorMode():
+            model = M.Transformer(cfg)
+            if residual == "bf16":
+                M.residual_stream(model, torch.bfloat16)
+            b = max(1, tokens // seq_len)
+            src = torch.ones(b, seq_len, dtype=torch.long)
+            tgt = torch.ones(b, seq_len, dtype=torch.long)
+            with CountTraffic() as counter:
+                with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+                    memory, mask = model.encode(src)
+                    hidden = model.decode(tgt, memory, mask)
+                    loss, _, _ = projected_label_smoothed_loss(hidden, model.embed.weight, tgt, cfg.eps_ls,
+                                                               reduction="sum")  # fmt: skip
+                loss.backward()
+    finally:
+        M.CPU_FAST_PATHS = fast
+    out = {k: Traffic() for k in ("gemm", "attention", "elementwise")}
+    t = counter.traffic
+    for name, n in t.ops.items():
+        out[kind_of(name)].ops[name] += n
+        out[kind_of(name)].bytes[name] += t.bytes[name]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vocab", type=int, default=37000)
     ap.add_argument("--d-model", type=int, default=512)
     ap.add_argument("--positions", type=int, default=25000)
     ap.add_argument("--fp32", action="store_true", help="no autocast (a CPU run, or fp32 on a GPU)")
+    ap.add_argument("--step", action="store_true", help="the whole training step of the paper's base row, by kind")
+    ap.add_argument("--seq-len", type=int, default=28, help="sentence length (WMT14's mean, about 28 tokens)")
+    ap.add_argument("--residual", choices=("fp32", "bf16"), default="fp32")
     args = ap.parse_args(argv)
+    if args.step:
+        from aiayn.lightning_modules.run.spec import resolve
+
+        cfg = resolve("base", "paper").model
+        kinds = step_traffic(cfg, args.positions, args.seq_len, residual=args.residual)
+        total = sum(k.total_bytes for k in kinds.values())
+        print(f"paper base step, {args.positions} + {args.positions} tokens in sentences of {args.seq_len}, bf16 "
+              f"autocast, {args.residual} residual stream: {total / 1e9:.1f} GB read + written, "
+              f"{sum(k.dispatches for k in kinds.values())} ops")  # fmt: skip
+        for kind, k in kinds.items():
+            top = ", ".join(f"{n} {b / 1e9:.1f}" for n, b in k.bytes.most_common(6))
+            print(f"  {kind}: {k.total_bytes / 1e9:.1f} GB in {k.dispatches} ops ({top})")
+        return
     t = loss_traffic(args.vocab, args.d_model, args.positions, autocast=not args.fp32)
     print(f"fused loss, {args.positions} positions x V {args.vocab} x d_model {args.d_model}, "
           f"{'fp32' if args.fp32 else 'bf16 autocast'}: {t.dispatches} ops, {t.total_bytes / 1e9:.2f} GB read + "

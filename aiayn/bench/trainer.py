@@ -165,7 +165,7 @@ def measure(name: str, args: BenchOptions, device: torch.device) -> dict:
     try:
         bc = bench_config(name, device.type, args.layers, args.tokens)
     except ValueError as e:
-        raise UserError(f"--trainer-config {name}: {e}") from None
+        raise UserError(f"--trainer-size {name}: {e}") from None
     cfg = bc.model
     batch = training_batch(cfg, bc.tokens_per_side, bc.seq_len)
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
@@ -223,7 +223,7 @@ def run_trainer(args: BenchOptions) -> list[dict]:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    return [measure(name, args, device) for name in (args.trainer_configs or TRAINER_CONFIGS)]
+    return [measure(name, args, device) for name in (args.trainer_sizes or TRAINER_CONFIGS)]
 
 
 def trainer_table(results: list[dict]) -> str:

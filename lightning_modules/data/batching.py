@@ -174,6 +174,11 @@ class TokenBucketSampler(Sampler[list[int]]):
         n = len(batches)
         if self.drop_uneven:
             batches = batches[: n - n % (self.num_replicas * self.accumulate)]
+        elif n < self.num_replicas:
+            # a dev set of fewer batches than ranks: every rank still needs one, or it skips validation and the
+            # others wait for it in the epoch's gather (DDP crashed there); an empty batch collates to one row of
+            # padding, which counts no token
+            batches = batches + [[] for _ in range(self.num_replicas - n)]
         return batches[self.rank :: self.num_replicas]
 
     def set_epoch(self, epoch: int) -> None:
@@ -278,6 +283,12 @@ def collate(items: Sequence[tuple[int, torch.Tensor, torch.Tensor]], pad_to: int
     """
     # vectorized (one masked copy per tensor, not a loop over sentences): collation runs once per batch in
     # the training process, and at the tiny preset's batch sizes a per-sentence loop costs ~3% of a step
+    if not items:  # a rank's filler batch (TokenBucketSampler._rank_share): one row of padding, no token, index -1
+        empty = torch.full((1, pad_to), PAD, dtype=torch.long)
+        tgt_in = empty.clone()
+        tgt_in[0, 0] = BOS
+        return {"src": empty.clone(), "tgt_in": tgt_in, "tgt_out": empty.clone(),
+                "idx": torch.tensor([-1], dtype=torch.long), "n_src_tokens": 0, "n_tgt_tokens": 0}  # fmt: skip
     b = len(items)
     src_lens, tgt_lens = [len(x[1]) for x in items], [len(x[2]) for x in items]  # host numbers: no tensor read
     src_len, tgt_len = torch.tensor(src_lens, dtype=torch.long), torch.tensor(tgt_lens, dtype=torch.long)

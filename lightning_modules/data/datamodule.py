@@ -18,7 +18,13 @@ import lightning.pytorch as pl
 import torch
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.data.batching import ResumableDataLoader, TokenBucketSampler, collate, padding_stats
+from aiayn.lightning_modules.data.batching import (
+    ResumableDataLoader,
+    TokenBucketSampler,
+    batch_shapes,
+    collate,
+    padding_stats,
+)
 from aiayn.lightning_modules.data.corpora import SPLITS, default_cache_dir, parallel_text, read_parallel, resolve_corpus
 from aiayn.lightning_modules.data.tokenizer import (
     EncodedPairs,
@@ -284,6 +290,13 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> ResumableDataLoader:
         return self._loader("test")
+
+    def train_shape_count(self) -> int:
+        """How many distinct (sentences, source length, target length) shapes an epoch of training batches has on this
+        rank, as collate pads them: what a compiled model makes a graph for, once each."""
+        s = self._samplers["train"]
+        return len(batch_shapes(s._rank_share(s.all_batches(0)), s.src_lens, s.tgt_lens, pad_to=self.pad_to,
+                                square=self.static_shapes))  # fmt: skip
 
     def padding_fraction(self, split: str = "train") -> float:
         """Padding waste of the current epoch's batches of ``split`` (all ranks together)."""

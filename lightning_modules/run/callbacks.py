@@ -152,6 +152,19 @@ class RunFilesInCheckpoint(pl.Callback):
         checkpoint[RUN_FILES] = self.files
 
 
+class RoomForShapes(pl.Callback):
+    """With --compile and --static-shapes: once the data module is set up (its sampler knows the epoch's batch
+    shapes), raise dynamo's recompile limit so that every shape compiles once (transformer/compiled.py)."""
+
+    def __init__(self, share: int) -> None:
+        self.share = share
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module) -> None:
+        from aiayn.lightning_modules.transformer.compiled import room_for
+
+        room_for(trainer.datamodule.train_shape_count(), self.share)
+
+
 class LogRunConfig(pl.Callback):
     """The loggers' hyper-parameters: the run's config (secrets masked), as one flat view (row, seed, the knobs,
     `model/d_model`, `data/corpus`, `train/steps`…: wandb_run.wandb_config), logged once when fit starts. Lightning

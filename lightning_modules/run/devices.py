@@ -4,6 +4,10 @@ loader's workers and pinned memory, and the autocast that evaluation and decodin
 The paper trained in fp32 on P100s; on a GPU of today a run without bf16 is 5-10x slower than it needs to be, so
 `auto` is bf16-mixed wherever the GPU supports it, and fp32 with TF32 matmuls (torch.set_float32_matmul_precision
 "high") where not. On a CPU it is fp32, as it always was: a CPU run's numbers do not move.
+
+A GPU rerun of a table registered and run on CPUs (the evidence preset, the main job) is the same experiment only
+in fp32 with exact fp32 matmuls: `--precision 32-true --matmul-precision highest`. Each run records what it trained
+under (metrics.json's `precision`), and a report whose runs differ in it says so.
 """
 
 from __future__ import annotations
@@ -40,18 +44,40 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     return "32-true"
 
 
-def prepare_matmuls(accelerator: str) -> None:
-    """fp32 matmuls on TF32 tensor cores on a GPU (Lightning warns when this is left at "highest"); CPUs unchanged."""
+MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's
+
+
+def prepare_matmuls(accelerator: str, matmul_precision: str | None = None) -> None:
+    """fp32 matmuls on a GPU: `matmul_precision` where given (`highest`: exact fp32, as a CPU computes), else on TF32
+    tensor cores (`high`; Lightning warns when it is left at "highest"); CPUs unchanged."""
     if uses_cuda(accelerator):
-        torch.set_float32_matmul_precision("high")
+        torch.set_float32_matmul_precision(matmul_precision or "high")
+
+
+def trained_precision(precision: str) -> str:
+    """What a run trained under, for metrics.json: Lightning's precision, and where fp32 matmuls run on a GPU, at
+    which precision ("32-true, fp32 matmuls highest")."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return f"{precision}, fp32 matmuls {torch.get_float32_matmul_precision()}"
+    return precision
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (what SLURM's --cpus-per-task, a cgroup or taskset gave it),
+    where the platform says, else every CPU of the machine."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
 
 
 def data_workers(requested: int | None, accelerator: str) -> int:
     """Loader worker processes: `--num-workers`, or on a GPU a few (collating a 25k-token batch takes ~15 ms the GPU
-    would wait for), on a CPU none (its cores are training)."""
+    would wait for), at most one fewer than the CPUs this process may use (`usable_cpus`: a SLURM task given 4 CPUs
+    on a 64-core node gets 3, not 4 on top of its own), on a CPU none (its cores are training)."""
     if requested is not None:
         return requested
-    return min(MAX_WORKERS, os.cpu_count() or 1) if uses_cuda(accelerator) else 0
+    return min(MAX_WORKERS, max(usable_cpus() - 1, 0)) if uses_cuda(accelerator) else 0
 
 
 def autocast(device: torch.device, precision: str):

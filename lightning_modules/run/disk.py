@@ -82,20 +82,36 @@ def periodic_saves(steps: int, every: int | None, keep: int) -> int:
     return min(keep, math.ceil(steps / every))
 
 
+def checkpoint_every(opts, preset) -> tuple[int | None, float | None]:
+    """(steps, minutes) between kept checkpoints, one of them None: --ckpt-every-minutes, else --ckpt-every, else the
+    preset's minutes (the paper preset: every 10 minutes), else its steps."""
+    if opts.ckpt_every_minutes is not None:
+        return None, opts.ckpt_every_minutes
+    if opts.ckpt_every is not None or preset.ckpt_every_minutes is None:
+        return opts.ckpt_every or preset.ckpt_every, None
+    return None, preset.ckpt_every_minutes
+
+
+def weights_only(opts, preset) -> bool:
+    """Whether periodic checkpoints leave the optimizer state out: --weights-only-checkpoints, or the preset's."""
+    return bool(opts.weights_only_checkpoints or preset.weights_only_checkpoints)
+
+
 def estimate(opts, spec, *, slurm: bool = False) -> DiskEstimate:
     """The checkpoints of the run `spec` trained with `opts` (TrainOptions); `slurm`: a requeue.ckpt besides."""
     preset = spec.preset
     params, vocab = spec.model.params(), spec.model.vocab_size
     whole, kept = kept_checkpoints(opts, preset)
-    every = None if opts.ckpt_every_minutes is not None else (opts.ckpt_every or preset.ckpt_every)
+    every, _ = checkpoint_every(opts, preset)
     steps = opts.max_steps or spec.train_steps
     periodic = periodic_saves(steps, every, whole)
+    slim_only = weights_only(opts, preset)
     return DiskEstimate(
         params=params,
         full_bytes=checkpoint_bytes(params, vocab, weights_only=False),
-        periodic_bytes=checkpoint_bytes(params, vocab, weights_only=opts.weights_only_checkpoints),
+        periodic_bytes=checkpoint_bytes(params, vocab, weights_only=slim_only),
         periodic=periodic,
         full=2 if slurm else 1,
-        slim=0 if opts.weights_only_checkpoints else periodic_saves(steps, every, kept) - periodic,
+        slim=0 if slim_only else periodic_saves(steps, every, kept) - periodic,
         slim_bytes=checkpoint_bytes(params, vocab, weights_only=True),
     )

@@ -195,7 +195,7 @@ class TranslationModule(pl.LightningModule):
         v["n"] = v.get("n", 0) + n
         k = self.val_bleu_sentences
         if k:  # beam search on this batch's sentences among the first k of the dev set
-            pick = (batch["idx"] < k).nonzero().squeeze(1)
+            pick = ((batch["idx"] >= 0) & (batch["idx"] < k)).nonzero().squeeze(1)  # -1: a rank's filler row
             if len(pick):
                 dm = self.trainer.datamodule
                 src = batch["src"].index_select(0, pick)

@@ -101,6 +101,17 @@ class TrainOptions:
         "bucket), a fixed number of sentences per bucket, both sides padded to it; what --compile model with fixed "
         "shapes, or a CUDA graph, needs; more padding (BENCHMARKS.md), so fewer real tokens per step",
     )  # fmt: skip
+    matmul_precision: str | None = option(
+        None, "fp32 matmuls on a GPU (torch.set_float32_matmul_precision): highest (exact fp32, what a CPU computes: "
+        "with --precision 32-true, a GPU rerun of a table registered on CPUs is the same experiment), high (TF32 "
+        "tensor cores; the default on a GPU), medium; a CPU run is unchanged",
+        choices=("highest", "high", "medium"),
+    )  # fmt: skip
+    residual_dtype: str = option(
+        "fp32", "the residual stream's dtype under bf16-mixed: fp32 (as autocast leaves it: LayerNorm returns fp32) or "
+        "bf16 (half its elementwise bytes on a GPU; BENCHMARKS.md measures its dev PPL against fp32's)",
+        choices=("fp32", "bf16"),
+    )  # fmt: skip
     compile: str = option(
         "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
         "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
@@ -115,6 +126,10 @@ class TrainOptions:
     wandb: bool = option(False, "also log to Weights & Biases (the same as adding wandb to --logger); online with "
                          "WANDB_API_KEY or `wandb login`, else offline, unless WANDB_MODE says otherwise")  # fmt: skip
     wandb_checkpoints: bool = option(False, "with W&B: also log the final checkpoint as a W&B model artifact")
+    log_model: bool = option(
+        False, "log the final checkpoint (it carries its tokenizer and config) as an artifact to every tracker that "
+        "keeps files: MLflow (checkpoint/last.ckpt) and W&B (a model artifact)",
+    )  # fmt: skip
     progress: bool = option(True, "Lightning's progress bar")
     trainer: dict = option(
         default_factory=dict, metavar="KEY=VALUE", parse=lambda items: parse_trainer(items),
@@ -239,6 +254,14 @@ def read_config_file(path: str | Path) -> ConfigFile:
     "options" and "spec") or a mapping of `aiayn train` options by name (`max_steps: 2`, `set: {d_model: 256}`)."""
     doc = read_mapping(path, "a run's config.json or a YAML file of `aiayn train` options (e.g. `row: C3`)")
     is_run = isinstance(doc.get("spec"), dict) and "options" in doc
+    if is_run:
+        from aiayn.lightning_modules.run.rundir import SCHEMA
+
+        schema = doc.get("schema", SCHEMA)
+        if not isinstance(schema, int) or isinstance(schema, bool) or not 1 <= schema <= SCHEMA:
+            raise UserError(f"config {path} is a run config.json of schema {schema!r}, which this aiayn does not read "
+                            f"(it reads schema {SCHEMA}); use the aiayn that wrote it, or pass a YAML file of `aiayn "
+                            "train` options")  # fmt: skip
     values = config_values(TrainOptions, (doc["options"] if is_run else doc) or {}, f"config {path}", "aiayn train")
     if not is_run:
         return ConfigFile(values)

@@ -104,6 +104,8 @@ class RunMetrics:
     eval_time_s: float | None = None  # the final evaluation (beam search over the dev set)
     wall_time_s: float | None = None  # this attempt from start to metrics.json: setup, fit, evaluation
     tokens_per_s: float | None = None
+    grad_w_path: str | None = None  # how the projection's gradient was accumulated (transformer/loss.py)
+    precision: str | None = None  # what the run trained under: Lightning's precision and fp32 matmuls' (devices.py)
     dev_bleu: float | None = None
     dev_bleu_signature: str | None = None
     dev_tok_bleu: float | None = None
@@ -418,6 +420,14 @@ class RunDir:
         old, new = saved.train, config.train
         fields_ = ("world_size", "accumulate", "effective_tokens_per_step")
         differ = [f"{f} {getattr(old, f)} -> {getattr(new, f)}" for f in fields_ if getattr(old, f) != getattr(new, f)]
+        # static shapes batch by length bucket (the bucket width is --pad-to): other batches, another data position
+        was, now = _batching(saved.options), _batching(config.options)
+        if was != now:
+            raise UserError(
+                f"run directory {self.path} was trained with {_batching_text(was)}; resuming it with "
+                f"{_batching_text(now)} would make other batches and misplace its position in the data: resume with "
+                f"the flags it ran with, or start it again in another --out"
+            )
         if differ:
             raise UserError(
                 f"run directory {self.path} was trained with world size {old.world_size} x {old.accumulate} "
@@ -608,3 +618,15 @@ def _torch_version() -> str:
     import torch
 
     return torch.__version__
+
+
+def _batching(options: dict) -> tuple[bool, int]:
+    """(static shapes, bucket width) of a run's recorded options: what decides its batches beyond the token budget
+    (without --static-shapes, --pad-to only pads: the batches are the same)."""
+    static = bool(options.get("static_shapes", False))
+    return static, (int(options.get("pad_to") or 1) if static else 1)
+
+
+def _batching_text(batching: tuple[bool, int]) -> str:
+    static, width = batching
+    return f"--static-shapes (buckets of {width})" if static else "token-bucket batches (no --static-shapes)"

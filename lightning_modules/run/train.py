@@ -25,11 +25,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
-from aiayn.common.files import check_writable_dir, sha256_file
+from aiayn.common.files import check_writable_dir, disk_full, sha256_file
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.data.corpora import check_corpus_options
@@ -40,6 +41,7 @@ from aiayn.lightning_modules.run.callbacks import (
     AtomicCheckpointIO,
     LogRunConfig,
     RNGStates,
+    RoomForShapes,
     RunFilesInCheckpoint,
     SigtermWithTheStep,
     StepCheckpoints,
@@ -51,6 +53,7 @@ from aiayn.lightning_modules.run.devices import (
     pad_multiple,
     prepare_matmuls,
     resolve_precision,
+    trained_precision,
     uses_cuda,
 )
 from aiayn.lightning_modules.run.module import Diverged, TranslationModule
@@ -63,6 +66,9 @@ from aiayn.lightning_modules.run.options import (
 )
 from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
+from aiayn.lightning_modules.transformer.compiled import compile_model
+from aiayn.lightning_modules.transformer.loss import grad_w_path
+from aiayn.lightning_modules.transformer.model import residual_stream
 from aiayn.lightning_modules.use.evaluate import evaluate
 
 log = logging.getLogger(__name__)
@@ -168,6 +174,9 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     spec = spec or spec_of(opts)
     run_loggers.of(opts)  # an unknown logger or a missing package: said before anything is prepared
     check_corpus_options(spec.corpus, opts.data_dir, opts.hf_splits)
+    check_device(opts)
+    check_cache_dir(opts.cache_dir)
+    check_memory(spec, opts)
     if opts.keep_last is not None and opts.keep_last < 1:
         raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
                         f"more (last.ckpt is kept besides)")  # fmt: skip
@@ -175,6 +184,14 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     if kept < whole:
         raise UserError(f"--keep-for-averaging {kept} keeps fewer periodic checkpoints than --keep-last {whole}; pass "
                         f"--keep-for-averaging {whole} or more, or a smaller --keep-last")  # fmt: skip
+    trains_in = resolve_precision(opts.precision, opts.accelerator)
+    if opts.residual_dtype == "bf16" and not trains_in.startswith("bf16"):
+        raise UserError(f"--residual-dtype bf16 keeps the residual stream in bf16 under bf16-mixed, but this run "
+                        f"trains in {trains_in}; pass --precision bf16-mixed or drop --residual-dtype")  # fmt: skip
+    minutes = opts.ckpt_every_minutes
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise UserError(f"--ckpt-every-minutes must be a positive number of minutes, got {minutes}; pass e.g. "
+                        "--ckpt-every-minutes 10")  # fmt: skip
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
@@ -194,6 +211,51 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     return Plan(spec, run, dm, config)
 
 
+def check_device(opts: TrainOptions) -> None:
+    """A GPU asked for where none is visible: one line now, not Lightning's exception after the run directory."""
+    if opts.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(f"--accelerator {opts.accelerator}: no GPU is visible here (torch sees none); pass "
+                        "--accelerator cpu, or auto to use a GPU where there is one")  # fmt: skip
+
+
+def check_cache_dir(cache_dir: str | None) -> None:
+    """The tokenizer and corpus cache (--cache-dir, AIAYN_CACHE, ...) must be a directory this process can write, or
+    be creatable: one line now, not a NotADirectoryError from the first corpus write."""
+    from aiayn.lightning_modules.data.corpora import default_cache_dir
+
+    where = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    flag = "--cache-dir" if cache_dir else "AIAYN_CACHE (or --cache-dir)"
+    probe = where.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"cache directory {where} cannot be used: {probe} is not a directory; point {flag} at a "
+                        "directory")  # fmt: skip
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"cache directory {where} is not writable (nearest existing: {probe}); point {flag} at a "
+                        "directory you can write")  # fmt: skip
+
+
+BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients, and Adam's two moments
+
+
+def check_memory(spec: RunSpec, opts: TrainOptions) -> None:
+    """A model whose weights, gradients and Adam state alone exceed this machine's memory (a table row of d_model
+    2^20): one line now, not an allocation error or the OOM killer. On a CPU only (a GPU's memory is known once
+    CUDA starts); activations come on top, so this is a floor, not a promise."""
+    if uses_cuda(opts.accelerator):
+        return
+    need = spec.model.params() * BYTES_PER_PARAMETER
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise UserError(f"row {spec.row} has {spec.model.params() / 1e9:.1f}B parameters: their weights, gradients and "
+                        f"Adam state take {need / 2**30:.0f} GB, more than this machine's {have / 2**30:.0f} GB; "
+                        "shrink the row (its d_model, d_ff, N or vocabulary)")  # fmt: skip
+
+
 def prepare(p: Plan):
     """Corpus, tokenizer and encoded cache (user errors surface here, before any write; under a lock, so that ranks
     and runs sharing a cache make it once), the config checked
@@ -204,7 +266,15 @@ def prepare(p: Plan):
     # find it made. The lock is the node's (its temp directory), so that a bad corpus still writes nothing.
     key = hashlib.sha1(str(p.dm.cache_dir.resolve()).encode()).hexdigest()[:12]
     with file_lock(Path(tempfile.gettempdir()) / f"aiayn-prepare-{key}.lock", wait=True):
-        p.dm.prepare_data()
+        try:
+            p.dm.prepare_data()
+        except OSError as e:  # a full cache disk: the one line of a full disk, naming the cache
+            full = disk_full(p.dm.cache_dir / "…", e, None)
+            if full is None:
+                raise
+            raise UserError(f"no space left on the cache's disk ({p.dm.cache_dir}) to prepare the corpus and "
+                            f"tokenizer; free space there or point AIAYN_CACHE (or --cache-dir) at a disk with "
+                            "room") from None  # fmt: skip
     p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
     p.run.check_config(p.config)
     p.run.check_resume_plan(p.config)
@@ -220,12 +290,16 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     started = time.perf_counter()
     p = plan(opts, spec, hooks.run_dir)
     lock = prepare(p)  # noqa: F841 (held, not used)
-    prepare_matmuls(opts.accelerator)
+    prepare_matmuls(opts.accelerator, opts.matmul_precision)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(
         p.spec.model, **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset)
     )  # fmt: skip
-    compile_model(module.model, opts.compile, dynamic=not p.dm.static_shapes)
+    if opts.residual_dtype == "bf16":
+        residual_stream(module.model, torch.bfloat16)
+    share = compile_model(module.model, opts.compile, dynamic=not p.dm.static_shapes)
+    if share and p.dm.static_shapes:  # room for every training shape, counted once the data is set up
+        hooks = replace(hooks, callbacks=(*hooks.callbacks, RoomForShapes(share)))
     trainer = build_trainer(opts, p, hooks)
     if trainer.is_global_zero:
         p.run.write_config(p.config)
@@ -252,23 +326,6 @@ def with_recorded_tokenizer(opts: TrainOptions, spec: RunSpec, recorded: ConfigF
     if elsewhere and sibling.is_file() and sha256_file(sibling) == recorded.tokenizer_sha256:
         return replace(opts, tokenizer=str(sibling))
     return opts
-
-
-def compile_model(model, how: str, dynamic: bool = True) -> None:
-    """`--compile`: each encoder and decoder layer (`layers`: nn.Module.compile, in place, so parameter names and
-    checkpoints are unchanged), or the encoder and decoder whole (`model`). `dynamic`: shapes vary from batch to batch
-    (without --static-shapes the sentence count does, even with --pad-to's length buckets), so compile for symbolic
-    shapes instead of recompiling per shape."""
-    import torch
-
-    if how == "none":
-        return
-    if how == "layers":
-        for layer in (*model.encoder, *model.decoder):
-            layer.compile(dynamic=dynamic)
-        return
-    model.encode = torch.compile(model.encode, dynamic=dynamic)  # instance attributes: the state dict is unchanged
-    model.decode = torch.compile(model.decode, dynamic=dynamic)
 
 
 def _val_bleu_sentences(opts: TrainOptions, preset: Preset) -> int:
@@ -366,9 +423,19 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
         dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=result["tok_bleu_label"],
         dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"],
         eval_time_s=round(result["eval_time_s"], 2), wall_time_s=round(result["wall_time_s"], 2), **per_step,
+        grad_w_path=grad_w_path(trainer.strategy.root_device.type),
+        precision=trained_precision(p.config.train.precision) + (", bf16 residual stream" if opts.residual_dtype ==
+                                                                 "bf16" else ""),
     )  # fmt: skip
-    wandb_run.finish(trainer, metrics, checkpoint=p.run.last_checkpoint if opts.wandb_checkpoints else None)
+    checkpoint = p.run.last_checkpoint
+    run_loggers.log_final(trainer, metrics, logged_params(trainer), checkpoint if opts.log_model else None)
+    wandb_run.finish(trainer, metrics, checkpoint=checkpoint if opts.wandb_checkpoints or opts.log_model else None)
     return metrics
+
+
+def logged_params(trainer) -> dict:
+    """The flat config the loggers got as hyper-parameters when fit started (callbacks.LogRunConfig)."""
+    return next((c.params for c in trainer.callbacks if isinstance(c, LogRunConfig)), {})
 
 
 def real_tokens_per_step(module: TranslationModule) -> dict:
@@ -414,20 +481,20 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
     # every checkpoint carries the config and the tokenizer: it can translate without the run directory
     embed = RunFilesInCheckpoint(lambda: redact_obj(p.config.to_dict()), lambda: p.dm.tokenizer_model)
     callbacks, val_per_epoch = (embed, *hooks.callbacks), hooks.val_per_epoch
-    by_time = opts.ckpt_every_minutes is not None
+    every_steps, every_minutes = disk.checkpoint_every(opts, preset)
     whole, kept = disk.kept_checkpoints(opts, preset)
     ckpt = StepCheckpoints(
         dirpath=run.checkpoints,
         filename="step{step:07d}",
         auto_insert_metric_name=False,
-        every_n_train_steps=None if by_time else (opts.ckpt_every or preset.ckpt_every),
-        train_time_interval=timedelta(minutes=opts.ckpt_every_minutes) if by_time else None,
+        every_n_train_steps=every_steps,
+        train_time_interval=timedelta(minutes=every_minutes) if every_minutes is not None else None,
         save_top_k=kept,  # the newest k periodic ones, to "average the last 5 / 20"
         keep_whole=whole,
         monitor="step",
         mode="max",
         save_last=True,  # always the whole state: the resume point
-        periodic_weights_only=opts.weights_only_checkpoints,
+        periodic_weights_only=disk.weights_only(opts, preset),
     )
     extra = integrations(opts, p)
     return pl.Trainer(

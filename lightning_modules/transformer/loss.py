@@ -10,6 +10,7 @@ they always were (`AIAYN_COMPILE_LOSS=0` keeps it eager on a GPU too). No Lightn
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.lightning_modules.transformer.config import PAD
+
+log = logging.getLogger(__name__)
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, int]:
@@ -66,21 +69,52 @@ def compute_dtype(hidden: Tensor) -> torch.dtype:
     return hidden.dtype
 
 
+# How grad_w (the projection's gradient, V × d_model) is accumulated, per device type, as this process found it:
+# logged once and recorded in metrics.json (`grad_w_path`), so that a GPU run says which path ran (issue 38, G2).
+FP32_PATH = "float32: the product, then the add"
+ONE_GEMM_PATH = "one GEMM: the compute dtype's product accumulated in float32 (addmm out_dtype)"
+THREE_PASS_PATH = "three passes: the product in the compute dtype, cast to float32, then the add"
+_grad_w_paths: dict[str, str] = {}
+
+
+def grad_w_path(device_type: str) -> str | None:
+    """The grad_w path this process took on `device_type` (None: no gradient of the projection computed there)."""
+    return _grad_w_paths.get(device_type)
+
+
+def _took(device_type: str, path: str) -> None:
+    if _grad_w_paths.get(device_type) != path:
+        _grad_w_paths[device_type] = path
+        log.info("grad_w on %s: %s", device_type, path)
+
+
+def _one_gemm_device(device: torch.device) -> bool:
+    """Where the one-GEMM overload is tried: CUDA (a CPU's bf16 chunks keep the product, then the add)."""
+    return device.type == "cuda"
+
+
 def accumulate_outer(acc: Tensor, g: Tensor, h: Tensor) -> None:
     """acc (float32) += gᵀ h. With bf16 chunks on a GPU, one GEMM: cuBLAS's bf16 GEMM accumulating in float32
-    straight into `acc` (addmm's out_dtype), where it used to write a bf16 product, cast it to a float32 copy and
-    add that (three passes over a V × d_model matrix per chunk); elsewhere (float32, or bf16 on a CPU, or a torch
-    without that overload) the product, then the add."""
+    straight into `acc` (addmm's out_dtype, with a float32 `acc`: torch refuses that combination before
+    pytorch/pytorch#167931), where it used to write a bf16 product, cast it to a float32 copy and add that (three
+    passes over a V × d_model matrix per chunk); elsewhere (float32, or bf16 on a CPU, or a torch that refuses the
+    overload: tried once per process) the product, then the add. Which path ran is `grad_w_path`."""
+    kind = acc.device.type
     if g.dtype == acc.dtype:  # float32: the product, then the add, as it always was (a CPU run's bits unchanged)
         acc += g.t() @ h
+        _took(kind, FP32_PATH)
         return
-    if acc.device.type == "cuda":
+    if _one_gemm_device(acc.device) and _grad_w_paths.get(kind) != THREE_PASS_PATH:
         try:
             torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
+        except (RuntimeError, TypeError, NotImplementedError) as e:
+            log.info("torch %s refuses addmm(out_dtype=float32) into a float32 accumulator (%s: %s)",
+                     torch.__version__, type(e).__name__, str(e).splitlines()[0] if str(e) else "")  # fmt: skip
+        else:
+            _took(kind, ONE_GEMM_PATH)
             return
-        except (RuntimeError, TypeError, NotImplementedError):
-            pass
     acc += (g.t() @ h).to(acc.dtype)
+    _took(kind, THREE_PASS_PATH)
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):

@@ -276,6 +276,8 @@ class Residual(nn.Module):
     and each stack ends with a final LayerNorm.
     """
 
+    stream: torch.dtype | None = None  # the residual stream's dtype where it is not fp32 (`residual_stream`)
+
     def __init__(self, d_model: int, p_drop: float, norm_first: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
@@ -284,8 +286,10 @@ class Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
         if self.norm_first:
-            return x + self.drop(sublayer(self.norm(x)))
-        return self.norm(x + self.drop(sublayer(x)))
+            out = x + self.drop(sublayer(self.norm(x)))
+        else:
+            out = self.norm(x + self.drop(sublayer(x)))
+        return out if self.stream is None else out.to(self.stream)
 
 
 class EncoderLayer(nn.Module):
@@ -374,12 +378,15 @@ class Transformer(nn.Module):
             self.embed.weight[PAD].zero_()
         self.positions.reset_parameters()
 
+    stream: torch.dtype | None = None  # the residual stream's dtype where it is not fp32 (`residual_stream`)
+
     def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """Embedding × √d_model (§3.4) plus the positional encoding (§3.5), then dropout."""
         T = tokens.shape[1]
         if offset + T > self.cfg.max_len:
             raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.cfg.max_len}")
-        return self.drop(self.positions(self.embed(tokens) * math.sqrt(self.cfg.d_model), offset))
+        x = self.drop(self.positions(self.embed(tokens) * math.sqrt(self.cfg.d_model), offset))
+        return x if self.stream is None else x.to(self.stream)
 
     def attention_positions(self, length: int) -> Tensor | None:
         """The positional encoding's state for self-attention over `length` positions (None: it acts there not)."""
@@ -415,10 +422,12 @@ class Transformer(nn.Module):
     def start_cache(self, memory: Tensor, src_mask: Tensor, group: int = 1) -> dict:
         """Encoder-decoder keys/values are computed once per source batch and kept once per sentence: with
         `group` hypotheses per sentence (beam search), rows b·group … b·group + group - 1 of the decoder
-        share sentence b's. Self-attention caches start empty and grow by one position per `decode_step`."""
+        share sentence b's. Self-attention caches start empty and grow by one position per `decode_step`. The source
+        mask stays boolean, as in training, so that `attention` guards a sentence with no source tokens on every
+        path (an additive -inf mask went to the fused kernels unguarded: those that give NaN for an all-masked row
+        decoded that sentence to the length limit)."""
         layers = [{"cross": layer.cross_attn.project_kv(memory)} for layer in self.decoder]
-        bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=memory.device).masked_fill_(~src_mask, -math.inf)
-        return {"layers": layers, "src_bias": bias, "pos": 0, "group": group}  # the source mask, additive
+        return {"layers": layers, "src_mask": src_mask, "pos": 0, "group": group}
 
     def decode_step(self, tokens: Tensor, cache: dict) -> Tensor:
         """tokens (B, 1), the latest target token per hypothesis → log-probabilities (B, V)."""
@@ -426,7 +435,7 @@ class Transformer(nn.Module):
         y = self.embed_tokens(tokens, offset=pos)
         state = self.attention_positions(pos + 1)
         for layer, lc in zip(self.decoder, cache["layers"]):
-            y = layer(y, lc["cross"], cache["src_bias"], state, cache=lc, group=cache["group"])
+            y = layer(y, lc["cross"], cache["src_mask"], state, cache=lc, group=cache["group"])
         cache["pos"] = pos + 1
         return F.log_softmax(self.project(self.dec_norm(y[:, -1])).float(), dim=-1)
 
@@ -437,9 +446,20 @@ class Transformer(nn.Module):
         if sentences is None and cache["group"] == 1:
             sentences = index
         if sentences is not None:
-            cache["src_bias"] = cache["src_bias"].index_select(0, sentences)
+            cache["src_mask"] = cache["src_mask"].index_select(0, sentences)
         for lc in cache["layers"]:
             if sentences is not None:
                 lc["cross"] = tuple(t.index_select(0, sentences) for t in lc["cross"])
             if "k" in lc:
                 lc["k"], lc["v"] = lc["k"].index_select(0, index), lc["v"].index_select(0, index)
+
+
+def residual_stream(model: Transformer, dtype: torch.dtype | None) -> None:
+    """Keep the residual stream (the embeddings' output and every residual block's) in `dtype` (bf16), or in fp32
+    (None: the default, the paper's). Under bf16 autocast the matmuls run in bf16 but LayerNorm returns fp32, so the
+    stream, its dropout masks, adds and norms move fp32 bytes; a bf16 stream halves that elementwise traffic (a
+    runtime numerics setting, not a parameter: the weights and the checkpoint are the same)."""
+    model.stream = dtype
+    for module in model.modules():
+        if isinstance(module, Residual):
+            module.stream = dtype

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.sweeps.backends import Sweep, register, write_resolved
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
+
+log = logging.getLogger(__name__)
 
 
 def train_process_command(opts: TrainOptions, resolved: Path | None = None) -> list[str]:
@@ -72,17 +75,29 @@ class SubprocessBackend(QueueBackend):
             raise UserError(f"--devices {t.devices} and --gpus-per-job {k} disagree: each run trains on its {k} "
                             f"GPUs of this machine; drop --devices/--num-nodes")  # fmt: skip
         gpus = visible_gpus()
-        if sweep.jobs * k > len(gpus):
+        if not gpus:
+            raise UserError(f"--gpus-per-job {k} hands out GPUs but none is visible; drop --gpus-per-job, or run "
+                            f"where CUDA_VISIBLE_DEVICES names some")  # fmt: skip
+        if k > 1 and sweep.jobs * k > len(gpus):
             raise UserError(f"--jobs {sweep.jobs} x --gpus-per-job {k} needs {sweep.jobs * k} GPUs but {len(gpus)} "
                             f"are visible ({','.join(gpus) or 'none'}); lower --jobs or --gpus-per-job")  # fmt: skip
+        if sweep.jobs > len(gpus):  # one-GPU runs, more of them than GPUs: they share, round robin
+            log.info("%d runs at once on %d GPU(s): %s each; %s", sweep.jobs, len(gpus),
+                     f"{sweep.jobs / len(gpus):g} per GPU", mps_state())  # fmt: skip
         sweep.train = replace(t, devices=k)
 
     def slots(self, sweep: Sweep) -> list[str] | None:
+        """Each worker's GPUs: the i-th K of the visible ones, or with one GPU each and more workers than GPUs, GPU
+        i mod G (several small runs share a GPU: a launch-bound run of the evidence size uses a few percent of
+        one)."""
         k = sweep.gpus_per_job
         if k is None:
             return None
         gpus = visible_gpus()
+        if k == 1:
+            return [gpus[i % len(gpus)] for i in range(sweep.jobs)]
         return [",".join(gpus[i * k : (i + 1) * k]) for i in range(sweep.jobs)]
+
 
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         run = sweep.out.run(sweep.preset.name, sweep.corpus, row, seed)
@@ -97,3 +112,12 @@ class SubprocessBackend(QueueBackend):
             cmd = train_process_command(sweep.run_options(row, seed), resolved)
             returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
         return _result(sweep, row, seed, returncode)
+
+
+def mps_state() -> str:
+    """Whether NVIDIA's Multi-Process Service runs here (its pipe directory exists), in words: with it, the kernels
+    of processes sharing a GPU overlap; without, they take turns."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    if os.path.exists(os.path.join(pipe, "control")):
+        return f"MPS is running ({pipe}): their kernels overlap"
+    return "MPS is not running: their kernels take turns (`nvidia-cuda-mps-control -d` starts it)"

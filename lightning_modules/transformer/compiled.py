@@ -1,0 +1,102 @@
+"""`--compile`: torch.compile for training only, with room for every shape a run's batches take.
+
+Two defects of compiling the modules whole (issue 38, G1 and G4), both visible on a CPU with the eager backend:
+
+- **The recompile limit.** Dynamo keeps `torch._dynamo.config.recompile_limit` graphs per function (8) and then runs
+  that function eager for good, with one log line. With static shapes (`--static-shapes`: a fixed batch per length
+  bucket) every bucket is a graph: Multi30k at `--pad-to 8` has 11 training shapes, WMT14 up to about 60, and each
+  encoder and decoder layer shares one function. `compile_model` raises the limit to what the run's batches need
+  (`shapes`, from the sampler) times the layers that share a function, so an epoch compiles each shape once and
+  never falls back.
+- **Evaluation and decoding.** Validation (under inference mode), the final evaluation and beam search (a KV cache
+  that grows by one position per step: with `dynamic=False` a new graph per step) used to call the compiled
+  functions too, each adding its own graphs and hitting the same limit. Compiled code now runs only where autograd
+  records (`torch.is_grad_enabled()`: the training step); everything else runs the eager module, the same weights.
+
+No Lightning here: the transformer room's plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+COMPILE_HOWS = ("none", "layers", "model")
+DEFAULT_RECOMPILE_LIMIT = 8  # dynamo's own default (torch.compile's docs, "recompile_limit")
+
+
+def training_only(compiled, eager):
+    """A callable that runs `compiled` while autograd records (training) and `eager` otherwise (validation,
+    evaluation, decoding): graphs are made for the training step's shapes only."""
+
+    @functools.wraps(eager)
+    def call(*args, **kwargs):
+        return compiled(*args, **kwargs) if torch.is_grad_enabled() else eager(*args, **kwargs)
+
+    call.aiayn_compiled = compiled
+    return call
+
+
+def _limit_names() -> list[str]:
+    """The dynamo config names of the per-function graph limit in this torch (renamed from cache_size_limit in
+    2.7; older releases keep the old name)."""
+    config = torch._dynamo.config
+    return [name for name in ("recompile_limit", "cache_size_limit") if hasattr(config, name)]
+
+
+def raise_recompile_limit(graphs: int) -> int:
+    """Let each compiled function keep at least `graphs` graphs (never lowers a larger limit); returns the limit."""
+    config = torch._dynamo.config
+    names = _limit_names()
+    current = max((getattr(config, n) for n in names), default=DEFAULT_RECOMPILE_LIMIT)
+    limit = max(current, graphs)
+    for name in names:
+        setattr(config, name, limit)
+    if hasattr(config, "accumulated_recompile_limit"):  # the limit summed over all functions (torch >= 2.7)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * limit)
+    return limit
+
+
+def compile_model(model: nn.Module, how: str, dynamic: bool = True, shapes: int | None = None,
+                  backend: str | None = None) -> int:  # fmt: skip
+    """`--compile`: each encoder and decoder layer (`layers`: the layer's forward, as an instance attribute, so
+    parameter names and checkpoints are unchanged), or the encoder and decoder whole (`model`); compiled code runs
+    only in training (`training_only`). `dynamic`: shapes vary from batch to batch (without --static-shapes the
+    sentence count does, even with --pad-to's length buckets), so compile for symbolic shapes instead of recompiling
+    per shape; `shapes`: how many distinct training batch shapes an epoch has (static shapes), which sets the
+    recompile limit now (or later, once the data is set up: `room_for`). `backend`: torch.compile's, default
+    AIAYN_COMPILE_BACKEND or inductor (tests and the GPU check's CPU smoke count graphs with "eager": dynamo's tracing
+    without code generation). Returns how many modules share each compiled function (0: nothing compiled)."""
+    backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
+    if how not in COMPILE_HOWS:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_HOWS)}, got {how!r}")
+    if how == "none":
+        return 0
+    compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend)
+    if how == "layers":
+        layers = [*model.encoder, *model.decoder]
+        for layer in layers:
+            layer.forward = training_only(compile_(layer.forward), layer.forward)
+        # layers of one kind share a function; each may specialize on its module and each shape: room for all
+        share = max(len(model.encoder), len(model.decoder))
+    else:
+        model.encode = training_only(compile_(model.encode), model.encode)  # instance attributes: the state dict
+        model.decode = training_only(compile_(model.decode), model.decode)  # is unchanged
+        share = 1
+    if shapes:
+        room_for(shapes, share)
+    return share
+
+
+def room_for(shapes: int, share: int) -> int:
+    """Raise the recompile limit for `shapes` training batch shapes, each compiled function shared by `share`
+    modules (compile_model's return), and two more (a last, shorter batch); returns the limit."""
+    limit = raise_recompile_limit(shapes * share + 2)
+    log.info("compiled training: %d batch shapes, recompile limit %d per function", shapes, limit)
+    return limit

@@ -1,0 +1,84 @@
+"""scripts/gpu-check.sh, the one prepared call a lent GPU runs with no network (issue 38, item 4): it stages what the
+GPU image lacks (fast: the staged list covers every package `aiayn` imports at start beyond the image's), and it runs
+end to end on a CPU in its smoke mode, writing at most 8 files (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu-check.sh"
+# What the GPU machines' image has (../shared/gpu/prep.sh, which says so): the packages and, below, whatever they
+# require in turn
+GPU_IMAGE = ("torch", "lightning", "sentencepiece", "sacrebleu", "scipy", "pandas", "matplotlib", "PyYAML", "tabulate",
+             "numpy", "tqdm", "click", "joblib", "regex", "MarkupSafe", "typing_extensions", "packaging")  # fmt: skip
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(names) -> set[str]:
+    """The distributions `names` install: themselves and what they require, transitively (extras left out)."""
+    seen, todo = set(), [_norm(re.split(r"[ ;<>=!~\[(]", n, maxsplit=1)[0]) for n in names]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [_norm(re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0]) for r in requires if "extra ==" not in r]
+    return seen
+
+
+def test_the_prep_step_stages_every_package_aiayn_imports_at_start_that_the_gpu_image_lacks():
+    """What `aiayn` imports at start (beyond what the interpreter had before it: .pth files import some), of its own
+    requirements and theirs (optional imports such as pandas's pyarrow are not needed there), that the GPU image
+    lacks: prep must stage each."""
+    staged = re.search(r'^STAGED="([^"]+)"', SCRIPT.read_text(), re.M).group(1).split()
+    code = ("import sys; before = set(sys.modules); import aiayn.cli; "
+            "print('\\n'.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    owners = metadata.packages_distributions()
+    imported = {_norm(d) for m in done.stdout.split() for d in owners.get(m, ())} - {"aiayn"}
+    required = _closure([r.split(";")[0] for r in metadata.requires("aiayn") or [] if "extra ==" not in r])
+    assert "optuna" in imported & required  # the test sees what it is about
+    missing = (imported & required) - _closure(GPU_IMAGE) - _closure(staged)
+    assert not missing, f"imported at start, missing from the GPU image and not staged by prep: {missing}"
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_most_8_files(cache, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "GPU_CHECK_SMOKE": "1", "OUT": str(out), "PYTHON": sys.executable, "AIAYN_CACHE": str(cache),
+           "TMPDIR": str(tmp_path)}  # fmt: skip
+    done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["evidence-slice.md", "logs.tar.gz", "results.json", "summary.md"] and len(files) <= 8
+    summary = (out / "summary.md").read_text()
+    for stage in ("paths", "bench-none", "bench-layers", "bench-model", "share", "slice"):
+        assert f"| {stage} | ok |" in summary, summary
+    results = json.loads((out / "results.json").read_text())
+    paths = results["paths"]
+    assert paths["grad_w_path"] and not paths["empty_source_beam"]["to_the_limit"]
+    assert paths["static_shapes_compiled"]["recompile_limit_hit"] == 0
+    assert paths["static_shapes_compiled"]["graphs_added_by_decoding"] == 0
+    assert [s["runs"] for s in results["share"]] == [1, 2]
+    assert results["bench-layers"][0]["graphs_compiled"] > 0
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert "logs/slice.log" in tar.getnames()
+    assert not list(tmp_path.glob("aiayn-gpu-check.*")), "the scratch folder was left behind"
