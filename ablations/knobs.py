@@ -8,6 +8,7 @@ which `--set` may change per run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -100,6 +101,8 @@ KNOBS = {
     )
 }
 MODEL_KEYS = tuple(k for k, v in KNOBS.items() if v.kind == "model")  # TransformerConfig's knob fields
+# the integer knobs that count something (layers, widths, heads, steps): a table cell or --set value below 1 is refused
+POSITIVE_INTS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "train_steps")
 TABLE_KNOBS = tuple(k for k, v in KNOBS.items() if v.kind in ("model", "steps"))  # a table file's knob columns
 SCHEDULE_KEYS = tuple(k for k, v in KNOBS.items() if v.kind == "schedule")
 OVERRIDABLE = (*MODEL_KEYS, *SCHEDULE_KEYS)  # what `--set KEY=VALUE` may change
@@ -115,9 +118,14 @@ def set_help() -> str:
 def parse_value(key: str, text: str):
     """One `--set` value or table cell, typed as its knob; ValueError names what it must be."""
     try:
-        return KNOBS[key].type(text)
+        value = KNOBS[key].type(text)
     except ValueError:
         raise ValueError(f"{key} must be {KNOBS[key].what}") from None
+    if isinstance(value, float) and not math.isfinite(value):  # float() takes "nan" and "inf"
+        raise ValueError(f"{key} must be a finite number")
+    if KNOBS[key].type is int and key in POSITIVE_INTS and value < 1:  # a table's N=0 ran as N=1 (max(1, ...))
+        raise ValueError(f"{key} must be a positive integer")
+    return value
 
 
 def parse_overrides(items: list[str] | tuple[str, ...] | None) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiayn import __version__
-from aiayn.bench import BenchOptions
+from aiayn.bench import BENCH_SIZES, BenchOptions
 from aiayn.common.errors import UserError, print_error
 from aiayn.common.lifetime import DIE_WITH_PARENT, die_with_parent
 from aiayn.common.logs import configure_logging
@@ -267,7 +267,7 @@ COMMANDS = (
     Command("export", "a trained model for Hugging Face Transformers (MarianMTModel) or CTranslate2", ExportOptions,
             cmd_export, skip=EXPORT_SKIP),
     Command("score", "BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU", ScoreOptions, cmd_score),
-    Command("bench", "training and decoding speed, side by side with peers", BenchOptions, cmd_bench, config=False),
+    Command("bench", "training and decoding speed, side by side with peers", BenchOptions, cmd_bench),
     Command("doctor", "check this machine's GPUs for aiayn in a few minutes: a pass/fail/skip table and a JSON for "
             "bug reports", DoctorOptions, cmd_doctor),
     Command("table3", "run Table 3 as a sweep (Optuna keeps the books), then write the report", SweepOptions,
@@ -369,10 +369,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     """The parsed command line. `--config FILE` (every command but bench; repeatable): each FILE's options, in
     order, become the command's parser's defaults (argparse's own layering; a later file's value replaces an earlier
     one's, and `set`/`trainer` mappings merge key by key), so the flags given on the command line override them all."""
+    from aiayn.common.options import lightning_spellings
+
+    argv = lightning_spellings(argv)
     parser = build_parser()
     args = _parse_known(parser, argv)
     command = getattr(args, "command_of", None)
-    if getattr(args, "config", None) and command is not None and command.config:  # (bench's --config is its own)
+    if getattr(args, "config", None) and command is not None and command.config:
         cls, skip, sub = command.options, command.skip, args.parser_of
         values, recorded = {}, None
         for path in args.config:
@@ -383,6 +386,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 layer = config.values
                 recorded = config if config.spec is not None else recorded
             else:
+                if cls is BenchOptions and path in BENCH_SIZES:  # bench's model size was --config before issue 39
+                    raise UserError(f"--config {path}: --config is a YAML file of options; the model's size is "
+                                    f"--size {path}")  # fmt: skip
                 doc = read_mapping(path, f"a YAML file of `{sub.prog}` options (e.g. what --print-config prints)")
                 layer = config_values(cls, doc, f"config {path}", sub.prog, skip=skip)
             for key, value in layer.items():
@@ -434,7 +440,17 @@ def main(argv: list[str] | None = None) -> int:
         run(args.command_of, args)
     except UserError as e:
         return print_error(e)
+    except BrokenPipeError:  # `aiayn rows | head`: the reader left; what it read is all it wanted
+        return closed_stdout()
     return 0
+
+
+def closed_stdout() -> int:
+    """After the reader of stdout closed the pipe: point stdout at /dev/null so that Python's own flush at exit does
+    not raise again, and exit as a program killed by SIGPIPE does (128 + 13), silently."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141
 
 
 def run(command: Command, args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from aiayn.ablations.presets import PRESETS
 from aiayn.common.wandb_mode import wandb_mode
+from aiayn.lightning_modules.run.loggers import experiment_name
 
 log = logging.getLogger(__name__)
 SUFFIXES = (".md", ".csv", ".tex", ".html", ".json")
@@ -53,7 +54,9 @@ def log_reports(paths: list[Path], command: str) -> list[str]:
         per_run = next((p for p in files if p.name == f"{name}-runs.csv"), None)
         slopes = next((p for p in files if p.name == f"{name}-slopes.csv"), None)
         preset = _preset_of(name)
-        run = wandb.init(project=os.environ.get("WANDB_PROJECT") or f"aiayn-{preset}", job_type="report", name=name,
+        known = PRESETS.get(preset)
+        project = experiment_name(preset, known.corpus) if known else f"aiayn-{preset}"
+        run = wandb.init(project=os.environ.get("WANDB_PROJECT") or project, job_type="report", name=name,
                          group="report", mode=mode, dir=str(csv.parent), config={"report": name, "command": command},
                          reinit="finish_previous")  # fmt: skip
         run.log({"table3": wandb.Table(dataframe=read_table(csv)),

@@ -106,8 +106,8 @@ def main() -> None:
         totals, trivial = np.array(totals), np.array(trivial)
         print(f"\n{mode}: {args.sims} simulated tables")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        print(f"registered predictions: expected {totals.mean():.2f} of {len(table)}; P(>= 10) {np.mean(totals >= 10):.3f}"
-              f", P(>= 11) {np.mean(totals >= 11):.3f}")
+        print(f"registered predictions: expected {totals.mean():.2f} of {len(table)}; P(>= 10) "
+              f"{np.mean(totals >= 10):.3f}, P(>= 11) {np.mean(totals >= 11):.3f}")
         print(f'"every change hurts": expected {trivial.mean():.2f}; P(registered > trivial) '
               f"{np.mean(totals > trivial):.3f}")
 

@@ -37,6 +37,7 @@ from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.common.names import check_name
 from aiayn.lightning_modules.data.corpora import corpus_dirname
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir
+from aiayn.lightning_modules.run.spec import changed_since
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +151,12 @@ class PairState:
     dev_bleu: float | None = None  # its result (completed)
     step: int | None = None  # the newest periodic checkpoint's step (not completed: how far it got)
     steps: int | None = None  # the steps it plans (config.json)
+    changed: tuple[str, ...] = ()  # completed, but its row resolves otherwise now ("d_model 128 -> 256")
 
     def to_dict(self) -> dict:
         return {"row": self.row, "seed": self.seed, "state": self.state, "holder": self.holder, "age_s": self.age_s,
                 "error": self.error, "dev_bleu": self.dev_bleu, "run_dir": self.run_dir, "step": self.step,
-                "steps": self.steps}  # fmt: skip
+                "steps": self.steps, "changed": list(self.changed)}  # fmt: skip
 
     @property
     def pair(self) -> Pair:
@@ -168,7 +170,8 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
         run = out.run(preset, corpus, row, seed)
         metrics = run.read_metrics()
         if metrics is not None and metrics.completed:
-            found.append(PairState(row, seed, "completed", run_dir=str(run.path), dev_bleu=metrics.dev_bleu))
+            found.append(PairState(row, seed, "completed", run_dir=str(run.path), dev_bleu=metrics.dev_bleu,
+                                   changed=_changed(run)))  # fmt: skip
             continue
         held = claims.holder(pair_key(preset, corpus, row, seed))
         if held is None and run.is_training():  # a trainer whose driver died, or `aiayn train` by hand
@@ -189,6 +192,15 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
         else:
             found.append(PairState(row, seed, "pending", **where))
     return found
+
+
+def _changed(run: RunDir) -> tuple[str, ...]:
+    """What its row resolves to differently now than when the completed run ran (spec.changed_since)."""
+    try:
+        config = run.read_config()
+    except UserError:
+        return ()
+    return tuple(changed_since(config.spec)) if config is not None else ()
 
 
 def _progress(run: RunDir) -> dict:

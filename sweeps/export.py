@@ -17,6 +17,7 @@ from aiayn.ablations.table import RowChoice, select_rows
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
+from aiayn.lightning_modules.run.loggers import experiment_name
 from aiayn.lightning_modules.run.options import TrainOptions
 
 
@@ -49,9 +50,10 @@ def wandb_sweep(
     train = TrainOptions(preset=p.name, wandb=True, table=tuple(tables))
     return {
         "name": f"aiayn-table3-{p.name}",
-        "project": f"aiayn-{p.name}",
+        "project": experiment_name(p.name, p.corpus),
         "method": "grid",
-        "metric": {"name": "val/bleu", "goal": "maximize"},
+        # dev perplexity: every preset logs it at every validation (val/bleu only where val_bleu_sentences > 0)
+        "metric": {"name": "val/ppl", "goal": "minimize"},
         "parameters": {
             "row": {"values": select_rows(rows, include_extended=extended, tables=tuple(tables))},
             "seed": {"values": list(range(seeds))},

@@ -1,6 +1,11 @@
-"""`aiayn hpo`: Optuna TPE over the learning-rate factor, warmup, dropout and label smoothing (or the knobs of
-`--space FILE`) of one row, with median pruning on `val/ppl` through optuna-integration's
-PyTorchLightningPruningCallback.
+"""`aiayn hpo`: Optuna TPE over the learning-rate factor, warmup and dropout (or the knobs of `--space FILE`) of one
+row, with median pruning on `val/ppl` at every validation (`--val-every`, default the preset's), reported by global
+step (`StepPruning`: optuna-integration's PyTorchLightningPruningCallback reports by epoch, so a run that validates
+every N steps within one epoch would report one value, and a short run none).
+
+Label smoothing is not in the default space: the objective is dev perplexity, which smoothing raises by construction
+(a smoothed model's floor is 1/(1 − ε + ε/V), not 1), so a search over ε against perplexity would learn that
+arithmetic, not the paper's claim (that smoothing helps BLEU). Search it with `--space` on purpose, knowing that.
 
 Trials train in this process, one after another, on one device (`--accelerator`, default auto: the
 GPU when there is one; every other `aiayn train` option too: data, precision, max tokens): Optuna
@@ -18,6 +23,7 @@ training from its last checkpoint. A trial's metrics.json says kind "hpo": it ne
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field, replace
 
 import optuna
@@ -40,7 +46,7 @@ from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
 from aiayn.sweeps import books
-from aiayn.sweeps.storage import open_storage
+from aiayn.sweeps.storage import check_readable, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +67,38 @@ class HpoOptions:
 
 
 def default_space(preset) -> dict[str, BaseDistribution]:
-    """The search space, centred on the paper's values (and the preset's warmup)."""
+    """The search space, centred on the paper's values (and the preset's warmup); not label smoothing (the module
+    docstring says why)."""
     return {
         "lr_factor": FloatDistribution(0.25, 4.0, log=True),
         "warmup": IntDistribution(max(1, preset.warmup // 4), preset.warmup * 4, log=True),
         "P_drop": FloatDistribution(0.0, 0.4),
-        "eps_ls": FloatDistribution(0.0, 0.3),
     }
+
+
+OBJECTIVE = "dev PPL"  # the study's metric name (optuna-dashboard shows it instead of "Objective 0")
+
+
+class StepPruning:
+    """A Lightning callback: after every validation (not the sanity check), report `monitor` to the trial at the
+    global step and raise optuna.TrialPruned when the pruner says so. Built lazily (`StepPruning.make`) so that
+    importing this module does not import Lightning."""
+
+    @staticmethod
+    def make(trial: optuna.Trial, monitor: str = "val/ppl"):
+        import lightning.pytorch as pl
+
+        class _StepPruning(pl.Callback):
+            def on_validation_end(self, trainer, pl_module) -> None:
+                if trainer.sanity_checking or monitor not in trainer.callback_metrics:
+                    return
+                step = trainer.global_step
+                value = float(trainer.callback_metrics[monitor])
+                trial.report(value, step=step)
+                if trial.should_prune():
+                    raise optuna.TrialPruned(f"pruned at step {step}: {monitor} {value:.4g}")
+
+        return _StepPruning()
 
 
 def read_space(path: str) -> dict[str, BaseDistribution]:
@@ -126,8 +157,6 @@ def _key(trial) -> str:
 
 def objective(opts: HpoOptions, trial: optuna.Trial, spec: RunSpec) -> float:
     """One trial: `spec` (the row as the search resolved it, once) with the trial's parameters on top."""
-    from optuna_integration import PyTorchLightningPruningCallback
-
     from aiayn.lightning_modules.run.train import Hooks, train
 
     t = opts.train
@@ -136,8 +165,7 @@ def objective(opts: HpoOptions, trial: optuna.Trial, spec: RunSpec) -> float:
     # a retried trial (its search was killed) goes on in the run directory it started
     run_dir = trial.user_attrs.get("resume_dir") or str(OutDir(t.out).hpo_trial(preset.name, t.row, trial.number).path)
     trial.set_user_attr("run_dir", run_dir)
-    hooks = Hooks(callbacks=(PyTorchLightningPruningCallback(trial, monitor="val/ppl"),), val_per_epoch=True,
-                  run_dir=run_dir, kind="hpo",
+    hooks = Hooks(callbacks=(StepPruning.make(trial, "val/ppl"),), val_per_epoch=False, run_dir=run_dir, kind="hpo",
                   status_of=lambda e: "pruned" if isinstance(e, optuna.TrialPruned) else None)  # fmt: skip
     metrics = train(replace(t, overrides={**t.overrides, **params}, progress=False), spec.with_overrides(params),
                     hooks=hooks)  # fmt: skip
@@ -170,6 +198,7 @@ def run_hpo(opts: HpoOptions) -> dict:
     space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
     out = OutDir(t.out)
+    check_readable(opts.storage or out.study_url("hpo"))
     storage = open_storage(opts.storage or out.study_url("hpo"), create_dir=out.root)
     study = optuna.create_study(
         study_name=f"hpo-{t.preset}-{t.row}",
@@ -183,6 +212,9 @@ def run_hpo(opts: HpoOptions) -> dict:
         raise UserError(f"study {study.study_name} under {out.root} searched another space ({searched}); pass the "
                         f"same --space to go on with it, or another --out for a new search")  # fmt: skip
     study.set_user_attr("space", space)
+    with warnings.catch_warnings():  # experimental in Optuna 4 (since 3.2), and the dashboard reads it
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([OBJECTIVE])
     # seeded by the trials so far: a resumed search continues the sampler's sequence, not its start again
     study.sampler = optuna.samplers.TPESampler(seed=t.seed + len(study.get_trials(deepcopy=False)))
     claims, pop_lock = books.LockClaims(out, f"hpo-{t.preset}-{t.row}"), out.lock(f"{study.study_name}.pop")

@@ -72,8 +72,10 @@ def render(found: list[dict]) -> str:
         lines.append(f"{sweep['preset']} on {sweep['corpus']}: {len(sweep['pairs'])} pairs ({counts})")
         width = max(len(p["row"]) for p in sweep["pairs"])
         for p in sweep["pairs"]:
+            changed = (f"; its row changed since it ran ({', '.join(p['changed'])}): this result is the old row's, "
+                       "delete its run directory to train the row anew" if p.get("changed") else "")
             what = {
-                "completed": f"dev BLEU {p['dev_bleu']:.2f}" if p["dev_bleu"] is not None else "",
+                "completed": (f"dev BLEU {p['dev_bleu']:.2f}" if p["dev_bleu"] is not None else "") + changed,
                 "running": f"{p['holder']}, for {_age(p['age_s'])}{_step(p)}",
             }.get(p["state"], (p["error"] or "") + _step(p))
             lines.append(f"  {p['row']:<{width}}  seed {p['seed']:<3} {p['state']:<9}  {what}".rstrip())

@@ -40,6 +40,41 @@ def expand(url: str) -> str:
     return os.path.expandvars(url)
 
 
+def check_readable(url: str) -> None:
+    """An existing SQLite database or journal file that Optuna cannot read (garbled, truncated, not Optuna's) is a
+    UserError naming the fix, found before anything is created beside it (a lock, a new schema): the journal's lines
+    must be JSON objects with an `op_code`, the database must open as SQLite. A server's database is the server's
+    to answer for (open_storage's error)."""
+    import json
+    import sqlite3
+
+    url = expand(url)
+    scheme = check_url(url)
+    path = Path(url.split(":", 1)[1].removeprefix("//")) if scheme in ("journal", "sqlite") else None
+    if scheme == "sqlite":
+        path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+    if path is None or not path.is_file():
+        return
+    fix = f"delete {path} to start the sweep's books there again (its runs stay), or pass another --storage"
+    if scheme == "journal":
+        number = 0
+        try:
+            with open(path, "rb") as f:
+                for raw in f:
+                    number += 1
+                    if raw.strip() and not isinstance(json.loads(raw.decode("utf-8")).get("op_code"), int):
+                        raise ValueError("no op_code")
+        except (UnicodeDecodeError, ValueError, AttributeError) as e:
+            raise UserError(f"journal storage {path} line {number} is not an Optuna journal entry "
+                            f"({type(e).__name__}); {fix}") from None  # fmt: skip
+        return
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            db.execute("select count(*) from sqlite_master").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"storage {path} is not a readable SQLite database ({e}); {fix}") from None
+
+
 def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.BaseStorage:
     """`sqlite:///PATH`, `postgresql://USER:PASS@HOST/DB`, `mysql://…`, or `journal:///PATH` (a file); `$NAME` in it
     is taken from the environment."""

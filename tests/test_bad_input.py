@@ -43,6 +43,9 @@ def corpus(tmp: Path, break_it=None) -> None:
         (d / "dev.de").unlink()
     elif break_it == "utf8":
         (d / "train.en").write_bytes(b"ok\n\xff\xfe broken\n" + b"x\n" * 48)
+    elif break_it == "blank dev":
+        for lang in ("en", "de"):
+            (d / f"dev.{lang}").write_text("\n" * 50)
 
 
 def checkpoint(tmp: Path, kind: str) -> None:
@@ -113,6 +116,22 @@ def busy_run(tmp: Path) -> None:
 
 def regular_file(tmp: Path) -> None:
     (tmp / "afile").write_text("not a directory\n")
+
+
+def garbled(name: str, data: bytes):
+    """A storage file {tmp}/NAME holding `data` (not what Optuna wrote)."""
+    return lambda tmp: (tmp / name).write_bytes(data)
+
+
+def run_config_of_schema(schema: int):
+    """{tmp}/c.json: a run's config.json, as a newer aiayn would write it."""
+
+    def write(tmp: Path) -> None:
+        config = RunConfig(resolve("base", "tiny"), DataIdentity("synthetic", None, 1000),
+                           TrainPlan(0, 2, 1, 1, 1024, "32-true"), options={"row": "base"}).to_dict()  # fmt: skip
+        (tmp / "c.json").write_text(json.dumps({**config, "schema": schema}))
+
+    return write
 
 
 TRAIN = ["train", "--out", "{tmp}/runs", "--max-steps", "2", "--no-progress", "--accelerator", "cpu"]
@@ -326,6 +345,52 @@ CASES = {
     "no runs to report": (["report", "--runs", "{tmp}/runs", "--out", "{tmp}/rep"], None,
                           "runs directory '{tmp}/runs' does not exist; train some rows first (`aiayn train`) or pass "
                           "--runs DIR"),
+    # --- issue 39: the last bad inputs, each a traceback or accepted though wrong before
+    "a cache directory under a file": (TRAIN + ["--cache-dir", "{tmp}/afile/cache"], regular_file,
+                                       "cache directory {tmp}/afile/cache cannot be used: {tmp}/afile is not a "
+                                       "directory; point --cache-dir at a directory"),
+    "a GPU asked for where there is none": (TRAIN + ["--accelerator", "gpu"], None,
+                                            "--accelerator gpu: no GPU is visible here (torch sees none); pass "
+                                            "--accelerator cpu, or auto to use a GPU where there is one"),
+    "checkpoints every nan minutes": (TRAIN + ["--ckpt-every-minutes", "nan"], None,
+                                      "argument --ckpt-every-minutes: expected a finite number, got nan; see `aiayn "
+                                      "train --help`"),
+    "checkpoints every -1 minutes": (TRAIN + ["--ckpt-every-minutes", "-1"], None,
+                                     "--ckpt-every-minutes must be a positive number of minutes, got -1.0; pass e.g. "
+                                     "--ckpt-every-minutes 10"),
+    "a table row of no layers": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,mine,0\n"),
+                                 "table {tmp}/t.csv line 2: N must be a positive integer, got '0'; fix that cell"),
+    "a table row of no heads": (T3 + ["--table", "{tmp}/t.csv", "--rows", "x", "--max-steps", "1"],
+                                table("row,group,h\nx,mine,-2\n"),
+                                "table {tmp}/t.csv line 2: h must be a positive integer, got '-2'; fix that cell"),
+    "a run config.json of a newer schema": (TRAIN + ["--config", "{tmp}/c.json"], run_config_of_schema(99),
+                                            "config {tmp}/c.json is a run config.json of schema 99, which this aiayn "
+                                            "does not read (it reads schema 1); use the aiayn that wrote it, or pass "
+                                            "a YAML file of `aiayn train` options"),
+    "a dev set of blank lines": (TRAIN + FILES, lambda t: corpus(t, "blank dev"),
+                                 "{tmp}/corpus/dev.en holds 50 blank line(s) and no sentence; provide a file with one "
+                                 "sentence per line"),
+    "a length penalty of nan": (["translate", "--ckpt", "{tmp}/model.ckpt", "--alpha", "nan"], None,
+                                "argument --alpha: expected a finite number, got nan; see `aiayn translate --help`"),
+    "an infinite learning-rate factor": (TRAIN + ["--set", "lr_factor=inf"], None,
+                                         "--set lr_factor=inf: lr_factor must be a finite number; e.g. --set "
+                                         "lr_factor=1"),
+    "a config of YAML aliases": (TRAIN + ["--config", "{tmp}/t.csv"],
+                                 table("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nc: [*b, *b, *b]\n"),
+                                 "config {tmp}/t.csv is neither JSON nor YAML (an alias (*name): aliases are not read "
+                                 "in a config file at line 2); fix the file"),
+    "a garbled journal storage": (T3 + ["--storage", "journal://{tmp}/j.log"], garbled("j.log", b"\xff\xfe\x00ok\n"),
+                                  "journal storage {tmp}/j.log line 1 is not an Optuna journal entry "
+                                  "(UnicodeDecodeError); delete {tmp}/j.log to start the sweep's books there again "
+                                  "(its runs stay), or pass another --storage"),
+    "a journal of other JSON": (T3 + ["--storage", "journal://{tmp}/j.log"], garbled("j.log", b'{"a": 1}\n'),
+                                "journal storage {tmp}/j.log line 1 is not an Optuna journal entry (ValueError); "
+                                "delete {tmp}/j.log to start the sweep's books there again (its runs stay), or pass "
+                                "another --storage"),
+    "a garbled SQLite storage": (T3 + ["--storage", "sqlite:///{tmp}/o.db"], garbled("o.db", b"garbage " * 200),
+                                 "storage {tmp}/o.db is not a readable SQLite database (file is not a database); "
+                                 "delete {tmp}/o.db to start the sweep's books there again (its runs stay), or pass "
+                                 "another --storage"),
 }  # fmt: skip
 
 
@@ -402,3 +467,89 @@ def test_a_run_config_whose_row_is_a_path_is_refused_before_anything_is_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("aiayn: error: row name '../../escape' is not a name")
     assert tree(tmp_path) == before
+
+
+def test_the_cache_named_by_aiayn_cache_is_checked_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """AIAYN_CACHE a regular file: NotADirectoryError from the corpus writer before; one line now."""
+    (tmp_path / "afile").write_text("x\n")
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "afile"))
+    before = tree(tmp_path)
+    assert main(["train", "--out", str(tmp_path / "runs"), "--max-steps", "2", "--accelerator", "cpu"]) == 2
+    afile = tmp_path / "afile"
+    assert capsys.readouterr().err == (f"aiayn: error: cache directory {afile} cannot be used: {afile} is not a "
+                                       "directory; point AIAYN_CACHE (or --cache-dir) at a directory\n")
+    assert tree(tmp_path) == before
+
+
+def test_a_full_cache_disk_is_the_one_line_of_a_full_disk(tmp_path, capsys, monkeypatch):
+    """The synthetic corpus written into a cache on a full disk: `OSError: No space left` before; now the line that
+    names the cache and the fix."""
+    import errno
+    import pathlib
+
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    assert main(["train", "--out", str(tmp_path / "runs"), "--max-steps", "2", "--accelerator", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"aiayn: error: no space left on the cache's disk ({tmp_path / 'cache'}")
+    assert "point AIAYN_CACHE (or --cache-dir) at a disk with room" in err[-1] and "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_row_too_big_for_this_machine_is_refused_before_it_is_built(tmp_path, capsys):
+    """A table row whose weights, gradients and Adam state alone exceed the machine's memory: an allocation error
+    (or the OOM killer) before; one line now, before anything is written."""
+    (tmp_path / "t.csv").write_text("row,group,d_model,d_ff,h\nhuge,mine,262144,1048576,8\n")
+    before = tree(tmp_path)
+    assert main(["train", "--table", str(tmp_path / "t.csv"), "--row", "huge", "--out", str(tmp_path / "runs"),
+                 "--accelerator", "cpu"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn: error: row huge has ") and "more than this machine's" in err
+    assert err.count("\n") == 1 and tree(tmp_path) == before
+
+
+def test_a_config_too_large_to_be_one_is_refused_at_once(tmp_path, capsys):
+    """A 20 MB config took minutes and gigabytes before its error; a config file is at most 1 MB."""
+    (tmp_path / "big.yaml").write_text("# " + "x" * (2 << 20) + "\nrow: C1\n")
+    assert main(["train", "--config", str(tmp_path / "big.yaml"), "--print-config"]) == 2
+    assert capsys.readouterr().err == (f"aiayn: error: config {tmp_path / 'big.yaml'} is 2.0 MB, more than a config "
+                                       "file of options can be (at most 1 MB); pass a run's config.json or a YAML file "
+                                       "of `aiayn train` options (e.g. `row: C3`)\n")  # fmt: skip
+
+
+def test_a_bogus_wandb_mode_is_refused_before_a_run_directory_exists(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    assert main(["train", "--out", str(tmp_path / "runs"), "--wandb", "--max-steps", "2", "--accelerator", "cpu"]) == 2
+    assert capsys.readouterr().err == ("aiayn: error: WANDB_MODE=bogus is not a W&B mode; set it to online, offline "
+                                       "or disabled, or unset it\n")  # fmt: skip
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    """`aiayn rows ... | head -1`: a BrokenPipeError traceback before."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(f"{sys.executable} -m aiayn rows --preset tiny | head -1", shell=True, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def test_runs_that_recorded_no_corpus_are_reported_beside_the_others_not_over_them(tmp_path):
+    """A report over runs whose metrics.json lacks the corpus (an older aiayn) beside runs that have it wrote both
+    groups to table3-tiny.*, the second over the first: a group of runs silently lost. They get their own name now."""
+    from aiayn.reports.build import write_reports
+
+    for row, data in (("base", "synthetic"), ("A1", None)):
+        run = tmp_path / "runs" / "tiny" / "synthetic" / row / "seed0"
+        run.mkdir(parents=True)
+        metrics = {"row": row, "seed": 0, "preset": "tiny", "status": "completed", "dev_ppl": 2.0, "dev_bleu": 1.0}
+        (run / "metrics.json").write_text(json.dumps({**metrics, **({"data": data} if data else {})}))
+    written = {p.name for p in write_reports(tmp_path / "runs", tmp_path / "rep")}
+    assert {"table3-tiny.csv", "table3-tiny-corpus-unrecorded.csv"} <= written
+    assert "A1" in (tmp_path / "rep" / "table3-tiny-corpus-unrecorded.csv").read_text()
+    assert "base" in (tmp_path / "rep" / "table3-tiny.csv").read_text()

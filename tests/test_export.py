@@ -121,8 +121,8 @@ def test_the_hf_export_loads_with_transformers_and_computes_aiayns_logits(traine
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval(), AutoTokenizer.from_pretrained(hf_dir)
     assert isinstance(model, MarianMTModel)
     assert sorted(p.name for p in hf_dir.iterdir()) == [
-        "README.md", "aiayn.json", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-        "tokenizer_config.json",
+        "README.md", "aiayn.json", "config.json", "generation_config.json", "model.safetensors", "source.spm",
+        "target.spm", "tokenizer.json", "tokenizer_config.json", "vocab.json",
     ]  # fmt: skip
     c = model.config
     assert (c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_attention_heads, c.decoder_attention_heads,
@@ -189,6 +189,34 @@ def test_the_hf_export_translates_as_aiayn(trained, hf_dir):
     got, _ = hf_translate(model, tokenizer, src)
     same = [i for i in range(len(src)) if got[i] == expected[i]]
     assert len(same) >= 0.8 * len(src), f"{len(same)} of {len(src)} identical"
+
+
+def test_marian_tokenizer_loads_the_export_as_it_loads_helsinki_nlps(trained, hf_dir):
+    """Issue 39: the export is a Marian model, so MarianTokenizer must load it (it raised TypeError: no source.spm).
+    It encodes with aiayn's pieces and ids, and with `add_special_tokens=False` its sources give aiayn's greedy
+    translations; its default call appends </s> (Marian's convention, not aiayn's, and transformers has no setting
+    that turns it off), which the export's README says."""
+    from transformers import AutoModelForSeq2SeqLM, MarianTokenizer
+
+    from aiayn import Translator
+
+    run, src, ref = trained
+    ours = Translator.from_run(run, device="cpu")
+    marian = MarianTokenizer.from_pretrained(hf_dir)
+    assert marian(src, add_special_tokens=False).input_ids == ours.encode(src)
+    assert marian(src).input_ids == [x + [EOS] for x in ours.encode(src)]  # its default: one </s> appended
+    assert marian.batch_decode(ours.encode(ref), skip_special_tokens=True) == [ours.sp.decode(x) for x in
+                                                                               ours.encode(ref)]  # fmt: skip
+    model = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
+    few = src[:12]
+    expected = ours.translate_ids(few, beam=1)
+    got = []
+    for sentence in few:
+        batch = marian([sentence], add_special_tokens=False, return_tensors="pt")
+        out = model.generate(**batch, num_beams=1, max_length=batch.input_ids.shape[1] + 52)
+        got.append([t for t in out[0].tolist() if t not in (PAD, BOS, EOS)])
+    assert sum(g == e for g, e in zip(got, expected)) >= 11, "MarianTokenizer's ids give aiayn's greedy translations"
+    assert "MarianTokenizer.from_pretrained` loads this directory too" in (hf_dir / "README.md").read_text()
 
 
 def test_the_model_card_carries_hub_metadata_the_row_and_the_bleu_signature(trained, hf_dir):

@@ -29,7 +29,8 @@ def two_attempts(cache, tmp_path_factory):
     pytest.importorskip("mlflow")
     out = tmp_path_factory.mktemp("runs")
     for steps in ("2", "3"):
-        argv = ["train", "--out", str(out), *FAST, "--max-steps", steps, "--logger", "csv,tensorboard,mlflow"]
+        argv = ["train", "--out", str(out), *FAST, "--max-steps", steps, "--logger", "csv,tensorboard,mlflow",
+                "--log-model"]  # fmt: skip
         assert main(argv) == 0
     return out / "tiny" / "synthetic" / "base" / "seed0"
 
@@ -71,6 +72,48 @@ def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experim
     csv = (two_attempts / "logs" / "version_1" / "metrics.csv").read_text().splitlines()
     last = client.get_metric_history(runs["base-s0 attempt 2"].info.run_id, "val/ppl")[-1].value
     assert last == pytest.approx(float(csv[-1].split(",")[csv[0].split(",").index("val/ppl")]))
+
+
+def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
+    """Issue 39: the final dev BLEU, tokenized BLEU and PPL reached W&B's summary only. TensorBoard now has them in
+    its HParams (the run's config beside its final metrics, so rows compare in its table) and as scalars at the last
+    step; MLflow as metrics at the last step, and with --log-model the final checkpoint as an artifact; the MLflow
+    experiment and the W&B project have one name."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    from aiayn.lightning_modules.run import wandb_run
+    from aiayn.lightning_modules.run.rundir import RunDir
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    metrics = json.loads((two_attempts / "metrics.json").read_text())
+    final = {"dev/bleu": metrics["dev_bleu"], "dev/ppl": metrics["dev_ppl"], "dev/tok_bleu": metrics["dev_tok_bleu"]}
+    events = EventAccumulator(str(two_attempts / "logs" / "version_1"))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert {m.name.tag for m in experiment.metric_infos} == set(final)
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
+    assert session.hparams["row"].string_value == "base" and session.hparams["model/d_model"].number_value == 32
+    for tag, value in final.items():
+        assert events.Scalars(tag)[-1].value == pytest.approx(value, rel=1e-6) and events.Scalars(tag)[-1].step == 3
+
+    out = two_attempts.parents[3]
+    uri, _ = loggers.mlflow_uri(out)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("aiayn-tiny-synthetic")
+    run = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}["base-s0 attempt 2"]
+    for tag, value in final.items():
+        history = client.get_metric_history(run.info.run_id, tag)
+        assert (history[-1].step, history[-1].value) == (3, pytest.approx(value, rel=1e-6))
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")] == ["checkpoint/last.ckpt"]
+
+    config = RunDir(two_attempts).read_config()
+    kwargs = wandb_run.init_kwargs(RunDir(two_attempts), config, "offline", "test")
+    assert kwargs["project"] == experiment.name == loggers.experiment_name("tiny", "synthetic")
 
 
 def test_mlflow_tracking_uri_wins_over_the_run_directory(tmp_path, monkeypatch):

@@ -134,21 +134,22 @@ CONFIGURED = {
     "sweep export": (SweepExportOptions, ["--wandb", "--rows", "A", "--seeds", "2", "--out", "s.yaml"]),
     "report": (ReportOptions, ["--runs", "a", "--runs", "b", "--preset", "tiny"]),
     "completion": (CompletionOptions, ["zsh"]),
+    "bench": (BenchOptions, ["--size", "paper", "--compile", "layers", "--steps", "2"]),
 }  # fmt: skip
 
 
 def test_every_command_is_one_entry_built_from_its_options_with_config_files():
-    """Issue 30: every subcommand is one (name, options dataclass, function) entry of COMMANDS, and every one but
-    bench (whose --config is its own) takes --config and --print-config; CONFIGURED round-trips each of them."""
+    """Issue 30: every subcommand is one (name, options dataclass, function) entry of COMMANDS, and every one takes
+    --config and --print-config (issue 39: bench's --config was a model size; it is --size now);
+    CONFIGURED round-trips each of them."""
     leaves = {name.removeprefix("aiayn "): parser for name, parser, _ in _commands() if not any(
         isinstance(a, argparse._SubParsersAction) for a in parser._actions)}  # fmt: skip
     assert set(leaves) == {c.name for c in COMMANDS} and len(leaves) == 17
     for command in COMMANDS:
         assert dataclasses.is_dataclass(command.options) and callable(command.run), command.name
         flags = {f for a in leaves[command.name]._actions for f in a.option_strings}
-        if command.name != "bench":
-            assert {"--config", "--print-config"} <= flags, command.name
-        if command.name not in ("bench", "train"):  # train prints its resolved config.json: tests/test_config.py
+        assert {"--config", "--print-config"} <= flags, command.name
+        if command.name != "train":  # train prints its resolved config.json: tests/test_config.py
             assert command.name in CONFIGURED, f"{command.name}: add it to CONFIGURED, so that its config round-trips"
 
 
@@ -300,3 +301,23 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
     assert complete("train", "--data", "synthetic-") == ["synthetic-20", "synthetic-40"]
     (tmp_path / "rows.csv").write_text("row\n")
     assert complete("train", "--table", str(tmp_path / "ro")) == [str(tmp_path / "rows.csv")]
+
+
+def test_lightning_users_spellings_are_accepted_or_answered_with_aiayns(capsys):
+    """Issue 39: `--trainer.gradient_clip_val 1.0` (LightningCLI's dotted Trainer arguments), `--print_config` and
+    `aiayn fit` were refused without a hint; the first two are accepted as aiayn's forms, the last is answered with
+    aiayn's command. bench's old `--config SIZE` is answered with `--size`."""
+    from aiayn.cli import main, parse
+
+    args = parse(["train", "--trainer.gradient_clip_val", "1.0", "--trainer.log_every_n_steps=2",
+                  "--print_config"])  # fmt: skip
+    aiayns = parse(["train", "--trainer", "gradient_clip_val=1.0", "--trainer", "log_every_n_steps=2"])
+    assert from_args(TrainOptions, args).trainer == from_args(TrainOptions, aiayns).trainer
+    assert set(from_args(TrainOptions, args).trainer) == {"gradient_clip_val", "log_every_n_steps"}
+    assert args.print_config
+    assert main(["fit", "--row", "base"]) == 2
+    assert "aiayn has no `fit` command (LightningCLI's); `aiayn train` does that here" in capsys.readouterr().err
+    assert main(["train", "--trainer.max_epochs"]) == 2
+    assert "--trainer.max_epochs needs a value" in capsys.readouterr().err
+    assert main(["bench", "--config", "paper"]) == 2
+    assert "the model's size is --size paper" in capsys.readouterr().err

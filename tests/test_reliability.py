@@ -604,3 +604,54 @@ def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache
     assert "would misplace its position in the data" in err[-1]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert main([*argv[:4], "3", *argv[5:]]) == 0  # as it ran: it resumes
+
+
+def test_resuming_with_static_shapes_toggled_is_refused_in_one_line(cache, tmp_path, capsys):
+    """Issue 38, G7: --static-shapes (batches of a fixed size per length bucket of --pad-to) makes other batches than
+    the token buckets, so a resume with it toggled, or with another bucket width, would misplace the run's position
+    in the data; refused before anything is written, as another batch split is."""
+    argv = ["train", "--preset", "tiny", "--max-steps", "2", "--ckpt-every", "1", "--val-every", "100",
+            "--val-bleu-sentences", "0", "--eval-subset", "2", "--out", str(tmp_path), *SMALL_MODEL,
+            *QUIET]  # fmt: skip
+    assert main(argv) == 0
+    run = run_dir(tmp_path)
+    (run / "metrics.json").unlink()  # as if it had been killed: there is a checkpoint to resume from
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*argv[:4], "3", *argv[5:], "--static-shapes", "--pad-to", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"aiayn: error: run directory {run} was trained with token-bucket batches (no --static-shapes); "
+                       "resuming it with --static-shapes (buckets of 8) would make other batches and misplace its "
+                       "position in the data: resume with the flags it ran with, or start it again in another --out")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert main([*argv[:4], "3", *argv[5:], "--pad-to", "8"]) == 0  # --pad-to alone pads the same batches: resumes
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_drivers_trainers_stop_with_it(cache, tmp_path):
+    """Issue 39: killing only the `aiayn table3` driver left its trainers training to their end. Each trainer is
+    forked from a forkserver that exits when its driver does (and the trainer with it: die_with_parent), but CPython
+    handed every forked child the write end of the forkserver's keep-alive pipe, so the forkserver never saw its
+    driver go. A trainer now closes its copy: SIGKILL the driver mid-run, and the trainer stops (SIGTERM: its
+    checkpoints kept, the same command resumes it)."""
+    out = tmp_path / "runs"
+    cmd = aiayn("table3", "--preset", "tiny", "--rows", "base", "--seeds", "1", "--max-steps", "100000",
+                "--ckpt-every", "50", "--val-every", "100000", "--report", "", "--out", str(out), *SMALL_MODEL,
+                "--accelerator", "cpu")  # fmt: skip
+    env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = RunDir(run_dir(out))
+    deadline = time.time() + 300
+    while not (run.checkpoints.is_dir() and any(run.checkpoints.glob("step*.ckpt"))):
+        assert driver.poll() is None and time.time() < deadline, "the trainer never checkpointed"
+        time.sleep(0.5)
+    assert run.is_training()
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    deadline = time.time() + 60
+    try:
+        while run.is_training():
+            assert time.time() < deadline, "the trainer outlived its killed driver"
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", str(out)], check=False)  # a survivor must not train on in CI

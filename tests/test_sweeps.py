@@ -73,14 +73,13 @@ def test_grid_is_the_presets_scored_rows_by_default_or_the_rows_asked_for_times_
     assert grid(opts(tmp_path, rows="C2")) == [("C1", 0)]
     more_base = Selection(rows="base,A1", seeds=2, base_seeds=3, first_seed=5).pairs(PRESETS["tiny"])
     assert more_base == [("base", 5), ("base", 6), ("base", 7), ("A1", 5), ("A1", 6)]
-    # the preset's own seeds: 4 per row, 8 for base and for the rows predicted equivalent to it (A3, E1)
-    # and the rows it reports as checks (D3, D4: label smoothing's floors) one
+    # the preset's own seeds: 4 per row, 8 for base and for the rows predicted equivalent to it (A3, E1), and
+    # where the registration names a row's seeds (ablations/predictions.csv: evidence v5's A1 12, B2 6), those
     evidence = Selection().pairs(PRESETS["evidence"])
-    rows = [r for r in select_rows("all", True) if r in {*scored_rows("evidence"), "D3", "D4"}]  # table order
-    assert evidence == [("base", s) for s in range(8)] + [
-        (r, s) for r in rows for s in range(8 if r in ("A3", "E1") else 1 if r in ("D3", "D4") else 4)
-    ]  # fmt: skip
-    assert len(evidence) == 8 * 3 + 4 * 9 + 2
+    rows = [r for r in select_rows("all", True) if r in set(scored_rows("evidence"))]  # table order
+    seeds = {"A3": 8, "E1": 8, "A1": 12, "B2": 6}
+    assert evidence == [("base", s) for s in range(8)] + [(r, s) for r in rows for s in range(seeds.get(r, 4))]
+    assert len(evidence) == 8 + 8 * 2 + 12 + 6 + 4 * 7 == 70
     assert Selection(seeds=2).pairs(PRESETS["evidence"])[8:10] == [("A1", 0), ("A1", 1)]  # --seeds: every row
 
 
@@ -185,6 +184,7 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
     )
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
     for jobs in (1, 2, 3):
         assert LocalBackend().run_one(build_sweep(opts(tmp_path, jobs=jobs)), "base", 0, None).status == "failed"
     assert [threads for _, _, _, threads in forked] == [None, 4, 2]
@@ -309,7 +309,17 @@ def test_committed_sweep_definitions_are_up_to_date(preset):
 def test_wandb_command_runs_aiayn_train_with_row_and_seed():
     cfg = wandb_sweep("paper")
     assert cfg["command"] == ["aiayn", "train", "--preset", "paper", "--wandb", "${args}"]
-    assert cfg["method"] == "grid" and cfg["metric"] == {"name": "val/bleu", "goal": "maximize"}
+    assert cfg["method"] == "grid" and cfg["project"] == "aiayn-paper-wmt14"  # the MLflow experiment's name too
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_wandb_sweeps_metric_is_one_its_preset_logs(preset):
+    """Issue 39: the sweep file optimized val/bleu, which presets with val_bleu_sentences 0 (tiny, evidence) never
+    log, so W&B's sweep had no metric to read."""
+    p = PRESETS[preset]
+    logged = {"val/ppl": "minimize", **({"val/bleu": "maximize"} if p.val_bleu_sentences else {})}
+    metric = wandb_sweep(preset)["metric"]
+    assert metric["name"] in logged and metric["goal"] == logged[metric["name"]]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -406,7 +416,10 @@ def test_the_gpus_handed_out_are_those_visible_to_the_sweep(monkeypatch):
     assert slots(4, 1) == (["4", "5", "6", "7"], 1)
     assert slots(2, 2) == (["4,5", "6,7"], 2)
     assert slots(4, None) == (["4", "5", "6", "7"], 1)  # without --gpus-per-job: one each, there are enough
-    assert slots(5, None) == (None, 1)  # not enough for one each: nothing is handed out
+    # issue 38: more one-GPU runs than GPUs share them, round robin (small runs use a few percent of a GPU each);
+    # before, nothing was handed out and every run landed on the first GPU
+    assert slots(6, None) == (["4", "5", "6", "7", "4", "5"], 1)
+    assert slots(8, 1) == (["4", "5", "6", "7"] * 2, 1)
 
 
 def test_a_runs_own_process_inherits_no_launchers_variables(monkeypatch):
@@ -455,10 +468,10 @@ def test_bad_gpu_requests_are_one_line_and_write_nothing(argv, message, tmp_path
 
 
 def test_concurrent_runs_get_a_gpu_each_by_default_when_the_sweep_sees_enough(tmp_path, monkeypatch):
-    """`aiayn table3 --jobs 4` on a 4-GPU node put all four runs on cuda:0."""
+    """`aiayn table3 --jobs 4` on a 4-GPU node put all four runs on cuda:0; `--jobs 16` there, all sixteen."""
     monkeypatch.setattr("aiayn.sweeps.table3.visible_gpus", lambda: ["0", "1", "2", "3"])
     assert build_sweep(opts(tmp_path, jobs=4)).gpus_per_job == 1
-    assert build_sweep(opts(tmp_path, jobs=5)).gpus_per_job is None  # not enough: the user decides
+    assert build_sweep(opts(tmp_path, jobs=16)).gpus_per_job == 1  # more runs than GPUs: they share, 4 a GPU
     assert build_sweep(opts(tmp_path, jobs=2, accelerator="cpu")).gpus_per_job is None
     assert build_sweep(opts(tmp_path, jobs=2, gpus_per_job=2)).gpus_per_job == 2
     monkeypatch.setattr("aiayn.sweeps.table3.visible_gpus", lambda: [])
@@ -679,19 +692,86 @@ def test_print_config_masks_a_storage_password_and_a_dollar_reference_reads_the_
     assert expand("postgresql://aiayn:$PGPASSWORD_TEST@db.example/aiayn") == url
 
 
-def test_a_sweeps_row_and_seed_are_optuna_parameters_for_the_dashboard(tmp_path, runner_backend):
-    """optuna-dashboard plots parameters: each table3 trial carries its row and seed as parameters (issue 32), the
-    values enqueued, never sampled, while its user attributes stay the books' source."""
+def test_a_sweeps_row_and_seed_are_on_each_trial_for_the_dashboard(tmp_path, runner_backend):
+    """optuna-dashboard lists user attributes and plots parameters: each table3 trial carries its row and seed as
+    user attributes (the books' source) and its seed as a parameter on a fixed range, the value enqueued, never
+    sampled. The row is not a parameter: a categorical's choices cannot change within a study, and a table's rows do
+    (test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone)."""
     runner_backend(FakeRunner())
     out = tmp_path / "runs"
     assert main([*T3, "--out", str(out), "--rows", "base,A1,C4", "--seeds", "2"]) == 0
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out / 'optuna.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert sorted((t.params["row"], t.params["seed"]) for t in done) == sorted(
+    assert sorted((t.user_attrs["row"], t.params["seed"]) for t in done) == sorted(
         (r, s) for r in ("base", "A1", "C4") for s in (0, 1)
     )
-    assert all((t.params["row"], t.params["seed"]) == (t.user_attrs["row"], t.user_attrs["seed"]) for t in done)
-    assert isinstance(done[0].distributions["row"], optuna.distributions.CategoricalDistribution)
+    assert all(t.params["seed"] == t.user_attrs["seed"] and set(t.params) == {"seed"} for t in done)
+    assert isinstance(done[0].distributions["seed"], optuna.distributions.IntDistribution)
+
+
+def _as_a_new_process(monkeypatch, tables: tuple) -> None:
+    """What a later `aiayn table3` process sees after the user edited ablations/: the table files `tables`, and
+    every module-level value derived from them computed again (as a fresh import would)."""
+    import importlib
+
+    from aiayn.ablations import table
+    from aiayn.sweeps.backends import queue
+
+    monkeypatch.setattr(table, "TABLE_FILES", tables)
+    table._load_rows.cache_clear()
+    importlib.reload(queue)
+
+
+@pytest.fixture
+def restore_queue():
+    yield
+    import importlib
+
+    from aiayn.ablations import table
+    from aiayn.sweeps.backends import queue
+
+    table._load_rows.cache_clear()
+    importlib.reload(queue)
+
+
+def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(tmp_path, runner_backend, monkeypatch,
+                                                                         restore_queue):  # fmt: skip
+    """Issue 39: a row appended to ablations/extended.csv between two `aiayn table3` runs on one --out crashed the
+    second ("CategoricalDistribution does not support dynamic value space": the row parameter's choices were the
+    table's rows). Now the new row joins the study and runs alone; a row removed from the table, and a user --table
+    with new names, join it too."""
+    from aiayn.ablations import table
+
+    extended = tmp_path / "extended.csv"
+    extended.write_text(table.TABLE_FILES[1].read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp_path / "runs"
+    _as_a_new_process(monkeypatch, (table.TABLE_FILES[0], extended))
+    first = FakeRunner()
+    runner_backend(first)
+    assert main([*T3, "--out", str(out), "--rows", "base,A1,rope"]) == 0
+    assert sorted(first.calls) == [("A1", 0), ("base", 0), ("rope", 0)]
+
+    with extended.open("a", encoding="utf-8") as f:  # the user appends a row, then reruns on the same --out
+        f.write("wide-ff,extended,,,4096,,,,,,,,,d_ff 4096 (added later)\n")
+    _as_a_new_process(monkeypatch, (table.TABLE_FILES[0], extended))
+    second = FakeRunner()
+    runner_backend(second)
+    assert main([*T3, "--out", str(out), "--rows", "base,A1,rope,wide-ff"]) == 0
+    assert second.calls == [("wide-ff", 0)]
+
+    # rope removed from the table, and a user's own table with a new name: both join the same study
+    extended.write_text("".join(line for line in extended.read_text(encoding="utf-8").splitlines(keepends=True)
+                                if not line.startswith("rope,")), encoding="utf-8")  # fmt: skip
+    mine = tmp_path / "mine.csv"
+    mine.write_text("row,group,h\nmy-heads,mine,2\n", encoding="utf-8")
+    _as_a_new_process(monkeypatch, (table.TABLE_FILES[0], extended))
+    third = FakeRunner()
+    runner_backend(third)
+    assert main([*T3, "--out", str(out), "--table", str(mine), "--rows", "base,A1,wide-ff,my-heads"]) == 0
+    assert third.calls == [("my-heads", 0)]
+    study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out / 'optuna.db'}")
+    done = {t.user_attrs["row"] for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert done == {"base", "A1", "rope", "wide-ff", "my-heads"}
 
 
 def test_back_ends_are_found_without_an_import_and_a_second_of_one_name_is_refused(tmp_path):
@@ -715,3 +795,61 @@ def test_back_ends_are_found_without_an_import_and_a_second_of_one_name_is_refus
     with pytest.raises(ValueError, match="two sweep back ends are named 'local'"):
         backends.register(Impostor)
     assert backends.BACKENDS["local"].__module__ == "aiayn.sweeps.backends.local"
+
+
+def test_a_pair_a_dead_peer_left_running_mid_sweep_is_run_before_the_driver_exits(tmp_path, runner_backend):
+    """Issue 39: a second driver on one --out exited 0 while a pair a dead peer had taken was still RUNNING in the
+    books, without a word (the peer died after this driver's setup, which is where stale pairs were found). The
+    driver looks again when its queue is empty, fails the dead peer's pair and runs it."""
+    out = tmp_path / "runs"
+    storage = f"sqlite:///{out / 'optuna.db'}"
+
+    class PeerDiesMidSweep(FakeRunner):
+        def __call__(self, opts, corpus, row, seed):
+            if not self.calls:  # while this driver trains its first pair, a peer pops the next and dies
+                study = optuna.load_study(study_name="table3-tiny-synthetic", storage=storage)
+                taken = study.ask()
+                taken.set_user_attr("worker", "peer-host:4242")
+                self.taken = (taken.user_attrs["row"], taken.user_attrs["seed"])
+            return super().__call__(opts, corpus, row, seed)
+
+    runner = PeerDiesMidSweep()
+    runner_backend(runner)
+    assert main([*T3, "--out", str(out), "--rows", "base,A1,C4", "--jobs", "1"]) == 0
+    assert runner.taken in runner.calls and len(runner.calls) == 3  # the dead peer's pair, run here
+    study = optuna.load_study(study_name="table3-tiny-synthetic", storage=storage)
+    done = {(t.user_attrs["row"], t.user_attrs["seed"]) for t in study.trials
+            if t.state == optuna.trial.TrialState.COMPLETE}  # fmt: skip
+    assert done == {("base", 0), ("A1", 0), ("C4", 0)}
+
+
+def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report(tmp_path, capsys):
+    """Issue 39: a row edited in the table after its pair completed kept its old result with no word. `aiayn status`
+    and the report name it now, with what changed, and say that the result is the old row's."""
+    from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
+    from aiayn.reports.build import write_reports
+    from aiayn.sweeps import books
+    from aiayn.sweeps.status import StatusOptions, status_text
+
+    out = tmp_path / "runs"
+    spec = resolve("C4", "tiny")
+    config = RunConfig(spec, DataIdentity("synthetic", None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
+                       options={"row": "C4"}).to_dict()  # fmt: skip
+    config["spec"]["knobs"]["d_model"] = 96  # as the table said when it ran: C4's d_model was 96, not 64
+    config["spec"]["model"]["d_model"] = 96
+    config["spec"]["model"]["d_k"] = config["spec"]["model"]["d_v"] = 24
+    config["spec"]["knobs"]["d_k"] = config["spec"]["knobs"]["d_v"] = 24
+    run = out / "tiny" / "synthetic" / "C4" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config))
+    metrics = {"row": "C4", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed", "dev_ppl": 2.0,
+               "dev_bleu": 30.0}  # fmt: skip
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    books.record_sweep(OutDir(out), "tiny", "synthetic", [("C4", 0)], "local")
+    text = status_text(StatusOptions(out=str(out)))
+    assert "its row changed since it ran (d_model 96 -> 64, d_k 24 -> 16, d_v 24 -> 16)" in text
+    assert "this result is the old row's" in text
+    write_reports(out, tmp_path / "rep")
+    md = (tmp_path / "rep" / "table3-tiny.md").read_text(encoding="utf-8")
+    assert "Rows that resolve otherwise now than when they ran" in md
+    assert "  - C4 (seed 0): d_model 96 -> 64, d_k 24 -> 16, d_v 24 -> 16" in md

@@ -2,16 +2,13 @@
 conventions, one W&B run per run directory (its id kept across attempts; offline attempts named),
 the run config and summary, the model artifact, and `aiayn report --wandb`.
 
-W&B 0.31 has no Python reader for its offline `run-ID.wandb` files, so `records` reads them here: a
-7-byte header (":W&B", magic, version) and then the LevelDB log format W&B writes (32 KiB blocks of
-records, each a 7-byte header: crc32c, length, type FULL/FIRST/MIDDLE/LAST), every record one
-`wandb_internal_pb2.Record` protobuf.
+The offline `run-ID.wandb` files are read with W&B's own reader, `wandb leet inspect --json` (wandb 0.31), not by
+hand.
 """
 
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -27,48 +24,34 @@ FAST = ["--max-steps", "2", "--ckpt-every", "1", "--val-bleu-sentences", "4", "-
 FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "report" / "runs"
 
 
-def records(path: Path):
-    """Every Record of a W&B offline `.wandb` file, in order."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", f"not a W&B run file: {path}"
-    pos, block, buf = 7, 32768, b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if length == 0 and kind == 0:  # zero padding to the end of the block
-            pos += block - pos % block
-            continue
-        buf += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST: a whole record
-            record = pb.Record()
-            record.ParseFromString(buf)
-            buf = b""
-            yield record
+def records(path: Path) -> list[dict]:
+    """Every record of a W&B offline `.wandb` file, in order, as W&B's own reader prints them (`wandb leet inspect
+    --json`, wandb >= 0.31: one JSON object per record, its `type` and its fields)."""
+    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, f"wandb leet inspect {path}: {done.stderr[-2000:]}"
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
 def wandb_run(run_file: Path) -> dict:
     """What an offline W&B run file says: id, name, group, config, summary, artifacts."""
     out = {"config": {}, "summary": {}, "artifacts": [], "kinds": []}
     for r in records(run_file):
-        kind = r.WhichOneof("record_type")
+        kind = r["type"]
         out["kinds"].append(kind)
         if kind == "run":
-            out.update(id=r.run.run_id, name=r.run.display_name, group=r.run.run_group, project=r.run.project,
-                       job_type=r.run.job_type)  # fmt: skip
-            out["config"].update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+            run = r["run"]
+            out.update(id=run["run_id"], name=run.get("display_name"), group=run.get("run_group"),
+                       project=run.get("project"), job_type=run.get("job_type"))  # fmt: skip
+            out["config"].update(run.get("config", {}).get("update", {}))
         elif kind == "config":
-            out["config"].update({i.key: json.loads(i.value_json) for i in r.config.update})
+            out["config"].update(r["config"].get("update", {}))
         elif kind == "summary":
-            for i in r.summary.update:
-                out["summary"][i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+            out["summary"].update(r["summary"].get("update", {}))
         elif kind == "artifact":
-            out["artifacts"].append({"type": r.artifact.type, "name": r.artifact.name,
-                                     "files": sorted(e.path for e in r.artifact.manifest.contents)})  # fmt: skip
+            a = r["artifact"]
+            out["artifacts"].append({"type": a["type"], "name": a["name"],
+                                     "files": sorted(e["path"] for e in a["manifest"]["contents"])})  # fmt: skip
     assert "id" in out, f"no run record in {run_file} ({run_file.stat().st_size} bytes): {out['kinds']}"
     return out
 
@@ -118,7 +101,7 @@ def test_a_resumed_run_logs_its_config_summary_and_attempts(cache, tmp_path, off
     assert set(runs) == {base, f"{base}-a2"}
     first, second = runs[base], runs[f"{base}-a2"]
     assert (first["name"], second["name"]) == ("C1-s0", "C1-s0 attempt 2")
-    assert first["group"] == second["group"] == "C1" and first["project"] == "aiayn-tiny"
+    assert first["group"] == second["group"] == "C1" and first["project"] == "aiayn-tiny-synthetic"
     config = second["config"]
     assert (config["row"], config["seed"], config["preset"], config["corpus"]) == ("C1", 0, "tiny", "synthetic")
     assert (config["precision"], config["accumulate"], config["effective_tokens_per_step"]) == ("32-true", 1, 1024)
@@ -144,7 +127,7 @@ def test_online_every_attempt_resumes_the_run_directorys_one_w_and_b_run(tmp_pat
     kwargs = [init_kwargs(run, config, "online", "test") for _ in range(3)]
     assert len({k["id"] for k in kwargs}) == 1 and {k["resume"] for k in kwargs} == {"allow"}
     assert {(k["name"], k["group"], k["mode"], k["project"]) for k in kwargs} == {
-        ("C1-s0", "C1", "online", "aiayn-tiny")
+        ("C1-s0", "C1", "online", "aiayn-tiny-synthetic")
     }
     assert init_kwargs(run, config, "offline", "test")["id"] == kwargs[0]["id"] + "-a4"
     monkeypatch.setenv("WANDB_RUN_ID", "sweeprun1")
@@ -195,7 +178,7 @@ def test_report_logs_the_table_and_the_report_files(tmp_path, offline, capsys):
     assert main(["report", "--runs", str(runs), "--out", str(rep), "--wandb"]) == 0
     written = [Path(p) for p in capsys.readouterr().out.split()]
     (logged,) = offline_runs(rep).values()
-    assert (logged["name"], logged["job_type"], logged["project"]) == ("table3-tiny", "report", "aiayn-tiny")
+    assert (logged["name"], logged["job_type"], logged["project"]) == ("table3-tiny", "report", "aiayn-tiny-synthetic")
     (artifact,) = logged["artifacts"][-1:]
     assert artifact["type"] == "report" and artifact["name"] == "table3-tiny"
     assert artifact["files"] == sorted(p.name if p.parent == rep else f"{p.parent.name}/{p.name}" for p in written)

@@ -79,7 +79,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", need: int | None = Non
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        full = _disk_full(path, e, need) if isinstance(e, Exception) and not isinstance(e, UserError) else None
+        full = disk_full(path, e, need) if isinstance(e, Exception) and not isinstance(e, UserError) else None
         if full is not None:
             raise full from None
         raise
@@ -136,7 +136,7 @@ class DiskFull(UserError):
     """A write that the filesystem refused for want of space: one line naming the file and what it needed."""
 
 
-def _disk_full(path: Path, error: BaseException, need: int | None) -> DiskFull | None:
+def disk_full(path: Path, error: BaseException, need: int | None) -> DiskFull | None:
     """The DiskFull a failed write of `path` means, or None when space is not what failed: an OSError ENOSPC, or any
     error of a writer (torch's zip writer says "unexpected pos") on a filesystem left with less than it needed."""
     if isinstance(error, OSError) and error.errno not in (errno.ENOSPC, errno.EDQUOT):

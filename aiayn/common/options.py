@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import MISSING, field, fields
@@ -105,6 +106,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def finite_float(text: str) -> float:
+    """An argparse type: a finite number (float() alone takes "nan" and "inf", which no option of aiayn means)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
 def int_at_least(least: int):
     """An argparse type: an integer of at least `least` (`--seed`: 0 or more)."""
 
@@ -156,7 +168,8 @@ def add_options(
             kw.update(action="append", default=None)
         else:
             least = meta.get("at_least")
-            kw["type"] = positive_int if meta["positive"] else int_at_least(least) if least is not None else base
+            kw["type"] = positive_int if meta["positive"] else int_at_least(least) if least is not None else (
+                finite_float if base is float else base)  # fmt: skip
             if meta["choices"]:
                 kw["choices"] = meta["choices"]
         kw["help"] = kw["help"].replace("%", "%%")  # argparse formats help with %
@@ -272,16 +285,40 @@ def _hints(cls, prefix: str = "", skip=(), instance=None):
             yield path, (hint | None if own is None and not isinstance(hint, str) else hint)
 
 
+CONFIG_MAX_BYTES = 1 << 20  # a config file of options is a few KB; a run's config.json about 10
+
+
+def _no_alias_loader():
+    """PyYAML's SafeLoader without aliases: a config file of options needs none, and a few nested aliases (a
+    "billion laughs" of 1 KB) expand to gigabytes and hang the reader."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "an alias (*name): aliases are not read in a config "
+                                                  "file", event.start_mark)  # fmt: skip
+            return super().compose_node(parent, index)
+
+    return NoAliases
+
+
 def read_mapping(path, what: str) -> dict:
     """A config file (YAML, or JSON, which is YAML) that must hold a mapping; each way it can fail is one line that
-    names the file and ends in `pass {what}` or `fix the file`."""
+    names the file and ends in `pass {what}` or `fix the file`. At most CONFIG_MAX_BYTES, and no YAML aliases (a
+    20 MB file took minutes and gigabytes before its error; a 1 KB alias bomb hung)."""
     from pathlib import Path
 
     import yaml  # lazily: building the parsers needs no YAML
 
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size if path.is_file() else 0
+        if size > CONFIG_MAX_BYTES:
+            raise UserError(f"config {path} is {size / 2**20:.1f} MB, more than a config file of options can be (at "
+                            f"most {CONFIG_MAX_BYTES >> 20} MB); pass {what}")  # fmt: skip
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_no_alias_loader())  # noqa: S506 (a SafeLoader)
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read config {path} ({getattr(e, 'strerror', None) or type(e).__name__}); "
                         f"pass {what}") from None  # fmt: skip
@@ -439,4 +476,31 @@ def to_config(obj, *, skip=(), prefix: str = "") -> dict:
             out[f.name] = dict(value)
         else:
             out[f.name] = value
+    return out
+
+
+# LightningCLI's subcommands, and what aiayn has instead
+LIGHTNING_COMMANDS = {"fit": "train", "validate": "eval", "test": "eval", "predict": "translate"}
+
+
+def lightning_spellings(argv: list[str]) -> list[str]:
+    """A Lightning user's spellings in aiayn's: `--trainer.KEY VALUE` and `--trainer.KEY=VALUE` (LightningCLI's
+    dotted Trainer arguments) as `--trainer KEY=VALUE`, `--print_config` as `--print-config`; LightningCLI's `fit`
+    (and `validate`, `test`, `predict`) answered with aiayn's command."""
+    if argv and argv[0] in LIGHTNING_COMMANDS:
+        raise UserError(f"aiayn has no `{argv[0]}` command (LightningCLI's); `aiayn {LIGHTNING_COMMANDS[argv[0]]}` "
+                        f"does that here (`aiayn --help` lists the commands)")  # fmt: skip
+    out, words = [], iter(argv)
+    for word in words:
+        if word.startswith("--trainer."):
+            key, eq, value = word.removeprefix("--trainer.").partition("=")
+            if not eq:
+                value = next(words, None)
+                if value is None or value.startswith("--"):
+                    raise UserError(f"{word} needs a value: `--trainer.{key} VALUE` (or `--trainer {key}=VALUE`)")
+            out += ["--trainer", f"{key}={value}"]
+        elif word == "--print_config":
+            out.append("--print-config")
+        else:
+            out.append(word)
     return out

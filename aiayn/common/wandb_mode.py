@@ -21,12 +21,18 @@ MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "o
          "shared": "online"}  # fmt: skip
 
 
+def check_mode() -> None:
+    """A WANDB_MODE that W&B does not know is a UserError (checked without importing wandb)."""
+    given = os.environ.get("WANDB_MODE", "").strip()
+    if given and given not in MODES:
+        raise UserError(f"WANDB_MODE={given} is not a W&B mode; set it to online, offline or disabled, or unset it")
+
+
 def wandb_mode() -> tuple[str, str]:
     """(mode, why): the mode W&B runs in (online, offline or disabled) and a clause saying why."""
+    check_mode()
     given = os.environ.get("WANDB_MODE", "").strip()
     if given:
-        if given not in MODES:
-            raise UserError(f"WANDB_MODE={given} is not a W&B mode; set it to online, offline or disabled, or unset it")
         return MODES[given], f"WANDB_MODE={given}"
     import wandb  # lazily: only runs that log to W&B pay for the import
 

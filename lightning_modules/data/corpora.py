@@ -89,6 +89,9 @@ def _read_lines(path: Path) -> list[str]:
         ) from None
     if not out:
         raise UserError(f"{path} is empty; provide a non-empty file with one sentence per line")
+    if not any(line.strip() for line in out):  # a dev set of blank lines scored BLEU 0 over empty references
+        raise UserError(f"{path} holds {len(out)} blank line(s) and no sentence; provide a file with one sentence per "
+                        "line")  # fmt: skip
     return out
 
 

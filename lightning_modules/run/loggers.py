@@ -10,9 +10,15 @@ never loses the curves of its earlier attempts:
 - mlflow: one MLflow run per attempt, tagged with its row, seed, preset and corpus, in one store for everything
   under --out, `OUT/mlflow.db` (an SQLite store: MLflow 3 refuses its old file store unless MLFLOW_ALLOW_FILE_STORE
   is set, and SQLite is its documented local default; artifacts in `OUT/mlartifacts`), or wherever
-  MLFLOW_TRACKING_URI points (a server); one experiment per sweep, `aiayn-PRESET-CORPUS`, so that MLflow's UI
-  compares a sweep's rows and seeds side by side, unless MLFLOW_EXPERIMENT_NAME says otherwise.
+  MLFLOW_TRACKING_URI points (a server); one experiment per sweep, `aiayn-PRESET-CORPUS` (`experiment_name`, the
+  W&B project's name too), so that MLflow's UI compares a sweep's rows and seeds side by side, unless
+  MLFLOW_EXPERIMENT_NAME says otherwise.
 - wandb: lightning_modules/run/wandb_run.py (W&B's own conventions: one W&B run per run directory online).
+
+Every tracker holds the final table (`log_final`): the final evaluation's dev BLEU, tokenized BLEU and perplexity
+(`dev/bleu`, `dev/tok_bleu`, `dev/ppl`) as metrics at the last step, beside the run's hyper-parameters: in
+TensorBoard's HParams (rows compare in its table), in MLflow (and, with `--log-model`, the final checkpoint as an
+artifact), in W&B's summary (wandb_run.finish).
 
 The default is csv, and tensorboard when it is installed: both are plain files, work offline and need no account,
 server or setup; tensorboard is an extra (`aiayn[tensorboard]`), so without it the default stays csv alone rather
@@ -84,6 +90,10 @@ def chosen(logger: str | None, wandb: bool = False) -> tuple[str, ...]:
         raise UserError(f"--logger: unknown logger {unknown[0]!r}; pass a comma-separated subset of "
                         f"{', '.join(KINDS)}")  # fmt: skip
     names = tuple(dict.fromkeys([*names, *(["wandb"] if wandb else [])]))
+    if "wandb" in names:  # a WANDB_MODE W&B does not know: said before a run directory exists
+        from aiayn.common.wandb_mode import check_mode
+
+        check_mode()
     for name in names:
         kind = KINDS[name]
         if not _importable(kind):
@@ -109,9 +119,43 @@ def mlflow_uri(out_root) -> tuple[str, str | None]:
     return f"sqlite:///{root / 'mlflow.db'}", (root / "mlartifacts").as_uri()
 
 
+def experiment_name(preset: str, corpus: str) -> str:
+    """One name for a sweep (every row and seed of one preset on one corpus) in every tracker: the MLflow experiment
+    and the W&B project."""
+    return f"aiayn-{preset}-{corpus_dirname(corpus)}"
+
+
 def mlflow_experiment(preset: str, corpus: str) -> str:
-    """The experiment of a sweep (every row and seed of one preset on one corpus), unless MLFLOW_EXPERIMENT_NAME."""
-    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"aiayn-{preset}-{corpus_dirname(corpus)}"
+    """The experiment of a sweep, unless MLFLOW_EXPERIMENT_NAME."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or experiment_name(preset, corpus)
+
+
+# metrics.json's final dev numbers, under the slash names every tracker gets them as
+FINAL = {"dev_bleu": "dev/bleu", "dev_tok_bleu": "dev/tok_bleu", "dev_ppl": "dev/ppl"}
+
+
+def log_final(trainer, metrics, params: dict, checkpoint=None) -> None:
+    """The run's final dev numbers into the trackers that hold a table (the module docstring), after training ended:
+    TensorBoard's HParams session (the run's flat config with its final metrics) and its scalars at the last step;
+    MLflow's metrics at the last step and, with `checkpoint`, that file as the artifact `checkpoint/last.ckpt`. A
+    tracker that fails here is logged and skipped: the run's result is already in metrics.json."""
+    values = {name: float(getattr(metrics, key)) for key, name in FINAL.items() if getattr(metrics, key) is not None}
+    if not values:
+        return
+    step = int(metrics.steps or 0)
+    for logger in trainer.loggers:
+        kind = type(logger).__name__
+        try:
+            if kind == "TensorBoardLogger":
+                logger.log_hyperparams(params, values)  # the HParams plugin's session: config and final metrics
+                logger.log_metrics(values, step)
+                logger.finalize("success")
+            elif kind == "MLFlowLogger":
+                logger.log_metrics(values, step)
+                if checkpoint is not None:
+                    logger.experiment.log_artifact(logger.run_id, str(checkpoint), artifact_path="checkpoint")
+        except Exception as e:  # noqa: BLE001 - a tracker's failure must not turn a finished run into a failed one
+            log.warning("%s: could not log the final dev numbers: %s: %s", kind, type(e).__name__, e)
 
 
 def build(names: tuple[str, ...], run, config, *, rank_zero: bool, out_root=None) -> list:

@@ -199,3 +199,20 @@ def spec_for(opts: TrainOptions, recorded: ConfigFile | None = None) -> RunSpec:
         log.warning("row %s of the config file differs from its table now (config, table: %s); training the config "
                     "file's", opts.row, changed)  # fmt: skip
     return run
+
+
+def changed_since(recorded: RunSpec) -> list[str]:
+    """What the table (and the preset's rule) now resolve differently for a run's row than when it ran: its model
+    knobs and its steps, each as "d_model 128 -> 256" ([] when the same, or when the row is no longer in the table of
+    ablations/: a user's --table is not known here). A completed pair keeps its result when its row is edited; this
+    is how status and the report say so."""
+    try:
+        now = resolve(recorded.row, recorded.preset.name, overrides=recorded.overrides, corpus=recorded.corpus,
+                      vocab_size=recorded.model.vocab_size)  # fmt: skip
+    except UserError:
+        return []
+    before, after = recorded.model.to_dict(), now.model.to_dict()
+    out = [f"{k} {before.get(k)} -> {after[k]}" for k in after if before.get(k) != after[k]]
+    if recorded.train_steps != now.train_steps:
+        out.append(f"steps {recorded.train_steps} -> {now.train_steps}")
+    return out

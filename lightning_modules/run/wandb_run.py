@@ -25,6 +25,7 @@ from dataclasses import asdict
 
 from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.common.wandb_mode import wandb_mode
+from aiayn.lightning_modules.run.loggers import experiment_name
 from aiayn.lightning_modules.run.rundir import RunConfig, RunDir, RunMetrics
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def init_kwargs(run: RunDir, config: RunConfig, mode: str, why: str) -> dict | N
     else:
         log.info("W&B offline (%s): W&B run %s in %s/wandb", why, attempt["id"], run.path)
     return {
-        "project": os.environ.get("WANDB_PROJECT") or f"aiayn-{preset}", "group": row, "job_type": "train",
+        "project": os.environ.get("WANDB_PROJECT") or experiment_name(preset, config.data.corpus), "group": row,
+        "job_type": "train",
         "name": attempt["name"], "id": attempt["id"], "resume": "allow", "mode": mode, "save_dir": str(run.path),
         "config": wandb_config(config),
     }  # fmt: skip

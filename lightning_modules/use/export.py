@@ -189,21 +189,31 @@ def to_marian(model: Transformer):
 # --- the tokenizer and the generation settings ------------------------------------------------------
 
 
-def write_marian_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, data: dict):
-    """Our joint SentencePiece model as MarianTokenizer's source.spm and target.spm, vocab.json mapping each
-    piece to its id (ids are ours: pad 0, unk 1, <s> 2, </s> 3), and its config; returns the tokenizer.
-
-    MarianTokenizer appends </s> to every source (Marian's models were trained so); ours were trained without
-    it, so encode with `add_special_tokens=False`. `clean_up_tokenization_spaces` is off: aiayn's output is
-    SentencePiece's decoding as it is (it would join " ." to ".")."""
+def write_marian_files(proto: bytes, where: Path) -> dict[str, int]:
+    """MarianTokenizer's files: our joint SentencePiece model as source.spm and target.spm, and vocab.json mapping
+    each piece to its id (ids are ours: pad 0, unk 1, <s> 2, </s> 3). Returns the vocabulary."""
     import sentencepiece as spm
-    from transformers import MarianTokenizer
 
     sp = spm.SentencePieceProcessor(model_proto=proto)
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     for name in ("source.spm", "target.spm"):
         (where / name).write_bytes(proto)
     (where / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    return vocab
+
+
+def write_marian_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, data: dict):
+    """MarianTokenizer's files (`write_marian_files`) and its config; returns the tokenizer.
+
+    MarianTokenizer appends </s> to every source (Marian's models were trained so; transformers has no setting that
+    turns it off); ours were trained without it, so encode with `add_special_tokens=False`.
+    `clean_up_tokenization_spaces` is off: aiayn's output is SentencePiece's decoding as it is (it would join " ."
+    to ".")."""
+    import sentencepiece as spm
+    from transformers import MarianTokenizer
+
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    write_marian_files(proto, where)
     tokenizer = MarianTokenizer(
         str(where / "source.spm"), str(where / "target.spm"), str(where / "vocab.json"),
         source_lang=data.get("src_lang"), target_lang=data.get("tgt_lang"), unk_token=sp.id_to_piece(UNK),
@@ -263,13 +273,16 @@ def generation_config(cfg: TransformerConfig, beam: int, alpha: float):
 def write_hf(model: Transformer, proto: bytes, where: Path, *, data: dict, beam: int, alpha: float,
              tokenizer: str = "fast") -> None:  # fmt: skip
     """MarianMTModel (config.json, model.safetensors, generation_config.json) and its tokenizer into `where`: the
-    fast tokenizer AutoTokenizer loads (`tokenizer="fast"`, what `aiayn export` publishes), or MarianTokenizer's
-    files (`"marian"`, what CTranslate2's converter reads)."""
+    fast tokenizer AutoTokenizer loads (`tokenizer="fast"`, what `aiayn export` publishes: tokenizer.json, with
+    MarianTokenizer's source.spm, target.spm and vocab.json beside it, so that `MarianTokenizer.from_pretrained`
+    loads the same directory, as it loads Helsinki-NLP's), or MarianTokenizer's files alone with its own config
+    (`"marian"`, what CTranslate2's converter reads)."""
     hf = to_marian(model)
     hf.generation_config = generation_config(model.cfg, beam, alpha)
     hf.save_pretrained(str(where))
     if tokenizer == "fast":
         write_fast_tokenizer(proto, where, model.cfg)
+        write_marian_files(proto, where)
     else:
         write_marian_tokenizer(proto, where, model.cfg, data)
 
@@ -498,7 +511,10 @@ tokenizer (`tokenizer.json`) encodes exactly as aiayn's SentencePiece model and,
 `</s>` to a source: its defaults give aiayn's translations. The model is a `MarianMTModel` (post-LN, ReLU, shared
 embeddings × √d_model, sinusoidal positions; aiayn's weights with the model dimension permuted from the paper's
 interleaved sinusoids to Marian's sin-then-cos layout, which computes the same logits), its weights in
-`model.safetensors`. Use this tokenizer, not `MarianTokenizer`, which would append `</s>`.
+`model.safetensors`. `MarianTokenizer.from_pretrained` loads this directory too (`source.spm`, `target.spm`,
+`vocab.json`: the same SentencePiece model and ids), but appends `</s>` to every source, as Marian's models were
+trained and aiayn's were not, and transformers has no setting that turns that off: with it, call
+`tokenizer(texts, add_special_tokens=False, ...)` to get aiayn's translations.
 
 `generation_config.json` holds aiayn's decoding as far as Transformers can express it: beam {beam}, length
 penalty {alpha}, stop once {beam} hypotheses have ended (`early_stopping=True`), `<pad>`, `<unk>` and `<s>` never

@@ -25,9 +25,28 @@ def _forkserver():
     return ctx
 
 
+def let_the_forkserver_go() -> None:
+    """In a forkserver child: close its copy of the driver's keep-alive pipe. CPython hands every child the write end
+    of the pipe whose end-of-file tells the forkserver that its driver is gone (multiprocessing.forkserver's
+    `_serve_one`), so while a trainer ran, a killed driver's forkserver never saw it and never exited, and the
+    trainers that die with it (die_with_parent) trained on to their end. A trainer starts no process of its own
+    through the forkserver, so it needs no copy."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        server._forkserver_alive_fd = None
+
+
 def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: int | None) -> None:
     """`train(opts, spec)` in a forkserver child, stdout and stderr to `logfile`; exits with the status the
     `aiayn train` command would."""
+    let_the_forkserver_go()
     die_with_parent()
     fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.write(fd, attempt_header().encode())

@@ -16,15 +16,16 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from aiayn.ablations.table import MAX_SEED, select_rows
+from aiayn.ablations.table import MAX_SEED
 from aiayn.common.locks import file_lock
 from aiayn.common.text import clock
 from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.run.devices import usable_cpus
 from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep
 from aiayn.sweeps.books import Pair
-from aiayn.sweeps.storage import open_storage
+from aiayn.sweeps.storage import check_readable, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +44,25 @@ def enqueue_pending(study: optuna.Study, pairs: list[Pair], cost: dict[str, floa
     """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial. With `cost`
     (row -> relative cost), the longest runs first (workers pop in enqueue order).
 
-    The pair is the trial's user attributes: that is what the books read. It is also given as the trial's two
-    parameters, row (categorical) and seed, for tools that plot parameters (optuna-dashboard), where the row is one
-    of the fixed choices `ROW_CHOICES` (Optuna requires a categorical parameter to keep the same choices in every
-    trial of a study; a row of a user's table has none). Nothing is sampled: the values are the enqueued ones."""
+    The pair is the trial's user attributes: that is what the books read, and where tools that list trials
+    (optuna-dashboard) show the row. The seed is also the trial's one parameter, on a fixed range (0..MAX_SEED), for
+    tools that plot parameters. The row is not a parameter: Optuna requires a categorical parameter to keep the same
+    choices in every trial of a study, and a table's rows change under a study (a row appended to
+    ablations/extended.csv or a --table, a row removed): "CategoricalDistribution does not support dynamic value
+    space". Nothing is sampled: the values are the enqueued ones."""
     busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
     taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
     pending = [p for p in pairs if p not in taken]
     if cost is not None:
         pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
     for row, seed in pending:
-        params = {"row": row, "seed": seed} if row in ROW_CHOICES else {}
-        study.enqueue_trial(params, user_attrs={"row": row, "seed": seed})
+        study.enqueue_trial({"seed": seed}, user_attrs={"row": row, "seed": seed})
     return pending
 
 
-# the rows of ablations/ (the paper's and the extended ones), the same in every study: the row parameter's choices
-ROW_CHOICES = tuple(select_rows("all", True))
-
-
 def set_params(trial: optuna.Trial, pair: Pair) -> None:
-    """The popped trial's row and seed as its parameters (enqueued, so these return them: nothing is sampled)."""
-    row, seed = pair
-    if row in ROW_CHOICES:
-        trial.suggest_categorical("row", ROW_CHOICES)
-        trial.suggest_int("seed", 0, MAX_SEED)
+    """The popped trial's seed as its parameter (enqueued, so this returns it: nothing is sampled)."""
+    trial.suggest_int("seed", 0, MAX_SEED)
 
 
 def _n_finished(trials: list[optuna.trial.FrozenTrial]) -> int:
@@ -90,6 +85,7 @@ class QueueBackend(Backend):
         url = sweep.storage or sweep.out.study_url("table3")
         claims = self.claims(sweep)
         key_of = self._key_of(sweep)
+        check_readable(url)  # a garbled database or journal: one line, and no lock left beside it
         # drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race
         with file_lock(sweep.out.lock(f"{name}.setup"), wait=True):
             storage = open_storage(url, create_dir=sweep.out.root)
@@ -112,11 +108,35 @@ class QueueBackend(Backend):
             one = optuna.load_study(study_name=name, storage=open_storage(url))
             return self.work(one, sweep, claims, slots[i] if slots else None, pace)
 
-        with ThreadPoolExecutor(sweep.jobs) as pool:
-            results = [f.result() for f in [pool.submit(worker, i) for i in range(sweep.jobs)]]
-        done, failed, diverged = (sum(r[i] for r in results) for i in range(3))
+        done = failed = diverged = 0
+        while True:
+            with ThreadPoolExecutor(sweep.jobs) as pool:
+                results = [f.result() for f in [pool.submit(worker, i) for i in range(sweep.jobs)]]
+            done, failed, diverged = (x + sum(r[i] for r in results) for i, x in enumerate((done, failed, diverged)))
+            # a peer driver that died while this one worked left its pairs running in the books: theirs are failed
+            # and enqueued again, and this driver runs them (it used to exit 0 with them pending, without a word)
+            with file_lock(sweep.out.lock(f"{name}.setup"), wait=True):
+                again = books.fail_stale_trials(study, self.pop_lock(sweep), claims, key_of)
+                for t in again:
+                    log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, run again here",
+                                t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
+                enqueue_pending(study, [p for p in pairs if p in {pair_of(t) for t in again}], cost)
+            if not again:
+                break
+        elsewhere = self._running_elsewhere(study, sweep)
+        if elsewhere:
+            log.info("%d pair(s) of this sweep are being run by another driver (%s): theirs to finish; `aiayn status "
+                     "%s` lists them", len(elsewhere), ", ".join(f"{r} seed {s}" for r, s in elsewhere[:6]),
+                     sweep.out.root)  # fmt: skip
         return {"pairs": len(sweep.pairs), "ran": done + failed + diverged, "completed": done, "failed": failed,
-                "diverged": diverged}  # fmt: skip
+                "diverged": diverged, **({"elsewhere": len(elsewhere)} if elsewhere else {})}  # fmt: skip
+
+    @staticmethod
+    def _running_elsewhere(study: optuna.Study, sweep: Sweep) -> list[Pair]:
+        """The sweep's pairs still RUNNING in the books after this driver's workers ended: another live driver's."""
+        wanted = set(sweep.pairs)
+        return sorted(pair_of(t) for t in study.get_trials(deepcopy=False)
+                      if t.state == TrialState.RUNNING and pair_of(t) in wanted)  # fmt: skip
 
     def pop_lock(self, sweep: Sweep) -> Path:
         return sweep.out.lock(f"{study_name(sweep.preset.name, sweep.corpus)}.pop")
@@ -205,7 +225,7 @@ def _threads(jobs: int) -> int | None:
     """CPU threads per run when `jobs` share the machine: N processes x all cores would thrash."""
     if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
         return None
-    return max(1, (os.cpu_count() or 1) // jobs)
+    return max(1, usable_cpus() // jobs)
 
 
 def attempt_header() -> str:

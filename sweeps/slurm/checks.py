@@ -113,8 +113,25 @@ def check_shared(opts: SlurmOptions) -> None:
         )
 
 
+def check_one_line(opts: SlurmOptions) -> None:
+    """Every value that goes into an sbatch script's lines is one line: a newline in --partition, --sbatch or --out
+    would start a line of its own there (an #SBATCH directive or a shell command the job runs). Values inside shell
+    words are quoted where the script is written (script.py); #SBATCH lines are read by sbatch, not a shell."""
+    res, t = opts.resources, opts.train
+    values = {"--partition": res.partition, "--account": res.account, "--time": res.time, "--mem": res.mem,
+              "--out": t.out, "--data-dir": t.data_dir, "--data": t.data,
+              **{f"--sbatch {i + 1}": d for i, d in enumerate(res.sbatch)},
+              **{f"--setup {i + 1}": line for i, line in enumerate(res.setup)},
+              **{f"--table {i + 1}": f for i, f in enumerate(t.table)}}  # fmt: skip
+    for flag, value in values.items():
+        if value is not None and any(c in str(value) for c in "\n\r\0"):
+            raise UserError(f"{flag} holds a line break, which would start a line of its own in the sbatch script; "
+                            f"pass it on one line")  # fmt: skip
+
+
 def check(opts: SlurmOptions) -> int:
     """Validate everything; return tasks per node. Raises UserError before anything is written."""
+    check_one_line(opts)
     pairs(opts)  # an unknown preset, row or group, or --seeds 0
     loggers.of(opts.train)  # an unknown logger, or one whose package is missing here (jobs inherit this environment)
     res = opts.resources
