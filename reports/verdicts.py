@@ -131,8 +131,8 @@ def smoothing_floor(eps_ls: float, vocab_size: int) -> float:
 # How far (relative) below its floor a row's dev PPL may sit before the check fails. A trained model is not exactly
 # at the smoothed optimum: the smoothed loss barely charges extra confidence on the reference (p = 0.95 instead of
 # 0.90 costs 0.02 nats when the rest is spread evenly), and attempt 4's R1 pilot ended base at 1.081 against its
-# 1.111, 2.7% below (BENCHMARKS.md). Smoothing that is not applied at all puts ε 0.2's row near 1.0, 20% below its
-# 1.25: that is what the check catches.
+# 1.111, 2.7% below (docs/history/benchmarks.md). Smoothing that is not applied at all puts ε 0.2's row near 1.0,
+# 20% below its 1.25: that is what the check catches.
 CHECK_TOLERANCE = 0.05
 
 

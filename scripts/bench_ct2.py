@@ -51,9 +51,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def engines(args, where: Path) -> dict:
     """name -> translator: aiayn's own, and its CTranslate2 exports in float32 and int8."""
-    from aiayn.lightning_modules.run.options import ExportOptions, ModelSource
     from aiayn.lightning_modules.use.ct2 import Ct2Translator
     from aiayn.lightning_modules.use.export import export
+    from aiayn.lightning_modules.use.options import ExportOptions, ModelSource
     from aiayn.lightning_modules.use.translate import Translator
 
     source = ModelSource(run=args.run, ckpt=args.ckpt, average=args.average, device="cpu", beam=args.beam,
@@ -86,7 +86,7 @@ def measure(translators: dict, sources: list[str], rounds: int) -> tuple[dict, d
 
 
 def results(seconds: dict, outputs: dict, refs: list[str], lang: str) -> list[dict]:
-    from aiayn.lightning_modules.use.bleu import bleu
+    from aiayn.lightning_modules.run.bleu import bleu
 
     base = outputs["aiayn"]
     rows = []

@@ -1,5 +1,5 @@
 """Attempt 4's pilot rule: which regime and step budget the `evidence` preset takes, read from a pilot by a rule
-fixed before the pilot was read (BENCHMARKS.md, "Attempt 4"), which never looks at a row's sign.
+fixed before the pilot was read (docs/history/benchmarks.md, "Attempt 4"), which never looks at a row's sign.
 
     aiayn table3 --preset evidence --data synthetic-20 --rows base,A1,A3,A4,B1,B2,C1,C4,C5,C6,C7,E1 \\
         --seeds 1 --base-seeds 2 --first-seed 100 --out pilot4-s20 --report ''
@@ -37,7 +37,7 @@ import pandas as pd
 from aiayn.reports.runs import read_curve
 from aiayn.reports.verdicts import convergence_drop
 
-BUDGETS = tuple(range(1500, 6001, 500))  # R1, R3: up to their pilots' 4000 steps; R2: 6000 (BENCHMARKS.md)
+BUDGETS = tuple(range(1500, 6001, 500))  # R1, R3: up to their pilots' 4000 steps; R2: 6000 (docs/history/benchmarks.md)
 MIN_BASE_PPL = 1.25
 MARGIN = 0.035
 RULE = "line"
@@ -46,7 +46,7 @@ MIN_SENSITIVITY = 0.02
 SEEDS = {"base": 8, "A3": 8, "E1": 8}  # the equivalence tests' rows and base; every other scored row: 4
 OTHER_SEEDS = 4
 JOBS = 2
-CELL_MINUTES = 22.2  # tiny-2k v3, the data-limited cell: 1331 s measured (BENCHMARKS.md)
+CELL_MINUTES = 22.2  # tiny-2k v3, the data-limited cell: 1331 s measured (docs/history/benchmarks.md)
 MAX_MINUTES = 160
 
 

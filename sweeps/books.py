@@ -4,9 +4,9 @@ live worker or job holds, which failed and which are pending; which Optuna trial
 A pair is *done* when its run directory's metrics.json says completed. It is *claimed* while its holder lives:
 a worker process holds the pair's lock (a kernel flock under OUT/.locks/, released when the process dies,
 however it dies) for as long as the pair runs (`LockClaims`), or SLURM holds the array task it was submitted as
-(`SlurmClaims`), or a trainer holds its run directory's lock. Otherwise it failed (metrics.json says how, or, for a
-pair that failed before it had a run of its own, `seedS.failed.json` beside its directory) or is pending. Reading
-the books writes nothing.
+(sweeps/backends/slurm/pairs.py's `SlurmClaims`), or a trainer holds its run directory's lock. Otherwise it
+failed (metrics.json says how, or, for a pair that failed before it had a run of its own, `seedS.failed.json`
+beside its directory) or is pending. Reading the books writes nothing.
 
 Optuna keeps the queue of `aiayn table3` and the trials of `aiayn hpo`. Optuna's own heartbeat exists only for
 RDB storages (SQLite included), not for the journal, and is only beaten by `study.optimize`, so a worker that
@@ -93,36 +93,6 @@ class LockClaims(Claims):
 
     def _who(self, key: str) -> Path:
         return self.path(key).with_suffix(".who")
-
-
-class SlurmClaims(Claims):
-    """An array task holds the pair it was submitted for while SLURM holds the task (queued, running or
-    requeued); OUT/slurm/pairs/PREFIX-KEY.json names the task."""
-
-    def __init__(self, out: OutDir, prefix: str, live: Callable[[], set[str]]):
-        self.out, self.prefix, self._live, self._cache = out, prefix, live, None
-
-    def marker(self, key: str) -> Path:
-        return self.out.slurm / "pairs" / f"{self.prefix}-{key}.json"
-
-    def record(self, key: str, job: str, script: str) -> None:
-        atomic_write_json(self.marker(key), {"job": job, "script": script, "submitted": time.time()})
-
-    def job(self, key: str) -> str | None:
-        try:
-            return json.loads(self.marker(key).read_text())["job"]
-        except (OSError, ValueError, KeyError):
-            return None
-
-    def holder(self, key: str) -> dict | None:
-        job = self.job(key)
-        if job is None:
-            return None  # never submitted: no need to ask SLURM
-        if self._cache is None:
-            self._cache = self._live()
-        if job not in self._cache:
-            return None
-        return {"holder": f"SLURM job {job}", "since": json.loads(self.marker(key).read_text()).get("submitted")}
 
 
 class AnyClaims(Claims):

@@ -17,8 +17,8 @@ from aiayn.ablations.table import RowChoice, select_rows
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import option, to_argv
-from aiayn.lightning_modules.run.loggers import experiment_name
 from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.spec import experiment_name
 
 
 @dataclass

@@ -240,6 +240,11 @@ def run_hpo(opts: HpoOptions) -> dict:
     return result
 
 
+def hpo_exit_status(result: dict) -> int:
+    """1 when every trial was pruned or failed (a result of the search, not a usage error, which is 2); else 0."""
+    return int(result["best_trial"] is None)
+
+
 def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop_lock) -> None:
     """Ask one trial (a queued retry first) and claim it under the pop lock, train it, tell its outcome."""
     with books.pop_and_claim(study, pop_lock, claims, _key, study.ask) as (trial, _, held):

@@ -16,8 +16,10 @@ from aiayn.ablations.selection import Selection
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.sweeps.backends import Backend, Sweep, backend_for, make_sweep
+from aiayn.sweeps.backends import Backend, BackendNames, Sweep, SweepSummary, backend_for, backend_help, make_sweep
 from aiayn.sweeps.backends.processes import visible_gpus
+from aiayn.sweeps.books import report_dir
+from aiayn.sweeps.run import run_and_report
 
 log = logging.getLogger(__name__)
 
@@ -38,29 +40,15 @@ class SweepOptions:
         "(default: 1 each when a GPU is visible for each run)",
         positive=True, metavar="K",
     )  # fmt: skip
-    backend: str | None = option(
-        None, "what runs the pairs: local (forked from this driver) or subprocess (a fresh `aiayn train` each); "
-        "default: local, subprocess for DDP or --gpus-per-job",
-    )  # fmt: skip
+    # the registry's back ends, with their help (one with options of its own, slurm, is its own command:
+    # `aiayn table3 --backend slurm` runs `aiayn slurm table3`, whose --help lists SLURM's options)
+    backend: str | None = option(None, backend_help(), choices=BackendNames())
     fail_on_diverged: bool = option(
         False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
         "such, and the exit status is 0)",
     )  # fmt: skip
     # the main job without --preset: the evidence regime at a fixed budget, one seed (ablations/presets.py, `quick`)
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, preset=MAIN_PRESET))
-
-
-def exit_status(summary: dict, fail_on_diverged: bool = False) -> int:
-    """A sweep's exit status for scripts: 0 when every pair it ran completed, 1 when one failed (or diverged, with
-    `fail_on_diverged`). Usage errors (2) never get this far."""
-    return int(bool(summary.get("failed")) or (fail_on_diverged and bool(summary.get("diverged"))))
-
-
-def summary_line(summary: dict, opts: SweepOptions) -> str:
-    """What `aiayn table3` prints when its sweep ends: completed, failed and diverged of what it ran."""
-    return (f"table3 {opts.train.preset}: {summary['completed']} completed, {summary['failed']} failed, "
-            f"{summary.get('diverged', 0)} diverged of {summary['ran']} run ({summary['pairs']} pairs in the table)"
-            f"; `aiayn status {opts.train.out}` lists each pair")  # fmt: skip
 
 
 def build_sweep(opts: SweepOptions) -> Sweep:
@@ -102,16 +90,33 @@ def cell_options(opts: SweepOptions) -> list[SweepOptions]:
     return out
 
 
-def run_table3(opts: SweepOptions, backend: Backend | None = None) -> dict:
-    """Run what is pending with `backend` (default: the one each sweep needs), the preset's sweep then its cells';
-    return a summary of them all (`cells`: each sweep's own)."""
-    sweeps = [build_sweep(o) for o in cell_options(opts)]  # every cell resolved before any run
-    backends = [backend or backend_for(o.backend, s) for o, s in zip(cell_options(opts), sweeps)]
-    for b, s in zip(backends, sweeps):
+def launches(opts: SweepOptions, backend: Backend | None = None) -> list[tuple[Backend, Sweep]]:
+    """(back end, sweep) for the preset's sweep and each of its cells', every one resolved before any runs; the back
+    end `backend`, `--backend`'s, or the one each sweep needs (sweeps/backends: by capabilities)."""
+    sweeps = [(o, build_sweep(o)) for o in cell_options(opts)]
+    return [(backend or backend_for(o.backend, s), s) for o, s in sweeps]
+
+
+def run_table3(opts: SweepOptions, backend: Backend | None = None) -> SweepSummary:
+    """Run what is pending (the preset's sweep, then its cells'); what happened, counted over all of them."""
+    pairs = launches(opts, backend)
+    for b, s in pairs:
         b.check(s)
-    summaries = [b.launch(s, s.pairs) for b, s in zip(backends, sweeps)]
-    if len(summaries) == 1:
-        return summaries[0]
-    total = {k: sum(int(x.get(k, 0) or 0) for x in summaries) for k in ("completed", "failed", "diverged", "ran",
-                                                                          "pairs")}  # fmt: skip
-    return {**total, "cells": {s.key: x for s, x in zip(sweeps, summaries)}}
+    return SweepSummary.total([b.launch(s, s.pairs) for b, s in pairs])
+
+
+def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None) -> int:
+    """`aiayn table3`: the output and report folders and the storage checked before anything runs, then the sweep,
+    its report (`write_report(out, report_dir, preset)`, handed over by the command line) and the exit status
+    (sweeps/run.py)."""
+    from aiayn.common.files import check_writable_dir
+    from aiayn.sweeps.storage import check_url
+
+    check_writable_dir(opts.train.out, "--out")
+    report = report_dir(opts.report, opts.train.out)
+    if report:
+        check_writable_dir(report, "--report")
+    if opts.storage:
+        check_url(opts.storage)  # before the sweep takes its setup lock under --out
+    writer = (lambda: write_report(opts.train.out, report, opts.train.preset)) if report and write_report else None
+    return run_and_report(launches(opts, backend), write_report=writer, fail_on_diverged=opts.fail_on_diverged)

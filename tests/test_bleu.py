@@ -7,7 +7,7 @@ import pytest
 import sacrebleu
 
 from aiayn.cli import main
-from aiayn.lightning_modules.use.bleu import bleu, paper_tokenize, split_compounds, tokenized_bleu
+from aiayn.lightning_modules.run.bleu import bleu, paper_tokenize, split_compounds, tokenized_bleu
 
 HYP = "Das Kaffee-Haus ist alt."
 REF = "Das Kaffee-Haus ist sehr alt."

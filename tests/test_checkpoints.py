@@ -3,6 +3,7 @@ checkpoints (`--weights-only-checkpoints`) that still average, translate and lea
 run will need, estimated before it runs and measured after."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -137,17 +138,27 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
     out, err = capsys.readouterr()
     assert json.loads(out)["spec"]["row"] == "big"
     params = resolve("big", "paper").model.params()
-    full = 12 * params  # + the tokenizer and the rest: under a percent of it at this size
-    assert err.startswith("# checkpoints: about 54 GB = 20 periodic x 2.57 GB (weights + Adam moments, fp32) + "
-                          "last.ckpt 1 x 2.57 GB")  # fmt: skip
-    assert 21 * full == pytest.approx(54e9, rel=0.01)
+    full, weights = 12 * params, 4 * params  # + the tokenizer and the rest: under a percent of it at this size
+    # the paper preset's periodic checkpoints are weights only (every 10 minutes: ablations/presets.py)
+    assert err.startswith("# checkpoints: about 19.7 GB = 20 periodic x 858 MB (weights only) + last.ckpt 1 x "
+                          "2.57 GB (weights + Adam moments, fp32)")  # fmt: skip
+    assert 20 * weights + full == pytest.approx(19.7e9, rel=0.01)
     assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
                  "--weights-only-checkpoints", "--keep-last", "5"]) == 0  # fmt: skip
     assert "about 6.86 GB = 5 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
     assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
                  "--keep-last", "2", "--keep-for-averaging", "20"]) == 0  # fmt: skip
-    assert ("about 23.2 GB = 2 periodic x 2.57 GB (weights + Adam moments, fp32) + 18 older for averaging x 858 MB "
-            "(weights only) + last.ckpt 1 x 2.57 GB") in capsys.readouterr().err  # fmt: skip
+    # the paper preset's periodic files are weights only already: the 20 kept for averaging are all of that size
+    assert "about 19.7 GB = 20 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
+                 "--ckpt-every", "1000", "--keep-last", "2", "--keep-for-averaging", "20"]) == 0  # fmt: skip
+    assert "about 19.7 GB" in capsys.readouterr().err
+    # a preset with whole periodic files: the newest 2 whole, 18 older slimmed down for averaging
+    assert main(["train", "--out", str(tmp_path), "--preset", "small", "--row", "big", "--print-config",
+                 "--keep-last", "2", "--keep-for-averaging", "20"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert re.search(r"= 2 periodic x \S+ \S+ \(weights \+ Adam moments, fp32\) \+ 18 older for averaging x \S+ \S+ "
+                     r"\(weights only\) \+ last\.ckpt 1 x", err), err  # fmt: skip
     assert not any(tmp_path.iterdir())
 
 
@@ -156,11 +167,13 @@ def test_slurm_dry_run_says_the_disk_of_the_whole_array(tmp_path, capsys):
             "--time", "1-00:00:00", "--gpus-per-node", "8", "--out", str(tmp_path / "runs"), "--dry-run"]  # fmt: skip
     assert main(argv) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("# disk:"))
-    per_run = {row: 22 * disk.checkpoint_bytes(resolve(row, "paper").model.params(), 37000, False)
-               for row in ("base", "big")}  # 20 periodic + last + requeue  # fmt: skip
-    total = 2 * per_run["base"] + 2 * per_run["big"]
+    def per_run(row):  # 20 periodic, weights only (the paper preset's), + last.ckpt and requeue.ckpt whole
+        params = resolve(row, "paper").model.params()
+        return 20 * disk.checkpoint_bytes(params, 37000, True) + 2 * disk.checkpoint_bytes(params, 37000, False)
+
+    total = 2 * per_run("base") + 2 * per_run("big")
     assert line.startswith(f"# disk: checkpoints of the 4 runs: about {disk.human(total)} in all (the largest, big: ")
-    assert disk.human(total) == "147 GB"
+    assert disk.human(total) == "57.8 GB"
 
 
 def test_keep_last_0_is_one_line(tmp_path, capsys):
@@ -189,3 +202,26 @@ def test_the_paper_preset_checkpoints_every_ten_minutes_weights_only(tmp_path):
     assert not disk.weights_only(TrainOptions(), tiny)
     estimate = disk.estimate(TrainOptions(preset="paper"), resolve("base", "paper"))
     assert estimate.periodic_bytes == disk.checkpoint_bytes(estimate.params, 37000, weights_only=True)
+
+
+def test_a_checkpoint_loads_as_lightning_users_expect(tmp_path):
+    """Issue 37: the run config a checkpoint carries is read on the type (`RunConfig.from_checkpoint`, as litgpt's
+    `Config.from_checkpoint`), and the module builds itself from it: `TranslationModule.from_checkpoint(path)`, and
+    Lightning's own `load_from_checkpoint(path)`, which failed (the module keeps no hyper-parameters)."""
+    from conftest import checkpoint_of
+
+    from aiayn.lightning_modules.run.module import TranslationModule
+    from aiayn.lightning_modules.run.rundir import RunConfig
+
+    ckpt = checkpoint_of()
+    path = tmp_path / "last.ckpt"
+    torch.save(ckpt, path)
+    config = RunConfig.from_checkpoint(path)
+    assert config.spec.row == "base" and config.spec.model == run_config(ckpt, path).spec.model
+    for module in (TranslationModule.from_checkpoint(path), TranslationModule.load_from_checkpoint(path)):
+        assert module.cfg == config.spec.model and (module.warmup, module.lr_factor) == (
+            config.spec.schedule.warmup, config.spec.schedule.lr_factor)  # fmt: skip
+        for name, value in module.state_dict().items():
+            assert torch.equal(value, ckpt["state_dict"][name]), name
+    with pytest.raises(TypeError, match="no hparams_file"):
+        TranslationModule.load_from_checkpoint(path, hparams_file="h.yaml")

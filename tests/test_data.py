@@ -783,8 +783,8 @@ def test_every_rank_gets_a_dev_batch_even_when_the_dev_set_has_fewer_batches_tha
     import torch
 
     from aiayn.lightning_modules.data.batching import TokenBucketSampler, collate
+    from aiayn.lightning_modules.run.evaluate import nll_sum
     from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
-    from aiayn.lightning_modules.use.evaluate import nll_sum
 
     shares = [list(TokenBucketSampler([5], [6], 1024, shuffle=False, num_replicas=2, rank=r, drop_uneven=False))
               for r in (0, 1)]  # fmt: skip

@@ -192,7 +192,7 @@ def test_the_checker_catches_an_upward_import_and_a_cycle():
 # The modules that make tensors on the device a run uses: each constructor says where (`device=`), so none lands on
 # the CPU by default beside a model on a GPU (aiayn bench --device cuda once decoded CPU sources with CUDA models).
 DEVICE_EXPLICIT = ["lightning_modules/transformer/model.py", "lightning_modules/transformer/decoding.py",
-                   "lightning_modules/use/evaluate.py", "lightning_modules/use/translate.py",
+                   "lightning_modules/run/evaluate.py", "lightning_modules/use/translate.py",
                    "lightning_modules/run/module.py", "lightning_modules/use/ct2.py", "lightning_modules/use/export.py",
                    "aiayn/bench/run.py", "aiayn/bench/trainer.py"]  # fmt: skip
 CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "empty", "arange", "randint", "rand", "randn", "randperm", "eye",
@@ -222,3 +222,39 @@ def test_the_model_room_imports_no_other_room_and_no_lightning():
             ours = {n for n in imports(path) if n.startswith("aiayn.lightning_modules.")}
             assert all(n.startswith(room) for n in ours), (module, ours)
             assert not {n for n in imports_all(path) if n.split(".")[0] in ("lightning", "pytorch_lightning")}, module
+
+
+# The rooms of the one-run layer, bottom to top: each imports only the rooms below it (issue 37: run/ imported
+# use/evaluate.py while use/ imported run/ ten times: two rooms pointing both ways)
+ROOMS = ("transformer", "data", "run", "use")
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "lightning_modules" and parts[2] in ROOMS else None
+
+
+def two_way_rooms(graph: dict[str, set[str]]) -> list[str]:
+    """'A imports B (room) and C imports D (room)' for every pair of rooms that import each other, and every import
+    of a room above."""
+    pointing = {}
+    for module, targets in graph.items():
+        for target in targets:
+            a, b = room_of(module), room_of(target)
+            if a and b and a != b:
+                pointing.setdefault((a, b), f"{module} imports {target}")
+    bad = [f"{pointing[(a, b)]}; {pointing[(b, a)]}" for a, b in pointing if (b, a) in pointing and a < b]
+    bad += [why for (a, b), why in pointing.items() if ROOMS.index(b) > ROOMS.index(a)]
+    return sorted(set(bad))
+
+
+def test_the_rooms_of_the_one_run_layer_point_one_way():
+    assert two_way_rooms(edges()) == []
+
+
+def test_the_room_checker_catches_two_rooms_that_point_both_ways():
+    graph = {"aiayn.lightning_modules.run.module": {"aiayn.lightning_modules.use.evaluate"},
+             "aiayn.lightning_modules.use.translate": {"aiayn.lightning_modules.run.rundir"}}  # fmt: skip
+    found = two_way_rooms(graph)
+    assert any("run.module imports aiayn.lightning_modules.use.evaluate" in line for line in found)
+    assert any(";" in line for line in found)  # the pair named both ways

@@ -230,8 +230,8 @@ def test_dropout_drops_p_drop_of_the_elements_and_keeps_the_expectation():
 def test_an_empty_source_gives_a_finite_perplexity_and_a_translation():
     """A dev line with no source tokens: every key of its cross-attention is masked. The plain-ops path once gave
     NaN (softmax over -inf only) where scaled_dot_product_attention gives zeros; both give zeros now."""
+    from aiayn.lightning_modules.run.evaluate import nll_sum
     from aiayn.lightning_modules.transformer.decoding import beam_search
-    from aiayn.lightning_modules.use.evaluate import nll_sum
 
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=20, max_len=64)).eval()

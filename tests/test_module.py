@@ -73,8 +73,8 @@ GOLDEN = [3.3202, 2.8294, 2.4586, 2.2648, 2.0751]  # measured on CPU, torch 2.13
 def test_validation_nll_through_the_chunked_path_equals_cross_entropy_on_full_logits():
     """Evaluation's NLL comes from the fused, chunked projection (no (B, T, V) logits), equal to the straightforward
     cross-entropy within float32 rounding."""
+    from aiayn.lightning_modules.run.evaluate import nll_sum
     from aiayn.lightning_modules.transformer.model import PAD, Transformer, TransformerConfig
-    from aiayn.lightning_modules.use.evaluate import nll_sum
 
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)).eval()

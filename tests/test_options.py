@@ -17,19 +17,19 @@ from aiayn.common.errors import UserError
 from aiayn.common.options import from_args, to_argv
 from aiayn.completion import CompletionOptions
 from aiayn.doctor import DoctorOptions
-from aiayn.lightning_modules.run.options import (
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.use.options import (
     AverageOptions,
     EvalOptions,
     ExportOptions,
     ScoreOptions,
-    TrainOptions,
     TranslateOptions,
 )
 from aiayn.reports.options import ReportOptions
 from aiayn.reports.rows import RowsOptions
+from aiayn.sweeps.backends.slurm import SlurmOptions
 from aiayn.sweeps.export import SweepExportOptions
 from aiayn.sweeps.hpo import HpoOptions
-from aiayn.sweeps.slurm import SlurmOptions
 from aiayn.sweeps.status import StatusOptions
 from aiayn.sweeps.table3 import SweepOptions
 

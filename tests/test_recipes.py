@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -273,4 +274,153 @@ class InlineBackend(QueueBackend):
     status = aiayn(copy, "status", str(out)).stdout
     assert "2 pairs (2 completed)" in status
     unknown = aiayn(copy, "table3", "--backend", "inlin", "--out", str(out), code=2)
-    assert "choose one of" in unknown.stderr and "inline" in unknown.stderr
+    assert "invalid choice: 'inlin'" in unknown.stderr and "inline" in unknown.stderr  # the choices: the registry's
+
+
+DETACHED = '''"""Each pending pair as an `aiayn train` process of its own that outlives the command, holding its pair
+while it lives (a test of the recipe: a back end that keeps its own books, as SLURM's does)."""
+
+import json
+import os
+import subprocess
+import time
+
+from aiayn.common.files import atomic_write_json
+from aiayn.sweeps import books
+from aiayn.sweeps.backends import Backend, Capabilities, SweepSummary, register, write_resolved
+from aiayn.sweeps.backends.processes import train_process_command
+
+
+class PidClaims(books.Claims):
+    """OUT/detached/KEY.json names the process that holds the pair, alive while the process is."""
+
+    def __init__(self, out):
+        self.folder = out.backend("detached")
+
+    def holder(self, key):
+        try:
+            held = json.loads((self.folder / f"{key}.json").read_text())
+            os.kill(held["pid"], 0)
+        except (OSError, ValueError, KeyError):
+            return None
+        return {"holder": f"pid {held['pid']}", "since": held["since"]}
+
+
+@register
+class DetachedBackend(Backend):
+    """each pair a detached process of its own; the report: `aiayn report` once they have ended"""
+
+    name = "detached"
+    capabilities = Capabilities(holds_claims=True)
+
+    def claims(self, sweep):
+        return PidClaims(sweep.out)
+
+    @classmethod
+    def status_claims(cls, out):
+        return PidClaims(out)
+
+    def launch(self, sweep, pairs):
+        started = 0
+        for state in self.status(sweep):
+            if state.state in ("completed", "running"):
+                continue
+            run = sweep.out.run(sweep.preset.name, sweep.corpus, state.row, state.seed)
+            resolved = write_resolved(run.resolved_file, sweep.specs[state.row], "detached")
+            command = train_process_command(sweep.run_options(state.row, state.seed), resolved)
+            proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            key = sweep.pair_key(state.row, state.seed)
+            atomic_write_json(self.claims(sweep).folder / f"{key}.json", {"pid": proc.pid, "since": time.time()})
+            started += 1
+        completed = sum(s.state == "completed" for s in self.status(sweep))
+        return SweepSummary(pairs=len(pairs), completed=completed, details={"started": started})
+
+    def summary_lines(self, summary, sweep):
+        return [f"detached {sweep.preset.name}: {summary.details['started']} started, {summary.completed} "
+                f"completed of {summary.pairs}; `aiayn status {sweep.out.root}` follows them"]
+
+    def report_now(self, summary):
+        return False
+'''
+
+
+@pytest.mark.slow
+def test_a_back_end_that_keeps_its_own_books_by_its_recipe(copy, tmp_path):
+    """The recipe's second kind: a Backend with `launch`, `claims` and `status_claims`, in one file. What a user
+    gets without another line: `--backend detached` in the choices, its pairs shown as held by their process in
+    `aiayn status`, the books skipping what completed on a rerun, and the report of the runs."""
+    (copy / "sweeps/backends/detached.py").write_text(DETACHED)
+    assert changed(copy) <= {"sweeps/backends/detached.py"}
+    out = tmp_path / "runs"
+    sweep = ["table3", "--backend", "detached", "--rows", "base,C1", "--out", str(out), *FAST[:6], "--jobs", "1"]
+    assert "detached tiny: 2 started, 0 completed of 2" in aiayn(copy, *sweep).stdout
+    assert not (out / "reports").exists()  # report_now: its runs have not ended when the command does
+    first = aiayn(copy, "status", str(out)).stdout
+    assert re.search(r"running.*pid \d+", first), first  # held by the processes it started (two Lightning imports)
+    for _ in range(300):
+        status = aiayn(copy, "status", str(out)).stdout
+        if "2 pairs (2 completed)" in status:
+            break
+        assert "failed" not in status, status
+        time.sleep(1)
+    assert "2 pairs (2 completed)" in status, status
+    again = aiayn(copy, *sweep).stdout
+    assert "detached tiny: 0 started, 2 completed of 2" in again  # the books: nothing run twice
+    aiayn(copy, "report", "--runs", str(out), "--out", str(tmp_path / "rep"))
+    assert (tmp_path / "rep" / "table3-tiny.csv").is_file()
+
+
+PARAMS = '''"""`aiayn params`: each row's parameter count at a preset (a test of the recipe for a command)."""
+
+from dataclasses import dataclass
+
+from aiayn.common.options import option
+
+
+@dataclass
+class ParamsOptions:
+    """What `aiayn params` counts."""
+
+    preset: str = option("tiny", "the preset whose widths count")
+    rows: str = option("base,big", "comma-separated rows")
+
+
+def params_lines(opts: ParamsOptions) -> list[str]:
+    from aiayn.lightning_modules.run.spec import resolve
+
+    return [f"{row} {resolve(row, opts.preset).model.params()}" for row in opts.rows.split(",")]
+'''
+
+
+@pytest.mark.slow
+def test_a_command_by_its_recipe(copy, tmp_path):
+    """A command: its options and function in its layer, one Command in COMMANDS; --help, --config, --print-config,
+    completion and the one-line errors come with it."""
+    (copy / "reports/params.py").write_text(PARAMS)
+    edit(copy, "aiayn/cli.py", "from aiayn.reports.rows import RowsOptions\n",
+         "from aiayn.reports.params import ParamsOptions\nfrom aiayn.reports.rows import RowsOptions\n")
+    edit(copy, "aiayn/cli.py", "def cmd_rows(opts, args) -> None:", """def cmd_params(opts, args) -> None:
+    from aiayn.reports.params import params_lines
+
+    print("\\n".join(params_lines(opts)))
+
+
+def cmd_rows(opts, args) -> None:""")
+    edit(copy, "aiayn/cli.py", "COMMANDS = (\n", """COMMANDS = (
+    Command("params", "each row's parameter count at a preset", ParamsOptions, cmd_params),
+""")
+    assert changed(copy) <= {"reports/params.py"} | recipe_files("A command")
+
+    from aiayn.lightning_modules.run.spec import resolve
+
+    lines = aiayn(copy, "params", "--preset", "small", "--rows", "base,big").stdout.splitlines()
+    assert lines == [f"base {resolve('base', 'small').model.params()}", f"big {resolve('big', 'small').model.params()}"]
+    assert "--rows" in aiayn(copy, "params", "--help").stdout
+    config = tmp_path / "params.yaml"
+    config.write_text(aiayn(copy, "params", "--preset", "small", "--rows", "C1", "--print-config").stdout)
+    assert aiayn(copy, "params", "--config", str(config)).stdout.split() == ["C1", str(resolve("C1", "small").model
+                                                                                       .params())]  # fmt: skip
+    assert "params" in aiayn(copy, "completion", "bash").stdout
+    bad = aiayn(copy, "params", "--rowz", "base", code=2)
+    assert bad.stderr.count("\n") == 1 and "did you mean --rows" in bad.stderr

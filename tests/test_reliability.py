@@ -266,7 +266,7 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
         return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
 
     opts = SweepOptions(select=Selection(rows="base,A1,A2"), train=TrainOptions(out=str(tmp_path / "runs")))
-    assert run_table3(opts, backend=RunnerBackend(runner)) == {
+    assert run_table3(opts, backend=RunnerBackend(runner)).counts() == {
         "pairs": 3,
         "ran": 3,
         "completed": 2,
@@ -329,7 +329,7 @@ def test_a_trial_left_running_by_a_dead_worker_is_failed_and_its_pair_run_once(t
     opts = sweep_opts(tmp_path, storage, rows="base,A1")
     study, trial = claimed_trial(opts)
     runner = Recorder()
-    assert run_table3(opts, backend=RunnerBackend(runner))["completed"] == 2
+    assert run_table3(opts, backend=RunnerBackend(runner)).completed == 2
     assert sorted(runner.calls) == [("A1", 0), ("base", 0)]
     states = Counter((t.user_attrs["row"], t.state.name) for t in study.get_trials() if "row" in t.user_attrs)
     assert states == Counter({("base", "FAIL"): 1, ("base", "COMPLETE"): 1, ("A1", "COMPLETE"): 1})

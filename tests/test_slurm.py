@@ -25,8 +25,8 @@ from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.sweeps import slurm
-from aiayn.sweeps.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
+from aiayn.sweeps.backends import slurm
+from aiayn.sweeps.backends.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
 
 ARGS_CPU = ["--accelerator", "cpu", "--tasks-per-node", "2", "--partition", "debug", "--time", "00:30:00"]
 
@@ -80,6 +80,11 @@ BAD = [
     ("unknown preset", ["table3", *ARGS_CPU, "--preset", "huge"], "unknown preset 'huge'"),
     ("local run dir, 2 nodes", ["table3", *ARGS_CPU, "--nodes", "2"], "needs a run directory every node sees"),
     ("no sbatch on PATH", ["table3", *ARGS_CPU], "sbatch is not on PATH"),
+    # issue 39: a line break would start a line of its own in the script (an #SBATCH directive, a command)
+    ("a line break in --partition", ["table3", "--accelerator", "cpu", "--partition", "debug\n#SBATCH --qos=high",
+                                     "--time", "00:30:00"], "--partition holds a line break"),
+    ("a line break in --sbatch", ["table3", *ARGS_CPU, "--sbatch", "--qos=high\nrm -rf ~"],
+     "--sbatch 1 holds a line break"),
 ]
 
 
@@ -92,6 +97,31 @@ def test_bad_input_one_line_exit_2_nothing_written(what, argv, message, tmp_path
     assert len(err) == 1 and err[0].startswith("aiayn: error: ") and message in err[0], err
     assert ";" in err[0]  # problem; fix
     assert not out.exists()
+
+
+def test_the_script_quotes_the_users_out_so_that_the_job_runs_none_of_it(tmp_path, capsys):
+    """Issue 39: --out was written inside double quotes in the srun line, so `$(...)` in it ran when the job did. The
+    word is quoted for the shell now: evaluated as the job's bash would, with $ROW set, it is the literal path."""
+    out = tmp_path / "a$(touch pwned)b"
+    assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(out), "--dry-run"]) == 0
+    text = (out / "slurm" / "aiayn-table3-tiny.sbatch").read_text()
+    line = next(part for part in text.split(" \\\n") if "--config" in part)
+    word = line.split("--config ", 1)[1].split(" --row", 1)[0]
+    done = subprocess.run(["bash", "-c", f"ROW=base; printf %s {word}"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout == f"{out.resolve()}/slurm/aiayn-table3-tiny.specs/base.json"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_gpu_job_asks_for_cpus_for_its_loader_unless_told(tmp_path):
+    """Issue 38, G6: a GPU job got SLURM's one CPU a task unless --cpus-per-task was given, so its data loader had
+    none; it asks for the training process and its workers now (--cpus-per-task still wins)."""
+    resources = SlurmResources(gpus_per_node=1, partition="gpu", time="1:00:00")
+    opts = slurm_opts(out=str(tmp_path), resources=resources, dry_run=True)
+    text = render(opts, [("base", 0)], slurm.check(opts))
+    assert "#SBATCH --cpus-per-task=5\n" in text and "srun --kill-on-bad-exit=1 --cpus-per-task=5 aiayn" in text
+    cpu = slurm_opts(out=str(tmp_path), resources=SlurmResources(tasks_per_node=1, partition="p", time="1:00:00"),
+                     dry_run=True, accelerator="cpu")  # fmt: skip
+    assert "--cpus-per-task" not in render(cpu, [("base", 0)], slurm.check(cpu))  # a CPU job: SLURM's default
 
 
 def test_local_run_dir_is_refused_for_two_nodes_unless_declared_shared(tmp_path):
@@ -303,10 +333,7 @@ def _logs(out: Path) -> str:
 
 
 def _run(argv, out: Path, capsys) -> str:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # --wait: a run failed
-        code = e.code
+    code = main(argv)  # 1 with --wait when a run failed
     printed = capsys.readouterr().out
     assert code == 0, f"{printed}\n--- job logs ---\n{_logs(out)[-6000:]}"
     return printed
@@ -384,9 +411,7 @@ def test_wait_exits_1_and_names_the_log_when_a_task_fails(cluster, cache, tmp_pa
     out = tmp_path / "runs"
     argv = ["slurm", "train", "--preset", "tiny", "--accelerator", "cpu", "--partition", cluster, "--time", "05:00",
             "--data", "files", "--data-dir", str(tmp_path / "no-such-corpus"), "--out", str(out), "--wait"]  # fmt: skip
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 1
+    assert main(argv) == 1
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("base seed 0:"))
     log_file = Path(line.split("; see ")[1])
     assert "no metrics.json" in line and log_file.is_file()

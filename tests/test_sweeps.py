@@ -87,7 +87,7 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     runner = FakeRunner()
     summary = run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(runner))
     assert sorted(runner.calls) == sorted(grid(opts(tmp_path, rows="base,C", seeds=2)))
-    assert summary == {
+    assert summary.counts() == {
         "pairs": 14,
         "ran": 14,
         "completed": 14,
@@ -96,7 +96,7 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     }  # C2 is C1 at tiny: 7 rows x 2 seeds
     again = FakeRunner()
     assert (
-        run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(again))["ran"] == 0
+        run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(again)).ran == 0
         and again.calls == []
     )
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
@@ -117,7 +117,7 @@ def test_a_second_seed_set_into_the_same_out_counts_its_own_pairs(tmp_path, capl
     caplog.clear()
     second = dataclasses.replace(first, select=Selection(rows="base,A1", first_seed=1))
     with caplog.at_level(logging.INFO, logger="aiayn.sweeps.backends"):
-        assert run_table3(second, backend=RunnerBackend(FakeRunner()))["completed"] == 2
+        assert run_table3(second, backend=RunnerBackend(FakeRunner())).completed == 2
     counts = re.findall(r"^\[(\d+)/(\d+)\] ", "\n".join(r.getMessage() for r in caplog.records), re.M)
     assert counts == [("1", "2"), ("2", "2")]
 
@@ -157,7 +157,7 @@ class ConcurrencyRunner(FakeRunner):
 def test_jobs_run_pairs_at_once_each_exactly_once(tmp_path, jobs):
     runner = ConcurrencyRunner(expect=jobs, delay=0.2)
     summary = run_table3(opts(tmp_path, rows="base,A", seeds=2, jobs=jobs), backend=RunnerBackend(runner))
-    assert summary == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0, "diverged": 0}
+    assert summary.counts() == {"pairs": 10, "ran": 10, "completed": 10, "failed": 0, "diverged": 0}
     assert set(Counter(runner.calls).values()) == {1} and len(runner.calls) == 10
     assert runner.most == jobs
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
@@ -234,9 +234,9 @@ def test_the_package_imports_from_a_checkout_without_an_install_mapping_its_subp
 def test_a_failing_row_does_not_stop_the_sweep_and_is_retried_on_rerun(tmp_path):
     runner = FakeRunner(fail={"A1"})
     summary = run_table3(opts(tmp_path, rows="base,A1,A2"), backend=RunnerBackend(runner))
-    assert summary["completed"] == 2 and summary["failed"] == 1
+    assert summary.completed == 2 and summary.failed == 1
     retry = FakeRunner()
-    assert run_table3(opts(tmp_path, rows="base,A1,A2"), backend=RunnerBackend(retry))["completed"] == 1
+    assert run_table3(opts(tmp_path, rows="base,A1,A2"), backend=RunnerBackend(retry)).completed == 1
     assert retry.calls == [("A1", 0)]
 
 
@@ -400,7 +400,7 @@ def test_each_concurrent_run_gets_its_own_gpus(tmp_path, monkeypatch):
     sweep = opts(tmp_path, rows="base,A,B", seeds=2, jobs=4, gpus_per_job=2)
     summary = run_table3(sweep, backend=RunnerBackend(runner, SubprocessBackend))
     # (most: how many ran at once, at least 3 of 4 on a busy machine, so the check of clashes had some to see)
-    assert summary["completed"] == 14 and runner.most >= 3 and runner.clashes == []
+    assert summary.completed == 14 and runner.most >= 3 and runner.clashes == []
     assert {gpus for _, gpus, _ in runner.given} == {"0,1", "2,3", "4,5", "6,7"}
     assert {devices for _, _, devices in runner.given} == {2}  # each run is DDP over its 2 GPUs
 
@@ -497,9 +497,7 @@ def test_table3_exits_1_when_a_pair_failed_0_when_all_completed_and_diverged_cou
 ):
     out = ["--out", str(tmp_path / "runs")]
     runner_backend(FakeRunner(fail={"A1"}))
-    with pytest.raises(SystemExit) as exit_:
-        main([*T3, *out, "--rows", "base,A1"])
-    assert exit_.value.code == 1 and "1 completed, 1 failed" in capsys.readouterr().out
+    assert main([*T3, *out, "--rows", "base,A1"]) == 1 and "1 completed, 1 failed" in capsys.readouterr().out
     runner_backend(FakeRunner())
     assert main([*T3, *out, "--rows", "base,A1"]) == 0  # the rerun retries A1, and everything is done
 
@@ -509,9 +507,7 @@ def test_table3_exits_1_when_a_pair_failed_0_when_all_completed_and_diverged_cou
     runner_backend(diverges)
     div = ["--out", str(tmp_path / "div"), "--rows", "B1"]
     assert main([*T3, *div]) == 0  # a diverged run is a result
-    with pytest.raises(SystemExit) as exit_:
-        main([*T3, *div, "--fail-on-diverged"])
-    assert exit_.value.code == 1
+    assert main([*T3, *div, "--fail-on-diverged"]) == 1
 
 
 def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, runner_backend, capsys):
@@ -529,8 +525,7 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
 
     runs = tmp_path / "runs"
     runner_backend(writes_metrics)
-    with pytest.raises(SystemExit):
-        main([*T3, "--out", str(runs), "--rows", "base,A1,A2,A3"])
+    assert main([*T3, "--out", str(runs), "--rows", "base,A1,A2,A3"]) == 1
     # A2 is run by a live worker now, A3 has not started yet
     for row in ("A2", "A3"):
         (runs / "tiny" / "synthetic" / row / "seed0" / "metrics.json").unlink()
@@ -588,8 +583,7 @@ def test_a_pair_that_fails_before_training_is_failed_in_status_and_report_alike(
 
     runs = tmp_path / "runs"
     runner_backend(a1_fails_before_training)
-    with pytest.raises(SystemExit):
-        main([*T3, "--out", str(runs), "--rows", "base,A1"])
+    assert main([*T3, "--out", str(runs), "--rows", "base,A1"]) == 1
     before = sorted(p.relative_to(runs) for p in runs.rglob("*"))
     capsys.readouterr()
     assert main(["status", str(runs), "--json"]) == 0

@@ -67,11 +67,11 @@ def trials_by_row(opts) -> dict:
 @pytest.mark.parametrize("storage", ["sqlite", "journal"])
 def test_a_row_of_a_users_table_joins_an_existing_study_and_the_report(tmp_path, storage):
     runner = MetricsRunner()
-    assert run_table3(sweep(tmp_path, storage, "base,A1"), backend=RunnerBackend(runner))["completed"] == 2
+    assert run_table3(sweep(tmp_path, storage, "base,A1"), backend=RunnerBackend(runner)).completed == 2
     table = my_table(tmp_path)
     again = MetricsRunner()
     summary = run_table3(sweep(tmp_path, storage, "base,A1,wide-ff", [table]), backend=RunnerBackend(again))
-    assert again.calls == [("wide-ff", 0)] and summary == {
+    assert again.calls == [("wide-ff", 0)] and summary.counts() == {
         "pairs": 3,
         "ran": 1,
         "completed": 1,

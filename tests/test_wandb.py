@@ -182,7 +182,7 @@ def test_report_logs_the_table_and_the_report_files(tmp_path, offline, capsys):
     (artifact,) = logged["artifacts"][-1:]
     assert artifact["type"] == "report" and artifact["name"] == "table3-tiny"
     assert artifact["files"] == sorted(p.name if p.parent == rep else f"{p.parent.name}/{p.name}" for p in written)
-    assert logged["summary"]["table3/_type"] == "table-file"
+    assert logged["summary"]["table3._type"] == "table-file"
     (table_file,) = (rep / "wandb").glob("offline-run-*/files/media/table/table3_*.table.json")
     table = json.loads(table_file.read_text())
     csv = (rep / "table3-tiny.csv").read_text().splitlines()
@@ -190,4 +190,5 @@ def test_report_logs_the_table_and_the_report_files(tmp_path, offline, capsys):
     assert sorted(row[table["columns"].index("row")] for row in table["data"]) == sorted(
         line.split(",")[1] for line in csv[1:]
     )
-    assert logged["summary"]["runs/_type"] == "table-file"  # and the per-run table beside it
+    assert logged["summary"]["runs._type"] == "table-file"  # and the per-run table beside it
+    assert logged["summary"]["curves._type"] == "table-file"  # and every run's curve, in the same W&B run

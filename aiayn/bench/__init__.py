@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aiayn.common.options import option
+from aiayn.common.errors import UserError
+from aiayn.common.options import config_values, option, read_mapping
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
 BENCH_SIZES = ("tiny", "laptop", "base", "paper")
@@ -49,3 +50,13 @@ class BenchOptions:
         (), "with --trainer: a model size to measure (repeatable; default: tiny and laptop)", flag="--trainer-size",
         metavar="SIZE",
     )  # fmt: skip
+
+    @classmethod
+    def config_layer(cls, path: str, prog: str = "aiayn bench", skip=()) -> tuple[dict, None]:
+        """One `--config FILE` (aiayn.common.commands): a YAML file of these options. A size given there (the
+        model's size was bench's --config before issue 39) is answered with --size."""
+        if path in BENCH_SIZES:
+            raise UserError(f"--config {path}: --config is a YAML file of options; the model's size is --size {path}")
+        doc = read_mapping(path, f"a YAML file of `{prog}` options (e.g. what --print-config prints)")
+        return config_values(cls, doc, f"config {path}", prog, skip=skip), None
+

@@ -30,7 +30,7 @@ it), mean about 7.7: the grammar generates up to 40 words (mean 14.5) from coord
 clauses, PPs and adjectives, and `max_words` keeps the short ones. Why 10 by default: the whole tiny
 Table 3 has to train in 15 minutes on 2 CPU cores, a few hundred steps per row; with sentences up to 40
 words a tiny Transformer starts to align source and target only after ~800 steps of 1024 tokens, with
-up to 10 words after ~200 (measured, BENCHMARKS.md). `write_corpus(..., max_words=40)` gives the long
+up to 10 words after ~200 (measured, docs/history/benchmarks.md). `write_corpus(..., max_words=40)` gives the long
 corpus.
 Verbs restrict their subjects and objects (only people read, only fliers fly), but meaning is not
 otherwise checked, so "the bag is white because it is red" can occur; English pronouns are only used

@@ -56,7 +56,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from aiayn.common.files import atomic_torch_save, sha256_bytes
-from aiayn.lightning_modules.run.rundir import REQUEUE_CHECKPOINT
+from aiayn.lightning_modules.run.rundir import REQUEUE_CHECKPOINT, RUN_FILES
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class RNGStates(pl.Callback):
 
 
 # checkpoint[RUN_FILES] = {"format", "config", "tokenizer_model" (bytes), "tokenizer_sha256"}
-RUN_FILES = "aiayn"
+
 
 
 class RunFilesInCheckpoint(pl.Callback):

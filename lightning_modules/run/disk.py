@@ -104,8 +104,9 @@ def estimate(opts, spec, *, slurm: bool = False) -> DiskEstimate:
     whole, kept = kept_checkpoints(opts, preset)
     every, _ = checkpoint_every(opts, preset)
     steps = opts.max_steps or spec.train_steps
-    periodic = periodic_saves(steps, every, whole)
     slim_only = weights_only(opts, preset)
+    # weights-only periodic files: every one of the `kept` is slim (StepCheckpoints keeps save_top_k = kept of them)
+    periodic = periodic_saves(steps, every, kept if slim_only else whole)
     return DiskEstimate(
         params=params,
         full_bytes=checkpoint_bytes(params, vocab, weights_only=False),

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.run.spec import experiment_name
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +117,6 @@ def mlflow_uri(out_root) -> tuple[str, str | None]:
         return uri, None
     root = Path(out_root).resolve()
     return f"sqlite:///{root / 'mlflow.db'}", (root / "mlartifacts").as_uri()
-
-
-def experiment_name(preset: str, corpus: str) -> str:
-    """One name for a sweep (every row and seed of one preset on one corpus) in every tracker: the MLflow experiment
-    and the W&B project."""
-    return f"aiayn-{preset}-{corpus_dirname(corpus)}"
 
 
 def mlflow_experiment(preset: str, corpus: str) -> str:

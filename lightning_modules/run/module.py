@@ -21,11 +21,11 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from aiayn.lightning_modules.run.evaluate import bleu, nll_sum
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.transformer.decoding import translate_batch
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
-from aiayn.lightning_modules.use.evaluate import bleu, nll_sum
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -80,6 +80,27 @@ class TranslationModule(pl.LightningModule):
         self.step_flags: dict = {}  # this rank's flags for the step (RequeueOnSignal's "requeue"), reduced with counts
         self.step_decisions: dict = {}  # the flags of the step, reduced over the ranks
         self._val: dict = {}
+
+    @classmethod
+    def from_checkpoint(cls, path, map_location="cpu") -> TranslationModule:
+        """The module a checkpoint of `aiayn train` holds: built from the run config the checkpoint carries (once,
+        typed: RunConfig.from_checkpoint), its weights loaded, read weights-only."""
+        from aiayn.lightning_modules.run.rundir import load_raw, run_config
+
+        ckpt = load_raw(path)
+        config = run_config(ckpt, path)
+        module = cls(config.spec.model, **config.schedule)
+        module.load_state_dict(ckpt["state_dict"])
+        return module.to(map_location) if map_location is not None else module
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None, **kwargs):
+        """Lightning's way in, as Lightning users write it: `TranslationModule.load_from_checkpoint(path)`. The module
+        keeps no hyper-parameters (the checkpoint's run config is its one config), so this is `from_checkpoint`."""
+        if hparams_file is not None or kwargs:
+            raise TypeError("TranslationModule.load_from_checkpoint builds the module from the run config its "
+                            "checkpoint carries; it takes no hparams_file or keyword arguments")  # fmt: skip
+        return cls.from_checkpoint(checkpoint_path, map_location)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)

@@ -55,6 +55,7 @@ from aiayn.common.files import (
 )
 from aiayn.common.locks import is_held, try_lock
 from aiayn.common.names import under
+from aiayn.common.schema import SCHEMA  # of config.json and metrics.json; a newer one is refused
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.data.corpora import corpus_dirname
 from aiayn.lightning_modules.run.spec import RunSpec
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 
 REQUEUE_CHECKPOINT = "requeue.ckpt"
 STATUSES = ("completed", "failed", "diverged", "pruned")
-SCHEMA = 1  # of config.json and metrics.json; a file of a newer schema is refused, not misread
+
 _STEP_CKPT = re.compile(r"step(\d+)\.ckpt$")
 
 
@@ -231,6 +232,12 @@ class RunConfig:
                 "options": self.options}  # fmt: skip
 
     @classmethod
+    def from_checkpoint(cls, path: str | Path) -> RunConfig:
+        """The run config a checkpoint written by `aiayn train` carries (its config.json, once, typed), read
+        weights-only; a missing, unreadable, unsafe or foreign checkpoint is a UserError naming it."""
+        return run_config(load_raw(path), path)
+
+    @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
         if not isinstance(d, dict) or not {"spec", "data", "train"} <= set(d):
             raise ValueError("not an aiayn config.json (no spec, data and train)")
@@ -282,9 +289,9 @@ class OutDir:
         """The default Optuna storage of `aiayn table3` (optuna.db) or `aiayn hpo` (hpo.db)."""
         return f"sqlite:///{(self.root / ('optuna.db' if kind == 'table3' else 'hpo.db')).resolve()}"
 
-    @property
-    def slurm(self) -> Path:
-        return self.root / "slurm"
+    def backend(self, name: str) -> Path:
+        """A sweep back end's own folder under --out (its scripts, logs and books): OUT/NAME, e.g. OUT/slurm."""
+        return self.root / name
 
     @property
     def reports(self) -> Path:
@@ -630,3 +637,56 @@ def _batching(options: dict) -> tuple[bool, int]:
 def _batching_text(batching: tuple[bool, int]) -> str:
     static, width = batching
     return f"--static-shapes (buckets of {width})" if static else "token-bucket batches (no --static-shapes)"
+
+
+# ---- checkpoints: the run config and the tokenizer they carry (callbacks.RunFilesInCheckpoint writes them)
+
+RUN_FILES = "aiayn"  # the checkpoint's key of the run's files: its config.json and its tokenizer
+
+
+def load_raw(path: str | Path) -> dict:
+    """A checkpoint as a dict, loaded with torch's weights_only=True (tensors and plain data only, so a checkpoint
+    someone shared cannot run code here; what aiayn writes is only that: callbacks.capture_rng, RunFilesInCheckpoint);
+    a missing, unreadable, unsafe or foreign file is a UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; pass the path of a .ckpt file (see RUN/checkpoints/)")
+    try:
+        ckpt = load_torch_file(path, map_location="cpu")
+    except UnsafeFile as e:
+        raise UserError(f"checkpoint {e}") from None
+    except Exception as e:  # truncated or not a checkpoint at all
+        raise UserError(
+            f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint"
+        ) from e
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get(RUN_FILES), dict) or "config" not in ckpt[RUN_FILES]:
+        raise UserError(f"checkpoint {path} was not written by `aiayn train` (no run config under checkpoint"
+                        f"[{RUN_FILES!r}]); pass a checkpoint from a run directory's checkpoints/")  # fmt: skip
+    return ckpt
+
+
+def run_config(ckpt: dict, path: str | Path) -> RunConfig:
+    """The run config a checkpoint carries (config.json as the run wrote it), typed; one this aiayn cannot read,
+    or whose model section does not follow from its knobs, is a UserError naming the checkpoint."""
+    try:
+        return RunConfig.from_dict(run_files(ckpt).get("config"))
+    except ValueError as e:
+        raise UserError(f"checkpoint {path} holds a run config this aiayn cannot use ({e}); translate it with the "
+                        f"aiayn that trained it") from None  # fmt: skip
+
+
+def run_files(ckpt: dict) -> dict:
+    """The run files a checkpoint carries ({} for one not written by `aiayn train`)."""
+    return ckpt.get(RUN_FILES) or {}
+
+
+def embedded_tokenizer(ckpt: dict, path: str | Path) -> bytes | None:
+    """The SentencePiece model a checkpoint carries, checked against the sha256 recorded with it."""
+    files = run_files(ckpt)
+    data = files.get("tokenizer_model")
+    if data is None:
+        return None
+    if sha256_bytes(data) != files.get("tokenizer_sha256"):
+        raise UserError(f"checkpoint {path}: its tokenizer does not match the sha256 recorded with it; the file is "
+                        f"damaged, use another checkpoint of the run")  # fmt: skip
+    return data

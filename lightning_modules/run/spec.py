@@ -16,7 +16,7 @@ from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, 
 from aiayn.ablations.presets import Preset, get_preset, scale
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.data.corpora import canonical_corpus
+from aiayn.lightning_modules.data.corpora import canonical_corpus, corpus_dirname
 from aiayn.lightning_modules.transformer.config import PE_KINDS, TransformerConfig
 
 if TYPE_CHECKING:  # the options of `aiayn train`, which are above this module
@@ -216,3 +216,9 @@ def changed_since(recorded: RunSpec) -> list[str]:
     if recorded.train_steps != now.train_steps:
         out.append(f"steps {recorded.train_steps} -> {now.train_steps}")
     return out
+
+
+def experiment_name(preset: str, corpus: str) -> str:
+    """One name for a sweep (every row and seed of one preset on one corpus) in every tracker: the MLflow experiment
+    and the W&B project (lightning_modules/run/loggers.py, wandb_run.py)."""
+    return f"aiayn-{preset}-{corpus_dirname(corpus)}"

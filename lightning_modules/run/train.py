@@ -56,6 +56,7 @@ from aiayn.lightning_modules.run.devices import (
     trained_precision,
     uses_cuda,
 )
+from aiayn.lightning_modules.run.evaluate import evaluate
 from aiayn.lightning_modules.run.module import Diverged, TranslationModule
 from aiayn.lightning_modules.run.options import (
     DECODE_MAX_TOKENS,
@@ -69,7 +70,6 @@ from aiayn.lightning_modules.run.spec import RunSpec, spec_of
 from aiayn.lightning_modules.transformer.compiled import compile_model
 from aiayn.lightning_modules.transformer.loss import grad_w_path
 from aiayn.lightning_modules.transformer.model import residual_stream
-from aiayn.lightning_modules.use.evaluate import evaluate
 
 log = logging.getLogger(__name__)
 

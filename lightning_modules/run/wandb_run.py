@@ -25,8 +25,8 @@ from dataclasses import asdict
 
 from aiayn.ablations.knobs import MODEL_KEYS
 from aiayn.common.wandb_mode import wandb_mode
-from aiayn.lightning_modules.run.loggers import experiment_name
 from aiayn.lightning_modules.run.rundir import RunConfig, RunDir, RunMetrics
+from aiayn.lightning_modules.run.spec import experiment_name
 
 log = logging.getLogger(__name__)
 

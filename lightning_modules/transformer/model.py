@@ -29,7 +29,7 @@ __all__ = ["BOS", "EOS", "PAD", "UNK", "TransformerConfig", "Transformer"]
 # --- §3.2 Attention ---------------------------------------------------------------------------
 
 
-# On CPU, Eq. 1 as plain ops when the keys or the queries are few (BENCHMARKS.md, issue 11)
+# On CPU, Eq. 1 as plain ops when the keys or the queries are few (docs/history/benchmarks.md, issue 11)
 PLAIN_ATTENTION_MAX_KEYS, PLAIN_ATTENTION_MAX_QUERIES = 64, 16
 # The CPU fast paths (plain-ops attention, the bit-mask dropout) on or off. Off, a CPU runs exactly the code a GPU
 # runs (scaled_dot_product_attention, F.dropout): how CI, which has no GPU, covers the CUDA paths
@@ -99,7 +99,8 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q, K and V of self-attention in one matmul by W^Q, W^K and W^V stacked (the same parameters): one
-        wider GEMM runs faster than three narrow ones on CPU (base widths: 6% of a training step, BENCHMARKS.md)."""
+        wider GEMM runs faster than three narrow ones on CPU (base widths: 6% of a training step,
+        docs/history/benchmarks.md)."""
         w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])
         b = torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
         q, k, v = F.linear(x, w, b).split([self.h * self.d_k, self.h * self.d_k, self.h * self.d_v], dim=-1)
@@ -257,7 +258,7 @@ class Dropout(nn.Dropout):
     On CPU the mask compares 31 random bits per element from torch's own generator (`random_`, so
     `torch.manual_seed` still fixes it) with P_drop · 2^31, where `F.dropout` draws with `bernoulli_`:
     forward and backward together take about half the time (in the tiny preset's training step `bernoulli_`
-    was 12%, `random_` is 7%; BENCHMARKS.md). The same distribution and scaling by 1 / (1 - P_drop); a
+    was 12%, `random_` is 7%; docs/history/benchmarks.md). The same distribution and scaling by 1 / (1 - P_drop); a
     different random stream than `F.dropout`'s. Other devices use `F.dropout` (one fused kernel on CUDA).
     """
 

@@ -3,7 +3,8 @@
 A checkpoint written by `aiayn train` holds, beside Lightning's state, the run's resolved config
 and its tokenizer (`checkpoint["aiayn"]`, see callbacks.RunFilesInCheckpoint); an averaged one keeps
 those of the checkpoints it averages, which must agree. That config is the checkpoint's only one (no Lightning
-hyper-parameters), read back typed by `run_config` (as litgpt's `Config.from_checkpoint`).
+hyper-parameters), read back typed by `RunConfig.from_checkpoint` (as litgpt's `Config.from_checkpoint`; the readers
+live in run/rundir.py, beside the type).
 """
 
 from __future__ import annotations
@@ -11,60 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from aiayn.common.errors import UserError
-from aiayn.common.files import UnsafeFile, atomic_torch_save, load_torch_file, sha256_bytes
-from aiayn.lightning_modules.run.callbacks import RUN_FILES
-from aiayn.lightning_modules.run.rundir import RunConfig, RunDir
+from aiayn.common.files import atomic_torch_save
+from aiayn.lightning_modules.run.rundir import (  # the readers live with the run config they read (RunConfig)
+    RunDir,
+    embedded_tokenizer,
+    load_raw,
+    run_config,
+    run_files,
+)
+
+__all__ = ["average", "averaged", "embedded_tokenizer", "last_checkpoints", "load_raw", "periodic_checkpoints",
+           "run_config", "run_files"]  # fmt: skip
 
 # What a checkpoint for translation keeps; the rest (optimizer, loops, RNG states) is for resuming training.
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
-
-
-def load_raw(path: str | Path) -> dict:
-    """A checkpoint as a dict, loaded with torch's weights_only=True (tensors and plain data only, so a checkpoint
-    someone shared cannot run code here; what aiayn writes is only that: callbacks.capture_rng, RunFilesInCheckpoint);
-    a missing, unreadable, unsafe or foreign file is a UserError."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass the path of a .ckpt file (see RUN/checkpoints/)")
-    try:
-        ckpt = load_torch_file(path, map_location="cpu")
-    except UnsafeFile as e:
-        raise UserError(f"checkpoint {e}") from None
-    except Exception as e:  # truncated or not a checkpoint at all
-        raise UserError(
-            f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint"
-        ) from e
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get(RUN_FILES), dict) or "config" not in ckpt[RUN_FILES]:
-        raise UserError(f"checkpoint {path} was not written by `aiayn train` (no run config under checkpoint"
-                        f"[{RUN_FILES!r}]); pass a checkpoint from a run directory's checkpoints/")  # fmt: skip
-    return ckpt
-
-
-def run_config(ckpt: dict, path: str | Path) -> RunConfig:
-    """The run config a checkpoint carries (config.json as the run wrote it), typed; one this aiayn cannot read,
-    or whose model section does not follow from its knobs, is a UserError naming the checkpoint."""
-    try:
-        return RunConfig.from_dict(run_files(ckpt).get("config"))
-    except ValueError as e:
-        raise UserError(f"checkpoint {path} holds a run config this aiayn cannot use ({e}); translate it with the "
-                        f"aiayn that trained it") from None  # fmt: skip
-
-
-def run_files(ckpt: dict) -> dict:
-    """The run files a checkpoint carries ({} for one not written by `aiayn train`)."""
-    return ckpt.get(RUN_FILES) or {}
-
-
-def embedded_tokenizer(ckpt: dict, path: str | Path) -> bytes | None:
-    """The SentencePiece model a checkpoint carries, checked against the sha256 recorded with it."""
-    files = run_files(ckpt)
-    data = files.get("tokenizer_model")
-    if data is None:
-        return None
-    if sha256_bytes(data) != files.get("tokenizer_sha256"):
-        raise UserError(f"checkpoint {path}: its tokenizer does not match the sha256 recorded with it; the file is "
-                        f"damaged, use another checkpoint of the run")  # fmt: skip
-    return data
 
 
 def periodic_checkpoints(run_or_dir: str | Path) -> list[Path]:

@@ -8,7 +8,7 @@ import sys
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
-from aiayn.lightning_modules.run.options import AverageOptions, EvalOptions, ScoreOptions, TranslateOptions
+from aiayn.lightning_modules.use.options import AverageOptions, EvalOptions, ScoreOptions, TranslateOptions
 
 
 def evaluate_test_set(opts: EvalOptions) -> dict:
@@ -33,7 +33,7 @@ def evaluate_test_set(opts: EvalOptions) -> dict:
 
 def score_files(opts: ScoreOptions) -> dict:
     """sacreBLEU and the paper's tokenized BLEU of line-aligned hypothesis and reference files."""
-    from aiayn.lightning_modules.use.bleu import bleu
+    from aiayn.lightning_modules.run.bleu import bleu
     from aiayn.lightning_modules.use.translate import read_sentences
 
     hyps, refs = read_sentences(opts.hyp, "--hyp"), read_sentences(opts.ref, "--ref")

@@ -26,9 +26,10 @@ import torch
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import sha256_bytes
-from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS, ModelSource
+from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS
 from aiayn.lightning_modules.transformer.model import BOS, PAD, TransformerConfig
 from aiayn.lightning_modules.use.export import CT2_TOKENIZER, EXPORT_FILE, require
+from aiayn.lightning_modules.use.options import ModelSource
 from aiayn.lightning_modules.use.translate import Translator, encode_checked, evaluation, pick_device, token_batches
 
 

@@ -42,9 +42,9 @@ from aiayn.ablations.knobs import KNOBS
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_directory, check_new_directory, sha256_bytes
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules.run.options import CT2_QUANTIZATIONS, ExportOptions
 from aiayn.lightning_modules.transformer.config import PE_KINDS
 from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.use.options import CT2_QUANTIZATIONS, ExportOptions
 
 if TYPE_CHECKING:
     from aiayn.lightning_modules.run.rundir import RunConfig

@@ -29,15 +29,16 @@ import torch
 
 from aiayn.common.errors import UserError
 from aiayn.common.text import NotUTF8, utf8_lines
+from aiayn.lightning_modules.run.bleu import bleu
 from aiayn.lightning_modules.run.devices import autocast, resolve_precision
-from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS, ModelSource
+from aiayn.lightning_modules.run.evaluate import nll_sum
+from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS
 from aiayn.lightning_modules.run.rundir import RunConfig, RunDir
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 from aiayn.lightning_modules.transformer.decoding import beam_search, greedy
 from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, Transformer
-from aiayn.lightning_modules.use.bleu import bleu
 from aiayn.lightning_modules.use.checkpoints import averaged, embedded_tokenizer, last_checkpoints, load_raw, run_config
-from aiayn.lightning_modules.use.evaluate import nll_sum
+from aiayn.lightning_modules.use.options import ModelSource
 
 
 def pick_device(device: str) -> torch.device:

@@ -1,17 +1,22 @@
-"""Sweep back ends: what runs the (row, seed) pairs a sweep owes. One interface (`Backend`: claims, launch, status),
-one set of books for all (sweeps/books.py), and a registry (`BACKENDS`): a back end is one module of this package
-with one class under `@register` (as fairseq's `register_model`), found by `load()` without an import added by hand.
+"""Sweep back ends: what runs the (row, seed) pairs a sweep owes. One interface (`Backend`: check, claims, launch,
+status), one set of books for all (sweeps/books.py), and a registry (`BACKENDS`): a back end is one module or package
+of this folder with one class under `@register` (as torchtune's recipe registry and fairseq's `register_model`;
+`register` refuses a class that is not a Backend, and a second of one name), found by `load()` without an import
+added by hand. What a back end can do is declared as data (`Capabilities`), as are its own options (`options`, a
+dataclass, with the command that takes them, `command`), so that `aiayn table3 --backend NAME` and `--backend`'s help
+and completion come from the registry, and the choice of a back end for a sweep is a lookup, not code.
 
 - `local` (local.py): each pair in a process forked from a forkserver that has imported Lightning once, `--jobs` at
   a time, each on its share of the CPU threads (or its GPU).
 - `subprocess` (processes.py): each pair as a fresh `python -m aiayn train` process: what a run that starts DDP
   ranks needs (Lightning starts the other ranks by re-running the command line), and a run on GPUs of its own.
-- `slurm` (slurm.py): a SLURM job array, one task per pair (`aiayn slurm table3`), built from the sweep and the
-  SLURM options (sweeps/slurm/).
+- `slurm` (slurm/): a SLURM job array, one task per pair, built from the sweep and SLURM's options; it keeps its own
+  books of which array task holds a pair (its folder OUT/slurm, `OutDir.backend`).
 
 The first two share Optuna's queue (queue.py: `QueueBackend`). Every back end is built from the `Sweep` (resolved
 once by its driver) plus its own options, and a run that trains in a process of its own is handed the driver's
-`RunSpec` in a file (`write_resolved`), never the row again. `aiayn status` asks every registered back end who
+`RunSpec` in a file (`write_resolved`), never the row again. `launch` returns a `SweepSummary`; "sweep, then report,
+then the exit status" is sweeps/run.py's, once for every back end. `aiayn status` asks every registered back end who
 holds a pair (`Backend.status_claims`).
 """
 
@@ -21,7 +26,8 @@ import importlib
 import logging
 import pkgutil
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -70,19 +76,90 @@ class Sweep:
                           error=redact(error))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a back end can do, as data (a sweep's back end is chosen by them: `backend_for`)."""
+
+    ddp: bool = False  # trains runs of several devices (DDP ranks start as fresh processes of their own)
+    own_gpus: bool = False  # hands each concurrent run GPUs of its own (--gpus-per-job)
+    holds_claims: bool = False  # keeps its own books of who holds a pair (a scheduler's jobs): `status_claims`
+    needs_cluster: bool = False  # needs a scheduler's client where it submits (sbatch)
+    default: bool = False  # what a sweep uses when it needs nothing more
+
+
+@dataclass
+class SweepSummary:
+    """What a launch did, the same for every back end: the table's pairs, the runs it ran and how each ended, the
+    pairs another driver holds (`elsewhere`), each pair's result where the back end waited for them (`results`), and
+    what a back end says of itself (`details`: SLURM's job, script, disk estimate, report job)."""
+
+    pairs: int = 0
+    ran: int = 0
+    completed: int = 0
+    failed: int = 0
+    diverged: int = 0
+    elsewhere: int = 0
+    results: dict = field(default_factory=dict)  # "row:seed" -> status
+    details: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, d: dict) -> SweepSummary:
+        """From a back end's dict: its known counts, the rest as details."""
+        known = {k for k in cls.__dataclass_fields__ if k != "details"}
+        return cls(**{k: v for k, v in d.items() if k in known}, details={k: v for k, v in d.items() if k not in known})
+
+    @classmethod
+    def total(cls, parts: list[SweepSummary]) -> SweepSummary:
+        """Several sweeps' (a preset's and its cells') counts added up; the first's details."""
+        counts = {k: sum(getattr(p, k) for p in parts) for k in ("pairs", "ran", "completed", "failed", "diverged",
+                                                                  "elsewhere")}  # fmt: skip
+        results = {k: v for p in parts for k, v in p.results.items()}
+        return cls(**counts, results=results, details=parts[0].details if parts else {})
+
+    def exit_status(self, fail_on_diverged: bool = False) -> int:
+        """0 when every pair it ran (or waited for) completed; 1 when one failed, or diverged with
+        `fail_on_diverged`. Usage errors (2) never get this far."""
+        waited = any(status != "completed" for status in self.results.values())
+        return int(bool(self.failed) or waited or (fail_on_diverged and bool(self.diverged)))
+
+    def counts(self) -> dict:
+        """The counts alone (`elsewhere` only where another driver holds some), for a line or a script."""
+        keys = ("pairs", "ran", "completed", "failed", "diverged") + (("elsewhere",) if self.elsewhere else ())
+        return {k: getattr(self, k) for k in keys}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 class Backend(ABC):
     """Runs a sweep's pairs. `claims` tells the books who holds a pair; `launch` runs (or submits) the pending
-    pairs and returns a summary; `status` is every pair's state, the same for every back end."""
+    pairs and returns a `SweepSummary`; `status` is every pair's state, the same for every back end. Declared as data:
+    `capabilities`, and, for a back end with options of its own, `options` (a dataclass) and `command`, the
+    `aiayn` command that takes them (`aiayn table3 --backend NAME` is that command)."""
 
     name: ClassVar[str]
-    needs_only_the_sweep: ClassVar[bool] = False  # True: `aiayn table3 --backend NAME` can build it (no options)
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    options: ClassVar[type | None] = None  # its own options (None: it is built from the sweep alone)
+    command: ClassVar[str | None] = None  # the command of its options, e.g. "slurm table3"
 
     def claims(self, sweep: Sweep) -> books.Claims:
         return books.LockClaims(sweep.out, "pair")
 
     @abstractmethod
-    def launch(self, sweep: Sweep, pairs: list[Pair]) -> dict:
-        """Run (or submit) `pairs`; return {"ran", "completed", "failed", ...}."""
+    def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
+        """Run (or submit) `pairs`; say what happened."""
+
+    def summary_lines(self, summary: SweepSummary, sweep: Sweep) -> list[str]:
+        """What the command prints when the sweep ends."""
+        elsewhere = f", {summary.elsewhere} run by another driver" if summary.elsewhere else ""
+        return [f"table3 {sweep.preset.name}: {summary.completed} completed, {summary.failed} failed, "
+                f"{summary.diverged} diverged of {summary.ran} run ({summary.pairs} pairs in the table{elsewhere}); "
+                f"`aiayn status {sweep.out.root}` lists each pair"]  # fmt: skip
+
+    def report_now(self, summary: SweepSummary) -> bool:
+        """Whether the sweep's report can be written when launch returns (its runs ran here); a scheduler's back end
+        writes it in a job of its own, unless it waited."""
+        return True
 
     def status(self, sweep: Sweep) -> list[PairState]:
         return books.states(sweep.out, sweep.preset.name, sweep.corpus, sweep.pairs, self.claims(sweep))
@@ -116,8 +193,12 @@ BACKENDS: dict[str, type[Backend]] = {}
 
 
 def register(cls: type[Backend]) -> type[Backend]:
-    """Make a back end known by its name (a class decorator: the one line a new back end adds). Two back ends of
-    one name are a programming error, said when the second is imported."""
+    """Make a back end known by its name (a class decorator: the one line a new back end adds). A class that is not a
+    Backend, or two back ends of one name, are programming errors, said when the module is imported."""
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise TypeError(f"{cls!r} is not a sweep back end: register a subclass of aiayn.sweeps.backends.Backend")
+    if not isinstance(getattr(cls, "name", None), str) or not cls.name:
+        raise TypeError(f"{cls.__qualname__} has no name: set the class attribute `name`")
     known = BACKENDS.get(cls.name)
     if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
         raise ValueError(f"two sweep back ends are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
@@ -142,13 +223,54 @@ def status_claims(out: OutDir) -> books.Claims:
     return books.AnyClaims(*kinds.values())
 
 
+def needs(sweep: Sweep) -> dict[str, bool]:
+    """What a sweep asks of its back end, as Capabilities' fields: DDP runs, GPUs of its own for each run."""
+    return {"ddp": sweep.train.world_size > 1, "own_gpus": bool(sweep.gpus_per_job)}
+
+
 def backend_for(name: str | None, sweep: Sweep) -> Backend:
-    """`--backend NAME` for `aiayn table3` (a back end that needs nothing but the sweep), or the one a sweep needs:
-    a fresh process per pair for DDP runs and runs on GPUs of their own, else the local forkserver."""
+    """`--backend NAME` for a sweep (a back end built from the sweep alone; one with options of its own is its own
+    command), or the one the sweep needs, by the registry's capabilities: among back ends without options, the
+    `default` one when the sweep needs nothing more, else the first that can do what it needs."""
+    found = load()
+    plain = {n: cls for n, cls in found.items() if cls.options is None}
     if name is None:
-        name = "subprocess" if sweep.train.world_size > 1 or sweep.gpus_per_job else "local"
-    own = {n: cls for n, cls in load().items() if cls.needs_only_the_sweep}
-    if name not in own:
-        other = f" (`aiayn {name} table3` runs that one, with its own options)" if name in BACKENDS else ""
-        raise UserError(f"unknown back end {name!r} for aiayn table3{other}; choose one of {', '.join(own)}")
-    return own[name]()
+        wanted = {k for k, v in needs(sweep).items() if v}
+        fits = [cls for cls in plain.values() if all(getattr(cls.capabilities, k) for k in wanted)]
+        if not wanted:
+            fits = [cls for cls in fits if cls.capabilities.default] or fits
+        if not fits:
+            raise UserError(f"no sweep back end here can run this sweep (it needs {', '.join(sorted(wanted))}); pass "
+                            f"--backend with one of {', '.join(found)}")  # fmt: skip
+        return fits[0]()
+    if name not in plain:
+        other = f" (`aiayn {found[name].command}` takes its own options)" if name in found else ""
+        raise UserError(f"unknown back end {name!r} for this sweep{other}; choose one of {', '.join(plain)}")
+    return plain[name]()
+
+
+def backend_help() -> str:
+    """`--backend`'s help, from the registry: each back end's name and the first line of its docstring."""
+    def said(cls) -> str:  # its docstring's first paragraph, on one line
+        return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).rstrip(".")
+
+    lines = "; ".join(f"{name}: {said(cls)}" for name, cls in sorted(load().items()))
+    return f"what runs the pairs: {lines} (default: local, subprocess for DDP or --gpus-per-job)"
+
+
+class BackendNames(Sequence):
+    """The registry's names, sorted, read each time they are asked for (`--backend`'s choices, its completion): a
+    back end registered after the parser was built (a plugin's, a test's) is a choice too."""
+
+    def __getitem__(self, index):
+        return sorted(load())[index]
+
+    def __len__(self) -> int:
+        return len(load())
+
+
+def command_of(name: str) -> str | None:
+    """The command that takes back end `name`'s own options (`aiayn table3 --backend slurm` is `aiayn slurm
+    table3`), or None for one built from the sweep alone or unknown."""
+    cls = load().get(name)
+    return cls.command if cls is not None else None

@@ -12,7 +12,7 @@ from aiayn.common.lifetime import die_with_parent
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.lightning_modules.run.spec import RunSpec
-from aiayn.sweeps.backends import Sweep, register
+from aiayn.sweeps.backends import Capabilities, Sweep, register
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
 
 
@@ -77,9 +77,10 @@ def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: in
 
 @register
 class LocalBackend(QueueBackend):
-    """Each pair in a child of this driver's forkserver, on its share of the CPU threads."""
+    """each pair in a process forked from this driver (Lightning imported once), on its share of the CPU threads"""
 
     name = "local"
+    capabilities = Capabilities(default=True)
 
     def check(self, sweep: Sweep) -> None:
         if sweep.train.world_size > 1 or sweep.gpus_per_job:

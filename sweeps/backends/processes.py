@@ -14,7 +14,7 @@ from aiayn.common.lifetime import DIE_WITH_PARENT
 from aiayn.common.options import to_argv
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import RunMetrics
-from aiayn.sweeps.backends import Sweep, register, write_resolved
+from aiayn.sweeps.backends import Capabilities, Sweep, register, write_resolved
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,12 @@ def visible_gpus() -> list[str]:
 
 @register
 class SubprocessBackend(QueueBackend):
-    """Each pair as a fresh `aiayn train` process, on the GPUs of its worker's slot (`--gpus-per-job K`: worker i
-    gets the i-th K of the visible GPUs, so N runs at once do not all land on GPU 0)."""
+    """each pair as a fresh `aiayn train` process (what DDP runs need), on its worker's GPUs
+
+    `--gpus-per-job K`: worker i gets the i-th K of the visible GPUs, so N runs at once do not all land on GPU 0."""
 
     name = "subprocess"
+    capabilities = Capabilities(ddp=True, own_gpus=True)
 
     def check(self, sweep: Sweep) -> None:
         k, t = sweep.gpus_per_job, sweep.train

@@ -23,7 +23,7 @@ from aiayn.lightning_modules.data.corpora import corpus_dirname
 from aiayn.lightning_modules.run.devices import usable_cpus
 from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.sweeps import books
-from aiayn.sweeps.backends import Backend, Sweep
+from aiayn.sweeps.backends import Backend, Sweep, SweepSummary
 from aiayn.sweeps.books import Pair
 from aiayn.sweeps.storage import check_readable, open_storage
 
@@ -78,9 +78,8 @@ class QueueBackend(Backend):
     time (`run_one`). A rerun of the same command skips completed pairs and retries failed ones; two drivers on
     one storage run each pair once."""
 
-    needs_only_the_sweep = True  # `aiayn table3 --backend NAME` builds it from the sweep alone
 
-    def launch(self, sweep: Sweep, pairs: list[Pair]) -> dict:
+    def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
         name = study_name(sweep.preset.name, sweep.corpus)
         url = sweep.storage or sweep.out.study_url("table3")
         claims = self.claims(sweep)
@@ -128,8 +127,8 @@ class QueueBackend(Backend):
             log.info("%d pair(s) of this sweep are being run by another driver (%s): theirs to finish; `aiayn status "
                      "%s` lists them", len(elsewhere), ", ".join(f"{r} seed {s}" for r, s in elsewhere[:6]),
                      sweep.out.root)  # fmt: skip
-        return {"pairs": len(sweep.pairs), "ran": done + failed + diverged, "completed": done, "failed": failed,
-                "diverged": diverged, **({"elsewhere": len(elsewhere)} if elsewhere else {})}  # fmt: skip
+        return SweepSummary(pairs=len(sweep.pairs), ran=done + failed + diverged, completed=done, failed=failed,
+                            diverged=diverged, elsewhere=len(elsewhere))  # fmt: skip
 
     @staticmethod
     def _running_elsewhere(study: optuna.Study, sweep: Sweep) -> list[Pair]:

@@ -19,7 +19,7 @@ from aiayn.lightning_modules.run.devices import MAX_WORKERS
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.lightning_modules.run.spec import RunSpec, resolve
-from aiayn.sweeps.slurm.options import TRAIN, SlurmOptions
+from aiayn.sweeps.backends.slurm.options import TRAIN, SlurmOptions
 
 
 def job_name(opts: SlurmOptions) -> str:
@@ -146,11 +146,11 @@ def disk_line(opts: SlurmOptions, todo: list[tuple[str, int]], specs: dict[str, 
 
 
 def script_path(opts: SlurmOptions) -> Path:
-    return OutDir(opts.train.out).slurm / f"{job_name(opts)}.sbatch"
+    return OutDir(opts.train.out).backend("slurm") / f"{job_name(opts)}.sbatch"
 
 
 def report_script_path(opts: SlurmOptions) -> Path:
-    return OutDir(opts.train.out).slurm / f"{job_name(opts)}-report.sbatch"
+    return OutDir(opts.train.out).backend("slurm") / f"{job_name(opts)}-report.sbatch"
 
 
 def render_report(opts: SlurmOptions, report: Path) -> str:

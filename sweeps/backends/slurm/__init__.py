@@ -31,7 +31,8 @@ which differs between array tasks.
 
 from __future__ import annotations
 
-from aiayn.sweeps.slurm.checks import (
+from aiayn.sweeps.backends.slurm.backend import SlurmBackend, slurm  # noqa: E402,I001  (registers the back end)
+from aiayn.sweeps.backends.slurm.checks import (
     SHARED_FS,
     check,
     check_partition,
@@ -41,8 +42,8 @@ from aiayn.sweeps.slurm.checks import (
     tasks_per_node,
     time_limit_seconds,
 )
-from aiayn.sweeps.slurm.options import SPAWNING, TRAIN, SlurmOptions, SlurmResources
-from aiayn.sweeps.slurm.pairs import (
+from aiayn.sweeps.backends.slurm.options import SPAWNING, TRAIN, SlurmOptions, SlurmResources
+from aiayn.sweeps.backends.slurm.pairs import (
     claims,
     classify,
     corpus_of,
@@ -54,7 +55,7 @@ from aiayn.sweeps.slurm.pairs import (
     pairs,
     run_of,
 )
-from aiayn.sweeps.slurm.script import (
+from aiayn.sweeps.backends.slurm.script import (
     disk_line,
     job_name,
     render,
@@ -66,9 +67,11 @@ from aiayn.sweeps.slurm.script import (
     train_command,
     write_script,
 )
-from aiayn.sweeps.slurm.submit import outcome, sbatch, submit, wait_for
+from aiayn.sweeps.backends.slurm.submit import outcome, sbatch, submit, wait_for
 
 __all__ = [
+    "SlurmBackend",
+    "slurm",
     "SPAWNING",
     "TRAIN",
     "SlurmResources",

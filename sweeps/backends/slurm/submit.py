@@ -14,11 +14,20 @@ from aiayn.common.secrets import redact
 from aiayn.lightning_modules.run.spec import RunSpec
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import write_resolved
-from aiayn.sweeps.books import report_dir
-from aiayn.sweeps.slurm.checks import check, check_partition, first_missing
-from aiayn.sweeps.slurm.options import SlurmOptions
-from aiayn.sweeps.slurm.pairs import claims, classify, corpus_of, job_of, key_of, live_jobs, out_of, pairs, run_of
-from aiayn.sweeps.slurm.script import (
+from aiayn.sweeps.backends.slurm.checks import check, check_partition, first_missing
+from aiayn.sweeps.backends.slurm.options import SlurmOptions
+from aiayn.sweeps.backends.slurm.pairs import (
+    claims,
+    classify,
+    corpus_of,
+    job_of,
+    key_of,
+    live_jobs,
+    out_of,
+    pairs,
+    run_of,
+)
+from aiayn.sweeps.backends.slurm.script import (
     disk_line,
     job_name,
     render,
@@ -29,6 +38,7 @@ from aiayn.sweeps.slurm.script import (
     specs_of,
     write_script,
 )
+from aiayn.sweeps.books import report_dir
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +71,7 @@ def outcome(opts: SlurmOptions, row: str, seed: int) -> str:
     status = run_of(opts, row, seed).status()
     if status == "completed":
         return status
-    log_file = out_of(opts).slurm / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
+    log_file = out_of(opts).backend("slurm") / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
     return f"{'no metrics.json' if status == 'missing' else status}; see {log_file}"
 
 

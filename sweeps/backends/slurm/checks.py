@@ -11,8 +11,8 @@ from pathlib import Path
 
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run import loggers
-from aiayn.sweeps.slurm.options import SPAWNING, SlurmOptions
-from aiayn.sweeps.slurm.pairs import pairs
+from aiayn.sweeps.backends.slurm.options import SPAWNING, SlurmOptions
+from aiayn.sweeps.backends.slurm.pairs import pairs
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 

@@ -4,18 +4,52 @@ which to submit; the run directory of each.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_json
 from aiayn.lightning_modules.data.corpora import canonical_corpus
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir
 from aiayn.sweeps import books
-from aiayn.sweeps.slurm.options import SlurmOptions
+from aiayn.sweeps.backends.slurm.options import SlurmOptions
+from aiayn.sweeps.books import Claims
 
+
+class SlurmClaims(Claims):
+    """An array task holds the pair it was submitted for while SLURM holds the task (queued, running or
+    requeued); OUT/slurm/pairs/PREFIX-KEY.json names the task."""
+
+    def __init__(self, out: OutDir, prefix: str, live: Callable[[], set[str]]):
+        self.out, self.prefix, self._live, self._cache = out, prefix, live, None
+
+    def marker(self, key: str) -> Path:
+        return self.out.backend("slurm") / "pairs" / f"{self.prefix}-{key}.json"
+
+    def record(self, key: str, job: str, script: str) -> None:
+        atomic_write_json(self.marker(key), {"job": job, "script": script, "submitted": time.time()})
+
+    def job(self, key: str) -> str | None:
+        try:
+            return json.loads(self.marker(key).read_text())["job"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def holder(self, key: str) -> dict | None:
+        job = self.job(key)
+        if job is None:
+            return None  # never submitted: no need to ask SLURM
+        if self._cache is None:
+            self._cache = self._live()
+        if job not in self._cache:
+            return None
+        return {"holder": f"SLURM job {job}", "since": json.loads(self.marker(key).read_text()).get("submitted")}
 
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
     preset = get_preset(opts.train.preset)
@@ -46,9 +80,9 @@ def live_jobs() -> set[str]:
     return set(proc.stdout.split())
 
 
-def claims(opts: SlurmOptions, live=live_jobs) -> books.SlurmClaims:
+def claims(opts: SlurmOptions, live=live_jobs) -> SlurmClaims:
     """Which array task holds which pair (OUT/slurm/pairs/), alive while SLURM holds the task."""
-    return books.SlurmClaims(out_of(opts), "pair", live)
+    return SlurmClaims(out_of(opts), "pair", live)
 
 
 def key_of(opts: SlurmOptions, row: str, seed: int) -> str:
@@ -66,7 +100,7 @@ def job_of(opts: SlurmOptions, row: str, seed: int) -> str | None:
 def classify(opts: SlurmOptions, todo: list[tuple[str, int]], live: set[str]) -> dict[str, list]:
     """Split pairs into completed, in SLURM (queued or running) and pending (to submit), by the books every
     back end keeps (sweeps/books.py)."""
-    held = books.SlurmClaims(out_of(opts), "pair", lambda: live)
+    held = SlurmClaims(out_of(opts), "pair", lambda: live)
     found = books.states(out_of(opts), get_preset(opts.train.preset).name, corpus_of(opts), todo, held)
     out = {"completed": [], "in_slurm": [], "pending": []}
     for s in found:

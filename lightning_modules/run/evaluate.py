@@ -13,11 +13,11 @@ import math
 import torch
 from torch import Tensor
 
+from aiayn.lightning_modules.run.bleu import bleu
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.transformer.decoding import translate_batch
 from aiayn.lightning_modules.transformer.loss import nll_sum_of_hidden
 from aiayn.lightning_modules.transformer.model import Transformer
-from aiayn.lightning_modules.use.bleu import bleu
 
 __all__ = ["bleu", "evaluate", "nll_sum"]
 

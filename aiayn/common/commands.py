@@ -1,0 +1,183 @@
+"""The command-line engine: subcommands as data (`Command`), their parsers generated from options dataclasses
+(aiayn.common.options), --config layering and --print-config, and argparse's errors as one line and exit 2.
+
+aiayn/cli.py is the table of commands and the functions that call the layers; how a command line becomes an options
+object is here, the same for every command. Nothing here knows a command: an options class that reads its --config
+files its own way (a run's config.json) says so with a classmethod `config_layer(path, prog, skip)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiayn.common.errors import UserError
+from aiayn.common.options import (
+    HelpFormatter,
+    add_options,
+    config_values,
+    defaults_of,
+    did_you_mean,
+    from_args,
+    lightning_spellings,
+    read_mapping,
+    to_config,
+)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand. `name` is its words after the program's ("slurm table3"); its parser is `options`'s fields
+    (`skip`: those it does not take, by dotted path), plus --config/--print-config unless `config` is False;
+    `fixed`: (field, value) pairs the command itself sets (slurm's kind); `sets`: (flag, what to use instead) for the
+    flags of the options it sets itself, each answered with that line; `own_print`: `run` answers --print-config
+    itself (train prints the resolved config.json)."""
+
+    name: str
+    help: str
+    options: type
+    run: Callable[[Any, argparse.Namespace], int | None]  # its exit status (None: 0)
+    skip: tuple[str, ...] = ()
+    config: bool = True
+    own_print: bool = False
+    fixed: tuple[tuple[str, Any], ...] = ()
+    sets: tuple[tuple[str, str], ...] = ()
+    config_help: str = ""
+    print_help: str = ""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (`aiayn: error: …; <fix>`, exit 2), not usage + error, and no abbreviations."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # `--max-step` is a typo answered with "did you mean", not a guess
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        raise UserError(f"{message}; see `{self.prog} --help`")
+
+
+def _config_arguments(p, command: Command) -> None:
+    """--config FILE and --print-config for `command`."""
+    p.add_argument("--config", metavar="FILE", action="append", default=None, help=command.config_help or (
+        "a YAML file of these options (what --print-config prints; nested by group or dotted, e.g. train.max_steps); "
+        "repeatable, later files over earlier ones; flags given here override them all"))  # fmt: skip
+    p.add_argument("--print-config", action="store_true", help=command.print_help or (
+        "print these options as YAML (every value, the config file included) and exit: `--config` of that file runs "
+        "the same command"))  # fmt: skip
+
+
+def build_parser(commands: tuple[Command, ...], groups: dict[str, str], *, prog: str, description: str,
+                 version: str) -> argparse.ArgumentParser:  # fmt: skip
+    """The program's parser, every subcommand built from `commands` (`groups`: the help of each first word that has
+    subcommands, e.g. "slurm")."""
+    p = Parser(prog=prog, description=description)
+    p.add_argument("--version", action="version", version=f"{prog} {version}")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    nested = {}
+    for command in commands:
+        words = command.name.split()
+        where = sub
+        if len(words) == 2:
+            if words[0] not in nested:
+                group = sub.add_parser(words[0], help=groups[words[0]])
+                nested[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", required=True, parser_class=Parser)
+            where = nested[words[0]]
+        cp = where.add_parser(words[-1], help=command.help)
+        add_options(cp, command.options, skip=command.skip)
+        if command.config:
+            _config_arguments(cp, command)
+        cp.set_defaults(command_of=command)
+    _own_parsers(p)
+    return p
+
+
+def _own_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each subcommand's parser records itself (`args.parser_of`), so an unknown flag is matched against its options."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                sub.set_defaults(parser_of=sub)
+                _own_parsers(sub)
+
+
+def config_layer(cls, path: str, prog: str, skip=()) -> tuple[dict, Any]:
+    """One --config file's values for options `cls` (and what else it recorded, e.g. a run's spec; None), by the
+    class's own `config_layer` where it has one, else as a YAML mapping of its options."""
+    own = getattr(cls, "config_layer", None)
+    if own is not None:
+        return own(path, prog, skip)
+    doc = read_mapping(path, f"a YAML file of `{prog}` options (e.g. what --print-config prints)")
+    return config_values(cls, doc, f"config {path}", prog, skip=skip), None
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The parsed command line. `--config FILE` (repeatable): each FILE's options, in order, become the command's
+    parser's defaults (argparse's own layering; a later file's value replaces an earlier one's, and mappings such as
+    `set` merge key by key), so the flags given on the command line override them all. `args.recorded`: the last
+    thing a config file recorded beside its options (a run's config.json), or None."""
+    argv = lightning_spellings(argv)
+    args = _parse_known(parser, argv)
+    command = getattr(args, "command_of", None)
+    args.recorded = None
+    if getattr(args, "config", None) and command is not None and command.config:
+        sub, values, recorded = args.parser_of, {}, None
+        for path in args.config:
+            layer, seen = config_layer(command.options, path, sub.prog, command.skip)
+            recorded = seen if seen is not None else recorded
+            for key, value in layer.items():
+                both = isinstance(value, dict) and isinstance(values.get(key), dict)
+                values[key] = {**values[key], **value} if both else value
+        sub.set_defaults(**defaults_of(command.options, values, skip=command.skip))
+        args = _parse_known(parser, argv)
+        args.recorded = recorded
+    return args
+
+
+def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`parser.parse_args`, with an unknown flag answered by the nearest option of its own subcommand (or, for a
+    flag the command sets itself, what to use instead)."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    sub = getattr(args, "parser_of", parser)
+    word = next((w for w in extra if w.startswith("-")), extra[0]).split("=")[0]
+    sets = dict(getattr(getattr(args, "command_of", None), "sets", ()))
+    if word in sets:
+        raise UserError(f"{sub.prog} sets {word} for each of its runs ({sets[word]}); leave it out")
+    flags = [f for p in (sub, parser) for a in p._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
+    near = did_you_mean(word, flags) if word.startswith("--") else ""
+    raise UserError(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {near[1:-1]}?)" if near else "")
+                    + f"; see `{sub.prog} --help`")  # fmt: skip
+
+
+def print_config(opts, command: Command) -> None:
+    """Print `opts` as the YAML that --config reads back, secrets masked."""
+    import yaml
+
+    from aiayn.common.secrets import redact
+
+    text = yaml.safe_dump(to_config(opts, skip=command.skip), sort_keys=False)
+    masked = redact(text)  # a password in --storage, a key in --setup: never printed, so never in a file from it
+    sys.stdout.write(masked)
+    if masked != text:
+        print(
+            "aiayn: secrets in these options are printed as ***: put them back where the file is read (e.g. "
+            "--storage 'postgresql://user:$PGPASSWORD@host/db', expanded from the environment)",
+            file=sys.stderr,
+        )
+
+
+def run(command: Command, args: argparse.Namespace) -> int:
+    """`command` with its options built from `args` (and checked: a required one missing is one line), or, with
+    --print-config, those options printed; its exit status (what its function returns, 0 for None)."""
+    opts = from_args(command.options, args, **dict(command.fixed))
+    if command.config and args.print_config and not command.own_print:
+        print_config(opts, command)
+        return 0
+    return command.run(opts, args) or 0

@@ -1,0 +1,97 @@
+"""The `slurm` back end: a SLURM job array, one task per pending pair, built from the sweep and SLURM's own options
+(SlurmOptions: the resources, --dry-run, --wait); SLURM holds a pair's claim while it holds the array task. Reached as
+`aiayn table3 --backend slurm ...` or `aiayn slurm table3 ...` (the same command)."""
+
+from __future__ import annotations
+
+import logging
+
+from aiayn.common.errors import UserError
+from aiayn.lightning_modules.run.rundir import OutDir
+from aiayn.sweeps import books
+from aiayn.sweeps.backends import Backend, Capabilities, Sweep, SweepSummary, make_sweep, register
+from aiayn.sweeps.backends.slurm.checks import check
+from aiayn.sweeps.backends.slurm.options import SlurmOptions
+from aiayn.sweeps.backends.slurm.pairs import SlurmClaims, claims, live_jobs, pairs
+from aiayn.sweeps.backends.slurm.submit import submit
+from aiayn.sweeps.books import Pair
+
+log = logging.getLogger(__name__)
+
+
+@register
+class SlurmBackend(Backend):
+    """a SLURM job array, one task per pending pair, requeued on preemption (its options: `--backend slurm --help`)"""
+
+    name = "slurm"
+    options = SlurmOptions
+    command = "slurm table3"
+    capabilities = Capabilities(ddp=True, own_gpus=True, holds_claims=True, needs_cluster=True)
+
+    def __init__(self, opts: SlurmOptions):
+        self.opts = opts
+
+    @classmethod
+    def from_options(cls, opts: SlurmOptions) -> tuple[SlurmBackend, Sweep]:
+        """The back end and the sweep it runs, from its options: the sweep resolved once, here."""
+        check(opts)
+        return cls(opts), make_sweep(pairs(opts), opts.train)
+
+    def claims(self, sweep: Sweep) -> books.Claims:
+        return claims(self.opts)
+
+    @classmethod
+    def status_claims(cls, out: OutDir) -> books.Claims:
+        return SlurmClaims(out, "pair", _live_jobs_or_none)
+
+    def check(self, sweep: Sweep) -> None:
+        check(self.opts)
+
+    def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
+        return SweepSummary.of(submit(self.opts, pairs, sweep.specs))
+
+    def summary_lines(self, summary: SweepSummary, sweep: Sweep) -> list[str]:
+        """The script (a dry run), the pairs queued or submitted, the job and script, the disk estimate and the
+        report's job, as # lines; with --wait, each pair's result."""
+        d, opts = summary.details, self.opts
+        dry = opts.dry_run
+        lines = [d["text"].rstrip("\n")] if dry and d.get("text") else []
+        lines.append(f"# slurm {opts.kind} {opts.train.preset}: {summary.pairs} pairs, {summary.completed} completed, "
+                     f"{d['in_slurm']} queued or running, {d['pending']} "
+                     f"{'to submit (dry run: nothing submitted)' if dry else 'submitted'}"
+                     + (f"; job {d['job']}, script {d['script']}" if d.get("job") else "")
+                     + (f"; script {d['script']}" if dry and d.get("script") else ""))  # fmt: skip
+        if d.get("disk"):
+            lines.append(f"# {d['disk']}")
+        if d.get("report_job"):
+            lines.append(f"# report: job {d['report_job']} writes it when the array has ended "
+                         f"(--dependency=afterany:{d['job']}); script {d['report_script']}")  # fmt: skip
+        elif d.get("report_script") and dry:
+            lines.append(f"# report: script {d['report_script']}, submitted after the array with "
+                         f"`sbatch --dependency=afterany:<array job> {d['report_script']}`")  # fmt: skip
+        lines += [f"{pair}: {status}" for pair, status in summary.results.items()]
+        return lines
+
+    def report_now(self, summary: SweepSummary) -> bool:
+        """With --wait, once something completed; otherwise the report is a job that runs after the array."""
+        return "completed" in summary.results.values()
+
+
+def _live_jobs_or_none() -> set[str]:
+    try:
+        return live_jobs()
+    except UserError as e:  # squeue failed: every SLURM-held pair shows as not held, and the user is told why
+        log.warning("%s; SLURM tasks are shown as not running", e)
+        return set()
+
+
+def slurm(opts: SlurmOptions, write_report=None) -> int:
+    """`aiayn slurm table3|train` (and `aiayn table3 --backend slurm`): the array submitted (or written, with
+    --dry-run), its report a job after it, or written here after --wait, and the exit status (sweeps/run.py)."""
+    from aiayn.sweeps.books import report_dir
+    from aiayn.sweeps.run import run_and_report
+
+    backend, sweep = SlurmBackend.from_options(opts)  # checked, and the rows resolved once
+    report = report_dir(opts.report, opts.train.out) if opts.kind == "table3" else None
+    writer = (lambda: write_report(opts.train.out, report, opts.train.preset)) if report and write_report else None
+    return run_and_report([(backend, sweep)], write_report=writer)
