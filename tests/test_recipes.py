@@ -353,7 +353,8 @@ def test_a_back_end_that_keeps_its_own_books_by_its_recipe(copy, tmp_path):
     (copy / "sweeps/backends/detached.py").write_text(DETACHED)
     assert changed(copy) <= {"sweeps/backends/detached.py"}
     out = tmp_path / "runs"
-    sweep = ["table3", "--backend", "detached", "--rows", "base,C1", "--out", str(out), *FAST[:6], "--jobs", "1"]
+    sweep = ["table3", "--preset", "tiny", "--backend", "detached", "--rows", "base,C1", "--out", str(out), *FAST[:6],
+             "--jobs", "1"]
     assert "detached tiny: 2 started, 0 completed of 2" in aiayn(copy, *sweep).stdout
     assert not (out / "reports").exists()  # report_now: its runs have not ended when the command does
     first = aiayn(copy, "status", str(out)).stdout
