@@ -434,3 +434,22 @@ def test_a_secret_in_setup_is_never_printed_and_its_script_is_private(tmp_path, 
     plain = tmp_path / "plain"
     assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(plain), "--dry-run"]) == 0
     assert stat.S_IMODE((plain / "slurm" / "aiayn-table3-tiny.sbatch").stat().st_mode) & 0o044  # others may read
+
+
+def test_table3_with_backend_slurm_is_slurm_table3(tmp_path, capsys):
+    """Issue 37: SLURM is reached as a back end like the others: `aiayn table3 --backend slurm` takes SLURM's
+    options (its --help lists them) and does what `aiayn slurm table3` does, to the byte."""
+    with pytest.raises(SystemExit) as shown:  # argparse's --help
+        main(["table3", "--backend", "slurm", "--help"])
+    assert shown.value.code == 0
+    help_text = capsys.readouterr().out
+    assert help_text.startswith("usage: aiayn slurm table3") and "--partition" in help_text and "--dry-run" in help_text
+    common = ["--preset", "tiny", "--rows", "base,A1", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "1",
+              "--dry-run"]
+    assert main(["table3", "--backend=slurm", *common, "--out", str(tmp_path / "a")]) == 0
+    via_table3 = capsys.readouterr().out
+    assert main(["slurm", "table3", *common, "--out", str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().out == via_table3 and "#SBATCH --partition=p" in via_table3
+    # a back end without options of its own stays a table3 flag
+    assert main(["table3", "--backend", "slurmm", "--out", str(tmp_path / "b")]) == 2
+    assert "invalid choice: 'slurmm'" in capsys.readouterr().err
