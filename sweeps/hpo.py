@@ -59,8 +59,8 @@ class HpoOptions:
     trials: int = option(10, "trials in the search; a rerun runs the missing ones (an interrupted one resumes)")
     space: str | None = option(
         None, "a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with "
-        "optional `log: true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop, eps_ls "
-        "around the paper's values)", metavar="FILE",
+        "optional `log: true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop around "
+        "the paper's values; label smoothing only by this file, as the module docstring says)", metavar="FILE",
     )  # fmt: skip
     storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/hpo.db)")
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))

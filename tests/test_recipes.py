@@ -321,6 +321,7 @@ class DetachedBackend(Backend):
         return PidClaims(out)
 
     def launch(self, sweep, pairs):
+        sweep.record(self.name)  # the books: `aiayn status` finds the sweep before its processes have run directories
         started = 0
         for state in self.status(sweep):
             if state.state in ("completed", "running"):

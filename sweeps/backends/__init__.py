@@ -71,6 +71,11 @@ class Sweep:
     def run_options(self, row: str, seed: int) -> TrainOptions:
         return replace(self.train, row=row, seed=seed, progress=False)
 
+    def record(self, backend: str) -> None:
+        """Write the pairs this sweep owes into the books (OUT/sweeps/KEY.json), where `aiayn status` finds the sweep
+        before any of its runs has a directory: each back end's `launch` does so before its pairs start."""
+        books.record_sweep(self.out, self.preset.name, self.corpus, self.pairs, backend)
+
     def failed(self, row: str, seed: int, error: str) -> RunMetrics:
         return RunMetrics(row=row, seed=seed, preset=self.preset.name, status="failed", data=self.corpus,
                           error=redact(error))  # fmt: skip
@@ -147,7 +152,8 @@ class Backend(ABC):
 
     @abstractmethod
     def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
-        """Run (or submit) `pairs`; say what happened."""
+        """Run (or submit) `pairs`; say what happened. Before any pair starts, record the sweep
+        (`sweep.record(self.name)`): `aiayn status` finds a sweep by that record until its runs have directories."""
 
     def summary_lines(self, summary: SweepSummary, sweep: Sweep) -> list[str]:
         """What the command prints when the sweep ends."""

@@ -96,7 +96,7 @@ class QueueBackend(Backend):
                             t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
             cost = {row: spec.cost() for row, spec in sweep.specs.items()}
             pending = enqueue_pending(study, pairs, cost)
-            books.record_sweep(sweep.out, sweep.preset.name, sweep.corpus, sweep.pairs, self.name)
+            sweep.record(self.name)
         log.info("table3 %s on %s: %d pairs, %d to run (%s), %d at a time", sweep.preset.name, sweep.corpus,
                  len(sweep.pairs), len(pending), name, sweep.jobs)  # fmt: skip
         slots = self.slots(sweep)
