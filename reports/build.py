@@ -26,7 +26,7 @@ from aiayn.ablations.presets import PRESETS, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.reports import plots, significance, stats, verdicts
 from aiayn.reports.runs import Run, Scan, read_curve, scan
 from aiayn.reports.table import build_table, rounded, row_order, set_verdicts
@@ -63,7 +63,7 @@ def report_name(preset: str, data: str, *, apart: bool = False) -> str:
         return f"table3-{preset}-{UNRECORDED_CORPUS}" if apart else f"table3-{preset}"
     if known is None or data == known.corpus:
         return f"table3-{preset}"
-    return f"table3-{preset}-{corpus_dirname(data)}"  # a file name: hf:wmt/wmt16:de-en is hf-wmt--wmt16-de-en
+    return f"table3-{sweep_key(preset, data)}"  # a file name: hf:wmt/wmt16:de-en is hf-wmt--wmt16-de-en
 
 
 def _dirs(runs_dir) -> list[Path]:

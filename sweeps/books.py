@@ -37,7 +37,7 @@ from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.common.names import check_name
 from aiayn.lightning_modules.data.corpora import corpus_dirname
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir
-from aiayn.lightning_modules.run.spec import changed_since
+from aiayn.lightning_modules.run.spec import changed_since, sweep_key
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class AnyClaims(Claims):
 
 
 def pair_key(preset: str, corpus: str, row: str, seed: int) -> str:
-    return f"{preset}-{corpus_dirname(corpus)}-{row}-seed{seed}"  # a file name: hf:wmt/wmt14 has a slash
+    return f"{sweep_key(preset, corpus)}-{row}-seed{seed}"
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def _progress(run: RunDir) -> dict:
 def record_sweep(out: OutDir, preset: str, corpus: str, pairs: list[Pair], backend: str) -> Path:
     """Add `pairs` to OUT/sweeps/PRESET-CORPUS.json, the pairs that sweep owes (a later command may ask for more
     rows or seeds), which `aiayn status` reads; return its path."""
-    key = f"{preset}-{corpus_dirname(corpus)}"
+    key = sweep_key(preset, corpus)
     path = out.sweep_record(key)
     with file_lock(out.lock(f"sweep-{key}.record"), wait=True):
         try:

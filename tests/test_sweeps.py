@@ -28,7 +28,7 @@ from aiayn.ablations.table import select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.spec import resolve
+from aiayn.lightning_modules.run.spec import experiment_name, resolve, sweep_key
 from aiayn.sweeps.backends.local import LocalBackend
 from aiayn.sweeps.backends.processes import SubprocessBackend, child_environment
 from aiayn.sweeps.export import wandb_sweep, wandb_yaml
@@ -847,3 +847,27 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
     md = (tmp_path / "rep" / "table3-tiny.md").read_text(encoding="utf-8")
     assert "Rows that resolve otherwise now than when they ran" in md
     assert "  - C4 (seed 0): d_model 96 -> 64, d_k 24 -> 16, d_v 24 -> 16" in md
+
+
+@pytest.mark.parametrize("corpus", ["synthetic-20", "hf:wmt/wmt16:de-en"])
+def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
+    """One preset-corpus key: the tracker's experiment, the Optuna study, the sweep's record in the books, its pairs'
+    keys and a report's name all carry sweep_key, spelled once (a corpus with a slash, a file name)."""
+    from aiayn.lightning_modules.run.rundir import OutDir
+    from aiayn.reports.build import report_name
+    from aiayn.sweeps import books
+    from aiayn.sweeps.backends import make_sweep
+    from aiayn.sweeps.backends.queue import study_name
+
+    key = sweep_key("evidence", corpus)
+    spelled = {"synthetic-20": "evidence-synthetic-20", "hf:wmt/wmt16:de-en": "evidence-hf-wmt--wmt16-de-en"}
+    assert key == spelled[corpus]
+    assert experiment_name("evidence", corpus) == f"aiayn-{key}"
+    assert study_name("evidence", corpus) == f"table3-{key}"
+    assert books.pair_key("evidence", corpus, "C1", 3) == f"{key}-C1-seed3"
+    assert report_name("evidence", corpus) == ("table3-evidence" if corpus == PRESETS["evidence"].corpus
+                                               else f"table3-{key}")  # fmt: skip
+    out = OutDir(tmp_path)
+    assert books.record_sweep(out, "evidence", corpus, [("base", 0)], "local") == out.sweep_record(key)
+    sweep = make_sweep([("base", 0)], TrainOptions(preset="evidence", data=corpus, out=str(tmp_path)))
+    assert sweep.key == key

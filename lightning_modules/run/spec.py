@@ -108,6 +108,12 @@ class RunSpec:
         return spec
 
 
+def run_corpus(data: str | None, preset: Preset) -> str:
+    """The corpus a run trains on, spelled once for every layer: `--data`'s, canonical (hf:./local as an absolute
+    path, the spelling each run records), or the preset's."""
+    return canonical_corpus(data) if data else preset.corpus
+
+
 def resolve(
     row: str,
     preset: str | Preset,
@@ -122,7 +128,7 @@ def resolve(
     preset = preset if isinstance(preset, Preset) else get_preset(preset)
     r = get_row(row, tables)
     paper = Paper(r.paper_ppl, r.paper_bleu, r.paper_params_m)
-    corpus = canonical_corpus(corpus) if corpus else preset.corpus  # an unknown corpus: said before any work
+    corpus = run_corpus(corpus, preset)  # an unknown corpus: said before any work
     return _build(r.row, r.group, r.note, preset, corpus, scale(r, preset), dict(overrides or {}), paper,
                   vocab_size or preset.vocab_size)  # fmt: skip
 
@@ -218,7 +224,14 @@ def changed_since(recorded: RunSpec) -> list[str]:
     return out
 
 
+def sweep_key(preset: str, corpus: str) -> str:
+    """The one name of a sweep (every row and seed of one preset on one corpus), a file name (hf:wmt/wmt14 has a
+    slash; corpus_dirname says how it is spelled): every other name of a sweep is built from it (the tracker's
+    experiment, the Optuna study, the sweep's record and its pairs' keys in the books, a report's file names)."""
+    return f"{preset}-{corpus_dirname(corpus)}"
+
+
 def experiment_name(preset: str, corpus: str) -> str:
-    """One name for a sweep (every row and seed of one preset on one corpus) in every tracker: the MLflow experiment
-    and the W&B project (lightning_modules/run/loggers.py, wandb_run.py)."""
-    return f"aiayn-{preset}-{corpus_dirname(corpus)}"
+    """One name for a sweep in every tracker: the MLflow experiment and the W&B project
+    (lightning_modules/run/loggers.py, wandb_run.py)."""
+    return f"aiayn-{sweep_key(preset, corpus)}"

@@ -35,11 +35,10 @@ from aiayn.ablations.presets import Preset, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules.data.corpora import canonical_corpus, corpus_dirname
 from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions, resolved_run
 from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
-from aiayn.lightning_modules.run.spec import RunSpec, resolve
+from aiayn.lightning_modules.run.spec import RunSpec, resolve, run_corpus, sweep_key
 from aiayn.sweeps import books
 from aiayn.sweeps.books import Pair, PairState
 
@@ -63,7 +62,7 @@ class Sweep:
 
     @property
     def key(self) -> str:
-        return f"{self.preset.name}-{corpus_dirname(self.corpus)}"
+        return sweep_key(self.preset.name, self.corpus)
 
     def pair_key(self, row: str, seed: int) -> str:
         return books.pair_key(self.preset.name, self.corpus, row, seed)
@@ -186,7 +185,7 @@ def make_sweep(pairs: list[Pair], train: TrainOptions, *, storage: str | None = 
     t = train
     specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=t.data, vocab_size=t.vocab_size)
              for row in dict.fromkeys(row for row, _ in pairs)}  # fmt: skip
-    corpus = canonical_corpus(t.data) if t.data else preset.corpus  # hf:./local as an absolute path, as the runs say
+    corpus = run_corpus(t.data, preset)
     return Sweep(OutDir(t.out), preset, corpus, pairs, t, specs, storage, jobs)
 
 

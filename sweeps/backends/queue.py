@@ -19,9 +19,9 @@ from optuna.trial import TrialState
 from aiayn.ablations.table import MAX_SEED
 from aiayn.common.locks import file_lock
 from aiayn.common.text import clock
-from aiayn.lightning_modules.data.corpora import corpus_dirname
 from aiayn.lightning_modules.run.devices import usable_cpus
 from aiayn.lightning_modules.run.rundir import RunMetrics
+from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, SweepSummary
 from aiayn.sweeps.books import Pair
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def study_name(preset: str, corpus: str) -> str:
-    return f"table3-{preset}-{corpus_dirname(corpus)}"  # also its pop lock's file name
+    return f"table3-{sweep_key(preset, corpus)}"  # also its pop lock's file name
 
 
 def pair_of(trial: optuna.trial.FrozenTrial) -> Pair | None:

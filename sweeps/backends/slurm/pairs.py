@@ -15,8 +15,8 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.lightning_modules.data.corpora import canonical_corpus
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir
+from aiayn.lightning_modules.run.spec import run_corpus
 from aiayn.sweeps import books
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
 from aiayn.sweeps.books import Claims
@@ -59,7 +59,7 @@ def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
 
 
 def corpus_of(opts: SlurmOptions) -> str:
-    return canonical_corpus(opts.train.data) if opts.train.data else get_preset(opts.train.preset).corpus
+    return run_corpus(opts.train.data, get_preset(opts.train.preset))
 
 
 def out_of(opts: SlurmOptions) -> OutDir:
