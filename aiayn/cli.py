@@ -227,8 +227,8 @@ COMMANDS = (
     Command("slurm table3", "one array task per pending (row, seed)", SlurmOptions, cmd_slurm, skip=PER_RUN,
             fixed=(("kind", "table3"),)),
     Command("slurm train", "one run", SlurmOptions, cmd_slurm, skip=ONE_RUN, fixed=(("kind", "train"),)),
-    Command("hpo", "Optuna TPE over lr factor, warmup, dropout, label smoothing of one row", HpoOptions, cmd_hpo,
-            skip=HPO_SKIP, sets=SWEEP_SETS[:2]),
+    Command("hpo", "Optuna TPE over the lr factor, warmup and dropout of one row, pruned on val/ppl", HpoOptions,
+            cmd_hpo, skip=HPO_SKIP, sets=SWEEP_SETS[:2]),
     Command("status", "the state of every (row, seed) of the sweeps under OUT: completed, running (host and age), "
             "failed (its reason), pending; trains and writes nothing", StatusOptions, cmd_status),
     Command("sweep export", "write a sweep definition (to stdout without --out)", SweepExportOptions,

@@ -9,9 +9,11 @@ from aiayn.lightning_modules.transformer.decoding import beam_search, greedy
 from aiayn.lightning_modules.transformer.model import (
     Dropout,
     MultiHeadAttention,
+    Residual,
     Transformer,
     TransformerConfig,
     attention,
+    residual_stream,
     sinusoid_table,
 )
 
@@ -299,3 +301,29 @@ def test_beam_search_guards_an_empty_source_on_the_fused_path_whatever_the_kerne
         monkeypatch.setattr(M.F, "scaled_dot_product_attention", nan_where_nothing_to_attend)
         got = beam_search(model, src, 2, 3, beam=2, alpha=0.6, extra_len=5)
     assert got == expected
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_bf16_residual_stream_is_bf16_under_autocast_and_leaves_fp32_code_unchanged(norm_first):
+    """--residual-dtype bf16: under bf16 autocast every residual block hands on bf16 (and the logits stay close to
+    the fp32 stream's); outside autocast (the final evaluation, beam search, export) the model is the fp32 one,
+    exactly: a bf16 stream there met fp32 weights in the next matmul and the run crashed after training."""
+    torch.manual_seed(0)
+    plain = Transformer(small_cfg(norm_first=norm_first)).eval()
+    model = Transformer(small_cfg(norm_first=norm_first)).eval()
+    model.load_state_dict(plain.state_dict())
+    residual_stream(model, torch.bfloat16)
+    src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
+    torch.testing.assert_close(model(src, tgt), plain(src, tgt), atol=0, rtol=0)  # no autocast: fp32, the same
+    assert beam_search(model, src, bos=2, eos=3, beam=2, extra_len=5) == beam_search(plain, src, bos=2, eos=3, beam=2,
+                                                                                      extra_len=5)
+    dtypes = []
+    for m in model.modules():
+        if isinstance(m, Residual):
+            m.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(src, tgt)
+        reference = plain(src, tgt)
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # every residual block's output, in the encoder and decoder
+    assert len(dtypes) == 2 * 2 + 2 * 3  # N 2: two blocks an encoder layer, three a decoder layer
+    torch.testing.assert_close(logits.float(), reference.float(), atol=0.1, rtol=0.05)

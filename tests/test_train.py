@@ -122,6 +122,18 @@ def test_the_final_evaluation_runs_on_the_device_the_run_trained_on(cache, tmp_p
     assert seen == [torch.device("meta")]
 
 
+def test_a_bf16_residual_stream_trains_and_is_evaluated_and_recorded(cache, tmp_path):
+    """`--residual-dtype bf16` end to end: it trains under bf16-mixed, the final evaluation (outside autocast, in
+    fp32) runs, and metrics.json says what the run trained under (it crashed after training before)."""
+    out = tmp_path / "runs"
+    argv = ["train", "--row", "base", "--preset", "tiny", "--out", str(out), *FAST, *SMALL, "--precision",
+            "bf16-mixed", "--residual-dtype", "bf16"]  # fmt: skip
+    assert main(argv) == 0
+    metrics = json.loads((out / "tiny/synthetic/base/seed0/metrics.json").read_text())
+    assert metrics["status"] == "completed" and metrics["dev_ppl"] > 1
+    assert metrics["precision"] == "bf16-mixed, bf16 residual stream"
+
+
 def test_rerun_of_a_finished_run_resumes_instead_of_restarting(trained, capsys):
     before = json.loads((trained / "metrics.json").read_text())
     out = trained.parents[3]

@@ -108,7 +108,8 @@ class TrainOptions:
     )  # fmt: skip
     residual_dtype: str = option(
         "fp32", "the residual stream's dtype under bf16-mixed: fp32 (as autocast leaves it: LayerNorm returns fp32) or "
-        "bf16 (half its elementwise bytes on a GPU; BENCHMARKS.md measures its dev PPL against fp32's)",
+        "bf16 (half its elementwise bytes on a GPU; BENCHMARKS.md measures its dev PPL against fp32's); where autocast "
+        "runs only: the final evaluation, translation and export run the fp32 model",
         choices=("fp32", "bf16"),
     )  # fmt: skip
     compile: str = option(

@@ -290,7 +290,7 @@ class Residual(nn.Module):
             out = x + self.drop(sublayer(self.norm(x)))
         else:
             out = self.norm(x + self.drop(sublayer(x)))
-        return out if self.stream is None else out.to(self.stream)
+        return to_stream(out, self.stream)
 
 
 class EncoderLayer(nn.Module):
@@ -387,7 +387,7 @@ class Transformer(nn.Module):
         if offset + T > self.cfg.max_len:
             raise ValueError(f"sequence of {offset + T} positions exceeds max_len={self.cfg.max_len}")
         x = self.drop(self.positions(self.embed(tokens) * math.sqrt(self.cfg.d_model), offset))
-        return x if self.stream is None else x.to(self.stream)
+        return to_stream(x, self.stream)
 
     def attention_positions(self, length: int) -> Tensor | None:
         """The positional encoding's state for self-attention over `length` positions (None: it acts there not)."""
@@ -455,11 +455,18 @@ class Transformer(nn.Module):
                 lc["k"], lc["v"] = lc["k"].index_select(0, index), lc["v"].index_select(0, index)
 
 
+def to_stream(x: Tensor, stream: torch.dtype | None) -> Tensor:
+    """`x` in the residual stream's dtype: `stream` where autocast runs (the matmuls take bf16 there), else as it is.
+    Outside autocast (the final evaluation, translation, export) the weights are fp32 and so stays the stream."""
+    return x if stream is None or not torch.is_autocast_enabled(x.device.type) else x.to(stream)
+
+
 def residual_stream(model: Transformer, dtype: torch.dtype | None) -> None:
     """Keep the residual stream (the embeddings' output and every residual block's) in `dtype` (bf16), or in fp32
     (None: the default, the paper's). Under bf16 autocast the matmuls run in bf16 but LayerNorm returns fp32, so the
     stream, its dropout masks, adds and norms move fp32 bytes; a bf16 stream halves that elementwise traffic (a
-    runtime numerics setting, not a parameter: the weights and the checkpoint are the same)."""
+    runtime numerics setting, not a parameter: the weights and the checkpoint are the same). Only under autocast
+    (`to_stream`): code that runs the model outside it in fp32 is unchanged."""
     model.stream = dtype
     for module in model.modules():
         if isinstance(module, Residual):
