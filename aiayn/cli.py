@@ -65,14 +65,8 @@ def cmd_train(opts, args) -> None:
         print(f"# {estimate(opts, spec).describe()}", file=sys.stderr)
         return
     metrics = train(opts, spec)
-    if metrics is not None and metrics.status == "diverged":
-        print(f"{metrics.row} seed {metrics.seed}: diverged ({metrics.error}); metrics.json status diverged")
-    elif metrics is not None:
-        print(
-            f"{metrics.row} seed {metrics.seed}: dev BLEU {metrics.dev_bleu:.2f} (sacreBLEU), "
-            f"dev PPL {metrics.dev_ppl:.2f}, {metrics.params / 1e6:.2f}M params, {metrics.steps} steps "
-            f"in {metrics.train_time_s:.0f} s ({metrics.tokens_per_s:.0f} tokens/s)"
-        )
+    if metrics is not None:  # None: a DDP rank other than zero
+        print(metrics.summary_line())
 
 
 def cmd_eval(opts, args) -> None:
@@ -251,32 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The parsed command line (--config files layered under the flags: aiayn.common.commands.parse)."""
-    return commands.parse(build_parser(), backend_command(list(argv)))
+    """The parsed command line (--config files layered under the flags: aiayn.common.commands.parse); `aiayn table3
+    --backend NAME ...`, where back end NAME has options of its own, is that back end's command (`--backend slurm`:
+    `aiayn slurm table3 ...`, whose --help lists SLURM's options)."""
+    return commands.parse(build_parser(), commands.route(list(argv), "table3", "--backend", _backend_command))
 
 
-def backend_command(argv: list[str]) -> list[str]:
-    """`aiayn table3 --backend NAME ...` where back end NAME has options of its own is that back end's command
-    (`--backend slurm`: `aiayn slurm table3 ...`, whose --help lists SLURM's options); any other command line as
-    it is."""
-    i = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
-    if i is None or argv[i] != "table3":
-        return argv
-    rest, name, j = [], None, i + 1
-    while j < len(argv):
-        word = argv[j]
-        if word == "--backend" and j + 1 < len(argv):
-            name, j = argv[j + 1], j + 2
-            continue
-        if word.startswith("--backend="):
-            name = word.split("=", 1)[1]
-        else:
-            rest.append(word)
-        j += 1
+def _backend_command(name: str) -> str | None:
     from aiayn.sweeps.backends import command_of
 
-    own = command_of(name) if name else None
-    return argv if own is None else argv[:i] + own.split() + rest
+    return command_of(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,15 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         return print_error(e)
     except BrokenPipeError:  # `aiayn rows | head`: the reader left; what it read is all it wanted
-        return closed_stdout()
-
-
-def closed_stdout() -> int:
-    """After the reader of stdout closed the pipe: point stdout at /dev/null so that Python's own flush at exit does
-    not raise again, and exit as a program killed by SIGPIPE does (128 + 13), silently."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    return 141
+        return commands.closed_stdout()
 
 
 if __name__ == "__main__":

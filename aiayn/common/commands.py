@@ -9,6 +9,7 @@ files its own way (a run's config.json) says so with a classmethod `config_layer
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -181,3 +182,32 @@ def run(command: Command, args: argparse.Namespace) -> int:
         print_config(opts, command)
         return 0
     return command.run(opts, args) or 0
+
+
+def route(argv: list[str], command: str, flag: str, command_of: Callable[[str], str | None]) -> list[str]:
+    """`PROG COMMAND ... FLAG NAME ...` as the command NAME has of its own (`command_of(NAME)`, e.g. `aiayn table3
+    --backend slurm ...` is `aiayn slurm table3 ...`), FLAG dropped; any other command line as it is."""
+    i = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
+    if i is None or argv[i] != command:
+        return argv
+    rest, name, j = [], None, i + 1
+    while j < len(argv):
+        word = argv[j]
+        if word == flag and j + 1 < len(argv):
+            name, j = argv[j + 1], j + 2
+            continue
+        if word.startswith(f"{flag}="):
+            name = word.split("=", 1)[1]
+        else:
+            rest.append(word)
+        j += 1
+    own = command_of(name) if name else None
+    return argv if own is None else argv[:i] + own.split() + rest
+
+
+def closed_stdout() -> int:
+    """After the reader of stdout closed the pipe: point stdout at /dev/null so that Python's own flush at exit does
+    not raise again, and exit as a program killed by SIGPIPE does (128 + 13), silently."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141

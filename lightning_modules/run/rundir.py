@@ -134,6 +134,14 @@ class RunMetrics:
     predictions_sha256: str | None = None
     schema: int = SCHEMA
 
+    def summary_line(self) -> str:
+        """What `aiayn train` prints when the run ends."""
+        if self.status == "diverged":
+            return f"{self.row} seed {self.seed}: diverged ({self.error}); metrics.json status diverged"
+        return (f"{self.row} seed {self.seed}: dev BLEU {self.dev_bleu:.2f} (sacreBLEU), dev PPL {self.dev_ppl:.2f}, "
+                f"{self.params / 1e6:.2f}M params, {self.steps} steps in {self.train_time_s:.0f} s "
+                f"({self.tokens_per_s:.0f} tokens/s)")  # fmt: skip
+
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r} is none of {', '.join(STATUSES)}")
