@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiayn.common.errors import UserError
-from aiayn.common.options import config_values, option, read_mapping
+from aiayn.common.options import option, yaml_values
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
 BENCH_SIZES = ("tiny", "laptop", "base", "paper")
@@ -57,6 +57,5 @@ class BenchOptions:
         model's size was bench's --config before issue 39) is answered with --size."""
         if path in BENCH_SIZES:
             raise UserError(f"--config {path}: --config is a YAML file of options; the model's size is --size {path}")
-        doc = read_mapping(path, f"a YAML file of `{prog}` options (e.g. what --print-config prints)")
-        return config_values(cls, doc, f"config {path}", prog, skip=skip), None
+        return yaml_values(cls, path, prog, skip=skip), None
 

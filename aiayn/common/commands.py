@@ -19,13 +19,12 @@ from aiayn.common.errors import UserError
 from aiayn.common.options import (
     HelpFormatter,
     add_options,
-    config_values,
     defaults_of,
     did_you_mean,
     from_args,
     lightning_spellings,
-    read_mapping,
     to_config,
+    yaml_values,
 )
 
 
@@ -113,8 +112,7 @@ def config_layer(cls, path: str, prog: str, skip=()) -> tuple[dict, Any]:
     own = getattr(cls, "config_layer", None)
     if own is not None:
         return own(path, prog, skip)
-    doc = read_mapping(path, f"a YAML file of `{prog}` options (e.g. what --print-config prints)")
-    return config_values(cls, doc, f"config {path}", prog, skip=skip), None
+    return yaml_values(cls, path, prog, skip=skip), None
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

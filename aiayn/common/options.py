@@ -332,6 +332,12 @@ def read_mapping(path, what: str) -> dict:
     return doc
 
 
+def yaml_values(cls, path, prog: str, *, skip=()) -> dict:
+    """One `--config FILE` of a YAML mapping of `cls`'s options, as {dotted path: value} (`config_values`)."""
+    doc = read_mapping(path, f"a YAML file of `{prog}` options (e.g. what --print-config prints)")
+    return config_values(cls, doc, f"config {path}", prog, skip=skip)
+
+
 def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
     """A config file's mapping as {dotted path: value}. Keys may nest by group (`train: {max_steps: 5}`), be dotted
     (`train.max_steps: 5`), or be an option's own name anywhere (`max_steps`, `max-steps`, `set`), as its flag is on
