@@ -9,6 +9,10 @@ One line per (preset, row) that a preset scores, checks or declares not testable
   regime; or `not scored` there though testable (e.g. an effect one seed cannot resolve, in a single-seed preset);
 - `margin`: for `equivalent` only, the largest relative difference in the metric still called equivalent (0.0125:
   1.25% of dev PPL), fixed with the prediction;
+- `center`: for `equivalent` only, where the regime itself predicts a difference the paper's claim does not speak
+  to (blank: none, equivalence to base): the relative difference the row is predicted equivalent to, within
+  `margin` (E1 at d_model 32: -0.0272, the change its learned table's parameters make by themselves), derived by a
+  rule the reason states;
 - `seeds`: how many seeds the row trains in a sweep of its preset, where the registration sets it (the power each
   test was given before its runs; blank: the preset's `seeds`, or `base_seeds` for an equivalence);
 - `reason`: why, wherever the prediction is not simply the paper's sign (a regime that predicts otherwise, a
@@ -21,7 +25,9 @@ only where the paper's difference is under both. The paper reports one run per r
 change nothing that should matter differ from base by at most 0.8% PPL (A3 −0.2%, E1 0%, D2 +0.6%, C3 −0.8%),
 and the smallest differences its text calls findings are 1.6-1.9% (A2, B2 and A4: fewer or too many heads,
 smaller d_k, §6.2), so 1.5% is a judgement of where the paper's signs stop being noise, not a measurement. `big`
-is the paper's compute reference, not one variation: never scored.
+(four knobs at once, and 3x the steps in the paper) is a candidate like any other row by its difference (−12% PPL,
++0.6 BLEU): a compound claim, "bigger models are better", never one variation's effect; a registration that
+scores it says how it trains it.
 
 Nothing here changes after the runs that score it: a miss is reported, not re-scored. Each run records the sha256
 of its preset's lines (`registration_sha256`), and a test checks that a reference report's runs ran from a commit
@@ -47,7 +53,6 @@ MIN_PAPER_DELTA_PPL = 0.015  # relative to base's paper PPL
 METRICS = ("bleu", "ppl")
 SCORED = ("worse", "better", "equivalent")  # a pre-registered test, counted in the table's score
 PREDICTIONS = (*SCORED, "check", "not scored", "not testable")
-REFERENCE_ROWS = ("big",)  # a compute reference, never a scored variation
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class Prediction:
     reason: str
     margin: float | None = None  # `equivalent` only: the relative margin (0.0125 = 1.25%)
     seeds: int | None = None  # the row's seeds in a sweep of its preset, as registered (None: the preset's)
+    center: float | None = None  # `equivalent` only: the relative difference predicted (None: 0, base itself)
 
     @property
     def scored(self) -> bool:
@@ -92,7 +98,7 @@ def _paper_deltas(row: str) -> tuple[float, float] | None:
     """(|Δ BLEU|, |Δ PPL| relative to base's) of the row in the paper; None where it has no numbers."""
     rows = load_rows()
     r, base = rows[row], rows["base"]
-    if row == "base" or row in REFERENCE_ROWS or r.paper_bleu is None or r.paper_ppl is None:
+    if row == "base" or r.paper_bleu is None or r.paper_ppl is None:
         return None
     return abs(r.paper_bleu - base.paper_bleu), abs(r.paper_ppl - base.paper_ppl) / base.paper_ppl
 
@@ -138,6 +144,20 @@ def _margin(text: str, where: str, predicted: str) -> float | None:
     return margin
 
 
+def _center(text: str, where: str, predicted: str) -> float | None:
+    if not text:
+        return None
+    if predicted != "equivalent":
+        raise UserError(f"{where}: only an equivalent row has a center; empty the center cell")
+    try:
+        center = float(text)
+    except ValueError:
+        raise UserError(f"{where}: center is a relative difference such as -0.0272; got {text!r}") from None
+    if not -1 < center < 1:
+        raise UserError(f"{where}: center must be a fraction between -1 and 1 (-0.0272 = -2.72%); got {text!r}")
+    return center
+
+
 def _seeds(text: str, where: str) -> int | None:
     if not text:
         return None
@@ -163,9 +183,11 @@ def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction
                                 f"not testable none; got metric {metric!r} for {predicted!r}")  # fmt: skip
             margin = _margin((raw.get("margin") or "").strip(), where, predicted)
             seeds = _seeds((raw.get("seeds") or "").strip(), where)
+            center = _center((raw.get("center") or "").strip(), where, predicted)
             if row in out.setdefault(preset, {}):
                 raise UserError(f"{where}: row {row} of preset {preset} is listed twice")
-            out[preset][row] = Prediction(row, metric, predicted, (raw.get("reason") or "").strip(), margin, seeds)
+            out[preset][row] = Prediction(row, metric, predicted, (raw.get("reason") or "").strip(), margin, seeds,
+                                          center)  # fmt: skip
     return out
 
 
@@ -174,22 +196,26 @@ def _all() -> dict[str, dict[str, Prediction]]:
     return _read(PREDICTIONS_FILE)
 
 
-def predictions(preset: str) -> dict[str, Prediction]:
-    """The preset's pre-registered lines, in file order ({} for a preset that scores nothing)."""
+def predictions(preset: str, text: str | None = None) -> dict[str, Prediction]:
+    """The preset's pre-registered lines, in file order ({} for a preset that scores nothing); `text`: a
+    predictions.csv's content (e.g. as committed at some commit, to judge an earlier attempt by its own
+    registration) instead of the file's."""
+    if text is not None:
+        return dict(_read(PREDICTIONS_FILE, text).get(preset, {}))
     return dict(_all().get(preset, {}))
 
 
 def registration_sha256(preset: str, text: str | None = None) -> str | None:
     """A fingerprint of what `preset` pre-registered: the sha256 of its lines (row, metric, prediction, margin,
-    reason, and seeds where registered, in file order), so that lines of other presets may be added later without
-    changing it; None when it
-    registers nothing. `text`: a predictions.csv's content (e.g. as committed at some commit) instead of the
-    file's. Every run records it, and each report prints it beside the one it scored with."""
+    reason, and seeds and center where registered, in file order), so that lines of other presets may be added later
+    without changing it; None when it registers nothing. `text`: a predictions.csv's content (e.g. as committed at
+    some commit) instead of the file's. Every run records it, and each report prints it beside the one it
+    scored with."""
     mine = _read(PREDICTIONS_FILE, text).get(preset, {}) if text is not None else _all().get(preset, {})
     if not mine:
         return None
     lines = [[p.row, p.metric, p.predicted, p.margin, p.reason] + ([p.seeds] if p.seeds is not None else [])
-             for p in mine.values()]
+             + ([{"center": p.center}] if p.center is not None else []) for p in mine.values()]
     return hashlib.sha256(json.dumps(lines, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 

@@ -58,16 +58,26 @@ class Preset:
     # steps against the last two) or "line" (a line fitted to every validation of the last quarter); fixed before
     # the runs it judges, as the scored set is
     convergence: str = "endpoints"
+    # how its report reads each seed's number at the stability rule's points (reports/verdicts.py READINGS):
+    # "nearest" (the one validation nearest the point; 100%: the final evaluation) or "median3" (the median of the
+    # three nearest: no point rests on one validation); fixed before the runs it judges, as the scored set is
+    stability: str = "nearest"
     # other presets run and scored with this one, as one table of tests (`aiayn table3 --preset evidence` also runs
     # its data-limited cell `tiny-2k`): their pre-registered tests join this preset's Holm family and score
     cells: tuple[str, ...] = ()
+    # every row trains train_steps x (its paper steps / base's), so `big` 3x as long, as in the paper (True); or every
+    # row, big too, the same train_steps (False: a preset that compares big at base's budget says so in its rule)
+    steps_as_paper: bool = True
+
+    def _big_steps(self) -> str:
+        return "x3 for big, as in the paper" if self.steps_as_paper else "every row, big too: the paper trained big 3x"
 
     def rule(self) -> str:
         data = f"the first {self.train_pairs} training pairs of {self.corpus}" if self.train_pairs else self.corpus
         same = "".join(f"; {a} is {b} at this scale" for a, b in self.aliases)
         return (
             f"d_model, d_ff, h·d_k, h·d_v x {self.width:g}; h x {self.heads:g}; N x {self.depth:.3g} (rounded, >= 1); "
-            f"P_drop, eps_ls, pe unchanged; {self.train_steps} steps (x3 for big, as in the paper), warmup "
+            f"P_drop, eps_ls, pe unchanged; {self.train_steps} steps ({self._big_steps()}), warmup "
             f"{self.warmup}; {self.tokens_per_step} real target tokens per step; learning rate x {self.lr_factor:g} "
             f"of the paper's schedule; vocabulary {self.vocab_size}; data: {data}{same}"
         )
@@ -103,19 +113,21 @@ _EVIDENCE = Preset(
     name="evidence", corpus="synthetic-20", vocab_size=1000, width=1 / 16, heads=0.5, depth=1 / 3,
     aliases=(("C2", "C1"),), train_steps=4500, tokens_per_step=1024, max_tokens=1024, warmup=200,
     lr_factor=0.5, val_bleu_sentences=0, val_every=100, ckpt_every=500, keep_ckpts=2, sweep_jobs=2,
-    rows="scored", seeds=4, base_seeds=8, convergence="line", cells=("tiny-2k",),
+    rows="scored", seeds=4, base_seeds=8, convergence="line", cells=("tiny-2k",), stability="median3",
+    steps_as_paper=False,
     description="Table 3 as evidence on 2 CPU cores, in a regime with headroom: a sixteenth of the paper's "
     "width (d_model 32, 4 heads of 8), a third of its depth, on the synthetic grammar's sentences of 5-20 "
-    "words (attempt 4's regime R2, its learning rate: half the paper's); every row trains the same 4500 steps and "
-    "is compared at the end, as in the paper, each test held at the validations nearest 75% and 87.5% of the budget "
-    "and at its end (evidence v5: the budget is the largest that the registered timing probe projects within 165 "
-    "minutes on 2 cores, BENCHMARKS.md)",
+    "words (attempt 4's regime R2, its learning rate: half the paper's); every row, big too, trains the same 4500 "
+    "steps and is compared at the end, as in the paper, each test held at 75%, 87.5% and 100% of the budget, each "
+    "seed read there as the median of its three nearest validations (evidence v6: v5's regime and budget, seeds per "
+    "row from v5's curves, BENCHMARKS.md)",
 )
 
 # The main job (`aiayn table3`, the README's first line): the evidence regime at a fixed budget, one seed a row,
 # the rows of its registration (base, C1, C4 worse, C5 better: a row "every change hurts" cannot pass).
 _QUICK = replace(
-    _EVIDENCE, name="quick", train_steps=3000, val_every=125, seeds=1, base_seeds=None, cells=(),
+    _EVIDENCE, name="quick", train_steps=3000, val_every=125, seeds=1, base_seeds=None, cells=(), stability="nearest",
+    steps_as_paper=True,
     description="the main job: the evidence regime (d_model 32, 4 heads of 8, N 2, sentences of 5-20 words, half the "
     "paper's learning rate) at a fixed budget of 3000 steps, one seed a row, two runs at a time: base, C1 and C4 "
     "(predicted worse) and C5 (d_model 64, predicted better); the budget is the largest that the registered timing "
@@ -188,7 +200,7 @@ def scale(row: Row, preset: Preset) -> dict:
         elif knob.scale == "depth":
             out[name] = max(1, round(k[name] * preset.depth))
         elif knob.scale == "steps":
-            out[name] = round(preset.train_steps * k[name] / paper_base_steps)
+            out[name] = round(preset.train_steps * (k[name] / paper_base_steps if preset.steps_as_paper else 1))
         else:
             raise ValueError(f"knob {name}: unknown scale {knob.scale!r}")
     return out

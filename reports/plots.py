@@ -111,10 +111,14 @@ def forest(table: pd.DataFrame, path: Path, title: str) -> Path:
             ax.errorbar(x, i, xerr=[[lo], [hi]], fmt="o", color="C0", capsize=3,
                         markerfacecolor="C0" if filled else "white", zorder=3)  # fmt: skip
         ax.scatter(df["paper_delta_ppl_pct"], list(y), marker="x", color="C3", label="the paper's Δ", zorder=4)
-        margins = df["margin_pct"].dropna()
-        if len(margins):
-            m = float(margins.max())
-            ax.axvspan(-m, m, color="C2", alpha=0.15, label=f"equivalence band ±{m:.2f}%")
+        labelled = False  # each equivalence's band on its own line, around its registered center (0: base)
+        for i, (m, c) in enumerate(zip(df["margin_pct"], df.get("center_pct", pd.Series(0.0, index=df.index)))):
+            if pd.isna(m):
+                continue
+            c = 0.0 if pd.isna(c) else float(c)
+            ax.fill_betweenx([i - 0.4, i + 0.4], c - m, c + m, color="C2", alpha=0.2, linewidth=0,
+                             label=None if labelled else "equivalence band")  # fmt: skip
+            labelled = True
         ax.set_yticks(list(y))
         ax.set_yticklabels([f"{r} ({v})" if v else r for r, v in zip(df["row"], df["verdict"])], fontsize=7)
         ax.legend(fontsize=7, loc="best")

@@ -1,6 +1,6 @@
 """Seed-level statistics for a pre-registered Table 3: Welch's t-test per scored row against base, the two one-sided
 tests of an equivalence claim, Holm's correction over the scored set, one verdict per row, slopes of a series, and
-what trivial predictors would score on the same set.
+what random signs would score on the same set.
 
 A difference between two rows is a result only when the seeds say so: each scored row's per-seed values of
 its metric (dev BLEU, or dev log-perplexity: the mean NLL per target token, whose seed-to-seed spread is
@@ -166,14 +166,11 @@ def binomial_tail(k: int, n: int) -> float:
     return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n if n else 1.0
 
 
-def trivial_scores(predicted_worse: Sequence[bool], agreeing: int) -> dict:
-    """What predictors that know nothing would score on the same scored set, against the same predictions:
-    "every change hurts" agrees wherever the prediction is "worse"; random signs agree on n/2 on average, and
-    reach `agreeing` or more with probability `random_p`."""
-    n = len(predicted_worse)
+def random_signs(directional: int, agreeing: int) -> dict:
+    """What random signs would score on the same directional tests: they agree on n/2 on average, and on `agreeing`
+    or more with probability `p_at_least_as_many`."""
     return {
-        "n": n,
-        "every_change_hurts": sum(bool(w) for w in predicted_worse),
-        "random_expected": n / 2,
-        "random_p": binomial_tail(agreeing, n),
+        "directional_tests": directional,
+        "expected_agree": directional / 2,
+        "p_at_least_as_many": binomial_tail(agreeing, directional),
     }

@@ -21,13 +21,15 @@ SETTINGS = MODEL_KEYS
 COLUMNS = [
     "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
     "paper_ppl", "paper_bleu", "paper_params_m", "delta_ppl_pct", "paper_delta_ppl_pct", "delta_bleu",
-    "paper_delta_bleu", "delta_ppl_ci_low", "delta_ppl_ci_high", "metric", "predicted", "margin_pct", "p", "p_holm",
-    "verdict", "verdict_75", "verdict_87.5", "p_holm_75", "p_holm_87.5", "last_drop", "bootstrap_seed", "bootstrap_p",
-    "sig",
+    "paper_delta_bleu", "delta_ppl_ci_low", "delta_ppl_ci_high", "metric", "predicted", "margin_pct", "center_pct", "p",
+    "p_holm", "verdict", "verdict_75", "verdict_87.5", "p_holm_75", "p_holm_87.5", "last_drop", "bootstrap_seed",
+    "bootstrap_p", "sig",
 ]  # fmt: skip
 # One line per run: what the table's means and tests are made of.
-RUN_COLUMNS = ["row", "seed", "status", "steps", "dev_ppl", "dev_bleu", "dev_tok_bleu", "ppl_75", "ppl_87.5", "bleu_75",
-               "bleu_87.5", "params", "train_time_s", "last_drop", "commit", "dirty", "predictions_sha256"]  # fmt: skip
+# ppl_100: what the test at 100% reads (the final evaluation, or the preset's window there: verdicts.READINGS)
+RUN_COLUMNS = ["row", "seed", "status", "steps", "dev_ppl", "dev_bleu", "dev_tok_bleu", "ppl_75", "ppl_87.5", "ppl_100",
+               "bleu_75", "bleu_87.5", "params", "train_time_s", "last_drop", "commit", "dirty",
+               "predictions_sha256"]  # fmt: skip
 # The stability rule's earlier points (verdicts.STABILITY without 100%) as column suffixes: 75, 87.5
 EARLY = {f: f"{100 * f:g}" for f in verdicts.STABILITY[:-1]}
 # what each scored metric's curve is logged as during training
@@ -150,9 +152,16 @@ def run_convergence(run: Run, rule: str = "endpoints") -> float:
     return verdicts.convergence_drop(read_curve(run.dir, "val/ppl"), rule)
 
 
-def run_points(run: Run) -> dict[tuple[str, float], float]:
-    """(metric, fraction) -> the run's dev number at the validation nearest each earlier point of the stability rule
-    (verdicts.STABILITY), from the curve logged during training, for each metric logged (ppl, bleu)."""
+def read_points(reading: str) -> tuple[float, ...]:
+    """The stability rule's points a reading takes from the curves: the earlier ones, and 100% too where it reads a
+    window there ("median3"; "nearest" takes 100% from the final evaluation)."""
+    return tuple(verdicts.STABILITY) if reading == "median3" else tuple(EARLY)
+
+
+def run_points(run: Run, reading: str = "nearest") -> dict[tuple[str, float], float]:
+    """(metric, fraction) -> the run's dev number at each point of the stability rule (verdicts.STABILITY) that
+    `reading` takes from the curve logged during training (`read_points`; `verdicts.point_value`), for each metric
+    logged (ppl, bleu). A point without its validations (a run that logged too few) is left out."""
     out = {}
     budget = run.metrics.steps
     for metric, name in CURVE_OF.items():
@@ -160,11 +169,10 @@ def run_points(run: Run) -> dict[tuple[str, float], float]:
         if budget is None or curve.empty:
             continue
         values = dict(zip(curve["step"], curve[name]))
-        for fraction in EARLY:
-            step = verdicts.point_step(values, int(budget), fraction)
-            # a validation more than half an interval from the point is not the point's (a run that logged too few)
-            if step is not None and abs(step + 1 - fraction * budget) <= 0.0625 * budget:
-                out[(metric, fraction)] = float(values[step])
+        for fraction in read_points(reading):
+            value = verdicts.point_value(values, int(budget), fraction, reading)
+            if value is not None:
+                out[(metric, fraction)] = value
     return out
 
 
@@ -216,10 +224,25 @@ class Table3:
     slopes: pd.DataFrame | None = None  # series_slopes
 
 
-def build_table(runs: list[Run], preset: str | None = None, convergence: str = "endpoints") -> Table3:
+def _params(rows, preset: str) -> dict[str, int]:
+    """row -> its parameter count as the preset resolves it (before any run: what "more parameters help" reads)."""
+    from aiayn.common.errors import UserError
+
+    out = {}
+    for row in rows:
+        try:
+            out[row] = resolve(row, preset).model.params()
+        except (UserError, KeyError):  # a row of a user's table that ablations/ does not know
+            continue
+    return out
+
+
+def build_table(runs: list[Run], preset: str | None = None, convergence: str = "endpoints",
+                stability: str = "nearest") -> Table3:  # fmt: skip
     """Table 3 of `runs` (one preset, one corpus). With `preset`, the rows its pre-registration names
     (ablations/predictions.csv) get their verdicts; `convergence`: the rule that judges every run's curve
-    (verdicts.CONVERGENCE_RULES, the preset's own)."""
+    (verdicts.CONVERGENCE_RULES), `stability`: how each seed's number at the stability rule's points is read
+    (verdicts.READINGS); both the preset's own."""
     by_row: dict[str, list[Run]] = {}
     for run in runs:
         by_row.setdefault(run.row, []).append(run)
@@ -227,18 +250,19 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         by_row.setdefault(row, [])  # a scored row without runs is a line too: its verdict says so
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
     drops = {(r.row, r.seed): run_convergence(r, convergence) for r in runs if r.completed}
-    early = {(r.row, r.seed): run_points(r) for r in runs if r.completed}
+    early = {(r.row, r.seed): run_points(r, stability) for r in runs if r.completed}
+    taken = read_points(stability)
     files = _Files()
     tested = _bootstrap(completed, files)
     records, values, floors = [], {}, {}
-    points: dict[float, dict] = {f: {} for f in EARLY}
+    points: dict[float, dict] = {f: {} for f in taken}
     for row in row_order(set(by_row)):
         rs = by_row[row]
         done = sorted(completed[row].values(), key=lambda r: r.seed)
         ppls = [float(r.metrics.dev_ppl) for r in done if r.metrics.dev_ppl is not None]
         bleus = [float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None]
         values[row] = {"ppl": ppls, "bleu": bleus}
-        for f in EARLY:  # the seeds with a validation at the point (a run without one is left out there)
+        for f in taken:  # the seeds with validations at the point (a run without them is left out there)
             points[f][row] = {m: [early[(row, r.seed)][(m, f)] for r in done if (m, f) in early[(row, r.seed)]]
                               for m in CURVE_OF}  # fmt: skip
         ppl, ppl_std = _mean_std(ppls)
@@ -273,7 +297,7 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     cis = [_ci_pct(values[r]["ppl"], base_ppls) if r != "base" else (np.nan, np.nan) for r in df["row"]]
     df["delta_ppl_ci_low"] = [c[0] for c in cis]
     df["delta_ppl_ci_high"] = [c[1] for c in cis]
-    cell = verdicts.Cell(preset, values, points, floors) if preset else None
+    cell = verdicts.Cell(preset, values, points, floors, _params(values, preset)) if preset else None
     judged = verdicts.judge(preset, values, points, floors) if preset else {}
     set_verdicts(df, judged)
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
@@ -287,6 +311,8 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
                 "dev_tok_bleu": r.metrics.dev_tok_bleu,
                 **{f"{m}_{suffix}": early.get((r.row, r.seed), {}).get((m, f), np.nan) for m in CURVE_OF
                    for f, suffix in EARLY.items()},
+                "ppl_100": early.get((r.row, r.seed), {}).get(("ppl", 1.0), r.metrics.dev_ppl if r.completed
+                                                               else np.nan),
                 "params": r.metrics.params, "train_time_s": r.metrics.train_time_s,
                 "last_drop": drops.get((r.row, r.seed), np.nan), "commit": r.metrics.commit,
                 "dirty": r.metrics.dirty, "predictions_sha256": r.metrics.predictions_sha256,
@@ -295,8 +321,8 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         ],
         columns=RUN_COLUMNS,
     )  # fmt: skip
-    for k in ("dev_ppl", "dev_bleu", "dev_tok_bleu", "train_time_s", "last_drop", "ppl_75", "ppl_87.5", "bleu_75",
-              "bleu_87.5"):
+    for k in ("dev_ppl", "dev_bleu", "dev_tok_bleu", "train_time_s", "last_drop", "ppl_75", "ppl_87.5", "ppl_100",
+              "bleu_75", "bleu_87.5"):
         runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
     runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
     runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")
@@ -316,17 +342,19 @@ def set_verdicts(df: pd.DataFrame, judged: dict) -> None:
                                   for r in df["row"]]  # fmt: skip
     df["margin_pct"] = [100 * (np.exp(judged[r].margin) - 1) if r in judged and judged[r].margin else np.nan
                         for r in df["row"]]  # fmt: skip
+    df["center_pct"] = [100 * (np.exp(judged[r].center) - 1) if r in judged and judged[r].center else np.nan
+                        for r in df["row"]]  # fmt: skip
 
 
 def rounded(df: pd.DataFrame) -> pd.DataFrame:
     """The CSV's numbers: BLEU, PPL, params and deltas to 2 decimals, p to 4 significant digits' worth."""
     out = df.copy()
     for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu", "delta_ppl_pct",
-              "paper_delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "margin_pct", "slope_pct", "ci_low_pct",
-              "ci_high_pct"):  # fmt: skip
+              "paper_delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "margin_pct", "center_pct", "slope_pct",
+              "ci_low_pct", "ci_high_pct"):  # fmt: skip
         if k in out:
             out[k] = pd.to_numeric(out[k]).astype("float64").round(2) + 0.0  # + 0.0: no "-0.0" where it rounds to 0
-    for k in ("bootstrap_p", "last_drop", "dev_ppl", "ppl_75", "ppl_87.5"):
+    for k in ("bootstrap_p", "last_drop", "dev_ppl", "ppl_75", "ppl_87.5", "ppl_100"):
         if k in out:
             out[k] = out[k].round(4)
     for k in ("p", "p_holm", "p_holm_75", "p_holm_87.5"):

@@ -37,6 +37,14 @@ from aiayn.reports import stats
 # (from the dev perplexity logged during training) and the final evaluation (100%).
 STABILITY = (0.75, 0.875, 1.0)
 
+# How a run's number at each point is read from its curve (a preset's `stability`, fixed before its runs):
+# - "nearest": the one validation nearest the point (100%: the final evaluation); evidence v5, the main job;
+# - "median3": the median of the three validations nearest the point (100%: the last three, the final evaluation
+#   among them), so that one bad validation of one seed cannot decide a point (evidence v6: v5's C7 was `not stable`
+#   on one validation 6.5% above its neighbours).
+READINGS = ("nearest", "median3")
+WINDOW = 3  # validations a "median3" point reads
+
 
 def last_quarter_drop(curve: pd.DataFrame, metric: str = "val/ppl") -> float:
     """How much `metric` fell over the last quarter of the curve, as a fraction of its value there (negative: it
@@ -94,13 +102,19 @@ def rule_text(rule: str = "endpoints") -> str:
     )
 
 
-def stability_text() -> str:
-    """The stability rule in words, as the reports print it."""
+def stability_text(reading: str = "nearest") -> str:
+    """The stability rule in words, as the reports print it (`reading`: READINGS, the preset's)."""
     points = ", ".join(f"{f:.1%}".replace(".0%", "%") for f in STABILITY)
+    if reading == "median3":
+        where = (f"at {points} of the budget, each seed read as the median of its {WINDOW} validations nearest the "
+                 f"point (dev perplexity logged during training; 100%: the last {WINDOW}, the final evaluation "
+                 "among them, so that no point rests on one validation)")  # fmt: skip
+    else:
+        where = (f"at the validations nearest {points} of the budget (dev perplexity logged during training; 100%: "
+                 "the final evaluation)")  # fmt: skip
     return (
-        f"stability: every test is made again at the validations nearest {points} of the budget (dev perplexity "
-        "logged during training; 100%: the final evaluation), each time Holm-adjusted over the family; a test passes "
-        "only when it passes at all three, and a one-seed sign counts only when it is the same at all three"
+        f"stability: every test is made again {where}, each time Holm-adjusted over the family; a test passes only "
+        "when it passes at all three, and a one-seed sign counts only when it is the same at all three"
     )
 
 
@@ -118,6 +132,28 @@ def point_step(steps, budget: int, fraction: float) -> int | None:
         return None
     target = fraction * budget
     return min(reversed(steps), key=lambda s: abs(s + 1 - target))
+
+
+def point_steps(steps, budget: int, fraction: float, reading: str = "nearest") -> list[int]:
+    """The logged steps a point of the stability rule reads (`reading`: READINGS), in order: the one nearest
+    `fraction` of `budget` ("nearest", as `point_step`) or the WINDOW nearest ("median3"); ties go to the later."""
+    if reading not in READINGS:
+        raise ValueError(f"unknown stability reading {reading!r}; one of {', '.join(READINGS)}")
+    target = fraction * budget
+    by_distance = sorted(sorted({int(s) for s in steps}, reverse=True), key=lambda s: abs(s + 1 - target))
+    return sorted(by_distance[: 1 if reading == "nearest" else WINDOW])
+
+
+def point_value(values: dict, budget: int, fraction: float, reading: str = "nearest") -> float | None:
+    """A run's number at one point of the stability rule from its curve (`values`: logged step -> dev number): the
+    validation nearest the point, or the median of the WINDOW nearest (READINGS). None where the curve has too few
+    validations there, or one of them more than a sixteenth of the budget from the point: a run that logged too
+    few validations is not testable at that point."""
+    chosen = point_steps(values, budget, fraction, reading)
+    need = 1 if reading == "nearest" else WINDOW
+    if len(chosen) < need or any(abs(s + 1 - fraction * budget) > 0.0625 * budget for s in chosen):
+        return None
+    return float(np.median([float(values[s]) for s in chosen]))
 
 
 def smoothing_floor(eps_ls: float, vocab_size: int) -> float:
@@ -172,6 +208,7 @@ class Verdict:
     points: tuple[Point, ...] = ()  # the test at each point of the stability rule (STABILITY), 100% last
     tost_low: float = math.nan  # an equivalence's 90% interval of delta_worse (TOST at α 0.05 is it inside ±margin)
     tost_high: float = math.nan
+    center: float = 0.0  # an equivalence's predicted difference in the metric's scale (log PPL), as registered
 
     @property
     def passed(self) -> bool:
@@ -194,9 +231,18 @@ class Cell:
     values: dict
     points: dict = field(default_factory=dict)
     floors: dict = field(default_factory=dict)
+    # row -> its parameter count as the preset resolves it (what "more parameters help" predicts from)
+    params: dict = field(default_factory=dict)
+    # the predictions.csv text whose lines for this preset are judged (None: today's file); an earlier attempt is
+    # judged by its own registration, as committed before its runs
+    registration: str | None = None
 
     def at(self, fraction: float) -> dict:
-        return self.values if fraction == STABILITY[-1] else self.points.get(fraction, {})
+        """Per row, the per-seed numbers the tests read at `fraction` of the budget: the earlier points' readings, and
+        at 100% the final evaluation (or its own reading where the preset reads a window there, `median3`)."""
+        if fraction in self.points:
+            return self.points[fraction]
+        return self.values if fraction == STABILITY[-1] else {}
 
 
 def _worse_by(metric: str, row: list[float], base: list[float]) -> float:
@@ -245,21 +291,48 @@ def _test(pred: Prediction, mine: list[float], base: list[float]) -> _Test:
     a, b = _sample(pred.metric, mine), _sample(pred.metric, base)
     margin = _metric_margin(pred)
     _, low, high = stats.welch_ci(a, b)
-    p_diff = stats.welch_p(a, b)
-    p = stats.tost_p(a, b, margin) if pred.equivalence else p_diff
+    # an equivalence is to its registered center (0: base itself); its refutation, a difference from that center
+    shifted = [x - _metric_center(pred) for x in a]
+    p_diff = stats.welch_p(shifted, b) if pred.equivalence else stats.welch_p(a, b)
+    p = stats.tost_p(shifted, b, margin) if pred.equivalence else p_diff
     tost = stats.welch_ci(a, b, level=1 - 2 * stats.ALPHA)[1:] if pred.equivalence else (math.nan, math.nan)
     return _Test(pred, _worse_by(pred.metric, mine, base), p, p_diff, len(mine), len(base), (low, high), margin,
                  tost)  # fmt: skip
 
 
-def every_change_hurts(pred: Prediction) -> Prediction:
+def every_change_hurts(pred: Prediction, cell: Cell | None = None) -> Prediction:
     """The trivial guess: every scored row worse than base, in the metric the row is scored on."""
     return Prediction(pred.row, pred.metric, "worse", "every change hurts") if pred.scored else pred
 
 
+def more_parameters_help(pred: Prediction, cell: Cell) -> Prediction:
+    """The sharper naive guess a reviewer proposes first (issue 43): a row with more parameters than base is better,
+    every other change (as many parameters or fewer) worse, by its parameter count at the preset against base's
+    (`Cell.params`). Where either count is unknown it makes no prediction (the test is not scored for it)."""
+    if not pred.scored:
+        return pred
+    mine, base = cell.params.get(pred.row), cell.params.get("base")
+    if mine is None or base is None:
+        return Prediction(pred.row, None, "not scored", "parameter count unknown")
+    return Prediction(pred.row, pred.metric, "better" if mine > base else "worse", "more parameters help")
+
+
+# The naive baselines every report judges on the same numbers by the same rules as the registered predictions:
+# name (the JSON's key) -> (what the reports call it, the predictor)
+BASELINES = {
+    "every_change_hurts": ("every change hurts", every_change_hurts),
+    "more_parameters_help": ("more parameters help, every other change hurts", more_parameters_help),
+}
+
+
+def judge_baselines(cells: list[Cell]) -> dict[str, dict]:
+    """name -> (preset, row) -> Verdict: each of BASELINES judged on the cells' numbers by `judge_cells`."""
+    return {name: judge_cells(cells, predict) for name, (_, predict) in BASELINES.items()}
+
+
 def _registered(cell: Cell, predict) -> dict[str, Prediction]:
-    preds = predictions(cell.preset)
-    return {row: predict(p) for row, p in preds.items()} if predict else preds
+    preds = predictions(cell.preset) if cell.registration is None else predictions(cell.preset, cell.registration)
+    return {row: predict(p, cell) for row, p in preds.items()} if predict else preds
 
 
 def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, str], tuple[_Test, float, str]]:
@@ -305,8 +378,8 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
     family over every cell's pre-registered tests (a suite such as `evidence` with its data-limited cell), at each
     point of the stability rule. An equivalence counts only where its own cell shows a row predicted worse
     significantly worse at the same point (assay sensitivity); it is refuted when Welch's difference test,
-    Bonferroni-adjusted over the family, is significant. `predict`: another predictor's predictions instead of the
-    registered ones (`every_change_hurts`), judged on the same numbers by the same rules."""
+    Bonferroni-adjusted over the family, is significant. `predict(prediction, cell)`: another predictor's predictions
+    instead of the registered ones (BASELINES), judged on the same numbers by the same rules."""
     out: dict[tuple[str, str], Verdict] = {}
     for cell in cells:
         for row, pred in _registered(cell, predict).items():
@@ -322,10 +395,19 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
                              at[f][key][0].n_base) for f in STABILITY)  # fmt: skip
         out[key] = Verdict(key[1], t.pred.metric, t.pred.predicted, t.worse, t.p, p_holm,
                            stable_verdict([p.verdict for p in points]), t.n_row, t.n_base, *t.ci, t.margin,
-                           cell=key[0], points=points, tost_low=t.tost_ci[0], tost_high=t.tost_ci[1])  # fmt: skip
+                           cell=key[0], points=points, tost_low=t.tost_ci[0], tost_high=t.tost_ci[1],
+                           center=_metric_center(t.pred))  # fmt: skip
     order = {row: i for i, row in enumerate(load_rows())}
     cell_order = [c.preset for c in cells]
     return dict(sorted(out.items(), key=lambda kv: (cell_order.index(kv[0][0]), order.get(kv[0][1], len(order)))))
+
+
+def _metric_center(pred: Prediction) -> float:
+    """An equivalence's center in the tested scale, oriented as `_sample` (positive: worse): log(1 + c) on dev
+    log-PPL for a relative center c on PPL; on BLEU, -c points (a center of +1 BLEU is 1 better)."""
+    if pred.center is None:
+        return 0.0
+    return math.log1p(pred.center) if pred.metric == "ppl" else -pred.center
 
 
 def _metric_margin(pred: Prediction) -> float | None:
@@ -371,16 +453,41 @@ def why(v: Verdict) -> str:
     return f"{v.verdict} at 100% ({each})"
 
 
-def score(verdicts: dict, trivial: dict | None = None) -> dict:
+def _name(key: tuple[str, str], cells: set[str]) -> str:
+    return key[1] if len(cells) <= 1 else f"{key[1]} [{key[0]}]"
+
+
+def baseline_score(verdicts: dict, judged: dict) -> dict:
+    """One baseline's score on the registered tests (`judged`: its verdicts on the same numbers): how many it passes
+    and agrees with in sign, the tests where it predicts otherwise than the registration, and which of those went
+    to either side."""
+    scored = {(v.cell, v.row): v for v in verdicts.values() if v.predicted in SCORED}
+    theirs = {(v.cell, v.row): v for v in judged.values()}
+    mine = {k: theirs[k] for k in scored if k in theirs and theirs[k].predicted in SCORED}
+    cells = {k[0] for k in scored}
+    differ = [k for k in scored if k in mine and mine[k].predicted != scored[k].predicted]
+    return {
+        "passed": sum(v.passed for v in mine.values()),
+        "agree": sum(v.verdict in (stats.SIGNIFICANT_AGREE, stats.AGREE) for v in mine.values()),
+        "scored": len(mine),
+        "predictions": {_name(k, cells): v.predicted for k, v in mine.items()},
+        "verdicts": {_name(k, cells): v.verdict for k, v in mine.items()},
+        "differs_on": [_name(k, cells) for k in differ],
+        "passed_where_registered_did_not": [_name(k, cells) for k in differ if mine[k].passed and not scored[k].passed],
+        "registered_passed_where_it_did_not": [_name(k, cells) for k in differ
+                                               if scored[k].passed and not mine[k].passed],
+    }  # fmt: skip
+
+
+def score(verdicts: dict, baselines: dict | None = None) -> dict:
     """The table's verdict in numbers: scored tests, how many passed as pre-registered (significant in the predicted
-    direction, or equivalent with assay sensitivity, at every point of the stability rule), how many agree in sign,
-    and what trivial predictors score on the same set: "every change hurts" judged on the same numbers by the same
-    rules (`trivial`, from `judge_cells(cells, every_change_hurts)`), and random signs on the directional tests."""
+    direction, or equivalent with assay sensitivity, at every point of the stability rule), how many agree in sign;
+    each naive baseline judged on the same numbers by the same rules (`baselines`: name -> its verdicts, from
+    `judge_baselines`; BASELINES), and random signs on the directional tests."""
     scored = [v for v in verdicts.values() if v.predicted in SCORED]
     count = {name: sum(v.verdict == name for v in scored) for name in stats.VERDICTS}
     directional = [v for v in scored if v.predicted in ("worse", "better")]
     agreeing = count[stats.SIGNIFICANT_AGREE] + count[stats.AGREE]
-    hurts = [v for v in (trivial or {}).values() if v.predicted in SCORED]
     return {
         "scored": len(scored),
         "passed": sum(v.passed for v in scored),
@@ -388,12 +495,9 @@ def score(verdicts: dict, trivial: dict | None = None) -> dict:
         "significant_agree": count[stats.SIGNIFICANT_AGREE],
         "equivalent": count[stats.EQUIVALENT],
         "counts": count,
-        "trivial": {
-            **stats.trivial_scores([v.predicted == "worse" for v in directional], agreeing),
-            "every_change_hurts_passed": sum(v.passed for v in hurts) if trivial is not None else None,
-            "every_change_hurts_agree": sum(v.verdict in (stats.SIGNIFICANT_AGREE, stats.AGREE) for v in hurts)
-            if trivial is not None else None,
-        },
+        "baselines": {name: {"label": BASELINES[name][0], **baseline_score(verdicts, judged)}
+                      for name, judged in (baselines or {}).items()},
+        "random_signs": stats.random_signs(len(directional), agreeing),
         "checks": [
             {"row": v.row, "cell": v.cell, "floor": v.floor, "ppl": v.ppl, "verdict": v.verdict}
             for v in verdicts.values() if v.predicted == "check"

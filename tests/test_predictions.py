@@ -13,11 +13,11 @@ def test_candidates_are_the_rows_whose_paper_delta_is_beyond_its_noise():
     # by hand from the paper's Table 3 (base 25.8 BLEU, 4.92 PPL; 1.5% of 4.92 = 0.0738):
     # A1 -0.9/+0.37, A2 -0.3/+0.08, A4 -0.4/+0.09, B1 -0.7/+0.24, B2 -0.4/+0.09, C1 -2.1/+1.19, C2 -0.5/+0.27,
     # C4 -1.3/+0.83, C5 +0.2/-0.26, C6 -0.4/+0.20, C7 +0.4/-0.17, D1 -1.2/+0.85, D3 -0.5/-0.25, D4 -0.1/+0.55;
-    # A3 0/-0.01, C3 -0.3/-0.04, D2 -0.3/+0.03, E1 -0.1/0 under both; big: reference
+    # A3 0/-0.01, C3 -0.3/-0.04, D2 -0.3/+0.03, E1 -0.1/0 under both; big +0.6/-0.59
     assert P.candidates() == {
         "A1": ("bleu", "ppl"), "A2": ("ppl",), "A4": ("ppl",), "B1": ("bleu", "ppl"), "B2": ("ppl",),
         "C1": ("bleu", "ppl"), "C2": ("bleu", "ppl"), "C4": ("bleu", "ppl"), "C5": ("ppl",), "C6": ("ppl",),
-        "C7": ("ppl",), "D1": ("bleu", "ppl"), "D3": ("bleu", "ppl"), "D4": ("ppl",),
+        "C7": ("ppl",), "D1": ("bleu", "ppl"), "D3": ("bleu", "ppl"), "D4": ("ppl",), "big": ("bleu", "ppl"),
     }  # fmt: skip
     assert P.equivalence_candidates() == ("A3", "C3", "D2", "E1")
 
@@ -53,10 +53,12 @@ def test_the_scored_sets():
     assert P.scored_rows("tiny") == ["A1", "C1", "C4"]
     # v4 and v5: issue 29's twelve tests, eleven here and D1 in its data-limited cell tiny-2k; v5 spends label
     # smoothing's checks on A1's and B2's seeds (issue 36)
-    assert P.scored_rows("evidence") == ["A1", "A3", "A4", "B1", "B2", "C1", "C4", "C5", "C6", "C7", "E1"]
+    # v6 (issue 43): v5's eleven and big (better, at base's budget); E1 equivalent to what its parameters buy
+    assert P.scored_rows("evidence") == ["A1", "A3", "A4", "B1", "B2", "C1", "C4", "C5", "C6", "C7", "E1", "big"]
     assert PRESETS["evidence"].cells == ("tiny-2k",)
     assert [r for r, p in P.predictions("evidence").items() if p.check] == []
-    assert {r: p.seeds for r, p in P.predictions("evidence").items() if p.seeds} == {"A1": 12, "B2": 6}
+    assert {r for r, p in P.predictions("evidence").items() if not p.scored} == {
+        "A2", "C2", "C3", "D1", "D2", "D3", "D4"}  # fmt: skip
     # the main job v4 (issue 36): a row predicted better, which "every change hurts" cannot pass
     assert P.scored_rows("quick") == ["C1", "C4", "C5"]
     assert {r: p.predicted for r, p in P.predictions("quick").items() if p.scored} == {
@@ -77,11 +79,14 @@ def test_the_scored_sets():
         ("tiny,A1,ppl,worse,0.01,x", "only an equivalent row has a margin"),
         ("tiny,A1,ppl,worse,,x,0", "seeds must be a whole number of at least 1"),
         ("tiny,A1,ppl,worse,,x,two", "seeds must be a whole number of at least 1"),
+        ("tiny,A1,ppl,worse,,x,,0.01", "only an equivalent row has a center"),
+        ("tiny,A3,ppl,equivalent,0.01,x,,-2", "center must be a fraction between -1 and 1"),
+        ("tiny,A3,ppl,equivalent,0.01,x,,far", "center is a relative difference"),
     ],
 )
 def test_a_bad_line_is_one_line_naming_the_file_and_line(tmp_path, line, message):
     path = tmp_path / "p.csv"
-    path.write_text("preset,row,metric,predicted,margin,reason,seeds\n" + line + "\n")
+    path.write_text("preset,row,metric,predicted,margin,reason,seeds,center\n" + line + "\n")
     with pytest.raises(UserError, match=message) as e:
         P._read(path)
     assert f"{path} line 2" in str(e.value) and "\n" not in str(e.value)
@@ -90,12 +95,18 @@ def test_a_bad_line_is_one_line_naming_the_file_and_line(tmp_path, line, message
 def test_a_registration_fingerprint_moves_with_its_own_lines_only():
     text = P.PREDICTIONS_FILE.read_text(encoding="utf-8")
     assert P.registration_sha256("evidence", text) == P.registration_sha256("evidence")
-    other = text + 'laptop,C4,ppl,worse,,,"a line of another preset"\n'
+    other = text + 'laptop,C4,ppl,worse,,,,"a line of another preset"\n'
     assert P.registration_sha256("evidence", other) == P.registration_sha256("evidence")
     changed = text.replace("evidence,A3,ppl,equivalent,0.0125,", "evidence,A3,ppl,equivalent,0.02,")
     assert changed != text and P.registration_sha256("evidence", changed) != P.registration_sha256("evidence")
     assert P.registration_sha256("no-such-preset") is None
-    # a row's registered seeds are part of what was registered; a preset that registers none keeps its fingerprint
-    more = text.replace("evidence,A1,ppl,worse,,12,", "evidence,A1,ppl,worse,,16,")
+    # a row's registered seeds and center are part of what was registered; a preset that registers none keeps its
+    # fingerprint
+    seeds = P.predictions("evidence")["C5"].seeds
+    line = f"evidence,C5,ppl,better,,,{seeds or ''},"
+    assert line in text
+    more = text.replace(line, f"evidence,C5,ppl,better,,,{(seeds or 0) + 5},")
     assert more != text and P.registration_sha256("evidence", more) != P.registration_sha256("evidence")
     assert P.registration_sha256("tiny", more) == P.registration_sha256("tiny")
+    moved = text.replace("evidence,E1,ppl,equivalent,0.0125,-0.0272,", "evidence,E1,ppl,equivalent,0.0125,-0.03,")
+    assert moved != text and P.registration_sha256("evidence", moved) != P.registration_sha256("evidence")

@@ -134,8 +134,11 @@ def test_provenance_beside_the_csvs(report):
     assert doc["predictions"] == "ablations/predictions.csv" and "never used as a gate" in doc["last_quarter_fall"]
     assert "nearest 75%, 87.5%, 100% of the budget" in doc["stability_rule"]
     assert (doc["score"]["scored"], doc["score"]["agree"], doc["score"]["significant_agree"]) == (5, 3, 1)
-    hurts = doc["score"]["trivial"]
-    assert (hurts["every_change_hurts_passed"], hurts["every_change_hurts_agree"]) == (1, 2)
+    baselines = doc["score"]["baselines"]
+    assert sorted(baselines) == ["every_change_hurts", "more_parameters_help"]  # clearly named, one score each
+    hurts = baselines["every_change_hurts"]
+    assert (hurts["passed"], hurts["agree"], hurts["differs_on"]) == (1, 2, ["D3"])
+    assert doc["score"]["random_signs"] == {"directional_tests": 5, "expected_agree": 2.5, "p_at_least_as_many": 0.5}
     assert doc["score"]["passed"] == 1 and doc["cells"] == []
     # the fixture's runs predate provenance: none recorded a commit, and the report says so
     assert doc["runs_recorded"] == {"commits": [], "dirty_runs": [], "unrecorded_runs": 13, "predictions_sha256": []}
@@ -185,10 +188,14 @@ def test_notes(report):
     assert (
         "- Score: 1 of 5 pre-registered tests pass (1 significant in the predicted direction, 0 equivalent); 2 more "
         "agree in sign without significance, 1 disagree (0 significantly), 1 inconclusive, 0 equivalent without assay "
-        'sensitivity (not counted), 0 not stable. "Every change hurts", judged on the same numbers by the same rules, '
-        "passes 1 of 5 and agrees in sign on 2; on the 5 directional tests random signs agree on 2.5 on average, and "
-        "on 3 or more with probability 0.500."
+        'sensitivity (not counted), 0 not stable. Judged on the same numbers by the same rules, "every change hurts" '
+        'passes 1 of 5 and agrees in sign on 2 and "more parameters help, every other change hurts" passes 1 of 5 and '
+        "agrees in sign on 2; on the 5 directional tests random signs agree on 2.5 on average, and on 3 or more with "
+        "probability 0.500."
     ) in md
+    # the report's first lines: the score and both baselines beside it
+    assert md.splitlines()[4].startswith('**Score: 1 of 5 pre-registered tests pass.** Judged on the same numbers by '
+                                         'the same rules, "every change hurts" passes 1 (level with the registration')
     assert ("  - C1: the predicted sign at every point, without a test that could make it significant (75%: agree "
             "(Holm p 0.2); 87.5%: significant agree (Holm p 0.0012); 100%: agree (Holm p 0.095))") in md
     assert md.index("**Key.**") < md.index("## Notes")  # the key under the table
@@ -419,7 +426,8 @@ def test_the_verdict_is_printed_in_one_line(report, capsys):
     err = capsys.readouterr().err
     assert (
         "table3-tiny: base dev PPL 5.100, BLEU 20.30; 1 of 5 pre-registered tests pass (1 significant, "
-        "0 equivalent; 1 disagree, 0 not stable, 1 inconclusive); every-change-hurts: 1 of 5"
+        "0 equivalent; 1 disagree, 0 not stable, 1 inconclusive); every change hurts: 1 of 5; more parameters help, "
+        "every other change hurts: 1 of 5"
     ) in err
 
 

@@ -64,11 +64,11 @@ def test_each_verdict(delta_worse, predicted_worse, p_holm, n_row, n_base, expec
     assert stats.verdict(delta_worse, predicted_worse, p_holm, n_row, n_base) == expected
 
 
-def test_trivial_predictors_on_the_same_set():
-    t = stats.trivial_scores([True, True, True, True, False], agreeing=5)
-    assert (t["n"], t["every_change_hurts"], t["random_expected"]) == (5, 4, 2.5)
-    assert t["random_p"] == 1 / 32  # all 5 signs right by chance
-    assert stats.trivial_scores([True] * 10, agreeing=9)["random_p"] == 11 / 1024  # 9 or 10 of 10
+def test_random_signs_on_the_same_set():
+    t = stats.random_signs(5, agreeing=5)
+    assert (t["directional_tests"], t["expected_agree"]) == (5, 2.5)
+    assert t["p_at_least_as_many"] == 1 / 32  # all 5 signs right by chance
+    assert stats.random_signs(10, agreeing=9)["p_at_least_as_many"] == 11 / 1024  # 9 or 10 of 10
     assert stats.binomial_tail(0, 7) == 1.0
 
 
@@ -152,12 +152,14 @@ def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkey
     assert out["D4"].delta_worse == pytest.approx(20.175 - 19.0)  # BLEU points below base's mean
     assert out["A1"].delta_worse == pytest.approx(np.mean(np.log([6.0, 6.2, 6.1])) - np.mean(np.log(base["ppl"])))
     trivial = verdicts.judge_cells([verdicts.Cell("any", values, held(values))], verdicts.every_change_hurts)
-    summary = verdicts.score(out, trivial)
+    summary = verdicts.score(out, {"every_change_hurts": trivial})
     assert (summary["scored"], summary["agree"]) == (5, 3 if c1 == stats.AGREE else 3)
     # "every change hurts" on the same numbers: it passes A1, C1 where significant, and D3 (significantly worse,
     # which the registered "better" fails)
-    hurts = summary["trivial"]["every_change_hurts_passed"]
-    assert hurts == 2 + (c1 == stats.SIGNIFICANT_AGREE) and trivial[("any", "D3")].verdict == stats.SIGNIFICANT_AGREE
+    hurts = summary["baselines"]["every_change_hurts"]
+    assert hurts["passed"] == 2 + (c1 == stats.SIGNIFICANT_AGREE)
+    assert trivial[("any", "D3")].verdict == stats.SIGNIFICANT_AGREE
+    assert hurts["differs_on"] == ["D3"] and hurts["passed_where_registered_did_not"] == ["D3"]
 
 
 def test_the_stability_rule_refuses_a_pass_that_does_not_hold_at_every_point(monkeypatch):
@@ -306,3 +308,47 @@ def test_label_smoothings_floor_is_a_check_never_a_score(monkeypatch):
     below = verdicts.judge("x", {**values, "D4": {"ppl": [1.02, 1.03]}}, floors=floors)
     assert below["D4"].verdict == stats.CHECK_FAILED  # 18% below ε 0.2's floor: as if it were not smoothed at all
     assert verdicts.score(out)["scored"] == 0 and len(verdicts.score(out)["checks"]) == 2
+
+
+def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
+    """Issue 43: "every change hurts" and "more parameters help, every other change hurts" judged on the same numbers
+    by the same rules as the registration. The table: C5 (more parameters) is better, C6 (fewer) worse, A3 (as many)
+    worse, E1 (more: a learned table) as good as base. The registration predicts C5 better, C6 worse, A3 and E1
+    equivalent: it passes C5, C6, E1; "every change hurts" passes C6 and A3 (significantly worse) and fails C5 and E1;
+    "more parameters help" passes C5, C6, A3 and fails E1 (not significantly better)."""
+    from aiayn.ablations import predictions as P
+
+    preds = {
+        "A3": P.Prediction("A3", "ppl", "equivalent", "", margin=0.05),
+        "C5": P.Prediction("C5", "ppl", "better", ""),
+        "C6": P.Prediction("C6", "ppl", "worse", ""),
+        "E1": P.Prediction("E1", "ppl", "equivalent", "", margin=0.05),
+    }
+    monkeypatch.setattr(verdicts, "predictions", lambda preset: preds)
+    base = [5.00, 5.02, 4.98, 5.01, 4.99, 5.00]
+    values = {
+        "base": {"ppl": base},
+        "A3": {"ppl": [x * 1.10 for x in base]},  # 10% worse: outside the 5% margin
+        "C5": {"ppl": [x * 0.80 for x in base]},
+        "C6": {"ppl": [x * 1.20 for x in base]},
+        "E1": {"ppl": [5.01, 5.00, 4.99, 5.02, 4.98, 5.00]},  # within 0.5%: equivalent
+    }
+    params = {"base": 1000, "A3": 1000, "C5": 2000, "C6": 800, "E1": 1100}
+    cells = [verdicts.Cell("any", values, held(values), params=params)]
+    family = verdicts.judge_cells(cells)
+    baselines = verdicts.judge_baselines(cells)
+    assert {k[1]: v.predicted for k, v in baselines["more_parameters_help"].items()} == {
+        "A3": "worse", "C5": "better", "C6": "worse", "E1": "better"}  # fmt: skip
+    s = verdicts.score(family, baselines)
+    assert s["passed"] == 3
+    hurts, params_help = s["baselines"]["every_change_hurts"], s["baselines"]["more_parameters_help"]
+    assert (hurts["passed"], params_help["passed"]) == (2, 3)
+    assert hurts["differs_on"] == ["A3", "C5", "E1"]
+    assert hurts["registered_passed_where_it_did_not"] == ["C5", "E1"]
+    assert hurts["passed_where_registered_did_not"] == ["A3"]
+    assert params_help["differs_on"] == ["A3", "E1"]
+    assert params_help["passed_where_registered_did_not"] == ["A3"]
+    assert params_help["registered_passed_where_it_did_not"] == ["E1"]
+    # a row whose parameter count is unknown gets no prediction from it (not scored for it)
+    unknown = verdicts.judge_baselines([verdicts.Cell("any", values, held(values), params={"base": 1000})])
+    assert all(v.predicted == "not scored" for v in unknown["more_parameters_help"].values())
