@@ -11,8 +11,8 @@ One line per (preset, row) that a preset scores, checks or declares not testable
   1.25% of dev PPL), fixed with the prediction;
 - `center`: for `equivalent` only, where the regime itself predicts a difference the paper's claim does not speak
   to (blank: none, equivalence to base): the relative difference the row is predicted equivalent to, within
-  `margin` (E1 at d_model 32: -0.0272, the change its learned table's parameters make by themselves), derived by a
-  rule the reason states;
+  `margin` (e.g. -0.0272 for a row whose extra parameters alone are expected to make it 2.72% better), derived by
+  a rule the reason states;
 - `seeds`: how many seeds the row trains in a sweep of its preset, where the registration sets it (the power each
   test was given before its runs; blank: the preset's `seeds`, or `base_seeds` for an equivalence);
 - `reason`: why, wherever the prediction is not simply the paper's sign (a regime that predicts otherwise, a

@@ -92,8 +92,8 @@ def test_a_spike_cannot_decide_a_median_point_but_decides_a_nearest_one():
 
 
 def test_e1s_center_is_recomputed_from_v5s_other_rows(v5):
-    """E1's registered center: the elasticity of dev PPL on the parameter count along v5's d_ff series (base, C6, C7)
-    times the log ratio of E1's parameters to base's, rounded to the registered four decimals."""
+    """E1's center as its registered reason derives it: the elasticity of dev PPL on the parameter count along v5's
+    d_ff series (base, C6, C7) times the log ratio of E1's parameters to base's; the reason quotes both numbers."""
     runs, _ = v5["evidence"]
     series = runs[runs["row"].isin(["base", "C6", "C7"]) & (runs["status"] == "completed")]
     assert len(series) == 16
@@ -103,7 +103,23 @@ def test_e1s_center_is_recomputed_from_v5s_other_rows(v5):
     assert round(elasticity, 3) == -0.167
     center = math.expm1(elasticity * math.log(ratio))
     e1 = predictions("evidence")["E1"]
-    assert (round(center, 4), e1.center, e1.margin) == (-0.0272, -0.0272, 0.0125)
+    assert round(center, 4) == -0.0272 and "-2.72%" in e1.reason and "-0.167" in e1.reason
+
+
+def test_e1_is_undecidable_at_this_width_as_its_reason_says(v5):
+    """Why E1 is not scored in v6: its capacity-centered equivalence, at v5's own numbers, has 90% intervals at the
+    three points that cross the band's edges with v5's 8 seeds a side (v5: -3.1%, -2.2%, -2.2%)."""
+    runs, curves = v5["evidence"]
+    cell = rejudge.cell(runs, curves, "evidence", "median3")
+    low, high = math.log1p(-0.0272) - math.log1p(0.0125), math.log1p(-0.0272) + math.log1p(0.0125)
+    inside = []
+    for f in verdicts.STABILITY:
+        at = cell.at(f)
+        d, lo, hi = stats.welch_ci(np.log(at["E1"]["ppl"]), np.log(at["base"]["ppl"]), level=0.9)
+        inside.append(low < lo and hi < high)
+        assert low < d < high  # the point estimate is inside the band at every point
+    assert inside == [False, False, False]
+    assert predictions("evidence")["E1"].predicted == "not scored"
 
 
 def test_v6_trains_every_row_at_the_same_budget_and_reads_points_as_medians():
