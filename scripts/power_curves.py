@@ -93,9 +93,38 @@ def design(preset: str, seeds: dict[str, int]) -> dict[str, int]:
     return out
 
 
+WORKERS = 2  # processes the simulated tables are shared among (each its own stream, seed + i)
+
+
 def simulate(cells: dict[str, tuple[Characterization, dict[str, str]]], designs: dict[str, dict[str, int]],
              sims: int, seed: int) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:  # fmt: skip
-    """Per test P(pass) and P(decided); per predictor (the registration, each baseline) its score in every table."""
+    """Per test P(pass) and P(decided); per predictor (the registration, each baseline) its score in every table:
+    `sims` tables in WORKERS processes, worker i drawing sims / WORKERS of them from seed + i."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    shares = [sims // WORKERS + (i < sims % WORKERS) for i in range(WORKERS)]
+    with ProcessPoolExecutor(WORKERS) as pool:
+        parts = list(pool.map(_simulate, [cells] * WORKERS, [designs] * WORKERS, shares,
+                              [seed + i for i in range(WORKERS)]))  # fmt: skip
+    passes: dict = {}
+    decided: dict = {}
+    scores: dict = {}
+    for p, d, sc in parts:
+        for k, v in p.items():
+            passes.setdefault(k, []).extend(v)
+        for k, v in d.items():
+            decided.setdefault(k, []).extend(v)
+        for k, v in sc.items():
+            scores.setdefault(k, []).extend(v)
+    table = pd.DataFrame(
+        [{"cell": k[0], "row": k[1], "seeds": designs[k[0]].get(k[1], 0), "base": designs[k[0]].get("base", 0),
+          "pass": float(np.mean(passes[k])), "decided": float(np.mean(decided[k]))} for k in passes]
+    )  # fmt: skip
+    return table, {k: np.array(v) for k, v in scores.items()}
+
+
+def _simulate(cells, designs, sims: int, seed: int) -> tuple[dict, dict, dict]:
+    """One worker's share: per test its passes and decisions, per predictor its scores, table by table."""
     rng = np.random.default_rng(seed)
     passes: dict[tuple[str, str], list[bool]] = {}
     decided: dict[tuple[str, str], list[bool]] = {}
@@ -126,11 +155,7 @@ def simulate(cells: dict[str, tuple[Characterization, dict[str, str]]], designs:
             if v.predicted in SCORED:
                 passes.setdefault(key, []).append(v.passed)
                 decided.setdefault(key, []).append(v.verdict in DECIDED)
-    table = pd.DataFrame(
-        [{"cell": k[0], "row": k[1], "seeds": designs[k[0]].get(k[1], 0), "base": designs[k[0]].get("base", 0),
-          "pass": float(np.mean(passes[k])), "decided": float(np.mean(decided[k]))} for k in passes]
-    )  # fmt: skip
-    return table, {k: np.array(v) for k, v in scores.items()}
+    return passes, decided, scores
 
 
 def search(cells, designs, sims: int, seed: int, start: int = 3, most: int = 12, least: float = 0.9):
