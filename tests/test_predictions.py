@@ -53,13 +53,15 @@ def test_the_scored_sets():
     assert P.scored_rows("tiny") == ["A1", "C1", "C4"]
     # v4 and v5: issue 29's twelve tests, eleven here and D1 in its data-limited cell tiny-2k; v5 spends label
     # smoothing's checks on A1's and B2's seeds (issue 36)
-    # v6 (issue 43): v5's tests but E1 (undecidable at this width within the time rule), and big (better, at base's
-    # budget)
-    assert P.scored_rows("evidence") == ["A1", "A3", "A4", "B1", "B2", "C1", "C4", "C5", "C6", "C7", "big"]
-    assert PRESETS["evidence"].cells == ("tiny-2k",)
+    # v6 (issue 43): v5's tests but E1 (undecidable at this width) and A1 and tiny-2k's D1 (left out by the time
+    # rule: all three predictors call them worse), and big (better, at base's budget); seeds from v5's curves
+    assert P.scored_rows("evidence") == ["A3", "A4", "B1", "B2", "C1", "C4", "C5", "C6", "C7", "big"]
+    assert PRESETS["evidence"].cells == ()
     assert [r for r, p in P.predictions("evidence").items() if p.check] == []
     assert {r for r, p in P.predictions("evidence").items() if not p.scored} == {
-        "A2", "C2", "C3", "D1", "D2", "D3", "D4", "E1"}  # fmt: skip
+        "A1", "A2", "C2", "C3", "D1", "D2", "D3", "D4", "E1"}  # fmt: skip
+    assert {r: p.seeds for r, p in P.predictions("evidence").items() if p.seeds} == {
+        "A3": 5, "A4": 3, "B1": 3, "B2": 4, "C1": 3, "C4": 3, "C5": 3, "C6": 4, "C7": 4, "big": 3}  # fmt: skip
     # the main job v4 (issue 36): a row predicted better, which "every change hurts" cannot pass
     assert P.scored_rows("quick") == ["C1", "C4", "C5"]
     assert {r: p.predicted for r, p in P.predictions("quick").items() if p.scored} == {
