@@ -54,6 +54,18 @@ class Run:
     def completed(self) -> bool:
         return self.metrics.completed
 
+    @property
+    def budget(self) -> int | None:
+        """Its row's budget at its preset: metrics.json's budget_steps, else (an older aiayn's run) config.json's."""
+        if self.metrics.budget_steps is not None:
+            return self.metrics.budget_steps
+        return self.config.spec.train_steps if self.config is not None else None
+
+    @property
+    def capped(self) -> bool:
+        """Completed short of its budget (`--max-steps`): a look, not the preset's table."""
+        return self.completed and None not in (self.metrics.steps, self.budget) and self.metrics.steps < self.budget
+
 
 @dataclass
 class Scan:

@@ -38,6 +38,7 @@ SIGNIFICANT_DISAGREE = "significant disagree"
 # passed at the end (100% of the budget) but not at an earlier point of the stability rule (reports/verdicts.py): a miss
 NOT_STABLE = "not stable"
 NOT_TESTABLE = "not testable"
+NOT_RUN = "not run"  # scored by the registration, but the runs reported hold no run of the row (a --rows selection)
 NOT_SCORED = "not scored"  # testable, but the preset does not score it (e.g. one seed cannot resolve its effect)
 CHECK_PASSED = "check passed"  # an implementation check (label smoothing's perplexity floor): reported, never scored
 CHECK_FAILED = "check failed"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -215,6 +215,29 @@ def series_slopes(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(lines, columns=SLOPE_COLUMNS)
 
 
+def budget_mismatch(runs: list[Run]) -> dict[str, str]:
+    """row -> why it cannot be compared with base: its completed runs trained another share of their budget than
+    base's ("40 of 1200 steps against base's 30 of 1200"): a capped look that mixes `--max-steps`. Rows trained to
+    their full budgets compare, `big` at 3x included where its preset trains it so."""
+    def share(rs: list[Run]) -> set:
+        return {(r.metrics.steps, r.budget) for r in rs if r.completed and r.budget and r.metrics.steps is not None}
+
+    def text(pairs: set) -> str:
+        return "/".join(f"{s} of {b} steps" for s, b in sorted(pairs))
+
+    by_row: dict[str, list[Run]] = {}
+    for r in runs:
+        by_row.setdefault(r.row, []).append(r)
+    base = share(by_row.get("base", []))
+    fractions = {round(s / b, 6) for s, b in base}
+    out = {}
+    for row, rs in by_row.items():
+        mine = share(rs)
+        if row != "base" and base and mine and {round(s / b, 6) for s, b in mine} != fractions:
+            out[row] = f"{text(mine)} against base's {text(base)}"
+    return out
+
+
 @dataclass(frozen=True)
 class Table3:
     rows: pd.DataFrame  # one line per row that has any run (completed or not), COLUMNS, numbers unrounded
@@ -222,6 +245,7 @@ class Table3:
     verdicts: dict  # row -> verdicts.Verdict, for the rows the preset's pre-registration names
     cell: verdicts.Cell | None = None  # what the verdicts were judged from (a suite judges its cells together)
     slopes: pd.DataFrame | None = None  # series_slopes
+    mismatched: dict = field(default_factory=dict)  # budget_mismatch: rows whose Δ is left blank
 
 
 def _params(rows, preset: str) -> dict[str, int]:
@@ -246,8 +270,9 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     by_row: dict[str, list[Run]] = {}
     for run in runs:
         by_row.setdefault(run.row, []).append(run)
-    for row in scored_rows(preset) if preset else ():
-        by_row.setdefault(row, [])  # a scored row without runs is a line too: its verdict says so
+    absent = frozenset(row for row in (scored_rows(preset) if preset else ()) if row not in by_row)
+    for row in absent:
+        by_row.setdefault(row, [])  # a scored row without runs is a line too: its verdict says so (`not run`)
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
     drops = {(r.row, r.seed): run_convergence(r, convergence) for r in runs if r.completed}
     early = {(r.row, r.seed): run_points(r, stability) for r in runs if r.completed}
@@ -297,8 +322,16 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     cis = [_ci_pct(values[r]["ppl"], base_ppls) if r != "base" else (np.nan, np.nan) for r in df["row"]]
     df["delta_ppl_ci_low"] = [c[0] for c in cis]
     df["delta_ppl_ci_high"] = [c[1] for c in cis]
-    cell = verdicts.Cell(preset, values, points, floors, _params(values, preset)) if preset else None
-    judged = verdicts.judge(preset, values, points, floors) if preset else {}
+    mismatched = budget_mismatch(runs)  # trained to another share of its budget than base: no Δ, no test
+    blank = df["row"].isin(list(mismatched))
+    for col in ("delta_bleu", "delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high"):
+        df[col] = df[col].where(~blank)
+    for row in mismatched:
+        values.pop(row, None)
+        for f in points:
+            points[f].pop(row, None)
+    cell = verdicts.Cell(preset, values, points, floors, _params(values, preset), absent=absent) if preset else None
+    judged = {row: v for (_, row), v in verdicts.judge_cells([cell]).items()} if preset else {}
     set_verdicts(df, judged)
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
     for k in ("bootstrap_seed", "n", *(k for k in MODEL_KEYS if KNOBS[k].type is int)):
@@ -326,7 +359,7 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
     runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
     runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")
-    return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs))
+    return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs), mismatched)
 
 
 def set_verdicts(df: pd.DataFrame, judged: dict) -> None:

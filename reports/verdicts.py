@@ -236,6 +236,9 @@ class Cell:
     # the predictions.csv text whose lines for this preset are judged (None: today's file); an earlier attempt is
     # judged by its own registration, as committed before its runs
     registration: str | None = None
+    # scored rows with no run at all among the runs reported (a sweep of --rows base,C1): `not run`, outside the
+    # family and the score, not "inconclusive" (which is a row whose runs failed or said nothing)
+    absent: frozenset = frozenset()
 
     def at(self, fraction: float) -> dict:
         """Per row, the per-seed numbers the tests read at `fraction` of the budget: the earlier points' readings, and
@@ -342,7 +345,7 @@ def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, st
     for cell in cells:
         values = cell.at(fraction)
         for row, pred in _registered(cell, predict).items():
-            if pred.scored:
+            if pred.scored and row not in cell.absent:
                 mine = values.get(row, {}).get(pred.metric, [])
                 tests[(cell.preset, row)] = _test(pred, mine, values.get("base", {}).get(pred.metric, []))
     adjusted = stats.holm({key: t.p for key, t in tests.items()})
@@ -389,6 +392,9 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
                 label = stats.NOT_TESTABLE if pred.predicted == "not testable" else stats.NOT_SCORED
                 out[(cell.preset, row)] = Verdict(row, None, pred.predicted, math.nan, math.nan, math.nan, label,
                                                   cell=cell.preset)  # fmt: skip
+            elif row in cell.absent:
+                out[(cell.preset, row)] = Verdict(row, pred.metric, pred.predicted, math.nan, math.nan, math.nan,
+                                                  stats.NOT_RUN, cell=cell.preset)  # fmt: skip
     at = {fraction: _judge_at(cells, fraction, predict) for fraction in STABILITY}
     for key, (t, p_holm, _) in at[STABILITY[-1]].items():
         points = tuple(Point(f, at[f][key][0].worse, at[f][key][1], at[f][key][2], at[f][key][0].n_row,
@@ -461,7 +467,7 @@ def baseline_score(verdicts: dict, judged: dict) -> dict:
     """One baseline's score on the registered tests (`judged`: its verdicts on the same numbers): how many it passes
     and agrees with in sign, the tests where it predicts otherwise than the registration, and which of those went
     to either side."""
-    scored = {(v.cell, v.row): v for v in verdicts.values() if v.predicted in SCORED}
+    scored = {(v.cell, v.row): v for v in verdicts.values() if v.predicted in SCORED and v.verdict != stats.NOT_RUN}
     theirs = {(v.cell, v.row): v for v in judged.values()}
     mine = {k: theirs[k] for k in scored if k in theirs and theirs[k].predicted in SCORED}
     cells = {k[0] for k in scored}
@@ -484,12 +490,13 @@ def score(verdicts: dict, baselines: dict | None = None) -> dict:
     direction, or equivalent with assay sensitivity, at every point of the stability rule), how many agree in sign;
     each naive baseline judged on the same numbers by the same rules (`baselines`: name -> its verdicts, from
     `judge_baselines`; BASELINES), and random signs on the directional tests."""
-    scored = [v for v in verdicts.values() if v.predicted in SCORED]
+    scored = [v for v in verdicts.values() if v.predicted in SCORED and v.verdict != stats.NOT_RUN]
     count = {name: sum(v.verdict == name for v in scored) for name in stats.VERDICTS}
     directional = [v for v in scored if v.predicted in ("worse", "better")]
     agreeing = count[stats.SIGNIFICANT_AGREE] + count[stats.AGREE]
     return {
         "scored": len(scored),
+        "not_run": [v.row for v in verdicts.values() if v.verdict == stats.NOT_RUN],
         "passed": sum(v.passed for v in scored),
         "agree": agreeing,
         "significant_agree": count[stats.SIGNIFICANT_AGREE],

@@ -1,7 +1,11 @@
 """The books every sweep keeps the same way, whatever runs its pairs: which (row, seed) pairs are done, which a
 live worker or job holds, which failed and which are pending; which Optuna trials a dead worker left RUNNING.
 
-A pair is *done* when its run directory's metrics.json says completed. It is *claimed* while its holder lives:
+A pair is *done* when its run directory's metrics.json says completed, at the steps the sweep wants of it (its
+row's budget at the preset, or `--max-steps`): a run completed at fewer steps (a capped look, `--max-steps 60`) is
+*short* and the sweep extends it (resuming it, exactly as after a kill: `callbacks.StepCheckpoints`); one completed at
+more steps than wanted cannot be shortened, and a sweep that asks for that is refused in one line
+(`longer_than_wanted`). It is *claimed* while its holder lives:
 a worker process holds the pair's lock (a kernel flock under OUT/.locks/, released when the process dies,
 however it dies) for as long as the pair runs (`LockClaims`), or SLURM holds the array task it was submitted as
 (sweeps/backends/slurm/pairs.py's `SlurmClaims`), or a trainer holds its run directory's lock. Otherwise it
@@ -23,7 +27,7 @@ import os
 import platform
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +40,13 @@ from aiayn.common.files import atomic_write_json
 from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.common.names import check_name
 from aiayn.lightning_modules.data.corpora import corpus_dirname
-from aiayn.lightning_modules.run.rundir import OutDir, RunDir
+from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import changed_since, sweep_key
 
 log = logging.getLogger(__name__)
 
 Pair = tuple[str, int]
-STATES = ("completed", "running", "failed", "diverged", "pruned", "pending")
+STATES = ("completed", "short", "running", "failed", "diverged", "pruned", "pending")
 
 
 def worker_name() -> str:
@@ -120,28 +124,53 @@ class PairState:
     run_dir: str = ""
     dev_bleu: float | None = None  # its result (completed)
     step: int | None = None  # the newest periodic checkpoint's step (not completed: how far it got)
-    steps: int | None = None  # the steps it plans (config.json)
+    steps: int | None = None  # the steps it plans (config.json); completed or short: the steps it trained
     changed: tuple[str, ...] = ()  # completed, but its row resolves otherwise now ("d_model 128 -> 256")
+    budget: int | None = None  # completed or short: its row's budget at its preset (metrics.json's budget_steps)
+    wanted: int | None = None  # short: the steps the sweep asks of it
+
+    @property
+    def capped(self) -> bool:
+        """Completed short of its row's budget (`--max-steps`): a look, not the preset's table."""
+        return self.steps is not None and self.budget is not None and self.steps < self.budget
 
     def to_dict(self) -> dict:
         return {"row": self.row, "seed": self.seed, "state": self.state, "holder": self.holder, "age_s": self.age_s,
                 "error": self.error, "dev_bleu": self.dev_bleu, "run_dir": self.run_dir, "step": self.step,
-                "steps": self.steps, "changed": list(self.changed)}  # fmt: skip
+                "steps": self.steps, "budget": self.budget, "capped": self.capped, "wanted": self.wanted,
+                "changed": list(self.changed)}  # fmt: skip
 
     @property
     def pair(self) -> Pair:
         return self.row, self.seed
 
 
-def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Claims) -> list[PairState]:
-    """The state of each pair, from its run directory and its claim."""
+def budget_of(run: RunDir, metrics: RunMetrics) -> int | None:
+    """The row's budget a completed run was resolved for: metrics.json's budget_steps, else (a run of an older
+    aiayn) its config.json's spec."""
+    if metrics.budget_steps is not None:
+        return metrics.budget_steps
+    try:
+        config = run.read_config()
+    except UserError:
+        return None
+    return config.spec.train_steps if config is not None else None
+
+
+def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Claims,
+           wanted: Mapping[str, int] | None = None) -> list[PairState]:  # fmt: skip
+    """The state of each pair, from its run directory and its claim; `wanted`: row -> the steps the sweep asks of
+    it (a completed run of fewer is `short`; None: whatever it completed at)."""
     now, found = time.time(), []
     for row, seed in pairs:
         run = out.run(preset, corpus, row, seed)
         metrics = run.read_metrics()
         if metrics is not None and metrics.completed:
-            found.append(PairState(row, seed, "completed", run_dir=str(run.path), dev_bleu=metrics.dev_bleu,
-                                   changed=_changed(run)))  # fmt: skip
+            want = (wanted or {}).get(row)
+            short = want is not None and metrics.steps is not None and metrics.steps < want
+            found.append(PairState(row, seed, "short" if short else "completed", run_dir=str(run.path),
+                                   dev_bleu=metrics.dev_bleu, changed=_changed(run), steps=metrics.steps,
+                                   budget=budget_of(run, metrics), wanted=want if short else None))  # fmt: skip
             continue
         held = claims.holder(pair_key(preset, corpus, row, seed))
         if held is None and run.is_training():  # a trainer whose driver died, or `aiayn train` by hand
@@ -162,6 +191,19 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
         else:
             found.append(PairState(row, seed, "pending", **where))
     return found
+
+
+def longer_than_wanted(out: OutDir, preset: str, corpus: str, pairs: list[Pair], wanted: Mapping[str, int]) -> list:
+    """(pair, run directory, steps trained) of every completed run that trained more steps than the sweep asks of it
+    now: a run cannot be shortened, so such a sweep is refused before anything runs."""
+    out_of = []
+    for row, seed in pairs:
+        run = out.run(preset, corpus, row, seed)
+        metrics = run.read_metrics()
+        want = wanted.get(row)
+        if metrics is not None and metrics.completed and want is not None and (metrics.steps or 0) > want:
+            out_of.append(((row, seed), run.path, metrics.steps))
+    return out_of
 
 
 def _changed(run: RunDir) -> tuple[str, ...]:

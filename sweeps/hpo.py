@@ -253,6 +253,7 @@ def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop
         except optuna.TrialPruned as e:
             trial.set_user_attr("pruned", str(e))
             study.tell(trial, state=TrialState.PRUNED)
+            log.info("trial %d: %s, with %s", trial.number, str(e) or "pruned", trial.params)
         except BaseException:
             study.tell(trial, state=TrialState.FAIL)
             raise

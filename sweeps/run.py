@@ -16,6 +16,7 @@ def run_and_report(launches: list[tuple[Backend, Sweep]], *, write_report: Calla
     asked for) where the runs have ended here (`Backend.report_now`), and return the exit status: 0 when every pair
     run completed, 1 when one failed (or diverged, with `fail_on_diverged`)."""
     for backend, sweep in launches:
+        sweep.check_budgets()
         backend.check(sweep)
     summaries = [backend.launch(sweep, sweep.pairs) for backend, sweep in launches]
     total = SweepSummary.total(summaries)

@@ -1,7 +1,8 @@
 """`aiayn status OUT`: the state of every pair of every sweep under OUT, from the books alone (sweeps/books.py):
-completed (with its dev BLEU), running (who holds it: a local worker's host:pid or a SLURM array task, for how
-long, and the step of its newest periodic checkpoint of the steps it plans), failed or diverged (the one-line
-reason its metrics.json gives), pending. Nothing is trained or written."""
+completed (with its dev BLEU, and, where `--max-steps` cut it short of its row's budget, capped), running (who holds
+it: a local worker's host:pid or a SLURM array task, for how long, and the step of its newest periodic checkpoint of
+the steps it plans), failed or diverged (the one-line reason its metrics.json gives), pending. Nothing is trained or
+written."""
 
 from __future__ import annotations
 
@@ -64,6 +65,13 @@ def _step(p: dict) -> str:
     return f", checkpointed at step {p['step']}" + (f" of {p['steps']}" if p.get("steps") else "")
 
 
+def _capped(p: dict) -> str:
+    """'; capped: 60 of its 3000 steps (--max-steps): a look, not the preset's table' for a capped run."""
+    if not p.get("capped"):
+        return ""
+    return f"; capped: {p['steps']} of its {p['budget']} steps (--max-steps): a look, not the preset's table"
+
+
 def render(found: list[dict]) -> str:
     """The human form: one heading per sweep with its counts, one line per pair."""
     lines = []
@@ -74,8 +82,10 @@ def render(found: list[dict]) -> str:
         for p in sweep["pairs"]:
             changed = (f"; its row changed since it ran ({', '.join(p['changed'])}): this result is the old row's, "
                        "delete its run directory to train the row anew" if p.get("changed") else "")
+            done = (f"dev BLEU {p['dev_bleu']:.2f}" if p["dev_bleu"] is not None else "") + _capped(p) + changed
             what = {
-                "completed": (f"dev BLEU {p['dev_bleu']:.2f}" if p["dev_bleu"] is not None else "") + changed,
+                "completed": done,
+                "short": done + (f"; a sweep that wants {p['wanted']} steps extends it" if p.get("wanted") else ""),
                 "running": f"{p['holder']}, for {_age(p['age_s'])}{_step(p)}",
             }.get(p["state"], (p["error"] or "") + _step(p))
             lines.append(f"  {p['row']:<{width}}  seed {p['seed']:<3} {p['state']:<9}  {what}".rstrip())

@@ -47,6 +47,10 @@ class SweepOptions:
         False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
         "such, and the exit status is 0)",
     )  # fmt: skip
+    dry_run: bool = option(
+        False, "list every pair of the sweep and what this command would do with it (run, extend a run capped by "
+        "an earlier --max-steps, leave a done one, wait for a running one), then stop: nothing is trained or written",
+    )  # fmt: skip
     # the main job without --preset: the evidence regime at a fixed budget, one seed (ablations/presets.py, `quick`)
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, preset=MAIN_PRESET))
 
@@ -101,8 +105,41 @@ def run_table3(opts: SweepOptions, backend: Backend | None = None) -> SweepSumma
     """Run what is pending (the preset's sweep, then its cells'); what happened, counted over all of them."""
     pairs = launches(opts, backend)
     for b, s in pairs:
+        s.check_budgets()
         b.check(s)
     return SweepSummary.total([b.launch(s, s.pairs) for b, s in pairs])
+
+
+# what a dry run says it would do with a pair in each state of the books
+_WOULD = {"completed": "done", "short": "extend", "running": "running elsewhere", "failed": "run again",
+          "diverged": "run again", "pruned": "run again", "pending": "run"}  # fmt: skip
+
+
+def dry_run_text(pairs: list[tuple[Backend, Sweep]]) -> str:
+    """`aiayn table3 --dry-run`: per sweep, its pairs and what the command would do with each, from the books at the
+    steps it wants; nothing is trained or written."""
+    lines = []
+    for backend, sweep in pairs:
+        found = backend.status(sweep)
+        todo = {}
+        for p in found:
+            todo[_WOULD[p.state]] = todo.get(_WOULD[p.state], 0) + 1
+        counts = ", ".join(f"{n} {what}" for what, n in todo.items())
+        lines.append(f"table3 {sweep.preset.name} on {sweep.corpus} ({backend.name}, {sweep.jobs} at a time, into "
+                     f"{sweep.out.root}): {len(found)} pairs: {counts}")  # fmt: skip
+        width = max((len(p.row) for p in found), default=4)
+        for p in found:
+            steps = sweep.wanted[p.row]
+            if p.state == "short":
+                what = f"trained {p.steps} of {steps} steps"
+            elif p.state == "completed":
+                what = f"{p.steps} steps" + (f", dev BLEU {p.dev_bleu:.2f}" if p.dev_bleu is not None else "")
+            elif p.state == "running":
+                what = f"held by {p.holder}"
+            else:
+                what = f"{steps} steps" + (f"; last time: {p.state}: {p.error}" if p.error else "")
+            lines.append(f"  {p.row:<{width}}  seed {p.seed:<3} {_WOULD[p.state]:<17}  {what}".rstrip())
+    return "\n".join(lines) + "\n"
 
 
 def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None) -> int:
@@ -112,6 +149,12 @@ def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None
     from aiayn.common.files import check_writable_dir
     from aiayn.sweeps.storage import check_url
 
+    if opts.dry_run:
+        pairs = launches(opts, backend)
+        for _, sweep in pairs:
+            sweep.check_budgets()
+        print(dry_run_text(pairs), end="")
+        return 0
     check_writable_dir(opts.train.out, "--out")
     report = report_dir(opts.report, opts.train.out)
     if report:

@@ -150,3 +150,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"aiayn: error: {message}") and err.count("\n") == 1
+
+
+def test_a_row_of_your_own_table_is_in_the_papers_units_and_the_run_says_how_it_was_scaled(tmp_path, caplog):
+    """Issue 45: an own row's cells are the paper's units, which the preset scales (d_ff 256 became 64 at tiny
+    without a word); the resolved run says so, once per row and preset, naming each scaled cell."""
+    from aiayn.lightning_modules.run.spec import resolve
+
+    header = (Path(__file__).resolve().parents[1] / "ablations" / "extended.csv").read_text().splitlines()[0]
+    cells = {"row": "wide-ff", "group": "mine", "d_ff": "4096"}
+    table = tmp_path / "mine.csv"
+    table.write_text(header + "\n" + ",".join(cells.get(c, "") for c in header.split(",")) + "\n")
+    with caplog.at_level("INFO", logger="aiayn.lightning_modules.run.spec"):
+        spec = resolve("wide-ff", "tiny", tables=(str(table),))
+        resolve("wide-ff", "tiny", tables=(str(table),))
+    assert spec.model.d_ff == 1024
+    said = [r.getMessage() for r in caplog.records if "wide-ff" in r.getMessage()]
+    assert len(said) == 1 and "paper's units" in said[0] and "d_ff 4096 -> 1024" in said[0]

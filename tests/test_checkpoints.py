@@ -225,3 +225,27 @@ def test_a_checkpoint_loads_as_lightning_users_expect(tmp_path):
             assert torch.equal(value, ckpt["state_dict"][name]), name
     with pytest.raises(TypeError, match="no hparams_file"):
         TranslationModule.load_from_checkpoint(path, hparams_file="h.yaml")
+
+
+def test_averaging_checkpoints_far_from_the_end_is_said(tmp_path, caplog):
+    """Issue 45: `--average 5` of the tiny preset averaged steps 250-1200 (most of its run) without a word; the paper's
+    last 5 lay in its last 7%. A span over a tenth of the run is a warning naming it; the paper's span is not."""
+    from aiayn.lightning_modules.use.checkpoints import last_checkpoints, span_warning
+
+    def files(steps):
+        return [tmp_path / f"step{s:07d}.ckpt" for s in steps]
+
+    assert span_warning(files([6600, 6700, 6800, 6900, 7000])) is None  # the last 5.7%: as the paper
+    said = span_warning(files([250, 500, 750, 1000, 1200]))
+    assert said.startswith("--average 5 averages the checkpoints of steps 250-1200, 79% of the run")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for s in (250, 500, 750, 1000, 1200):
+        (run / "checkpoints" / f"step{s:07d}.ckpt").write_bytes(b"")
+    with caplog.at_level("WARNING"):
+        assert len(last_checkpoints(run, 5, "--average")) == 5
+    assert "79% of the run" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        last_checkpoints(run, 1, "--average")
+    assert "of the run" not in caplog.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import logging
 import os
 import random
@@ -798,3 +799,42 @@ def test_every_rank_gets_a_dev_batch_even_when_the_dev_set_has_fewer_batches_tha
     # training keeps dropping an uneven tail: a rank never gets a filler there
     train = TokenBucketSampler([5], [6], 1024, shuffle=True, num_replicas=2, rank=1, drop_uneven=True)
     assert list(train) == []
+
+
+def test_a_source_ends_with_eos_as_in_tensor2tensor_fairseq_and_marian():
+    """Issue 45: every source ends with </s> (EOS), counted in its length, as the paper's toolkits and MarianTokenizer
+    encode a source; without `source_eos` (earlier runs, `--source-eos no`) the source is its pieces alone."""
+    from aiayn.lightning_modules.data.tokenizer import EncodedPairs
+    from aiayn.lightning_modules.transformer.config import EOS
+
+    data = {"src": (torch.tensor([5, 6, 7, 8, 9]), torch.tensor([0, 3, 5])),
+            "tgt": (torch.tensor([10, 11, 12]), torch.tensor([0, 1, 3]))}  # fmt: skip
+    with_eos = EncodedPairs(data, torch.arange(2), source_eos=True)
+    assert with_eos[0][1].tolist() == [5, 6, 7, EOS] and with_eos[1][1].tolist() == [8, 9, EOS]
+    assert with_eos.src_lens.tolist() == [4, 3] and with_eos.tgt_lens.tolist() == [1, 2]
+    assert with_eos[0][2].tolist() == [10]  # the target is unchanged: collate adds its EOS to tgt_out
+    without = EncodedPairs(data, torch.arange(2))
+    assert without[0][1].tolist() == [5, 6, 7] and without.src_lens.tolist() == [3, 2]
+    cut = EncodedPairs(data, torch.arange(2), max_len=2, source_eos=True)  # dev/test: cut, then </s>
+    assert cut[0][1].tolist() == [5, 6, EOS] and cut.src_lens.tolist() == [3, 3]
+
+
+def test_a_run_records_its_source_eos_and_a_resumed_run_keeps_its_own(tmp_path):
+    from dataclasses import replace
+
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.rundir import RunConfig
+    from aiayn.lightning_modules.run.train import plan
+
+    opts = TrainOptions(out=str(tmp_path), accelerator="cpu")
+    p = plan(opts)
+    assert p.dm.source_eos and p.config.data.source_eos  # the paper's convention by default
+    # a run directory of an earlier aiayn: its config.json has no source_eos (read as without)
+    old = p.config.to_dict()
+    del old["data"]["source_eos"]
+    p.run.path.mkdir(parents=True)
+    p.run.config_file.write_text(json.dumps(old))
+    assert RunConfig.from_dict(old).data.source_eos is False
+    assert not plan(opts).dm.source_eos  # resumed as it started
+    assert plan(replace(opts, source_eos="yes")).dm.source_eos  # asked for: then the run's config check refuses
+    assert not plan(replace(opts, source_eos="no", out=str(tmp_path / "fresh"))).config.data.source_eos

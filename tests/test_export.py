@@ -97,15 +97,15 @@ def hf_dir(trained, tmp_path_factory):
 
 def hf_translate(model, tokenizer, sentences: list[str], **generate) -> tuple[list[list[int]], list[str]]:
     """Transformers' generate over sentences batched by source length (its length limit is one per batch, aiayn's
-    each sentence's length + 50), sources encoded as aiayn does (no </s>): token ids (without <s>, </s>, <pad>)
-    and texts, per sentence."""
+    each sentence's length + 50), sources encoded by the export's tokenizer's defaults (with </s>, as aiayn trains):
+    token ids (without <s>, </s>, <pad>) and texts, per sentence."""
     groups = defaultdict(list)
     for i, s in enumerate(sentences):
         groups[len(tokenizer(s).input_ids)].append(i)
     ids, texts = [[] for _ in sentences], [""] * len(sentences)
     for n, rows in groups.items():
         batch = tokenizer([sentences[i] for i in rows], padding=True, return_tensors="pt")  # its defaults
-        out = model.generate(**batch, max_length=n + 52, **generate)  # + 50, + </s>, + the decoder's start <s>
+        out = model.generate(**batch, max_length=n + 52, **generate)  # + 50, + the final </s>, + the start <s>
         for i, row, text in zip(rows, out.tolist(), tokenizer.batch_decode(out, skip_special_tokens=True)):
             ids[i], texts[i] = [t for t in row if t not in (PAD, BOS, EOS)], text
     return ids, texts
@@ -136,10 +136,12 @@ def test_the_hf_export_loads_with_transformers_and_computes_aiayns_logits(traine
         4, 0.6, True, EOS, [PAD, UNK, BOS])  # fmt: skip
     assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()  # one matrix, as ours
 
-    # our token ids with the tokenizer's defaults: no </s> appended, as aiayn trained (issue 32: MarianTokenizer's
-    # defaults appended one and translated 4 of 8 sentences otherwise), on sources and references alike
+    # our token ids with the tokenizer's defaults: </s> appended, as aiayn trains since issue 45 (and as
+    # MarianTokenizer does), on sources and references alike; decoded as SentencePiece decodes
     assert tokenizer(src).input_ids == ours.encode(src) and tokenizer(ref).input_ids == ours.encode(ref)
-    assert [tokenizer.decode(x) for x in ours.encode(ref)] == [ours.sp.decode(x) for x in ours.encode(ref)]
+    assert all(x[-1] == EOS for x in ours.encode(src))
+    assert [tokenizer.decode(x, skip_special_tokens=True) for x in ours.encode(ref)] == [
+        ours.sp.decode(x) for x in ours.encode(ref)]  # fmt: skip
 
     batch = tokenizer(src, padding=True, return_tensors="pt")
     target = tokenizer(text_target=ref, padding=True, return_tensors="pt").input_ids
@@ -193,9 +195,8 @@ def test_the_hf_export_translates_as_aiayn(trained, hf_dir):
 
 def test_marian_tokenizer_loads_the_export_as_it_loads_helsinki_nlps(trained, hf_dir):
     """Issue 39: the export is a Marian model, so MarianTokenizer must load it (it raised TypeError: no source.spm).
-    It encodes with aiayn's pieces and ids, and with `add_special_tokens=False` its sources give aiayn's greedy
-    translations; its default call appends </s> (Marian's convention, not aiayn's, and transformers has no setting
-    that turns it off), which the export's README says."""
+    Issue 45: aiayn trains sources ending with </s>, as Marian does, so MarianTokenizer's default call encodes
+    exactly aiayn's source ids and gives aiayn's greedy translations; the README says so."""
     from transformers import AutoModelForSeq2SeqLM, MarianTokenizer
 
     from aiayn import Translator
@@ -203,8 +204,8 @@ def test_marian_tokenizer_loads_the_export_as_it_loads_helsinki_nlps(trained, hf
     run, src, ref = trained
     ours = Translator.from_run(run, device="cpu")
     marian = MarianTokenizer.from_pretrained(hf_dir)
-    assert marian(src, add_special_tokens=False).input_ids == ours.encode(src)
-    assert marian(src).input_ids == [x + [EOS] for x in ours.encode(src)]  # its default: one </s> appended
+    assert ours.source_eos and all(x[-1] == EOS for x in ours.encode(src))
+    assert marian(src).input_ids == ours.encode(src)  # its default call: aiayn's ids, </s> and all
     assert marian.batch_decode(ours.encode(ref), skip_special_tokens=True) == [ours.sp.decode(x) for x in
                                                                                ours.encode(ref)]  # fmt: skip
     model = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
@@ -212,11 +213,12 @@ def test_marian_tokenizer_loads_the_export_as_it_loads_helsinki_nlps(trained, hf
     expected = ours.translate_ids(few, beam=1)
     got = []
     for sentence in few:
-        batch = marian([sentence], add_special_tokens=False, return_tensors="pt")
+        batch = marian([sentence], return_tensors="pt")
         out = model.generate(**batch, num_beams=1, max_length=batch.input_ids.shape[1] + 52)
         got.append([t for t in out[0].tolist() if t not in (PAD, BOS, EOS)])
     assert sum(g == e for g, e in zip(got, expected)) >= 11, "MarianTokenizer's ids give aiayn's greedy translations"
-    assert "MarianTokenizer.from_pretrained` loads this directory too" in (hf_dir / "README.md").read_text()
+    card = (hf_dir / "README.md").read_text()
+    assert "MarianTokenizer.from_pretrained` loads this directory too" in card and "add_special_tokens" not in card
 
 
 def test_the_model_card_carries_hub_metadata_the_row_and_the_bleu_signature(trained, hf_dir):
@@ -232,9 +234,9 @@ def test_the_model_card_carries_hub_metadata_the_row_and_the_bleu_signature(trai
     assert (bleu["type"], bleu["value"], bleu["config"]) == ("bleu", metrics["dev_bleu"], metrics["dev_bleu_signature"])
     assert "**Table 3 row base** at aiayn's preset `tiny`" in text and "overridden: N=2 d_model=32" in text
     assert 'pipeline("translation")' in text
-    # the pipeline's tokenizer (tokenizer.json) needs no flag; MarianTokenizer's files do, and the card says so once
-    marian = next(p for p in text.split("\n\n") if "add_special_tokens" in p)
-    assert "MarianTokenizer" in marian and text.count("add_special_tokens") == 1
+    # neither the pipeline's tokenizer (tokenizer.json) nor MarianTokenizer needs a flag for a model trained with </s>
+    flat = " ".join(text.split())
+    assert "its default call gives aiayn's translations as well" in flat and "add_special_tokens" not in text
 
 
 def test_push_to_hub_uploads_the_export_through_huggingface_hub(trained, tmp_path, monkeypatch, capsys):
@@ -496,3 +498,28 @@ def test_bad_ct2_input_is_one_line_exit_2(trained, hf_dir, tmp_path, capsys):
         assert main(["translate", *argv, "--input", str(tmp_path / "in.en")]) == 2, name
         captured = capsys.readouterr()
         assert (captured.out, captured.err) == ("", f"aiayn: error: {message}\n"), name
+
+
+def test_a_model_trained_without_a_source_eos_exports_a_tokenizer_without_one(trained, tmp_path):
+    """Runs before issue 45 (and evidence v5, v6) trained sources without </s> and record none (`data.source_eos`
+    absent): aiayn encodes their sources without it, the fast tokenizer appends none, and the card tells
+    MarianTokenizer's users the flag that drops its </s>."""
+    from transformers import AutoTokenizer, MarianTokenizer
+
+    from aiayn import Translator
+
+    run, src, _ = trained
+    old = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert old["aiayn"]["config"]["data"].pop("source_eos") is True  # as an earlier aiayn's checkpoint: none
+    ckpt = tmp_path / "old.ckpt"
+    torch.save(old, ckpt)
+    ours = Translator.from_checkpoint(ckpt, device="cpu")
+    texts = src[:5]
+    assert not ours.source_eos and all(x[-1] != EOS for x in ours.encode(texts))
+    out = tmp_path / "hf"
+    assert main(["export", "--ckpt", str(ckpt), "--format", "hf", "--out", str(out)]) == 0
+    assert AutoTokenizer.from_pretrained(out)(texts).input_ids == ours.encode(texts)
+    marian = MarianTokenizer.from_pretrained(out)
+    assert marian(texts, add_special_tokens=False).input_ids == ours.encode(texts)
+    assert marian(texts).input_ids == [x + [EOS] for x in ours.encode(texts)]
+    assert "add_special_tokens=False" in (out / "README.md").read_text()

@@ -175,14 +175,18 @@ def test_a_bad_search_space_file_is_one_line_before_any_study(tmp_path, trains, 
     assert trains == [] and not (tmp_path / "out" / "hpo.db").exists()
 
 
-def test_a_search_whose_every_trial_is_pruned_exits_1_not_the_usage_code(tmp_path, monkeypatch, capsys):
+def test_a_search_whose_every_trial_is_pruned_exits_1_not_the_usage_code(tmp_path, monkeypatch, capsys, caplog):
     def pruned(opts, spec, hooks):
-        raise optuna.TrialPruned("pruned at step 1")
+        raise optuna.TrialPruned("pruned at step 1: val/ppl 45.2")
 
     monkeypatch.setattr(train_mod, "train", pruned)
-    assert main(["hpo", "--trials", "2", "--out", str(tmp_path)]) == 1
+    with caplog.at_level("INFO", logger="aiayn.sweeps.hpo"):
+        assert main(["hpo", "--trials", "2", "--out", str(tmp_path)]) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["best_trial"] is None and (result["pruned"], result["completed"]) == (2, 0)
+    # issue 45: a pruned trial gets its line, as a completed one does (it printed nothing)
+    lines = [r.getMessage() for r in caplog.records if "pruned at step" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("trial 0: pruned at step 1: val/ppl 45.2, with {")
 
 
 def test_trials_validate_every_val_every_steps_and_report_each_validation_by_global_step(tmp_path, trains):

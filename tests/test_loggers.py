@@ -95,7 +95,8 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
     events.Reload()
     content = events.PluginTagToContent("hparams")
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
-    assert {m.name.tag for m in experiment.metric_infos} == set(final)
+    assert {m.name.tag for m in experiment.metric_infos} == set(final) | {"budget/steps", "budget/budget_steps",
+                                                                          "budget/capped"}  # fmt: skip
     session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert session.hparams["row"].string_value == "base" and session.hparams["model/d_model"].number_value == 32
     for tag, value in final.items():
@@ -109,7 +110,12 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
     for tag, value in final.items():
         history = client.get_metric_history(run.info.run_id, tag)
         assert (history[-1].step, history[-1].value) == (3, pytest.approx(value, rel=1e-6))
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")] == ["checkpoint/last.ckpt"]
+    files = [a.path for a in client.list_artifacts(run.info.run_id, "model")]
+    assert files == ["model/README.md", "model/config.json", "model/last.ckpt", "model/metrics.json",
+                     "model/tokenizer.model"]  # fmt: skip
+    assert client.get_run(run.info.run_id).data.tags["capped"] == "true"  # 3 steps of the tiny preset's 1200
+    readme = Path(client.download_artifacts(run.info.run_id, "model/README.md", str(out / "dl"))).read_text()
+    assert "Translator.from_checkpoint('last.ckpt')" in readme and "capped: 3 of its 1200" in readme
 
     config = RunDir(two_attempts).read_config()
     kwargs = wandb_run.init_kwargs(RunDir(two_attempts), config, "offline", "test")

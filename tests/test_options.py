@@ -321,3 +321,22 @@ def test_lightning_users_spellings_are_accepted_or_answered_with_aiayns(capsys):
     assert "--trainer.max_epochs needs a value" in capsys.readouterr().err
     assert main(["bench", "--config", "paper"]) == 2
     assert "the model's size is --size paper" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("block, said", [
+    ("model:\n  class_path: x.Transformer\n  init_args: {d_model: 256}\n", "`model:` is a LightningCLI config block"),
+    ("data:\n  class_path: MyData\n", "`data:` is a LightningCLI config block; aiayn's data is a corpus name"),
+    ("seed_everything: 3\n", "aiayn's is `seed:`"),
+    ("ckpt_path: last.ckpt\n", "a run resumes from its own directory by itself"),
+])  # fmt: skip
+def test_a_lightningcli_config_block_is_answered_not_taken_for_a_typo(tmp_path, capsys, block, said):
+    """Issue 45: a LightningCLI `model:` block got "did you mean 'log_model'"; each of its blocks is named as
+    LightningCLI's, with aiayn's way of saying the same, for train and for a sweep."""
+    from aiayn.cli import main
+
+    path = tmp_path / "lightning.yaml"
+    path.write_text(block)
+    for command in ("train", "table3"):
+        assert main([command, "--config", str(path), "--print-config"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "did you mean" not in err and err.count("\n") == 1

@@ -9,7 +9,7 @@ can be checked by hand, and were (see test_numbers_checked_by_hand, test_verdict
     B1     failed (n = 0); "not scored" at tiny (ablations/predictions.csv)
     C1     PPL 6.4, 6.8: Welch p = 0.04748 -> worse, but not significant after Holm -> agree (seed 0's curve still
            falls 10.67% over its last quarter: reported, not a gate)
-    C4     no run: a scored row, listed, "inconclusive" (no completed run)
+    C4     no run: a scored row, listed, "not run" (no run of it among the runs: outside the score)
     D1     not testable at tiny; D3 PPL 4.9, one seed: predicted better, is better -> agree, no test
     D4     PPL 4.95, 5.0 -> 4.975: predicted worse, is better -> Welch p = 0.1518 -> disagree
     pre-ln extended: no verdict; C2/seed0/metrics.json is truncated JSON (skipped, named)
@@ -20,9 +20,9 @@ can be checked by hand, and were (see test_numbers_checked_by_hand, test_verdict
     0.1517); C1's steep seed 0 (8.0 at 599, 7.0 at 699) gives 0.1025 at 75% (Holm 2 x 0.1025 = 0.205: agree) and
     0.000398 at 87.5% (Holm 3 x = 0.0012: significant agree). A1 is significant at all three -> significant agree;
     C1 agrees in sign at all three -> agree.
-    score: 3 of 5 scored rows agree (A1, C1, D3), 1 significantly; "every change hurts" on the same numbers: passes
-    1 (A1), agrees on 2 (A1, C1: D3 and D4 are better than base); random signs agree on 3 or more of 5 with
-    probability 16/32 = 0.5
+    score: 3 of 4 scored rows agree (A1, C1, D3), 1 significantly; "every change hurts" on the same numbers: passes
+    1 (A1), agrees on 2 (A1, C1: D3 and D4 are better than base); random signs agree on 3 or more of 4 with
+    probability 5/16 = 0.3125
 
 Convergence (val/ppl, 8 validations at steps 99..799): the two nearest 75% of 799 are 599 and 699. The flat curve
 (.., 5.3, 5.2, 5.1, scaled to the run's PPL): (5.3 + 5.2)/2 = 5.25 -> (5.2 + 5.1)/2 = 5.15, a drop of 1.90%;
@@ -133,12 +133,14 @@ def test_provenance_beside_the_csvs(report):
     assert doc["generated_by"] == "aiayn report --runs runs --out out" and doc["notice"] == NOTICE
     assert doc["predictions"] == "ablations/predictions.csv" and "never used as a gate" in doc["last_quarter_fall"]
     assert "nearest 75%, 87.5%, 100% of the budget" in doc["stability_rule"]
-    assert (doc["score"]["scored"], doc["score"]["agree"], doc["score"]["significant_agree"]) == (5, 3, 1)
+    assert (doc["score"]["scored"], doc["score"]["agree"], doc["score"]["significant_agree"]) == (4, 3, 1)
+    assert doc["score"]["not_run"] == ["C4"]
     baselines = doc["score"]["baselines"]
     assert sorted(baselines) == ["every_change_hurts", "more_parameters_help"]  # clearly named, one score each
     hurts = baselines["every_change_hurts"]
     assert (hurts["passed"], hurts["agree"], hurts["differs_on"]) == (1, 2, ["D3"])
-    assert doc["score"]["random_signs"] == {"directional_tests": 5, "expected_agree": 2.5, "p_at_least_as_many": 0.5}
+    assert doc["score"]["random_signs"] == {"directional_tests": 4, "expected_agree": 2.0,
+                                            "p_at_least_as_many": 0.3125}  # fmt: skip
     assert doc["score"]["passed"] == 1 and doc["cells"] == []
     # the fixture's runs predate provenance: none recorded a commit, and the report says so
     assert doc["runs_recorded"] == {"commits": [], "dirty_runs": [], "unrecorded_runs": 13, "predictions_sha256": []}
@@ -168,7 +170,7 @@ def test_numbers_checked_by_hand(report):
 def test_verdicts_checked_by_hand(report):
     t = _csv(report[0])
     assert dict(t["verdict"]) == {
-        "base": "", "A1": "significant agree", "B1": "not scored", "C1": "agree", "C4": "inconclusive",
+        "base": "", "A1": "significant agree", "B1": "not scored", "C1": "agree", "C4": "not run",
         "D1": "not testable", "D3": "agree", "D4": "disagree", "pre-ln": "",
     }  # fmt: skip
     assert (float(t.loc["A1", "p"]), float(t.loc["A1", "p_holm"])) == (0.01298, 0.03893)
@@ -186,15 +188,15 @@ def test_verdicts_checked_by_hand(report):
 def test_notes(report):
     md = (report[0] / "out" / "table3-tiny.md").read_text(encoding="utf-8")
     assert (
-        "- Score: 1 of 5 pre-registered tests pass (1 significant in the predicted direction, 0 equivalent); 2 more "
-        "agree in sign without significance, 1 disagree (0 significantly), 1 inconclusive, 0 equivalent without assay "
+        "- Score: 1 of 4 pre-registered tests pass (1 significant in the predicted direction, 0 equivalent); 2 more "
+        "agree in sign without significance, 1 disagree (0 significantly), 0 inconclusive, 0 equivalent without assay "
         'sensitivity (not counted), 0 not stable. Judged on the same numbers by the same rules, "every change hurts" '
-        'passes 1 of 5 and agrees in sign on 2 and "more parameters help, every other change hurts" passes 1 of 5 and '
-        "agrees in sign on 2; on the 5 directional tests random signs agree on 2.5 on average, and on 3 or more with "
-        "probability 0.500."
+        'passes 1 of 4 and agrees in sign on 2 and "more parameters help, every other change hurts" passes 1 of 4 and '
+        "agrees in sign on 2; on the 4 directional tests random signs agree on 2 on average, and on 3 or more with "
+        "probability 0.312. Not run here, so not in the score: C4"
     ) in md
     # the report's first lines: the score and both baselines beside it
-    assert md.splitlines()[4].startswith('**Score: 1 of 5 pre-registered tests pass.** Judged on the same numbers by '
+    assert md.splitlines()[4].startswith('**Score: 1 of 4 pre-registered tests pass.** Judged on the same numbers by '
                                          'the same rules, "every change hurts" passes 1 (level with the registration')
     assert ("  - C1: the predicted sign at every point, without a test that could make it significant (75%: agree "
             "(Holm p 0.2); 87.5%: significant agree (Holm p 0.0012); 100%: agree (Holm p 0.095))") in md
@@ -203,7 +205,7 @@ def test_notes(report):
     # the series as slopes: heads h 1 (A1: 6.0, 6.2) and 4 (base: 5.0, 5.1, 5.2), log PPL on log2 h = 0 and 2
     assert "  - heads h (h 1 4; rows base A1; 5 runs): -8.56% per doubling (95% interval -11.29 to -5.75)" in md
     assert "  - A1 (ppl, predicted worse): significant agree (2 vs 3 seeds: p = 0.013, Holm-adjusted 0.039)" in md
-    assert "  - C4 (ppl, predicted worse): inconclusive (no completed run of C4)" in md
+    assert "  - C4 (ppl, predicted worse): not run (no run of C4 among these runs)" in md
     assert "- One seed on a side (D3): no seed-level test" in md
     assert "  - B1 seed 0: failed: RuntimeError: loss is NaN at step 312" in md  # the error's first line only
     assert "  - `tiny/synthetic/C2/seed0/metrics.json`: not valid JSON" in md
@@ -297,7 +299,11 @@ def test_generated_notice_first(report):
     assert (out / "table3-tiny.html").read_text(encoding="utf-8").splitlines()[0] == f"<!-- {NOTICE} -->"
 
 
-def test_plots_are_pngs_linked_from_md_and_html(report):
+def test_plots_are_pngs_linked_from_md_and_inlined_in_the_html(report):
+    """The Markdown links the plots beside it; the HTML page carries them inline (issue 45: it linked them by a
+    relative path, so the page alone, mailed or uploaded, showed none)."""
+    import base64
+
     out = report[0] / "out"
     pngs = sorted((out / "table3-tiny-plots").glob("*.png"))
     assert [p.name for p in pngs] == ["bleu_vs_params.png", "curves.png", "delta_vs_paper.png", "forest.png"]
@@ -309,7 +315,8 @@ def test_plots_are_pngs_linked_from_md_and_html(report):
     for png in pngs:
         rel = png.relative_to(out).as_posix()
         assert f"]({rel})" in md
-        assert f'<img src="{rel}"' in page
+        assert f'<img src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"' in page
+    assert 'src="table3-tiny-plots' not in page
     assert "<table" in page and "C1" in page
 
 
@@ -425,9 +432,9 @@ def test_the_verdict_is_printed_in_one_line(report, capsys):
     assert main(["report", "--runs", str(root / "runs"), "--out", str(root / "again")]) == 0
     err = capsys.readouterr().err
     assert (
-        "table3-tiny: base dev PPL 5.100, BLEU 20.30; 1 of 5 pre-registered tests pass (1 significant, "
-        "0 equivalent; 1 disagree, 0 not stable, 1 inconclusive); every change hurts: 1 of 5; more parameters help, "
-        "every other change hurts: 1 of 5"
+        "table3-tiny: base dev PPL 5.100, BLEU 20.30; 1 of 4 pre-registered tests pass (1 significant, "
+        "0 equivalent; 1 disagree, 0 not stable, 0 inconclusive); every change hurts: 1 of 4; more parameters help, "
+        "every other change hurts: 1 of 4"
     ) in err
 
 

@@ -418,3 +418,23 @@ def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compil
         for name, value in limits.items():
             setattr(torch._dynamo.config, name, value)
         torch._dynamo.reset()
+
+
+def test_the_progress_bar_names_the_steps_not_epoch_minus_two():
+    """Issue 45: Lightning 2.6's Rich bar read "Epoch 0/-2" for a run bounded by steps (#21925); ours names the epoch
+    and the step the run trains to."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
+
+    from aiayn.lightning_modules.run.callbacks import StepsProgressBar, progress_bar
+
+    if not _RICH_AVAILABLE:
+        assert progress_bar() == []
+        return
+    bar = StepsProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=-1, max_steps=3000)
+    assert bar._get_train_description(0).strip() == "Epoch 0 (to step 3000)"
+    bar._trainer = SimpleNamespace(max_epochs=3, max_steps=-1)
+    assert bar._get_train_description(1).strip() == "Epoch 1/2"
+    assert isinstance(progress_bar()[0], StepsProgressBar)

@@ -357,6 +357,9 @@ def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
             dotted = f"{prefix}{str(key).replace('-', '_')}"
             if dotted in groups and isinstance(value, dict):
                 walk(value, f"{dotted}.")
+            elif not prefix and str(key) in LIGHTNING_BLOCKS and (dotted not in leaves or isinstance(value, dict)):
+                raise UserError(f"{where}: `{key}:` is a LightningCLI config block; {LIGHTNING_BLOCKS[str(key)]} "
+                                f"(`{command} --print-config` prints a config of its own options)")  # fmt: skip
             elif dotted in leaves:
                 out[dotted] = value
             elif len(named := [q for q in by_name.get(str(key), ()) if q.startswith(prefix)]) == 1:
@@ -484,6 +487,16 @@ def to_config(obj, *, skip=(), prefix: str = "") -> dict:
             out[f.name] = value
     return out
 
+
+# LightningCLI's config blocks (`model: {class_path: ..., init_args: ...}` and the like), and what aiayn has instead
+LIGHTNING_BLOCKS = {
+    "model": "aiayn's model is a Table 3 row: `row: C3`, its knobs changed with `set: {d_model: 256, h: 4}`",
+    "data": "aiayn's data is a corpus name, `data: multi30k` (with `data_dir:` for its files)",
+    "optimizer": "the paper's Adam is fixed; its schedule's `set: {lr_factor: 0.5, warmup: 4000}` change",
+    "lr_scheduler": "the paper's schedule is fixed; `set: {lr_factor: 0.5, warmup: 4000}` change it",
+    "ckpt_path": "a run resumes from its own directory by itself; `--config RUN/config.json` trains a run again",
+    "seed_everything": "aiayn's is `seed:`",
+}
 
 # LightningCLI's subcommands, and what aiayn has instead
 LIGHTNING_COMMANDS = {"fit": "train", "validate": "eval", "test": "eval", "predict": "translate"}

@@ -82,6 +82,7 @@ class TranslationDataModule(pl.LightningDataModule):
         splits: str | None = None,
         pad_to: int = 1,
         static_shapes: bool = False,
+        source_eos: bool = True,
     ) -> None:
         super().__init__()
         if max_tokens <= max_len:
@@ -106,6 +107,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory  # page-locked batches for a GPU's asynchronous copies (not a CPU run's)
         self.pad_to = pad_to  # batch lengths rounded up to a multiple of it (length buckets; 1: none)
         self.static_shapes = static_shapes  # a fixed number of sentences per length bucket, both sides padded to it
+        self.source_eos = source_eos  # every source ends with </s>, as the paper's models (tokenizer.EncodedPairs)
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD, BOS, EOS, UNK
         self.sp = None
         self.tokenizer = Path(tokenizer) if tokenizer else None  # a SentencePiece model to use instead of training one
@@ -212,14 +214,14 @@ class TranslationDataModule(pl.LightningDataModule):
             n = self.train_pairs
         keep = torch.arange(n)
         if split != "train":
-            return EncodedPairs(data, keep, max_len=self.max_len)
+            return EncodedPairs(data, keep, max_len=self.max_len, source_eos=self.source_eos)
         src_len = (data["src"][1][1:] - data["src"][1][:-1])[:n]
         tgt_len = (data["tgt"][1][1:] - data["tgt"][1][:-1])[:n]
         ok = (src_len <= self.max_len) & (tgt_len <= self.max_len) & (src_len > 0) & (tgt_len > 0)
         dropped = n - int(ok.sum())
         if dropped:
             log.info("dropped %d of %d train pairs (empty or longer than %d tokens)", dropped, n, self.max_len)
-        return EncodedPairs(data, keep[ok])
+        return EncodedPairs(data, keep[ok], source_eos=self.source_eos)
 
     # -- vocabulary ----------------------------------------------------------------------------------
 

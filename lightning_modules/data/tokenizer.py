@@ -170,15 +170,20 @@ def encode_split(sp, corpus_dir, split: str, src_lang: str, tgt_lang: str, out: 
 
 
 class EncodedPairs(Dataset):
-    """Sentence pairs as views into flat id tensors; ``keep`` maps dataset position -> split index."""
+    """Sentence pairs as views into flat id tensors; ``keep`` maps dataset position -> split index.
 
-    def __init__(self, data: dict, keep: torch.Tensor, max_len: int | None = None) -> None:
+    ``source_eos``: each source ends with ``</s>`` (EOS), as tensor2tensor, fairseq and Marian feed their encoders
+    and as MarianTokenizer encodes every source (the paper's models; `--source-eos`); the length of a source counts
+    it. Without it (aiayn before issue 45, and runs that record none), the source is its pieces alone."""
+
+    def __init__(self, data: dict, keep: torch.Tensor, max_len: int | None = None, source_eos: bool = False) -> None:
         (self.src_flat, src_off), (self.tgt_flat, tgt_off) = data["src"], data["tgt"]
         # positions as numpy integers: a lookup reads no tensor (at every item, for every batch)
         self.keep, self.src_off, self.tgt_off = keep.numpy(), src_off.numpy(), tgt_off.numpy()
         self.max_len = max_len  # truncation length for dev/test (None: no truncation)
+        self.source_eos = source_eos
         lens = lambda off: (off[1:] - off[:-1])[keep]
-        self.src_lens = lens(src_off).clamp(max=max_len or 2**62).numpy()
+        self.src_lens = lens(src_off).clamp(max=max_len or 2**62).numpy() + int(source_eos)
         self.tgt_lens = lens(tgt_off).clamp(max=max_len or 2**62).numpy()
 
     def __len__(self) -> int:
@@ -188,4 +193,6 @@ class EncodedPairs(Dataset):
         j = int(self.keep[i])
         src = self.src_flat[self.src_off[j] : self.src_off[j + 1]][: self.max_len]
         tgt = self.tgt_flat[self.tgt_off[j] : self.tgt_off[j + 1]][: self.max_len]
+        if self.source_eos:
+            src = torch.cat([src, src.new_tensor([EOS])])
         return j, src, tgt

@@ -53,7 +53,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 
 from aiayn.common.files import atomic_torch_save, sha256_bytes
 from aiayn.lightning_modules.run.rundir import REQUEUE_CHECKPOINT, RUN_FILES
@@ -236,12 +236,25 @@ class StepCheckpoints(ModelCheckpoint):
                 callback.on_save_checkpoint(trainer, trainer.lightning_module, checkpoint)
         return checkpoint
 
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args, **kwargs) -> None:
+        """Lightning's periodic saves, and the final step's checkpoint at the same point of the loop: after the
+        step, mid-epoch. Saved at on_train_end instead (after Lightning has closed the epoch that max_steps cut
+        short), a later, longer budget resumed from it in a new epoch, on other batches than an uninterrupted run's
+        (issue 45: 20 steps extended to 40 ended at dev PPL 187.6 against 170.6). Saved here, extending a run is
+        resuming it, as after a kill."""
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            self._save_final(trainer)
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._save_final(trainer)  # a step the batch-end save did not reach (an epoch limit): still in a file
+        super().on_train_end(trainer, pl_module)
+
+    def _save_final(self, trainer: pl.Trainer) -> None:
         if not self._should_skip_saving_checkpoint(trainer):  # skips a step already saved
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
-        super().on_train_end(trainer, pl_module)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         # Lightning sets last_model_path before it saves last.ckpt; every other file here is a periodic one
@@ -390,3 +403,27 @@ def slurm_parts(ckpt_dir: str | Path, world_size: int = 1) -> tuple[list, list]:
     if int(os.environ.get("SLURM_NTASKS", "1") or 1) != world_size:
         return [LightningEnvironment()], []
     return [SLURMEnvironment(auto_requeue=False)], [RequeueOnSignal(ckpt_dir)]
+
+
+class StepsProgressBar(RichProgressBar):
+    """Lightning's Rich progress bar (its default where rich is installed), whose training description reads
+    "Epoch 0/-2" when a run is bounded by steps (max_epochs -1; Lightning #21925, fixed upstream after 2.6): the
+    epoch, and the steps the run trains to, instead."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        trainer = self.trainer
+        text = f"Epoch {current_epoch}"
+        if trainer.max_epochs not in (None, -1):
+            text += f"/{trainer.max_epochs - 1}"
+        if trainer.max_steps and trainer.max_steps > 0:
+            text += f" (to step {trainer.max_steps})"
+        width = len(self.validation_description)
+        return f"{text:{width}}" if width > len(text) else text
+
+
+def progress_bar() -> list:
+    """The progress bar a run shows (with --progress): StepsProgressBar where rich is installed; else none here, and
+    Lightning's TQDM bar."""
+    from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
+
+    return [StepsProgressBar()] if _RICH_AVAILABLE else []

@@ -128,14 +128,65 @@ def mlflow_experiment(preset: str, corpus: str) -> str:
 FINAL = {"dev_bleu": "dev/bleu", "dev_tok_bleu": "dev/tok_bleu", "dev_ppl": "dev/ppl"}
 
 
+def budget_values(metrics) -> dict:
+    """What the trackers hold of a run's budget beside its final numbers: the steps it trained, its row's budget at
+    its preset, and 1.0 where it stopped short of it (`--max-steps`: a look, not the preset's table), so that a
+    tracker's table of runs shows which numbers are capped."""
+    if metrics.budget_steps is None:
+        return {}
+    return {"budget/steps": float(metrics.steps or 0), "budget/budget_steps": float(metrics.budget_steps),
+            "budget/capped": float(metrics.capped)}  # fmt: skip
+
+
+MODEL_README = """\
+# aiayn model: {row} seed {seed} at preset {preset}, {steps} steps{capped}
+
+`last.ckpt` is the run's final checkpoint: it carries its config and its SentencePiece tokenizer, and loads
+without running code (weights only). `config.json` and `tokenizer.model` are the same files, beside it to read.
+
+    pip install aiayn
+    aiayn translate --ckpt last.ckpt < sentences.en > sentences.de        # or, in Python:
+    python -c "from aiayn import Translator; print(Translator.from_checkpoint('last.ckpt').translate(['A man.']))"
+    aiayn export --ckpt last.ckpt --format hf --out hf-model               # MarianMTModel + its tokenizer
+
+dev BLEU {bleu} (sacreBLEU `{signature}`), dev perplexity {ppl}.
+"""
+
+
+def log_model_files(logger, checkpoint, metrics) -> None:
+    """With --log-model, MLflow's artifact `model/`: the final checkpoint with the run's config.json and tokenizer
+    beside it and a README saying how to load, translate and export it (a raw checkpoint alone said nothing of
+    what it is or what reads it)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    checkpoint = Path(checkpoint)
+    run = checkpoint.parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp) / "model"
+        where.mkdir()
+        shutil.copy2(checkpoint, where / "last.ckpt")
+        for name in ("config.json", "tokenizer.model", "metrics.json"):
+            if (run / name).is_file():
+                shutil.copy2(run / name, where / name)
+        capped = f" (capped: {metrics.steps} of its {metrics.budget_steps})" if metrics.capped else ""
+        text = MODEL_README.format(row=metrics.row, seed=metrics.seed, preset=metrics.preset, steps=metrics.steps,
+                                   capped=capped, bleu=metrics.dev_bleu, signature=metrics.dev_bleu_signature,
+                                   ppl=metrics.dev_ppl)  # fmt: skip
+        (where / "README.md").write_text(text, encoding="utf-8")
+        logger.experiment.log_artifacts(logger.run_id, str(where), artifact_path="model")
+
+
 def log_final(trainer, metrics, params: dict, checkpoint=None) -> None:
     """The run's final dev numbers into the trackers that hold a table (the module docstring), after training ended:
     TensorBoard's HParams session (the run's flat config with its final metrics) and its scalars at the last step;
-    MLflow's metrics at the last step and, with `checkpoint`, that file as the artifact `checkpoint/last.ckpt`. A
+    MLflow's metrics at the last step and, with `checkpoint`, the artifact `model/` (`log_model_files`). A
     tracker that fails here is logged and skipped: the run's result is already in metrics.json."""
     values = {name: float(getattr(metrics, key)) for key, name in FINAL.items() if getattr(metrics, key) is not None}
     if not values:
         return
+    values.update(budget_values(metrics))
     step = int(metrics.steps or 0)
     for logger in trainer.loggers:
         kind = type(logger).__name__
@@ -146,8 +197,9 @@ def log_final(trainer, metrics, params: dict, checkpoint=None) -> None:
                 logger.finalize("success")
             elif kind == "MLFlowLogger":
                 logger.log_metrics(values, step)
+                logger.experiment.set_tag(logger.run_id, "capped", str(metrics.capped).lower())
                 if checkpoint is not None:
-                    logger.experiment.log_artifact(logger.run_id, str(checkpoint), artifact_path="checkpoint")
+                    log_model_files(logger, checkpoint, metrics)
         except Exception as e:  # noqa: BLE001 - a tracker's failure must not turn a finished run into a failed one
             log.warning("%s: could not log the final dev numbers: %s: %s", kind, type(e).__name__, e)
 

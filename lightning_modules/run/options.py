@@ -23,8 +23,9 @@ class TrainOptions:
 
     row: str = option("base", "the Table 3 row (see `aiayn rows`)")
     table: tuple[str, ...] = option(
-        (), "a table file of your own rows, in the layout of ablations/extended.csv (repeatable)", metavar="FILE"
-    )
+        (), "a table file of your own rows, in the layout of ablations/extended.csv, its cells in the paper's units "
+        "(the preset scales them as it scales the paper's rows) (repeatable)", metavar="FILE",
+    )  # fmt: skip
     preset: str = option("tiny", f"the scale: {', '.join(PRESETS)} (`aiayn rows --preset NAME` shows one)")
     data: str | None = option(
         None, f"corpus: {' | '.join(CORPORA)} | hf:NAME[:CONFIG], a Hugging Face dataset on the Hub "
@@ -34,6 +35,11 @@ class TrainOptions:
     hf_splits: str | None = option(
         None, "with --data hf:…: which of the dataset's splits are train, dev and test (default: train; validation, "
         "dev or valid; test)", metavar="train=…,dev=…,test=…",
+    )  # fmt: skip
+    source_eos: str | None = option(
+        None, "end every source sentence with </s>, as tensor2tensor, fairseq and Marian do (the paper's models; and "
+        "what MarianTokenizer's default call encodes): yes, or no (sources without it, as aiayn's runs before issue "
+        "45 and evidence v5, v6) (default: yes; a resumed run keeps its own)", choices=("yes", "no"),
     )  # fmt: skip
     src_lang: str = option("en", "source language of the corpus (files' suffix, or a dataset's translation field)")
     tgt_lang: str = option("de", "target language of the corpus (files' suffix, or a dataset's translation field)")
@@ -128,7 +134,8 @@ class TrainOptions:
     wandb_checkpoints: bool = option(False, "with W&B: also log the final checkpoint as a W&B model artifact")
     log_model: bool = option(
         False, "log the final checkpoint (it carries its tokenizer and config) as an artifact to every tracker that "
-        "keeps files: MLflow (checkpoint/last.ckpt) and W&B (a model artifact)",
+        "keeps files: MLflow (model/: the checkpoint, its config.json and tokenizer, and a README on loading it) and "
+        "W&B (a model artifact)",
     )  # fmt: skip
     progress: bool = option(True, "Lightning's progress bar")
     trainer: dict = option(

@@ -98,8 +98,11 @@ class RunMetrics:
     group: str = ""
     data: str = ""  # the corpus
     kind: str = "table3"  # "table3", or "hpo" for a trial of `aiayn hpo` (never part of a Table 3 report)
-    planned_steps: int | None = None
-    steps: int | None = None
+    planned_steps: int | None = None  # the steps this run was started for (--max-steps, else its budget)
+    steps: int | None = None  # the steps it trained
+    # the row's budget at its preset (its spec's train_steps): a run that trained fewer is capped (--max-steps), a
+    # look, not the preset's table; reports, status and trackers say so, and a sweep with the full budget extends it
+    budget_steps: int | None = None
     params: int | None = None
     train_time_s: float | None = None  # fit(): training and its validations, this attempt
     eval_time_s: float | None = None  # the final evaluation (beam search over the dev set)
@@ -138,8 +141,9 @@ class RunMetrics:
         """What `aiayn train` prints when the run ends."""
         if self.status == "diverged":
             return f"{self.row} seed {self.seed}: diverged ({self.error}); metrics.json status diverged"
+        capped = f" (capped: {self.steps} of its {self.budget_steps})" if self.capped else ""
         return (f"{self.row} seed {self.seed}: dev BLEU {self.dev_bleu:.2f} (sacreBLEU), dev PPL {self.dev_ppl:.2f}, "
-                f"{self.params / 1e6:.2f}M params, {self.steps} steps in {self.train_time_s:.0f} s "
+                f"{self.params / 1e6:.2f}M params, {self.steps} steps{capped} in {self.train_time_s:.0f} s "
                 f"({self.tokens_per_s:.0f} tokens/s)")  # fmt: skip
 
     def __post_init__(self):
@@ -161,6 +165,12 @@ class RunMetrics:
     def completed(self) -> bool:
         return self.status == "completed"
 
+    @property
+    def capped(self) -> bool:
+        """Trained (or planned) fewer steps than its row's budget at its preset: `--max-steps` cut it short."""
+        done = self.steps if self.steps is not None else self.planned_steps
+        return done is not None and self.budget_steps is not None and done < self.budget_steps
+
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
@@ -173,7 +183,7 @@ class RunMetrics:
 _FIELD_TYPES = {
     **dict.fromkeys(("row", "preset", "group", "data", "kind", "dev_bleu_signature", "dev_tok_bleu_label", "error",
                      "host", "torch", "finished_at", "commit", "predictions_sha256"), str),
-    **dict.fromkeys(("planned_steps", "steps", "params", "dev_sentences", "effective_tokens_per_step",
+    **dict.fromkeys(("planned_steps", "steps", "budget_steps", "params", "dev_sentences", "effective_tokens_per_step",
                      "diverged_at_step", "schema"), int),
     **dict.fromkeys(("train_time_s", "eval_time_s", "wall_time_s", "tokens_per_s", "dev_bleu", "dev_tok_bleu",
                      "dev_ppl", "src_tokens_per_step", "tgt_tokens_per_step", "paper_ppl", "paper_bleu",
@@ -194,6 +204,8 @@ class DataIdentity:
     max_len: int = 256
     train_pairs: int | None = None
     splits: str | None = None  # --hf-splits of a Hugging Face dataset (None: its train, validation, test)
+    # every source ends with </s> (--source-eos, the paper's; a config.json without it: aiayn's earlier runs, without)
+    source_eos: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -542,7 +554,7 @@ class RunDir:
         code = provenance.source()
         metrics = RunMetrics(
             row=spec.row, group=spec.group, seed=t.seed, preset=spec.preset.name, data=config.data.corpus,
-            status=status, kind=kind, planned_steps=t.steps, paper_ppl=spec.paper.ppl,
+            status=status, kind=kind, planned_steps=t.steps, budget_steps=spec.train_steps, paper_ppl=spec.paper.ppl,
             paper_bleu=spec.paper.bleu, paper_params_m=spec.paper.params_m,
             config={k: getattr(spec.model, k) for k in MODEL_KEYS}, deviations=[d.text for d in spec.deviations],
             effective_tokens_per_step=t.effective_tokens_per_step, host=platform.node(), torch=_torch_version(),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, format_overrides
 from aiayn.ablations.presets import Preset, get_preset, scale
-from aiayn.ablations.table import get_row
+from aiayn.ablations.table import get_row, load_rows
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.data.corpora import canonical_corpus, corpus_dirname
 from aiayn.lightning_modules.transformer.config import PE_KINDS, TransformerConfig
@@ -129,8 +129,25 @@ def resolve(
     r = get_row(row, tables)
     paper = Paper(r.paper_ppl, r.paper_bleu, r.paper_params_m)
     corpus = run_corpus(corpus, preset)  # an unknown corpus: said before any work
-    return _build(r.row, r.group, r.note, preset, corpus, scale(r, preset), dict(overrides or {}), paper,
+    knobs = scale(r, preset)
+    if tables and r.row not in load_rows():
+        _say_scaled(r, knobs, preset)
+    return _build(r.row, r.group, r.note, preset, corpus, knobs, dict(overrides or {}), paper,
                   vocab_size or preset.vocab_size)  # fmt: skip
+
+
+def _say_scaled(row, knobs: dict, preset: Preset) -> None:
+    """A row of the user's own table is written in the paper's units, and its preset scales it as it scales the
+    paper's rows (d_ff 256 at the tiny preset is 64): said once per row and preset, where it changes a cell."""
+    changed = [f"{k} {row.knobs[k]} -> {v}" for k, v in knobs.items() if k in row.knobs and row.knobs[k] != v]
+    key = (row.row, preset.name, tuple(changed))
+    if changed and key not in _SAID:
+        _SAID.add(key)
+        log.info("row %s (your table) is in the paper's units; preset %s scales it as the paper's rows: %s", row.row,
+                 preset.name, ", ".join(changed))  # fmt: skip
+
+
+_SAID: set = set()
 
 
 def _build(row, group, note, preset: Preset, corpus, knobs: dict, overrides: dict, paper, vocab_size) -> RunSpec:

@@ -45,6 +45,7 @@ from aiayn.lightning_modules.run.callbacks import (
     RunFilesInCheckpoint,
     SigtermWithTheStep,
     StepCheckpoints,
+    progress_bar,
     slurm_parts,
 )
 from aiayn.lightning_modules.run.devices import (
@@ -94,7 +95,20 @@ def device_tokens(preset: Preset, world: int) -> int:
     return min(preset.max_tokens, max(math.ceil(preset.tokens_per_step / world), preset.max_len + 1))
 
 
-def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None = None) -> TranslationDataModule:
+def source_eos(opts: TrainOptions, run: RunDir | None = None) -> bool:
+    """Whether sources end with </s>: --source-eos, else the run directory's own (a run resumes as it started),
+    else yes (the paper's convention)."""
+    if opts.source_eos is not None:
+        return opts.source_eos == "yes"
+    try:
+        saved = run.read_config() if run is not None else None
+    except UserError:
+        saved = None
+    return saved.data.source_eos if saved is not None else True
+
+
+def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None = None,
+                     run: RunDir | None = None) -> TranslationDataModule:  # fmt: skip
     preset = spec.preset
     max_tokens = opts.max_tokens or device_tokens(preset, opts.world_size)
     return TranslationDataModule(
@@ -115,6 +129,7 @@ def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None =
         tokenizer=tokenizer,
         train_pairs=opts.train_pairs or preset.train_pairs,
         splits=opts.hf_splits,
+        source_eos=source_eos(opts, run),
     )
 
 
@@ -143,6 +158,7 @@ def data_identity(dm: TranslationDataModule) -> DataIdentity:
         max_len=dm.max_len,
         train_pairs=dm.train_pairs,
         splits=dm.splits,
+        source_eos=dm.source_eos,
     )
 
 
@@ -196,7 +212,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
         raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
                         "during training")  # fmt: skip
     run = RunDir(Path(run_dir)) if run_dir else OutDir(opts.out).run_of(spec, opts.seed)
-    dm = build_datamodule(opts, spec, tokenizer_for(opts, run))
+    dm = build_datamodule(opts, spec, tokenizer_for(opts, run), run)
     steps = opts.max_steps or spec.train_steps
     tokenizer = dm.tokenizer
     config = RunConfig(
@@ -290,6 +306,9 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     started = time.perf_counter()
     p = plan(opts, spec, hooks.run_dir)
     lock = prepare(p)  # noqa: F841 (held, not used)
+    done = finished(p)
+    if done is not None:
+        return done
     prepare_matmuls(opts.accelerator, opts.matmul_precision)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(
@@ -313,6 +332,31 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     result["eval_time_s"] = time.perf_counter() - evaluating
     result["wall_time_s"] = time.perf_counter() - started
     return record(trainer, module, p, opts, hooks, result)
+
+
+def finished(p: Plan) -> RunMetrics | None:
+    """A run directory whose run already completed the steps asked of it now: its metrics as they are (rerunning the
+    command neither trains, evaluates nor rewrites them); None where there is something to train, including a run
+    completed at fewer steps (a capped look: it is extended, resuming where it stopped). Asking a completed run for
+    fewer steps than it trained is refused in one line: a run cannot be shortened."""
+    try:
+        metrics = p.run.read_metrics()
+    except (OSError, ValueError):
+        return None
+    if metrics is None or not metrics.completed or metrics.steps is None:
+        return None
+    planned = p.config.train.steps
+    if metrics.steps > planned:
+        raise UserError(f"run directory {p.run.path} already trained {metrics.steps} steps, and this command asks for "
+                        f"{planned} (--max-steps): a run cannot be shortened; pass another --out for a shorter look, "
+                        "or drop --max-steps")  # fmt: skip
+    if metrics.steps < planned:
+        log.info("%s seed %d completed %d of the %d steps asked now: extending it", p.spec.row, metrics.seed,
+                 metrics.steps, planned)  # fmt: skip
+        return None
+    log.info("%s seed %d already completed its %d steps in %s: nothing to train (delete the directory to train it "
+             "anew)", p.spec.row, metrics.seed, planned, p.run.path)  # fmt: skip
+    return metrics
 
 
 def with_recorded_tokenizer(opts: TrainOptions, spec: RunSpec, recorded: ConfigFile | None) -> TrainOptions:
@@ -511,7 +555,8 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         num_sanity_val_steps=0,
         # RNGStates: exact resume (the module itself ends a run whose loss is not finite: Diverged); under DDP,
         # SigtermWithTheStep puts Lightning's per-batch SIGTERM broadcast into the step's one all-reduce
-        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), ckpt, *callbacks, *extra.callbacks],
+        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), ckpt, *callbacks, *extra.callbacks,
+                   *(progress_bar() if opts.progress else [])],
         plugins=[AtomicCheckpointIO(), *extra.plugins],  # checkpoints: written to a temporary file and renamed
         logger=extra.loggers,
         default_root_dir=run.path,

@@ -114,6 +114,8 @@ def finish(
         experiment = logger.experiment
         values = metrics.to_dict() if metrics is not None else {"status": status, "steps": steps}
         summary = {SUMMARY[k]: v for k, v in values.items() if k in SUMMARY}
+        if metrics is not None and metrics.budget_steps is not None:
+            summary.update({"budget/budget_steps": metrics.budget_steps, "budget/capped": metrics.capped})
         experiment.summary.update({"status": values["status"], **summary})
         if checkpoint is not None:
             _log_checkpoint(experiment, checkpoint, logger.aiayn_base_id, metrics)

@@ -10,9 +10,10 @@
 The export directory carries the model, our SentencePiece model (`tokenizer.model`) and `aiayn.json` (the
 model config, the corpus identity, the decoding settings). Decoding is aiayn's where CTranslate2 can express it:
 beam 4, sentences batched by source length so each is limited to its own length + 50 tokens, stop once `beam`
-hypotheses have ended (patience 1), `<pad>`, `<unk>` and `<s>` never generated, the source without `</s>`, the
-output SentencePiece-decoded as aiayn does. CTranslate2's length penalty is score / |Y|^α, not GNMT's
-score / ((5 + |Y|) / 6)^α; at the length limit a hypothesis ends without paying for its EOS.
+hypotheses have ended (patience 1), `<pad>`, `<unk>` and `<s>` never generated, the source with `</s>` where the
+model was trained so (without it for earlier runs), the output SentencePiece-decoded as aiayn does. CTranslate2's
+length penalty is score / |Y|^α, not GNMT's score / ((5 + |Y|) / 6)^α; at the length limit a hypothesis ends
+without paying for its EOS.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from aiayn.common.errors import UserError
 from aiayn.common.files import sha256_bytes
 from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS
-from aiayn.lightning_modules.transformer.model import BOS, PAD, TransformerConfig
+from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, TransformerConfig
 from aiayn.lightning_modules.use.export import CT2_TOKENIZER, EXPORT_FILE, require
 from aiayn.lightning_modules.use.options import ModelSource
 from aiayn.lightning_modules.use.translate import Translator, encode_checked, evaluation, pick_device, token_batches
@@ -96,6 +97,8 @@ class Ct2Translator:
                                             intra_threads=threads if self.device.type == "cpu" else 1)  # fmt: skip
         self.data = dict(record.get("data") or {})
         self.max_len = self.data.get("max_len") or self.cfg.max_len
+        # sources end with </s> where the model was trained so (its config.json's data.source_eos)
+        self._eos = [self.sp.id_to_piece(EOS)] if self.data.get("source_eos") else []
         self.checkpoints = [str(path)]
         self.quantization = record.get("quantization")
         self._never = [[self.sp.id_to_piece(PAD)], [self.sp.id_to_piece(BOS)]]  # and UNK: disable_unk
@@ -110,7 +113,8 @@ class Ct2Translator:
     ) -> list[str]:
         """The translation of each sentence, in order ("" for a blank one)."""
         beam, alpha = beam or self.beam, self.alpha if alpha is None else alpha
-        pieces = encode_checked(self.sp, sentences, self.cfg.max_len, name, out_type=str)
+        pieces = encode_checked(self.sp, sentences, self.cfg.max_len - len(self._eos), name, out_type=str)
+        pieces = [p + self._eos if p else p for p in pieces]
         out = [""] * len(pieces)
         # same-length: one source length per batch, since CTranslate2's length limit is per batch and aiayn's per
         # sentence (exactly aiayn's limits, at the cost of small batches); sorted: sentences of neighbouring
@@ -131,7 +135,7 @@ class Ct2Translator:
         """Per-token perplexity of the references (EOS included) given the sources, both cut at the max_len of
         training, as `Translator.perplexity`; pairs with an empty source are left out."""
         cut = self.max_len
-        src = [x[:cut] for x in self.sp.encode(list(sources), out_type=str)]
+        src = [x[:cut] + self._eos if x else x for x in self.sp.encode(list(sources), out_type=str)]
         tgt = [y[:cut] for y in self.sp.encode(list(references), out_type=str)]
         keep = [i for i in range(len(src)) if src[i]]
         total, count = 0.0, 0

@@ -206,7 +206,9 @@ def write_marian_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, da
     """MarianTokenizer's files (`write_marian_files`) and its config; returns the tokenizer.
 
     MarianTokenizer appends </s> to every source (Marian's models were trained so; transformers has no setting that
-    turns it off); ours were trained without it, so encode with `add_special_tokens=False`.
+    turns it off): what aiayn trains with (`--source-eos`, the default since issue 45), so its default call gives
+    aiayn's translations; a model trained without it (`data.source_eos` false: evidence v5, v6 and earlier runs) is
+    encoded with `add_special_tokens=False`.
     `clean_up_tokenization_spaces` is off: aiayn's output is SentencePiece's decoding as it is (it would join " ."
     to ".")."""
     import sentencepiece as spm
@@ -224,13 +226,14 @@ def write_marian_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, da
     return tokenizer
 
 
-def write_fast_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig):
+def write_fast_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, source_eos: bool = True):
     """Our joint SentencePiece model as a Transformers fast tokenizer (tokenizer.json, read by AutoTokenizer): the
     same pieces and ids as SentencePiece's own encoding (transformers' SpmConverter builds it from the model file:
-    its normalizer, whitespace handling and BPE merges ranked by piece score), and, unlike MarianTokenizer, no
-    `</s>` appended to a source, because aiayn's models were trained without one: the defaults give aiayn's
-    translations. Returns the tokenizer."""
+    its normalizer, whitespace handling and BPE merges ranked by piece score), with `</s>` appended to a source where
+    the model was trained so (`source_eos`, as MarianTokenizer always does) and none where it was not: the defaults
+    give aiayn's translations either way. Returns the tokenizer."""
     import sentencepiece as spm
+    from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import SpmConverter, import_protobuf
 
@@ -239,13 +242,17 @@ def write_fast_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig):
     spec.ParseFromString(proto)
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
     built = SpmConverter.build_tokenizer_from_spm_proto(spec, vocab)
+    eos = sp.id_to_piece(EOS)
+    if source_eos:
+        built.post_processor = TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
+                                                  special_tokens=[(eos, EOS)])  # fmt: skip
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=built, unk_token=sp.id_to_piece(UNK), eos_token=sp.id_to_piece(EOS),
         pad_token=sp.id_to_piece(PAD), bos_token=sp.id_to_piece(BOS), model_max_length=cfg.max_len,
         clean_up_tokenization_spaces=False,
     )  # fmt: skip
     probe = ["A man rides a bike.", "Ein Mann fährt Fahrrad.", "  two  spaces  "]
-    if [tokenizer(x).input_ids for x in probe] != [sp.encode(x) for x in probe]:
+    if [tokenizer(x).input_ids for x in probe] != [sp.encode(x) + [EOS] * source_eos for x in probe]:
         raise UserError("this SentencePiece model cannot be expressed as a Transformers fast tokenizer here (its "
                         "pieces differ); export with --format ctranslate2")  # fmt: skip
     tokenizer.save_pretrained(str(where))
@@ -281,7 +288,7 @@ def write_hf(model: Transformer, proto: bytes, where: Path, *, data: dict, beam:
     hf.generation_config = generation_config(model.cfg, beam, alpha)
     hf.save_pretrained(str(where))
     if tokenizer == "fast":
-        write_fast_tokenizer(proto, where, model.cfg)
+        write_fast_tokenizer(proto, where, model.cfg, bool(data.get("source_eos")))
         write_marian_files(proto, where)
     else:
         write_marian_tokenizer(proto, where, model.cfg, data)
@@ -489,12 +496,16 @@ def readme(fmt: str, record: dict) -> str:
         deviations = run.get("deviations") or []
         head += ("Where it leaves the paper: " + "; ".join(deviations) + ".\n\n" if deviations
                  else "It follows the paper's recipe for its row at this scale.\n\n")  # fmt: skip
+    eos = bool(record["data"].get("source_eos"))
     if fmt == "hf":
-        return head + _README_HF.format(beam=dec["beam"], alpha=dec["alpha"], extra=dec["extra_len"] + 2)
-    head += ("**The source gets no `</s>`.** The model was trained on sources without an end-of-sentence token, so "
-             "encode sources without one, as below.\n\n")  # fmt: skip
+        return head + _README_HF.format(beam=dec["beam"], alpha=dec["alpha"], extra=dec["extra_len"] + 2,
+                                        eos=_README_HF_EOS if eos else _README_HF_NO_EOS)  # fmt: skip
+    if not eos:
+        head += ("**The source gets no `</s>`.** The model was trained on sources without an end-of-sentence token, "
+                 "so encode sources without one, as below.\n\n")  # fmt: skip
     return head + _README_CT2.format(beam=dec["beam"], alpha=dec["alpha"], extra=dec["extra_len"],
-                                     quantization=record.get("quantization"))  # fmt: skip
+                                     quantization=record.get("quantization"),
+                                     source=' + ["</s>"]' if eos else "")  # fmt: skip
 
 
 _README_HF = """\
@@ -507,31 +518,37 @@ _README_HF = """\
     tokenizer.batch_decode(out, skip_special_tokens=True)
 
 Transformers 5 has no `pipeline("translation")` (nor `text2text-generation`): call `generate` as above. The
-tokenizer (`tokenizer.json`) encodes exactly as aiayn's SentencePiece model and, as aiayn trained, appends no
-`</s>` to a source: its defaults give aiayn's translations. The model is a `MarianMTModel` (post-LN, ReLU, shared
-embeddings × √d_model, sinusoidal positions; aiayn's weights with the model dimension permuted from the paper's
-interleaved sinusoids to Marian's sin-then-cos layout, which computes the same logits), its weights in
-`model.safetensors`. `MarianTokenizer.from_pretrained` loads this directory too (`source.spm`, `target.spm`,
-`vocab.json`: the same SentencePiece model and ids), but appends `</s>` to every source, as Marian's models were
-trained and aiayn's were not, and transformers has no setting that turns that off: with it, call
-`tokenizer(texts, add_special_tokens=False, ...)` to get aiayn's translations.
+tokenizer (`tokenizer.json`) encodes exactly as aiayn's SentencePiece model{eos} The model is a `MarianMTModel`
+(post-LN, ReLU, shared embeddings × √d_model, sinusoidal positions; aiayn's weights with the model dimension permuted
+from the paper's interleaved sinusoids to Marian's sin-then-cos layout, which computes the same logits), its weights
+in `model.safetensors`.
 
 `generation_config.json` holds aiayn's decoding as far as Transformers can express it: beam {beam}, length
 penalty {alpha}, stop once {beam} hypotheses have ended (`early_stopping=True`), `<pad>`, `<unk>` and `<s>` never
 generated, `</s>` forced at the length limit. Transformers' length penalty divides a hypothesis's
 log-probability by |Y|^α where aiayn (GNMT) divides by ((5 + |Y|) / 6)^α, so a few sentences end differently
 (with `length_penalty=0` both rank by log-probability alone and agree). aiayn limits each sentence to its source
-length + 50 tokens; `max_length` above is the batch's longest source + {extra} (50, the `</s>` and the decoder's
-start token `<s>`), so batch sentences of one length together to limit each as aiayn does. A blank line has no tokens to
+length + 50 tokens (its `</s>` counted where it has one, as the tokenizer counts it); `max_length` above is the
+batch's longest source + {extra} (50, the final `</s>` and the decoder's start token `<s>`), so batch sentences of one
+length together to limit each as aiayn does. A blank line has no tokens to
 translate: skip it.
 """
+_README_HF_EOS = """ and, as aiayn trained, appends `</s>` to every source: its
+defaults give aiayn's translations. `MarianTokenizer.from_pretrained` loads this directory too (`source.spm`,
+`target.spm`, `vocab.json`: the same SentencePiece model and ids) and encodes the same: its default call gives
+aiayn's translations as well."""
+_README_HF_NO_EOS = """ and, as this model was trained (before aiayn appended `</s>` to
+sources), appends no `</s>` to a source: its defaults give aiayn's translations. `MarianTokenizer.from_pretrained`
+loads this directory too (`source.spm`, `target.spm`, `vocab.json`: the same SentencePiece model and ids), but
+appends `</s>` to every source, and transformers has no setting that turns that off: with it, call
+`tokenizer(texts, add_special_tokens=False, ...)` to get aiayn's translations."""
 _README_CT2 = """\
     import ctranslate2
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file="THIS_DIRECTORY/tokenizer.model")
     translator = ctranslate2.Translator("THIS_DIRECTORY", device="cpu")
-    source = [sp.encode(s, out_type=str) for s in ["A man rides a bike."]]
+    source = [sp.encode(s, out_type=str){source} for s in ["A man rides a bike."]]
     results = translator.translate_batch(source, beam_size={beam}, length_penalty={alpha}, disable_unk=True,
                                          suppress_sequences=[["<pad>"], ["<s>"]],
                                          max_decoding_length=max(map(len, source)) + {extra})

@@ -126,6 +126,8 @@ class Translator:
         self.max_len = max_len or model.cfg.max_len  # references are cut here for perplexity, as in training
         self.checkpoints = list(checkpoints)
         self.data = dict(data or {})  # the corpus identity the model was trained on (for `eval --split`)
+        # sources end with </s> where the model was trained so (config.json's data.source_eos; absent: without)
+        self.source_eos = bool(self.data.get("source_eos", False))
         self.tokenizer_proto = tokenizer  # the SentencePiece model's bytes (`aiayn export` copies them)
         self.run_config: RunConfig | None = None  # the run's config.json as its checkpoint carries it (`aiayn export`)
 
@@ -177,9 +179,11 @@ class Translator:
     # ---- translating
 
     def encode(self, sentences: Sequence[str], name: str = "sentence") -> list[list[int]]:
-        """Token ids per sentence ([] for a blank one); a sentence longer than the model's max_len is a
-        UserError naming it (`name` N, 1-based)."""
-        return encode_checked(self.sp, sentences, self.model.cfg.max_len, name)
+        """Token ids per sentence ([] for a blank one), ending with </s> where the model was trained so; a sentence
+        longer than the model's max_len is a UserError naming it (`name` N, 1-based)."""
+        eos = int(self.source_eos)
+        ids = encode_checked(self.sp, sentences, self.model.cfg.max_len - eos, name)
+        return [x + [EOS] if x and eos else x for x in ids]
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
         return token_batches(lengths, self.max_tokens)
@@ -220,7 +224,7 @@ class Translator:
         both cut at the max_len the model was evaluated with in training, as its dev perplexity. Pairs
         with an empty source are left out."""
         cut = self.max_len
-        src = [x[:cut] for x in self.sp.encode(list(sources))]
+        src = [x[:cut] + ([EOS] if x and self.source_eos else []) for x in self.sp.encode(list(sources))]
         tgt = [y[:cut] for y in self.sp.encode(list(references))]
         total, count = 0.0, 0
         # a pair with an empty source has nothing to attend to: left out, as its translation is empty

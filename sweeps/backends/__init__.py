@@ -70,6 +70,27 @@ class Sweep:
     def run_options(self, row: str, seed: int) -> TrainOptions:
         return replace(self.train, row=row, seed=seed, progress=False)
 
+    @property
+    def wanted(self) -> dict[str, int]:
+        """row -> the steps this sweep trains it to: `--max-steps`, else the row's budget at the preset."""
+        return {row: self.train.max_steps or spec.train_steps for row, spec in self.specs.items()}
+
+    def states(self, claims: books.Claims) -> list[PairState]:
+        """Every pair's state in the books, at the steps this sweep wants (a run completed at fewer is `short`)."""
+        return books.states(self.out, self.preset.name, self.corpus, self.pairs, claims, self.wanted)
+
+    def check_budgets(self) -> None:
+        """A pair completed at more steps than this sweep asks (a full run under a later `--max-steps 60`) cannot be
+        shortened: one line naming the flag, before anything runs (a sweep never reports a table of another budget
+        as this one)."""
+        longer = books.longer_than_wanted(self.out, self.preset.name, self.corpus, self.pairs, self.wanted)
+        if longer:
+            (row, seed), path, steps = longer[0]
+            flag = f"--max-steps {self.train.max_steps}" if self.train.max_steps else f"the budget {self.wanted[row]}"
+            raise UserError(f"{row} seed {seed} already trained {steps} steps in {path}; {flag} asks for "
+                            f"{self.wanted[row]}, and a run cannot be shortened ({len(longer)} run(s) so): pass "
+                            "another --out for a shorter look, or drop --max-steps")  # fmt: skip
+
     def record(self, backend: str) -> None:
         """Write the pairs this sweep owes into the books (OUT/sweeps/KEY.json), where `aiayn status` finds the sweep
         before any of its runs has a directory: each back end's `launch` does so before its pairs start."""
@@ -167,10 +188,11 @@ class Backend(ABC):
         return True
 
     def status(self, sweep: Sweep) -> list[PairState]:
-        return books.states(sweep.out, sweep.preset.name, sweep.corpus, sweep.pairs, self.claims(sweep))
+        return sweep.states(self.claims(sweep))
 
     def check(self, sweep: Sweep) -> None:  # noqa: B027 (optional: a back end that can run anything refuses nothing)
-        """Refuse what this back end cannot do, before anything is written (a UserError)."""
+        """Refuse what this back end cannot do, before anything is written (a UserError). Every sweep's budgets are
+        checked by the caller too (`Sweep.check_budgets`)."""
 
     @classmethod
     def status_claims(cls, out: OutDir) -> books.Claims:

@@ -40,9 +40,27 @@ def pair_of(trial: optuna.trial.FrozenTrial) -> Pair | None:
     return (str(attrs["row"]), int(attrs["seed"])) if "row" in attrs and "seed" in attrs else None
 
 
-def enqueue_pending(study: optuna.Study, pairs: list[Pair], cost: dict[str, float] | None = None) -> list[Pair]:
-    """Enqueue every pair that is neither done, queued nor running; failed pairs get a new trial. With `cost`
-    (row -> relative cost), the longest runs first (workers pop in enqueue order).
+def trained_steps(trial: optuna.trial.FrozenTrial) -> int | None:
+    """The steps the run of a completed trial trained (its recorded metrics), None where it recorded none."""
+    steps = (trial.user_attrs.get("metrics") or {}).get("steps")
+    return int(steps) if isinstance(steps, int) else None
+
+
+def done_at(trial: optuna.trial.FrozenTrial, wanted: dict[str, int] | None) -> bool:
+    """A completed trial whose run trained the steps the sweep wants of its row (`wanted`: row -> steps; None:
+    whatever it trained). A trial completed at fewer (a look capped by --max-steps) is not done: the pair is
+    enqueued again and its run extended."""
+    if trial.state != TrialState.COMPLETE:
+        return False
+    pair, steps = pair_of(trial), trained_steps(trial)
+    return wanted is None or pair is None or steps is None or steps >= wanted.get(pair[0], 0)
+
+
+def enqueue_pending(study: optuna.Study, pairs: list[Pair], cost: dict[str, float] | None = None,
+                    wanted: dict[str, int] | None = None) -> list[Pair]:  # fmt: skip
+    """Enqueue every pair that is neither done (`done_at` the steps `wanted` of its row), queued nor running; failed
+    pairs and runs completed at fewer steps get a new trial. With `cost` (row -> relative cost), the longest runs
+    first (workers pop in enqueue order).
 
     The pair is the trial's user attributes: that is what the books read, and where tools that list trials
     (optuna-dashboard) show the row. The seed is also the trial's one parameter, on a fixed range (0..MAX_SEED), for
@@ -50,8 +68,8 @@ def enqueue_pending(study: optuna.Study, pairs: list[Pair], cost: dict[str, floa
     choices in every trial of a study, and a table's rows change under a study (a row appended to
     ablations/extended.csv or a --table, a row removed): "CategoricalDistribution does not support dynamic value
     space". Nothing is sampled: the values are the enqueued ones."""
-    busy = {TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING}
-    taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy}
+    busy = {TrialState.WAITING, TrialState.RUNNING}
+    taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy or done_at(t, wanted)}
     pending = [p for p in pairs if p not in taken]
     if cost is not None:
         pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
@@ -95,7 +113,7 @@ class QueueBackend(Backend):
                 log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
                             t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
             cost = {row: spec.cost() for row, spec in sweep.specs.items()}
-            pending = enqueue_pending(study, pairs, cost)
+            pending = enqueue_pending(study, pairs, cost, sweep.wanted)
             sweep.record(self.name)
         log.info("table3 %s on %s: %d pairs, %d to run (%s), %d at a time", sweep.preset.name, sweep.corpus,
                  len(sweep.pairs), len(pending), name, sweep.jobs)  # fmt: skip
@@ -119,7 +137,7 @@ class QueueBackend(Backend):
                 for t in again:
                     log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, run again here",
                                 t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
-                enqueue_pending(study, [p for p in pairs if p in {pair_of(t) for t in again}], cost)
+                enqueue_pending(study, [p for p in pairs if p in {pair_of(t) for t in again}], cost, sweep.wanted)
             if not again:
                 break
         elsewhere = self._running_elsewhere(study, sweep)
@@ -173,7 +191,7 @@ class QueueBackend(Backend):
                     study.tell(trial, state=TrialState.FAIL)
                     break
                 set_params(trial, pair)
-                if held is None or self._completed_elsewhere(study, pair, trial.number):
+                if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
                     # the same pair, enqueued twice by racing drivers, is running or done in another worker
                     if held is not None:
                         held.close()
@@ -213,11 +231,10 @@ class QueueBackend(Backend):
         return done, failed, diverged
 
     @staticmethod
-    def _completed_elsewhere(study: optuna.Study, pair: Pair, number: int) -> bool:
-        return any(
-            t.state == TrialState.COMPLETE and t.number != number and pair_of(t) == pair
-            for t in study.get_trials(deepcopy=False)
-        )
+    def _completed_elsewhere(study: optuna.Study, pair: Pair, number: int, wanted: dict[str, int]) -> bool:
+        """The pair done at the sweep's steps by another trial (a racing driver's) meanwhile."""
+        return any(t.number != number and pair_of(t) == pair and done_at(t, wanted)
+                   for t in study.get_trials(deepcopy=False))  # fmt: skip
 
 
 def _threads(jobs: int) -> int | None:

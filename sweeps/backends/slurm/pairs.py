@@ -16,7 +16,7 @@ from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir
-from aiayn.lightning_modules.run.spec import run_corpus
+from aiayn.lightning_modules.run.spec import resolve, run_corpus
 from aiayn.sweeps import books
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
 from aiayn.sweeps.books import Claims
@@ -101,7 +101,9 @@ def classify(opts: SlurmOptions, todo: list[tuple[str, int]], live: set[str]) ->
     """Split pairs into completed, in SLURM (queued or running) and pending (to submit), by the books every
     back end keeps (sweeps/books.py)."""
     held = SlurmClaims(out_of(opts), "pair", lambda: live)
-    found = books.states(out_of(opts), get_preset(opts.train.preset).name, corpus_of(opts), todo, held)
+    t = opts.train
+    wanted = {row: t.max_steps or resolve(row, t.preset, tables=t.table).train_steps for row in {r for r, _ in todo}}
+    found = books.states(out_of(opts), get_preset(opts.train.preset).name, corpus_of(opts), todo, held, wanted)
     out = {"completed": [], "in_slurm": [], "pending": []}
     for s in found:
         out["completed" if s.state == "completed" else "in_slurm" if s.state == "running" else "pending"].append(s.pair)
