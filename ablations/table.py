@@ -10,6 +10,7 @@ Everything here is "what to run", so nothing imports torch.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass
 from functools import cache
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from aiayn.ablations.knobs import PAPER_BASE, TABLE_KNOBS, parse_value
 from aiayn.common.errors import UserError
+from aiayn.common.files import read_user_text
 from aiayn.common.names import check_name
 from aiayn.common.options import option
 
@@ -69,20 +71,21 @@ def _typed(path: Path, line: int, column: str, text: str):
         raise UserError(f"table {path} line {line}: {e}, got {text!r}; fix that cell") from None
 
 
+TABLE_MAX_BYTES = 1 << 20  # a table of rows is a few KB
+# words --rows reads as selections, not as row names
+SELECTION_WORDS = {"all": "every paper row", "scored": "the preset's pre-registered rows"}
+
+
 def read_table(path: str | Path) -> list[tuple[int, dict]]:
     """The rows of one table file as (line number, {column: cell}), checked: a missing or unreadable
     file, an unknown or missing column, a row without a name or a cell of the wrong type is a UserError
     naming the file and line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(
-            f"table {path} does not exist; pass --table with a CSV file in the layout of ablations/extended.csv"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read table {path} ({type(e).__name__}); pass a UTF-8 CSV file") from None
-    reader = csv.DictReader(text.splitlines())
+    text = read_user_text(path, f"table {path}", TABLE_MAX_BYTES,
+                          "pass --table with a UTF-8 CSV file in the layout of ablations/extended.csv")  # fmt: skip
+    # the csv module splits lines itself (at \n and \r\n only): str.splitlines() also split at U+2028 and the like
+    # inside a note's cell, and made a phantom row of its second half
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     header = reader.fieldnames or []
     unknown = [c for c in header if c not in COLUMNS]
     if unknown:
@@ -99,6 +102,9 @@ def read_table(path: str | Path) -> list[tuple[int, dict]]:
         if not name:
             raise UserError(f"table {path} line {line}: the row has no name; fill its 'row' cell")
         check_name("row", name, f"table {path} line {line}")
+        if name in SELECTION_WORDS:
+            raise UserError(f"table {path} line {line}: a row cannot be named {name!r}, which --rows reads as "
+                            f"{SELECTION_WORDS[name]}; give the row another name")  # fmt: skip
         if (raw.get("group") or "").strip():
             check_name("group", raw["group"].strip(), f"table {path} line {line}")
         cells = {k: _typed(path, line, k, v) for k, v in raw.items() if k not in ("row", "group", "note") and v}
@@ -143,6 +149,15 @@ def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
                 )
             where[r["row"]] = f"{path} line {line}"
             raw.append(r)
+    groups: dict[str, str] = {}  # group -> its first row
+    for r in raw:
+        if r["group"] != r["row"]:
+            groups.setdefault(r["group"], r["row"])
+    for r in raw:
+        if r["row"] in groups:
+            name = r["row"]
+            raise UserError(f"table {where[name]}: row {name!r} has the name of group {name} (of row {groups[name]}), "
+                            f"which --rows {name} selects whole; give the row another name")  # fmt: skip
     base_raw = next(r for r in raw if r["row"] == "base")
     base = dict(PAPER_BASE, **{k: v for k, v in base_raw.items() if k in TABLE_KNOBS})
     rows = {}

@@ -152,10 +152,15 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert err.startswith(f"aiayn: error: {message}") and err.count("\n") == 1
 
 
-def test_a_row_of_your_own_table_is_in_the_papers_units_and_the_run_says_how_it_was_scaled(tmp_path, caplog):
+def test_a_row_of_your_own_table_is_in_the_papers_units_and_the_run_says_how_it_was_scaled(
+    tmp_path, caplog, monkeypatch
+):
     """Issue 45: an own row's cells are the paper's units, which the preset scales (d_ff 256 became 64 at tiny
     without a word); the resolved run says so, once per row and preset, naming each scaled cell."""
+    from aiayn.lightning_modules.run import spec as spec_module
     from aiayn.lightning_modules.run.spec import resolve
+
+    monkeypatch.setattr(spec_module, "_SAID", set())  # once per process: another test's wide-ff was said already
 
     header = (Path(__file__).resolve().parents[1] / "ablations" / "extended.csv").read_text().splitlines()[0]
     cells = {"row": "wide-ff", "group": "mine", "d_ff": "4096"}

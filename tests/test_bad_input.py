@@ -8,6 +8,7 @@ path under a regular file: CI runs as root, where permission bits do not stop a 
 """
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -247,8 +248,8 @@ CASES = {
                                   "file"),
     # --- config files (train --config)
     "missing config": (TRAIN + ["--config", "{tmp}/none.json"], None,
-                       "cannot read config {tmp}/none.json (No such file or directory); pass a run's config.json or "
-                       "a YAML file of `aiayn train` options (e.g. `row: C3`)"),
+                       "config {tmp}/none.json does not exist; pass a run's config.json or a YAML file of `aiayn "
+                       "train` options (e.g. `row: C3`)"),
     "config with an unknown option": (TRAIN + ["--config", "{tmp}/t.csv"], table("row: C1\nmax_step: 3\n"),
                                       "config {tmp}/t.csv: unknown option 'max_step' (did you mean 'max_steps'?); "
                                       "use the option names of `aiayn train --help` (e.g. max_steps, set)"),
@@ -319,8 +320,30 @@ CASES = {
                                     "argument --seed: expected an integer of at least 0, got -1; see `aiayn train "
                                     "--help`"),
     "missing table": (["rows", "--table", "{tmp}/none.csv"], None,
-                      "table {tmp}/none.csv does not exist; pass --table with a CSV file in the layout of "
+                      "table {tmp}/none.csv does not exist; pass --table with a UTF-8 CSV file in the layout of "
                       "ablations/extended.csv"),
+    # --- round 6 (issue 45): files that never end, names that mean something else
+    "a device as the config": (TRAIN + ["--config", "/dev/zero"], None,
+                               "config /dev/zero is a device, not a file; pass a run's config.json or a YAML file of "
+                               "`aiayn train` options (e.g. `row: C3`)"),
+    "a device as the table": (["rows", "--table", "/dev/urandom"], None,
+                              "table /dev/urandom is a device, not a file; pass --table with a UTF-8 CSV file in the "
+                              "layout of ablations/extended.csv"),
+    "a FIFO as the table": (["rows", "--table", "{tmp}/fifo"], lambda t: os.mkfifo(t / "fifo"),
+                            "table {tmp}/fifo is a FIFO, not a file; pass --table with a UTF-8 CSV file in the layout "
+                            "of ablations/extended.csv"),
+    "a directory as the search space": (["hpo", "--out", "{tmp}/o", "--space", "{tmp}"], None,
+                                        "config {tmp} is a directory, not a file; pass a YAML file like `P_drop: {low: "
+                                        "0.0, high: 0.3}` (see `aiayn hpo --help`)"),
+    "a device as a config's table": (TRAIN + ["--config", "{tmp}/t.csv"], table("table: [/dev/zero]\n"),
+                                     "table /dev/zero is a device, not a file; pass --table with a UTF-8 CSV file in "
+                                     "the layout of ablations/extended.csv"),
+    "a row named as a group": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nA,mine,2\n"),
+                               "table {tmp}/t.csv line 2: row 'A' has the name of group A (of row A1), which --rows A "
+                               "selects whole; give the row another name"),
+    "a row named all": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nall,mine,2\n"),
+                        "table {tmp}/t.csv line 2: a row cannot be named 'all', which --rows reads as every paper "
+                        "row; give the row another name"),
     # --- storages
     "unknown storage scheme": (T3 + ["--storage", "redis://localhost/0"], None,
                                "storage URL 'redis://localhost/0' has an unknown scheme; use sqlite:///PATH, "
@@ -507,17 +530,18 @@ def test_a_row_too_big_for_this_machine_is_refused_before_it_is_built(tmp_path, 
     before = tree(tmp_path)
     assert main(["train", "--table", str(tmp_path / "t.csv"), "--row", "huge", "--out", str(tmp_path / "runs"),
                  "--accelerator", "cpu"]) == 2  # fmt: skip
-    err = capsys.readouterr().err
+    *said, err = capsys.readouterr().err.splitlines()  # said: the log line of how the preset scaled the own row
     assert err.startswith("aiayn: error: row huge has ") and "more than this machine's" in err
-    assert err.count("\n") == 1 and tree(tmp_path) == before
+    assert [line.split(":")[0] for line in said] == ["INFO aiayn.lightning_modules.run.spec"]
+    assert tree(tmp_path) == before
 
 
 def test_a_config_too_large_to_be_one_is_refused_at_once(tmp_path, capsys):
     """A 20 MB config took minutes and gigabytes before its error; a config file is at most 1 MB."""
     (tmp_path / "big.yaml").write_text("# " + "x" * (2 << 20) + "\nrow: C1\n")
     assert main(["train", "--config", str(tmp_path / "big.yaml"), "--print-config"]) == 2
-    assert capsys.readouterr().err == (f"aiayn: error: config {tmp_path / 'big.yaml'} is 2.0 MB, more than a config "
-                                       "file of options can be (at most 1 MB); pass a run's config.json or a YAML file "
+    assert capsys.readouterr().err == (f"aiayn: error: config {tmp_path / 'big.yaml'} is 2.0 MB, more than such a "
+                                       "file can be (at most 1 MB); pass a run's config.json or a YAML file "
                                        "of `aiayn train` options (e.g. `row: C3`)\n")  # fmt: skip
 
 
@@ -553,3 +577,18 @@ def test_runs_that_recorded_no_corpus_are_reported_beside_the_others_not_over_th
     assert {"table3-tiny.csv", "table3-tiny-corpus-unrecorded.csv"} <= written
     assert "A1" in (tmp_path / "rep" / "table3-tiny-corpus-unrecorded.csv").read_text()
     assert "base" in (tmp_path / "rep" / "table3-tiny.csv").read_text()
+
+
+def test_a_line_separator_inside_a_note_is_text_not_a_second_row(tmp_path, capsys):
+    """Issue 45: a table was split with str.splitlines(), which also breaks at U+2028, so a note holding one made a
+    phantom row of its second half."""
+    header = (Path(__file__).resolve().parents[1] / "ablations" / "extended.csv").read_text().splitlines()[0]
+    columns = header.split(",")
+    cells = {"row": "mine", "group": "own", "N": "1", "note": '"first half\u2028second half"'}
+    (tmp_path / "t.csv").write_text(header + "\n" + ",".join(cells.get(c, "") for c in columns) + "\n",
+                                    encoding="utf-8")  # fmt: skip
+    assert main(["rows", "--table", str(tmp_path / "t.csv"), "--format", "json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    mine = [r for r in records if r["row"] == "mine"]
+    assert len(mine) == 1 and mine[0]["note"] == "first half\u2028second half"
+    assert not any(r["row"].startswith("second") for r in records)

@@ -238,14 +238,22 @@ def test_averaging_checkpoints_far_from_the_end_is_said(tmp_path, caplog):
     assert span_warning(files([6600, 6700, 6800, 6900, 7000])) is None  # the last 5.7%: as the paper
     said = span_warning(files([250, 500, 750, 1000, 1200]))
     assert said.startswith("--average 5 averages the checkpoints of steps 250-1200, 79% of the run")
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    for s in (250, 500, 750, 1000, 1200):
-        (run / "checkpoints" / f"step{s:07d}.ckpt").write_bytes(b"")
+    from conftest import checkpoint_of
+
+    from aiayn.lightning_modules.use.checkpoints import averaged
+
+    (tmp_path / "checkpoints").mkdir()
+    spec = resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 32, "h": 2}, vocab_size=50)
+    paths = [tmp_path / "checkpoints" / f"step{s:07d}.ckpt" for s in (250, 500, 750, 1000, 1200)]
+    for p in paths:
+        torch.save(checkpoint_of(spec, global_step=int(p.stem[4:]), state_dict={"w": torch.randn(3)}), p)
     with caplog.at_level("WARNING"):
-        assert len(last_checkpoints(run, 5, "--average")) == 5
-    assert "79% of the run" in caplog.text
+        averaged(last_checkpoints(tmp_path, 5), "--average")
+    assert "--average 5 averages the checkpoints of steps 250-1200, 79% of the run" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING"):
-        last_checkpoints(run, 1, "--average")
+        averaged(last_checkpoints(tmp_path, 2), "--average")  # steps 1000-1200: 17%
+        assert "17% of the run" in caplog.text
+        caplog.clear()
+        averaged(paths[-1:] * 2, "--average")
     assert "of the run" not in caplog.text

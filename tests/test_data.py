@@ -550,7 +550,8 @@ def test_datamodule_end_to_end(tiny_dm, caplog):
     val_batches = list(dm.val_dataloader())
     val_idx = sorted(i for b in val_batches for i in b["idx"].tolist())
     assert val_idx == list(range(41))  # nothing dropped from dev; the long pair is truncated
-    assert max(b["src"].shape[1] for b in val_batches) == 48
+    assert max(b["src"].shape[1] for b in val_batches) == 48 + 1  # truncated to max_len tokens, then its </s>
+    assert all((b["src"].gather(1, (b["src"] != 0).sum(1, keepdim=True) - 1) == dm.eos_id).all() for b in val_batches)
     b = val_batches[0]
     row = 0
     refs = dm.references("dev")

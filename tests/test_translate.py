@@ -155,7 +155,8 @@ def bad_cases(run: Path, tmp: Path) -> dict:
     return {
         "a line longer than the model's maximum": (
             ["translate", "--run", str(run), "--input", f"{tmp}/long.en", *out],
-            f"input line 2 has {n_long} tokens, more than the model's maximum of 512; split it into shorter sentences",
+            f"input line 2 has {n_long} tokens, more than the 511 of the model's 512 positions less the </s> it ends "
+            "with; split it into shorter sentences",
         ),
         "non-UTF-8 input": (
             ["translate", "--run", str(run), "--input", f"{tmp}/latin1.en", *out],

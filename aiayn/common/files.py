@@ -123,6 +123,34 @@ def atomic_directory(path: str | os.PathLike, flag: str = "--out"):
         raise
 
 
+def read_user_text(path: str | os.PathLike, what: str, limit: int, fix: str) -> str:
+    """The UTF-8 text of a file a user names (a config, a table, a search space): one line when it is not a regular
+    file (a directory, /dev/zero or /dev/urandom, a FIFO: read whole, those never end or ran out of memory), when it
+    is larger than `limit` bytes, or when it cannot be read; `what` names it ("config x.yaml"), `fix` ends the line."""
+    import stat
+
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise UserError(f"{what} does not exist; {fix}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {what} ({e.strerror or type(e).__name__}); {fix}") from None
+    if not stat.S_ISREG(st.st_mode):
+        mode = st.st_mode
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")  # fmt: skip
+        raise UserError(f"{what} is {kind}, not a file; {fix}")
+    if st.st_size > limit:
+        raise UserError(f"{what} is {st.st_size / 2**20:.1f} MB, more than such a file can be (at most "
+                        f"{limit / 2**20:g} MB); {fix}")  # fmt: skip
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(limit + 1)[:limit]
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {what} ({getattr(e, 'strerror', None) or type(e).__name__}); {fix}") from None
+
+
 def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     """A UserError unless `path` can be written as a file: its directory exists or can be created, and it is not a
     directory itself (checked before any work, so a command does not compute everything and then fail to write)."""

@@ -312,16 +312,12 @@ def read_mapping(path, what: str) -> dict:
 
     import yaml  # lazily: building the parsers needs no YAML
 
+    from aiayn.common.files import read_user_text
+
     path = Path(path)
+    text = read_user_text(path, f"config {path}", CONFIG_MAX_BYTES, f"pass {what}")
     try:
-        size = path.stat().st_size if path.is_file() else 0
-        if size > CONFIG_MAX_BYTES:
-            raise UserError(f"config {path} is {size / 2**20:.1f} MB, more than a config file of options can be (at "
-                            f"most {CONFIG_MAX_BYTES >> 20} MB); pass {what}")  # fmt: skip
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_no_alias_loader())  # noqa: S506 (a SafeLoader)
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read config {path} ({getattr(e, 'strerror', None) or type(e).__name__}); "
-                        f"pass {what}") from None  # fmt: skip
+        doc = yaml.load(text, Loader=_no_alias_loader())  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where else ""

@@ -68,24 +68,21 @@ def span_warning(paths: list[Path], flag: str = "--average") -> str | None:
 
 
 def last_checkpoints(run_or_dir: str | Path, k: int, flag: str = "--last") -> list[Path]:
-    """The newest `k` periodic checkpoints of a run, oldest first; a warning where they span more than
-    AVERAGE_SPAN of the run (`span_warning`)."""
+    """The newest `k` periodic checkpoints of a run, oldest first."""
     paths = periodic_checkpoints(run_or_dir)
     if k > len(paths):
         raise UserError(f"{flag} {k} asks for more checkpoints than the {len(paths)} kept in {run_or_dir}; "
                         f"pass {flag} {len(paths)} or less")  # fmt: skip
-    warning = span_warning(paths[-k:], flag)
-    if warning:
-        log.warning(warning)
     return paths[-k:]
 
 
-def averaged(paths: list[Path]) -> dict:
+def averaged(paths: list[Path], flag: str = "--average") -> dict:
     """The checkpoint whose parameters are the mean of those of `paths` (the paper averages the last 5
     or 20 checkpoints, §6.1); it keeps the last one's config and run files, without training state.
     Floating-point tensors are the float64 mean cast back to their dtype; other tensors (counters) are the
     last checkpoint's.
-    The checkpoints must share the model config and the tokenizer."""
+    The checkpoints must share the model config and the tokenizer; once they are found to, a warning where they
+    span more than AVERAGE_SPAN of the run (`span_warning`, naming `flag`), so that a refusal is the only line."""
     ckpts = [load_raw(p) for p in paths]
     first, last = ckpts[0], ckpts[-1]
     configs = [run_config(c, p) for p, c in zip(paths, ckpts)]
@@ -97,6 +94,9 @@ def averaged(paths: list[Path]) -> dict:
                                 f"one run")  # fmt: skip
         if run_files(c).get("tokenizer_sha256") != run_files(first).get("tokenizer_sha256"):
             raise UserError(f"checkpoint {p} has another tokenizer than {paths[0]}; average checkpoints of one run")
+    warning = span_warning(paths, flag)
+    if warning:
+        log.warning(warning)
     avg = {}
     for key, value in last["state_dict"].items():
         if value.is_floating_point():
@@ -109,6 +109,6 @@ def averaged(paths: list[Path]) -> dict:
     return result
 
 
-def average(paths: list[Path], out: str | Path) -> Path:
+def average(paths: list[Path], out: str | Path, flag: str = "--last") -> Path:
     """Average the parameters of `paths` into a new checkpoint (written atomically)."""
-    return atomic_torch_save(averaged(paths), out)
+    return atomic_torch_save(averaged(paths, flag), out)

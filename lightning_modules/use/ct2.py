@@ -113,7 +113,7 @@ class Ct2Translator:
     ) -> list[str]:
         """The translation of each sentence, in order ("" for a blank one)."""
         beam, alpha = beam or self.beam, self.alpha if alpha is None else alpha
-        pieces = encode_checked(self.sp, sentences, self.cfg.max_len - len(self._eos), name, out_type=str)
+        pieces = encode_checked(self.sp, sentences, self.cfg.max_len, len(self._eos), name, out_type=str)
         pieces = [p + self._eos if p else p for p in pieces]
         out = [""] * len(pieces)
         # same-length: one source length per batch, since CTranslate2's length limit is per batch and aiayn's per

@@ -167,7 +167,7 @@ class Translator:
 
     @classmethod
     def _load(cls, paths: list[Path], device: str, kw: dict) -> Translator:
-        ckpt = load_raw(paths[0]) if len(paths) == 1 else averaged(paths)
+        ckpt = load_raw(paths[0]) if len(paths) == 1 else averaged(paths, "--average")
         config = run_config(ckpt, paths[-1])
         model = _model(ckpt, paths[-1], config)
         proto = _tokenizer(ckpt, paths[-1])
@@ -182,7 +182,7 @@ class Translator:
         """Token ids per sentence ([] for a blank one), ending with </s> where the model was trained so; a sentence
         longer than the model's max_len is a UserError naming it (`name` N, 1-based)."""
         eos = int(self.source_eos)
-        ids = encode_checked(self.sp, sentences, self.model.cfg.max_len - eos, name)
+        ids = encode_checked(self.sp, sentences, self.model.cfg.max_len, eos, name)
         return [x + [EOS] if x and eos else x for x in ids]
 
     def _batches(self, lengths: list[int]) -> list[list[int]]:
@@ -243,13 +243,15 @@ class Translator:
         return evaluation(self, sources, references, name, params=self.model.cfg.params())
 
 
-def encode_checked(sp, sentences: Sequence[str], cap: int, name: str, out_type=int) -> list[list]:
-    """SentencePiece tokens per sentence ([] for a blank one); a sentence longer than `cap` tokens (the model's
-    max_len) is a UserError naming it (`name` N, 1-based)."""
+def encode_checked(sp, sentences: Sequence[str], max_len: int, eos: int, name: str, out_type=int) -> list[list]:
+    """SentencePiece tokens per sentence ([] for a blank one); a sentence longer than the model's `max_len`
+    positions less the `eos` (0 or 1) the source ends with is a UserError naming it (`name` N, 1-based)."""
+    cap = max_len - eos
     tokens = [sp.encode(s, out_type=out_type) if s.strip() else [] for s in sentences]
     for i, x in enumerate(tokens, start=1):
         if len(x) > cap:
-            raise UserError(f"{name} {i} has {len(x)} tokens, more than the model's maximum of {cap}; split it "
+            why = f"the model's {max_len} positions less the </s> it ends with" if eos else "the model's maximum"
+            raise UserError(f"{name} {i} has {len(x)} tokens, more than the {cap} of {why}; split it "
                             f"into shorter sentences")  # fmt: skip
     return tokens
 
