@@ -243,9 +243,14 @@ class Cell:
     def at(self, fraction: float) -> dict:
         """Per row, the per-seed numbers the tests read at `fraction` of the budget: the earlier points' readings, and
         at 100% the final evaluation (or its own reading where the preset reads a window there, `median3`)."""
-        if fraction in self.points:
-            return self.points[fraction]
-        return self.values if fraction == STABILITY[-1] else {}
+        if fraction != STABILITY[-1]:
+            return self.points.get(fraction, {})
+        if fraction not in self.points:
+            return self.values
+        # a window at 100% where the curve gives one; a metric logged only at the end (BLEU, where no validation
+        # decodes) is the final evaluation there, as "nearest" reads it
+        read = self.points[fraction]
+        return {row: {m: read.get(row, {}).get(m) or v for m, v in final.items()} for row, final in self.values.items()}
 
 
 def _worse_by(metric: str, row: list[float], base: list[float]) -> float:

@@ -128,3 +128,25 @@ def test_v6_trains_every_row_at_the_same_budget_and_reads_points_as_medians():
     assert resolve("big", "evidence").train_steps == resolve("base", "evidence").train_steps == 4500
     assert resolve("big", "paper").train_steps == 3 * resolve("base", "paper").train_steps  # the paper's own 3x
     assert PRESETS["tiny-2k"].stability == "nearest" and PRESETS["quick"].stability == "nearest"
+
+
+V6 = ROOT / "reports" / "reference" / "evidence"
+
+
+def test_v6s_score_and_both_baselines_come_back_from_its_committed_curves():
+    """Evidence v6 as run (reports/reference/evidence/): from its per-run CSV and curves alone, by today's registration
+    and v6's reading, the registration passes 9 of 10 (A3, the registered miss, inconclusive), "every change hurts" 7,
+    "more parameters help, every other change hurts" 10: what its JSON, BENCHMARKS and the README say."""
+    import json
+
+    runs, curves = pd.read_csv(V6 / "table3-evidence-runs.csv"), pd.read_csv(V6 / "table3-evidence-curves.csv")
+    params = {row: resolve(row, "evidence").model.params() for row in runs["row"].unique()}
+    cells = [rejudge.cell(runs, curves, "evidence", params=params)]
+    family = verdicts.judge_cells(cells)
+    s = verdicts.score(family, verdicts.judge_baselines(cells))
+    got = (s["passed"], *(s["baselines"][b]["passed"] for b in ("every_change_hurts", "more_parameters_help")))
+    assert got == (9, 7, 10)
+    scored = {row: v for (_, row), v in family.items() if v.predicted in ("worse", "better", "equivalent")}
+    assert len(scored) == 10 and [row for row, v in scored.items() if not v.passed] == ["A3"]
+    committed = json.loads((V6 / "table3-evidence.json").read_text())["score"]
+    assert (committed["passed"], *(committed["baselines"][b]["passed"] for b in verdicts.BASELINES)) == got

@@ -16,8 +16,8 @@ import pytest
 
 from aiayn.ablations.presets import PRESETS
 from aiayn.lightning_modules.run.spec import resolve
-from aiayn.reports.table import EARLY
-from aiayn.reports.verdicts import Cell, convergence_drop, judge_cells, point_step, smoothing_floor
+from aiayn.reports.table import EARLY, read_points
+from aiayn.reports.verdicts import Cell, convergence_drop, judge_cells, point_value, smoothing_floor
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reports" / "reference"
 # every table3-PRESET.csv outside history/ (earlier attempts' reports, kept as they were: its README says why), and
@@ -34,11 +34,18 @@ def _preset(table: Path) -> str:
     return "quick" if table.name.startswith("first-seed-") else table.stem.removeprefix("table3-")
 
 
+def _suffix(fraction: float) -> str:
+    return f"{100 * fraction:g}"
+
+
 def _cell(runs: pd.DataFrame, preset: str) -> Cell:
+    """The preset's Cell from its per-run CSV: the final numbers, and each point its stability reading takes from the
+    curves (ppl_75, ppl_87.5; ppl_100 too where it reads a window at the end)."""
     done = runs[runs["status"] == "completed"]
     values = {row: {"ppl": list(g["dev_ppl"]), "bleu": list(g["dev_bleu"])} for row, g in done.groupby("row")}
-    points = {f: {row: {m: list(g[f"{m}_{suffix}"].dropna()) for m in ("ppl", "bleu")}
-                  for row, g in done.groupby("row")} for f, suffix in EARLY.items()}  # fmt: skip
+    points = {f: {row: {m: list(g[f"{m}_{_suffix(f)}"].dropna()) if f"{m}_{_suffix(f)}" in g else []
+                        for m in ("ppl", "bleu")}
+                  for row, g in done.groupby("row")} for f in read_points(PRESETS[preset].stability)}  # fmt: skip
     floors = {}
     for row in values:
         model = resolve(row, preset).model
@@ -64,11 +71,12 @@ def test_every_reference_table_has_its_runs_and_their_curves():
 
 @pytest.mark.parametrize("table", TABLES, ids=[str(t.relative_to(REFERENCE)) for t in TABLES])
 def test_the_falls_and_the_stability_points_recompute_from_the_committed_curves(table):
-    """Issue 36: a reader re-derives every run's last-quarter fall (by the preset's rule) and its dev PPL at the
-    validations nearest 75% and 87.5% of its budget from the committed curves alone, and gets the per-run CSV."""
+    """Issue 36: a reader re-derives every run's last-quarter fall (by the preset's rule) and its dev PPL at each
+    point of the stability rule, by the preset's reading (the validation nearest 75% and 87.5% of its budget, or the
+    median of the three nearest, at 100% too), from the committed curves alone, and gets the per-run CSV."""
     runs = pd.read_csv(table.with_name(f"{table.stem}-runs.csv"))
     curves = pd.read_csv(table.with_name(f"{table.stem}-curves.csv"))
-    rule = PRESETS[_preset(table)].convergence
+    rule, reading = PRESETS[_preset(table)].convergence, PRESETS[_preset(table)].stability
     done = runs[runs["status"] == "completed"]
     assert len(done), f"{table.name}: no completed run"
     for _, run in done.iterrows():
@@ -78,9 +86,9 @@ def test_the_falls_and_the_stability_points_recompute_from_the_committed_curves(
         assert len(curve), f"{where} has no curve"
         assert convergence_drop(curve, rule) == pytest.approx(run["last_drop"], abs=1.5e-4), where
         values = dict(zip(curve["step"], curve["val/ppl"]))
-        for fraction, suffix in EARLY.items():
-            step = point_step(values, int(run["steps"]), fraction)
-            assert values[step] == pytest.approx(run[f"ppl_{suffix}"], abs=1.5e-4), f"{where} at {suffix}%"
+        for fraction in read_points(reading):
+            at = point_value(values, int(run["steps"]), fraction, reading)
+            assert at == pytest.approx(run[f"ppl_{_suffix(fraction)}"], abs=1.5e-4), f"{where} at {fraction:.1%}"
 
 
 @pytest.mark.parametrize("table", TABLES, ids=[str(t.relative_to(REFERENCE)) for t in TABLES])
