@@ -150,3 +150,14 @@ def test_v6s_score_and_both_baselines_come_back_from_its_committed_curves():
     assert len(scored) == 10 and [row for row, v in scored.items() if not v.passed] == ["A3"]
     committed = json.loads((V6 / "table3-evidence.json").read_text())["score"]
     assert (committed["passed"], *(committed["baselines"][b]["passed"] for b in verdicts.BASELINES)) == got
+
+
+def test_a_median_reading_takes_bleu_at_the_end_from_the_final_evaluation_where_no_validation_decodes():
+    """A median3 cell reads 100% from the curve's last three validations; BLEU is logged only at the end (no
+    validation decodes), so at 100% a BLEU row reads its final evaluation, as "nearest" does, not nothing."""
+    values = {"base": {"ppl": [1.30, 1.31], "bleu": [80.0, 81.0]}, "C5": {"ppl": [1.10, 1.11], "bleu": [90.0, 91.0]}}
+    window = {"base": {"ppl": [1.32, 1.33], "bleu": []}, "C5": {"ppl": [1.12, 1.13], "bleu": []}}
+    cell = verdicts.Cell("evidence", values, {verdicts.STABILITY[-1]: window})
+    at_end = cell.at(verdicts.STABILITY[-1])
+    assert at_end["C5"] == {"ppl": [1.12, 1.13], "bleu": [90.0, 91.0]}
+    assert at_end["base"]["bleu"] == [80.0, 81.0]
