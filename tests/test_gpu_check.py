@@ -75,8 +75,10 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     results = json.loads((out / "results.json").read_text())
     paths = results["paths"]
     assert paths["grad_w_path"] and not paths["empty_source_beam"]["to_the_limit"]
-    assert paths["static_shapes_compiled"]["recompile_limit_hit"] == 0
-    assert paths["static_shapes_compiled"]["graphs_added_by_decoding"] == 0
+    for how in ("layers", "model"):  # the paper's dropout on, as training runs it (issue 42)
+        compiled = paths["static_shapes_compiled"][how]
+        assert compiled["recompile_limit_hit"] == compiled["graph_breaks"] == 0, compiled
+        assert compiled["graphs_added_by_decoding"] == 0
     assert [s["runs"] for s in results["share"]] == [1, 2]
     assert results["bench-layers"][0]["graphs_compiled"] > 0
     with tarfile.open(out / "logs.tar.gz") as tar:

@@ -381,7 +381,9 @@ def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compil
     static shapes every training shape of an epoch (11 here, Multi30k's count at --pad-to 8) gets its graph without
     hitting dynamo's recompile limit (8 per function: it then ran the rest eager for good), and validation under
     inference mode, teacher-forced evaluation and beam search (a KV cache that grows every step) add no graph: the
-    compiled code runs only in training."""
+    compiled code runs only in training. With the paper's dropout (issue 42): the CPU dropout's in-place random_
+    broke the graph, so each residual block became a compiled function of its own, guarded on the sublayer it wraps
+    (attention or FFN), and `--compile model --static-shapes` hit the limit at shapes x sublayer kinds; no break now."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -396,7 +398,7 @@ def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compil
               if hasattr(torch._dynamo.config, n)}  # fmt: skip
     try:
         torch.manual_seed(0)
-        model = Transformer(TransformerConfig(N=2, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=128, P_drop=0.0))
+        model = Transformer(TransformerConfig(N=2, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=128, P_drop=0.1))
         shapes = [(max(1, 64 // n), n) for n in range(8, 96, 8)]  # (sentences, length): 11 buckets of width 8
         compile_model(model, how, dynamic=False, shapes=len(shapes), backend="eager")
         for b, n in shapes:
@@ -406,6 +408,7 @@ def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compil
             loss.backward()
         limited = [k for k in counters["unimplemented"] if "recompile limit" in k]
         assert not limited, "an epoch's shapes hit dynamo's recompile limit: the rest ran eager"
+        assert not counters["graph_break"], f"graph breaks in the training step: {dict(counters['graph_break'])}"
         trained = counters["stats"]["unique_graphs"]
         assert trained >= len(shapes)
         with torch.inference_mode():  # validation

@@ -263,7 +263,9 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0 or not cpu_fast_path(x):
+        # under torch.compile, F.dropout: dynamo cannot trace the in-place random_ and broke the graph here, which
+        # made each Residual.forward its own compiled frame, guarded on the sublayer it wraps (issue 42)
+        if not self.training or self.p == 0.0 or not cpu_fast_path(x) or torch.compiler.is_compiling():
             return super().forward(x)
         bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()  # uniform over [0, 2^31)
         keep = (bits >= round(self.p * 2**31)).to(x.dtype).mul_(1.0 / (1.0 - self.p))
