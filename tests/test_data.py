@@ -662,30 +662,33 @@ def _a_worker(init, ready, done):  # a loader worker as a spawned process starts
     done.wait(30)
 
 
-def test_the_requeue_signal_never_kills_a_loader_worker():
+def test_the_requeue_signal_and_the_groups_first_sigterm_or_sigint_never_kill_a_loader_worker():
     """Issue 31: SLURM's USR1 (sent without B: to every process of the step) reaches the loader's workers too; a
     spawned or forkserver worker has the default action, terminate, unless its init function ignores the signal.
-    The data module's loaders pass that function; a spawned worker running it survives USR1."""
+    Issue 42: so do a SIGTERM or SIGINT sent to the process group; the worker outlives the first of each (its trainer
+    stops on its own and shuts it down) and a second SIGTERM ends it. The data module's loaders pass that function."""
     import multiprocessing
     import signal
 
-    from aiayn.lightning_modules.data.datamodule import TranslationDataModule, ignore_requeue_signal
+    from aiayn.lightning_modules.data.datamodule import TranslationDataModule, worker_signals
 
     dm = TranslationDataModule.__new__(TranslationDataModule)
     dm._samplers, dm._datasets, dm.num_workers, dm.pin_memory = {"dev": [[0]]}, {"dev": [0]}, 0, False
     dm.pad_to, dm.static_shapes = 1, False
-    assert dm._loader("dev").worker_init_fn is ignore_requeue_signal
+    assert dm._loader("dev").worker_init_fn is worker_signals
     ctx = multiprocessing.get_context("spawn")
     ready, done = ctx.Event(), ctx.Event()
-    worker = ctx.Process(target=_a_worker, args=(ignore_requeue_signal, ready, done))
+    worker = ctx.Process(target=_a_worker, args=(worker_signals, ready, done))
     worker.start()
     assert ready.wait(300)  # a spawned worker imports this module (torch with it): slow on a loaded machine
-    os.kill(worker.pid, signal.SIGUSR1)
-    worker.join(1.0)
-    alive = worker.is_alive()
-    done.set()
-    worker.join(30)
-    assert alive and worker.exitcode == 0
+    alive = []
+    for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        os.kill(worker.pid, signum)
+        worker.join(1.0)
+        alive.append(worker.is_alive())
+    os.kill(worker.pid, signal.SIGTERM)  # a second one: multiprocessing's terminate at exit
+    worker.join(30)  # (not done.set(): the worker died inside done.wait, holding the event's lock)
+    assert alive == [True] * 4 and worker.exitcode == -signal.SIGTERM
 
 
 def test_length_buckets_pad_to_a_multiple_and_change_no_number(both_paths):

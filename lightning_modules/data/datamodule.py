@@ -43,13 +43,25 @@ __all__ = ["TranslationDataModule", "collate", "derive_accumulation"]
 from aiayn.lightning_modules.data.batching import derive_accumulation  # noqa: E402
 
 
-def ignore_requeue_signal(worker_id: int) -> None:
-    """A DataLoader worker ignores SLURM's warning signal (callbacks.REQUEUE_SIGNAL, SIGUSR1). `#SBATCH
-    --signal=USR1@90` without `B:` goes to every process of the job step, the loader's workers included: the trainer
-    checkpoints and requeues on it, and a worker started by a forkserver or spawn (Python 3.14's default start
-    method) does not inherit the trainer's handler, so its default action, terminate, would kill it and the step
-    with it."""
+def _stop_on_the_second(signum, frame) -> None:
+    signal.signal(signum, signal.SIG_DFL)  # the next one ends the worker (multiprocessing's terminate at exit)
+
+
+def worker_signals(worker_id: int) -> None:
+    """A DataLoader worker outlives the signals meant for its trainer.
+
+    - SLURM's warning signal (callbacks.REQUEUE_SIGNAL, SIGUSR1), ignored: `#SBATCH --signal=USR1@90` without `B:`
+      goes to every process of the job step, the loader's workers included; the trainer checkpoints and requeues on
+      it, and a worker started by a forkserver or spawn (Python 3.14's default start method) does not inherit the
+      trainer's handler, so its default action, terminate, would kill it and the step with it.
+    - The first SIGTERM or SIGINT, ignored: sent to the whole process group (a scheduler's time limit or
+      preemption, `timeout`, Ctrl-C) it killed the workers too, and torch's SIGCHLD handler raised "DataLoader
+      worker (pid ...) is killed by signal" wherever the trainer was, so a run the signal should have stopped in
+      one line ended in a chain of tracebacks (issue 42). The trainer stops on its own copy and shuts its workers
+      down; a second one ends the worker as before."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_on_the_second)
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -281,7 +293,7 @@ class TranslationDataModule(pl.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.pin_memory,
-            worker_init_fn=ignore_requeue_signal,
+            worker_init_fn=worker_signals,
         )
 
     def train_dataloader(self) -> ResumableDataLoader:

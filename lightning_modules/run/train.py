@@ -26,6 +26,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.ablations.presets import Preset
@@ -407,11 +408,11 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
         wandb_run.finish(trainer, metrics, exit_code=1)
         return metrics
     except SIGTERMException:  # Lightning's SystemExit without a code: exit 0 would read as a finished run
-        log.warning("%s seed %d stopped by SIGTERM at step %d; its checkpoints are kept and the same command "
-                    "resumes it", row, seed, trainer.global_step)  # fmt: skip
-        if trainer.is_global_zero:
-            wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step, status="stopped")
-        raise SystemExit(128 + signal.SIGTERM) from None
+        _stopped(trainer, row, seed, signal.SIGTERM)
+    except SystemExit as e:  # Lightning's answer to Ctrl-C (SIGINT to the process group too): teardown, then exit 1
+        if e.code != 1 or trainer.state.status != TrainerStatus.INTERRUPTED:
+            raise
+        _stopped(trainer, row, seed, signal.SIGINT)
     except Exception as e:
         if trainer.is_global_zero:
             status = hooks.status_of(e) or "failed"
@@ -429,6 +430,17 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
             wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step)
         return STOPPED
     return None
+
+
+def _stopped(trainer: pl.Trainer, row: str, seed: int, signum: signal.Signals):
+    """A run stopped by a signal (a scheduler's SIGTERM, Ctrl-C's SIGINT; to the main process or its whole group) is
+    not a finished run: one line, no metrics.json, W&B told it was stopped, and exit 128 + the signal's number."""
+    name = signal.Signals(signum).name
+    log.warning("%s seed %d stopped by %s at step %d; its checkpoints are kept and the same command resumes it", row,
+                seed, name, trainer.global_step)  # fmt: skip
+    if trainer.is_global_zero:
+        wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step, status="stopped")
+    raise SystemExit(128 + signum) from None
 
 
 def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOptions) -> dict:
