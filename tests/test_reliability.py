@@ -292,6 +292,34 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
     assert sorted(calls) == [("A1", 0), ("A2", 0), ("base", 0)]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_sweep_in_one_line_and_the_same_command_runs_what_it_stopped(tmp_path, caplog, signum):
+    """Issue 42: a SIGTERM (a scheduler, `timeout`) or SIGINT (Ctrl-C) to a sweep's driver killed it at once, without
+    a word, its pairs left running in the books. Now the pair under way is told and ends, no new pair starts, the
+    driver says so in one line and exits 128 + the signal, the stopped pair is not booked as failed, and the same
+    command runs the stopped pair and the rest."""
+    calls = []
+
+    def runner(opts, corpus, row, seed):
+        calls.append((row, seed))
+        if len(calls) == 1:
+            os.kill(os.getpid(), signum)  # to the driver, while its first pair runs
+            time.sleep(0.5)  # the main thread runs the handler
+            return {"row": row, "seed": seed, "status": "failed", "error": "exit 143: stopped"}
+        return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
+
+    opts = SweepOptions(select=Selection(rows="base,A1,A2"), jobs=1, train=TrainOptions(out=str(tmp_path / "runs")))
+    before = signal.getsignal(signum)
+    with pytest.raises(SystemExit) as stopped, caplog.at_level("WARNING"):
+        run_table3(opts, backend=RunnerBackend(runner))
+    assert stopped.value.code == 128 + signum and signal.getsignal(signum) is before
+    name = signal.Signals(signum).name
+    assert len(calls) == 1 and f"table3 tiny stopped by {name}: 0 pair(s) completed in this call" in caplog.text
+    assert not list((tmp_path / "runs").rglob("*.failed.json")), "a stopped pair was booked as failed"
+    assert run_table3(opts, backend=RunnerBackend(runner)).counts()["completed"] == 3
+    assert sorted(calls[1:]) == [("A1", 0), ("A2", 0), ("base", 0)]
+
+
 def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeypatch):
     import aiayn.lightning_modules.run.train as train_mod
     from aiayn.sweeps.hpo import HpoOptions, run_hpo

@@ -179,7 +179,7 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
     class FakeProcess:
         def __init__(self, target, args):
             forked.append(args)
-            self.args, self.exitcode = args, 1
+            self.args, self.exitcode, self.pid = args, 1, 2**22 + 1  # a pid no process has (above pid_max's default)
 
         def start(self):  # the child would write its log
             Path(self.args[2]).write_text("RuntimeError: boom\n")
@@ -209,7 +209,7 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
 def test_a_run_whose_process_dies_before_its_log_exists_fails_with_a_line_not_a_traceback(tmp_path, monkeypatch):
     class DiesAtStart:  # a forkserver child that could not even import aiayn: no log was ever opened
         def __init__(self, target, args):
-            self.exitcode = 1
+            self.exitcode, self.pid = 1, 2**22 + 1  # a pid no process has (above pid_max's default)
 
         def start(self):
             pass
@@ -624,7 +624,7 @@ def test_a_rerun_appends_to_the_pairs_log_under_a_header_per_attempt(tmp_path, m
     class Child:  # the forkserver child, run in this process: _train_in_child's log handling, then "training"
         def __init__(self, target, args):
             self.logfile = args[2]
-            self.exitcode = None
+            self.exitcode, self.pid = None, 2**22 + 1  # a pid no process has
 
         def start(self):
             with open(self.logfile, "a") as f:

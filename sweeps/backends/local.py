@@ -95,5 +95,6 @@ class LocalBackend(QueueBackend):
             args=(sweep.run_options(row, seed), sweep.specs[row], str(run.sweep_log), _threads(sweep.jobs)),
         )
         child.start()
-        child.join()
+        with self.stop.child(child.pid):
+            child.join()
         return _result(sweep, row, seed, child.exitcode)

@@ -6,8 +6,12 @@ first scheduling)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+import signal
+import threading
 import time
 from abc import abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +32,55 @@ from aiayn.sweeps.books import Pair
 from aiayn.sweeps.storage import check_readable, open_storage
 
 log = logging.getLogger(__name__)
+
+
+class Stop:
+    """A sweep driver stopped by a signal (SIGTERM: a scheduler, `timeout`, `kill`; SIGINT: Ctrl-C), to the driver
+    or its whole process group (issue 42). It used to die at once by SIGTERM's default action, silently, its pairs
+    left `running` in the books. Now its workers claim no new pair, its trainers are told (a SIGTERM each, so that
+    one sent to the driver alone reaches them: each stops in one line and keeps its checkpoints), and once they have
+    ended the driver says in one line what stopped and exits 128 + the signal; the same command resumes the pairs."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._children: set[int] = set()
+        self._lock = threading.Lock()
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+        with self._lock:
+            children = list(self._children)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def handling(self):
+        """SIGTERM and SIGINT handled as above while the sweep runs (from the main thread only, where Python runs
+        signal handlers; elsewhere nothing changes)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        before = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield self
+        finally:
+            for s, handler in before.items():
+                signal.signal(s, handler)
+
+    @contextlib.contextmanager
+    def child(self, pid: int):
+        """A trainer process that a stop is forwarded to while it runs (and at once if the stop came first)."""
+        with self._lock:
+            self._children.add(pid)
+        if self.signum is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._children.discard(pid)
 
 
 def study_name(preset: str, corpus: str) -> str:
@@ -96,6 +149,12 @@ class QueueBackend(Backend):
     time (`run_one`). A rerun of the same command skips completed pairs and retries failed ones; two drivers on
     one storage run each pair once."""
 
+    @functools.cached_property
+    def stop(self) -> Stop:
+        """This driver's stop on a signal; a `run_one` that can name its trainer process registers it with `stop.child`
+    (the local back end; the subprocess back end's trainers share the driver's process group, so a signal to the
+    group reaches them, and one to the driver alone lets the pairs under way finish and starts no other)."""
+        return Stop()
 
     def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
         name = study_name(sweep.preset.name, sweep.corpus)
@@ -127,9 +186,14 @@ class QueueBackend(Backend):
 
         done = failed = diverged = 0
         while True:
-            with ThreadPoolExecutor(sweep.jobs) as pool:
+            with self.stop.handling(), ThreadPoolExecutor(sweep.jobs) as pool:
                 results = [f.result() for f in [pool.submit(worker, i) for i in range(sweep.jobs)]]
             done, failed, diverged = (x + sum(r[i] for r in results) for i, x in enumerate((done, failed, diverged)))
+            if self.stop.signum is not None:
+                name = signal.Signals(self.stop.signum).name
+                log.warning("table3 %s stopped by %s: %d pair(s) completed in this call; the stopped ones keep their "
+                            "checkpoints and the same command resumes them", sweep.preset.name, name, done)  # fmt: skip
+                raise SystemExit(128 + self.stop.signum)
             # a peer driver that died while this one worked left its pairs running in the books: theirs are failed
             # and enqueued again, and this driver runs them (it used to exit 0 with them pending, without a word)
             with file_lock(sweep.out.lock(f"{name}.setup"), wait=True):
@@ -182,7 +246,7 @@ class QueueBackend(Backend):
                 return None  # checked under the pop lock: ask() would invent a trial on an empty queue
             return study.ask()
 
-        while True:
+        while self.stop.signum is None:  # a stopped sweep claims no new pair
             with books.pop_and_claim(study, self.pop_lock(sweep), claims, key_of, ask) as (trial, frozen, held):
                 if trial is None:
                     break
@@ -207,12 +271,17 @@ class QueueBackend(Backend):
                     trial.set_user_attr("run_dir", str(run.path))
                     if metrics.completed:
                         run.clear_failure()
-                    elif run.read_metrics() is None:  # it failed before training: the books must say so too
+                    elif run.read_metrics() is None and self.stop.signum is None:  # failed before training: the
+                        # books must say so too (a pair stopped with its sweep did not fail)
                         run.write_failure(metrics.status, metrics.error)
                     if metrics.completed:  # told while holding the claim: no duplicate can start
                         study.tell(trial, metrics.dev_bleu)
                         done += 1
                         result = f"BLEU {metrics.dev_bleu:.2f}"
+                    elif self.stop.signum is not None:  # stopped with the sweep: not a failure; enqueued again
+                        trial.set_user_attr("stopped", signal.Signals(self.stop.signum).name)
+                        study.tell(trial, state=TrialState.FAIL)
+                        result = f"stopped by {signal.Signals(self.stop.signum).name}"
                     else:
                         study.tell(trial, state=TrialState.FAIL)
                         diverged += metrics.status == "diverged"
