@@ -404,8 +404,11 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
     for key, (t, p_holm, _) in at[STABILITY[-1]].items():
         points = tuple(Point(f, at[f][key][0].worse, at[f][key][1], at[f][key][2], at[f][key][0].n_row,
                              at[f][key][0].n_base) for f in STABILITY)  # fmt: skip
+        verdict = stable_verdict([p.verdict for p in points])
+        if verdict == stats.NOT_STABLE and any(p.n_row == 0 or p.n_base == 0 for p in points[:-1]):
+            verdict = stats.NOT_TESTABLE  # no validation near a point: the rule cannot be applied, not a lost sign
         out[key] = Verdict(key[1], t.pred.metric, t.pred.predicted, t.worse, t.p, p_holm,
-                           stable_verdict([p.verdict for p in points]), t.n_row, t.n_base, *t.ci, t.margin,
+                           verdict, t.n_row, t.n_base, *t.ci, t.margin,
                            cell=key[0], points=points, tost_low=t.tost_ci[0], tost_high=t.tost_ci[1],
                            center=_metric_center(t.pred))  # fmt: skip
     order = {row: i for i, row in enumerate(load_rows())}
@@ -450,12 +453,12 @@ def why(v: Verdict) -> str:
     held = [p for p in v.points if p.verdict == v.points[-1].verdict]
     each = "; ".join(f"{_pct(p.fraction)}: {p.verdict}" + (f" (Holm p {_p(p.p_holm)})" if not math.isnan(p.p_holm)
                                                               else "") for p in v.points)  # fmt: skip
+    if v.verdict == stats.NOT_TESTABLE:
+        missing = ", ".join(_pct(p.fraction) for p in v.points if p.n_row == 0 or p.n_base == 0)
+        return (f"not testable: no validation near {missing} of the budget, where the stability rule tests it again "
+                f"(a run that validated too rarely: rerun with a smaller --val-every) ({each})")
     if v.verdict == stats.NOT_STABLE:
-        missing = [_pct(p.fraction) for p in v.points if p.n_row == 0 or p.n_base == 0]
         lost = [_pct(p.fraction) for p in v.points if p not in held]
-        if missing:
-            where = ", ".join(missing)
-            return f"{v.points[-1].verdict} at 100% but no validation logged at {where}: not stable ({each})"
         return f"{v.points[-1].verdict} at 100% but not at {', '.join(lost)}: not stable ({each})"
     if v.passed:
         return f"{v.verdict} at every point ({each})"

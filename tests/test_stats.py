@@ -164,7 +164,8 @@ def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkey
 
 def test_the_stability_rule_refuses_a_pass_that_does_not_hold_at_every_point(monkeypatch):
     """A1 is significantly worse at the end; at 75% its seeds are within base's: `not stable`, and its `why` says
-    where. Without a validation at a point (a run that logged none there) the rule cannot be met either."""
+    where. Without a validation at a point (a run that logged none there) the rule cannot be applied: `not testable`,
+    naming the point, never `not stable` (issue 42), and not a pass either."""
     from aiayn.ablations import predictions as P
 
     monkeypatch.setattr(verdicts, "predictions", lambda preset: {"A1": P.Prediction("A1", "ppl", "worse", "")})
@@ -176,7 +177,8 @@ def test_the_stability_rule_refuses_a_pass_that_does_not_hold_at_every_point(mon
     assert out.verdict == stats.NOT_STABLE and not out.passed and "but not at 75%" in out.why
     assert verdicts.judge("any", end, held(end))["A1"].verdict == stats.SIGNIFICANT_AGREE
     unlogged = verdicts.judge("any", end, {0.875: end})["A1"]  # nothing at 75%
-    assert unlogged.verdict == stats.NOT_STABLE and "no validation logged at 75%" in unlogged.why
+    assert unlogged.verdict == stats.NOT_TESTABLE and not unlogged.passed
+    assert unlogged.why.startswith("not testable: no validation near 75% of the budget")
     # a miss at the end stays the miss it is, whatever it was earlier
     assert verdicts.stable_verdict([stats.SIGNIFICANT_AGREE, stats.SIGNIFICANT_AGREE, stats.DISAGREE]) == (
         stats.DISAGREE)  # fmt: skip
