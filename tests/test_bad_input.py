@@ -375,6 +375,16 @@ CASES = {
     "a GPU asked for where there is none": (TRAIN + ["--accelerator", "gpu"], None,
                                             "--accelerator gpu: no GPU is visible here (torch sees none); pass "
                                             "--accelerator cpu, or auto to use a GPU where there is one"),
+    # --- values that reach Lightning or the DataLoader (issue 45, round 6): its ValueError came after the run dir
+    "an unknown precision": (TRAIN + ["--precision", "bogus"], None,
+                             "--precision bogus: not a precision Lightning knows; use auto, 32-true, bf16-mixed, "
+                             "bf16-true or 64-true"),
+    "an unknown strategy": (TRAIN + ["--strategy", "bogus"], None,
+                            "--strategy bogus: not a strategy Lightning knows; use one of auto, ddp, ddp_spawn, "
+                            "deepspeed, fsdp, single_device (or another of Lightning's StrategyRegistry)"),
+    "a negative worker count": (TRAIN + ["--num-workers", "-1"], None,
+                                "--num-workers -1: a count of loader processes cannot be negative; pass 0 (load in the "
+                                "trainer's process) or more"),
     "checkpoints every nan minutes": (TRAIN + ["--ckpt-every-minutes", "nan"], None,
                                       "argument --ckpt-every-minutes: expected a finite number, got nan; see `aiayn "
                                       "train --help`"),

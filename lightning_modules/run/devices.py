@@ -31,12 +31,41 @@ def uses_cuda(accelerator: str) -> bool:
     return accelerator in CUDA_ACCELERATORS and torch.cuda.is_available()
 
 
+def lightning_precisions() -> tuple[str, ...]:
+    """The precision strings this Lightning accepts (its connector's Literal types; empty where a release moved
+    them, and then Lightning's own check stands)."""
+    from typing import get_args
+
+    try:
+        from lightning.fabric import connector
+    except ImportError:
+        return ()
+    names = ("_PRECISION_INPUT_STR", "_PRECISION_INPUT_STR_ALIAS")
+    return tuple(p for n in names for p in get_args(getattr(connector, n, None)) if isinstance(p, str))
+
+
+def check_strategy(strategy: str) -> None:
+    """--strategy names one of Lightning's registered strategies (or auto): one line now, not Lightning's ValueError
+    after the run directory was made."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    known = ("auto", *StrategyRegistry.available_strategies())
+    if strategy not in known:
+        common = [s for s in known if s in ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")]
+        raise UserError(f"--strategy {strategy}: not a strategy Lightning knows; use one of {', '.join(common)} "
+                        f"(or another of Lightning's StrategyRegistry)")  # fmt: skip
+
+
 def resolve_precision(precision: str, accelerator: str) -> str:
     """`auto`: bf16-mixed on a GPU that supports bf16, else 32-true; a precision the loss cannot train under is a
     UserError."""
     if precision in REFUSED_PRECISIONS:
         raise UserError(f"--precision {precision}: the fused loss computes its gradients in the forward pass, where "
                         f"fp16's gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)")  # fmt: skip
+    known = lightning_precisions()
+    if precision != "auto" and known and precision not in known:  # Lightning's ValueError came after the run dir
+        raise UserError(f"--precision {precision}: not a precision Lightning knows; use auto, 32-true, bf16-mixed, "
+                        "bf16-true or 64-true")  # fmt: skip
     if precision != "auto":
         return precision
     if uses_cuda(accelerator) and torch.cuda.is_bf16_supported():

@@ -51,6 +51,7 @@ from aiayn.lightning_modules.run.callbacks import (
 )
 from aiayn.lightning_modules.run.devices import (
     autocast,
+    check_strategy,
     data_workers,
     pad_multiple,
     prepare_matmuls,
@@ -229,10 +230,16 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
 
 
 def check_device(opts: TrainOptions) -> None:
-    """A GPU asked for where none is visible: one line now, not Lightning's exception after the run directory."""
+    """A GPU asked for where none is visible, a strategy Lightning does not know, a negative worker count: one line
+    now, not Lightning's or the DataLoader's exception after the run directory."""
     if opts.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise UserError(f"--accelerator {opts.accelerator}: no GPU is visible here (torch sees none); pass "
                         "--accelerator cpu, or auto to use a GPU where there is one")  # fmt: skip
+    if opts.strategy != "auto":
+        check_strategy(opts.strategy)
+    if opts.num_workers is not None and opts.num_workers < 0:
+        raise UserError(f"--num-workers {opts.num_workers}: a count of loader processes cannot be negative; pass 0 "
+                        "(load in the trainer's process) or more")  # fmt: skip
 
 
 def check_cache_dir(cache_dir: str | None) -> None:
