@@ -385,6 +385,10 @@ CASES = {
     "a negative worker count": (TRAIN + ["--num-workers", "-1"], None,
                                 "--num-workers -1: a count of loader processes cannot be negative; pass 0 (load in the "
                                 "trainer's process) or more"),
+    "a language that is a path": (TRAIN + ["--tgt-lang", "d/../../../evil/t"], None,
+                                  "--tgt-lang 'd/../../../evil/t' is not a language code (letters, digits, '.', '_', "
+                                  "'+' or '-', starting with a letter or digit, at most 64 characters); pass the "
+                                  "suffix of the corpus files, e.g. de"),
     "checkpoints every nan minutes": (TRAIN + ["--ckpt-every-minutes", "nan"], None,
                                       "argument --ckpt-every-minutes: expected a finite number, got nan; see `aiayn "
                                       "train --help`"),

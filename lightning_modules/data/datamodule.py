@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 import torch
 
 from aiayn.common.errors import UserError
+from aiayn.common.names import RULE, is_name
 from aiayn.lightning_modules.data.batching import (
     ResumableDataLoader,
     TokenBucketSampler,
@@ -106,6 +107,10 @@ class TranslationDataModule(pl.LightningDataModule):
             raise UserError(f"--dev-subset must be positive, got {dev_subset}; pass a positive count or omit it")
         if train_pairs is not None and train_pairs <= 0:
             raise UserError(f"--train-pairs must be positive, got {train_pairs}; pass a positive count or omit it")
+        for flag, lang in (("--src-lang", src_lang), ("--tgt-lang", tgt_lang)):
+            if not is_name(lang):  # it names the tokenizer's cache file: 'd/../../x' wrote outside the cache
+                raise UserError(f"{flag} {lang!r} is not a language code ({RULE}); pass the suffix of the corpus "
+                                "files, e.g. de")  # fmt: skip
         # No Lightning hyper-parameters: the data identity a checkpoint keeps is config.json's (RunConfig.data).
         data_dir = str(data_dir) if data_dir is not None else None
         self.corpus, self.data_dir = corpus, data_dir
