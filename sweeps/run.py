@@ -9,15 +9,21 @@ from collections.abc import Callable
 from aiayn.sweeps.backends import Backend, Sweep, SweepSummary
 
 
+def check_launches(launches: list[tuple[Backend, Sweep]]) -> None:
+    """Every (back end, sweep) checked before any runs: the sweep's budgets (`Sweep.check_budgets`), then what the
+    back end cannot do (`Backend.check`)."""
+    for backend, sweep in launches:
+        sweep.check_budgets()
+        backend.check(sweep)
+
+
 def run_and_report(launches: list[tuple[Backend, Sweep]], *, write_report: Callable[[], list] | None = None,
                    fail_on_diverged: bool = False, echo: Callable[[str], None] = print) -> int:  # fmt: skip
     """Check every (back end, sweep) before any runs, launch each (a preset's sweep, then its cells'), say what
     happened (the first back end's summary lines, counted over all), write the report (`write_report`, None: none
     asked for) where the runs have ended here (`Backend.report_now`), and return the exit status: 0 when every pair
     run completed, 1 when one failed (or diverged, with `fail_on_diverged`)."""
-    for backend, sweep in launches:
-        sweep.check_budgets()
-        backend.check(sweep)
+    check_launches(launches)
     summaries = [backend.launch(sweep, sweep.pairs) for backend, sweep in launches]
     total = SweepSummary.total(summaries)
     first, sweep = launches[0]

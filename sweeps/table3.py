@@ -19,7 +19,7 @@ from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps.backends import Backend, BackendNames, Sweep, SweepSummary, backend_for, backend_help, make_sweep
 from aiayn.sweeps.backends.processes import visible_gpus
 from aiayn.sweeps.books import report_dir
-from aiayn.sweeps.run import run_and_report
+from aiayn.sweeps.run import check_launches, run_and_report
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +104,7 @@ def launches(opts: SweepOptions, backend: Backend | None = None) -> list[tuple[B
 def run_table3(opts: SweepOptions, backend: Backend | None = None) -> SweepSummary:
     """Run what is pending (the preset's sweep, then its cells'); what happened, counted over all of them."""
     pairs = launches(opts, backend)
-    for b, s in pairs:
-        s.check_budgets()
-        b.check(s)
+    check_launches(pairs)
     return SweepSummary.total([b.launch(s, s.pairs) for b, s in pairs])
 
 

@@ -192,7 +192,7 @@ class Backend(ABC):
 
     def check(self, sweep: Sweep) -> None:  # noqa: B027 (optional: a back end that can run anything refuses nothing)
         """Refuse what this back end cannot do, before anything is written (a UserError). Every sweep's budgets are
-        checked by the caller too (`Sweep.check_budgets`)."""
+        checked beside it (`sweeps.run.check_launches`)."""
 
     @classmethod
     def status_claims(cls, out: OutDir) -> books.Claims:

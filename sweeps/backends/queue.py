@@ -151,9 +151,10 @@ class QueueBackend(Backend):
 
     @functools.cached_property
     def stop(self) -> Stop:
-        """This driver's stop on a signal; a `run_one` that can name its trainer process registers it with `stop.child`
-    (the local back end; the subprocess back end's trainers share the driver's process group, so a signal to the
-    group reaches them, and one to the driver alone lets the pairs under way finish and starts no other)."""
+        """This driver's stop on a signal; a `run_one` that can name its trainer process registers it with
+        `stop.child` (the local back end; the subprocess back end's trainers share the driver's process group, so a
+        signal to the group reaches them, and one to the driver alone lets the pairs under way finish and starts no
+        other)."""
         return Stop()
 
     def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
