@@ -46,6 +46,9 @@ class Preset:
     sweep_jobs: int = 1  # `aiayn table3` runs this many training processes at once (CPU presets: 2)
     keep_ckpts: int = 20  # enough for the paper's "average the last 5 / last 20"
     max_len: int = 256  # training sentences longer than this (in tokens) are dropped
+    # positions the model covers (its positional table: the learned one's size, row E1); None: max(max_len, 512), as
+    # dev and test sentences run longer than training's
+    positions: int | None = None
     heads: float = 1.0  # factor on h (rounded, >= 1); h·d_k and h·d_v scale with `width`
     train_pairs: int | None = None  # a data-limited regime: the first K training pairs (tokenizer: the whole corpus)
     aliases: tuple[tuple[str, str], ...] = ()  # (row, same config as row) pairs the rule maps together
@@ -75,6 +78,7 @@ class Preset:
     def rule(self) -> str:
         data = f"the first {self.train_pairs} training pairs of {self.corpus}" if self.train_pairs else self.corpus
         same = "".join(f"; {a} is {b} at this scale" for a, b in self.aliases)
+        same += f"; {self.positions} positions" if self.positions else ""
         return (
             f"d_model, d_ff, h·d_k, h·d_v x {self.width:g}; h x {self.heads:g}; N x {self.depth:.3g} (rounded, >= 1); "
             f"P_drop, eps_ls, pe unchanged; {self.train_steps} steps ({self._big_steps()}), warmup "
@@ -135,6 +139,22 @@ _QUICK = replace(
 )
 MAIN_PRESET = _QUICK.name  # what `aiayn table3` runs without --preset
 
+# The wide table (issue 43, item 3), registered for one GPU: the paper's width on real language, where capacity no
+# longer explains the table. Its budget is the pilot rule's (scripts/wide_pilot.py, committed before any wide run):
+# train_steps is the most the rule may choose, and `scripts/gpu-wide.sh` runs the table at the chosen --max-steps.
+_WIDE = Preset(
+    name="wide", corpus="multi30k", vocab_size=8000, width=1.0, heads=1.0, depth=0.5, train_steps=1600,
+    tokens_per_step=8192, max_tokens=8192, warmup=250, lr_factor=0.25, val_bleu_sentences=0, val_every=50,
+    ckpt_every=400, keep_ckpts=2, max_len=128, positions=256, sweep_jobs=8, rows="scored", seeds=4, base_seeds=8,
+    convergence="line", stability="median3", steps_as_paper=False,
+    description="Table 3 at the paper's width on real language, for one GPU: Multi30k En-De (29,000 pairs, BPE 8000), "
+    "d_model 512, d_ff 2048, the paper's heads and d_k (8 of 64; 16 heads of 32 in A3), half its depth (N 3), 8192 "
+    "target tokens a step, warmup 250 at a quarter of the schedule's factor (the paper's peak learning rate, 7.0e-4), "
+    "a positional table of 256 positions (learned: 0.5% of base's parameters); every row, big too, trains the budget "
+    "the pilot rule chose (at most 1600 steps, about 30 epochs), each test held at 75%, 87.5% and 100% of it "
+    "(BENCHMARKS.md, 'The wide table')",
+)
+
 PRESETS = {
     p.name: p
     for p in (
@@ -156,6 +176,7 @@ PRESETS = {
         _TINY,
         _EVIDENCE,
         _QUICK,
+        _WIDE,
         replace(
             _TINY, name="tiny-2k", train_pairs=2000, seeds=4, base_seeds=8, train_steps=1300, convergence="line",
             description="a data-limited regime, where dropout has overfitting to prevent: the tiny preset on the "

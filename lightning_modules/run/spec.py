@@ -163,7 +163,8 @@ def _build(row, group, note, preset: Preset, corpus, knobs: dict, overrides: dic
         if getattr(schedule, key) <= 0:
             raise UserError(f"--set {key}={getattr(schedule, key)}: {key} must be positive; change the --set value")
     try:
-        cfg = TransformerConfig(**model, vocab_size=vocab_size, max_len=max(preset.max_len, MIN_MODEL_MAX_LEN))
+        positions = preset.positions or max(preset.max_len, MIN_MODEL_MAX_LEN)
+        cfg = TransformerConfig(**model, vocab_size=vocab_size, max_len=positions)
     except ValueError as e:
         if overrides:
             raise UserError(f"{e} (--set {' '.join(format_overrides(overrides))}); change the --set value") from None

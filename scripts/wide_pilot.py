@@ -1,0 +1,230 @@
+"""The wide table's pilot rules (issue 43, item 3; BENCHMARKS.md, "The wide table"), committed before any pilot they
+read: what a pilot on pilot seeds may choose for the `wide` preset, and nothing else.
+
+    python scripts/wide_pilot.py lr PILOT_RUN         # 1. the CPU pilot: keep the schedule's peak, or halve it
+    python scripts/wide_pilot.py budget PILOT_OUT     # 2. the GPU pilot: the budget, and the power it leaves
+    python scripts/wide_pilot.py slices               # 3. the order a GPU call runs the registered tests in
+
+1. **The learning rate, on 2 CPU cores** (a 30-epoch run of this regime is about 8 s a step here, 3.6 hours, so a
+   CPU pilot can check the schedule's peak and no more). PILOT_RUN is one run directory of base on pilot seed 100,
+   trained through the warmup's peak and past it (`--max-steps 320`; the schedule and the data order do not depend
+   on the budget, so these are the first 320 steps of the 1600-step run). The preset's learning rate (lr_factor
+   0.25: the paper's peak, 7.0e-4, at warmup 250) is KEPT when (a) every logged training loss is finite, (b) dev PPL
+   at the validation after step 300 is below its value after step 150, and (c) the mean training loss over the
+   logged steps 271-320 is below its mean over steps 201-250 (still learning after the peak at 250). Otherwise the
+   factor HALVES (0.125) and the pilot is run again at it.
+2. **The budget, on the GPU** (`scripts/gpu-wide.sh`'s first stage). PILOT_OUT is the `--out` of `aiayn table3
+   --preset wide --rows base --base-seeds 4 --first-seed 100` (4 pilot seeds, the preset's 1600 steps). The budget
+   is the smallest B of BUDGETS at which every pilot run falls by at most MARGIN (3.5%) over its last quarter by the
+   `line` rule (reports/verdicts.py; below the 5% that judges the scored runs, so fresh seeds converge too; a dev
+   PPL that rises, as an overfitting run's does, passes); none: 1600, said as such. The seeds are the
+   registration's (ablations/predictions.csv); the rule then states, before any scored run, the seed-to-seed SD of
+   log dev PPL at B over the pilot seeds (the median of the three validations nearest B, the preset's reading),
+   its upper 80% bound (chi-square, 3 degrees of freedom), and each test's power at both, taking the paper's own
+   difference as the truth (normal approximation, one point: Welch two-sided at 0.05 for `worse`/`better`, TOST at
+   0.05 for `equivalent`; the report's three-point stability rule and Holm's correction make the real power lower),
+   and the expected scores of the registration and of both naive baselines.
+
+3. **The slices** (SLICES): one GPU call of 8 minutes cannot train the whole table (17 tests, 104 runs), so it runs
+   the registered tests slice by slice in a fixed order, the tests where the paper differs from both naive baselines
+   first, and reports the slices that finished whole; a slice the call's time cut is reported as not run.
+
+Only these rules choose anything, and only the schedule's factor and the budget; the scored rows, their predictions,
+margins and seeds are ablations/predictions.csv as committed before either pilot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from aiayn.ablations.predictions import predictions
+from aiayn.ablations.presets import get_preset, scale
+from aiayn.ablations.table import load_rows
+from aiayn.lightning_modules.transformer.config import TransformerConfig
+from aiayn.reports.runs import read_curve
+from aiayn.reports.verdicts import convergence_drop, point_value
+
+PRESET = "wide"
+ALPHA = 0.05
+# 1. the learning rate
+PEAK_STEPS, EARLY, LATE = (150, 300), (201, 250), (271, 320)
+# 2. the budget
+BUDGETS = tuple(range(400, 1601, 100))
+MARGIN = 0.035
+RULE = "line"
+BASE_SEEDS = 8  # the preset's base_seeds, against which each row is tested
+# 3. the order a GPU call runs the registered tests in (scripts/gpu-wide.sh), each slice whole or reported as not run:
+# first the tests where the paper differs from both naive baselines, then those where it differs from "every change
+# hurts", then those where all three predict the same; within a slice, the registration's order
+SLICES = (
+    ("paper v both baselines", ("A3", "C3", "D2", "E1")),
+    ("paper v every change hurts", ("C5", "C7", "big")),
+    ("all three agree", ("A1", "A2", "A4", "B1", "B2", "C1", "C2", "C4", "C6", "D1")),
+)
+
+
+def lr_rule(run: Path) -> dict:
+    """Rule 1 on one pilot run directory: {"keep": bool, "reasons": [...], the numbers it read}."""
+    loss = read_curve(run, "train/loss")
+    ppl = read_curve(run, "val/ppl").set_index("step")["val/ppl"]
+    # Lightning logs a validation after optimizer step s as step s - 1
+    at = {s: float(ppl[s - 1]) if s - 1 in ppl.index else math.nan for s in PEAK_STEPS}
+    early = loss[(loss.step + 1 >= EARLY[0]) & (loss.step + 1 <= EARLY[1])]["train/loss"]
+    late = loss[(loss.step + 1 >= LATE[0]) & (loss.step + 1 <= LATE[1])]["train/loss"]
+    finite = bool(len(loss)) and bool(np.isfinite(loss["train/loss"]).all())
+    checks = {
+        "(a) every logged training loss finite": finite,
+        f"(b) dev PPL after step {PEAK_STEPS[1]} below its value after step {PEAK_STEPS[0]}": at[PEAK_STEPS[1]]
+        < at[PEAK_STEPS[0]],
+        f"(c) mean training loss over steps {LATE[0]}-{LATE[1]} below its mean over {EARLY[0]}-{EARLY[1]}": len(late)
+        > 0
+        and len(early) > 0
+        and float(late.mean()) < float(early.mean()),
+    }
+    return {
+        "keep": all(checks.values()),
+        "checks": checks,
+        "dev_ppl": at,
+        "train_loss_means": [float(early.mean()) if len(early) else None, float(late.mean()) if len(late) else None],
+        "last_step": int(loss.step.max()) + 1 if len(loss) else 0,
+    }
+
+
+def _pilot_curves(out: Path) -> dict[int, dict[int, float]]:
+    """Seed -> {logged step: dev PPL} for every base run under a pilot's --out."""
+    curves = {}
+    for metrics in sorted(out.glob("*/*/base/seed*/metrics.json")):
+        curve = read_curve(metrics.parent, "val/ppl")
+        if not curve.empty:
+            curves[int(metrics.parent.name[4:])] = dict(zip(curve.step, curve["val/ppl"], strict=True))
+    return curves
+
+
+def choose_budget(curves: dict[int, dict[int, float]]) -> tuple[int, bool, dict]:
+    """(B, whether the rule admitted it, each budget's largest last-quarter fall) over the pilot's runs."""
+    import pandas as pd
+
+    falls = {}
+    for b in BUDGETS:
+        runs = [pd.DataFrame({"step": list(c), "val/ppl": list(c.values())}) for c in curves.values()]
+        cut = [r[r.step <= b - 1] for r in runs if r.step.max() >= b - 1]
+        falls[b] = max(convergence_drop(r, RULE) for r in cut) if len(cut) == len(runs) and cut else math.nan
+    admitted = [b for b in BUDGETS if falls[b] <= MARGIN]
+    return (admitted[0], True, falls) if admitted else (BUDGETS[-1], False, falls)
+
+
+def _paper_delta(row: str) -> float:
+    """The paper's own relative difference in dev PPL from base, as a log ratio (the truth the power assumes)."""
+    rows = load_rows()
+    return math.log(rows[row].paper_ppl / rows["base"].paper_ppl)
+
+
+def params(row: str) -> int:
+    preset = get_preset(PRESET)
+    knobs = scale(load_rows()[row], preset)
+    model = {k: v for k, v in knobs.items() if k in TransformerConfig.__dataclass_fields__}
+    return TransformerConfig(**model, vocab_size=preset.vocab_size, max_len=preset.positions).params()
+
+
+def power(pred, sd: float) -> dict:
+    """P(the registered test passes), P(significantly worse), P(significantly better) at one point, the paper's
+    difference as the truth, `pred.seeds` against BASE_SEEDS, the seed SD `sd` of log dev PPL (normal
+    approximation)."""
+    delta = _paper_delta(pred.row)
+    se = sd * math.sqrt(1 / pred.seeds + 1 / BASE_SEEDS)
+    z2, z1 = stats.norm.ppf(1 - ALPHA / 2), stats.norm.ppf(1 - ALPHA)
+    worse = float(stats.norm.sf(z2 - delta / se))
+    better = float(stats.norm.cdf(-z2 - delta / se))
+    if pred.equivalence:
+        m = math.log1p(pred.margin)
+        passes = max(0.0, float(stats.norm.cdf((m - delta) / se - z1) - stats.norm.cdf((-m - delta) / se + z1)))
+    else:
+        passes = worse if pred.worse else better
+    return {"pass": passes, "worse": worse, "better": better}
+
+
+def budget_rule(out: Path) -> dict:
+    """Rule 2 on a GPU pilot's --out: the budget, the noise at it, each test's power and the expected scores."""
+    curves = _pilot_curves(out)
+    if len(curves) < 2:
+        raise SystemExit(f"{out}: {len(curves)} pilot run(s) with validations; the rule needs the 4 pilot seeds")
+    budget, admitted, falls = choose_budget(curves)
+    reading = get_preset(PRESET).stability
+    at_b = [point_value(c, budget, 1.0, reading) for c in curves.values()]
+    logs = np.log([v for v in at_b if v is not None])
+    k = len(logs)
+    sd = float(np.std(logs, ddof=1))
+    sd_hi = sd * math.sqrt((k - 1) / stats.chi2.ppf(0.2, k - 1))
+    base_params = params("base")
+    tests, expected = [], {"registration": 0.0, "every_change_hurts": 0.0, "more_parameters_help": 0.0}
+    for row, pred in predictions(PRESET).items():
+        if not pred.scored:
+            continue
+        p, p_hi = power(pred, sd), power(pred, sd_hi)
+        mph = "better" if params(row) > base_params else "worse"
+        expected["registration"] += p["pass"]
+        expected["every_change_hurts"] += p["worse"]
+        expected["more_parameters_help"] += p[mph]
+        paper = math.expm1(_paper_delta(row))
+        tests.append({"row": row, "predicted": pred.predicted, "seeds": pred.seeds, "paper": paper,
+                      "power": p["pass"], "power_at_sd_upper": p_hi["pass"], "more_parameters_help": mph})  # fmt: skip
+    return {"budget": budget, "admitted": admitted, "falls": falls, "pilot_seeds": sorted(curves),
+            "dev_ppl_at_budget": at_b, "sd_log_ppl": sd, "sd_log_ppl_upper80": sd_hi, "tests": tests,
+            "expected": expected}  # fmt: skip
+
+
+def _print_budget(r: dict) -> None:
+    falls = ", ".join(f"{b}: {100 * f:.1f}%" for b, f in r["falls"].items())
+    print(f"largest last-quarter fall of dev PPL over the pilot runs ({RULE} rule), by budget: {falls}")
+    how = "admitted" if r["admitted"] else f"NOT admitted: no budget converges within {MARGIN:.1%}; the longest"
+    print(f"budget: {r['budget']} steps ({how})")
+    values = ", ".join("none" if v is None else f"{v:.3f}" for v in r["dev_ppl_at_budget"])
+    print(f"pilot seeds {r['pilot_seeds']}: dev PPL at the budget {values}")
+    print(f"seed SD of log dev PPL {100 * r['sd_log_ppl']:.2f}% (upper 80% bound {100 * r['sd_log_ppl_upper80']:.2f}%)")
+    print("| test | predicted | seeds (base 8) | paper | power | power at the SD's upper bound | more params help |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for t in r["tests"]:
+        print(f"| {t['row']} | {t['predicted']} | {t['seeds']} | {100 * t['paper']:+.1f}% | {t['power']:.2f} | "
+              f"{t['power_at_sd_upper']:.2f} | {t['more_parameters_help']} |")  # fmt: skip
+    e = r["expected"]
+    print(f"expected of {len(r['tests'])}, the paper's numbers taken as the truth: the registration "
+          f"{e['registration']:.1f}, 'every change hurts' {e['every_change_hurts']:.1f}, 'more parameters help' "
+          f"{e['more_parameters_help']:.1f}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="rule", required=True)
+    lr = sub.add_parser("lr", help="rule 1, the CPU pilot: keep the schedule's peak or halve it")
+    lr.add_argument("run", type=Path, help="the pilot's run directory (base, seed 100)")
+    bud = sub.add_parser("budget", help="rule 2, the GPU pilot: the budget and the power it leaves")
+    bud.add_argument("out", type=Path, help="the pilot sweep's --out")
+    bud.add_argument("--json", type=Path, help="also write the result here")
+    sub.add_parser("slices", help="the registered slices, one line each: NAME<TAB>ROW,ROW,...")
+    args = ap.parse_args(argv)
+    if args.rule == "slices":
+        for name, rows in SLICES:
+            print(f"{name}\t{','.join(rows)}")
+        return
+    if args.rule == "lr":
+        r = lr_rule(args.run)
+        for name, ok in r["checks"].items():
+            print(f"{'yes' if ok else 'NO '} {name}")
+        print(f"dev PPL {r['dev_ppl']}; training loss means {r['train_loss_means']}; pilot ran {r['last_step']} steps")
+        print("KEEP lr_factor 0.25" if r["keep"] else "HALVE lr_factor to 0.125 and run the pilot again")
+        return
+    r = budget_rule(args.out)
+    _print_budget(r)
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
