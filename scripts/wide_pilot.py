@@ -70,15 +70,32 @@ SLICES = (
 )
 
 
+def _logged(run: Path, metric: str):
+    """`step` and `metric` wherever a line logged it, a logged NaN kept (read_curve drops it with the lines that did
+    not log the metric)."""
+    import pandas as pd
+
+    frames = []
+    for path in sorted((run / "logs").glob("version_*/metrics.csv")):
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+        if metric in df.columns:
+            df = df[df[metric] != ""]
+            frames.append(pd.DataFrame({"step": df["step"].astype(int), metric: df[metric].astype(float)}))
+    if not frames:
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), metric: pd.Series(dtype="float64")})
+    return pd.concat(frames).drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
+
+
 def lr_rule(run: Path) -> dict:
-    """Rule 1 on one pilot run directory: {"keep": bool, "reasons": [...], the numbers it read}."""
-    loss = read_curve(run, "train/loss")
+    """Rule 1 on one pilot run directory: {"keep": bool, "checks": {...}, the numbers it read}."""
+    loss = _logged(run, "train/loss")
     ppl = read_curve(run, "val/ppl").set_index("step")["val/ppl"]
     # Lightning logs a validation after optimizer step s as step s - 1
     at = {s: float(ppl[s - 1]) if s - 1 in ppl.index else math.nan for s in PEAK_STEPS}
     early = loss[(loss.step + 1 >= EARLY[0]) & (loss.step + 1 <= EARLY[1])]["train/loss"]
     late = loss[(loss.step + 1 >= LATE[0]) & (loss.step + 1 <= LATE[1])]["train/loss"]
     finite = bool(len(loss)) and bool(np.isfinite(loss["train/loss"]).all())
+    early, late = early.dropna(), late.dropna()
     checks = {
         "(a) every logged training loss finite": finite,
         f"(b) dev PPL after step {PEAK_STEPS[1]} below its value after step {PEAK_STEPS[0]}": at[PEAK_STEPS[1]]
@@ -107,17 +124,17 @@ def _pilot_curves(out: Path) -> dict[int, dict[int, float]]:
     return curves
 
 
-def choose_budget(curves: dict[int, dict[int, float]]) -> tuple[int, bool, dict]:
+def choose_budget(curves: dict[int, dict[int, float]], budgets=BUDGETS) -> tuple[int, bool, dict]:
     """(B, whether the rule admitted it, each budget's largest last-quarter fall) over the pilot's runs."""
     import pandas as pd
 
     falls = {}
-    for b in BUDGETS:
+    for b in budgets:
         runs = [pd.DataFrame({"step": list(c), "val/ppl": list(c.values())}) for c in curves.values()]
         cut = [r[r.step <= b - 1] for r in runs if r.step.max() >= b - 1]
         falls[b] = max(convergence_drop(r, RULE) for r in cut) if len(cut) == len(runs) and cut else math.nan
-    admitted = [b for b in BUDGETS if falls[b] <= MARGIN]
-    return (admitted[0], True, falls) if admitted else (BUDGETS[-1], False, falls)
+    admitted = [b for b in budgets if falls[b] <= MARGIN]
+    return (admitted[0], True, falls) if admitted else (budgets[-1], False, falls)
 
 
 def _paper_delta(row: str) -> float:
@@ -150,16 +167,19 @@ def power(pred, sd: float) -> dict:
     return {"pass": passes, "worse": worse, "better": better}
 
 
-def budget_rule(out: Path) -> dict:
-    """Rule 2 on a GPU pilot's --out: the budget, the noise at it, each test's power and the expected scores."""
+def budget_rule(out: Path, budgets=BUDGETS) -> dict:
+    """Rule 2 on a GPU pilot's --out: the budget, the noise at it, each test's power and the expected scores
+    (`budgets`: BUDGETS; another only for the smoke run of scripts/gpu-wide.sh)."""
     curves = _pilot_curves(out)
     if len(curves) < 2:
         raise SystemExit(f"{out}: {len(curves)} pilot run(s) with validations; the rule needs the 4 pilot seeds")
-    budget, admitted, falls = choose_budget(curves)
+    budget, admitted, falls = choose_budget(curves, budgets)
     reading = get_preset(PRESET).stability
     at_b = [point_value(c, budget, 1.0, reading) for c in curves.values()]
     logs = np.log([v for v in at_b if v is not None])
     k = len(logs)
+    if k < 2:
+        raise SystemExit(f"{out}: {k} pilot run(s) with validations near step {budget}; the noise needs 2 or more")
     sd = float(np.std(logs, ddof=1))
     sd_hi = sd * math.sqrt((k - 1) / stats.chi2.ppf(0.2, k - 1))
     base_params = params("base")
@@ -207,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     bud = sub.add_parser("budget", help="rule 2, the GPU pilot: the budget and the power it leaves")
     bud.add_argument("out", type=Path, help="the pilot sweep's --out")
     bud.add_argument("--json", type=Path, help="also write the result here")
+    bud.add_argument("--budgets", help="FIRST:LAST:STEP instead of the rule's (the smoke run only)")
     sub.add_parser("slices", help="the registered slices, one line each: NAME<TAB>ROW,ROW,...")
     args = ap.parse_args(argv)
     if args.rule == "slices":
@@ -220,7 +241,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"dev PPL {r['dev_ppl']}; training loss means {r['train_loss_means']}; pilot ran {r['last_step']} steps")
         print("KEEP lr_factor 0.25" if r["keep"] else "HALVE lr_factor to 0.125 and run the pilot again")
         return
-    r = budget_rule(args.out)
+    budgets = BUDGETS
+    if args.budgets:
+        first, last, step = (int(x) for x in args.budgets.split(":"))
+        budgets = tuple(range(first, last + 1, step))
+    r = budget_rule(args.out, budgets)
     _print_budget(r)
     if args.json:
         args.json.write_text(json.dumps(r, indent=1, default=float))

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# scripts/gpu-wide.sh: the wide table (issue 43, item 3; BENCHMARKS.md, "The wide table") on ONE GPU, in one call of
+# at most 8 minutes, on a machine with no network.
+#
+#   bash scripts/gpu-wide.sh prep                          # 1. beside ../shared: stage Multi30k and the wheels
+#   OUT=/tmp/gpu-wide bash scripts/gpu-wide.sh             # 2. on the GPU machine, from the repository's root
+#   GPU_WIDE_SMOKE=1 OUT=/tmp/gw bash scripts/gpu-wide.sh  # the same stages on a CPU, small (about 3 minutes)
+#
+# `prep` copies Multi30k (../shared/data/multi30k, or $MULTI30K) into .gpucheck/multi30k/ and stages the wheels the
+# GPU image lacks (scripts/gpu-check.sh prep); carry .gpucheck to the GPU machine with the checkout. The call runs the
+# registered rules of scripts/wide_pilot.py and nothing else, within DEADLINE_S (470 s) in all:
+#   pilot   base on pilot seeds 100-103, the preset's 1600 steps, 4 at once; then rule 2 chooses the budget B and
+#           states the noise and each test's power (rule.md, rule.json) before any scored run
+#   slices  the registered slices in order (`wide_pilot.py slices`), each `aiayn table3 --preset wide` over base and
+#           every slice so far, fresh seeds from 200, --max-steps B, 8 runs at once; the sweep is stopped by SIGTERM
+#           at the deadline (it stops cleanly; its finished runs stay), and a slice cut there is named as not run
+#   report  the report of the last slice that finished whole: wide.md, wide.json, wide-curves.csv
+# It writes at most 7 files under $OUT: summary.md, rule.md, rule.json, wide.md, wide.json, wide-curves.csv,
+# logs.tar.gz (every stage's log and the runs' metrics.json files; the runs themselves stay in a scratch folder).
+set -u
+if [ "${1:-}" = prep ]; then
+  set -e
+  [ -d .git ] || { echo "run this in the repository's root"; exit 2; }
+  SRC=${MULTI30K:-../shared/data/multi30k}
+  [ -f "$SRC/train.en.gz" ] || { echo "no Multi30k at $SRC; set MULTI30K to a folder of train/val .en/.de .gz"; exit 2; }
+  mkdir -p .gpucheck/multi30k
+  grep -qxF '/.gpucheck/' .git/info/exclude 2>/dev/null || echo '/.gpucheck/' >> .git/info/exclude
+  cp "$SRC"/train.en.gz "$SRC"/train.de.gz "$SRC"/val.en.gz "$SRC"/val.de.gz .gpucheck/multi30k/
+  bash scripts/gpu-check.sh prep
+  echo "staged Multi30k in .gpucheck/multi30k; next, on the GPU machine: OUT=<dir> bash scripts/gpu-wide.sh"
+  exit 0
+fi
+
+OUT=${OUT:?OUT must be set: the folder for the results}
+SMOKE=${GPU_WIDE_SMOKE:-0}
+PY=${PYTHON:-python3}
+DEADLINE=${DEADLINE_S:-470}
+DATA=${MULTI30K:-.gpucheck/multi30k}
+[ -d "$DATA" ] || DATA=../shared/data/multi30k
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/aiayn-gpu-wide.XXXXXX")
+mkdir -p "$OUT" "$WORK/logs"
+SUM="$OUT/summary.md"
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+export AIAYN_CACHE=${AIAYN_CACHE:-$WORK/cache}
+export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+START=$(date +%s)
+note() { echo "$*" | tee -a "$SUM"; }
+left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
+
+if [ "$SMOKE" = 1 ]; then  # the paths, not the numbers: a narrow model, a few steps, one seed, the first slice
+  COMMON=(--accelerator cpu --set d_model=32 --set d_ff=64 --set h=4 --vocab-size 1000 --val-every 1 --eval-subset 8
+    --jobs 2)
+  PILOT=(--max-steps 40); RULE=(--budgets 32:40:8); SEEDS=(--seeds 1 --base-seeds 1); SLICES=1
+else
+  COMMON=(--accelerator gpu --precision bf16-mixed --eval-subset 64 --num-workers 1)
+  PILOT=(--jobs 4); RULE=(); SEEDS=(--jobs 8); SLICES=99
+fi
+
+: > "$SUM"
+note "# aiayn's wide table on one GPU ($(date -u +%FT%TZ), smoke=$SMOKE, deadline ${DEADLINE} s)"
+note ""
+if ! "$PY" -c "import optuna, sacremoses, shtab" 2>/dev/null; then
+  if [ -d .gpucheck/whl ]; then
+    "$PY" -m pip install -q --no-index --find-links .gpucheck/whl optuna alembic SQLAlchemy greenlet Mako colorlog \
+      sacremoses shtab > "$WORK/logs/install.log" 2>&1 && note "installed from .gpucheck/whl" \
+      || note "install from .gpucheck/whl FAILED (logs/install.log)"
+  else
+    note "optuna, sacremoses or shtab missing and no .gpucheck/whl: run \`bash scripts/gpu-wide.sh prep\` first"
+  fi
+fi
+note "machine: $("$PY" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' 2>&1 | tail -1); $(git rev-parse --short HEAD 2>/dev/null || echo 'no git commit'); data $DATA"
+note ""
+note "| stage | result | wall |"
+note "| --- | --- | --- |"
+
+t0=$(date +%s)
+timeout --kill-after=20 "$(left)" "$PY" -m aiayn table3 --preset wide --rows base --seeds 4 --base-seeds 4 \
+  --first-seed 100 --out "$WORK/pilot" --report '' --data-dir "$DATA" "${COMMON[@]}" "${PILOT[@]}" \
+  > "$WORK/logs/pilot.log" 2>&1
+rc=$?
+note "| pilot (base, seeds 100-103) | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s |"
+"$PY" scripts/wide_pilot.py budget "$WORK/pilot" --json "$OUT/rule.json" "${RULE[@]}" > "$OUT/rule.md" 2>&1
+BUDGET=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['budget'])" "$OUT/rule.json" 2>/dev/null)
+if [ -z "$BUDGET" ]; then
+  note "| rule 2 | FAILED: no budget (rule.md) | |"
+else
+  note "| rule 2 | budget $BUDGET steps (rule.md) | |"
+  ROWS=base; K=0; DONE=0
+  while IFS=$'\t' read -r NAME SLICE; do
+    K=$((K + 1)); [ "$K" -gt "$SLICES" ] && break
+    ROWS="$ROWS,$SLICE"
+    T=$(left)
+    if [ "$T" -lt 30 ]; then note "| slice $K ($NAME: $SLICE) | not run: the deadline | |"; continue; fi
+    t0=$(date +%s)
+    timeout --kill-after=30 "$T" "$PY" -m aiayn table3 --preset wide --rows "$ROWS" --first-seed 200 \
+      --max-steps "$BUDGET" --out "$WORK/wide" --report "$WORK/report-$K" --data-dir "$DATA" "${COMMON[@]}" \
+      "${SEEDS[@]}" > "$WORK/logs/slice-$K.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+      DONE=$K; note "| slice $K ($NAME: $SLICE) | ok | $(( $(date +%s) - t0 )) s |"
+    else
+      note "| slice $K ($NAME: $SLICE) | not run whole: exit $rc (124/143: the deadline) | $(( $(date +%s) - t0 )) s |"
+      break
+    fi
+  done < <("$PY" scripts/wide_pilot.py slices)
+  if [ "$DONE" -gt 0 ]; then
+    for ext in md json; do cp "$WORK/report-$DONE"/table3-wide.$ext "$OUT/wide.$ext" 2>/dev/null; done
+    cp "$WORK/report-$DONE"/table3-wide-curves.csv "$OUT/wide-curves.csv" 2>/dev/null
+    note ""
+    note "The report covers slices 1-$DONE, whole: wide.md (its first lines: the score and both baselines)."
+  fi
+fi
+note ""
+note "wall $(( $(date +%s) - START )) s; the pilot's budget rule and each test's power: rule.md"
+find "$WORK" -name metrics.json -path '*seed*' | tar -czf "$OUT/logs.tar.gz" -C / -T - "$WORK/logs" 2>/dev/null \
+  || tar -czf "$OUT/logs.tar.gz" "$WORK/logs" 2>/dev/null
+rm -rf "$WORK"
