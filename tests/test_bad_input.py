@@ -272,6 +272,15 @@ CASES = {
                                         "--trainer gradient_clip_val=abc: lightning.pytorch.Trainer's "
                                         "gradient_clip_val must be a number or null, not 'abc'; e.g. --trainer "
                                         "gradient_clip_val=1.0"),
+    "trainer value not finite": (TRAIN + ["--trainer", "gradient_clip_val=.nan"], None,
+                                 "--trainer gradient_clip_val=.nan: not a finite number; e.g. --trainer "
+                                 "gradient_clip_val=1.0"),
+    "trainer value of YAML aliases": (TRAIN + ["--trainer", "gradient_clip_val=[&a [1, 1, 1], [*a, *a, *a]]"], None,
+                                      "--trainer gradient_clip_val: YAML anchors and aliases (&, *) are not read; "
+                                      "write the value out"),
+    "trainer value of 300 characters": (TRAIN + ["--trainer", "limit_val_batches=" + "1" * 300], None,
+                                        "--trainer limit_val_batches: a value of 300 characters; a Trainer argument "
+                                        "takes at most 200, e.g. --trainer limit_val_batches=1.0"),
     "trainer argument mistyped": (TRAIN + ["--trainer", "gradient_clip_vall=1"], None,
                                   "--trainer gradient_clip_vall: not an argument of lightning.pytorch.Trainer (did "
                                   "you mean 'gradient_clip_val'?); see its documentation (e.g. log_every_n_steps, "

@@ -6,6 +6,7 @@ Importing this module is cheap (no torch, no Lightning): the CLI builds every pa
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -172,6 +173,7 @@ TRAINER_OWNED = {
     "deterministic": "nothing (aiayn sets it on CPU, where resume is bitwise)",
 }  # fmt: skip
 TRAINER_DEFAULTS = {"log_every_n_steps": 10}
+MAX_TRAINER_VALUE = 200  # characters in one --trainer value
 
 
 def parse_trainer(items) -> dict:
@@ -197,10 +199,17 @@ def parse_trainer(items) -> dict:
                 + (f" (did you mean {near}?)" if near else "")
                 + "; see its documentation (e.g. log_every_n_steps, gradient_clip_val, limit_val_batches)"
             )
+        if len(text) > MAX_TRAINER_VALUE:  # a Trainer argument is a number, a name or a short list
+            raise UserError(f"--trainer {key}: a value of {len(text)} characters; a Trainer argument takes at most "
+                            f"{MAX_TRAINER_VALUE}, e.g. --trainer {key}=1.0")  # fmt: skip
         try:
+            if any(isinstance(t, yaml.AliasToken | yaml.AnchorToken) for t in yaml.scan(text)):  # an alias bomb
+                raise UserError(f"--trainer {key}: YAML anchors and aliases (&, *) are not read; write the value out")
             value = yaml.safe_load(text)
         except yaml.YAMLError:
-            raise UserError(f"--trainer {item}: the value is not YAML; quote it, e.g. --trainer {key}=1.0") from None
+            raise UserError(f"--trainer {key}: the value is not YAML; quote it, e.g. --trainer {key}=1.0") from None
+        if isinstance(value, float) and not math.isfinite(value):  # NaN or inf: Lightning would take it and fail later
+            raise UserError(f"--trainer {key}={text}: not a finite number; e.g. --trainer {key}=1.0")
         hint = typing.get_type_hints(Trainer.__init__).get(key)
         if hint is not None and value_matches(value, hint) is False:  # before any run directory exists
             raise UserError(f"--trainer {item}: lightning.pytorch.Trainer's {key} must be {type_name(hint)}, not "
