@@ -36,7 +36,7 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState
 
-from aiayn.ablations.knobs import KNOBS, OVERRIDABLE
+from aiayn.ablations.knobs import KNOBS, OVERRIDABLE, parse_value
 from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
@@ -114,11 +114,13 @@ def read_space(path: str) -> dict[str, BaseDistribution]:
             raise UserError(bad)
         try:
             if "choices" in spec and set(spec) == {"choices"}:
-                space[key] = CategoricalDistribution([KNOBS[key].type(str(c)) for c in spec["choices"]])
+                space[key] = CategoricalDistribution([parse_value(key, str(c)) for c in spec["choices"]])
             elif {"low", "high"} <= set(spec) <= {"low", "high", "log", "step"}:
                 kind = IntDistribution if KNOBS[key].type is int else FloatDistribution
                 cast = int if kind is IntDistribution else float
                 step = spec.get("step")
+                for bound in ("low", "high"):  # each end a value the knob may take (N >= 1, finite numbers)
+                    parse_value(key, str(cast(spec[bound])))
                 space[key] = kind(
                     cast(spec["low"]),
                     cast(spec["high"]),

@@ -344,6 +344,14 @@ CASES = {
     "a directory as the search space": (["hpo", "--out", "{tmp}/o", "--space", "{tmp}"], None,
                                         "config {tmp} is a directory, not a file; pass a YAML file like `P_drop: {low: "
                                         "0.0, high: 0.3}` (see `aiayn hpo --help`)"),
+    "a search space that reaches N = 0": (["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
+                                          garbled("s.yaml", b"N: {low: 0, high: 2}\n"),
+                                          "--space {tmp}/s.yaml: N must be {low: L, high: H} (optionally log: true, "
+                                          "step: S) or {choices: [...]} (N must be a positive integer)"),
+    "a search space with a NaN end": (["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
+                                      garbled("s.yaml", b"P_drop: {low: .nan, high: 0.3}\n"),
+                                      "--space {tmp}/s.yaml: P_drop must be {low: L, high: H} (optionally log: true, "
+                                      "step: S) or {choices: [...]} (P_drop must be a finite number)"),
     "a device as a config's table": (TRAIN + ["--config", "{tmp}/t.csv"], table("table: [/dev/zero]\n"),
                                      "table /dev/zero is a device, not a file; pass --table with a UTF-8 CSV file in "
                                      "the layout of ablations/extended.csv"),
