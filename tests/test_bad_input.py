@@ -352,6 +352,20 @@ CASES = {
                                       garbled("s.yaml", b"P_drop: {low: .nan, high: 0.3}\n"),
                                       "--space {tmp}/s.yaml: P_drop must be {low: L, high: H} (optionally log: true, "
                                       "step: S) or {choices: [...]} (P_drop must be a finite number)"),
+    "a cache directory under /proc": (TRAIN + ["--cache-dir", "/proc/aiayn-cache"], None,
+                                      "cache directory /proc/aiayn-cache is not writable (nearest existing: /proc); "
+                                      "point --cache-dir at a directory you can write"),
+    "an output directory under /proc": (["table3", "--out", "/proc/aiayn-runs", "--max-steps", "2"], None,
+                                        "output directory /proc/aiayn-runs is not writable (nearest existing: /proc); "
+                                        "pass --out DIR"),
+    "bench --json under a file": (["bench", "--json", "{tmp}/afile/b.json", "--steps", "1", "--trials", "1"],
+                                  regular_file, "--json {tmp}/afile/b.json cannot be written: {tmp}/afile is not a "
+                                  "directory you can write; pass --json a path you can write"),
+    "bench --trainer --json a directory": (["bench", "--trainer", "--json", "{tmp}"], None,
+                                           "--json {tmp} is a directory; pass --json a file name"),
+    "sweep export --out under /proc": (["sweep", "export", "--wandb", "--out", "/proc/aiayn/s.yaml"], None,
+                                       "--out /proc/aiayn/s.yaml cannot be written: /proc is not a directory you can "
+                                       "write; pass --out a path you can write"),
     "a device as a config's table": (TRAIN + ["--config", "{tmp}/t.csv"], table("table: [/dev/zero]\n"),
                                      "table /dev/zero is a device, not a file; pass --table with a UTF-8 CSV file in "
                                      "the layout of ablations/extended.csv"),

@@ -389,6 +389,25 @@ def test_encoded_cache_written_once(tmp_path, small_spm, monkeypatch):
     assert torch.equal(again["tgt"][0], first["tgt"][0])
 
 
+@pytest.mark.parametrize("garbage", [b"not a pickle at all" * 10, b"PK\x03\x04 truncated zip", "other"])
+def test_a_garbled_cached_encoding_is_encoded_again_with_a_warning(tmp_path, small_spm, caplog, garbage):
+    """A cache entry that is not an encoded split (UnpicklingError before, with no hint): rebuilt, said in a line."""
+    model, _ = small_spm
+    sp = T.load_spm(model)
+    root = _corpus(tmp_path / "c")
+    out = T.encoded_cache_path(tmp_path, model, root, "dev", "en", "de")
+    first = T.encode_split(sp, root, "dev", "en", "de", out)
+    if garbage == "other":
+        torch.save({"src": [1, 2]}, out)  # a readable file of the wrong shape
+    else:
+        out.write_bytes(garbage)
+    with caplog.at_level("WARNING"):
+        again = T.encode_split(sp, root, "dev", "en", "de", out)
+    assert torch.equal(again["src"][0], first["src"][0]) and torch.equal(again["tgt"][1], first["tgt"][1])
+    assert f"cached encoding {out} is unreadable" in caplog.text
+    assert torch.equal(torch.load(out, weights_only=True)["tgt"][0], first["tgt"][0])  # the cache mended
+
+
 # ------------------------------------------------------------------------------------------------ batching
 
 

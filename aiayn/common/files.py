@@ -31,8 +31,34 @@ def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> Non
         probe = probe.parent
     if not probe.is_dir():
         raise UserError(f"output directory {directory} cannot be created: {probe} is not a directory; pass {flag} DIR")
-    if not os.access(probe, os.W_OK):
+    if not can_create_in(probe):
         raise UserError(f"output directory {directory} is not writable (nearest existing: {probe}); pass {flag} DIR")
+
+
+def check_output_file(path: str | os.PathLike, flag: str) -> None:
+    """A UserError unless `path` can be written as a file (not a directory; its folder writable, or creatable):
+    checked before the work whose result it holds, so that nothing is computed to be lost."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a directory; pass {flag} a file name")
+    probe = path.absolute().parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not can_create_in(probe):
+        raise UserError(f"{flag} {path} cannot be written: {probe} is not a directory you can write; pass {flag} a "
+                        "path you can write")  # fmt: skip
+
+
+def can_create_in(directory: Path) -> bool:
+    """Whether a file can be created in `directory`, by creating one and removing it: os.access says yes to root
+    where the filesystem says no (/proc, /sys, a read-only mount)."""
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".aiayn-probe.")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
 
 
 def temp_beside(path: Path) -> tuple[int, str]:

@@ -160,13 +160,32 @@ def _encode(sp, sentences: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
 def encode_split(sp, corpus_dir, split: str, src_lang: str, tgt_lang: str, out: Path) -> dict:
     """Encode one split with ``sp`` (cached at ``out``); returns {src,tgt: (flat, offsets)}."""
     if out.is_file():
-        return torch.load(out, weights_only=True)
+        cached = _read_encoded(out)
+        if cached is not None:
+            return cached
     src, tgt = parallel_text(corpus_dir, split, src_lang, tgt_lang)
     start = time.perf_counter()
     data = {"src": _encode(sp, src), "tgt": _encode(sp, tgt)}
     atomic_torch_save(data, out)
     log.info("encoded %s (%d pairs) in %.1fs -> %s", split, len(src), time.perf_counter() - start, out)
     return data
+
+
+def _read_encoded(path: Path) -> dict | None:
+    """A cached encoding, or None (with a warning) where the file is not one: a cache is derived data, so a garbled
+    entry (a crash mid-copy, a disk error, another program's file) is encoded again, not a traceback."""
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - UnpicklingError, a truncated zip's RuntimeError, EOFError, ...
+        why = type(e).__name__
+    else:
+        pairs = [data.get(side) for side in ("src", "tgt")] if isinstance(data, dict) else [None]
+        if all(isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(t, torch.Tensor) for t in p)
+               for p in pairs):  # fmt: skip
+            return data
+        why = "not an encoded split"
+    log.warning("cached encoding %s is unreadable (%s); encoding the split again", path, why)
+    return None
 
 
 class EncodedPairs(Dataset):

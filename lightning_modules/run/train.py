@@ -31,7 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
-from aiayn.common.files import check_writable_dir, disk_full, sha256_file
+from aiayn.common.files import can_create_in, check_writable_dir, disk_full, sha256_file
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.data.corpora import check_corpus_options
@@ -255,7 +255,7 @@ def check_cache_dir(cache_dir: str | None) -> None:
     if not probe.is_dir():
         raise UserError(f"cache directory {where} cannot be used: {probe} is not a directory; point {flag} at a "
                         "directory")  # fmt: skip
-    if not os.access(probe, os.W_OK | os.X_OK):
+    if not can_create_in(probe):
         raise UserError(f"cache directory {where} is not writable (nearest existing: {probe}); point {flag} at a "
                         "directory you can write")  # fmt: skip
 
