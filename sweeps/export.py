@@ -15,7 +15,7 @@ import yaml
 from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import RowChoice, select_rows
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_text, check_output_file
+from aiayn.common.files import atomic_write_text, check_writable_file
 from aiayn.common.options import option, to_argv
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import experiment_name
@@ -37,7 +37,7 @@ def export_sweep(opts: SweepExportOptions) -> str | None:
     if not opts.wandb:
         raise UserError("sweep export needs a target; pass --wandb (the W&B sweep YAML)")
     if opts.out:
-        check_output_file(opts.out, "--out")
+        check_writable_file(opts.out, "--out")
     text = wandb_yaml(opts.preset, opts.select.rows, opts.seeds, opts.select.extended, opts.select.table)
     if not opts.out:
         return text

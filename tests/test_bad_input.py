@@ -362,7 +362,7 @@ CASES = {
                                   regular_file, "--json {tmp}/afile/b.json cannot be written: {tmp}/afile is not a "
                                   "directory you can write; pass --json a path you can write"),
     "bench --trainer --json a directory": (["bench", "--trainer", "--json", "{tmp}"], None,
-                                           "--json {tmp} is a directory; pass --json a file name"),
+                                           "--json {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)"),
     "sweep export --out under /proc": (["sweep", "export", "--wandb", "--out", "/proc/aiayn/s.yaml"], None,
                                        "--out /proc/aiayn/s.yaml cannot be written: /proc is not a directory you can "
                                        "write; pass --out a path you can write"),

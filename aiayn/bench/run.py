@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_text, check_output_file
+from aiayn.common.files import atomic_write_text, check_writable_file
 from aiayn.lightning_modules.transformer.decoding import beam_search
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
@@ -587,7 +587,7 @@ def main(opts: BenchOptions) -> int:
     if opts.trainer_sizes:
         raise UserError("--trainer-size is for --trainer; pass --size SIZE for the implementations' bench")
     if opts.json:
-        check_output_file(opts.json, "--json")
+        check_writable_file(opts.json, "--json")
     results = run(dataclasses.replace(opts, device=resolve_device(opts)))
     print(table(results))
     if opts.json:

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 from aiayn.bench import BenchOptions
 from aiayn.bench.run import _cpu_name, _sync, bench_config, resolve_device, time_steps, training_batch
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_text, check_output_file
+from aiayn.common.files import atomic_write_text, check_writable_file
 from aiayn.lightning_modules.run.callbacks import RNGStates
 from aiayn.lightning_modules.run.module import TranslationModule
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
@@ -248,7 +248,7 @@ def main(opts: BenchOptions) -> int:
     if opts.peers or opts.padding:
         raise UserError("--trainer compares aiayn's Trainer with its bare step only; drop --peers and --padding")
     if opts.json:
-        check_output_file(opts.json, "--json")
+        check_writable_file(opts.json, "--json")
     results = run_trainer(dataclasses.replace(opts, device=resolve_device(opts)))
     print(trainer_table(results))
     if opts.json:

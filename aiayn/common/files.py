@@ -35,20 +35,6 @@ def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> Non
         raise UserError(f"output directory {directory} is not writable (nearest existing: {probe}); pass {flag} DIR")
 
 
-def check_output_file(path: str | os.PathLike, flag: str) -> None:
-    """A UserError unless `path` can be written as a file (not a directory; its folder writable, or creatable):
-    checked before the work whose result it holds, so that nothing is computed to be lost."""
-    path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{flag} {path} is a directory; pass {flag} a file name")
-    probe = path.absolute().parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not can_create_in(probe):
-        raise UserError(f"{flag} {path} cannot be written: {probe} is not a directory you can write; pass {flag} a "
-                        "path you can write")  # fmt: skip
-
-
 def can_create_in(directory: Path) -> bool:
     """Whether a file can be created in `directory`, by creating one and removing it: os.access says yes to root
     where the filesystem says no (/proc, /sys, a read-only mount)."""
@@ -183,7 +169,12 @@ def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory; pass a file name (e.g. {path / 'out.txt'})")
-    check_writable_dir(path.parent if str(path.parent) else Path("."), flag)
+    probe = path.absolute().parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not can_create_in(probe):
+        raise UserError(f"{flag} {path} cannot be written: {probe} is not a directory you can write; pass {flag} a "
+                        "path you can write")  # fmt: skip
 
 
 class DiskFull(UserError):
