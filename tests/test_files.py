@@ -26,6 +26,31 @@ def test_a_new_file_gets_umask_permissions_not_mkstemps_owner_only(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o644
 
 
+def test_a_checkpoint_past_the_file_size_limit_is_one_line_naming_the_limit(tmp_path):
+    """`ulimit -f` reached mid-checkpoint: torch's zip writer raised a RuntimeError (or a plain write EFBIG), and the
+    line said nothing of the limit. Now it names the file, the limit and the fix, and leaves nothing behind."""
+    import resource
+
+    import torch
+
+    from aiayn.common import files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))  # 1 MB; Python ignores SIGXFSZ, so writes fail
+    try:
+        with pytest.raises(files.DiskFull) as e:
+            files.atomic_torch_save({"w": torch.zeros(1024, 1024)}, tmp_path / "last.ckpt")  # 4 MB of tensors
+        with pytest.raises(files.DiskFull, match="file-size limit, 1.0 MB"):
+            with files.atomic_open(tmp_path / "big.txt") as f:
+                f.write("x" * (2 << 20))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(e.value).startswith(f"cannot write {tmp_path / 'last.ckpt'}: larger than this process's file-size "
+                                   "limit, 1.0 MB (ulimit -f)")  # fmt: skip
+    assert str(e.value).endswith("raise the limit (ulimit -f unlimited) or write somewhere without one")
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_full_disk_is_one_line_naming_the_file_and_the_space_it_needed(tmp_path, monkeypatch):
     """torch's zip writer reports a full disk as "unexpected pos ..." (a RuntimeError), plain writes as ENOSPC: both
     are one DiskFull line naming the file and about how much it needed, and nothing is left behind."""

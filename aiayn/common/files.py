@@ -90,8 +90,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", need: int | None = Non
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
+        try:
+            written = os.path.getsize(tmp)
+        except OSError:
+            written = None
         Path(tmp).unlink(missing_ok=True)
-        full = disk_full(path, e, need) if isinstance(e, Exception) and not isinstance(e, UserError) else None
+        full = disk_full(path, e, need, written) if isinstance(e, Exception) and not isinstance(e, UserError) else None
         if full is not None:
             raise full from None
         raise
@@ -181,9 +185,26 @@ class DiskFull(UserError):
     """A write that the filesystem refused for want of space: one line naming the file and what it needed."""
 
 
-def disk_full(path: Path, error: BaseException, need: int | None) -> DiskFull | None:
+def file_size_limit() -> int | None:
+    """This process's largest file in bytes (`ulimit -f`), or None where there is none."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def disk_full(path: Path, error: BaseException, need: int | None, written: int | None = None) -> DiskFull | None:
     """The DiskFull a failed write of `path` means, or None when space is not what failed: an OSError ENOSPC, or any
-    error of a writer (torch's zip writer says "unexpected pos") on a filesystem left with less than it needed."""
+    error of a writer (torch's zip writer says "unexpected pos") on a filesystem left with less than it needed; or a
+    file larger than the process may write (EFBIG, or a writer's error once `written` bytes reached `ulimit -f`)."""
+    limit = file_size_limit()
+    too_big = isinstance(error, OSError) and error.errno == errno.EFBIG
+    if limit is not None and (too_big or (written or 0) >= limit or (need or 0) > limit):
+        needs = f" (it needs about {_size(need)})" if need else ""
+        return DiskFull(f"cannot write {path}: larger than this process's file-size limit, {_size(limit)} (ulimit -f)"
+                        f"{needs}; raise the limit (ulimit -f unlimited) or write somewhere without one")  # fmt: skip
     if isinstance(error, OSError) and error.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
     try:
