@@ -400,7 +400,7 @@ def _changed_rows(runs: list[Run]) -> list[str]:
     for run in runs:
         if run.config is None:
             continue
-        change = tuple(changed_since(run.config.spec))
+        change = tuple(changed_since(run.config.spec, run.config.tables))
         if change:
             seeds, _ = by_row.setdefault(run.row, ([], change))
             seeds.append(run.seed)

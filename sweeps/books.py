@@ -212,7 +212,7 @@ def _changed(run: RunDir) -> tuple[str, ...]:
         config = run.read_config()
     except UserError:
         return ()
-    return tuple(changed_since(config.spec)) if config is not None else ()
+    return tuple(changed_since(config.spec, config.tables)) if config is not None else ()
 
 
 def _progress(run: RunDir) -> dict:

@@ -858,6 +858,36 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
     assert "  - C4 (seed 0): d_model 96 -> 64, d_k 24 -> 16, d_v 24 -> 16" in md
 
 
+def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_status_and_the_report(tmp_path):
+    """Issue 45: the warning covered the rows of ablations/ only; a row of the user's --table edited after its pair
+    completed was named nowhere. The run's config.json records its tables, read again as they are now."""
+    from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
+    from aiayn.reports.build import write_reports
+    from aiayn.sweeps import books
+    from aiayn.sweeps.status import StatusOptions, status_text
+
+    table = tmp_path / "mine.csv"
+    table.write_text("row,group,N,d_model,d_ff,note\nwide-ff,mine,,,4096,a wider FFN\n")
+    spec = resolve("wide-ff", "tiny", tables=(str(table),))
+    config = RunConfig(spec, DataIdentity("synthetic", None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
+                       options={"row": "wide-ff", "table": [str(table)]}).to_dict()  # fmt: skip
+    out = tmp_path / "runs"
+    run = out / "tiny" / "synthetic" / "wide-ff" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config))
+    metrics = {"row": "wide-ff", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed",
+               "dev_ppl": 2.0, "dev_bleu": 30.0}  # fmt: skip
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    books.record_sweep(OutDir(out), "tiny", "synthetic", [("wide-ff", 0)], "local")
+    assert "changed since it ran" not in status_text(StatusOptions(out=str(out)))  # as it ran: nothing to say
+    table.write_text("row,group,N,d_model,d_ff,note\nwide-ff,mine,,,2048,a wider FFN\n")  # edited afterwards
+    text = status_text(StatusOptions(out=str(out)))
+    assert "its row changed since it ran (d_ff 1024 -> 512)" in text and "this result is the old row's" in text
+    write_reports(out, tmp_path / "rep")
+    md = (tmp_path / "rep" / "table3-tiny.md").read_text(encoding="utf-8")
+    assert "  - wide-ff (seed 0): d_ff 1024 -> 512" in md
+
+
 @pytest.mark.parametrize("corpus", ["synthetic-20", "hf:wmt/wmt16:de-en"])
 def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
     """One preset-corpus key: the tracker's experiment, the Optuna study, the sweep's record in the books, its pairs'

@@ -241,6 +241,12 @@ class RunConfig:
     def schedule(self) -> dict:
         return asdict(self.spec.schedule)
 
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The user's --table files the run was resolved with (its options'; () for the paper's rows only)."""
+        tables = self.options.get("table") or ()
+        return tuple(str(t) for t in tables) if isinstance(tables, list | tuple) else ()
+
     def identity(self) -> dict:
         """What must match for a rerun to resume a run directory."""
         return {"model": self.model, "data": self.data.to_dict(), "schedule": self.schedule}

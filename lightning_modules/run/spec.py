@@ -225,14 +225,14 @@ def spec_for(opts: TrainOptions, recorded: ConfigFile | None = None) -> RunSpec:
     return run
 
 
-def changed_since(recorded: RunSpec) -> list[str]:
+def changed_since(recorded: RunSpec, tables: tuple[str, ...] = ()) -> list[str]:
     """What the table (and the preset's rule) now resolve differently for a run's row than when it ran: its model
-    knobs and its steps, each as "d_model 128 -> 256" ([] when the same, or when the row is no longer in the table of
-    ablations/: a user's --table is not known here). A completed pair keeps its result when its row is edited; this
-    is how status and the report say so."""
+    knobs and its steps, each as "d_model 128 -> 256" ([] when the same, or when the row is no longer in its table).
+    `tables`: the user's --table files the run was given (its config.json's options), read as they are now. A
+    completed pair keeps its result when its row is edited; this is how status and the report say so."""
     try:
-        now = resolve(recorded.row, recorded.preset.name, overrides=recorded.overrides, corpus=recorded.corpus,
-                      vocab_size=recorded.model.vocab_size)  # fmt: skip
+        now = resolve(recorded.row, recorded.preset.name, tables=tuple(tables), overrides=recorded.overrides,
+                      corpus=recorded.corpus, vocab_size=recorded.model.vocab_size)  # fmt: skip
     except UserError:
         return []
     before, after = recorded.model.to_dict(), now.model.to_dict()
