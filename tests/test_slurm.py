@@ -85,6 +85,10 @@ BAD = [
                                      "--time", "00:30:00"], "--partition holds a line break"),
     ("a line break in --sbatch", ["table3", *ARGS_CPU, "--sbatch", "--qos=high\nrm -rf ~"],
      "--sbatch 1 holds a line break"),
+    # issue 45: a space would make a second option of the rest of an #SBATCH line
+    ("a space in --partition", ["table3", "--accelerator", "cpu", "--partition", "debug --qos=high", "--time",
+                                "00:30:00"], "--partition 'debug --qos=high' holds a space"),
+    ("a space in --mem", ["table3", *ARGS_CPU, "--mem", "4G --exclusive"], "--mem '4G --exclusive' holds a space"),
 ]
 
 
@@ -96,6 +100,17 @@ def test_bad_input_one_line_exit_2_nothing_written(what, argv, message, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("aiayn: error: ") and message in err[0], err
     assert ";" in err[0]  # problem; fix
+    assert not out.exists()
+
+
+def test_an_out_with_a_space_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """Issue 45: a space in --out split `#SBATCH --output=` (sbatch reads the rest as another option)."""
+    monkeypatch.setenv("PATH", _no_sbatch_path(tmp_path))
+    out = tmp_path / "my runs"
+    assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(out), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"aiayn: error: --out {str(out)!r} holds a space, which would split its #SBATCH line into two "
+                   "options; pass a path without spaces (or a link to it without any)"]  # fmt: skip
     assert not out.exists()
 
 

@@ -127,6 +127,14 @@ def check_one_line(opts: SlurmOptions) -> None:
         if value is not None and any(c in str(value) for c in "\n\r\0"):
             raise UserError(f"{flag} holds a line break, which would start a line of its own in the sbatch script; "
                             f"pass it on one line")  # fmt: skip
+    # an #SBATCH line is split on white space by sbatch, not a shell: a space would make a second option of the rest
+    words = {"--partition": res.partition, "--account": res.account, "--time": res.time, "--mem": res.mem,
+             "--out": t.out}  # fmt: skip
+    for flag, value in words.items():
+        if value is not None and any(c.isspace() for c in str(value)):
+            fix = "a path without spaces (or a link to it without any)" if flag == "--out" else "it without spaces"
+            raise UserError(f"{flag} {str(value)!r} holds a space, which would split its #SBATCH line into two "
+                            f"options; pass {fix}")  # fmt: skip
 
 
 def check(opts: SlurmOptions) -> int:
