@@ -637,3 +637,17 @@ def test_a_line_separator_inside_a_note_is_text_not_a_second_row(tmp_path, capsy
     mine = [r for r in records if r["row"] == "mine"]
     assert len(mine) == 1 and mine[0]["note"] == "first half\u2028second half"
     assert not any(r["row"].startswith("second") for r in records)
+
+
+@pytest.mark.parametrize("url", ["postgresql://aiayn@127.0.0.1:1/db", "mysql://aiayn@127.0.0.1:1/db"])
+def test_a_storage_server_that_cannot_be_opened_leaves_no_setup_lock_behind(url, tmp_path, capsys):
+    """Issue 45: the storage is opened under the sweep's setup lock, so its one-line error left `.locks/*setup.lock`
+    (and the folders made for it) under --out. Whether the driver is missing or the server does not answer (port 1),
+    the line names the storage and nothing is left."""
+    before = tree(tmp_path)
+    code = main(["table3", "--out", f"{tmp_path}/runs", "--report", "", "--rows", "base", "--storage", url,
+                 "--max-steps", "2"])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("INFO ")]
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"aiayn: error: cannot open storage {url} ("), err
+    assert err[0].endswith("); check the URL, the server and its driver")
+    assert tree(tmp_path) == before

@@ -68,3 +68,26 @@ def holding(held: IO | None):
         yield True
     finally:
         held.close()  # closing the file releases the lock
+
+
+@contextmanager
+def removed_on_error(path: str | os.PathLike, errors: type[BaseException] | tuple = Exception):
+    """For a block that creates the lock file `path` (and its folders) and may fail with one of `errors` (a user's
+    mistake found under the lock, e.g. a storage that cannot be opened): on such a failure, the lock file and the
+    folders the block created on the way to it are removed again, so that a one-line error leaves nothing behind.
+    A lock file that existed before the block is left as it was."""
+    path = Path(path)
+    top = path
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    existed = path.exists()
+    try:
+        yield
+    except errors:
+        if not existed:
+            path.unlink(missing_ok=True)
+            folder = path.parent
+            while folder != top.parent and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+                folder = folder.parent
+        raise

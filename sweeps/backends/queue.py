@@ -21,7 +21,8 @@ import optuna
 from optuna.trial import TrialState
 
 from aiayn.ablations.table import MAX_SEED
-from aiayn.common.locks import file_lock
+from aiayn.common.errors import UserError
+from aiayn.common.locks import file_lock, removed_on_error
 from aiayn.common.text import clock
 from aiayn.lightning_modules.run.devices import usable_cpus
 from aiayn.lightning_modules.run.rundir import RunMetrics
@@ -164,7 +165,8 @@ class QueueBackend(Backend):
         key_of = self._key_of(sweep)
         check_readable(url)  # a garbled database or journal: one line, and no lock left beside it
         # drivers set up in turn: creating a fresh SQLite schema or enqueueing concurrently would race
-        with file_lock(sweep.out.lock(f"{name}.setup"), wait=True):
+        setup = sweep.out.lock(f"{name}.setup")
+        with removed_on_error(setup, UserError), file_lock(setup, wait=True):  # a storage refused: no lock left
             storage = open_storage(url, create_dir=sweep.out.root)
             study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
             study.set_user_attr("preset", sweep.preset.name)
