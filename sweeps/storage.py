@@ -11,6 +11,7 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from aiayn.common.errors import UserError
+from aiayn.common.files import can_create_in
 from aiayn.common.secrets import redact
 
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
@@ -53,8 +54,13 @@ def check_readable(url: str) -> None:
     path = Path(url.split(":", 1)[1].removeprefix("//")) if scheme in ("journal", "sqlite") else None
     if scheme == "sqlite":
         path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
-    if path is None or not path.is_file():
+    if path is None or not path.exists():
         return
+    if not path.is_file():
+        raise UserError(f"storage {path} is a directory or a device, not a file; pass --storage a file's path")
+    if not (os.access(path, os.W_OK) and can_create_in(path.parent)):  # a read-only file, folder or mount
+        raise UserError(f"storage {path} cannot be written (a read-only file, folder or mount); copy it somewhere "
+                        "writable and pass --storage there")  # fmt: skip
     fix = f"delete {path} to start the sweep's books there again (its runs stay), or pass another --storage"
     if scheme == "journal":
         number = 0
@@ -67,12 +73,24 @@ def check_readable(url: str) -> None:
         except (UnicodeDecodeError, ValueError, AttributeError) as e:
             raise UserError(f"journal storage {path} line {number} is not an Optuna journal entry "
                             f"({type(e).__name__}); {fix}") from None  # fmt: skip
+        try:  # each entry as Optuna replays it (reading only): `{"op_code": 0}` alone has none of a study's fields
+            JournalStorage(JournalFileBackend(str(path)))
+        except Exception as e:  # noqa: BLE001 - KeyError, TypeError, ValueError: whatever a bad entry raises
+            raise UserError(f"journal storage {path} does not replay as an Optuna journal ({type(e).__name__}: "
+                            f"{str(e)[:80]}); {fix}") from None  # fmt: skip
         return
+    # a hot journal beside the database (a writer killed mid-transaction) is rolled back by a normal open, as
+    # Optuna's will; a read-only open would refuse that healthy database
+    mode = "rw" if Path(f"{path}-journal").exists() else "ro"
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            db.execute("select count(*) from sqlite_master").fetchone()
+        with sqlite3.connect(f"file:{path}?mode={mode}", uri=True) as db:
+            tables = {name for (name,) in db.execute("select name from sqlite_master where type = 'table'")}
     except sqlite3.DatabaseError as e:
         raise UserError(f"storage {path} is not a readable SQLite database ({e}); {fix}") from None
+    if tables and not {"studies", "trials"} <= tables:  # another program's database: Optuna would add its tables
+        names = ", ".join(sorted(tables)[:5])
+        raise UserError(f"storage {path} is another program's SQLite database (tables: {names}); pass --storage a "
+                        "new file or an Optuna database")  # fmt: skip
 
 
 def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.BaseStorage:

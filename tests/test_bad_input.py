@@ -124,6 +124,14 @@ def garbled(name: str, data: bytes):
     return lambda tmp: (tmp / name).write_bytes(data)
 
 
+def foreign_sqlite(tmp: Path) -> None:
+    """{tmp}/o.db: another program's SQLite database (Optuna would add its tables to it)."""
+    import sqlite3
+
+    with sqlite3.connect(tmp / "o.db") as db:
+        db.execute("create table users (id integer)")
+
+
 def run_config_of_schema(schema: int):
     """{tmp}/c.json: a run's config.json, as a newer aiayn would write it."""
 
@@ -455,6 +463,16 @@ CASES = {
                                 "journal storage {tmp}/j.log line 1 is not an Optuna journal entry (ValueError); "
                                 "delete {tmp}/j.log to start the sweep's books there again (its runs stay), or pass "
                                 "another --storage"),
+    "a journal that is a directory": (T3 + ["--storage", "journal://{tmp}/jdir"], lambda tmp: (tmp / "jdir").mkdir(),
+                                      "storage {tmp}/jdir is a directory or a device, not a file; pass --storage a "
+                                      "file's path"),
+    "a journal entry of no study": (T3 + ["--storage", "journal://{tmp}/j.log"], garbled("j.log", b'{"op_code": 0}\n'),
+                                    "journal storage {tmp}/j.log does not replay as an Optuna journal (KeyError: "
+                                    "'study_name'); delete {tmp}/j.log to start the sweep's books there again (its "
+                                    "runs stay), or pass another --storage"),
+    "another program's SQLite database": (T3 + ["--storage", "sqlite:///{tmp}/o.db"], foreign_sqlite,
+                                          "storage {tmp}/o.db is another program's SQLite database (tables: users); "
+                                          "pass --storage a new file or an Optuna database"),
     "a garbled SQLite storage": (T3 + ["--storage", "sqlite:///{tmp}/o.db"], garbled("o.db", b"garbage " * 200),
                                  "storage {tmp}/o.db is not a readable SQLite database (file is not a database); "
                                  "delete {tmp}/o.db to start the sweep's books there again (its runs stay), or pass "
@@ -651,3 +669,24 @@ def test_a_storage_server_that_cannot_be_opened_leaves_no_setup_lock_behind(url,
     assert code == 2 and len(err) == 1 and err[0].startswith(f"aiayn: error: cannot open storage {url} ("), err
     assert err[0].endswith("); check the URL, the server and its driver")
     assert tree(tmp_path) == before
+
+
+def test_a_sweeps_sqlite_books_with_a_hot_journal_are_read_not_refused(tmp_path):
+    """Issue 45: a writer killed mid-transaction leaves a hot journal, which SQLite rolls back on a normal open; the
+    read-only pre-check refused that healthy database and advised deleting it (a sweep's whole history)."""
+    import subprocess
+    import sys
+
+    import optuna
+
+    from aiayn.sweeps.storage import check_readable
+
+    db = tmp_path / "o.db"
+    optuna.create_study(storage=f"sqlite:///{db}", study_name="table3-tiny-synthetic")
+    killed = ("import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+              "c.execute('begin immediate'); c.execute(\"update studies set study_name = 'half'\"); os._exit(0)")
+    subprocess.run([sys.executable, "-c", killed, str(db)], check=True)
+    assert Path(f"{db}-journal").stat().st_size > 0  # the hot journal the killed writer left
+    check_readable(f"sqlite:///{db}")  # no error
+    names = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{db}")]
+    assert names == ["table3-tiny-synthetic"]  # rolled back: the books as they were before the killed write
