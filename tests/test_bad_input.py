@@ -360,6 +360,13 @@ CASES = {
                                       garbled("s.yaml", b"P_drop: {low: .nan, high: 0.3}\n"),
                                       "--space {tmp}/s.yaml: P_drop must be {low: L, high: H} (optionally log: true, "
                                       "step: S) or {choices: [...]} (P_drop must be a finite number)"),
+    "an --out of a 300-byte name": (["train", "--out", "/" + "x" * 300, "--max-steps", "2", "--no-progress"], None,
+                                    "--out: a path of 301 bytes with a name of 300 (at most 4095 and 255); pass a "
+                                    "shorter path"),
+    "a config's out: of 900 KB": (["train", "--config", "{tmp}/t.csv", "--max-steps", "2"],
+                                  table("out: " + "x/" * 450_000 + "\n"),
+                                  "--out: a path of 900000 bytes with a name of 1 (at most 4095 and 255); pass a "
+                                  "shorter path"),
     "a cache directory under /proc": (TRAIN + ["--cache-dir", "/proc/aiayn-cache"], None,
                                       "cache directory /proc/aiayn-cache is not writable (nearest existing: /proc); "
                                       "point --cache-dir at a directory you can write"),

@@ -21,10 +21,24 @@ def _umask() -> int:
     return mask
 
 
+PATH_MAX, NAME_MAX = 4095, 255  # bytes, Linux's limits on a path and on one of its names
+
+
+def check_path_length(path: str | os.PathLike, flag: str) -> None:
+    """A UserError (that does not echo the path) for a path the system refuses by its length alone: an OSError
+    ENAMETOOLONG from the first stat otherwise, with the whole path (a 900 KB `out:` in a config) in it."""
+    raw = os.fsencode(os.fspath(path))
+    longest = max((len(name) for name in raw.split(b"/")), default=0)
+    if len(raw) > PATH_MAX or longest > NAME_MAX:
+        raise UserError(f"{flag}: a path of {len(raw)} bytes with a name of {longest} (at most {PATH_MAX} and "
+                        f"{NAME_MAX}); pass a shorter path")  # fmt: skip
+
+
 def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> None:
     """A UserError unless `directory` exists as a writable directory or can be created (checked on the
     nearest existing ancestor, so nothing is created here). A regular file in the path is caught even
     as root, where permission bits do not stop writes."""
+    check_path_length(directory, flag)
     directory = Path(directory)
     probe = directory.absolute()
     while not probe.exists() and probe != probe.parent:
@@ -170,6 +184,7 @@ def read_user_text(path: str | os.PathLike, what: str, limit: int, fix: str) -> 
 def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     """A UserError unless `path` can be written as a file: its directory exists or can be created, and it is not a
     directory itself (checked before any work, so a command does not compute everything and then fail to write)."""
+    check_path_length(path, flag)
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory; pass a file name (e.g. {path / 'out.txt'})")

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
-from aiayn.common.files import can_create_in, check_writable_dir, disk_full, sha256_file
+from aiayn.common.files import can_create_in, check_path_length, check_writable_dir, disk_full, sha256_file
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.data.corpora import check_corpus_options
@@ -193,6 +193,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     run_loggers.of(opts)  # an unknown logger or a missing package: said before anything is prepared
     check_corpus_options(spec.corpus, opts.data_dir, opts.hf_splits)
     check_device(opts)
+    check_path_length(opts.out, "--out")  # before the run's folder under it is looked at
     check_cache_dir(opts.cache_dir)
     check_memory(spec, opts)
     if opts.keep_last is not None and opts.keep_last < 1:
@@ -249,6 +250,7 @@ def check_cache_dir(cache_dir: str | None) -> None:
 
     where = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     flag = "--cache-dir" if cache_dir else "AIAYN_CACHE (or --cache-dir)"
+    check_path_length(where, flag)
     probe = where.absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
