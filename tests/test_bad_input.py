@@ -57,6 +57,8 @@ def checkpoint(tmp: Path, kind: str) -> None:
         return
     if kind == "smuggled":  # a callable by __reduce__: torch 2.13 words this refusal apart from a class's
         ckpt["planted"] = Smuggled()
+    if kind == "format 99":  # written by a later aiayn whose checkpoint layout this one does not know
+        ckpt["aiayn"]["format"] = 99
     if kind == "other-config":  # weights of d_ff=32 under a config that says d_ff=64
         other = resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 64, "h": 2}, vocab_size=50)
         ckpt["aiayn"] = checkpoint_of(other, state_dict={})["aiayn"]
@@ -238,6 +240,9 @@ CASES = {
     "checkpoint of another config": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "other-config"),
                                      "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading "
                                      "state_dict for Transformer:)"),
+    "checkpoint of a later format": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "format 99"),
+                                     "checkpoint {tmp}/model.ckpt is of format 99, which this aiayn does not read (it "
+                                     "reads 1); use the aiayn that wrote it"),
     "checkpoint not by aiayn": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "foreign"),
                                 "checkpoint {tmp}/model.ckpt was not written by `aiayn train` (no run config "
                                 "under checkpoint['aiayn']); pass a checkpoint from a run directory's "

@@ -56,7 +56,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 
 from aiayn.common.files import atomic_torch_save, sha256_bytes
-from aiayn.lightning_modules.run.rundir import REQUEUE_CHECKPOINT, RUN_FILES
+from aiayn.lightning_modules.run.rundir import REQUEUE_CHECKPOINT, RUN_FILES, RUN_FILES_FORMAT
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class RunFilesInCheckpoint(pl.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         if self.files is None:
             data = Path(self._tokenizer()).read_bytes()
-            self.files = {"format": 1, "config": self._config(), "tokenizer_model": data,
+            self.files = {"format": RUN_FILES_FORMAT, "config": self._config(), "tokenizer_model": data,
                           "tokenizer_sha256": sha256_bytes(data)}  # fmt: skip
         checkpoint[RUN_FILES] = self.files
 

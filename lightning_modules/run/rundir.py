@@ -668,6 +668,7 @@ def _batching_text(batching: tuple[bool, int]) -> str:
 # ---- checkpoints: the run config and the tokenizer they carry (callbacks.RunFilesInCheckpoint writes them)
 
 RUN_FILES = "aiayn"  # the checkpoint's key of the run's files: its config.json and its tokenizer
+RUN_FILES_FORMAT = 1  # the layout of checkpoint[RUN_FILES] (callbacks.RunFilesInCheckpoint writes it)
 
 
 def load_raw(path: str | Path) -> dict:
@@ -688,6 +689,10 @@ def load_raw(path: str | Path) -> dict:
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get(RUN_FILES), dict) or "config" not in ckpt[RUN_FILES]:
         raise UserError(f"checkpoint {path} was not written by `aiayn train` (no run config under checkpoint"
                         f"[{RUN_FILES!r}]); pass a checkpoint from a run directory's checkpoints/")  # fmt: skip
+    fmt = ckpt[RUN_FILES].get("format", RUN_FILES_FORMAT)  # none: written before the field was
+    if fmt != RUN_FILES_FORMAT:
+        raise UserError(f"checkpoint {path} is of format {fmt!r}, which this aiayn does not read (it reads "
+                        f"{RUN_FILES_FORMAT}); use the aiayn that wrote it")  # fmt: skip
     return ckpt
 
 
