@@ -257,3 +257,28 @@ def test_averaging_checkpoints_far_from_the_end_is_said(tmp_path, caplog):
         caplog.clear()
         averaged(paths[-1:] * 2, "--average")
     assert "of the run" not in caplog.text
+
+
+def test_another_runs_checkpoint_in_a_run_directory_is_refused_in_one_line_not_resumed(tmp_path):
+    """Issue 45: another row's last.ckpt put in a run directory went to Lightning's state-dict load (a traceback),
+    or, with the same shapes, would have continued that run under this one's name. A run resumes only its own."""
+    import torch
+    from conftest import checkpoint_of
+
+    from aiayn.common.errors import UserError
+    from aiayn.common.files import atomic_write_json
+    from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, RunDir, TrainPlan
+    from aiayn.lightning_modules.run.spec import resolve
+
+    small = {"N": 1, "d_model": 16, "d_ff": 32, "h": 2}
+    mine, other = (resolve(row, "tiny", overrides=small, vocab_size=50) for row in ("base", "A1"))
+    run = RunDir(tmp_path / "tiny" / "synthetic" / "base" / "seed0")
+    run.checkpoints.mkdir(parents=True)
+    atomic_write_json(run.config_file, RunConfig(mine, DataIdentity("synthetic", None, 50),
+                                                 TrainPlan(0, 2, 1, 1, 1024, "32-true")).to_dict())  # fmt: skip
+    torch.save(checkpoint_of(mine, global_step=3), run.checkpoints / "step0000003.ckpt")
+    assert run.resume_checkpoint() is None or run.resume_checkpoint().name == "step0000003.ckpt"  # its own: fine
+    torch.save(checkpoint_of(other, global_step=5, optimizer_states=[]), run.checkpoints / "last.ckpt")
+    with pytest.raises(UserError, match=r"last.ckpt is another run's \(row A1, seed 0\), not this one's \(row base, "
+                                        r"seed 0\); move it out of .*checkpoints and run again"):  # fmt: skip
+        run.resume_checkpoint()

@@ -606,6 +606,20 @@ class RunDir:
         found = self.periodic_checkpoints()
         return int(_STEP_CKPT.search(found[-1].name)[1]) if found else None
 
+    def _check_own(self, path: Path, state) -> None:
+        """A checkpoint this run would resume from must be its own: one of another row or seed (copied or moved
+        there) would be refused by Lightning's state-dict load as a traceback, or, with the same shapes, continue
+        another run silently."""
+        files = state.get(RUN_FILES) if isinstance(state, dict) else None
+        theirs = files.get("config") if isinstance(files, dict) else None
+        if not isinstance(theirs, dict) or not self.config_file.exists():
+            return
+        mine = _run_of(self.read_config().to_dict())
+        other = _run_of(theirs)
+        if other != mine:
+            raise UserError(f"checkpoint {path} is another run's (row {other[0]}, seed {other[1]}), not this one's "
+                            f"(row {mine[0]}, seed {mine[1]}); move it out of {path.parent} and run again")  # fmt: skip
+
     def resume_checkpoint(self) -> Path | None:
         """The checkpoint a rerun resumes from: the one at the highest global step among `last.ckpt` (periodic),
         `requeue.ckpt` (saved on SLURM's warning signal) and the periodic stepNNNNNNN.ckpt files that hold the whole
@@ -629,11 +643,18 @@ class RunDir:
             except Exception as e:
                 log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
                 continue
+            self._check_own(path, state)
             if _STEP_CKPT.search(path.name) and "optimizer_states" not in state:
                 continue  # weights only (--weights-only-checkpoints, or kept for averaging): no optimizer to resume
             if step >= best_step:  # on a tie the later candidate wins: requeue, then last, then periodic
                 best, best_step = path, step
         return best
+
+
+def _run_of(config: dict) -> tuple:
+    """(row, seed, model) of a run config as a dict (config.json's layout); None where a part is missing."""
+    spec, train = config.get("spec") or {}, config.get("train") or {}
+    return spec.get("row"), train.get("seed"), spec.get("model")
 
 
 def _seed_dir(seed: int) -> str:
