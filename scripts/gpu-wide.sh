@@ -81,10 +81,11 @@ rc=$?
 note "| pilot (base, seeds 100-103) | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s |"
 "$PY" scripts/wide_pilot.py budget "$WORK/pilot" --json "$OUT/rule.json" "${RULE[@]}" > "$OUT/rule.md" 2>&1
 BUDGET=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['budget'])" "$OUT/rule.json" 2>/dev/null)
+VAL=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['val_every'])" "$OUT/rule.json" 2>/dev/null)
 if [ -z "$BUDGET" ]; then
   note "| rule 2 | FAILED: no budget (rule.md) | |"
 else
-  note "| rule 2 | budget $BUDGET steps (rule.md) | |"
+  note "| rule 2 | budget $BUDGET steps, a validation every $VAL (rule.md) | |"
   ROWS=base; K=0; DONE=0
   while IFS=$'\t' read -r NAME SLICE; do
     K=$((K + 1)); [ "$K" -gt "$SLICES" ] && break
@@ -94,7 +95,7 @@ else
     t0=$(date +%s)
     timeout --kill-after=30 "$T" "$PY" -m aiayn table3 --preset wide --rows "$ROWS" --first-seed 200 \
       --max-steps "$BUDGET" --out "$WORK/wide" --report "$WORK/report-$K" --data-dir "$DATA" "${COMMON[@]}" \
-      "${SEEDS[@]}" > "$WORK/logs/slice-$K.log" 2>&1
+      "${SEEDS[@]}" --val-every "$VAL" > "$WORK/logs/slice-$K.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then
       DONE=$K; note "| slice $K ($NAME: $SLICE) | ok | $(( $(date +%s) - t0 )) s |"

@@ -17,7 +17,9 @@ read: what a pilot on pilot seeds may choose for the `wide` preset, and nothing 
    --preset wide --rows base --base-seeds 4 --first-seed 100` (4 pilot seeds, the preset's 1600 steps). The budget
    is the smallest B of BUDGETS at which every pilot run falls by at most MARGIN (3.5%) over its last quarter by the
    `line` rule (reports/verdicts.py; below the 5% that judges the scored runs, so fresh seeds converge too; a dev
-   PPL that rises, as an overfitting run's does, passes); none: 1600, said as such. The seeds are the
+   PPL that rises, as an overfitting run's does, passes); none: 1600, said as such. The scored runs validate every
+   `val_every(B)` steps (at most B / 32, dividing B), so that every point of the stability rule is testable (at the
+   preset's 50, a budget under 1600 leaves some point without three validations near it). The seeds are the
    registration's (ablations/predictions.csv); the rule then states, before any scored run, the seed-to-seed SD of
    log dev PPL at B over the pilot seeds (the median of the three validations nearest B, the preset's reading),
    its upper 80% bound (chi-square, 3 degrees of freedom), and each test's power at both, taking the paper's own
@@ -137,6 +139,13 @@ def choose_budget(curves: dict[int, dict[int, float]], budgets=BUDGETS) -> tuple
     return (admitted[0], True, falls) if admitted else (budgets[-1], False, falls)
 
 
+def val_every(budget: int) -> int:
+    """The scored runs' validation interval at `budget`: the largest of 50, 25, 20, 10, 5, 2, 1 steps that divides it
+    (so that a validation falls on the last step) and is at most budget / 32, so that the median-of-three reading
+    (reports/verdicts.py) finds three validations within a sixteenth of the budget at 75%, 87.5% and 100%."""
+    return max(v for v in (50, 25, 20, 10, 5, 2, 1) if budget % v == 0 and v <= budget / 32)
+
+
 def _paper_delta(row: str) -> float:
     """The paper's own relative difference in dev PPL from base, as a log ratio (the truth the power assumes)."""
     rows = load_rows()
@@ -195,16 +204,16 @@ def budget_rule(out: Path, budgets=BUDGETS) -> dict:
         paper = math.expm1(_paper_delta(row))
         tests.append({"row": row, "predicted": pred.predicted, "seeds": pred.seeds, "paper": paper,
                       "power": p["pass"], "power_at_sd_upper": p_hi["pass"], "more_parameters_help": mph})  # fmt: skip
-    return {"budget": budget, "admitted": admitted, "falls": falls, "pilot_seeds": sorted(curves),
-            "dev_ppl_at_budget": at_b, "sd_log_ppl": sd, "sd_log_ppl_upper80": sd_hi, "tests": tests,
-            "expected": expected}  # fmt: skip
+    return {"budget": budget, "val_every": val_every(budget), "admitted": admitted, "falls": falls,
+            "pilot_seeds": sorted(curves), "dev_ppl_at_budget": at_b, "sd_log_ppl": sd, "sd_log_ppl_upper80": sd_hi,
+            "tests": tests, "expected": expected}  # fmt: skip
 
 
 def _print_budget(r: dict) -> None:
     falls = ", ".join(f"{b}: {100 * f:.1f}%" for b, f in r["falls"].items())
     print(f"largest last-quarter fall of dev PPL over the pilot runs ({RULE} rule), by budget: {falls}")
     how = "admitted" if r["admitted"] else f"NOT admitted: no budget converges within {MARGIN:.1%}; the longest"
-    print(f"budget: {r['budget']} steps ({how})")
+    print(f"budget: {r['budget']} steps ({how}); the scored runs validate every {r['val_every']} steps")
     values = ", ".join("none" if v is None else f"{v:.3f}" for v in r["dev_ppl_at_budget"])
     print(f"pilot seeds {r['pilot_seeds']}: dev PPL at the budget {values}")
     print(f"seed SD of log dev PPL {100 * r['sd_log_ppl']:.2f}% (upper 80% bound {100 * r['sd_log_ppl_upper80']:.2f}%)")

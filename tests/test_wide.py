@@ -106,6 +106,19 @@ def test_the_budget_rule_takes_the_smallest_budget_at_which_every_pilot_run_has_
     assert (budget, admitted) == (1600, False)  # one run still falling at the longest budget: said, not hidden
 
 
+def test_at_every_budget_the_rule_may_choose_each_stability_point_has_its_three_validations():
+    """At the preset's 50, a budget under 1600 left 75%, 87.5% or 100% without three validations within a sixteenth
+    of the budget (not testable); the scored runs validate every val_every(B) steps."""
+    from aiayn.reports.verdicts import STABILITY, point_value
+
+    for budget in rules.BUDGETS:
+        every = rules.val_every(budget)
+        curve = {s - 1: 1.0 for s in range(every, budget + 1, every)}
+        assert budget % every == 0 and budget / every <= 160, budget  # a validation on the last step; not too many
+        assert all(point_value(curve, budget, f, "median3") is not None for f in STABILITY), (budget, every)
+    assert rules.val_every(800) == 25 and rules.val_every(1600) == 50
+
+
 def test_the_power_the_rule_states_falls_with_the_noise_and_an_equivalence_needs_the_paper_inside_its_margin():
     registered = predictions("wide")
     quiet = {r: rules.power(p, 0.002)["pass"] for r, p in registered.items() if p.scored}
@@ -147,8 +160,8 @@ def test_the_wide_gpu_call_runs_its_pilot_rule_and_first_slice_on_a_cpu_in_its_s
     summary = (out / "summary.md").read_text()
     assert "| pilot (base, seeds 100-103) | ok |" in summary, summary
     rule = json.loads((out / "rule.json").read_text())
-    assert rule["budget"] in (32, 40) and rule["pilot_seeds"] == [100, 101, 102, 103]
-    assert f"| rule 2 | budget {rule['budget']} steps" in summary
+    assert rule["budget"] in (32, 40) and rule["pilot_seeds"] == [100, 101, 102, 103] and rule["val_every"] == 1
+    assert f"| rule 2 | budget {rule['budget']} steps, a validation every 1" in summary
     assert "| slice 1 (paper v both baselines: A3,C3,D2,E1) | ok |" in summary, summary
     curves = pd.read_csv(out / "wide-curves.csv")
     assert set(curves["row"]) == {"base", "A3", "C3", "D2", "E1"} and curves["step"].max() == rule["budget"] - 1
