@@ -262,13 +262,11 @@ def test_averaging_checkpoints_far_from_the_end_is_said(tmp_path, caplog):
 def test_another_runs_checkpoint_in_a_run_directory_is_refused_in_one_line_not_resumed(tmp_path):
     """Issue 45: another row's last.ckpt put in a run directory went to Lightning's state-dict load (a traceback),
     or, with the same shapes, would have continued that run under this one's name. A run resumes only its own."""
-    import torch
     from conftest import checkpoint_of
 
     from aiayn.common.errors import UserError
     from aiayn.common.files import atomic_write_json
     from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, RunDir, TrainPlan
-    from aiayn.lightning_modules.run.spec import resolve
 
     small = {"N": 1, "d_model": 16, "d_ff": 32, "h": 2}
     mine, other = (resolve(row, "tiny", overrides=small, vocab_size=50) for row in ("base", "A1"))
