@@ -165,3 +165,18 @@ def test_the_wide_gpu_call_runs_its_pilot_rule_and_first_slice_on_a_cpu_in_its_s
     assert "| slice 1 (paper v both baselines: A3,C3,D2,E1) | ok |" in summary, summary
     curves = pd.read_csv(out / "wide-curves.csv")
     assert set(curves["row"]) == {"base", "A3", "C3", "D2", "E1"} and curves["step"].max() == rule["budget"] - 1
+
+
+def test_the_committed_cpu_pilot_re_derives_the_learning_rate_the_rule_kept(tmp_path):
+    """The CPU pilot's curve (reports/reference/pilots/wide-lr-seed100-curve.csv, base seed 100, 320 steps at commit
+    cb8f9ea) read by rule 1 as committed: the schedule's factor 0.25 is kept, with the numbers BENCHMARKS.md quotes."""
+    curve = pd.read_csv(ROOT / "reports" / "reference" / "pilots" / "wide-lr-seed100-curve.csv")
+    run = tmp_path / "seed100"
+    (run / "logs" / "version_0").mkdir(parents=True)
+    curve.to_csv(run / "logs" / "version_0" / "metrics.csv", index=False)
+    r = rules.lr_rule(run)
+    assert r["keep"] and all(r["checks"].values()) and r["last_step"] == 320
+    assert round(r["dev_ppl"][150], 1) == 99.9 and round(r["dev_ppl"][300], 1) == 21.9
+    assert [round(x, 2) for x in r["train_loss_means"]] == [4.45, 4.24]
+    ran = pd.read_csv(ROOT / "reports" / "reference" / "pilots" / "wide-lr-seed100-run.csv").iloc[0]
+    assert ran["commit"].startswith("cb8f9ea") and ran["preset"] == "wide" and ran["steps"] == 320
