@@ -117,7 +117,7 @@ def test_an_out_with_a_space_is_refused_in_one_line_before_anything_is_written(t
 def test_the_script_quotes_the_users_out_so_that_the_job_runs_none_of_it(tmp_path, capsys):
     """Issue 39: --out was written inside double quotes in the srun line, so `$(...)` in it ran when the job did. The
     word is quoted for the shell now: evaluated as the job's bash would, with $ROW set, it is the literal path."""
-    out = tmp_path / "a$(touch pwned)b"
+    out = tmp_path / "a$(touch${IFS}pwned)b"  # ${IFS}: a space once a shell evaluates it (a literal one is refused)
     assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(out), "--dry-run"]) == 0
     text = (out / "slurm" / "aiayn-table3-tiny.sbatch").read_text()
     line = next(part for part in text.split(" \\\n") if "--config" in part)
