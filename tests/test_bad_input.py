@@ -702,3 +702,24 @@ def test_a_sweeps_sqlite_books_with_a_hot_journal_are_read_not_refused(tmp_path)
     check_readable(f"sqlite:///{db}")  # no error
     names = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{db}")]
     assert names == ["table3-tiny-synthetic"]  # rolled back: the books as they were before the killed write
+
+
+def test_a_storage_on_a_read_only_mount_is_one_line_before_the_setup_lock(tmp_path, monkeypatch, capsys):
+    """Issue 45: an existing study on a read-only mount went to Optuna's first write (a traceback under the setup
+    lock). As root a read-only mount cannot be told by permission bits; the probe creates a file beside the storage,
+    stood in here by a folder where nothing can be created."""
+    import optuna
+
+    from aiayn.sweeps import storage
+
+    db = tmp_path / "ro" / "o.db"
+    db.parent.mkdir()
+    optuna.create_study(storage=f"sqlite:///{db}", study_name="table3-tiny-synthetic")
+    monkeypatch.setattr(storage, "can_create_in", lambda folder: folder != db.parent)
+    before = tree(tmp_path)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in T3] + ["--storage", f"sqlite:///{db}", "--rows", "base"]
+    code = main(argv + ["--max-steps", "2"])
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("INFO ")]
+    assert (code, err) == (2, [f"aiayn: error: storage {db} cannot be written (a read-only file, folder or mount); "
+                               "copy it somewhere writable and pass --storage there"])  # fmt: skip
+    assert tree(tmp_path) == before
