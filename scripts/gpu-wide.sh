@@ -5,6 +5,7 @@
 #   bash scripts/gpu-wide.sh prep                          # 1. beside ../shared: stage Multi30k and the wheels
 #   OUT=/tmp/gpu-wide bash scripts/gpu-wide.sh             # 2. on the GPU machine, from the repository's root
 #   GPU_WIDE_SMOKE=1 OUT=/tmp/gw bash scripts/gpu-wide.sh  # the same stages on a CPU, small (about 3 minutes)
+#   BUDGET=B FIRST_SLICE=K OUT=/tmp/gpu-wide bash scripts/gpu-wide.sh  # a later call: no pilot, slices K on
 #
 # `prep` copies Multi30k (../shared/data/multi30k, or $MULTI30K) into .gpucheck/multi30k/ and stages the wheels the
 # GPU image lacks (scripts/gpu-check.sh prep); carry .gpucheck to the GPU machine with the checkout. The call runs the
@@ -73,22 +74,28 @@ note ""
 note "| stage | result | wall |"
 note "| --- | --- | --- |"
 
-t0=$(date +%s)
-timeout --kill-after=20 "$(left)" "$PY" -m aiayn table3 --preset wide --rows base --seeds 4 --base-seeds 4 \
-  --first-seed 100 --out "$WORK/pilot" --report '' --data-dir "$DATA" "${COMMON[@]}" "${PILOT[@]}" \
-  > "$WORK/logs/pilot.log" 2>&1
-rc=$?
-note "| pilot (base, seeds 100-103) | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s |"
-"$PY" scripts/wide_pilot.py budget "$WORK/pilot" --json "$OUT/rule.json" "${RULE[@]}" > "$OUT/rule.md" 2>&1
-BUDGET=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['budget'])" "$OUT/rule.json" 2>/dev/null)
-VAL=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['val_every'])" "$OUT/rule.json" 2>/dev/null)
+FIRST_SLICE=${FIRST_SLICE:-1}
+if [ -n "${BUDGET:-}" ]; then  # a later call: the budget an earlier call's pilot chose (its rule.md), no pilot
+  VAL=$("$PY" -c "import sys; sys.path.insert(0, 'scripts'); import wide_pilot; print(wide_pilot.val_every($BUDGET))")
+  note "| pilot | not run: BUDGET=$BUDGET given (an earlier call's rule 2; its rule.md states the power) | |"
+else
+  t0=$(date +%s)
+  timeout --kill-after=20 "$(left)" "$PY" -m aiayn table3 --preset wide --rows base --seeds 4 --base-seeds 4 \
+    --first-seed 100 --out "$WORK/pilot" --report '' --data-dir "$DATA" "${COMMON[@]}" "${PILOT[@]}" \
+    > "$WORK/logs/pilot.log" 2>&1
+  rc=$?
+  note "| pilot (base, seeds 100-103) | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s |"
+  "$PY" scripts/wide_pilot.py budget "$WORK/pilot" --json "$OUT/rule.json" "${RULE[@]}" > "$OUT/rule.md" 2>&1
+  BUDGET=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['budget'])" "$OUT/rule.json" 2>/dev/null)
+  VAL=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['val_every'])" "$OUT/rule.json" 2>/dev/null)
+fi
 if [ -z "$BUDGET" ]; then
   note "| rule 2 | FAILED: no budget (rule.md) | |"
 else
-  note "| rule 2 | budget $BUDGET steps, a validation every $VAL (rule.md) | |"
-  ROWS=base; K=0; DONE=0
+  note "| rule 2 | budget $BUDGET steps, a validation every $VAL$([ -f "$OUT/rule.md" ] && echo ' (rule.md)') | |"
+  ROWS=base; K=0; DONE=0  # slices FIRST_SLICE on, each with base and the slices before it in this call
   while IFS=$'\t' read -r NAME SLICE; do
-    K=$((K + 1)); [ "$K" -gt "$SLICES" ] && break
+    K=$((K + 1)); [ "$K" -lt "$FIRST_SLICE" ] && continue; [ "$K" -ge $((FIRST_SLICE + SLICES)) ] && break
     ROWS="$ROWS,$SLICE"
     T=$(left)
     if [ "$T" -lt 30 ]; then note "| slice $K ($NAME: $SLICE) | not run: the deadline | |"; continue; fi
@@ -108,11 +115,11 @@ else
     for ext in md json; do cp "$WORK/report-$DONE"/table3-wide.$ext "$OUT/wide.$ext" 2>/dev/null; done
     cp "$WORK/report-$DONE"/table3-wide-curves.csv "$OUT/wide-curves.csv" 2>/dev/null
     note ""
-    note "The report covers slices 1-$DONE, whole: wide.md (its first lines: the score and both baselines)."
+    note "The report covers slices $FIRST_SLICE-$DONE, whole: wide.md (its first lines: the score and both baselines)."
   fi
 fi
 note ""
-note "wall $(( $(date +%s) - START )) s; the pilot's budget rule and each test's power: rule.md"
+note "wall $(( $(date +%s) - START )) s$([ -f "$OUT/rule.md" ] && echo "; the pilot's budget rule and each test's power: rule.md")"
 find "$WORK" -name metrics.json -path '*seed*' | tar -czf "$OUT/logs.tar.gz" -C / -T - "$WORK/logs" 2>/dev/null \
   || tar -czf "$OUT/logs.tar.gz" "$WORK/logs" 2>/dev/null
 rm -rf "$WORK"

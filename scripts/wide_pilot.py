@@ -29,7 +29,9 @@ read: what a pilot on pilot seeds may choose for the `wide` preset, and nothing 
 
 3. **The slices** (SLICES): one GPU call of 8 minutes cannot train the whole table (17 tests, 104 runs), so it runs
    the registered tests slice by slice in a fixed order, the tests where the paper differs from both naive baselines
-   first, and reports the slices that finished whole; a slice the call's time cut is reported as not run.
+   first (in two slices of two, so that the first, 24 runs with base's 8, is small), and reports the slices that
+   finished whole; a slice the call's time cut is reported as not run. A later call given the budget (BUDGET=B,
+   FIRST_SLICE=K) trains base again with the slices from K on.
 
 Only these rules choose anything, and only the schedule's factor and the budget; the scored rows, their predictions,
 margins and seeds are ablations/predictions.csv as committed before either pilot.
@@ -66,7 +68,8 @@ BASE_SEEDS = 8  # the preset's base_seeds, against which each row is tested
 # first the tests where the paper differs from both naive baselines, then those where it differs from "every change
 # hurts", then those where all three predict the same; within a slice, the registration's order
 SLICES = (
-    ("paper v both baselines", ("A3", "C3", "D2", "E1")),
+    ("paper v both baselines: heads, positions", ("A3", "E1")),
+    ("paper v both baselines: depth, dropout", ("C3", "D2")),
     ("paper v every change hurts", ("C5", "C7", "big")),
     ("all three agree", ("A1", "A2", "A4", "B1", "B2", "C1", "C2", "C4", "C6", "D1")),
 )

@@ -62,7 +62,8 @@ def test_the_first_slice_holds_exactly_the_tests_where_the_paper_differs_from_bo
     both = [r for r in scored if registered[r].predicted not in ("worse", _more_parameters_help(r))]
     one = [r for r in scored if registered[r].predicted != "worse" and r not in both]
     assert sorted(both) == ["A3", "C3", "D2", "E1"]  # the rows where the paper differs from both
-    assert [sorted(rows) for _, rows in rules.SLICES[:2]] == [sorted(both), sorted(one)]
+    assert [sorted(rows) for _, rows in rules.SLICES[:3]] == [["A3", "E1"], ["C3", "D2"], sorted(one)]
+    assert sorted(rules.SLICES[0][1] + rules.SLICES[1][1]) == sorted(both)
     assert sorted(r for _, rows in rules.SLICES for r in rows) == sorted(scored)  # every test, once
     assert {r: registered[r].seeds for r in both} == dict.fromkeys(both, 8)
 
@@ -162,9 +163,9 @@ def test_the_wide_gpu_call_runs_its_pilot_rule_and_first_slice_on_a_cpu_in_its_s
     rule = json.loads((out / "rule.json").read_text())
     assert rule["budget"] in (32, 40) and rule["pilot_seeds"] == [100, 101, 102, 103] and rule["val_every"] == 1
     assert f"| rule 2 | budget {rule['budget']} steps, a validation every 1" in summary
-    assert "| slice 1 (paper v both baselines: A3,C3,D2,E1) | ok |" in summary, summary
+    assert "| slice 1 (paper v both baselines: heads, positions: A3,E1) | ok |" in summary, summary
     curves = pd.read_csv(out / "wide-curves.csv")
-    assert set(curves["row"]) == {"base", "A3", "C3", "D2", "E1"} and curves["step"].max() == rule["budget"] - 1
+    assert set(curves["row"]) == {"base", "A3", "E1"} and curves["step"].max() == rule["budget"] - 1
 
 
 def test_the_committed_cpu_pilot_re_derives_the_learning_rate_the_rule_kept(tmp_path):
