@@ -15,9 +15,10 @@
 #   slices  the registered slices in order (`wide_pilot.py slices`), each `aiayn table3 --preset wide` over base and
 #           every slice so far, fresh seeds from 200, --max-steps B, 8 runs at once; the sweep is stopped by SIGTERM
 #           at the deadline (it stops cleanly; its finished runs stay), and a slice cut there is named as not run
-#   report  the report of the last slice that finished whole: wide.md, wide.json, wide-curves.csv
-# It writes at most 7 files under $OUT: summary.md, rule.md, rule.json, wide.md, wide.json, wide-curves.csv,
-# logs.tar.gz (every stage's log and the runs' metrics.json files; the runs themselves stay in a scratch folder).
+#   report  the report of the last slice that finished whole: wide.md, wide.json, wide-curves.csv, and verdicts.md,
+#           the registered verdicts at the pilot's budget (the report calls runs under 1600 steps a look)
+# It writes at most 8 files under $OUT: summary.md, rule.md, rule.json, wide.md, wide.json, wide-curves.csv,
+# verdicts.md, logs.tar.gz (every stage's log and the runs' metrics.json files; the runs themselves stay in a scratch folder).
 set -u
 if [ "${1:-}" = prep ]; then
   set -e
@@ -114,8 +115,12 @@ else
   if [ "$DONE" -gt 0 ]; then
     for ext in md json; do cp "$WORK/report-$DONE"/table3-wide.$ext "$OUT/wide.$ext" 2>/dev/null; done
     cp "$WORK/report-$DONE"/table3-wide-curves.csv "$OUT/wide-curves.csv" 2>/dev/null
+    # the report calls runs under the preset's 1600 steps a look: the registered verdicts at the pilot's budget
+    "$PY" scripts/wide_pilot.py judge "$WORK/report-$DONE" > "$OUT/verdicts.md" 2>&1
     note ""
-    note "The report covers slices $FIRST_SLICE-$DONE, whole: wide.md (its first lines: the score and both baselines)."
+    note "The report covers slices $FIRST_SLICE-$DONE, whole: wide.md (the runs, which it calls a look: their budget"
+    note "is the pilot's, under the preset's 1600) and verdicts.md (the registered verdicts at that budget, both"
+    note "baselines beside them, by scripts/wide_pilot.py judge)."
   fi
 fi
 note ""

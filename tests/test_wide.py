@@ -62,8 +62,10 @@ def test_the_first_slice_holds_exactly_the_tests_where_the_paper_differs_from_bo
     both = [r for r in scored if registered[r].predicted not in ("worse", _more_parameters_help(r))]
     one = [r for r in scored if registered[r].predicted != "worse" and r not in both]
     assert sorted(both) == ["A3", "C3", "D2", "E1"]  # the rows where the paper differs from both
-    assert [sorted(rows) for _, rows in rules.SLICES[:3]] == [["A3", "E1"], ["C3", "D2"], sorted(one)]
-    assert sorted(rules.SLICES[0][1] + rules.SLICES[1][1]) == sorted(both)
+    assert [sorted(rows) for _, rows in rules.SLICES[:3]] == [["A3", "C1", "E1"], ["C3", "D2"], sorted(one)]
+    assert sorted(set(rules.SLICES[0][1] + rules.SLICES[1][1]) - {"C1"}) == sorted(both)
+    # an equivalence needs a row predicted worse beside it (assay sensitivity): the first slice carries one
+    assert any(registered[r].worse for r in rules.SLICES[0][1])
     assert sorted(r for _, rows in rules.SLICES for r in rows) == sorted(scored)  # every test, once
     assert {r: registered[r].seeds for r in both} == dict.fromkeys(both, 8)
 
@@ -157,15 +159,21 @@ def test_the_wide_gpu_call_runs_its_pilot_rule_and_first_slice_on_a_cpu_in_its_s
                           text=True, timeout=1200)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["logs.tar.gz", "rule.json", "rule.md", "summary.md", "wide-curves.csv", "wide.json", "wide.md"]
+    assert files == ["logs.tar.gz", "rule.json", "rule.md", "summary.md", "verdicts.md", "wide-curves.csv",
+                     "wide.json", "wide.md"]  # fmt: skip
     summary = (out / "summary.md").read_text()
     assert "| pilot (base, seeds 100-103) | ok |" in summary, summary
     rule = json.loads((out / "rule.json").read_text())
     assert rule["budget"] in (32, 40) and rule["pilot_seeds"] == [100, 101, 102, 103] and rule["val_every"] == 1
     assert f"| rule 2 | budget {rule['budget']} steps, a validation every 1" in summary
-    assert "| slice 1 (paper v both baselines: heads, positions: A3,E1) | ok |" in summary, summary
+    assert "| slice 1 (paper v both baselines: heads, positions; C1 for sensitivity: A3,E1,C1) | ok |" in summary
     curves = pd.read_csv(out / "wide-curves.csv")
-    assert set(curves["row"]) == {"base", "A3", "E1"} and curves["step"].max() == rule["budget"] - 1
+    assert set(curves["row"]) == {"base", "A3", "E1", "C1"} and curves["step"].max() == rule["budget"] - 1
+    judged = (out / "verdicts.md").read_text()
+    assert judged.startswith(f"# The wide table at the pilot's budget ({rule['budget']} steps), judged as registered")
+    assert "| A3 | equivalent |" in judged and "| C1 | worse |" in judged and "every change hurts" in judged
+    assert "| C5 |" not in judged  # a slice not run is not scored
+    assert "Scored 3 of the 17 registered" in judged
 
 
 def test_the_committed_cpu_pilot_re_derives_the_learning_rate_the_rule_kept(tmp_path):
