@@ -40,13 +40,19 @@ def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> Non
     as root, where permission bits do not stop writes."""
     check_path_length(directory, flag)
     directory = Path(directory)
-    probe = directory.absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = nearest_existing(directory)
     if not probe.is_dir():
         raise UserError(f"output directory {directory} cannot be created: {probe} is not a directory; pass {flag} DIR")
     if not can_create_in(probe):
         raise UserError(f"output directory {directory} is not writable (nearest existing: {probe}); pass {flag} DIR")
+
+
+def nearest_existing(path: str | os.PathLike) -> Path:
+    """`path` made absolute, or its nearest ancestor that exists: where a check of what would be created looks."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
 
 
 def can_create_in(directory: Path) -> bool:
@@ -188,9 +194,7 @@ def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{flag} {path} is a directory; pass a file name (e.g. {path / 'out.txt'})")
-    probe = path.absolute().parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = nearest_existing(path.absolute().parent)
     if not probe.is_dir() or not can_create_in(probe):
         raise UserError(f"{flag} {path} cannot be written: {probe} is not a directory you can write; pass {flag} a "
                         "path you can write")  # fmt: skip

@@ -31,7 +31,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
-from aiayn.common.files import can_create_in, check_path_length, check_writable_dir, disk_full, sha256_file
+from aiayn.common.files import (
+    can_create_in,
+    check_path_length,
+    check_writable_dir,
+    disk_full,
+    nearest_existing,
+    sha256_file,
+)
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.data.corpora import check_corpus_options
@@ -251,9 +258,7 @@ def check_cache_dir(cache_dir: str | None) -> None:
     where = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     flag = "--cache-dir" if cache_dir else "AIAYN_CACHE (or --cache-dir)"
     check_path_length(where, flag)
-    probe = where.absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    probe = nearest_existing(where)
     if not probe.is_dir():
         raise UserError(f"cache directory {where} cannot be used: {probe} is not a directory; point {flag} at a "
                         "directory")  # fmt: skip
