@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from aiayn.ablations import stability
 from aiayn.ablations.knobs import KNOBS, MODEL_KEYS
 from aiayn.ablations.predictions import scored_rows
 from aiayn.ablations.table import SERIES, load_rows
@@ -153,9 +154,8 @@ def run_convergence(run: Run, rule: str = "endpoints") -> float:
 
 
 def read_points(reading: str) -> tuple[float, ...]:
-    """The stability rule's points a reading takes from the curves: the earlier ones, and 100% too where it reads a
-    window there ("median3"; "nearest" takes 100% from the final evaluation)."""
-    return tuple(verdicts.STABILITY) if reading == "median3" else tuple(EARLY)
+    """The stability rule's points a reading takes from the curves (ablations/stability.py)."""
+    return stability.read_points(reading)
 
 
 def run_points(run: Run, reading: str = "nearest") -> dict[tuple[str, float], float]:

@@ -30,20 +30,9 @@ import numpy as np
 import pandas as pd
 
 from aiayn.ablations.predictions import SCORED, Prediction, predictions
+from aiayn.ablations.stability import READINGS, STABILITY, WINDOW, point_step, point_steps, point_value  # noqa: F401
 from aiayn.ablations.table import load_rows
 from aiayn.reports import stats
-
-# The stability rule's points, as fractions of the run's budget: the validations nearest 75% and 87.5% of its steps
-# (from the dev perplexity logged during training) and the final evaluation (100%).
-STABILITY = (0.75, 0.875, 1.0)
-
-# How a run's number at each point is read from its curve (a preset's `stability`, fixed before its runs):
-# - "nearest": the one validation nearest the point (100%: the final evaluation); evidence v5, the main job;
-# - "median3": the median of the three validations nearest the point (100%: the last three, the final evaluation
-#   among them), so that one bad validation of one seed cannot decide a point (evidence v6: v5's C7 was `not stable`
-#   on one validation 6.5% above its neighbours).
-READINGS = ("nearest", "median3")
-WINDOW = 3  # validations a "median3" point reads
 
 
 def last_quarter_drop(curve: pd.DataFrame, metric: str = "val/ppl") -> float:
@@ -121,39 +110,6 @@ def stability_text(reading: str = "nearest") -> str:
 def convergence_drop(curve: pd.DataFrame, rule: str = "endpoints", metric: str = "val/ppl") -> float:
     """The last-quarter fall of `metric` by the rule `rule` (CONVERGENCE_RULES)."""
     return _known(rule)[1](curve, metric)
-
-
-def point_step(steps, budget: int, fraction: float) -> int | None:
-    """The logged step of the validation nearest `fraction` of `budget` optimizer steps (ties: the later), or None
-    when nothing was logged. A validation logged at step s ran after s + 1 optimizer steps (Lightning logs the
-    0-based index of the step that triggered it)."""
-    steps = sorted(int(s) for s in steps)
-    if not steps:
-        return None
-    target = fraction * budget
-    return min(reversed(steps), key=lambda s: abs(s + 1 - target))
-
-
-def point_steps(steps, budget: int, fraction: float, reading: str = "nearest") -> list[int]:
-    """The logged steps a point of the stability rule reads (`reading`: READINGS), in order: the one nearest
-    `fraction` of `budget` ("nearest", as `point_step`) or the WINDOW nearest ("median3"); ties go to the later."""
-    if reading not in READINGS:
-        raise ValueError(f"unknown stability reading {reading!r}; one of {', '.join(READINGS)}")
-    target = fraction * budget
-    by_distance = sorted(sorted({int(s) for s in steps}, reverse=True), key=lambda s: abs(s + 1 - target))
-    return sorted(by_distance[: 1 if reading == "nearest" else WINDOW])
-
-
-def point_value(values: dict, budget: int, fraction: float, reading: str = "nearest") -> float | None:
-    """A run's number at one point of the stability rule from its curve (`values`: logged step -> dev number): the
-    validation nearest the point, or the median of the WINDOW nearest (READINGS). None where the curve has too few
-    validations there, or one of them more than a sixteenth of the budget from the point: a run that logged too
-    few validations is not testable at that point."""
-    chosen = point_steps(values, budget, fraction, reading)
-    need = 1 if reading == "nearest" else WINDOW
-    if len(chosen) < need or any(abs(s + 1 - fraction * budget) > 0.0625 * budget for s in chosen):
-        return None
-    return float(np.median([float(values[s]) for s in chosen]))
 
 
 def smoothing_floor(eps_ls: float, vocab_size: int) -> float:

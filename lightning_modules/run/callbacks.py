@@ -17,6 +17,8 @@ checkpoints, and preemption under SLURM.
 - :class:`RequeueOnSignal`: on SLURM's warning signal, checkpoint at a step boundary and requeue.
 - :class:`SigtermWithTheStep`: under DDP, SIGTERM rides in the step's one all-reduce instead of Lightning's
   per-batch broadcast and device read, and every rank stops at the same step.
+- :class:`ScheduledValidations`: validations after given optimizer steps beside `--val-every`'s, so that each point
+  of the stability rule has its reading whatever the schedule (ablations/stability.py).
 - :class:`RunFilesInCheckpoint` puts the run's resolved config and its tokenizer into every
   checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/use/translate.py); it is the
   checkpoint's one config (the modules keep no Lightning hyper-parameters). :class:`LogRunConfig` gives the same
@@ -163,6 +165,33 @@ class RoomForShapes(pl.Callback):
         from aiayn.lightning_modules.transformer.compiled import room_for
 
         room_for(trainer.datamodule.train_shape_count(), self.share)
+
+
+class ScheduledValidations(pl.Callback):
+    """A validation after each of `steps` (optimizer steps) as well as Lightning's every `val_check_interval`
+    batches: Lightning has no public hook for validating at chosen steps, so the fit loop's one decision
+    (`_should_check_val_fx`, which Lightning also asks when it resumes mid-epoch) is wrapped once, when fit starts.
+    With gradient accumulation the validation follows the batch that completes the step. A Lightning without that
+    method gets a warning and `--val-every`'s schedule alone (tests/test_stability_schedule.py pins the method)."""
+
+    def __init__(self, steps) -> None:
+        self.steps = frozenset(int(s) for s in steps)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        regular = getattr(loop, "_should_check_val_fx", None)
+        if not self.steps or regular is None:
+            if self.steps:
+                log.warning("this Lightning (%s) has no _should_check_val_fx: the validations after steps %s are not "
+                            "added; the report may call points without one not testable", pl.__version__,
+                            sorted(self.steps))  # fmt: skip
+            return
+
+        def should_check(data_fetcher) -> bool:
+            due = trainer.global_step in self.steps and not loop._should_accumulate()
+            return regular(data_fetcher) or (due and trainer.enable_validation)
+
+        loop._should_check_val_fx = should_check
 
 
 class LogRunConfig(pl.Callback):

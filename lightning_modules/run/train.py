@@ -29,6 +29,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from aiayn.ablations import stability
 from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import (
@@ -51,6 +52,7 @@ from aiayn.lightning_modules.run.callbacks import (
     RNGStates,
     RoomForShapes,
     RunFilesInCheckpoint,
+    ScheduledValidations,
     SigtermWithTheStep,
     StepCheckpoints,
     progress_bar,
@@ -567,6 +569,9 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         periodic_weights_only=disk.weights_only(opts, preset),
     )
     extra = integrations(opts, p)
+    every = 0 if val_per_epoch else min(opts.val_every or preset.val_every, steps)
+    # the stability rule's points each get their validations, whatever --val-every says (ablations/stability.py)
+    points = ScheduledValidations(stability.scheduled(steps, every, preset.stability))
     return pl.Trainer(
         accelerator=opts.accelerator,
         devices=opts.devices,
@@ -576,12 +581,12 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         max_steps=steps,
         accumulate_grad_batches=accumulate,
         # counts batches, not optimizer steps
-        val_check_interval=None if val_per_epoch else min(opts.val_every or preset.val_every, steps) * accumulate,
+        val_check_interval=None if val_per_epoch else every * accumulate,
         check_val_every_n_epoch=1 if val_per_epoch else None,
         num_sanity_val_steps=0,
         # RNGStates: exact resume (the module itself ends a run whose loss is not finite: Diverged); under DDP,
         # SigtermWithTheStep puts Lightning's per-batch SIGTERM broadcast into the step's one all-reduce
-        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), ckpt, *callbacks, *extra.callbacks,
+        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), points, ckpt, *callbacks, *extra.callbacks,
                    *(progress_bar() if opts.progress else [])],
         plugins=[AtomicCheckpointIO(), *extra.plugins],  # checkpoints: written to a temporary file and renamed
         logger=extra.loggers,
