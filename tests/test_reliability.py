@@ -238,6 +238,40 @@ def test_a_sigterm_stops_the_run_with_exit_143_and_the_same_command_resumes_it(c
     assert RunDir(run_dir(tmp_path / "runs")).resume_checkpoint() is not None
 
 
+class _SignalsInItsFinalizer:
+    """What a DataLoader iterator does at an epoch's end: its `__del__` joins the workers, and a signal that arrives
+    meanwhile runs its handler inside the finalizer."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here, inside __del__
+
+
+def test_a_ctrl_c_that_lands_inside_a_finalizer_still_stops_the_run(cache, tmp_path, monkeypatch, caplog):
+    """Issue 42's flake: Python raises KeyboardInterrupt wherever the main thread is, and inside a finalizer it is
+    printed and dropped, so the run trained on to its budget (a Ctrl-C to the group left a trainer training 22
+    minutes). Ctrl-C is a flag now, read at the step's end: the run stops at the step it landed in, one line, exit
+    130, no metrics.json, and the SIGINT handler is the one it found."""
+    from aiayn.lightning_modules.run.module import TranslationModule
+
+    step = TranslationModule.training_step
+
+    def signalling(self, batch, batch_idx):
+        if self.trainer.global_step == 3:
+            _SignalsInItsFinalizer()  # dropped at once: its finalizer runs here
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(TranslationModule, "training_step", signalling)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--preset", "tiny", "--max-steps", "40", "--ckpt-every", "2", "--val-every", "100",
+              "--eval-subset", "4", *SMALL_MODEL, *QUIET, "--out", str(tmp_path / "runs")])  # fmt: skip
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert "stopped by SIGINT at step 4" in caplog.text
+    assert not (run_dir(tmp_path / "runs") / "metrics.json").exists()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 # --- divergence --------------------------------------------------------------------------------
 
 

@@ -19,6 +19,8 @@ checkpoints, and preemption under SLURM.
   per-batch broadcast and device read, and every rank stops at the same step.
 - :class:`ScheduledValidations`: validations after given optimizer steps beside `--val-every`'s, so that each point
   of the stability rule has its reading whatever the schedule (ablations/stability.py).
+- :class:`CtrlCAtTheStep`: Ctrl-C stops training as SIGTERM does, at the end of the step it lands in; a second one
+  stops at once.
 - :class:`RunFilesInCheckpoint` puts the run's resolved config and its tokenizer into every
   checkpoint, so that a checkpoint copied alone can still translate (lightning_modules/use/translate.py); it is the
   checkpoint's one config (the modules keep no Lightning hyper-parameters). :class:`LogRunConfig` gives the same
@@ -46,6 +48,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -416,6 +419,42 @@ class SigtermWithTheStep(pl.Callback):
             )
             trainer._signal_connector.received_sigterm = True
             raise SIGTERMException()
+
+
+class CtrlCAtTheStep(pl.Callback):
+    """Ctrl-C (SIGINT, to the trainer alone or to its whole process group) stops training as SIGTERM does: a flag,
+    read by Lightning at the end of the step it lands in (under DDP every rank at the same step: SigtermWithTheStep),
+    then `train()`'s one line, "stopped by SIGINT at step N". A second Ctrl-C stops at once (KeyboardInterrupt).
+
+    Python's own answer, KeyboardInterrupt raised wherever the main thread is, can land inside a finalizer (a
+    DataLoader iterator's `__del__` joining its workers at an epoch's end, slow under load); Python prints it and
+    drops it there, and the run trained on (issue 42: a Ctrl-C to the group left a trainer training for 22
+    minutes). Active while fit runs, where Lightning's SIGTERM handler is installed (the main thread); the previous
+    SIGINT handler is back at teardown."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None  # SIGINT once a Ctrl-C arrived during training
+        self._previous = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if not isinstance(getattr(signal.getsignal(signal.SIGTERM), "signal_handlers", None), list):
+            return  # not Lightning's handler (another program's own, in this process): Ctrl-C left as it is
+        self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:  # a flag and Lightning's SIGTERM handler: no I/O of ours
+        if self.signum is not None:
+            signal.default_int_handler(signum, frame)  # the second Ctrl-C: KeyboardInterrupt, now
+        self.signum = signal.SIGINT
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler):
+            handler(signal.SIGTERM, frame)
+
+    def teardown(self, trainer: pl.Trainer, pl_module, stage: str) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def slurm_parts(ckpt_dir: str | Path, world_size: int = 1) -> tuple[list, list]:

@@ -48,6 +48,7 @@ from aiayn.lightning_modules.run import disk, wandb_run
 from aiayn.lightning_modules.run import loggers as run_loggers
 from aiayn.lightning_modules.run.callbacks import (
     AtomicCheckpointIO,
+    CtrlCAtTheStep,
     LogRunConfig,
     RNGStates,
     RoomForShapes,
@@ -424,8 +425,9 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
         wandb_run.finish(trainer, metrics, exit_code=1)
         return metrics
     except SIGTERMException:  # Lightning's SystemExit without a code: exit 0 would read as a finished run
-        _stopped(trainer, row, seed, signal.SIGTERM)
-    except SystemExit as e:  # Lightning's answer to Ctrl-C (SIGINT to the process group too): teardown, then exit 1
+        ctrl_c = next((c.signum for c in trainer.callbacks if isinstance(c, CtrlCAtTheStep) and c.signum), None)
+        _stopped(trainer, row, seed, ctrl_c or signal.SIGTERM)
+    except SystemExit as e:  # Lightning's answer to KeyboardInterrupt (a second Ctrl-C): teardown, then exit 1
         if e.code != 1 or trainer.state.status != TrainerStatus.INTERRUPTED:
             raise
         _stopped(trainer, row, seed, signal.SIGINT)
@@ -586,8 +588,8 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         num_sanity_val_steps=0,
         # RNGStates: exact resume (the module itself ends a run whose loss is not finite: Diverged); under DDP,
         # SigtermWithTheStep puts Lightning's per-batch SIGTERM broadcast into the step's one all-reduce
-        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), points, ckpt, *callbacks, *extra.callbacks,
-                   *(progress_bar() if opts.progress else [])],
+        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), CtrlCAtTheStep(), points, ckpt, *callbacks,
+                   *extra.callbacks, *(progress_bar() if opts.progress else [])],
         plugins=[AtomicCheckpointIO(), *extra.plugins],  # checkpoints: written to a temporary file and renamed
         logger=extra.loggers,
         default_root_dir=run.path,
