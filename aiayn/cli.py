@@ -33,7 +33,7 @@ from aiayn.lightning_modules.use.options import (
 )
 from aiayn.reports.options import ReportOptions
 from aiayn.reports.rows import RowsOptions
-from aiayn.sweeps.backends.slurm import SlurmOptions
+from aiayn.sweeps.backends.slurm.options import REFUSED, SlurmOptions, SlurmTable3Options
 from aiayn.sweeps.export import SweepExportOptions
 from aiayn.sweeps.hpo import HpoOptions
 from aiayn.sweeps.status import StatusOptions
@@ -192,7 +192,7 @@ SWEEP_SETS = (  # the flags of those options, and what to use instead
 HPO_SKIP = ("train.progress",)
 EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens", "model.ct2_batching")  # what an export does not read
 ONE_RUN = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
-           "train.progress")  # fmt: skip
+           "train.progress", "backend")  # fmt: skip
 GROUPS = {  # the commands with subcommands
     "slurm": "submit Table 3 (or one run) to SLURM as a job array; requeued on preemption",
     "sweep": "sweep definitions generated from ablations/",
@@ -218,8 +218,9 @@ COMMANDS = (
             "bug reports", DoctorOptions, cmd_doctor),
     Command("table3", "run Table 3 as a sweep (Optuna keeps the books), then write the report", SweepOptions,
             cmd_table3, skip=PER_RUN, sets=SWEEP_SETS),
-    Command("slurm table3", "one array task per pending (row, seed)", SlurmOptions, cmd_slurm, skip=PER_RUN,
-            fixed=(("kind", "table3"),)),
+    Command("slurm table3", "one array task per pending (row, seed): `aiayn table3 --backend slurm`",
+            SlurmTable3Options, cmd_slurm, skip=PER_RUN, fixed=(("kind", "table3"),), sets=SWEEP_SETS,
+            refuses=REFUSED),
     Command("slurm train", "one run", SlurmOptions, cmd_slurm, skip=ONE_RUN, fixed=(("kind", "train"),)),
     Command("hpo", "Optuna TPE over the lr factor, warmup and dropout of one row, pruned on val/ppl", HpoOptions,
             cmd_hpo, skip=HPO_SKIP, sets=SWEEP_SETS[:2]),

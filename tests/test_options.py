@@ -236,11 +236,12 @@ def test_config_files_layer_in_order_and_the_command_line_overrides_them_all(tmp
 
 
 def test_a_sweeps_nested_defaults_are_its_own():
-    """A group's flags default to the group's default instance, not its class: `aiayn slurm`'s runs default to the
-    GPU, with devices following the SLURM resources; a sweep's runs show no progress bars."""
+    """A group's flags default to the group's default instance, not its class: `aiayn slurm`'s runs leave devices,
+    nodes and strategy to the SLURM resources (the accelerator auto, as `aiayn table3`'s, resolved against them);
+    a sweep's runs show no progress bars."""
     text = " ".join(_subparser("table3").format_help().split())
     sl = from_args(SlurmOptions, parse("slurm", "table3"), kind="table3")
-    assert (sl.train.accelerator, sl.train.devices, sl.train.num_nodes, sl.train.strategy) == ("gpu", None, None, None)
+    assert (sl.train.accelerator, sl.train.devices, sl.train.num_nodes, sl.train.strategy) == ("auto", None, None, None)
     assert from_args(SweepOptions, parse("table3")).train.progress is False
     assert "--accelerator ACCELERATOR Lightning accelerator: auto" in text
 

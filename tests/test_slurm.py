@@ -28,7 +28,8 @@ from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps.backends import slurm
 from aiayn.sweeps.backends.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
 
-ARGS_CPU = ["--accelerator", "cpu", "--tasks-per-node", "2", "--partition", "debug", "--time", "00:30:00"]
+ARGS_CPU = ["--preset", "tiny", "--accelerator", "cpu", "--tasks-per-node", "2", "--partition", "debug", "--time",
+            "00:30:00"]  # fmt: skip
 
 
 def slurm_opts(rows=None, seeds=1, resources=None, dry_run=False, **train) -> SlurmOptions:
@@ -449,6 +450,71 @@ def test_a_secret_in_setup_is_never_printed_and_its_script_is_private(tmp_path, 
     plain = tmp_path / "plain"
     assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(plain), "--dry-run"]) == 0
     assert stat.S_IMODE((plain / "slurm" / "aiayn-table3-tiny.sbatch").stat().st_mode) & 0o044  # others may read
+
+
+def test_a_config_file_that_says_backend_slurm_is_the_same_sweep_either_way(tmp_path, capsys):
+    """Issue 44: `backend: slurm` in a --config file of `aiayn table3` failed ("unknown back end"), and the YAML that
+    `aiayn slurm table3 --print-config` prints was refused by `aiayn table3 --config` ("unknown option 'resources'").
+    Now the file routes the command, reads back to the same options, and both spellings write the same script."""
+    config = tmp_path / "sweep.yaml"
+    config.write_text("backend: slurm\ntrain: {preset: tiny, out: %s}\nselect: {rows: \"base,A1\"}\n"
+                      "resources: {partition: p, time: '1:00:00', gpus_per_node: 1}\n" % (tmp_path / "runs"))
+    scripts = []
+    for argv in (["table3", "--config", str(config)], ["slurm", "table3", "--config", str(config)],
+                 ["table3", "--backend", "slurm", "--config", str(config)]):  # fmt: skip
+        assert main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
+        scripts.append(capsys.readouterr().out)
+    assert scripts[0] == scripts[1] == scripts[2] and "#SBATCH --partition=p" in scripts[0]
+    assert "PAIRS=(base:0 A1:0)" in scripts[0]
+    # --print-config of either spelling reads back through `aiayn table3 --config`, to the same YAML
+    assert main(["slurm", "table3", "--config", str(config), "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "backend: slurm" in printed
+    again = tmp_path / "printed.yaml"
+    again.write_text(printed)
+    assert main(["table3", "--config", str(again), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
+
+
+def test_slurm_table3_has_the_defaults_of_table3():
+    """The same sweep on every back end: `aiayn table3`'s defaults (the main job, --preset quick; --accelerator auto),
+    not `aiayn train`'s (tiny) and a GPU fixed in advance; auto is made what SLURM is asked for."""
+    from aiayn.cli import parse
+    from aiayn.common.options import from_args
+    from aiayn.sweeps.backends.slurm.options import SlurmTable3Options, with_accelerator
+    from aiayn.sweeps.table3 import SweepOptions
+
+    here = from_args(SweepOptions, parse(["table3"])).train
+    there = from_args(SlurmTable3Options, parse(["table3", "--backend", "slurm"]), kind="table3").train
+    assert (there.preset, there.accelerator, there.progress) == (here.preset, here.accelerator, here.progress)
+    assert (there.preset, there.accelerator) == ("quick", "auto")
+    gpus = SlurmOptions(train=there, resources=SlurmResources(gpus_per_node=2))
+    cpus = SlurmOptions(train=there, resources=SlurmResources(tasks_per_node=2))
+    assert with_accelerator(gpus).train.accelerator == "gpu" and with_accelerator(cpus).train.accelerator == "cpu"
+    assert from_args(SlurmOptions, parse(["slurm", "train"]), kind="train").train.preset == "tiny"  # as `aiayn train`
+
+
+@pytest.mark.parametrize("flag, fix", [
+    (["--jobs", "4"], "--max-parallel"), (["--gpus-per-job", "2"], "--gpus-per-node"),
+    (["--storage", "sqlite:///x.db"], "run directories under --out"),
+])  # fmt: skip
+def test_a_table3_flag_slurm_cannot_honour_is_refused_with_the_reason(flag, fix, tmp_path, capsys):
+    for head in (["table3", "--backend", "slurm"], ["slurm", "table3"]):
+        assert main([*head, *ARGS_CPU, *flag, "--out", str(tmp_path), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"does not take {flag[0]}" in err and fix in err, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_fail_on_diverged_reaches_slurms_exit_status(tmp_path, monkeypatch):
+    """`--fail-on-diverged` was refused under SLURM; with --wait its exit status counts a diverged run as failed."""
+    from aiayn.sweeps import run as sweep_run
+
+    seen = {}
+    monkeypatch.setattr(sweep_run, "run_and_report", lambda launches, **kw: seen.update(kw) or 0)
+    argv = ["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(tmp_path), "--dry-run"]
+    assert main([*argv, "--fail-on-diverged"]) == 0 and seen["fail_on_diverged"] is True
+    assert main(argv) == 0 and seen["fail_on_diverged"] is False
 
 
 def test_table3_with_backend_slurm_is_slurm_table3(tmp_path, capsys):

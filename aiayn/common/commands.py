@@ -33,8 +33,9 @@ class Command:
     """One subcommand. `name` is its words after the program's ("slurm table3"); its parser is `options`'s fields
     (`skip`: those it does not take, by dotted path), plus --config/--print-config unless `config` is False;
     `fixed`: (field, value) pairs the command itself sets (slurm's kind); `sets`: (flag, what to use instead) for the
-    flags of the options it sets itself, each answered with that line; `own_print`: `run` answers --print-config
-    itself (train prints the resolved config.json)."""
+    flags of the options it sets itself, each answered with that line; `refuses`: (flag, why) for flags a sibling
+    command takes that this one cannot honour (a back end's: `aiayn table3 --jobs` under SLURM); `own_print`: `run`
+    answers --print-config itself (train prints the resolved config.json)."""
 
     name: str
     help: str
@@ -45,6 +46,7 @@ class Command:
     own_print: bool = False
     fixed: tuple[tuple[str, Any], ...] = ()
     sets: tuple[tuple[str, str], ...] = ()
+    refuses: tuple[tuple[str, str], ...] = ()
     config_help: str = ""
     print_help: str = ""
 
@@ -146,9 +148,12 @@ def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.N
         return args
     sub = getattr(args, "parser_of", parser)
     word = next((w for w in extra if w.startswith("-")), extra[0]).split("=")[0]
-    sets = dict(getattr(getattr(args, "command_of", None), "sets", ()))
+    command = getattr(args, "command_of", None)
+    sets, refuses = dict(getattr(command, "sets", ())), dict(getattr(command, "refuses", ()))
     if word in sets:
         raise UserError(f"{sub.prog} sets {word} for each of its runs ({sets[word]}); leave it out")
+    if word in refuses:
+        raise UserError(f"{sub.prog} does not take {word}: {refuses[word]}; leave it out")
     flags = [f for p in (sub, parser) for a in p._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
     near = did_you_mean(word, flags) if word.startswith("--") else ""
     raise UserError(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {near[1:-1]}?)" if near else "")
@@ -184,11 +189,12 @@ def run(command: Command, args: argparse.Namespace) -> int:
 
 def route(argv: list[str], command: str, flag: str, command_of: Callable[[str], str | None]) -> list[str]:
     """`PROG COMMAND ... FLAG NAME ...` as the command NAME has of its own (`command_of(NAME)`, e.g. `aiayn table3
-    --backend slurm ...` is `aiayn slurm table3 ...`), FLAG dropped; any other command line as it is."""
+    --backend slurm ...` is `aiayn slurm table3 ...`), FLAG dropped; NAME from the last `--config` file that names one
+    (`backend: slurm`) where FLAG is not given; any other command line as it is."""
     i = next((i for i, word in enumerate(argv) if not word.startswith("-")), None)
     if i is None or argv[i] != command:
         return argv
-    rest, name, j = [], None, i + 1
+    rest, name, configs, j = [], None, [], i + 1
     while j < len(argv):
         word = argv[j]
         if word == flag and j + 1 < len(argv):
@@ -198,9 +204,32 @@ def route(argv: list[str], command: str, flag: str, command_of: Callable[[str], 
             name = word.split("=", 1)[1]
         else:
             rest.append(word)
+            if word == "--config" and j + 1 < len(argv):
+                configs.append(argv[j + 1])
+            elif word.startswith("--config="):
+                configs.append(word.split("=", 1)[1])
         j += 1
+    if name is None:
+        name = _named_in(configs, flag[2:].replace("-", "_"))
     own = command_of(name) if name else None
     return argv if own is None else argv[:i] + own.split() + rest
+
+
+def _named_in(paths: list[str], key: str) -> str | None:
+    """The value of top-level `key` in the last of the YAML files `paths` that has one (a file that cannot be read
+    names nothing here: the parser reads it again and says what is wrong with it)."""
+    import yaml
+
+    found = None
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get(key), str):
+            found = doc[key]
+    return found
 
 
 def closed_stdout() -> int:

@@ -166,6 +166,8 @@ class Backend(ABC):
     capabilities: ClassVar[Capabilities] = Capabilities()
     options: ClassVar[type | None] = None  # its own options (None: it is built from the sweep alone)
     command: ClassVar[str | None] = None  # the command of its options, e.g. "slurm table3"
+    # flags of `aiayn table3` it cannot honour, each (flag, what it does instead): its command refuses them in one line
+    refuses: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def claims(self, sweep: Sweep) -> books.Claims:
         return books.LockClaims(sweep.out, "pair")

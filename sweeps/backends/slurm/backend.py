@@ -11,7 +11,7 @@ from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Capabilities, Sweep, SweepSummary, make_sweep, register
 from aiayn.sweeps.backends.slurm.checks import check
-from aiayn.sweeps.backends.slurm.options import SlurmOptions
+from aiayn.sweeps.backends.slurm.options import REFUSED, SlurmOptions, with_accelerator
 from aiayn.sweeps.backends.slurm.pairs import SlurmClaims, claims, live_jobs, pairs
 from aiayn.sweeps.backends.slurm.submit import submit
 from aiayn.sweeps.books import Pair
@@ -27,6 +27,7 @@ class SlurmBackend(Backend):
     options = SlurmOptions
     command = "slurm table3"
     capabilities = Capabilities(ddp=True, own_gpus=True, holds_claims=True, needs_cluster=True)
+    refuses = REFUSED
 
     def __init__(self, opts: SlurmOptions):
         self.opts = opts
@@ -34,6 +35,7 @@ class SlurmBackend(Backend):
     @classmethod
     def from_options(cls, opts: SlurmOptions) -> tuple[SlurmBackend, Sweep]:
         """The back end and the sweep it runs, from its options: the sweep resolved once, here."""
+        opts = with_accelerator(opts)
         check(opts)
         return cls(opts), make_sweep(pairs(opts), opts.train)
 
@@ -94,4 +96,4 @@ def slurm(opts: SlurmOptions, write_report=None) -> int:
     backend, sweep = SlurmBackend.from_options(opts)  # checked, and the rows resolved once
     report = report_dir(opts.report, opts.train.out) if opts.kind == "table3" else None
     writer = (lambda: write_report(opts.train.out, report, opts.train.preset)) if report and write_report else None
-    return run_and_report([(backend, sweep)], write_report=writer)
+    return run_and_report([(backend, sweep)], write_report=writer, fail_on_diverged=opts.fail_on_diverged)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from aiayn.ablations.presets import MAIN_PRESET
 from aiayn.ablations.selection import Selection
 from aiayn.common.options import option
 from aiayn.lightning_modules.run.options import TrainOptions
@@ -34,9 +35,19 @@ class SlurmResources:
     assume_shared: bool = option(False, "--out is on a shared filesystem though /proc/mounts says not")
 
 
-def _slurm_train_template() -> TrainOptions:
-    # devices, num_nodes, strategy None: they follow the SLURM resources (checked to agree where given)
-    return TrainOptions(accelerator="gpu", devices=None, num_nodes=None, strategy=None, progress=False)
+def _slurm_train_template(**defaults) -> TrainOptions:
+    # devices, num_nodes, strategy None: they follow the SLURM resources (checked to agree where given); the
+    # accelerator `auto`, as everywhere, resolved against the resources (`with_accelerator`)
+    return TrainOptions(devices=None, num_nodes=None, strategy=None, progress=False, **defaults)
+
+
+# The flags of `aiayn table3` that the SLURM back end cannot honour, each with what it does instead (answered in one
+# line, exit 2, by `aiayn table3 --backend slurm` and `aiayn slurm table3` alike)
+REFUSED = (
+    ("--jobs", "SLURM runs each pair as its own array task; throttle them with --max-parallel N"),
+    ("--gpus-per-job", "SLURM gives each array task its GPUs; ask for them with --gpus-per-node G"),
+    ("--storage", "SLURM's books are its job array and the run directories under --out, not an Optuna storage"),
+)
 
 
 @dataclass
@@ -54,4 +65,29 @@ class SlurmOptions:
     )  # fmt: skip
     dry_run: bool = option(False, "write and print the script, submit nothing")
     wait: bool = option(False, "block until the jobs end; exit 1 if any run did not complete")
+    fail_on_diverged: bool = option(
+        False, "with --wait: exit 1 when a run diverged, as when one failed (default: a diverged run is a result, "
+        "reported as such)",
+    )  # fmt: skip
+    # `aiayn slurm table3` is `aiayn table3 --backend slurm`: its config file says so, and reads back either way
+    backend: str = option("slurm", "the sweep's back end: this command is `aiayn table3 --backend slurm`",
+                          choices=("slurm",))  # fmt: skip
     poll_s: float = option(5.0, cli=False)
+
+
+@dataclass
+class SlurmTable3Options(SlurmOptions):
+    """`aiayn slurm table3`, which is `aiayn table3 --backend slurm`: the sweep's defaults are the main job's
+    (--preset quick), as `aiayn table3`'s are; `aiayn slurm train`'s are `aiayn train`'s."""
+
+    train: TrainOptions = field(default_factory=lambda: _slurm_train_template(preset=MAIN_PRESET))
+
+
+def with_accelerator(opts: SlurmOptions) -> SlurmOptions:
+    """`--accelerator auto` made what SLURM is asked for: cpu where the resources ask for CPU tasks alone
+    (--tasks-per-node without --gpus-per-node), gpu otherwise (the submitting machine cannot see the nodes')."""
+    if opts.train.accelerator != "auto":
+        return opts
+    res = opts.resources
+    cpu = res.tasks_per_node is not None and not res.gpus_per_node
+    return replace(opts, train=replace(opts.train, accelerator="cpu" if cpu else "gpu"))
