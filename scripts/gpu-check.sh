@@ -16,7 +16,8 @@
 # Stages, each bounded by `timeout`, together within 480 s:
 #   paths      the grad_w path the fused loss takes on this torch, the empty-source beam on the fused attention
 #              kernels, static-shape training compiled without hitting the recompile limit                  <= 60 s
-#   bench      `aiayn bench --size paper` eager, --compile layers, --compile model: tokens/s, MFU, graphs <= 210 s
+#   bench      `aiayn bench --size paper --profile` eager, --compile layers, --compile model: tokens/s, MFU, graphs,
+#              launches a step, device idle, top kernels                                               <= 210 s
 #   share      evidence-size runs sharing the GPU, 1, 4, 8 and 16 at once: steps/s each and together      <= 120 s
 #   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps) and its report    <= 90 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
@@ -140,7 +141,7 @@ json.dump(out, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(out))
 EOF
 for how in none layers model; do
-  stage "bench-$how" 70 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" \
+  stage "bench-$how" 70 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" --profile \
       --json "$WORK/bench-$how.json"
 done
 stage share 120 "$PY" - "$WORK" "$ACCEL" "$SHARE_STEPS" "${SHARE[@]}" <<'EOF'
@@ -190,6 +191,11 @@ for how in ("none", "layers", "model"):
         graphs = f", {a['graphs_compiled']} graphs" if "graphs_compiled" in a else ""
         print(f"- bench --compile {how}: {a['train_tokens_per_s']:,.0f} tokens/s, {a['train_step_s'] * 1e3:.1f} "
               f"ms/step{mfu}{graphs}")
+        if a.get("profile"):  # aiayn bench --profile (aiayn/bench/profile.py)
+            q = a["profile"]
+            idle = f", device idle {100 * q['device_idle_fraction']:.1f}%" if "device_idle_fraction" in q else ""
+            top = "; ".join(f"{t['name'][:60]} {100 * t['share']:.0f}%" for t in q["top"][:3])
+            print(f"  profile: {q['launches_per_step']:.0f} {q['what']} a step{idle}; top: {top}")
 try:
     share = [json.loads(line) for line in (work / "share.jsonl").read_text().splitlines()]
 except OSError:

@@ -272,3 +272,50 @@ def test_the_grad_w_path_is_found_once_logged_once_and_said(monkeypatch, caplog)
     monkeypatch.setattr(L.torch, "addmm", one_gemm)
     L.accumulate_outer(acc, gb, hb)
     assert L.grad_w_path("cpu") == L.ONE_GEMM_PATH
+
+
+# --- --profile: where a step's time goes (issue 42) ---------------------------------------------
+
+
+def test_idle_fraction_is_the_share_of_the_span_no_kernel_covers():
+    from aiayn.bench.profile import idle_fraction
+
+    assert idle_fraction([(0, 1), (2, 3)]) == pytest.approx(1 / 3)
+    assert idle_fraction([(2, 3), (0, 1), (5, 6)]) == pytest.approx(3 / 6)  # in any order
+    assert idle_fraction([(0, 2), (1, 3)]) == 0.0  # overlapping kernels (two streams) leave no gap
+    assert idle_fraction([(0, 10), (2, 3), (4, 5)]) == 0.0  # nested
+    assert idle_fraction([]) == idle_fraction([(4, 4)]) == 0.0
+
+
+def _profiled(layers: int, steps: int) -> dict:
+    from aiayn.bench.profile import profile_steps
+
+    bc = bench.bench_config("tiny", "cpu", layers=layers, tokens=128)
+    device = torch.device("cpu")
+    trainer = bench.Trainer("aiayn", bench.build("aiayn", bc.model), bc.model,
+                            bench.training_batch(bc.model, bc.tokens_per_side, bc.seq_len), device)  # fmt: skip
+    trainer.step()  # warm: Adam's state exists, as in the bench's warm-up
+    return profile_steps(trainer.step, device, steps)
+
+
+def test_the_profile_counts_a_steps_launches_per_step_and_more_layers_launch_more():
+    """A step launches the same operators every time: the count per step is the same over 1 and 3 steps; a layer
+    more per stack launches more (a count of work, not of profiler events: nested operators count once)."""
+    one, three, deeper = _profiled(1, 1), _profiled(1, 3), _profiled(2, 1)
+    assert one["launches_per_step"] == three["launches_per_step"] > 100
+    assert deeper["launches_per_step"] > one["launches_per_step"] + 50
+    assert one["what"] == "leaf ATen operators" and "device_idle_fraction" not in one
+    assert 0 < len(one["top"]) <= 8 and sum(t["share"] for t in one["top"]) <= 1.0 + 1e-9
+    assert all(t["name"].startswith("aten::") for t in one["top"])
+    assert "aten::linear" not in {t["name"] for t in one["top"]}  # the addmm under it did the work
+
+
+def test_bench_profile_prints_and_records_the_profile(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["--size", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1",
+            "--decode-sentences", "1", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu",
+            "--profile", "--json", str(out)]  # fmt: skip
+    assert main(["bench", *argv]) == 0
+    printed = capsys.readouterr().out
+    profile = json.loads(out.read_text())[0]["profile"]
+    assert f"{profile['launches_per_step']:.0f} leaf ATen operators a step" in printed

@@ -81,6 +81,7 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
         assert compiled["graphs_added_by_decoding"] == 0
     assert [s["runs"] for s in results["share"]] == [1, 2]
     assert results["bench-layers"][0]["graphs_compiled"] > 0
+    assert results["bench-none"][0]["profile"]["launches_per_step"] > 0 and "  profile: " in summary  # --profile
     with tarfile.open(out / "logs.tar.gz") as tar:
         assert "logs/slice.log" in tar.getnames()
     assert not list(tmp_path.glob("aiayn-gpu-check.*")), "the scratch folder was left behind"

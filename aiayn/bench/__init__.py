@@ -38,6 +38,8 @@ class BenchOptions:
     alpha: float = option(PAPER_DECODING.alpha, "length penalty (aiayn: GNMT's; Marian: score/len^alpha)")
     threads: int | None = option(None, "torch.set_num_threads (default: torch's own)", positive=True)
     padding: bool = option(False, "also the padding waste of token-bucket batches")
+    profile: bool = option(False, "also profile aiayn's training step (torch.profiler, --steps steps): launches a "
+                           "step, the top kernels, the device's idle time between them")  # fmt: skip
     compile: str = option("none", "torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is "
                           "fixed, so statically)", choices=("none", "layers", "model"))  # fmt: skip
     multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")

@@ -490,6 +490,11 @@ def run(args: BenchOptions) -> list[dict]:
             dec_s[impl].append(time.perf_counter() - t0)
             log.info("trial %d %s: decoding %.2f sentences/s", trial + 1, impl, n / dec_s[impl][-1])
 
+    profiled = None
+    if args.profile:  # after the timed trials, so that the profiler's overhead is in no timing
+        from aiayn.bench.profile import profile_steps
+
+        profiled = profile_steps(trainers["aiayn"].step, device, args.steps)
     results = []
     for impl in impls:
         s, d = statistics.median(step_s[impl]), statistics.median(dec_s[impl])
@@ -530,6 +535,8 @@ def run(args: BenchOptions) -> list[dict]:
         if peak:
             r["peak_bf16_tflops"] = peak
             r["mfu"] = flops / s / 1e12 / peak
+        if impl == "aiayn" and profiled is not None:
+            r["profile"] = profiled
         results.append(r)
     if args.padding:
         pad = padding_report(args.multi30k_dir, args.cache_dir)
@@ -567,6 +574,10 @@ def table(results: list[dict]) -> str:
         f"aiayn {r['achieved_tflops'] * 1e3:.1f} "
         f"GFLOP/s" + (f", MFU {100 * r['mfu']:.1f}% of {r['peak_bf16_tflops']:.0f} TFLOP/s bf16" if "mfu" in r else "")
     )
+    if "profile" in r:
+        from aiayn.bench.profile import profile_text
+
+        lines.append(profile_text(r["impl"], r["profile"]))
     for p in r.get("padding", []):
         lines.append(f"padding {p['corpus']} (max_tokens {p['max_tokens']}, lengths to a multiple of {p['pad_to']}"
                      f"{', static shapes' if p['static_shapes'] else ''}): {100 * p['padding_fraction']:.2f}%, "
