@@ -139,6 +139,18 @@ def test_the_bottom_layers_import_no_torch_or_lightning_at_module_level(layer_na
         assert not {n for n in names if n.split(".")[0] in ("torch", "lightning")}, module
 
 
+def test_the_command_line_starts_without_torch_or_lightning():
+    """`aiayn --help`, completion and every parser are built without importing torch or Lightning (seconds of a
+    start): the modules above that import them only inside the command that needs them. Transitive imports count
+    (SLURM's script module reached torch through run/devices.py's top-level import: `aiayn --help` took 3 s)."""
+    import subprocess
+    import sys
+
+    probe = "import sys, aiayn.cli; print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
 def test_the_one_run_layer_imports_no_optuna():
     """HPO is a caller's concern (sweeps/hpo.py hands train() its hooks): the one-run layer knows nothing of Optuna."""
     for module, path in modules().items():

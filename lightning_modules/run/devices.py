@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from aiayn.common.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 # Precisions the fused loss cannot train under: it computes the projection's gradients inside the forward pass,
 # where fp16's GradScaler cannot scale them (ε/V underflows, and an overflow would skip every step silently).
@@ -28,6 +30,8 @@ MAX_WORKERS = 4
 
 def uses_cuda(accelerator: str) -> bool:
     """Whether Lightning's `accelerator` will train on a CUDA device here."""
+    import torch
+
     return accelerator in CUDA_ACCELERATORS and torch.cuda.is_available()
 
 
@@ -59,6 +63,8 @@ def check_strategy(strategy: str) -> None:
 def resolve_precision(precision: str, accelerator: str) -> str:
     """`auto`: bf16-mixed on a GPU that supports bf16, else 32-true; a precision the loss cannot train under is a
     UserError."""
+    import torch
+
     if precision in REFUSED_PRECISIONS:
         raise UserError(f"--precision {precision}: the fused loss computes its gradients in the forward pass, where "
                         f"fp16's gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)")  # fmt: skip
@@ -79,6 +85,8 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_pr
 def prepare_matmuls(accelerator: str, matmul_precision: str | None = None) -> None:
     """fp32 matmuls on a GPU: `matmul_precision` where given (`highest`: exact fp32, as a CPU computes), else on TF32
     tensor cores (`high`; Lightning warns when it is left at "highest"); CPUs unchanged."""
+    import torch
+
     if uses_cuda(accelerator):
         torch.set_float32_matmul_precision(matmul_precision or "high")
 
@@ -86,6 +94,8 @@ def prepare_matmuls(accelerator: str, matmul_precision: str | None = None) -> No
 def trained_precision(precision: str) -> str:
     """What a run trained under, for metrics.json: Lightning's precision, and where fp32 matmuls run on a GPU, at
     which precision ("32-true, fp32 matmuls highest")."""
+    import torch
+
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return f"{precision}, fp32 matmuls {torch.get_float32_matmul_precision()}"
     return precision
@@ -111,6 +121,8 @@ def data_workers(requested: int | None, accelerator: str) -> int:
 
 def autocast(device: torch.device, precision: str):
     """The autocast evaluation and decoding run under: the training's bf16 on a GPU, nothing elsewhere."""
+    import torch
+
     if device.type == "cuda" and precision.startswith("bf16"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
