@@ -223,11 +223,11 @@ def test_a_report_column_by_its_recipe(copy, tmp_path):
     )
     edit(
         copy,
-        "reports/build.py",
-        '''            "params ×10⁶": table["params_m"].map(lambda x: _fmt(x, ".2f")),
+        "reports/render.py",
+        '''            "params ×10⁶": table["params_m"].map(lambda x: fmt_number(x, ".2f")),
             "paper PPL"''',
-        '''            "params ×10⁶": table["params_m"].map(lambda x: _fmt(x, ".2f")),
-            "tokens/s": table["tokens_per_s"].map(lambda x: _fmt(x, ".0f")),
+        '''            "params ×10⁶": table["params_m"].map(lambda x: fmt_number(x, ".2f")),
+            "tokens/s": table["tokens_per_s"].map(lambda x: fmt_number(x, ".0f")),
             "paper PPL"''',
     )
     assert changed(copy) <= recipe_files("A report column")
