@@ -287,7 +287,7 @@ import time
 
 from aiayn.common.files import atomic_write_json
 from aiayn.sweeps import books
-from aiayn.sweeps.backends import Backend, Capabilities, SweepSummary, register, write_resolved
+from aiayn.sweeps.backends import Backend, SweepSummary, register, write_resolved
 from aiayn.sweeps.backends.processes import train_process_command
 
 
@@ -311,7 +311,6 @@ class DetachedBackend(Backend):
     """each pair a detached process of its own; the report: `aiayn report` once they have ended"""
 
     name = "detached"
-    capabilities = Capabilities(holds_claims=True)
 
     def claims(self, sweep):
         return PidClaims(sweep.out)

@@ -910,3 +910,17 @@ def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
     assert books.record_sweep(out, "evidence", corpus, [("base", 0)], "local") == out.sweep_record(key)
     sweep = make_sweep([("base", 0)], TrainOptions(preset="evidence", data=corpus, out=str(tmp_path)))
     assert sweep.key == key
+
+
+def test_every_capability_is_read_when_a_sweep_is_given_its_back_end(tmp_path):
+    """Capabilities are data the choice reads (issue 44: two of five were never read, and are gone): each field is a
+    need of a sweep or the default, and a sweep that needs one gets a back end that has it."""
+    from aiayn.sweeps.backends import Capabilities, backend_for, make_sweep, needs
+
+    sweep = make_sweep([("base", 0)], TrainOptions(out=str(tmp_path), preset="tiny"))
+    assert set(needs(sweep)) | {"default"} == {f.name for f in dataclasses.fields(Capabilities)}
+    assert backend_for(None, sweep).name == "local"  # the default, when the sweep needs nothing more
+    sweep.gpus_per_job = 1
+    assert backend_for(None, sweep).capabilities.own_gpus
+    ddp = make_sweep([("base", 0)], TrainOptions(out=str(tmp_path), preset="tiny", devices=2))
+    assert backend_for(None, ddp).capabilities.ddp

@@ -107,8 +107,6 @@ class Capabilities:
 
     ddp: bool = False  # trains runs of several devices (DDP ranks start as fresh processes of their own)
     own_gpus: bool = False  # hands each concurrent run GPUs of its own (--gpus-per-job)
-    holds_claims: bool = False  # keeps its own books of who holds a pair (a scheduler's jobs): `status_claims`
-    needs_cluster: bool = False  # needs a scheduler's client where it submits (sbatch)
     default: bool = False  # what a sweep uses when it needs nothing more
 
 

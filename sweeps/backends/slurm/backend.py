@@ -26,7 +26,7 @@ class SlurmBackend(Backend):
     name = "slurm"
     options = SlurmOptions
     command = "slurm table3"
-    capabilities = Capabilities(ddp=True, own_gpus=True, holds_claims=True, needs_cluster=True)
+    capabilities = Capabilities(ddp=True, own_gpus=True)
     refuses = REFUSED
 
     def __init__(self, opts: SlurmOptions):
