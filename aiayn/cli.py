@@ -25,19 +25,21 @@ from aiayn.completion import CompletionOptions
 from aiayn.doctor import DoctorOptions
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.use.options import (
+    EXPORT_SKIP,
     AverageOptions,
     EvalOptions,
     ExportOptions,
     ScoreOptions,
     TranslateOptions,
 )
-from aiayn.reports.options import ReportOptions
+from aiayn.reports.options import ReportOptions, sweep_report_writer
 from aiayn.reports.rows import RowsOptions
-from aiayn.sweeps.backends.slurm.options import REFUSED, SlurmOptions, SlurmTable3Options
+from aiayn.sweeps.backends import command_of
+from aiayn.sweeps.backends.slurm.options import ONE_RUN, REFUSED, SlurmOptions, SlurmTable3Options
 from aiayn.sweeps.export import SweepExportOptions
-from aiayn.sweeps.hpo import HpoOptions
+from aiayn.sweeps.hpo import HPO_SKIP, HpoOptions
 from aiayn.sweeps.status import StatusOptions
-from aiayn.sweeps.table3 import SweepOptions
+from aiayn.sweeps.table3 import PER_RUN, SWEEP_SETS, SweepOptions
 
 log = logging.getLogger("aiayn")
 
@@ -53,17 +55,12 @@ def cmd_rows(opts, args) -> None:
 
 def cmd_train(opts, args) -> None:
     from aiayn.lightning_modules.run.spec import spec_for
-    from aiayn.lightning_modules.run.train import plan, train, with_recorded_tokenizer
+    from aiayn.lightning_modules.run.train import print_plan, train, with_recorded_tokenizer
 
     spec = spec_for(opts, args.recorded)
     opts = with_recorded_tokenizer(opts, spec, args.recorded)
     if args.print_config:
-        from aiayn.lightning_modules.run.disk import estimate
-
-        print(json.dumps(plan(opts, spec).config.to_dict(), indent=2))
-        # on stderr, so that stdout stays the config.json that `aiayn train --config` reads back
-        print(f"# {estimate(opts, spec).describe()}", file=sys.stderr)
-        return
+        return print_plan(opts, spec)
     metrics = train(opts, spec)
     if metrics is not None:  # None: a DDP rank other than zero
         print(metrics.summary_line())
@@ -126,23 +123,10 @@ def cmd_report(opts, args) -> None:
     _print_paths(report_command(opts))
 
 
-def _report_writer(train):
-    """The report of a sweep's runs (reports/build.py), handed to the sweep layer, which sits beside reports: a W&B
-    report run too where the sweep's runs logged to W&B."""
-
-    def write(out, report, preset) -> list:
-        from aiayn.lightning_modules.run.loggers import of as loggers_of
-        from aiayn.reports.build import report as write_report
-
-        return write_report(out, report, preset, wandb="wandb" in loggers_of(train))
-
-    return write
-
-
 def cmd_table3(opts, args) -> int:
     from aiayn.sweeps.table3 import table3
 
-    return table3(opts, _report_writer(opts.train))
+    return table3(opts, sweep_report_writer(opts.train))
 
 
 def cmd_hpo(opts, args) -> int:
@@ -156,7 +140,7 @@ def cmd_hpo(opts, args) -> int:
 def cmd_slurm(opts, args) -> int:
     from aiayn.sweeps.backends.slurm import slurm
 
-    return slurm(opts, _report_writer(opts.train))
+    return slurm(opts, sweep_report_writer(opts.train))
 
 
 def cmd_status(opts, args) -> None:
@@ -182,17 +166,6 @@ def cmd_sweep_export(opts, args) -> None:
 # ---- the commands, as data: each one (name, help, options dataclass, function); the parsers are built from them
 
 
-# Options a sweep sets for each of its runs, not the user.
-PER_RUN = ("train.row", "train.seed", "train.progress")
-SWEEP_SETS = (  # the flags of those options, and what to use instead
-    ("--row", "choose the rows with --rows"), ("--seed", "choose the seeds with --seeds and --first-seed"),
-    ("--progress", "its runs print one line each as they end"),
-    ("--no-progress", "its runs print one line each as they end, without progress bars"),
-)
-HPO_SKIP = ("train.progress",)
-EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens", "model.ct2_batching")  # what an export does not read
-ONE_RUN = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
-           "train.progress", "backend")  # fmt: skip
 GROUPS = {  # the commands with subcommands
     "slurm": "submit Table 3 (or one run) to SLURM as a job array; requeued on preemption",
     "sweep": "sweep definitions generated from ablations/",
@@ -249,13 +222,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     """The parsed command line (--config files layered under the flags: aiayn.common.commands.parse); `aiayn table3
     --backend NAME ...`, where back end NAME has options of its own, is that back end's command (`--backend slurm`:
     `aiayn slurm table3 ...`, whose --help lists SLURM's options)."""
-    return commands.parse(build_parser(), commands.route(list(argv), "table3", "--backend", _backend_command))
-
-
-def _backend_command(name: str) -> str | None:
-    from aiayn.sweeps.backends import command_of
-
-    return command_of(name)
+    return commands.parse(build_parser(), commands.route(list(argv), "table3", "--backend", command_of))
 
 
 def main(argv: list[str] | None = None) -> int:

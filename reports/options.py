@@ -32,3 +32,17 @@ def report_command(opts: ReportOptions) -> list[Path]:
     out = opts.out or str(Path(runs[0]) / "reports")
     check_writable_dir(out, "--out")
     return report(runs, out, opts.preset, wandb=opts.wandb)
+
+
+def sweep_report_writer(train):
+    """The report of a sweep's runs, handed by the command line to the sweep layer (which sits beside reports and
+    cannot import it): `write(out, report_dir, preset)` writes reports/build.py's files, and a W&B report too where
+    the sweep's runs (`train`, their TrainOptions) logged to W&B. The files written."""
+
+    def write(out, report, preset) -> list:
+        from aiayn.lightning_modules.run.loggers import of as loggers_of
+        from aiayn.reports.build import report as write_report
+
+        return write_report(out, report, preset, wandb="wandb" in loggers_of(train))
+
+    return write

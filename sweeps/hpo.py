@@ -51,6 +51,9 @@ from aiayn.sweeps.storage import check_readable, open_storage
 log = logging.getLogger(__name__)
 
 
+HPO_SKIP = ("train.progress",)  # trials print one line each as they end
+
+
 @dataclass
 class HpoOptions:
     """`aiayn hpo`: how many trials, where Optuna keeps the study, and how each trial trains (`train`:

@@ -24,6 +24,16 @@ from aiayn.sweeps.run import check_launches, run_and_report
 log = logging.getLogger(__name__)
 
 
+# Options a sweep sets for each of its runs, not the user (`aiayn table3` and the back ends' commands do not take
+# them), and the flags of those options, each answered with what to use instead.
+PER_RUN = ("train.row", "train.seed", "train.progress")
+SWEEP_SETS = (
+    ("--row", "choose the rows with --rows"), ("--seed", "choose the seeds with --seeds and --first-seed"),
+    ("--progress", "its runs print one line each as they end"),
+    ("--no-progress", "its runs print one line each as they end, without progress bars"),
+)  # fmt: skip
+
+
 @dataclass
 class SweepOptions:
     """`aiayn table3`: which pairs (`select`), how each trains (`train`: every `aiayn train` option but

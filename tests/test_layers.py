@@ -151,6 +151,12 @@ def test_the_command_line_starts_without_torch_or_lightning():
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_the_command_line_is_a_table_of_commands_in_at_most_250_lines():
+    """Issue 44: aiayn/cli.py is the commands as data and the functions that call the layers; what a command decides
+    (a sweep's report writer, train's --print-config, the options a command skips) lives with its options."""
+    assert len((ROOT / "aiayn" / "cli.py").read_text().splitlines()) <= 250
+
+
 def test_the_one_run_layer_imports_no_optuna():
     """HPO is a caller's concern (sweeps/hpo.py hands train() its hooks): the one-run layer knows nothing of Optuna."""
     for module, path in modules().items():

@@ -13,10 +13,12 @@ requeue handler, the loggers of --logger) are `integrations`. Nothing here impor
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -375,6 +377,15 @@ def finished(p: Plan) -> RunMetrics | None:
     log.info("%s seed %d already completed its %d steps in %s: nothing to train (delete the directory to train it "
              "anew)", p.spec.row, metrics.seed, planned, p.run.path)  # fmt: skip
     return metrics
+
+
+def print_plan(opts: TrainOptions, spec: RunSpec) -> None:
+    """`aiayn train --print-config`: the run's resolved config.json on stdout (what `aiayn train --config` reads
+    back) and its disk estimate on stderr; nothing prepared, trained or written."""
+    from aiayn.lightning_modules.run.disk import estimate
+
+    print(json.dumps(plan(opts, spec).config.to_dict(), indent=2))
+    print(f"# {estimate(opts, spec).describe()}", file=sys.stderr)
 
 
 def with_recorded_tokenizer(opts: TrainOptions, spec: RunSpec, recorded: ConfigFile | None) -> TrainOptions:

@@ -100,6 +100,9 @@ class AverageOptions:
 CT2_QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16", "int8_float16", "int8_bfloat16")
 
 
+EXPORT_SKIP = ("model.ct2", "model.device", "model.max_tokens", "model.ct2_batching")  # what an export does not read
+
+
 @dataclass
 class ExportOptions:
     """`aiayn export`: a trained model for Hugging Face Transformers (MarianMTModel and a fast tokenizer, with a

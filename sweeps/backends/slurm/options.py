@@ -50,6 +50,11 @@ REFUSED = (
 )
 
 
+# What `aiayn slurm train` (one run) does not take: the sweep's selection and report, its back end
+ONE_RUN = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
+           "train.progress", "backend")  # fmt: skip
+
+
 @dataclass
 class SlurmOptions:
     """`aiayn slurm table3|train`: what to run (table3: `select`'s rows x seeds; train: `train`'s row
