@@ -35,11 +35,11 @@ from aiayn.lightning_modules.use.options import (
 from aiayn.reports.options import ReportOptions, sweep_report_writer
 from aiayn.reports.rows import RowsOptions
 from aiayn.sweeps.backends import command_of
-from aiayn.sweeps.backends.slurm.options import ONE_RUN, REFUSED, SlurmOptions, SlurmTable3Options
+from aiayn.sweeps.backends.slurm.options import ONE_RUN, SlurmOptions
 from aiayn.sweeps.export import SweepExportOptions
 from aiayn.sweeps.hpo import HPO_SKIP, HpoOptions
 from aiayn.sweeps.status import StatusOptions
-from aiayn.sweeps.table3 import PER_RUN, SWEEP_SETS, SweepOptions
+from aiayn.sweeps.table3 import PER_RUN, SWEEP_SETS, SweepOptions, backend_commands
 
 log = logging.getLogger("aiayn")
 
@@ -191,9 +191,7 @@ COMMANDS = (
             "bug reports", DoctorOptions, cmd_doctor),
     Command("table3", "run Table 3 as a sweep (Optuna keeps the books), then write the report", SweepOptions,
             cmd_table3, skip=PER_RUN, sets=SWEEP_SETS),
-    Command("slurm table3", "one array task per pending (row, seed): `aiayn table3 --backend slurm`",
-            SlurmTable3Options, cmd_slurm, skip=PER_RUN, fixed=(("kind", "table3"),), sets=SWEEP_SETS,
-            refuses=REFUSED),
+    *backend_commands(sweep_report_writer),  # `aiayn table3 --backend NAME`, for each back end with options
     Command("slurm train", "one run", SlurmOptions, cmd_slurm, skip=ONE_RUN, fixed=(("kind", "train"),)),
     Command("hpo", "Optuna TPE over the lr factor, warmup and dropout of one row, pruned on val/ppl", HpoOptions,
             cmd_hpo, skip=HPO_SKIP, sets=SWEEP_SETS[:2]),

@@ -8,15 +8,27 @@ pair once; a pair left running by a dead worker is run again (sweeps/books.py sa
 
 from __future__ import annotations
 
+import functools
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 
 from aiayn.ablations.presets import MAIN_PRESET, get_preset
 from aiayn.ablations.selection import Selection
+from aiayn.common.commands import Command
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.sweeps.backends import Backend, BackendNames, Sweep, SweepSummary, backend_for, backend_help, make_sweep
+from aiayn.sweeps.backends import (
+    Backend,
+    BackendNames,
+    Sweep,
+    SweepSummary,
+    backend_for,
+    backend_help,
+    command_of,
+    load,
+    make_sweep,
+)
 from aiayn.sweeps.backends.processes import visible_gpus
 from aiayn.sweeps.books import report_dir
 from aiayn.sweeps.run import check_launches, run_and_report
@@ -50,8 +62,8 @@ class SweepOptions:
         "(default: 1 each when a GPU is visible for each run)",
         positive=True, metavar="K",
     )  # fmt: skip
-    # the registry's back ends, with their help (one with options of its own, slurm, is its own command:
-    # `aiayn table3 --backend slurm` runs `aiayn slurm table3`, whose --help lists SLURM's options)
+    # the registry's back ends, with their help (one with options of its own, slurm, takes them too: `aiayn table3
+    # --backend slurm` is `aiayn slurm table3`, whose --help lists them: `options_for`)
     backend: str | None = option(None, backend_help(), choices=BackendNames())
     fail_on_diverged: bool = option(
         False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
@@ -63,6 +75,53 @@ class SweepOptions:
     )  # fmt: skip
     # the main job without --preset: the evidence regime at a fixed budget, one seed (ablations/presets.py, `quick`)
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, preset=MAIN_PRESET))
+
+
+@functools.cache
+def options_for(backend: type[Backend]) -> type:
+    """The options of `aiayn table3 --backend NAME` for a back end with options of its own: the sweep's (every one
+    but those it refuses, which its command answers with the reason) and the back end's, as one dataclass, so that
+    --help, --config and --print-config cover both and a config file says `backend: NAME`. The sweep's run options
+    default as `aiayn table3`'s, but for what the back end sets otherwise (`train_defaults`)."""
+    train = SweepOptions().train
+    if backend.train_defaults:
+        train = replace(train, **backend.train_defaults)
+    own = [
+        ("train", TrainOptions, field(default_factory=lambda: replace(train))),
+        ("backend", str, option(backend.name, f"the sweep's back end: this command is `aiayn table3 --backend "
+                                f"{backend.name}`", choices=(backend.name,))),
+    ]  # fmt: skip
+    return make_dataclass(f"{backend.__name__}SweepOptions", own, bases=(backend.options, SweepOptions))
+
+
+def refused(backend: type[Backend]) -> tuple[str, ...]:
+    """The options of the sweep that `backend`'s command does not take (Backend.refuses)."""
+    return tuple(name for name, _, _ in backend.refuses)
+
+
+def run_backend(backend: type[Backend], opts, write_report=None) -> int:
+    """`aiayn table3 --backend NAME` for a back end with options of its own: its own command where it has one
+    (`run_command`: SLURM's array), else the sweep as `aiayn table3` runs it, by this back end built from `opts`."""
+    own = getattr(backend, "run_command", None)
+    if own is not None:
+        return own(opts, write_report)
+    return table3(opts, write_report, backend=backend(opts))
+
+
+def backend_commands(report_writer) -> tuple[Command, ...]:
+    """`aiayn NAME table3`, which `aiayn table3 --backend NAME` (or `backend: NAME` in its --config) is, for each
+    registered back end with options of its own: built from the registry, so that a back end with an option is one
+    folder and no edit here or in aiayn/cli.py. `report_writer(train)`: the report's writer (reports/options.py)."""
+
+    def runner(cls):
+        return lambda opts, args: run_backend(cls, opts, report_writer(opts.train))
+
+    return tuple(
+        Command(command_of(name), f"`aiayn table3 --backend {name}`: the sweep with the back end's own options",
+                options_for(cls), runner(cls), skip=PER_RUN + refused(cls), sets=SWEEP_SETS,
+                refuses=tuple((flag, why) for _, flag, why in cls.refuses))
+        for name, cls in sorted(load().items()) if cls.options is not None
+    )  # fmt: skip
 
 
 def build_sweep(opts: SweepOptions) -> Sweep:

@@ -277,6 +277,56 @@ class InlineBackend(QueueBackend):
     assert "invalid choice: 'inlin'" in unknown.stderr and "inline" in unknown.stderr  # the choices: the registry's
 
 
+GREETING = '''"""The local back end with an option of its own (a test of the recipe: a back end with options)."""
+
+from dataclasses import dataclass
+
+from aiayn.common.options import option
+from aiayn.sweeps.backends import register
+from aiayn.sweeps.backends.local import LocalBackend
+
+
+@dataclass
+class GreetingOptions:
+    greeting: str = option("hello", "the first word of the sweep's summary")
+
+
+@register
+class GreetingBackend(LocalBackend):
+    """the local back end, greeting"""
+
+    name = "greeting"
+    options = GreetingOptions
+    refuses = (("storage", "--storage", "its books are this machine's SQLite under --out"),)
+
+    def __init__(self, opts):
+        self.greeting = opts.greeting
+
+    def summary_lines(self, summary, sweep):
+        return [f"{self.greeting}: {summary.completed} completed"]
+'''
+
+
+@pytest.mark.slow
+def test_a_back_end_with_an_option_by_its_recipe(copy, tmp_path):
+    """Issue 44: a back end with options of its own is one file; `aiayn table3 --backend NAME` takes the sweep's
+    options and its own (--help, --config, --print-config and its refusals), with no edit to aiayn/cli.py."""
+    (copy / "sweeps/backends/greeting.py").write_text(GREETING)
+    assert changed(copy) <= {"sweeps/backends/greeting.py"}
+    out = tmp_path / "runs"
+    sweep = ["table3", "--preset", "tiny", "--backend", "greeting", "--rows", "base", "--out", str(out), "--report", "",
+             *FAST[:6], "--jobs", "1"]  # fmt: skip
+    assert "--greeting GREETING" in aiayn(copy, "table3", "--backend", "greeting", "--help").stdout
+    assert "hi: 1 completed" in aiayn(copy, *sweep, "--greeting", "hi").stdout
+    printed = aiayn(copy, *sweep, "--greeting", "hey", "--print-config").stdout
+    assert "backend: greeting" in printed and "greeting: hey" in printed
+    (tmp_path / "sweep.yaml").write_text(printed)
+    again = aiayn(copy, "table3", "--config", str(tmp_path / "sweep.yaml")).stdout
+    assert "hey: 0 completed" in again  # the file's back end and option; the books: the pair is not run twice
+    refused = aiayn(copy, *sweep, "--storage", "sqlite:///x.db", code=2).stderr
+    assert "does not take --storage: its books are this machine's SQLite" in refused
+
+
 DETACHED = '''"""Each pending pair as an `aiayn train` process of its own that outlives the command, holding its pair
 while it lives (a test of the recipe: a back end that keeps its own books, as SLURM's does)."""
 

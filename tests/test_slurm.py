@@ -481,11 +481,12 @@ def test_slurm_table3_has_the_defaults_of_table3():
     not `aiayn train`'s (tiny) and a GPU fixed in advance; auto is made what SLURM is asked for."""
     from aiayn.cli import parse
     from aiayn.common.options import from_args
-    from aiayn.sweeps.backends.slurm.options import SlurmTable3Options, with_accelerator
-    from aiayn.sweeps.table3 import SweepOptions
+    from aiayn.sweeps.backends.slurm.backend import SlurmBackend
+    from aiayn.sweeps.backends.slurm.options import with_accelerator
+    from aiayn.sweeps.table3 import SweepOptions, options_for
 
     here = from_args(SweepOptions, parse(["table3"])).train
-    there = from_args(SlurmTable3Options, parse(["table3", "--backend", "slurm"]), kind="table3").train
+    there = from_args(options_for(SlurmBackend), parse(["table3", "--backend", "slurm"])).train
     assert (there.preset, there.accelerator, there.progress) == (here.preset, here.accelerator, here.progress)
     assert (there.preset, there.accelerator) == ("quick", "auto")
     gpus = SlurmOptions(train=there, resources=SlurmResources(gpus_per_node=2))

@@ -87,7 +87,7 @@ def build_parser(commands: tuple[Command, ...], groups: dict[str, str], *, prog:
         where = sub
         if len(words) == 2:
             if words[0] not in nested:
-                group = sub.add_parser(words[0], help=groups[words[0]])
+                group = sub.add_parser(words[0], help=groups.get(words[0], f"the {words[0]} back end's commands"))
                 nested[words[0]] = group.add_subparsers(dest=f"{words[0]}_command", required=True, parser_class=Parser)
             where = nested[words[0]]
         cp = where.add_parser(words[-1], help=command.help)

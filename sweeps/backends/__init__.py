@@ -3,7 +3,7 @@ status), one set of books for all (sweeps/books.py), and a registry (`BACKENDS`)
 of this folder with one class under `@register` (as torchtune's recipe registry and fairseq's `register_model`;
 `register` refuses a class that is not a Backend, and a second of one name), found by `load()` without an import
 added by hand. What a back end can do is declared as data (`Capabilities`), as are its own options (`options`, a
-dataclass, with the command that takes them, `command`), so that `aiayn table3 --backend NAME` and `--backend`'s help
+dataclass beside the sweep's), so that `aiayn table3 --backend NAME` and `--backend`'s help
 and completion come from the registry, and the choice of a back end for a sweep is a lookup, not code.
 
 - `local` (local.py): each pair in a process forked from a forkserver that has imported Lightning once, `--jobs` at
@@ -157,15 +157,18 @@ class SweepSummary:
 class Backend(ABC):
     """Runs a sweep's pairs. `claims` tells the books who holds a pair; `launch` runs (or submits) the pending
     pairs and returns a `SweepSummary`; `status` is every pair's state, the same for every back end. Declared as data:
-    `capabilities`, and, for a back end with options of its own, `options` (a dataclass) and `command`, the
-    `aiayn` command that takes them (`aiayn table3 --backend NAME` is that command)."""
+    `capabilities`, and, for a back end with options of its own, `options` (a dataclass beside the sweep's: `aiayn
+    table3 --backend NAME` is `aiayn NAME table3`, which takes both)."""
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
-    options: ClassVar[type | None] = None  # its own options (None: it is built from the sweep alone)
-    command: ClassVar[str | None] = None  # the command of its options, e.g. "slurm table3"
-    # flags of `aiayn table3` it cannot honour, each (flag, what it does instead): its command refuses them in one line
-    refuses: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # its own options, a dataclass beside the sweep's (None: it is built from the sweep alone): `aiayn table3 --backend
+    # NAME` (and `aiayn NAME table3`) takes both, and the back end is built from them (`cls(options)`)
+    options: ClassVar[type | None] = None
+    # options of `aiayn table3` it cannot honour, each (option, flag, what it does instead): its command refuses them
+    refuses: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    # the sweep's run options it sets otherwise by default (SLURM: devices that follow the resources)
+    train_defaults: ClassVar[dict] = {}
 
     def claims(self, sweep: Sweep) -> books.Claims:
         return books.LockClaims(sweep.out, "pair")
@@ -271,7 +274,7 @@ def backend_for(name: str | None, sweep: Sweep) -> Backend:
                             f"--backend with one of {', '.join(found)}")  # fmt: skip
         return fits[0]()
     if name not in plain:
-        other = f" (`aiayn {found[name].command}` takes its own options)" if name in found else ""
+        other = f" (`aiayn {command_of(name)}` takes its own options)" if name in found else ""
         raise UserError(f"unknown back end {name!r} for this sweep{other}; choose one of {', '.join(plain)}")
     return plain[name]()
 
@@ -300,4 +303,4 @@ def command_of(name: str) -> str | None:
     """The command that takes back end `name`'s own options (`aiayn table3 --backend slurm` is `aiayn slurm
     table3`), or None for one built from the sweep alone or unknown."""
     cls = load().get(name)
-    return cls.command if cls is not None else None
+    return f"{name} table3" if cls is not None and cls.options is not None else None

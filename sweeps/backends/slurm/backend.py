@@ -11,7 +11,14 @@ from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Capabilities, Sweep, SweepSummary, make_sweep, register
 from aiayn.sweeps.backends.slurm.checks import check
-from aiayn.sweeps.backends.slurm.options import REFUSED, SlurmOptions, with_accelerator
+from aiayn.sweeps.backends.slurm.options import (
+    FOLLOW_RESOURCES,
+    REFUSED,
+    SlurmOptions,
+    SlurmSweepOptions,
+    slurm_options,
+    with_accelerator,
+)
 from aiayn.sweeps.backends.slurm.pairs import SlurmClaims, claims, live_jobs, pairs
 from aiayn.sweeps.backends.slurm.submit import submit
 from aiayn.sweeps.books import Pair
@@ -24,10 +31,10 @@ class SlurmBackend(Backend):
     """a SLURM job array, one task per pending pair, requeued on preemption (its options: `--backend slurm --help`)"""
 
     name = "slurm"
-    options = SlurmOptions
-    command = "slurm table3"
+    options = SlurmSweepOptions
     capabilities = Capabilities(ddp=True, own_gpus=True)
     refuses = REFUSED
+    train_defaults = FOLLOW_RESOURCES
 
     def __init__(self, opts: SlurmOptions):
         self.opts = opts
@@ -38,6 +45,11 @@ class SlurmBackend(Backend):
         opts = with_accelerator(opts)
         check(opts)
         return cls(opts), make_sweep(pairs(opts), opts.train)
+
+    @classmethod
+    def run_command(cls, opts, write_report=None) -> int:
+        """`aiayn table3 --backend slurm` (`aiayn slurm table3`): the sweep's options and SLURM's as one array."""
+        return slurm(slurm_options(opts), write_report)
 
     def claims(self, sweep: Sweep) -> books.Claims:
         return claims(self.opts)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from aiayn.ablations.presets import MAIN_PRESET
 from aiayn.ablations.selection import Selection
 from aiayn.common.options import option
 from aiayn.lightning_modules.run.options import TrainOptions
@@ -41,18 +40,37 @@ def _slurm_train_template(**defaults) -> TrainOptions:
     return TrainOptions(devices=None, num_nodes=None, strategy=None, progress=False, **defaults)
 
 
-# The flags of `aiayn table3` that the SLURM back end cannot honour, each with what it does instead (answered in one
-# line, exit 2, by `aiayn table3 --backend slurm` and `aiayn slurm table3` alike)
+# The options of `aiayn table3` that the SLURM back end cannot honour, each (option, flag, what it does instead):
+# its command does not take them, and answers each in one line, exit 2
 REFUSED = (
-    ("--jobs", "SLURM runs each pair as its own array task; throttle them with --max-parallel N"),
-    ("--gpus-per-job", "SLURM gives each array task its GPUs; ask for them with --gpus-per-node G"),
-    ("--storage", "SLURM's books are its job array and the run directories under --out, not an Optuna storage"),
-)
+    ("jobs", "--jobs", "SLURM runs each pair as its own array task; throttle them with --max-parallel N"),
+    ("gpus_per_job", "--gpus-per-job", "SLURM gives each array task its GPUs; ask for them with --gpus-per-node G"),
+    ("storage", "--storage", "SLURM's books are its job array and the run directories under --out, not an Optuna "
+     "storage"),
+)  # fmt: skip
+# The sweep's run options that follow the SLURM resources unless given (checked to agree where given)
+FOLLOW_RESOURCES = {"devices": None, "num_nodes": None, "strategy": None}
+
+
+@dataclass
+class SlurmSweepOptions:
+    """The SLURM back end's own options, beside the sweep's (`aiayn table3 --backend slurm`): what to ask SLURM for,
+    and whether to wait for the array."""
+
+    resources: SlurmResources = field(default_factory=SlurmResources)
+    wait: bool = option(False, "block until the jobs end; exit 1 if any run did not complete")
+    poll_s: float = option(5.0, cli=False)
+    # the sweep's options whose meaning SLURM changes (the same names: these replace the sweep's)
+    report: str | None = option(
+        None, "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
+        "ended (sbatch --dependency=afterany), or here after --wait",
+    )  # fmt: skip
+    dry_run: bool = option(False, "write and print the script, submit nothing")
 
 
 # What `aiayn slurm train` (one run) does not take: the sweep's selection and report, its back end
 ONE_RUN = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
-           "train.progress", "backend")  # fmt: skip
+           "train.progress")  # fmt: skip
 
 
 @dataclass
@@ -74,18 +92,15 @@ class SlurmOptions:
         False, "with --wait: exit 1 when a run diverged, as when one failed (default: a diverged run is a result, "
         "reported as such)",
     )  # fmt: skip
-    # `aiayn slurm table3` is `aiayn table3 --backend slurm`: its config file says so, and reads back either way
-    backend: str = option("slurm", "the sweep's back end: this command is `aiayn table3 --backend slurm`",
-                          choices=("slurm",))  # fmt: skip
     poll_s: float = option(5.0, cli=False)
 
 
-@dataclass
-class SlurmTable3Options(SlurmOptions):
-    """`aiayn slurm table3`, which is `aiayn table3 --backend slurm`: the sweep's defaults are the main job's
-    (--preset quick), as `aiayn table3`'s are; `aiayn slurm train`'s are `aiayn train`'s."""
-
-    train: TrainOptions = field(default_factory=lambda: _slurm_train_template(preset=MAIN_PRESET))
+def slurm_options(sweep) -> SlurmOptions:
+    """The SLURM options of `aiayn table3 --backend slurm` (the sweep's options with SlurmSweepOptions'): what the
+    array's script, books and checks read."""
+    return SlurmOptions(kind="table3", select=sweep.select, train=sweep.train, resources=sweep.resources,
+                        report=sweep.report, dry_run=sweep.dry_run, wait=sweep.wait,
+                        fail_on_diverged=sweep.fail_on_diverged, poll_s=sweep.poll_s)  # fmt: skip
 
 
 def with_accelerator(opts: SlurmOptions) -> SlurmOptions:
