@@ -153,7 +153,8 @@ for n in counts:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "aiayn", "table3", "--preset", "evidence", "--rows", "base", "--seeds",
                     str(n), "--base-seeds", str(n), "--first-seed", "900", "--jobs", str(n), "--max-steps", steps,
-                    "--val-every", "1000", "--report", "", "--accelerator", accel, "--out", f"{work}/share-{n}"],
+                    "--val-every", "1000", "--no-stability-validations", "--report", "", "--accelerator", accel,
+                    "--out", f"{work}/share-{n}"],
                    check=True)
     with open(f"{work}/share.jsonl", "a") as f:
         f.write(json.dumps({"runs": n, "steps": int(steps), "wall_s": round(time.perf_counter() - t0, 1)}) + "\n")

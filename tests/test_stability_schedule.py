@@ -49,6 +49,9 @@ def test_a_run_validates_at_the_points_whatever_val_every_says_and_trains_the_sa
     run = lambda name: tmp_path / name / "tiny" / "synthetic" / "base" / "seed0"  # noqa: E731
     sparse, dense = read_curve(run("sparse"), "val/ppl"), read_curve(run("dense"), "val/ppl")
     assert sparse["step"].tolist() == [5, 6, 7]
+    asked = ["--val-every", "100", "--no-stability-validations"]
+    assert main(["train", "--out", str(tmp_path / "asked"), *SMALL, *asked]) == 0
+    assert read_curve(run("asked"), "val/ppl")["step"].tolist() == [7]  # --val-every's schedule alone, on request
     assert dense["step"].tolist() == list(range(8))
     for fraction in read_points("nearest"):
         values = dict(zip(sparse["step"], sparse["val/ppl"], strict=True))

@@ -93,6 +93,10 @@ class TrainOptions:
         "translating read); last.ckpt keeps the whole state, so a resume is unchanged",
     )  # fmt: skip
     val_every: int | None = option(None, "optimizer steps between validations (default: the preset's)", positive=True)
+    stability_validations: bool = option(
+        True, "also validate at the steps nearest 75% and 87.5% of the budget (three around each where the preset "
+        "reads a window) where --val-every's schedule misses them: the report's stability rule reads them",
+    )  # fmt: skip
     eval_subset: int | None = option(
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )

@@ -584,7 +584,8 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
     extra = integrations(opts, p)
     every = 0 if val_per_epoch else min(opts.val_every or preset.val_every, steps)
     # the stability rule's points each get their validations, whatever --val-every says (ablations/stability.py)
-    points = ScheduledValidations(stability.scheduled(steps, every, preset.stability))
+    points = ScheduledValidations(stability.scheduled(steps, every, preset.stability) if opts.stability_validations
+                                  else ())  # fmt: skip
     return pl.Trainer(
         accelerator=opts.accelerator,
         devices=opts.devices,
