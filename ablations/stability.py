@@ -25,20 +25,10 @@ READINGS = ("nearest", "median3")
 WINDOW = 3  # validations a "median3" point reads
 
 
-def point_step(steps, budget: int, fraction: float) -> int | None:
-    """The logged step of the validation nearest `fraction` of `budget` optimizer steps (ties: the later), or None
-    when nothing was logged. A validation logged at step s ran after s + 1 optimizer steps (Lightning logs the
-    0-based index of the step that triggered it)."""
-    steps = sorted(int(s) for s in steps)
-    if not steps:
-        return None
-    target = fraction * budget
-    return min(reversed(steps), key=lambda s: abs(s + 1 - target))
-
-
 def point_steps(steps, budget: int, fraction: float, reading: str = "nearest") -> list[int]:
     """The logged steps a point of the stability rule reads (`reading`: READINGS), in order: the one nearest
-    `fraction` of `budget` ("nearest", as `point_step`) or the WINDOW nearest ("median3"); ties go to the later."""
+    `fraction` of `budget` ("nearest"; Lightning logs a validation after s + 1 optimizer steps at step s) or the
+    WINDOW nearest ("median3"); ties go to the later."""
     if reading not in READINGS:
         raise ValueError(f"unknown stability reading {reading!r}; one of {', '.join(READINGS)}")
     target = fraction * budget

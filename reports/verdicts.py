@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from aiayn.ablations.predictions import SCORED, Prediction, predictions
-from aiayn.ablations.stability import READINGS, STABILITY, WINDOW, point_step, point_steps, point_value  # noqa: F401
+from aiayn.ablations.stability import READINGS, STABILITY, WINDOW, point_steps, point_value  # noqa: F401
 from aiayn.ablations.table import load_rows
 from aiayn.reports import stats
 

@@ -79,8 +79,8 @@ class SweepOptions:
 
 @functools.cache
 def options_for(backend: type[Backend]) -> type:
-    """The options of `aiayn table3 --backend NAME` for a back end with options of its own: the sweep's (every one
-    but those it refuses, which its command answers with the reason) and the back end's, as one dataclass, so that
+    """The options of `aiayn table3 --backend NAME` for a back end with options of its own: the sweep's and the back
+    end's as one dataclass (its command skips those the back end refuses: `backend_commands`), so that
     --help, --config and --print-config cover both and a config file says `backend: NAME`. The sweep's run options
     default as `aiayn table3`'s, but for what the back end sets otherwise (`train_defaults`)."""
     train = SweepOptions().train

@@ -34,12 +34,6 @@ class SlurmResources:
     assume_shared: bool = option(False, "--out is on a shared filesystem though /proc/mounts says not")
 
 
-def _slurm_train_template(**defaults) -> TrainOptions:
-    # devices, num_nodes, strategy None: they follow the SLURM resources (checked to agree where given); the
-    # accelerator `auto`, as everywhere, resolved against the resources (`with_accelerator`)
-    return TrainOptions(devices=None, num_nodes=None, strategy=None, progress=False, **defaults)
-
-
 # The options of `aiayn table3` that the SLURM back end cannot honour, each (option, flag, what it does instead):
 # its command does not take them, and answers each in one line, exit 2
 REFUSED = (
@@ -48,7 +42,8 @@ REFUSED = (
     ("storage", "--storage", "SLURM's books are its job array and the run directories under --out, not an Optuna "
      "storage"),
 )  # fmt: skip
-# The sweep's run options that follow the SLURM resources unless given (checked to agree where given)
+# The sweep's run options that follow the SLURM resources unless given (checked to agree where given); the
+# accelerator `auto`, as everywhere, is resolved against the resources (`with_accelerator`)
 FOLLOW_RESOURCES = {"devices": None, "num_nodes": None, "strategy": None}
 
 
@@ -80,7 +75,7 @@ class SlurmOptions:
 
     kind: str = option("table3", cli=False)  # table3 | train
     select: Selection = field(default_factory=Selection)
-    train: TrainOptions = field(default_factory=_slurm_train_template)
+    train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, **FOLLOW_RESOURCES))
     resources: SlurmResources = field(default_factory=SlurmResources)
     report: str | None = option(
         None, "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
