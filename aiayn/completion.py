@@ -29,12 +29,12 @@ DIR_OPTIONS = ("--out", "--runs", "--run", "--data-dir", "--cache-dir", "--ct2",
 def _completion_names() -> dict[str, list[str]]:
     from aiayn.ablations.presets import PRESETS
     from aiayn.ablations.table import load_rows
-    from aiayn.lightning_modules.data.corpora import CORPORA
+    from aiayn.lightning_modules.data.corpora import COMPLETIONS
     from aiayn.lightning_modules.run.loggers import KINDS
 
     rows = load_rows()
     return {"rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
-            "presets": list(PRESETS), "loggers": list(KINDS), "corpora": [*CORPORA, "hf:"]}  # fmt: skip
+            "presets": list(PRESETS), "loggers": list(KINDS), "corpora": list(COMPLETIONS)}  # fmt: skip
 
 
 def _mark_completions(parser: argparse.ArgumentParser, shtab, names: dict[str, list[str]]) -> None:

@@ -18,6 +18,7 @@ from aiayn.ablations.presets import PRESETS, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.common.secrets import redact
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.reports import plots, stats, verdicts
 from aiayn.reports.notes import capped_lead, headline, lead, report_notes, runs_recorded
@@ -50,7 +51,7 @@ def report_name(preset: str, data: str, *, apart: bool = False) -> str:
         return f"table3-{preset}-{UNRECORDED_CORPUS}" if apart else f"table3-{preset}"
     if known is None or data == known.corpus:
         return f"table3-{preset}"
-    return f"table3-{sweep_key(preset, data)}"  # a file name: hf:wmt/wmt16:de-en is hf-wmt--wmt16-de-en
+    return f"table3-{sweep_key(preset, CorpusRef.recorded(data))}"  # a file name: hf:wmt/wmt16:de-en is hf-wmt--...
 
 
 def _dirs(runs_dir) -> list[Path]:

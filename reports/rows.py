@@ -39,7 +39,7 @@ def rows_records(choice: RowChoice, preset: Preset) -> list:
             **{k if k != "P_drop" else "p_drop": getattr(s.model, k) for k in MODEL_KEYS},
             "train_steps": s.train_steps, "params": s.model.params(), "paper_ppl": s.paper.ppl,
             "paper_bleu": s.paper.bleu, "paper_params_m": s.paper.params_m, "note": s.note, "preset": preset.name,
-            "corpus": s.corpus, "vocab_size": s.model.vocab_size,
+            "corpus": s.corpus.name, "vocab_size": s.model.vocab_size,
         })  # fmt: skip
     return records
 

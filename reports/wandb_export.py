@@ -13,7 +13,7 @@ import pandas as pd
 
 from aiayn.ablations.presets import PRESETS
 from aiayn.common.wandb_mode import wandb_mode
-from aiayn.lightning_modules.run.spec import experiment_name
+from aiayn.lightning_modules.run.spec import experiment_name, run_corpus
 
 log = logging.getLogger(__name__)
 SUFFIXES = (".md", ".csv", ".tex", ".html", ".json")
@@ -57,7 +57,7 @@ def log_reports(paths: list[Path], command: str) -> list[str]:
         parts = {part: p for part in PARTS for p in files if p.name == f"{name}-{part}.csv"}
         preset = _preset_of(name)
         known = PRESETS.get(preset)
-        project = experiment_name(preset, known.corpus) if known else f"aiayn-{preset}"
+        project = experiment_name(preset, run_corpus(None, known)) if known else f"aiayn-{preset}"
         run = wandb.init(project=os.environ.get("WANDB_PROJECT") or project, job_type="report", name=name,
                          group="report", mode=mode, dir=str(csv.parent), config={"report": name, "command": command},
                          reinit="finish_previous")  # fmt: skip

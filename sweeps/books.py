@@ -39,7 +39,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.common.names import check_name
-from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import changed_since, sweep_key
 
@@ -109,7 +109,7 @@ class AnyClaims(Claims):
         return next((h for h in (c.holder(key) for c in self.kinds) if h is not None), None)
 
 
-def pair_key(preset: str, corpus: str, row: str, seed: int) -> str:
+def pair_key(preset: str, corpus: CorpusRef, row: str, seed: int) -> str:
     return f"{sweep_key(preset, corpus)}-{row}-seed{seed}"
 
 
@@ -157,7 +157,7 @@ def budget_of(run: RunDir, metrics: RunMetrics) -> int | None:
     return config.spec.train_steps if config is not None else None
 
 
-def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Claims,
+def states(out: OutDir, preset: str, corpus: CorpusRef, pairs: list[Pair], claims: Claims,
            wanted: Mapping[str, int] | None = None) -> list[PairState]:  # fmt: skip
     """The state of each pair, from its run directory and its claim; `wanted`: row -> the steps the sweep asks of
     it (a completed run of fewer is `short`; None: whatever it completed at)."""
@@ -193,7 +193,8 @@ def states(out: OutDir, preset: str, corpus: str, pairs: list[Pair], claims: Cla
     return found
 
 
-def longer_than_wanted(out: OutDir, preset: str, corpus: str, pairs: list[Pair], wanted: Mapping[str, int]) -> list:
+def longer_than_wanted(out: OutDir, preset: str, corpus: CorpusRef, pairs: list[Pair],
+                       wanted: Mapping[str, int]) -> list:  # fmt: skip
     """(pair, run directory, steps trained) of every completed run that trained more steps than the sweep asks of it
     now: a run cannot be shortened, so such a sweep is refused before anything runs."""
     out_of = []
@@ -225,7 +226,7 @@ def _progress(run: RunDir) -> dict:
     return {"step": run.checkpointed_step(), "steps": config.train.steps if config else None}
 
 
-def record_sweep(out: OutDir, preset: str, corpus: str, pairs: list[Pair], backend: str) -> Path:
+def record_sweep(out: OutDir, preset: str, corpus: CorpusRef, pairs: list[Pair], backend: str) -> Path:
     """Add `pairs` to OUT/sweeps/PRESET-CORPUS.json, the pairs that sweep owes (a later command may ask for more
     rows or seeds), which `aiayn status` reads; return its path."""
     key = sweep_key(preset, corpus)
@@ -238,7 +239,7 @@ def record_sweep(out: OutDir, preset: str, corpus: str, pairs: list[Pair], backe
         known = [tuple(p) for p in old.get("pairs", [])]
         merged = known + [p for p in pairs if p not in known]
         backends = sorted({*old.get("backends", []), backend})
-        atomic_write_json(path, {"preset": preset, "corpus": corpus, "pairs": [list(p) for p in merged],
+        atomic_write_json(path, {"preset": preset, "corpus": corpus.name, "pairs": [list(p) for p in merged],
                                  "backends": backends, "updated": time.time()})  # fmt: skip
     return path
 
@@ -256,7 +257,7 @@ def _pair(item) -> Pair:
 @dataclass(frozen=True)
 class SweepRecord:
     preset: str
-    corpus: str
+    corpus: CorpusRef
     pairs: list[Pair]
 
 
@@ -264,11 +265,12 @@ def recorded_sweeps(out: OutDir) -> list[SweepRecord]:
     """The sweeps under OUT: each OUT/sweeps/*.json, and, for run directories no record names (a sweep from before
     records, or `aiayn train` runs), one per (preset, corpus directory) with the pairs found on disk."""
     found: dict[tuple[str, str], list[Pair]] = {}
-    corpus_of: dict[tuple[str, str], str] = {}
+    corpus_of: dict[tuple[str, str], CorpusRef] = {}
     for path in out.sweep_records():
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
-            key = (check_name("preset", doc["preset"]), corpus_dirname(doc["corpus"]))
+            corpus = CorpusRef.recorded(doc["corpus"])
+            key = (check_name("preset", doc["preset"]), corpus.dirname)
             pairs = [_pair(p) for p in doc["pairs"]]
         except UserError as e:  # a name that is not one: never a path (a record saying preset "../..")
             log.warning("skipping sweep record %s: %s", path, e)
@@ -277,13 +279,13 @@ def recorded_sweeps(out: OutDir) -> list[SweepRecord]:
             log.warning("skipping sweep record %s: %s", path, f"{type(e).__name__}: {e}".splitlines()[0])
             continue  # a record cut short or hand-edited: its runs are still found below
         found.setdefault(key, []).extend(p for p in pairs if p not in found[key])
-        corpus_of[key] = doc["corpus"]
+        corpus_of[key] = corpus
     for run in out.run_dirs():
         preset, corpus, row, seed = run.path.relative_to(out.root).parts
         pair = (row, int(seed.removeprefix("seed"))) if seed.removeprefix("seed").isdigit() else None
         if pair is not None and pair not in found.setdefault((preset, corpus), []):
             found[(preset, corpus)].append(pair)
-            corpus_of.setdefault((preset, corpus), corpus)
+            corpus_of.setdefault((preset, corpus), CorpusRef.recorded(corpus))
     return [SweepRecord(preset, corpus_of[(preset, c)], pairs) for (preset, c), pairs in sorted(found.items())]
 
 

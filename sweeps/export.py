@@ -18,7 +18,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
 from aiayn.common.options import option, to_argv
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.spec import experiment_name
+from aiayn.lightning_modules.run.spec import experiment_name, run_corpus
 
 
 @dataclass
@@ -52,7 +52,7 @@ def wandb_sweep(
     train = TrainOptions(preset=p.name, wandb=True, table=tuple(tables))
     return {
         "name": f"aiayn-table3-{p.name}",
-        "project": experiment_name(p.name, p.corpus),
+        "project": experiment_name(p.name, run_corpus(None, p)),
         "method": "grid",
         # dev perplexity: every preset logs it at every validation (val/bleu only where val_bleu_sentences > 0)
         "metric": {"name": "val/ppl", "goal": "minimize"},

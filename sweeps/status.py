@@ -49,7 +49,7 @@ def sweep_status(out: str | Path) -> list[dict]:
     for sweep in sweeps:
         pairs = books.states(root, sweep.preset, sweep.corpus, sweep.pairs, claims)
         counts = {state: sum(p.state == state for p in pairs) for state in books.STATES}
-        found.append({"preset": sweep.preset, "corpus": sweep.corpus, "counts": counts,
+        found.append({"preset": sweep.preset, "corpus": sweep.corpus.name, "counts": counts,
                       "pairs": [p.to_dict() for p in pairs]})  # fmt: skip
     return found
 

@@ -32,7 +32,7 @@ class RunnerBackend:
 
             def run_one(self, sweep, row, seed, slot):
                 out = runner(sweep, sweep.corpus, row, seed, **({"gpus": slot} if slot is not None else {}))
-                return RunMetrics.from_dict({"preset": sweep.preset.name, "data": sweep.corpus, **out})
+                return RunMetrics.from_dict({"preset": sweep.preset.name, "data": sweep.corpus.name, **out})
 
         return Runner()
 
@@ -51,12 +51,13 @@ def checkpoint_of(spec=None, state_dict=None, data=None, **extra) -> dict:
     """A checkpoint as `aiayn train` writes one, made by hand: its state_dict (default: `spec`'s model's fresh
     weights under "model.") and its one run config (`checkpoint["aiayn"]`, config.json's form); `spec` defaults to
     a small resolved tiny base row."""
+    from aiayn.lightning_modules.data.corpora import CorpusRef
     from aiayn.lightning_modules.run.module import TranslationModule
     from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
     from aiayn.lightning_modules.run.spec import resolve
 
     spec = spec or resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 32, "h": 2}, vocab_size=50)
-    config = RunConfig(spec, data or DataIdentity("synthetic", None, spec.model.vocab_size),
+    config = RunConfig(spec, data or DataIdentity(CorpusRef.parse("synthetic"), None, spec.model.vocab_size),
                        TrainPlan(0, 2, 1, 1, 1024, "32-true"))  # fmt: skip
     if state_dict is None:
         state_dict = TranslationModule(spec.model).state_dict()

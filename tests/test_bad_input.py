@@ -18,9 +18,12 @@ from conftest import checkpoint_of
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.table import COLUMNS, TABLE_FILES, load_rows
 from aiayn.cli import main
-from aiayn.lightning_modules.data.corpora import CORPORA
+from aiayn.lightning_modules.data.corpora import CORPORA, CorpusRef
 from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
 from aiayn.lightning_modules.run.spec import resolve
+
+SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+
 
 ROWS = ", ".join(load_rows())
 GROUPS = ", ".join(sorted({r.group for r in load_rows().values()}))
@@ -85,8 +88,8 @@ def base_d_model() -> int:
 
 def other_run(tmp: Path) -> None:
     """The run directory of base/seed0 holding a run whose d_model is two more than base's (and the same data)."""
-    spec = resolve("base", "tiny", corpus="files", vocab_size=60)
-    data = DataIdentity("files", str(tmp / "corpus"), 60)
+    spec = resolve("base", "tiny", corpus=CorpusRef.parse("files"), vocab_size=60)
+    data = DataIdentity(CorpusRef.parse("files"), str(tmp / "corpus"), 60)
     config = RunConfig(spec, data, TrainPlan(0, 2, 1, 1, 1024, "32-true")).to_dict()
     config["spec"]["knobs"]["d_model"] += 2  # the knob the model is built from, and the model derived from it
     config["spec"]["model"]["d_model"] += 2
@@ -138,7 +141,7 @@ def run_config_of_schema(schema: int):
     """{tmp}/c.json: a run's config.json, as a newer aiayn would write it."""
 
     def write(tmp: Path) -> None:
-        config = RunConfig(resolve("base", "tiny"), DataIdentity("synthetic", None, 1000),
+        config = RunConfig(resolve("base", "tiny"), DataIdentity(SYNTHETIC, None, 1000),
                            TrainPlan(0, 2, 1, 1, 1024, "32-true"), options={"row": "base"}).to_dict()  # fmt: skip
         (tmp / "c.json").write_text(json.dumps({**config, "schema": schema}))
 
@@ -556,7 +559,7 @@ def test_a_report_skips_a_metrics_json_of_the_wrong_types_with_a_line(tmp_path, 
 
 def test_a_run_config_whose_row_is_a_path_is_refused_before_anything_is_written(tmp_path, capsys):
     spec = resolve("base", "tiny")
-    config = RunConfig(spec, DataIdentity("synthetic", None, 1000), TrainPlan(0, 2, 1, 1, 1024, "32-true"),
+    config = RunConfig(spec, DataIdentity(SYNTHETIC, None, 1000), TrainPlan(0, 2, 1, 1, 1024, "32-true"),
                        options={"row": "../../escape", "max_steps": 2, "accelerator": "cpu"}).to_dict()  # fmt: skip
     config["spec"]["row"] = "../../escape"
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -22,11 +22,15 @@ from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
 from aiayn.reports.build import write_reports
 from aiayn.sweeps.status import sweep_status
 from aiayn.sweeps.table3 import SweepOptions, table3
+
+SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report"
 
@@ -45,7 +49,7 @@ class StepsRunner:
         metrics = {"row": row, "seed": seed, "preset": sweep.preset.name, "data": corpus, "status": "completed",
                    "steps": steps, "planned_steps": steps, "budget_steps": sweep.specs[row].train_steps,
                    "dev_bleu": 10.0 + seed, "dev_ppl": 5.0}  # fmt: skip
-        run = sweep.out.run(sweep.preset.name, corpus, row, seed)
+        run = sweep.run(row, seed)
         run.path.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run.metrics_file, metrics)
         return {k: v for k, v in metrics.items() if k not in ("preset", "data")}
@@ -173,7 +177,7 @@ def test_a_capped_run_extended_to_more_steps_is_the_uninterrupted_run_bit_for_bi
     def run(out, steps):
         assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(out), "--max-steps", str(steps),
                      *SMALL]) == 0  # fmt: skip
-        return OutDir(out).run("tiny", "synthetic", "base", 0)
+        return OutDir(out).run("tiny", SYNTHETIC, "base", 0)
 
     whole = run(tmp_path / "whole", 12)
     run(tmp_path / "looked", 6)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from aiayn.cli import main
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run.spec import resolve
 from aiayn.lightning_modules.use.checkpoints import run_config
@@ -272,7 +273,7 @@ def test_another_runs_checkpoint_in_a_run_directory_is_refused_in_one_line_not_r
     mine, other = (resolve(row, "tiny", overrides=small, vocab_size=50) for row in ("base", "A1"))
     run = RunDir(tmp_path / "tiny" / "synthetic" / "base" / "seed0")
     run.checkpoints.mkdir(parents=True)
-    atomic_write_json(run.config_file, RunConfig(mine, DataIdentity("synthetic", None, 50),
+    atomic_write_json(run.config_file, RunConfig(mine, DataIdentity(CorpusRef.parse("synthetic"), None, 50),
                                                  TrainPlan(0, 2, 1, 1, 1024, "32-true")).to_dict())  # fmt: skip
     torch.save(checkpoint_of(mine, global_step=3), run.checkpoints / "step0000003.ckpt")
     assert run.resume_checkpoint() is None or run.resume_checkpoint().name == "step0000003.ckpt"  # its own: fine

@@ -164,8 +164,8 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
 
     from aiayn.ablations.selection import Selection
     from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.sweeps.backends import make_sweep, slurm
     from aiayn.sweeps.backends import processes as backends
-    from aiayn.sweeps.backends import slurm
     from aiayn.sweeps.hpo import HpoOptions, run_hpo
     from aiayn.sweeps.table3 import SweepOptions, build_sweep
 
@@ -192,7 +192,7 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
     so = slurm.SlurmOptions(select=Selection(rows="wide-ff"), dry_run=True, resources=res, train=TrainOptions(
         accelerator="cpu", devices=None, num_nodes=None, strategy=None, progress=False, out=str(tmp_path / "sl"),
         table=(str(table),)))  # fmt: skip
-    slurm.submit(so)
+    slurm.submit(so, make_sweep(slurm.pairs(so), so.train))
     script = slurm.script_path(so).read_text()
     line = " ".join(script.split("srun ", 1)[1].replace("\\\n", " ").split())
     words = shlex.split(line.replace("$ROW", "wide-ff").replace("$SEED", "0"))

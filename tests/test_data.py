@@ -47,6 +47,13 @@ def _corpus(root: Path, src="en", tgt="de", sizes=(400, 40, 30), names=("train",
     return root
 
 
+def datamodule(corpus: str, data_dir=None, vocab_size: int = 8000, max_len: int = 256, train_pairs=None,
+               **loading) -> D.TranslationDataModule:  # fmt: skip
+    """A data module as `aiayn train` builds one: its identity, then how it loads (D.DataPlan's other fields)."""
+    identity = D.DataIdentity(C.CorpusRef.parse(corpus), data_dir, vocab_size, max_len=max_len, train_pairs=train_pairs)
+    return D.TranslationDataModule(D.DataPlan(identity, **loading))
+
+
 def _one_line_error(excinfo, *needles: str) -> str:
     msg = str(excinfo.value)
     assert "\n" not in msg
@@ -108,14 +115,14 @@ def test_read_parallel_errors(tmp_path):
 
 def test_files_corpus_custom_languages(tmp_path):
     root = _corpus(tmp_path / "c", src="fr", tgt="it", gz=True)
-    assert C.resolve_corpus("files", root, tmp_path / "cache", "fr", "it") == root
+    assert C.resolve_corpus(C.CorpusRef.parse("files"), root, tmp_path / "cache", "fr", "it") == root
     src, tgt = C.read_parallel(root, "test", "fr", "it")
     assert len(src) == len(tgt) == 30
     with pytest.raises(UserError) as e:
-        C.resolve_corpus("files", root, tmp_path / "cache", "en", "de")
+        C.resolve_corpus(C.CorpusRef.parse("files"), root, tmp_path / "cache", "en", "de")
     _one_line_error(e, "no file train.en", "--data-dir")
     with pytest.raises(UserError) as e:
-        C.resolve_corpus("files", None, tmp_path / "cache")
+        C.resolve_corpus(C.CorpusRef.parse("files"), None, tmp_path / "cache")
     _one_line_error(e, "--data-dir")
 
 
@@ -135,7 +142,7 @@ def test_the_cache_honours_aiayn_cache_then_xdg_cache_home(env, expected, monkey
 
 def test_unknown_corpus_lists_names(tmp_path):
     with pytest.raises(UserError) as e:
-        C.resolve_corpus("europarl", None, tmp_path)
+        C.resolve_corpus(C.CorpusRef.parse("europarl"), None, tmp_path)
     _one_line_error(e, "europarl", "synthetic", "multi30k", "wmt14", "files")
 
 
@@ -151,13 +158,13 @@ def test_wmt14_without_datasets_is_user_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_datasets)
     with pytest.raises(UserError) as e:
-        C.resolve_corpus("wmt14", None, tmp_path)
+        C.resolve_corpus(C.CorpusRef.parse("wmt14"), None, tmp_path)
     _one_line_error(e, "pip install 'aiayn[datasets]'", "--data-dir")
 
 
 def test_wmt14_local_dir(tmp_path):
     root = _corpus(tmp_path / "w")
-    assert C.resolve_corpus("wmt14", root, tmp_path / "cache") == root
+    assert C.resolve_corpus(C.CorpusRef.parse("wmt14"), root, tmp_path / "cache") == root
 
 
 def test_multi30k_download_failure_says_data_dir(tmp_path, monkeypatch):
@@ -166,7 +173,7 @@ def test_multi30k_download_failure_says_data_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(C.urllib.request, "urlopen", fail)
     with pytest.raises(UserError) as e:
-        C.resolve_corpus("multi30k", None, tmp_path)
+        C.resolve_corpus(C.CorpusRef.parse("multi30k"), None, tmp_path)
     msg = _one_line_error(e, "raw.githubusercontent.com/multi30k/dataset", "--data-dir")
     assert "train.en.gz" in msg
     assert not list((tmp_path / "corpora" / "multi30k").glob("*"))  # no partial files left
@@ -191,7 +198,7 @@ def test_wmt14_is_the_hubs_wmt14_read_in_place(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     cache = tmp_path / "cache"
     for _ in range(2):
-        out = C.resolve_corpus("wmt14", None, cache)
+        out = C.resolve_corpus(C.CorpusRef.parse("wmt14"), None, cache)
         for ours, theirs, n in (("train", "train", 3), ("dev", "validation", 2), ("test", "test", 1)):
             assert C.read_parallel(out, ours) == ([f"{theirs} sentence {i}" for i in range(n)],
                                                   [f"{theirs} satz {i}" for i in range(n)])  # fmt: skip
@@ -249,26 +256,26 @@ def multi30k_server(monkeypatch):
 
 
 def test_multi30k_download_from_a_server(tmp_path, multi30k_server):
-    out = C.resolve_corpus("multi30k", None, tmp_path)
+    out = C.resolve_corpus(C.CorpusRef.parse("multi30k"), None, tmp_path)
     for split, remote in C.MULTI30K_REMOTE.items():
         for lang in ("en", "de"):
             assert (out / f"{split}.{lang}.gz").read_bytes() == multi30k_server.files[f"{remote}.{lang}.gz"]
         assert C.read_parallel(out, split)[0][0] == split  # val is our dev, test_2016_flickr our test
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files
     n = len(multi30k_server.served)
-    C.resolve_corpus("multi30k", None, tmp_path)
+    C.resolve_corpus(C.CorpusRef.parse("multi30k"), None, tmp_path)
     assert len(multi30k_server.served) == n == 6  # downloaded once
 
 
 def test_multi30k_partial_download_is_an_error_and_leaves_nothing(tmp_path, multi30k_server):
     multi30k_server.truncate.add("val.de.gz")
     with pytest.raises(UserError) as e:
-        C.resolve_corpus("multi30k", None, tmp_path)
+        C.resolve_corpus(C.CorpusRef.parse("multi30k"), None, tmp_path)
     assert "incomplete" in _one_line_error(e, "val.de.gz", "--data-dir").lower()
     out = tmp_path / "corpora" / "multi30k"
     assert sorted(p.name for p in out.iterdir()) == ["dev.en.gz", "train.de.gz", "train.en.gz"]  # whole files only
     multi30k_server.truncate.clear()
-    C.resolve_corpus("multi30k", None, tmp_path)  # the next run fetches what is missing
+    C.resolve_corpus(C.CorpusRef.parse("multi30k"), None, tmp_path)  # the next run fetches what is missing
     assert (out / "dev.de.gz").read_bytes() == multi30k_server.files["val.de.gz"]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
 
@@ -276,20 +283,20 @@ def test_multi30k_partial_download_is_an_error_and_leaves_nothing(tmp_path, mult
 def test_multi30k_local_val_as_dev_without_test(tmp_path, caplog):
     root = _corpus(tmp_path / "m", names=("train", "val", "x"), gz=True)
     with caplog.at_level(logging.WARNING, logger=C.__name__):
-        out = C.resolve_corpus("multi30k", root, tmp_path / "cache")
+        out = C.resolve_corpus(C.CorpusRef.parse("multi30k"), root, tmp_path / "cache")
     assert "no test split" in caplog.text
     assert C.read_parallel(out, "dev") == C.read_parallel(root, "val")
     assert C.read_parallel(out, "test") == C.read_parallel(root, "val")
     # A test split added later is picked up.
     _write(root / "test.en.gz", ["t"])
     _write(root / "test.de.gz", ["u"])
-    out = C.resolve_corpus("multi30k", root, tmp_path / "cache")
+    out = C.resolve_corpus(C.CorpusRef.parse("multi30k"), root, tmp_path / "cache")
     assert C.read_parallel(out, "test") == (["t"], ["u"])
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"shared Multi30k copy not found at {MULTI30K}")
 def test_multi30k_shared_copy(tmp_path):
-    out = C.resolve_corpus("multi30k", MULTI30K, tmp_path)
+    out = C.resolve_corpus(C.CorpusRef.parse("multi30k"), MULTI30K, tmp_path)
     src, tgt = C.read_parallel(out, "dev")
     assert len(src) == len(tgt) == 1014
     assert C.find_split_file(out, "train", "de") is not None
@@ -308,11 +315,11 @@ def test_synthetic_corpus(tmp_path, monkeypatch):
         return real(out_dir, seed=seed, n_train=200, n_dev=20, n_test=20)
 
     monkeypatch.setattr(synthetic, "write_corpus", small)
-    out = C.resolve_corpus("synthetic", None, tmp_path)
+    out = C.resolve_corpus(C.CorpusRef.parse("synthetic"), None, tmp_path)
     assert calls == [(tmp_path / "corpora" / "synthetic-seed1234", 1234)]
     assert len(C.read_parallel(out, "train")[0]) == 200
     with pytest.raises(UserError) as e:
-        C.resolve_corpus("synthetic", None, tmp_path, "fr", "de")
+        C.resolve_corpus(C.CorpusRef.parse("synthetic"), None, tmp_path, "fr", "de")
     _one_line_error(e, "synthetic", "--src-lang")
 
 
@@ -367,11 +374,11 @@ def test_spm_vocab_too_large_is_user_error(tmp_path):
 
 def test_spm_cache_key_changes_with_train_files(tmp_path):
     root = _corpus(tmp_path / "c")
-    a = T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
-    assert a == T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
-    assert a != T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 400)
+    a = T.spm_cache_prefix(tmp_path, C.CorpusRef.parse("files"), root, "en", "de", 300)
+    assert a == T.spm_cache_prefix(tmp_path, C.CorpusRef.parse("files"), root, "en", "de", 300)
+    assert a != T.spm_cache_prefix(tmp_path, C.CorpusRef.parse("files"), root, "en", "de", 400)
     _write(root / "train.de", _sentences(401, 5))
-    assert a != T.spm_cache_prefix(tmp_path, "files", root, "en", "de", 300)
+    assert a != T.spm_cache_prefix(tmp_path, C.CorpusRef.parse("files"), root, "en", "de", 300)
 
 
 def test_encoded_cache_written_once(tmp_path, small_spm, monkeypatch):
@@ -547,10 +554,7 @@ def tiny_dm(tmp_path):
         for lang in ("en", "de"):
             lines = (root / f"{split}.{lang}").read_text().splitlines()
             _write(root / f"{split}.{lang}", lines + [long])
-    dm = D.TranslationDataModule(
-        corpus="files", data_dir=str(root), cache_dir=str(tmp_path / "cache"), vocab_size=150,
-        max_tokens=400, max_len=48, dev_subset=None,
-    )  # fmt: skip
+    dm = datamodule("files", str(root), 150, 48, cache_dir=str(tmp_path / "cache"), max_tokens=400)
     return dm, root
 
 
@@ -584,10 +588,7 @@ def test_datamodule_end_to_end(tiny_dm, caplog):
 def test_datamodule_dev_subset_and_second_setup_uses_cache(tiny_dm, monkeypatch):
     dm, root = tiny_dm
     dm.setup("fit")
-    dm2 = D.TranslationDataModule(
-        corpus="files", data_dir=str(root), cache_dir=dm.cache_dir, vocab_size=150, max_tokens=400,
-        max_len=48, dev_subset=10,
-    )  # fmt: skip
+    dm2 = datamodule("files", str(root), 150, 48, cache_dir=dm.plan.cache_dir, max_tokens=400, dev_subset=10)
     monkeypatch.setattr(D, "train_spm", lambda *a, **k: pytest.fail("SPM retrained"))
     monkeypatch.setattr(T, "parallel_text", lambda *a, **k: pytest.fail("re-read for encoding"))
     dm2.setup("fit")
@@ -597,12 +598,29 @@ def test_datamodule_dev_subset_and_second_setup_uses_cache(tiny_dm, monkeypatch)
     assert len(dm2.references("dev")) == len(dm2.sources("dev")) == 10
 
 
+def test_the_data_module_is_built_from_one_plan_whose_identity_the_run_records(tmp_path):
+    """Issue 44: one typed value builds the data module (DataPlan: the identity a run records, then how it loads);
+    the run's config.json records that identity itself, and the final evaluation's module, built from the recorded
+    identity, reads the same tokens."""
+    import inspect
+
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.rundir import RunConfig
+    from aiayn.lightning_modules.run.train import plan
+
+    assert list(inspect.signature(D.TranslationDataModule).parameters) == ["plan"]
+    p = plan(TrainOptions(out=str(tmp_path), accelerator="cpu", train_pairs=50, src_lang="en", tgt_lang="de"))
+    assert p.config.data is p.dm.data is p.dm.plan.identity and p.dm.data.train_pairs == 50
+    again = D.DataPlan(RunConfig.from_dict(p.config.to_dict()).data, p.dm.plan.cache_dir, p.dm.plan.max_tokens)
+    assert again.identity == p.dm.data
+
+
 def test_datamodule_config_errors(tmp_path, monkeypatch):
     with pytest.raises(UserError) as e:
-        D.TranslationDataModule(max_tokens=100, max_len=256)
+        datamodule("synthetic", max_tokens=100, max_len=256)
     _one_line_error(e, "--max-tokens", "max_len")
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "env-cache"))
-    assert D.TranslationDataModule().cache_dir == tmp_path / "env-cache"
+    assert datamodule("synthetic").plan.cache_dir == tmp_path / "env-cache"
 
 
 class _Recorder(pl.LightningModule):
@@ -638,10 +656,8 @@ def _fit(dm, tmp_path, callbacks=(), ckpt=None):
 def test_lightning_drives_epoch_and_resume(tiny_dm, tmp_path, num_workers, every_n_train_steps, resume_step):
     """Lightning calls set_epoch via ``batch_sampler.sampler`` and saves/loads the DataLoader's state."""
     dm, root = tiny_dm
-    mk = lambda: D.TranslationDataModule(
-        corpus="files", data_dir=str(root), cache_dir=dm.cache_dir, vocab_size=150, max_tokens=400,
-        max_len=48, num_workers=num_workers,
-    )  # fmt: skip
+    mk = lambda: datamodule("files", str(root), 150, 48, cache_dir=dm.plan.cache_dir, max_tokens=400,
+                            num_workers=num_workers)  # fmt: skip
     full = _fit(mk(), tmp_path / "a")
     per_epoch = len(full) // 3
     assert per_epoch == 13  # the fixture's batch count (of 400 real target tokens); resume_step=13 ends epoch 0
@@ -660,10 +676,7 @@ def test_a_data_limited_regime_trains_on_the_first_k_pairs_only(tiny_dm):
     """--train-pairs K (the tiny-2k preset's regime): the training set is the first K pairs, the dev and test sets
     and the tokenizer stay the whole corpus's."""
     dm, root = tiny_dm
-    limited = D.TranslationDataModule(
-        corpus="files", data_dir=str(root), cache_dir=str(dm.cache_dir), vocab_size=150, max_tokens=400, max_len=48,
-        train_pairs=100,
-    )  # fmt: skip
+    limited = datamodule("files", str(root), 150, 48, train_pairs=100, cache_dir=dm.plan.cache_dir, max_tokens=400)
     limited.setup("fit")
     dm.setup("fit")
     trained = sorted(i for batch in limited.train_dataloader() for i in batch["idx"].tolist())
@@ -671,8 +684,8 @@ def test_a_data_limited_regime_trains_on_the_first_k_pairs_only(tiny_dm):
     assert len(limited._datasets["dev"]) == len(dm._datasets["dev"]) == 41
     assert limited.tokenizer_model == dm.tokenizer_model
     with pytest.raises(UserError, match="--train-pairs 1000 is more than the corpus's 401 training pairs"):
-        D.TranslationDataModule(corpus="files", data_dir=str(root), cache_dir=str(dm.cache_dir), vocab_size=150,
-                                max_tokens=400, max_len=48, train_pairs=1000).setup("fit")  # fmt: skip
+        datamodule("files", str(root), 150, 48, train_pairs=1000, cache_dir=dm.plan.cache_dir,
+                   max_tokens=400).setup("fit")  # fmt: skip
 
 
 def _a_worker(init, ready, done):  # a loader worker as a spawned process starts it: the init function, then work
@@ -689,11 +702,12 @@ def test_the_requeue_signal_and_the_groups_first_sigterm_or_sigint_never_kill_a_
     import multiprocessing
     import signal
 
-    from aiayn.lightning_modules.data.datamodule import TranslationDataModule, worker_signals
+    from aiayn.lightning_modules.data.corpora import CorpusRef
+    from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule, worker_signals
 
     dm = TranslationDataModule.__new__(TranslationDataModule)
-    dm._samplers, dm._datasets, dm.num_workers, dm.pin_memory = {"dev": [[0]]}, {"dev": [0]}, 0, False
-    dm.pad_to, dm.static_shapes = 1, False
+    dm._samplers, dm._datasets = {"dev": [[0]]}, {"dev": [0]}
+    dm.plan = DataPlan(DataIdentity(CorpusRef.parse("synthetic")))
     assert dm._loader("dev").worker_init_fn is worker_signals
     ctx = multiprocessing.get_context("spawn")
     ready, done = ctx.Event(), ctx.Event()
@@ -783,14 +797,11 @@ def test_with_two_ranks_the_dev_split_is_shared_whole_and_training_is_cut_even(c
             self.world_size, self.global_rank = 2, rank
             self._accelerator_connector = type("C", (), {"use_distributed_sampler": False})()
 
-    from aiayn.lightning_modules.data.datamodule import TranslationDataModule
-
     dev, train = [], []
     for rank in (0, 1):
         # 120 dev sentences in batches of at most 300 tokens: 5 batches, an odd count, so cutting them even would
         # drop one
-        dm = TranslationDataModule(corpus="synthetic", cache_dir=cache, vocab_size=1000, max_tokens=300,
-                                   dev_subset=120)  # fmt: skip
+        dm = datamodule("synthetic", vocab_size=1000, cache_dir=cache, max_tokens=300, dev_subset=120)
         dm.trainer = FakeTrainer(rank)
         dm.setup("fit")
         assert len(dm._samplers["dev"].all_batches()) == 5
@@ -851,13 +862,13 @@ def test_a_run_records_its_source_eos_and_a_resumed_run_keeps_its_own(tmp_path):
 
     opts = TrainOptions(out=str(tmp_path), accelerator="cpu")
     p = plan(opts)
-    assert p.dm.source_eos and p.config.data.source_eos  # the paper's convention by default
+    assert p.dm.data.source_eos and p.config.data.source_eos  # the paper's convention by default
     # a run directory of an earlier aiayn: its config.json has no source_eos (read as without)
     old = p.config.to_dict()
     del old["data"]["source_eos"]
     p.run.path.mkdir(parents=True)
     p.run.config_file.write_text(json.dumps(old))
     assert RunConfig.from_dict(old).data.source_eos is False
-    assert not plan(opts).dm.source_eos  # resumed as it started
-    assert plan(replace(opts, source_eos="yes")).dm.source_eos  # asked for: then the run's config check refuses
+    assert not plan(opts).dm.data.source_eos  # resumed as it started
+    assert plan(replace(opts, source_eos="yes")).dm.data.source_eos  # asked for: then the run's config check refuses
     assert not plan(replace(opts, source_eos="no", out=str(tmp_path / "fresh"))).config.data.source_eos

@@ -77,9 +77,9 @@ def trained(cache, tmp_path_factory):
             "75", "--val-bleu-sentences", "0", "--val-every", "1000", "--eval-subset", "4", "--no-progress",
             "--accelerator", "cpu", "--set", "N=2 d_model=32 h=4 d_ff=64"]  # fmt: skip
     assert main(argv) == 0
-    from aiayn.lightning_modules.data.datamodule import read_parallel, resolve_corpus
+    from aiayn.lightning_modules.data.corpora import CorpusRef, read_parallel, resolve_corpus
 
-    src, ref = read_parallel(resolve_corpus("synthetic", cache_dir=cache), "dev")
+    src, ref = read_parallel(resolve_corpus(CorpusRef.parse("synthetic"), cache_dir=cache), "dev")
     yield out / "tiny" / "synthetic" / "base" / "seed0", src[:SENTENCES], ref[:SENTENCES]
     torch.set_num_threads(threads)
 

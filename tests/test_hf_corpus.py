@@ -66,19 +66,42 @@ def test_a_saved_dataset_trains_evaluates_and_is_not_copied(saved, cache, tmp_pa
 
 def test_a_relative_path_is_recorded_as_an_absolute_one(saved, monkeypatch):
     monkeypatch.chdir(saved.parent)
-    assert C.canonical_corpus("hf:./tiny-ende") == f"hf:{saved}"
-    assert C.canonical_corpus("hf:wmt/wmt16:de-en") == "hf:wmt/wmt16:de-en"  # a Hub name as it is
-    assert C.corpus_dirname("hf:wmt/wmt16:de-en") == "hf-wmt--wmt16-de-en"
-    assert C.corpus_dirname("hf:./tiny-ende") == C.corpus_dirname(f"hf:{saved}")
+    assert C.CorpusRef.parse("hf:./tiny-ende").name == f"hf:{saved}"
+    assert C.CorpusRef.parse("hf:wmt/wmt16:de-en").name == "hf:wmt/wmt16:de-en"  # a Hub name as it is
+    assert C.CorpusRef.parse("hf:wmt/wmt16:de-en").dirname == "hf-wmt--wmt16-de-en"
+    assert C.CorpusRef.parse("hf:./tiny-ende") == C.CorpusRef.parse(f"hf:{saved}")
+
+
+def test_the_corpus_is_parsed_once_and_its_splits_travel_with_it_to_the_data_and_the_records(saved, tmp_path):
+    """Issue 44: the corpus is one typed value (name, folder name, source, splits): --data and --hf-splits parsed
+    once, carried by the spec to the data module, recorded in config.json (its name and splits, as before) and read
+    back to the same value; a sweep's key and a model card's dataset are read from it, not from its spelling."""
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.rundir import RunConfig
+    from aiayn.lightning_modules.run.spec import RunSpec
+    from aiayn.lightning_modules.run.train import plan
+
+    opts = TrainOptions(data=f"hf:{saved}", hf_splits="dev=test,test=validation", out=str(tmp_path), accelerator="cpu")
+    p = plan(opts)
+    corpus = C.CorpusRef(f"hf:{saved}", C.CorpusRef.parse(f"hf:{saved}").dirname, "hf", "dev=test,test=validation")
+    assert p.spec.corpus == p.dm.data.corpus == p.config.data.corpus == corpus
+    written = p.config.to_dict()
+    assert (written["data"]["corpus"], written["data"]["splits"]) == (f"hf:{saved}", "dev=test,test=validation")
+    assert RunConfig.from_dict(written).data == p.config.data
+    assert RunSpec.from_dict(p.spec.to_dict()).corpus == corpus  # a sweep's resolved row keeps its splits
+    assert p.run.path.parent.parent.name == corpus.dirname  # OUT/PRESET/CORPUS/ROW/seedS
+    assert [C.CorpusRef.recorded(n).hub_dataset for n in ("wmt14", "hf:wmt/wmt16:de-en", f"hf:{saved}", "files")] == [
+        "wmt/wmt14", "wmt/wmt16", None, None]  # fmt: skip
 
 
 def test_splits_map_by_name_or_by_hf_splits(saved, tmp_path):
-    text = C.resolve_corpus(f"hf:{saved}", cache_dir=tmp_path)
+    text = C.resolve_corpus(C.CorpusRef.parse(f"hf:{saved}"), cache_dir=tmp_path)
     assert [text.splits[s][0] for s in ("train", "dev", "test")] == ["train", "validation", "test"]
-    text = C.resolve_corpus(f"hf:{saved}", cache_dir=tmp_path, splits="dev=test,test=validation")
+    text = C.resolve_corpus(C.CorpusRef.parse(f"hf:{saved}", "dev=test,test=validation"), cache_dir=tmp_path)
     assert [text.splits[s][0] for s in ("train", "dev", "test")] == ["train", "test", "validation"]
     assert len(C.read_parallel(text, "dev")[0]) == 10
-    reverse = C.resolve_corpus(f"hf:{saved}", cache_dir=tmp_path, src_lang="de", tgt_lang="en")  # either direction
+    corpus = C.CorpusRef.parse(f"hf:{saved}")
+    reverse = C.resolve_corpus(corpus, cache_dir=tmp_path, src_lang="de", tgt_lang="en")  # either direction
     de, en = C.read_parallel(reverse, "test", "de", "en")
     assert [" ".join(s.split()[::-1]).upper() for s in en] == de
 
@@ -86,7 +109,7 @@ def test_splits_map_by_name_or_by_hf_splits(saved, tmp_path):
 def test_columns_named_by_language_and_dev_named_dev(tmp_path):
     flat = lambda n, seed: {"en": sentences(n, seed), "de": [s.upper() for s in sentences(n, seed)]}
     path = save(tmp_path / "flat", (("train", 5), ("dev", 3), ("test", 2)), make=flat)
-    src, tgt = C.read_parallel(C.resolve_corpus(f"hf:{path}", cache_dir=tmp_path), "dev")
+    src, tgt = C.read_parallel(C.resolve_corpus(C.CorpusRef.parse(f"hf:{path}"), cache_dir=tmp_path), "dev")
     assert tgt == [s.upper() for s in src] and len(src) == 3
 
 
@@ -98,7 +121,7 @@ def test_a_directory_of_data_files(tmp_path, monkeypatch):
     for split, n in (("train", 6), ("validation", 3), ("test", 2)):
         lines = [json.dumps({"translation": {"en": s, "de": s.upper()}}) for s in sentences(n, len(split))]
         (files / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
-    src, tgt = C.read_parallel(C.resolve_corpus(f"hf:{files}", cache_dir=tmp_path / "aiayn"), "dev")
+    src, tgt = C.read_parallel(C.resolve_corpus(C.CorpusRef.parse(f"hf:{files}"), cache_dir=tmp_path / "aiayn"), "dev")
     assert src == sentences(3, len("validation")) and tgt == [s.upper() for s in src]
 
 
@@ -132,7 +155,7 @@ def test_a_missing_text_is_one_line(tmp_path):
     datasets.DatasetDict({s: datasets.Dataset.from_dict({"en": ["a", None], "de": ["b", "c"]})
                           for s in ("train", "validation", "test")}).save_to_disk(path)  # fmt: skip
     with pytest.raises(UserError, match=r"split 'train' row 1 has no 'en' text; fix the dataset"):
-        C.read_parallel(C.resolve_corpus(f"hf:{path}", cache_dir=tmp_path), "train")
+        C.read_parallel(C.resolve_corpus(C.CorpusRef.parse(f"hf:{path}"), cache_dir=tmp_path), "train")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -194,7 +217,7 @@ def test_without_the_datasets_package_the_fix_is_named(saved, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(UserError, match=r"needs the Hugging Face datasets package, which is not installed; pip "
                                         r"install 'aiayn\[datasets\]'$"):  # fmt: skip
-        C.resolve_corpus(f"hf:{saved}", cache_dir=tmp_path)
+        C.resolve_corpus(C.CorpusRef.parse(f"hf:{saved}"), cache_dir=tmp_path)
 
 
 def test_a_slurm_task_gets_the_datasets_absolute_path(saved, tmp_path, monkeypatch, capsys):

@@ -276,3 +276,38 @@ def test_the_room_checker_catches_two_rooms_that_point_both_ways():
     found = two_way_rooms(graph)
     assert any("run.module imports aiayn.lightning_modules.use.evaluate" in line for line in found)
     assert any(";" in line for line in found)  # the pair named both ways
+
+
+# what reads a corpus name's spelling: data/'s alone (issue 44: the corpus is one typed value, CorpusRef, parsed once)
+CORPUS_PARSERS = {"is_hf", "HFRef", "parse_splits", "hf_corpus"}
+
+
+def corpus_parsing(path: Path) -> list[str]:
+    """Where `path` reads a corpus name's spelling itself: hf_corpus's parsers by name, or the hf: prefix."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Name | ast.Attribute | ast.alias):
+            name = {ast.Name: "id", ast.Attribute: "attr", ast.alias: "name"}[type(node)]
+            if getattr(node, name).split(".")[-1] in CORPUS_PARSERS:
+                found.append(f"{path.name}:{getattr(node, 'lineno', '?')} {getattr(node, name)}")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("hf_corpus"):
+            found.append(f"{path.name}:{node.lineno} imports {node.module}")
+        elif isinstance(node, ast.Constant) and node.value == "hf:":
+            found.append(f"{path.name}:{node.lineno} spells 'hf:'")
+    return found
+
+
+def test_no_layer_but_the_data_room_parses_a_corpus_name():
+    """A corpus crosses the layers as a CorpusRef (name, folder name, source, splits), parsed once in data/; no other
+    module tests a name's hf: prefix or calls the parsers of hf_corpus."""
+    data = ROOT / "lightning_modules" / "data"
+    outside = [path for path in sorted(modules().values()) if not path.is_relative_to(data)]
+    found = [hit for path in outside for hit in corpus_parsing(path)]
+    assert not found, found
+
+
+def test_the_corpus_parsing_checker_sees_a_prefix_test_and_a_parser(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from aiayn.lightning_modules.data.hf_corpus import is_hf\n"
+                   "def f(name):\n    return name.startswith('hf:') or is_hf(name)\n")  # fmt: skip
+    assert len(corpus_parsing(bad)) == 4  # the import (module, name), the prefix, the call

@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import main
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run import loggers
+
+SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+
 
 FAST = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--ckpt-every", "1", "--val-every", "1", "--val-bleu-sentences", "2",
         "--eval-subset", "4", "--no-progress", "--accelerator", "cpu"]  # fmt: skip
@@ -119,7 +123,7 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
 
     config = RunDir(two_attempts).read_config()
     kwargs = wandb_run.init_kwargs(RunDir(two_attempts), config, "offline", "test")
-    assert kwargs["project"] == experiment.name == loggers.experiment_name("tiny", "synthetic")
+    assert kwargs["project"] == experiment.name == loggers.experiment_name("tiny", SYNTHETIC)
 
 
 def test_mlflow_tracking_uri_wins_over_the_run_directory(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from aiayn.ablations.presets import get_preset
 from aiayn.lightning_modules.data import batching as B
 from aiayn.lightning_modules.data import datamodule as D
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.module import TranslationModule, noam_lr
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import resolve
@@ -99,8 +100,8 @@ def test_an_epoch_of_the_datamodule_is_whole_optimizer_steps(tmp_path):
     from test_data import _corpus
 
     root = _corpus(tmp_path / "corpus", sizes=(400, 20, 20))
-    dm = D.TranslationDataModule(corpus="files", data_dir=str(root), cache_dir=str(tmp_path / "cache"),
-                                 vocab_size=150, max_tokens=300, max_len=48, accumulate=3)  # fmt: skip
+    identity = D.DataIdentity(CorpusRef.parse("files"), str(root), 150, max_len=48)
+    dm = D.TranslationDataModule(D.DataPlan(identity, tmp_path / "cache", max_tokens=300, accumulate=3))
     dm.setup("fit")
     n = len(dm.train_dataloader())
     module = fit(
@@ -121,10 +122,10 @@ def test_an_update_trains_on_the_presets_real_target_tokens(world, max_tokens, c
     tgt = sampler.tgt_lens + 1
     batches = sampler._rank_share(sampler.all_batches()) if world == 1 else sampler.all_batches()
     per_batch = [int(tgt[b].sum()) for b in batches]
-    per_update = dm.accumulate * world
+    per_update = dm.plan.accumulate * world
     updates = [sum(per_batch[i : i + per_update]) for i in range(0, len(per_batch) - per_update + 1, per_update)]
-    assert dm.max_tokens * per_update == preset.tokens_per_step
-    assert max(per_batch) <= dm.max_tokens
+    assert dm.plan.max_tokens * per_update == preset.tokens_per_step
+    assert max(per_batch) <= dm.plan.max_tokens
     mean = sum(updates) / len(updates)
     assert 0.97 * preset.tokens_per_step <= mean <= preset.tokens_per_step, mean
 

@@ -259,7 +259,7 @@ class InlineBackend(QueueBackend):
     name = "inline"
 
     def run_one(self, sweep, row, seed, slot):
-        run = sweep.out.run(sweep.preset.name, sweep.corpus, row, seed)
+        run = sweep.run(row, seed)
         resolved = write_resolved(run.resolved_file, sweep.specs[row], "inline")
         code = subprocess.run(train_process_command(sweep.run_options(row, seed), resolved)).returncode
         return run.read_metrics() or sweep.failed(row, seed, f"exit {code}")
@@ -375,7 +375,7 @@ class DetachedBackend(Backend):
         for state in self.status(sweep):
             if state.state in ("completed", "running"):
                 continue
-            run = sweep.out.run(sweep.preset.name, sweep.corpus, state.row, state.seed)
+            run = sweep.run(state.row, state.seed)
             resolved = write_resolved(run.resolved_file, sweep.specs[state.row], "detached")
             command = train_process_command(sweep.run_options(state.row, state.seed), resolved)
             proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.locks import file_lock
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
 from aiayn.sweeps import books
@@ -36,13 +37,15 @@ from aiayn.sweeps.backends.queue import pair_of, study_name
 from aiayn.sweeps.storage import open_storage
 from aiayn.sweeps.table3 import SweepOptions, run_table3
 
+SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+
 
 def pair_lock_path(opts, corpus, row, seed):
     return books.LockClaims(OutDir(opts.train.out), "pair").path(books.pair_key("tiny", corpus, row, seed))
 
 
 def fail_stale_trials(study, opts):
-    out, key = OutDir(opts.train.out), lambda t: books.pair_key("tiny", "synthetic", *pair_of(t))
+    out, key = OutDir(opts.train.out), lambda t: books.pair_key("tiny", SYNTHETIC, *pair_of(t))
     stale = books.fail_stale_trials(study, out.lock(f"{study.study_name}.pop"), books.LockClaims(out, "pair"), key)
     return [pair_of(t) for t in stale]
 
@@ -170,6 +173,7 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
 KILL_IN_LAST_WRITE = """
 import io, os, signal, sys, torch
 from aiayn.cli import main
+
 real_save = torch.save
 def save(obj, f, *a, **k):  # the first last.ckpt: half written, then SIGKILL (its periodic twin is on disk)
     if os.path.basename(getattr(f, "name", "")).startswith(".last.ckpt."):
@@ -380,7 +384,7 @@ def sweep_opts(tmp_path, storage, **kw):
 def claimed_trial(opts, worker="ghost:1"):
     """A trial popped by a worker that then died: RUNNING, claimed, its pair lock free."""
     (Path(opts.train.out)).mkdir(parents=True, exist_ok=True)
-    study = optuna.create_study(study_name=study_name("tiny", "synthetic"), storage=open_storage(opts.storage),
+    study = optuna.create_study(study_name=study_name("tiny", SYNTHETIC), storage=open_storage(opts.storage),
                                 direction="maximize", load_if_exists=True)  # fmt: skip
     study.enqueue_trial({}, user_attrs={"row": "base", "seed": 0})  # as the sweep enqueues a pair
     trial = study.ask()
@@ -416,7 +420,7 @@ def test_a_trial_whose_worker_holds_the_pair_lock_is_left_alone(tmp_path, storag
     opts = sweep_opts(tmp_path, storage, rows="base,A1")
     study, trial = claimed_trial(opts, worker="alive:2")
     runner = Recorder()
-    with file_lock(pair_lock_path(opts, "synthetic", "base", 0)) as mine:  # the live worker
+    with file_lock(pair_lock_path(opts, SYNTHETIC, "base", 0)) as mine:  # the live worker
         assert mine
         run_table3(opts, backend=RunnerBackend(runner))
     assert runner.calls == [("A1", 0)]

@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.sweeps.backends import slurm
+from aiayn.sweeps.backends import make_sweep, slurm
 from aiayn.sweeps.backends.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
 
 ARGS_CPU = ["--preset", "tiny", "--accelerator", "cpu", "--tasks-per-node", "2", "--partition", "debug", "--time",
@@ -38,6 +39,11 @@ def slurm_opts(rows=None, seeds=1, resources=None, dry_run=False, **train) -> Sl
         train=TrainOptions(**{"accelerator": "gpu", "devices": None, "num_nodes": None, "strategy": None,
                               "progress": False, **train}),
     )  # fmt: skip
+
+
+def sweep_of(opts: SlurmOptions):
+    """The sweep the SLURM back end is handed for `opts`, resolved once as `aiayn slurm` resolves it."""
+    return make_sweep(slurm.pairs(opts), opts.train)
 
 
 def _no_sbatch_path(tmp_path) -> str:
@@ -133,11 +139,11 @@ def test_a_gpu_job_asks_for_cpus_for_its_loader_unless_told(tmp_path):
     none; it asks for the training process and its workers now (--cpus-per-task still wins)."""
     resources = SlurmResources(gpus_per_node=1, partition="gpu", time="1:00:00")
     opts = slurm_opts(out=str(tmp_path), resources=resources, dry_run=True)
-    text = render(opts, [("base", 0)], slurm.check(opts))
+    text = render(opts, sweep_of(opts), [("base", 0)], slurm.check(opts))
     assert "#SBATCH --cpus-per-task=5\n" in text and "srun --kill-on-bad-exit=1 --cpus-per-task=5 aiayn" in text
     cpu = slurm_opts(out=str(tmp_path), resources=SlurmResources(tasks_per_node=1, partition="p", time="1:00:00"),
                      dry_run=True, accelerator="cpu")  # fmt: skip
-    assert "--cpus-per-task" not in render(cpu, [("base", 0)], slurm.check(cpu))  # a CPU job: SLURM's default
+    assert "--cpus-per-task" not in render(cpu, sweep_of(cpu), [("base", 0)], slurm.check(cpu))  # a CPU job
 
 
 def test_local_run_dir_is_refused_for_two_nodes_unless_declared_shared(tmp_path):
@@ -211,7 +217,7 @@ def test_array_task_runs_its_own_pair(tmp_path):
     opts = slurm_opts(rows="base,A1", seeds=2, accelerator="cpu", out=str(tmp_path / "runs"),
                       resources=SlurmResources(tasks_per_node=2, partition="debug", time="10:00"))  # fmt: skip
     script = tmp_path / "job.sbatch"
-    script.write_text(render(opts, slurm.pairs(opts), 2))
+    script.write_text(render(opts, sweep_of(opts), slurm.pairs(opts), 2))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/srun-args\n')
@@ -233,30 +239,61 @@ def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
     # a dry run: rendering the script needs no SLURM client (the README's test command passes without one)
     opts = slurm_opts(preset="paper", out=str(tmp_path), precision="bf16-mixed", resources=resources, dry_run=True)
     per_node = slurm.check(opts)
-    text = render(opts, [("big", 0)], per_node)
+    text = render(opts, sweep_of(opts), [("big", 0)], per_node)
     assert "#SBATCH --nodes=2\n" in text and "#SBATCH --ntasks-per-node=8\n" in text
     assert "#SBATCH --gpus-per-node=8\n" in text and "#SBATCH --array=0-0\n" in text
     assert "--devices 8" in text and "--num-nodes 2" in text and "--precision bf16-mixed" in text
     assert "#SBATCH --cpus-per-task=8\n" in text and "srun --kill-on-bad-exit=1 --cpus-per-task=8 aiayn train" in text
 
 
+def test_the_array_is_the_sweep_it_is_handed_not_one_derived_again_from_its_options(tmp_path, monkeypatch):
+    """Issue 44: SLURM works on the Sweep its driver resolved once (its out, preset, corpus, options and each row's
+    spec); it re-derives nothing from its own options. Handed a sweep that says otherwise than SLURM's options (another
+    corpus, another budget), the script, the books' record and the rows each task trains follow the sweep, with no
+    preset looked up or row resolved again."""
+    import importlib
+
+    P, S = (importlib.import_module(f"aiayn.sweeps.backends.slurm.{m}") for m in ("pairs", "script"))
+    from aiayn.common.errors import UserError as Refused
+
+    res = SlurmResources(tasks_per_node=1, partition="p", time="1:00:00")
+    opts = slurm_opts(rows="base", accelerator="cpu", out=str(tmp_path), resources=res, dry_run=True)
+    sweep = make_sweep([("base", 0)], replace(opts.train, data="synthetic-20", max_steps=7))
+
+    def again(*a, **k):
+        raise Refused("the sweep was resolved again")
+
+    for module, name in ((P, "get_preset"), (P, "get_row")):
+        monkeypatch.setattr(module, name, again)
+    monkeypatch.setattr("aiayn.lightning_modules.run.spec.resolve", again)
+    summary = slurm.submit(opts, sweep)
+    text = slurm.script_path(opts).read_text()
+    assert "--data synthetic-20" in text and "--max-steps 7" in text, text
+    assert summary["pending"] == 1 and "disk:" in summary["disk"]
+    assert sweep.out.sweep_record(sweep.key).name == "tiny-synthetic-20.json"
+    assert not sweep.out.sweep_record(sweep.key).exists()  # a dry run records nothing
+    spec = json.loads((slurm.resolved_dir(opts) / "base.json").read_text())["spec"]
+    assert spec["corpus"] == "synthetic-20" and spec == json.loads(json.dumps(sweep.specs["base"].to_dict()))
+    assert not hasattr(S, "specs_of")  # the rows are the sweep's, never resolved here
+
+
 # ---- the books
 
 
-def _metrics(opts, row, seed, status):
-    d = slurm.run_of(opts, row, seed).path
+def _metrics(sweep, row, seed, status):
+    d = sweep.run(row, seed).path
     d.mkdir(parents=True)
     (d / "metrics.json").write_text(json.dumps({"row": row, "seed": seed, "preset": "tiny", "status": status}))
 
 
 def test_books_skip_completed_and_queued_pairs_and_retry_failed_ones(tmp_path):
-    opts = slurm_opts(rows="base,A1,A2,A3", accelerator="cpu", out=str(tmp_path))
-    _metrics(opts, "base", 0, "completed")
-    _metrics(opts, "A1", 0, "failed")
+    sweep = sweep_of(slurm_opts(rows="base,A1,A2,A3", accelerator="cpu", out=str(tmp_path)))
+    _metrics(sweep, "base", 0, "completed")
+    _metrics(sweep, "A1", 0, "failed")
     for row, job in (("A2", "7_2"), ("A3", "7_3")):  # A2's job is still in SLURM, A3's is gone
-        slurm.marker(opts, row, 0).parent.mkdir(parents=True, exist_ok=True)
-        slurm.marker(opts, row, 0).write_text(json.dumps({"job": job}))
-    books = classify(opts, slurm.pairs(opts), live={"7_2", "8_0"})
+        slurm.marker(sweep, row, 0).parent.mkdir(parents=True, exist_ok=True)
+        slurm.marker(sweep, row, 0).write_text(json.dumps({"job": job}))
+    books = classify(sweep, sweep.pairs, live={"7_2", "8_0"})
     assert books == {"completed": [("base", 0)], "in_slurm": [("A2", 0)], "pending": [("A1", 0), ("A3", 0)]}
 
 
@@ -403,7 +440,7 @@ def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cac
             "--eval-subset", "20", "--out", str(out)]  # fmt: skip
     assert "1 submitted" in _run(argv, out, capsys)
     run = out / "tiny" / "synthetic" / "base" / "seed0"
-    job = json.loads(slurm.marker(slurm_opts(out=str(out)), "base", 0).read_text())["job"]
+    job = json.loads(slurm.marker(sweep_of(slurm_opts(out=str(out))), "base", 0).read_text())["job"]
     # training is under way once the first periodic checkpoint exists (a guard against a hang, not a timing)
     deadline = time.monotonic() + 600
     while not (run / "checkpoints" / "step0000005.ckpt").exists():

@@ -27,12 +27,16 @@ from aiayn.ablations.selection import Selection
 from aiayn.ablations.table import select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import experiment_name, resolve, sweep_key
 from aiayn.sweeps.backends.local import LocalBackend
 from aiayn.sweeps.backends.processes import SubprocessBackend, child_environment
 from aiayn.sweeps.export import wandb_sweep, wandb_yaml
 from aiayn.sweeps.table3 import SweepOptions, build_sweep, run_table3
+
+SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+
 
 ROOT = Path(__file__).resolve().parents[1]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -528,8 +532,8 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
 
     def writes_metrics(sweep, corpus, row, seed):  # as a run does: its metrics.json in its run directory
         out = fake(None, corpus, row, seed)
-        metrics = RunMetrics.from_dict({"preset": sweep.preset.name, "data": corpus, **out})
-        atomic_write_json(sweep.out.run(sweep.preset.name, corpus, row, seed).metrics_file, metrics.to_dict())
+        metrics = RunMetrics.from_dict({"preset": sweep.preset.name, "data": corpus.name, **out})
+        atomic_write_json(sweep.run(row, seed).metrics_file, metrics.to_dict())
         return out
 
     runs = tmp_path / "runs"
@@ -546,7 +550,7 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
     (a2 / "checkpoints").mkdir(parents=True)
     for name in ("step0000250.ckpt", "step0000500.ckpt", "last.ckpt"):
         (a2 / "checkpoints" / name).write_bytes(b"")
-    held = LockClaims(OutDir(runs), "pair").take(pair_key("tiny", "synthetic", "A2", 0))
+    held = LockClaims(OutDir(runs), "pair").take(pair_key("tiny", SYNTHETIC, "A2", 0))
     try:
         capsys.readouterr()
         assert main(["status", str(runs), "--json"]) == 0
@@ -586,8 +590,8 @@ def test_a_pair_that_fails_before_training_is_failed_in_status_and_report_alike(
         if row == "A1":  # as the local back end returns it: metrics of the driver's, none in the run directory
             return {"row": row, "seed": seed, "status": "failed", "error": "exit 2: run directory holds another config"}
         out = {"row": row, "seed": seed, "status": "completed", "dev_bleu": 10.0, "dev_ppl": 2.0}
-        metrics = RunMetrics.from_dict({"preset": sweep.preset.name, "data": corpus, **out})
-        atomic_write_json(sweep.out.run(sweep.preset.name, corpus, row, seed).metrics_file, metrics.to_dict())
+        metrics = RunMetrics.from_dict({"preset": sweep.preset.name, "data": corpus.name, **out})
+        atomic_write_json(sweep.run(row, seed).metrics_file, metrics.to_dict())
         return out
 
     runs = tmp_path / "runs"
@@ -638,7 +642,7 @@ def test_a_rerun_appends_to_the_pairs_log_under_a_header_per_attempt(tmp_path, m
     sweep = build_sweep(opts(tmp_path))
     for _ in range(2):
         LocalBackend().run_one(sweep, "base", 0, None)
-    log_text = sweep.out.run("tiny", "synthetic", "base", 0).sweep_log.read_text()
+    log_text = sweep.out.run("tiny", SYNTHETIC, "base", 0).sweep_log.read_text()
     assert log_text.count("===== aiayn: attempt started") == 2 and log_text.count("training output") == 2
     # and the real child opens it for appending, never truncating
     source = inspect.getsource(backends._train_in_child)
@@ -836,7 +840,7 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
 
     out = tmp_path / "runs"
     spec = resolve("C4", "tiny")
-    config = RunConfig(spec, DataIdentity("synthetic", None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
+    config = RunConfig(spec, DataIdentity(SYNTHETIC, None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
                        options={"row": "C4"}).to_dict()  # fmt: skip
     config["spec"]["knobs"]["d_model"] = 96  # as the table said when it ran: C4's d_model was 96, not 64
     config["spec"]["model"]["d_model"] = 96
@@ -848,7 +852,7 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
     metrics = {"row": "C4", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed", "dev_ppl": 2.0,
                "dev_bleu": 30.0}  # fmt: skip
     (run / "metrics.json").write_text(json.dumps(metrics))
-    books.record_sweep(OutDir(out), "tiny", "synthetic", [("C4", 0)], "local")
+    books.record_sweep(OutDir(out), "tiny", SYNTHETIC, [("C4", 0)], "local")
     text = status_text(StatusOptions(out=str(out)))
     assert "its row changed since it ran (d_model 96 -> 64, d_k 24 -> 16, d_v 24 -> 16)" in text
     assert "this result is the old row's" in text
@@ -869,7 +873,7 @@ def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_stat
     table = tmp_path / "mine.csv"
     table.write_text("row,group,N,d_model,d_ff,note\nwide-ff,mine,,,4096,a wider FFN\n")
     spec = resolve("wide-ff", "tiny", tables=(str(table),))
-    config = RunConfig(spec, DataIdentity("synthetic", None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
+    config = RunConfig(spec, DataIdentity(SYNTHETIC, None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
                        options={"row": "wide-ff", "table": [str(table)]}).to_dict()  # fmt: skip
     out = tmp_path / "runs"
     run = out / "tiny" / "synthetic" / "wide-ff" / "seed0"
@@ -878,7 +882,7 @@ def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_stat
     metrics = {"row": "wide-ff", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed",
                "dev_ppl": 2.0, "dev_bleu": 30.0}  # fmt: skip
     (run / "metrics.json").write_text(json.dumps(metrics))
-    books.record_sweep(OutDir(out), "tiny", "synthetic", [("wide-ff", 0)], "local")
+    books.record_sweep(OutDir(out), "tiny", SYNTHETIC, [("wide-ff", 0)], "local")
     assert "changed since it ran" not in status_text(StatusOptions(out=str(out)))  # as it ran: nothing to say
     table.write_text("row,group,N,d_model,d_ff,note\nwide-ff,mine,,,2048,a wider FFN\n")  # edited afterwards
     text = status_text(StatusOptions(out=str(out)))
@@ -898,16 +902,17 @@ def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
     from aiayn.sweeps.backends import make_sweep
     from aiayn.sweeps.backends.queue import study_name
 
-    key = sweep_key("evidence", corpus)
+    ref = CorpusRef.parse(corpus)
+    key = sweep_key("evidence", ref)
     spelled = {"synthetic-20": "evidence-synthetic-20", "hf:wmt/wmt16:de-en": "evidence-hf-wmt--wmt16-de-en"}
     assert key == spelled[corpus]
-    assert experiment_name("evidence", corpus) == f"aiayn-{key}"
-    assert study_name("evidence", corpus) == f"table3-{key}"
-    assert books.pair_key("evidence", corpus, "C1", 3) == f"{key}-C1-seed3"
+    assert experiment_name("evidence", ref) == f"aiayn-{key}"
+    assert study_name("evidence", ref) == f"table3-{key}"
+    assert books.pair_key("evidence", ref, "C1", 3) == f"{key}-C1-seed3"
     assert report_name("evidence", corpus) == ("table3-evidence" if corpus == PRESETS["evidence"].corpus
                                                else f"table3-{key}")  # fmt: skip
     out = OutDir(tmp_path)
-    assert books.record_sweep(out, "evidence", corpus, [("base", 0)], "local") == out.sweep_record(key)
+    assert books.record_sweep(out, "evidence", ref, [("base", 0)], "local") == out.sweep_record(key)
     sweep = make_sweep([("base", 0)], TrainOptions(preset="evidence", data=corpus, out=str(tmp_path)))
     assert sweep.key == key
 

@@ -12,6 +12,7 @@ from conftest import RunnerBackend
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.selection import Selection
 from aiayn.cli import main
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
 from aiayn.lightning_modules.run.spec import resolve
@@ -19,6 +20,9 @@ from aiayn.reports.build import write_reports
 from aiayn.sweeps.backends.queue import pair_of, study_name
 from aiayn.sweeps.storage import open_storage
 from aiayn.sweeps.table3 import SweepOptions, run_table3
+
+SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -57,7 +61,7 @@ def sweep(tmp_path, storage, rows, table=()):
 
 
 def trials_by_row(opts) -> dict:
-    study = optuna.load_study(study_name=study_name("tiny", "synthetic"), storage=open_storage(opts.storage))
+    study = optuna.load_study(study_name=study_name("tiny", SYNTHETIC), storage=open_storage(opts.storage))
     out = {}
     for t in study.trials:
         if t.state == optuna.trial.TrialState.COMPLETE:

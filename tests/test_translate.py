@@ -13,7 +13,7 @@ import torch
 
 from aiayn.cli import main
 from aiayn.common.files import sha256_file
-from aiayn.lightning_modules.data.corpora import read_parallel, resolve_corpus
+from aiayn.lightning_modules.data.corpora import CorpusRef, read_parallel, resolve_corpus
 
 FAST = ["--max-steps", "3", "--ckpt-every", "2", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
@@ -30,7 +30,7 @@ def trained(cache, tmp_path_factory):
     # the model the run ended with is checkpointed: as last.ckpt and as the newest periodic checkpoint
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
     assert sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt")) == ["step0000002.ckpt", "step0000003.ckpt"]
-    src, ref = read_parallel(resolve_corpus("synthetic", cache_dir=cache), "dev")
+    src, ref = read_parallel(resolve_corpus(CorpusRef.parse("synthetic"), cache_dir=cache), "dev")
     files = tmp_path_factory.mktemp("dev")
     (files / "dev.en").write_text("\n".join(src[:4]) + "\n")
     (files / "dev.de").write_text("\n".join(ref[:4]) + "\n")

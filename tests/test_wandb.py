@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import main
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir
 from aiayn.lightning_modules.run.wandb_run import init_kwargs
+
+SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+
 
 FAST = ["--max-steps", "2", "--ckpt-every", "1", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
         "--accelerator", "cpu"]  # fmt: skip
@@ -82,7 +86,7 @@ def test_a_resumed_run_logs_its_config_summary_and_attempts(cache, tmp_path, off
     out = tmp_path / "runs"
     argv = ["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--wandb", *FAST]
     assert main(argv) == 0
-    run = OutDir(out).run("tiny", "synthetic", "C1", 0)
+    run = OutDir(out).run("tiny", SYNTHETIC, "C1", 0)
     base = json.loads(run.wandb_record.read_text())["id"]
     assert base.startswith("C1-s0-") and len(base) == len("C1-s0-") + 12
     capsys.readouterr()

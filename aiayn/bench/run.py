@@ -401,7 +401,8 @@ def peak_memory_mb(fn, device: torch.device) -> float:
 def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict]:
     """Padding waste of the token-bucket batches of the training split (one epoch's batches)."""
     from aiayn.lightning_modules.data.batching import batch_shapes, padding_stats
-    from aiayn.lightning_modules.data.datamodule import TranslationDataModule
+    from aiayn.lightning_modules.data.corpora import CorpusRef
+    from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule
 
     setups = [("synthetic", None, 1000, 1024)]
     if multi30k_dir:
@@ -409,9 +410,8 @@ def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict
     out = []
     for corpus, data_dir, vocab, max_tokens in setups:
         log.info("padding: %s, vocabulary %d, max_tokens %d", corpus, vocab, max_tokens)
-        dm = TranslationDataModule(
-            corpus=corpus, data_dir=data_dir, cache_dir=cache_dir, vocab_size=vocab, max_tokens=max_tokens
-        )
+        identity = DataIdentity(CorpusRef.parse(corpus), data_dir, vocab)
+        dm = TranslationDataModule(DataPlan(identity, cache_dir, max_tokens))
         dm.setup("fit")
         s = dm._samplers["train"]
         for pad_to, static in PAD_TO:

@@ -1,11 +1,12 @@
 """Corpora: parallel text as `{train,dev,test}.{SRC,TGT}` files (plain or `.gz`) or a Hugging Face dataset, from a
 registry of kinds.
 
-`resolve_corpus(name, ...)` gives a corpus by name (`--data`): the built-in synthetic corpus (generated), Multi30k
-(a local copy, or downloaded), WMT14 En-De (a local copy, or the Hub's wmt/wmt14 de-en), the user's `files`, or any
-Hugging Face dataset, `hf:NAME[:CONFIG]` (lightning_modules/data/hf_corpus.py). What it gives is a directory of files
-(a `Path`) or a dataset read where `datasets` keeps it (an `HFText`); `read_parallel`, `parallel_text` and
-`split_identity` read either. Each kind is a `Corpus` in `CORPORA`; a new corpus is one class and one line there.
+`CorpusRef.parse(name)` is `--data` parsed once, the value every layer carries; `resolve_corpus(ref, ...)` gives the
+corpus: the built-in synthetic corpus (generated), Multi30k (a local copy, or downloaded), WMT14 En-De (a local copy,
+or the Hub's wmt/wmt14 de-en), the user's `files`, or any Hugging Face dataset, `hf:NAME[:CONFIG]`
+(lightning_modules/data/hf_corpus.py). What it gives is a directory of files (a `Path`) or a dataset read where
+`datasets` keeps it (an `HFText`); `read_parallel`, `parallel_text` and `split_identity` read either. Each kind is a
+`Corpus` in `CORPORA`; a new corpus is one class and one line there.
 Every problem with a user's files is a one-line UserError naming the file and the fix.
 """
 
@@ -19,6 +20,7 @@ import os
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,7 +28,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_open, atomic_symlink
 from aiayn.common.names import check_name
 from aiayn.common.text import NotUTF8, utf8_lines
-from aiayn.lightning_modules.data.hf_corpus import HFRef, HFText, is_hf, open_dataset, parse_splits
+from aiayn.lightning_modules.data.hf_corpus import PREFIX, HFRef, HFText, is_hf, open_dataset, parse_splits
 
 log = logging.getLogger(__name__)
 
@@ -338,50 +340,89 @@ CORPORA: dict[str, Corpus] = {
 
 
 HF_CORPUS = "hf:NAME[:CONFIG] (a Hugging Face dataset)"
+COMPLETIONS = (*CORPORA, PREFIX)  # what --data completes to in a shell
+HUB_DATASETS = {"wmt14": "wmt/wmt14", "multi30k": "bentrevett/multi30k"}  # our corpus names -> the Hub's
+FOUND = "found"  # CorpusRef.source of a recorded corpus this aiayn does not know (CorpusRef.recorded)
 
 
-def canonical_corpus(name: str) -> str:
-    """`--data` as a run records it: a known corpus name, or hf:NAME[:CONFIG] with a local NAME made absolute (a run
-    is the same from any directory); anything else is a UserError (before any work)."""
-    if is_hf(name):
-        return str(HFRef.parse(name))
-    if name not in CORPORA:
-        raise UserError(f"unknown corpus {name!r}; use --data with one of {', '.join(CORPORA)}, or {HF_CORPUS}")
-    return name
+@dataclass(frozen=True)
+class CorpusRef:
+    """A corpus as every layer carries it, parsed once (`CorpusRef.parse(--data, --hf-splits)`): `name` as runs
+    record it (a built-in name, or hf:NAME[:CONFIG] with a local NAME made absolute: a run is the same from any
+    directory), `dirname` its one path component (run directories, sweep keys, cache files: hf:wmt/wmt14:de-en is
+    hf-wmt--wmt14-de-en), `source` the kind that reads it (a CORPORA name, or "hf"), `splits` --hf-splits (a Hugging
+    Face dataset's only). `str()` is the name, as records and messages spell it."""
 
+    name: str
+    dirname: str
+    source: str
+    splits: str | None = None
 
-def corpus_dirname(name: str) -> str:
-    """A corpus name as one path component (run directories, lock and cache file names): the built-in names as they
-    are, a Hugging Face dataset as hf-ORG--NAME[-CONFIG] (hf_corpus.HFRef.dirname); anything that is not one safe
-    component (a config with a slash, a record's "../..") is a UserError."""
-    return check_name("corpus", HFRef.parse(name).dirname() if is_hf(name) else name)
+    @classmethod
+    def parse(cls, text: str, splits: str | None = None) -> CorpusRef:
+        """`--data` (and `--hf-splits`) as a corpus; an unknown name, a name that is not one safe path component (a
+        config with a slash, a record's "../.."), or splits for a corpus of files: a one-line UserError."""
+        if is_hf(text):
+            ref = HFRef.parse(text)
+            parse_splits(splits)
+            return cls(str(ref), check_name("corpus", ref.dirname()), "hf", splits)
+        if text not in CORPORA:
+            raise UserError(f"unknown corpus {text!r}; use --data with one of {', '.join(CORPORA)}, or {HF_CORPUS}")
+        if splits is not None:
+            raise UserError(f"--hf-splits is for --data hf:NAME, not corpus {text}; drop --hf-splits")
+        return cls(text, check_name("corpus", text), text)
 
+    @classmethod
+    def recorded(cls, name: str) -> CorpusRef:
+        """A corpus as a record or a folder names it: parsed, or, where this aiayn does not know the name (a Hugging
+        Face dataset's folder name, which does not give back its name; a corpus since removed), standing for
+        itself; a name that is not one safe path component is still a UserError."""
+        try:
+            return cls.parse(name)
+        except UserError:
+            return cls(name, check_name("corpus", name), FOUND)
 
-def check_corpus_options(name: str, data_dir: str | None, splits: str | None) -> None:
-    """Options that do not go with the corpus, refused before any work."""
-    if is_hf(name) and data_dir is not None:
-        raise UserError(f"--data-dir is for corpora of files; --data {name} names its dataset (a local one as "
-                        f"hf:/path/to/it): drop --data-dir")  # fmt: skip
-    if splits is not None:
-        if not is_hf(name):
-            raise UserError(f"--hf-splits is for --data hf:NAME, not corpus {name}; drop --hf-splits")
-        parse_splits(splits)
+    def __str__(self) -> str:
+        return self.name
+
+    def with_splits(self, splits: str | None) -> CorpusRef:
+        """The same corpus read by other --hf-splits (checked as `parse` checks them)."""
+        return CorpusRef.parse(self.name, splits) if self.source != FOUND else self
+
+    @property
+    def is_hf(self) -> bool:
+        return self.source == "hf"
+
+    @property
+    def hub_dataset(self) -> str | None:
+        """The Hub's id of this corpus (a model card's `datasets`): the Hub's copy of a built-in one, or the dataset
+        hf:NAME names; None for a local dataset and the corpora the Hub does not hold."""
+        if self.is_hf:
+            ref = HFRef.parse(self.name)
+            return None if ref.local else ref.name
+        return HUB_DATASETS.get(self.name)
+
+    def check_data_dir(self, data_dir: str | Path | None) -> None:
+        """--data-dir is for corpora of files: with a Hugging Face dataset it is refused before any work."""
+        if self.is_hf and data_dir is not None:
+            raise UserError(f"--data-dir is for corpora of files; --data {self} names its dataset (a local one as "
+                            f"hf:/path/to/it): drop --data-dir")  # fmt: skip
 
 
 def resolve_corpus(
-    name: str,
+    corpus: CorpusRef,
     data_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     src_lang: str = "en",
     tgt_lang: str = "de",
-    splits: str | None = None,
 ) -> Path | HFText:
-    """The corpus `name`: a directory with `{train,dev,test}.{src_lang,tgt_lang}` files (plain or `.gz`), or, for
-    hf:NAME[:CONFIG] and wmt14 without `data_dir`, a Hugging Face dataset (`splits`: --hf-splits)."""
+    """The corpus: a directory with `{train,dev,test}.{src_lang,tgt_lang}` files (plain or `.gz`), or, for
+    hf:NAME[:CONFIG] and wmt14 without `data_dir`, a Hugging Face dataset (read by `corpus.splits`)."""
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     data_dir = Path(data_dir).expanduser() if data_dir is not None else None
-    name = canonical_corpus(name)
-    check_corpus_options(name, data_dir, splits)
-    if is_hf(name):
-        return open_dataset(HFRef.parse(name), cache_dir, src_lang, tgt_lang, splits)
-    return CORPORA[name].directory(data_dir, cache_dir, src_lang, tgt_lang)
+    corpus.check_data_dir(data_dir)
+    if corpus.is_hf:
+        return open_dataset(HFRef.parse(corpus.name), cache_dir, src_lang, tgt_lang, corpus.splits)
+    if corpus.source not in CORPORA:
+        raise UserError(f"corpus {corpus} is known only by its folder name; pass --data with its name")
+    return CORPORA[corpus.source].directory(data_dir, cache_dir, src_lang, tgt_lang)

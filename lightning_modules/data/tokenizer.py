@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_torch_save, sha256_file
-from aiayn.lightning_modules.data.corpora import corpus_dirname, parallel_text, split_identity
+from aiayn.lightning_modules.data.corpora import CorpusRef, parallel_text, split_identity
 from aiayn.lightning_modules.transformer.config import BOS, EOS, PAD, UNK
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,12 @@ SPM_SEED = 1234
 ENCODE_SLICE = 100_000  # sentences encoded at once (a Hugging Face split is read a slice at a time)
 
 
-def spm_cache_prefix(cache_dir: Path, corpus: str, corpus_dir, src_lang: str, tgt_lang: str, vocab_size: int) -> Path:
+def spm_cache_prefix(cache_dir: Path, corpus: CorpusRef, corpus_dir, src_lang: str, tgt_lang: str,
+                     vocab_size: int) -> Path:  # fmt: skip
     """``cache_dir/spm/CORPUS-SRCTGT-vVOCAB-HASH`` where HASH is the train split's identity (its files' stat, or its
     Arrow files' for a Hugging Face dataset)."""
     train = split_identity(corpus_dir, "train", src_lang, tgt_lang)
-    return Path(cache_dir) / "spm" / f"{corpus_dirname(corpus)}-{src_lang}{tgt_lang}-v{vocab_size}-{train}"
+    return Path(cache_dir) / "spm" / f"{corpus.dirname}-{src_lang}{tgt_lang}-v{vocab_size}-{train}"
 
 
 def _take(lines: Sequence[str], rows) -> list[str]:

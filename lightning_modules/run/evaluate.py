@@ -51,7 +51,7 @@ def evaluate(model: Transformer, datamodule, split: str = "dev", decoding: Decod
     ordered = [hyps[i] for i in range(len(refs))]
     return {
         "ppl": math.exp(total_nll / max(total_tokens, 1)),
-        **bleu(ordered, refs, lang=datamodule.tgt_lang),
+        **bleu(ordered, refs, lang=datamodule.data.tgt_lang),
         "n_sentences": len(refs),
         "hypotheses": ordered,
     }

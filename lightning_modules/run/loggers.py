@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.common.errors import UserError
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.spec import experiment_name
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def mlflow_uri(out_root) -> tuple[str, str | None]:
     return f"sqlite:///{root / 'mlflow.db'}", (root / "mlartifacts").as_uri()
 
 
-def mlflow_experiment(preset: str, corpus: str) -> str:
+def mlflow_experiment(preset: str, corpus: CorpusRef) -> str:
     """The experiment of a sweep, unless MLFLOW_EXPERIMENT_NAME."""
     return os.environ.get("MLFLOW_EXPERIMENT_NAME") or experiment_name(preset, corpus)
 
@@ -237,7 +238,8 @@ def _mlflow(run, config, version: int, out_root):
     uri, artifacts = mlflow_uri(out_root)
     name = f"{spec.row}-s{seed}" + (f" attempt {version + 1}" if version else "")
     tags = {"row": spec.row, "group": spec.group, "seed": str(seed), "preset": spec.preset.name,
-            "corpus": config.data.corpus, "attempt": str(version + 1), "run_dir": str(run.path.resolve())}  # fmt: skip
+            "corpus": config.data.corpus.name, "attempt": str(version + 1),
+            "run_dir": str(run.path.resolve())}  # fmt: skip
     experiment = mlflow_experiment(spec.preset.name, config.data.corpus)
     log.info("MLflow: run %r of experiment %s at %s", name, experiment, uri)
     # tracking_uri given here: MLFlowLogger's own default reads MLFLOW_TRACKING_URI when Lightning is imported

@@ -237,7 +237,7 @@ class TranslationModule(pl.LightningModule):
             hyps = {i: h for p in parts for i, h in p.get("hyps", {}).items()}
             refs = self.trainer.datamodule.references("dev")
             order = sorted(hyps)
-            score = bleu([hyps[i] for i in order], [refs[i] for i in order], lang=self.trainer.datamodule.tgt_lang)
+            score = bleu([hyps[i] for i in order], [refs[i] for i in order], lang=self.trainer.datamodule.data.tgt_lang)
             self.log("val/bleu", score["bleu"], prog_bar=True, rank_zero_only=True)
 
     def configure_optimizers(self):

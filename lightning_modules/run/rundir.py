@@ -57,7 +57,8 @@ from aiayn.common.locks import is_held, try_lock
 from aiayn.common.names import under
 from aiayn.common.schema import SCHEMA  # of config.json and metrics.json; a newer one is refused
 from aiayn.common.secrets import redact_obj
-from aiayn.lightning_modules.data.corpora import corpus_dirname
+from aiayn.lightning_modules.data.corpora import CorpusRef
+from aiayn.lightning_modules.data.plan import DataIdentity
 from aiayn.lightning_modules.run.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -193,25 +194,6 @@ _FIELD_TYPES = {
 
 
 @dataclass(frozen=True)
-class DataIdentity:
-    """The data module's arguments that fix which tokens a model sees (in config.json and in every checkpoint)."""
-
-    corpus: str
-    data_dir: str | None = None
-    vocab_size: int = 8000
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    max_len: int = 256
-    train_pairs: int | None = None
-    splits: str | None = None  # --hf-splits of a Hugging Face dataset (None: its train, validation, test)
-    # every source ends with </s> (--source-eos, the paper's; a config.json without it: aiayn's earlier runs, without)
-    source_eos: bool = False
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class TrainPlan:
     seed: int
     steps: int  # optimizer steps
@@ -276,7 +258,7 @@ class RunConfig:
             raise ValueError(f"its spec is not one aiayn wrote ({type(e).__name__}: {e})") from None
         except UserError as e:  # a recorded value this aiayn's model config refuses
             raise ValueError(str(e)) from None
-        return cls(spec=spec, data=_from_dict(DataIdentity, d["data"], "data"),
+        return cls(spec=spec, data=DataIdentity.from_dict(d["data"]),
                    train=_from_dict(TrainPlan, d["train"], "train"), tokenizer_file=tok.get("file", "tokenizer.model"),
                    tokenizer_sha256=tok.get("sha256"), options=d.get("options") or {})  # fmt: skip
 
@@ -292,10 +274,10 @@ class OutDir:
 
     RESERVED = ("hpo", "slurm", "reports", "sweeps", ".locks")  # top-level names that are not presets
 
-    def run(self, preset: str, corpus: str, row: str, seed: int) -> RunDir:
+    def run(self, preset: str, corpus: CorpusRef, row: str, seed: int) -> RunDir:
         """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en); a
         name that is not one safe component is a UserError (aiayn.common.names), so no run lands outside OUT."""
-        return RunDir(under(self.root, preset, corpus_dirname(corpus), row, _seed_dir(seed),
+        return RunDir(under(self.root, preset, corpus.dirname, row, _seed_dir(seed),
                             kinds=("preset", "corpus", "row", "seed")))  # fmt: skip
 
     def run_of(self, spec: RunSpec, seed: int) -> RunDir:
@@ -559,7 +541,7 @@ class RunDir:
         spec, t = config.spec, config.train
         code = provenance.source()
         metrics = RunMetrics(
-            row=spec.row, group=spec.group, seed=t.seed, preset=spec.preset.name, data=config.data.corpus,
+            row=spec.row, group=spec.group, seed=t.seed, preset=spec.preset.name, data=config.data.corpus.name,
             status=status, kind=kind, planned_steps=t.steps, budget_steps=spec.train_steps, paper_ppl=spec.paper.ppl,
             paper_bleu=spec.paper.bleu, paper_params_m=spec.paper.params_m,
             config={k: getattr(spec.model, k) for k in MODEL_KEYS}, deviations=[d.text for d in spec.deviations],

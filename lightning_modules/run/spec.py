@@ -16,7 +16,7 @@ from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, PAPER_BASE, SCHEDULE_KEYS, 
 from aiayn.ablations.presets import Preset, get_preset, scale
 from aiayn.ablations.table import get_row, load_rows
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.data.corpora import canonical_corpus, corpus_dirname
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.transformer.config import PE_KINDS, TransformerConfig
 
 if TYPE_CHECKING:  # the options of `aiayn train`, which are above this module
@@ -60,7 +60,7 @@ class RunSpec:
     row: str
     group: str
     preset: Preset
-    corpus: str
+    corpus: CorpusRef  # parsed once, with its --hf-splits (config.json records its name)
     knobs: dict  # the row at the preset's scale (model knobs and train_steps), before --set
     overrides: dict = field(default_factory=dict)  # the --set values, as given
     model: TransformerConfig = None  # knobs + overrides + vocabulary: what the model is built from
@@ -82,9 +82,10 @@ class RunSpec:
     def to_dict(self) -> dict:
         return {
             "row": self.row, "group": self.group, "note": self.note, "preset": asdict(self.preset),
-            "corpus": self.corpus, "knobs": dict(self.knobs), "overrides": dict(self.overrides),
+            "corpus": self.corpus.name, "knobs": dict(self.knobs), "overrides": dict(self.overrides),
             "model": self.model.to_dict(), "train_steps": self.train_steps, "schedule": asdict(self.schedule),
             "paper": asdict(self.paper), "deviations": [asdict(d) for d in self.deviations],
+            **({"splits": self.corpus.splits} if self.corpus.splits else {}),
         }  # fmt: skip
 
     @classmethod
@@ -95,7 +96,8 @@ class RunSpec:
         preset = Preset(**{k: v for k, v in d["preset"].items() if k in names})
         preset = replace(preset, aliases=tuple(tuple(a) for a in preset.aliases), cells=tuple(preset.cells))
         knobs = {**PAPER_BASE, **d["knobs"]}  # a knob added since the file was written: the paper's value
-        spec = _build(d["row"], d["group"], d.get("note", ""), preset, d["corpus"], knobs, d["overrides"],
+        corpus = CorpusRef.parse(d["corpus"], d.get("splits"))
+        spec = _build(d["row"], d["group"], d.get("note", ""), preset, corpus, knobs, d["overrides"],
                       Paper(**d["paper"]), d["model"]["vocab_size"])  # fmt: skip
         # the file's model is derived from its knobs and overrides; one edited by hand (or by another aiayn) that no
         # longer follows from them is refused rather than silently replaced by what they give
@@ -108,10 +110,10 @@ class RunSpec:
         return spec
 
 
-def run_corpus(data: str | None, preset: Preset) -> str:
-    """The corpus a run trains on, spelled once for every layer: `--data`'s, canonical (hf:./local as an absolute
-    path, the spelling each run records), or the preset's."""
-    return canonical_corpus(data) if data else preset.corpus
+def run_corpus(data: str | None, preset: Preset, splits: str | None = None) -> CorpusRef:
+    """The corpus a run trains on, parsed once for every layer: `--data`'s (hf:./local made an absolute path, the
+    spelling each run records), or the preset's; `splits`: --hf-splits."""
+    return CorpusRef.parse(data or preset.corpus, splits)
 
 
 def resolve(
@@ -120,7 +122,7 @@ def resolve(
     *,
     tables: tuple[str, ...] = (),
     overrides: dict | None = None,
-    corpus: str | None = None,
+    corpus: CorpusRef | None = None,
     vocab_size: int | None = None,
 ) -> RunSpec:
     """The run of `row` at `preset` (`tables`: the user's own table files, where the row may be; `overrides`:
@@ -128,7 +130,7 @@ def resolve(
     preset = preset if isinstance(preset, Preset) else get_preset(preset)
     r = get_row(row, tables)
     paper = Paper(r.paper_ppl, r.paper_bleu, r.paper_params_m)
-    corpus = run_corpus(corpus, preset)  # an unknown corpus: said before any work
+    corpus = corpus or run_corpus(None, preset)
     knobs = scale(r, preset)
     if tables and r.row not in load_rows():
         _say_scaled(r, knobs, preset)
@@ -151,6 +153,8 @@ _SAID: set = set()
 
 
 def _build(row, group, note, preset: Preset, corpus, knobs: dict, overrides: dict, paper, vocab_size) -> RunSpec:
+    if not isinstance(corpus, CorpusRef):  # a caller's mistake, not the user's: a corpus is parsed once, before here
+        raise TypeError(f"corpus {corpus!r} is not a CorpusRef: parse it once (run_corpus, CorpusRef.parse)")
     unknown = sorted(set(overrides) - set(MODEL_KEYS) - set(SCHEDULE_KEYS))
     if unknown:
         raise UserError(f"--set {unknown[0]}: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}")
@@ -195,8 +199,9 @@ def spec_of(opts: TrainOptions) -> RunSpec:
     """The run `opts` (an `aiayn train`'s options) name, resolved: the one call of a driver (`aiayn train`, a sweep,
     a search); `aiayn train --config` of a run's config.json passes that run's own spec instead, so the run is
     reproduced even when its table or preset changed since."""
-    return resolve(opts.row, opts.preset, tables=opts.table, overrides=opts.overrides, corpus=opts.data,
-                   vocab_size=opts.vocab_size)  # fmt: skip
+    preset = get_preset(opts.preset)
+    return resolve(opts.row, preset, tables=opts.table, overrides=opts.overrides,
+                   corpus=run_corpus(opts.data, preset, opts.hf_splits), vocab_size=opts.vocab_size)  # fmt: skip
 
 
 def spec_for(opts: TrainOptions, recorded: ConfigFile | None = None) -> RunSpec:
@@ -211,6 +216,8 @@ def spec_for(opts: TrainOptions, recorded: ConfigFile | None = None) -> RunSpec:
         run = RunSpec.from_dict(spec)
     except ValueError as e:
         raise UserError(f"--config: the run it records is not one aiayn wrote ({e})") from None
+    if opts.hf_splits != run.corpus.splits:  # --hf-splits given now: the recorded dataset, read by those splits
+        run = replace(run, corpus=run.corpus.with_splits(opts.hf_splits))
     if recorded.resolved:
         return run
     run = run.with_overrides(opts.overrides)
@@ -242,14 +249,14 @@ def changed_since(recorded: RunSpec, tables: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
-def sweep_key(preset: str, corpus: str) -> str:
+def sweep_key(preset: str, corpus: CorpusRef) -> str:
     """The one name of a sweep (every row and seed of one preset on one corpus), a file name (hf:wmt/wmt14 has a
-    slash; corpus_dirname says how it is spelled): every other name of a sweep is built from it (the tracker's
+    slash; CorpusRef.dirname says how it is spelled): every other name of a sweep is built from it (the tracker's
     experiment, the Optuna study, the sweep's record and its pairs' keys in the books, a report's file names)."""
-    return f"{preset}-{corpus_dirname(corpus)}"
+    return f"{preset}-{corpus.dirname}"
 
 
-def experiment_name(preset: str, corpus: str) -> str:
+def experiment_name(preset: str, corpus: CorpusRef) -> str:
     """One name for a sweep in every tracker: the MLflow experiment and the W&B project
     (lightning_modules/run/loggers.py, wandb_run.py)."""
     return f"aiayn-{sweep_key(preset, corpus)}"

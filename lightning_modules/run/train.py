@@ -44,8 +44,7 @@ from aiayn.common.files import (
 )
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
-from aiayn.lightning_modules.data.corpora import check_corpus_options
-from aiayn.lightning_modules.data.datamodule import TranslationDataModule, derive_accumulation
+from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.run import disk, wandb_run
 from aiayn.lightning_modules.run import loggers as run_loggers
 from aiayn.lightning_modules.run.callbacks import (
@@ -80,7 +79,7 @@ from aiayn.lightning_modules.run.options import (
     TrainOptions,
     options_record,
 )
-from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
+from aiayn.lightning_modules.run.rundir import OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
 from aiayn.lightning_modules.transformer.compiled import compile_model
 from aiayn.lightning_modules.transformer.loss import grad_w_path
@@ -125,26 +124,13 @@ def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None =
                      run: RunDir | None = None) -> TranslationDataModule:  # fmt: skip
     preset = spec.preset
     max_tokens = opts.max_tokens or device_tokens(preset, opts.world_size)
-    return TranslationDataModule(
-        corpus=spec.corpus,
-        data_dir=opts.data_dir,
-        cache_dir=opts.cache_dir,
-        vocab_size=spec.model.vocab_size,
-        max_tokens=max_tokens,
-        accumulate=derive_accumulation(preset.tokens_per_step, max_tokens, opts.world_size),
-        src_lang=opts.src_lang,
-        tgt_lang=opts.tgt_lang,
-        seed=opts.seed,
-        max_len=preset.max_len,
-        num_workers=data_workers(opts.num_workers, opts.accelerator),
-        pin_memory=uses_cuda(opts.accelerator),
-        pad_to=pad_multiple(opts.pad_to, opts.accelerator),
-        static_shapes=opts.static_shapes,
-        tokenizer=tokenizer,
-        train_pairs=opts.train_pairs or preset.train_pairs,
-        splits=opts.hf_splits,
-        source_eos=source_eos(opts, run),
-    )
+    identity = DataIdentity(spec.corpus, opts.data_dir, spec.model.vocab_size, opts.src_lang, opts.tgt_lang,
+                            preset.max_len, opts.train_pairs or preset.train_pairs, source_eos(opts, run))  # fmt: skip
+    return TranslationDataModule(DataPlan(
+        identity, opts.cache_dir, max_tokens, derive_accumulation(preset.tokens_per_step, max_tokens, opts.world_size),
+        opts.seed, num_workers=data_workers(opts.num_workers, opts.accelerator), pin_memory=uses_cuda(opts.accelerator),
+        pad_to=pad_multiple(opts.pad_to, opts.accelerator), static_shapes=opts.static_shapes, tokenizer=tokenizer,
+    ))  # fmt: skip
 
 
 def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
@@ -159,21 +145,6 @@ def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
             f"use another --out or drop --tokenizer"
         )
     return Path(opts.tokenizer) if opts.tokenizer else own
-
-
-def data_identity(dm: TranslationDataModule) -> DataIdentity:
-    """The DataModule arguments that fix which tokens a model sees (saved in config and checkpoint)."""
-    return DataIdentity(
-        corpus=dm.corpus,
-        data_dir=dm.data_dir,
-        vocab_size=dm.requested_vocab_size,
-        src_lang=dm.src_lang,
-        tgt_lang=dm.tgt_lang,
-        max_len=dm.max_len,
-        train_pairs=dm.train_pairs,
-        splits=dm.splits,
-        source_eos=dm.source_eos,
-    )
 
 
 def is_launch_rank_zero() -> bool:
@@ -203,7 +174,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     """Resolve a run without preparing data or writing anything (`aiayn train --print-config`)."""
     spec = spec or spec_of(opts)
     run_loggers.of(opts)  # an unknown logger or a missing package: said before anything is prepared
-    check_corpus_options(spec.corpus, opts.data_dir, opts.hf_splits)
+    spec.corpus.check_data_dir(opts.data_dir)
     check_device(opts)
     check_path_length(opts.out, "--out")  # before the run's folder under it is looked at
     check_cache_dir(opts.cache_dir)
@@ -229,12 +200,12 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     run = RunDir(Path(run_dir)) if run_dir else OutDir(opts.out).run_of(spec, opts.seed)
     dm = build_datamodule(opts, spec, tokenizer_for(opts, run), run)
     steps = opts.max_steps or spec.train_steps
-    tokenizer = dm.tokenizer
+    tokenizer = dm.plan.tokenizer
     config = RunConfig(
         spec=spec,
-        data=data_identity(dm),
-        train=TrainPlan(seed=opts.seed, steps=steps, accumulate=dm.accumulate, world_size=opts.world_size,
-                        effective_tokens_per_step=dm.max_tokens * opts.world_size * dm.accumulate,
+        data=dm.data,
+        train=TrainPlan(seed=opts.seed, steps=steps, accumulate=dm.plan.accumulate, world_size=opts.world_size,
+                        effective_tokens_per_step=dm.plan.max_tokens * opts.world_size * dm.plan.accumulate,
                         precision=resolve_precision(opts.precision, opts.accelerator)),
         tokenizer_sha256=sha256_file(tokenizer) if tokenizer else None,
         options=options_record(opts),  # `aiayn train --config config.json` trains this run again
@@ -300,15 +271,15 @@ def prepare(p: Plan):
     check_writable_dir(p.run.path, "--out")
     # once per node: the DDP ranks (and concurrent runs) of a cold cache take turns; the first makes it, the others
     # find it made. The lock is the node's (its temp directory), so that a bad corpus still writes nothing.
-    key = hashlib.sha1(str(p.dm.cache_dir.resolve()).encode()).hexdigest()[:12]
+    key = hashlib.sha1(str(p.dm.plan.cache_dir.resolve()).encode()).hexdigest()[:12]
     with file_lock(Path(tempfile.gettempdir()) / f"aiayn-prepare-{key}.lock", wait=True):
         try:
             p.dm.prepare_data()
         except OSError as e:  # a full cache disk: the one line of a full disk, naming the cache
-            full = disk_full(p.dm.cache_dir / "…", e, None)
+            full = disk_full(p.dm.plan.cache_dir / "…", e, None)
             if full is None:
                 raise
-            raise UserError(f"no space left on the cache's disk ({p.dm.cache_dir}) to prepare the corpus and "
+            raise UserError(f"no space left on the cache's disk ({p.dm.plan.cache_dir}) to prepare the corpus and "
                             f"tokenizer; free space there or point AIAYN_CACHE (or --cache-dir) at a disk with "
                             "room") from None  # fmt: skip
     p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
@@ -336,8 +307,8 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     )  # fmt: skip
     if opts.residual_dtype == "bf16":
         residual_stream(module.model, torch.bfloat16)
-    share = compile_model(module.model, opts.compile, dynamic=not p.dm.static_shapes)
-    if share and p.dm.static_shapes:  # room for every training shape, counted once the data is set up
+    share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes)
+    if share and p.dm.plan.static_shapes:  # room for every training shape, counted once the data is set up
         hooks = replace(hooks, callbacks=(*hooks.callbacks, RoomForShapes(share)))
     trainer = build_trainer(opts, p, hooks)
     if trainer.is_global_zero:
@@ -410,7 +381,7 @@ def _log_budget(p: Plan, opts: TrainOptions) -> None:
     log.info(
         "budget: %d real target tokens per optimizer step = %d per device batch x %d devices x %d accumulated "
         "(preset: %d); the tokens that arrive are logged as train/src_tokens_per_step, train/tgt_tokens_per_step",
-        t.effective_tokens_per_step, p.dm.max_tokens, t.world_size, t.accumulate, p.preset.tokens_per_step,
+        t.effective_tokens_per_step, p.dm.plan.max_tokens, t.world_size, t.accumulate, p.preset.tokens_per_step,
     )  # fmt: skip
     if t.effective_tokens_per_step > 1.1 * p.preset.tokens_per_step:
         log.warning("more tokens per step than the preset's; pass a smaller --max-tokens")
@@ -478,11 +449,11 @@ def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: 
     does: more sentences per decoder step (the tiny preset's 1024: 6.55 -> 5.09 s for its 1000 dev sentences).
     On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU (a
     paper-scale beam decode of newstest2013 there would take hours)."""
-    full_dev = TranslationDataModule(
-        **p.config.data.to_dict(), cache_dir=opts.cache_dir, max_tokens=max(p.dm.max_tokens, DECODE_MAX_TOKENS),
-        dev_subset=opts.eval_subset, tokenizer=p.dm.tokenizer_model, pad_to=p.dm.pad_to,
-        static_shapes=p.dm.static_shapes,
-    )  # fmt: skip
+    plan = p.dm.plan
+    full_dev = TranslationDataModule(DataPlan(
+        p.config.data, plan.cache_dir, max(plan.max_tokens, DECODE_MAX_TOKENS), dev_subset=opts.eval_subset,
+        pad_to=plan.pad_to, static_shapes=plan.static_shapes, tokenizer=p.dm.tokenizer_model,
+    ))  # fmt: skip
     full_dev.setup("validate")
     device = trainer.strategy.root_device
     module.to(device)

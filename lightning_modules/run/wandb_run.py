@@ -44,7 +44,7 @@ def wandb_config(config: RunConfig) -> dict:
     spec, train = config.spec, config.train
     return {
         "row": spec.row, "seed": train.seed, "group": spec.group, "preset": spec.preset.name,
-        "corpus": config.data.corpus, **{k: getattr(spec.model, k) for k in MODEL_KEYS},
+        "corpus": config.data.corpus.name, **{k: getattr(spec.model, k) for k in MODEL_KEYS},
         "train_steps": train.steps, "precision": train.precision, "accumulate": train.accumulate,
         "world_size": train.world_size, "effective_tokens_per_step": train.effective_tokens_per_step,
         "warmup": spec.schedule.warmup, "lr_factor": spec.schedule.lr_factor, "preset_rule": spec.preset.rule(),

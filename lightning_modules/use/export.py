@@ -42,6 +42,7 @@ from aiayn.ablations.knobs import KNOBS
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_directory, check_new_directory, sha256_bytes
 from aiayn.common.secrets import redact
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.transformer.config import PE_KINDS
 from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, UNK, Transformer, TransformerConfig, sinusoid_table
 from aiayn.lightning_modules.use.options import CT2_QUANTIZATIONS, ExportOptions
@@ -410,7 +411,7 @@ def run_summary(config: RunConfig | None, run_dir: str | None) -> dict:
     """What the model card says of the run: its Table 3 row, preset and deviations (from the config the checkpoint
     carries), and its dev results (from the run directory's metrics.json, where there is one)."""
     spec = config.spec if config is not None else None
-    out = {"row": spec and spec.row, "preset": spec and spec.preset.name, "corpus": spec and spec.corpus,
+    out = {"row": spec and spec.row, "preset": spec and spec.preset.name, "corpus": spec and spec.corpus.name,
            "deviations": [d.text for d in spec.deviations] if spec else [],
            "paper": asdict(spec.paper) if spec else None}  # fmt: skip
     if run_dir:
@@ -443,9 +444,6 @@ def push(folder: Path, repo: str, *, private: bool = False) -> None:
 
 # --- the export's README: a model card -------------------------------------------------------------
 
-HUB_DATASETS = {"wmt14": "wmt/wmt14", "multi30k": "bentrevett/multi30k"}  # our corpus names -> the Hub's
-
-
 def model_card(fmt: str, record: dict, license: str = "mit") -> str:
     """README.md of an export: Hub metadata (languages, license, datasets, the dev BLEU with its sacreBLEU
     signature as a model-index result) through huggingface_hub's ModelCardData, then how to use it, the Table 3 row
@@ -458,7 +456,7 @@ def model_card(fmt: str, record: dict, license: str = "mit") -> str:
     run, data = record.get("run") or {}, record.get("data") or {}
     langs = [x for x in (data.get("src_lang"), data.get("tgt_lang")) if x]
     corpus = run.get("corpus") or data.get("corpus") or ""
-    dataset = HUB_DATASETS.get(corpus) or (corpus[3:].split(":")[0] if corpus.startswith("hf:") else None)
+    dataset = CorpusRef.recorded(corpus).hub_dataset if corpus else None
     results = None
     if run.get("dev_bleu") is not None:
         results = [EvalResult(task_type="translation", task_name=f"Translation {'-'.join(langs)}",

@@ -292,6 +292,7 @@ def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str
     """Sources and references of a split of the corpus a model was trained on (`data`: the corpus
     identity its checkpoint records); `data_dir` where the corpus's files are now, if they moved."""
     from aiayn.lightning_modules.data.corpora import (  # lazily: translating needs no corpus
+        CorpusRef,
         read_parallel,
         resolve_corpus,
     )
@@ -299,6 +300,6 @@ def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str
     if not data.get("corpus"):
         raise UserError("the checkpoint does not name its corpus; pass --src FILE --ref FILE instead of --split")
     src_lang, tgt_lang = data.get("src_lang", "en"), data.get("tgt_lang", "de")
-    corpus_dir = resolve_corpus(data["corpus"], data_dir or data.get("data_dir"), cache_dir, src_lang, tgt_lang,
-                                data.get("splits"))  # fmt: skip
+    corpus = CorpusRef.parse(data["corpus"], data.get("splits"))  # the record's, parsed once
+    corpus_dir = resolve_corpus(corpus, data_dir or data.get("data_dir"), cache_dir, src_lang, tgt_lang)
     return read_parallel(corpus_dir, split, src_lang, tgt_lang)

@@ -35,9 +35,10 @@ from aiayn.ablations.presets import Preset, get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
 from aiayn.common.secrets import redact
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions, resolved_run
-from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import RunSpec, resolve, run_corpus, sweep_key
 from aiayn.sweeps import books
 from aiayn.sweeps.books import Pair, PairState
@@ -52,7 +53,7 @@ class Sweep:
 
     out: OutDir
     preset: Preset
-    corpus: str
+    corpus: CorpusRef
     pairs: list[Pair]
     train: TrainOptions
     specs: dict[str, RunSpec]
@@ -66,6 +67,10 @@ class Sweep:
 
     def pair_key(self, row: str, seed: int) -> str:
         return books.pair_key(self.preset.name, self.corpus, row, seed)
+
+    def run(self, row: str, seed: int) -> RunDir:
+        """The run directory of a pair: OUT/PRESET/CORPUS/ROW/seedS."""
+        return self.out.run(self.preset.name, self.corpus, row, seed)
 
     def run_options(self, row: str, seed: int) -> TrainOptions:
         return replace(self.train, row=row, seed=seed, progress=False)
@@ -97,7 +102,7 @@ class Sweep:
         books.record_sweep(self.out, self.preset.name, self.corpus, self.pairs, backend)
 
     def failed(self, row: str, seed: int, error: str) -> RunMetrics:
-        return RunMetrics(row=row, seed=seed, preset=self.preset.name, status="failed", data=self.corpus,
+        return RunMetrics(row=row, seed=seed, preset=self.preset.name, status="failed", data=self.corpus.name,
                           error=redact(error))  # fmt: skip
 
 
@@ -207,10 +212,9 @@ def make_sweep(pairs: list[Pair], train: TrainOptions, *, storage: str | None = 
     """The sweep of `pairs`, resolved once: each row's spec (the runs get theirs from here, whatever runs them)."""
     preset = get_preset(train.preset)
     loggers.of(train)  # an unknown logger or a missing package: said once, not by every run
-    t = train
-    specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=t.data, vocab_size=t.vocab_size)
+    t, corpus = train, run_corpus(train.data, preset, train.hf_splits)
+    specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=corpus, vocab_size=t.vocab_size)
              for row in dict.fromkeys(row for row, _ in pairs)}  # fmt: skip
-    corpus = run_corpus(t.data, preset)
     return Sweep(OutDir(t.out), preset, corpus, pairs, t, specs, storage, jobs)
 
 

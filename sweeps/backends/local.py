@@ -88,7 +88,7 @@ class LocalBackend(QueueBackend):
                             "own need --backend subprocess")  # fmt: skip
 
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
-        run = sweep.out.run(sweep.preset.name, sweep.corpus, row, seed)
+        run = sweep.run(row, seed)
         run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
         child = _forkserver().Process(
             target=_train_in_child,

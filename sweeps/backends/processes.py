@@ -102,7 +102,7 @@ class SubprocessBackend(QueueBackend):
 
 
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
-        run = sweep.out.run(sweep.preset.name, sweep.corpus, row, seed)
+        run = sweep.run(row, seed)
         run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
         slots = self.slots(sweep) or []
         index = slots.index(slot) if slot in slots else 0

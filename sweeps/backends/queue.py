@@ -24,6 +24,7 @@ from aiayn.ablations.table import MAX_SEED
 from aiayn.common.errors import UserError
 from aiayn.common.locks import file_lock, removed_on_error
 from aiayn.common.text import clock
+from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.devices import usable_cpus
 from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.lightning_modules.run.spec import sweep_key
@@ -84,7 +85,7 @@ class Stop:
                 self._children.discard(pid)
 
 
-def study_name(preset: str, corpus: str) -> str:
+def study_name(preset: str, corpus: CorpusRef) -> str:
     return f"table3-{sweep_key(preset, corpus)}"  # also its pop lock's file name
 
 
@@ -170,7 +171,7 @@ class QueueBackend(Backend):
             storage = open_storage(url, create_dir=sweep.out.root)
             study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
             study.set_user_attr("preset", sweep.preset.name)
-            study.set_user_attr("corpus", sweep.corpus)
+            study.set_user_attr("corpus", sweep.corpus.name)
             for t in books.fail_stale_trials(study, self.pop_lock(sweep), claims, key_of):
                 log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
                             t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
@@ -269,7 +270,7 @@ class QueueBackend(Backend):
                     t0 = time.perf_counter()
                     metrics = self.run_one(sweep, *pair, slot)
                     elapsed = time.perf_counter() - t0
-                    run = sweep.out.run(sweep.preset.name, sweep.corpus, *pair)
+                    run = sweep.run(*pair)
                     trial.set_user_attr("metrics", {k: v for k, v in metrics.to_dict().items() if k != "config"})
                     trial.set_user_attr("run_dir", str(run.path))
                     if metrics.completed:
@@ -322,7 +323,7 @@ def attempt_header() -> str:
 
 
 def _result(sweep: Sweep, row: str, seed: int, returncode: int | None) -> RunMetrics:
-    run = sweep.out.run(sweep.preset.name, sweep.corpus, row, seed)
+    run = sweep.run(row, seed)
     metrics = run.read_metrics()
     if returncode == 0 and metrics is not None:
         return metrics

@@ -43,18 +43,7 @@ from aiayn.sweeps.backends.slurm.checks import (
     time_limit_seconds,
 )
 from aiayn.sweeps.backends.slurm.options import SPAWNING, TRAIN, SlurmOptions, SlurmResources
-from aiayn.sweeps.backends.slurm.pairs import (
-    claims,
-    classify,
-    corpus_of,
-    job_of,
-    key_of,
-    live_jobs,
-    marker,
-    out_of,
-    pairs,
-    run_of,
-)
+from aiayn.sweeps.backends.slurm.pairs import claims, classify, job_of, live_jobs, marker, pairs
 from aiayn.sweeps.backends.slurm.script import (
     disk_line,
     job_name,
@@ -63,7 +52,6 @@ from aiayn.sweeps.backends.slurm.script import (
     report_script_path,
     resolved_dir,
     script_path,
-    specs_of,
     train_command,
     write_script,
 )
@@ -77,12 +65,8 @@ __all__ = [
     "SlurmResources",
     "SlurmOptions",
     "pairs",
-    "corpus_of",
-    "out_of",
-    "run_of",
     "live_jobs",
     "claims",
-    "key_of",
     "marker",
     "job_of",
     "classify",
@@ -97,7 +81,6 @@ __all__ = [
     "job_name",
     "train_command",
     "render",
-    "specs_of",
     "resolved_dir",
     "disk_line",
     "script_path",

@@ -43,8 +43,9 @@ class SlurmBackend(Backend):
     def from_options(cls, opts: SlurmOptions) -> tuple[SlurmBackend, Sweep]:
         """The back end and the sweep it runs, from its options: the sweep resolved once, here."""
         opts = with_accelerator(opts)
+        todo = pairs(opts)  # an unknown preset, row or group, or --seeds 0
         check(opts)
-        return cls(opts), make_sweep(pairs(opts), opts.train)
+        return cls(opts), make_sweep(todo, opts.train)
 
     @classmethod
     def run_command(cls, opts, write_report=None) -> int:
@@ -52,7 +53,7 @@ class SlurmBackend(Backend):
         return slurm(slurm_options(opts), write_report)
 
     def claims(self, sweep: Sweep) -> books.Claims:
-        return claims(self.opts)
+        return claims(sweep)
 
     @classmethod
     def status_claims(cls, out: OutDir) -> books.Claims:
@@ -62,7 +63,7 @@ class SlurmBackend(Backend):
         check(self.opts)
 
     def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
-        return SweepSummary.of(submit(self.opts, pairs, sweep.specs))
+        return SweepSummary.of(submit(self.opts, sweep, pairs))
 
     def summary_lines(self, summary: SweepSummary, sweep: Sweep) -> list[str]:
         """The script (a dry run), the pairs queued or submitted, the job and script, the disk estimate and the

@@ -12,7 +12,6 @@ from pathlib import Path
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run import loggers
 from aiayn.sweeps.backends.slurm.options import SPAWNING, SlurmOptions
-from aiayn.sweeps.backends.slurm.pairs import pairs
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
@@ -138,9 +137,9 @@ def check_one_line(opts: SlurmOptions) -> None:
 
 
 def check(opts: SlurmOptions) -> int:
-    """Validate everything; return tasks per node. Raises UserError before anything is written."""
+    """Validate SLURM's options (the sweep's rows are checked when the sweep is made: backend.from_options); return
+    tasks per node. Raises UserError before anything is written."""
     check_one_line(opts)
-    pairs(opts)  # an unknown preset, row or group, or --seeds 0
     loggers.of(opts.train)  # an unknown logger, or one whose package is missing here (jobs inherit this environment)
     res = opts.resources
     if not res.partition:

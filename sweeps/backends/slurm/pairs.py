@@ -1,5 +1,5 @@
-"""The books of a SLURM sweep: which (row, seed) pairs are done, queued or running (a job SLURM still holds), and
-which to submit; the run directory of each.
+"""The books of a SLURM sweep: which (row, seed) pairs of the sweep it is handed are done, queued or running (a job
+SLURM still holds), and which to submit.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.lightning_modules.run.rundir import OutDir, RunDir
-from aiayn.lightning_modules.run.spec import resolve, run_corpus
+from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import books
+from aiayn.sweeps.backends import Sweep
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
 from aiayn.sweeps.books import Claims
 
@@ -52,22 +52,12 @@ class SlurmClaims(Claims):
         return {"holder": f"SLURM job {job}", "since": json.loads(self.marker(key).read_text()).get("submitted")}
 
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
+    """The pairs the options ask for (`aiayn slurm train`: its one row and seed; table3: its selection), from which
+    the sweep is made, once (backends.make_sweep): everything below works on that sweep."""
     preset = get_preset(opts.train.preset)
     if opts.kind == "train":
         return [(get_row(opts.train.row, opts.train.table).row, opts.train.seed)]  # unknown: names the rows there are
     return opts.select.pairs(preset, opts.train.table)
-
-
-def corpus_of(opts: SlurmOptions) -> str:
-    return run_corpus(opts.train.data, get_preset(opts.train.preset))
-
-
-def out_of(opts: SlurmOptions) -> OutDir:
-    return OutDir(Path(opts.train.out).resolve())
-
-
-def run_of(opts: SlurmOptions, row: str, seed: int) -> RunDir:
-    return out_of(opts).run(get_preset(opts.train.preset).name, corpus_of(opts), row, seed)
 
 
 def live_jobs() -> set[str]:
@@ -80,30 +70,23 @@ def live_jobs() -> set[str]:
     return set(proc.stdout.split())
 
 
-def claims(opts: SlurmOptions, live=live_jobs) -> SlurmClaims:
-    """Which array task holds which pair (OUT/slurm/pairs/), alive while SLURM holds the task."""
-    return SlurmClaims(out_of(opts), "pair", live)
+def claims(sweep: Sweep, live=live_jobs) -> SlurmClaims:
+    """Which array task holds which pair of `sweep` (OUT/slurm/pairs/), alive while SLURM holds the task."""
+    return SlurmClaims(sweep.out, "pair", live)
 
 
-def key_of(opts: SlurmOptions, row: str, seed: int) -> str:
-    return books.pair_key(get_preset(opts.train.preset).name, corpus_of(opts), row, seed)
+def marker(sweep: Sweep, row: str, seed: int) -> Path:
+    return claims(sweep).marker(sweep.pair_key(row, seed))
 
 
-def marker(opts: SlurmOptions, row: str, seed: int) -> Path:
-    return claims(opts).marker(key_of(opts, row, seed))
+def job_of(sweep: Sweep, row: str, seed: int) -> str | None:
+    return claims(sweep).job(sweep.pair_key(row, seed))
 
 
-def job_of(opts: SlurmOptions, row: str, seed: int) -> str | None:
-    return claims(opts).job(key_of(opts, row, seed))
-
-
-def classify(opts: SlurmOptions, todo: list[tuple[str, int]], live: set[str]) -> dict[str, list]:
+def classify(sweep: Sweep, todo: list[tuple[str, int]], live: set[str]) -> dict[str, list]:
     """Split pairs into completed, in SLURM (queued or running) and pending (to submit), by the books every
-    back end keeps (sweeps/books.py)."""
-    held = SlurmClaims(out_of(opts), "pair", lambda: live)
-    t = opts.train
-    wanted = {row: t.max_steps or resolve(row, t.preset, tables=t.table).train_steps for row in {r for r, _ in todo}}
-    found = books.states(out_of(opts), get_preset(opts.train.preset).name, corpus_of(opts), todo, held, wanted)
+    back end keeps (sweeps/books.py), at the steps the sweep wants of each row."""
+    found = books.states(sweep.out, sweep.preset.name, sweep.corpus, todo, claims(sweep, lambda: live), sweep.wanted)
     out = {"completed": [], "in_slurm": [], "pending": []}
     for s in found:
         out["completed" if s.state == "completed" else "in_slurm" if s.state == "running" else "pending"].append(s.pair)

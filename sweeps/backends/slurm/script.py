@@ -9,16 +9,14 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from aiayn.ablations.presets import get_preset
 from aiayn.common.files import atomic_write_text
 from aiayn.common.options import to_argv
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules.data.corpora import canonical_corpus
 from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run.devices import MAX_WORKERS
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import OutDir
-from aiayn.lightning_modules.run.spec import RunSpec, resolve
+from aiayn.sweeps.backends import Sweep
 from aiayn.sweeps.backends.slurm.options import TRAIN, SlurmOptions
 
 
@@ -28,16 +26,16 @@ def job_name(opts: SlurmOptions) -> str:
     return f"aiayn-table3-{opts.train.preset}"
 
 
-def train_command(opts: SlurmOptions, per_node: int) -> list[str]:
+def train_command(opts: SlurmOptions, sweep: Sweep, per_node: int) -> list[str]:
     """`aiayn train` with Trainer settings that match the allocation ($ROW and $SEED from the array), as
-    the command followed by one "--flag value" string per option. The options are `opts.train`'s,
-    written by `to_argv` (the one place that turns options into a command line)."""
+    the command followed by one "--flag value" string per option. The options are the sweep's (`sweep.train`, its
+    corpus as the sweep parsed it), written by `to_argv` (the one place that turns options into a command line)."""
     world = per_node * opts.resources.nodes
-    t = opts.train
+    t = sweep.train
     fixed = replace(
         t, row=TrainOptions.row, seed=TrainOptions.seed, out=str(Path(t.out).resolve()),
         data_dir=str(Path(t.data_dir).resolve()) if t.data_dir else None, devices=per_node,
-        data=canonical_corpus(t.data) if t.data else None,  # hf:./local made absolute: the task runs elsewhere
+        data=sweep.corpus.name if t.data else None,  # hf:./local made absolute: the task runs elsewhere
         table=tuple(str(Path(f).resolve()) for f in t.table),
         num_nodes=opts.resources.nodes, strategy=t.strategy or ("ddp" if world > 1 else "auto"), progress=False,
     )  # fmt: skip
@@ -63,8 +61,8 @@ def task_cpus(opts: SlurmOptions) -> int | None:
     return res.cpus_per_task or (GPU_TASK_CPUS if opts.train.accelerator != "cpu" else None)
 
 
-def render(opts: SlurmOptions, todo: list[tuple[str, int]], per_node: int) -> str:
-    """The sbatch script: one array task per (row, seed) in `todo`."""
+def render(opts: SlurmOptions, sweep: Sweep, todo: list[tuple[str, int]], per_node: int) -> str:
+    """The sbatch script: one array task per (row, seed) of `sweep` in `todo`; `opts`: SLURM's own options."""
     out = Path(opts.train.out).resolve()
     res = opts.resources
     cpus_per_task = task_cpus(opts)
@@ -106,7 +104,7 @@ def render(opts: SlurmOptions, todo: list[tuple[str, int]], per_node: int) -> st
         'echo "aiayn: row $ROW seed $SEED, attempt $((${SLURM_RESTART_COUNT:-0} + 1)),'
         ' job ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID} on ${SLURM_JOB_NODELIST}"',
         # srun does not take --cpus-per-task from sbatch in Slurm 22.05-23.02: say it again
-        f"srun --kill-on-bad-exit=1{cpus} " + " \\\n    ".join(_wrap(train_command(opts, per_node))),
+        f"srun --kill-on-bad-exit=1{cpus} " + " \\\n    ".join(_wrap(train_command(opts, sweep, per_node))),
     ]
     return "\n".join(lines) + "\n"
 
@@ -123,22 +121,16 @@ def _wrap(words: list[str], width: int = 100) -> list[str]:
     return [*lines, current]
 
 
-def specs_of(opts: SlurmOptions, todo: list[tuple[str, int]]) -> dict[str, RunSpec]:
-    """Each row of `todo`, resolved once, at submission: the array's tasks train these (`resolved_dir`)."""
-    t = opts.train
-    return {row: resolve(row, t.preset, tables=t.table, overrides=t.overrides, corpus=t.data, vocab_size=t.vocab_size)
-            for row in dict.fromkeys(row for row, _ in todo)}  # fmt: skip
-
-
 def resolved_dir(opts: SlurmOptions) -> Path:
     """OUT/slurm/JOB-NAME.specs/: ROW.json for each row the array trains, as `aiayn slurm` resolved it."""
     return Path(opts.train.out).resolve() / "slurm" / f"{job_name(opts)}.specs"
 
 
-def disk_line(opts: SlurmOptions, todo: list[tuple[str, int]], specs: dict[str, RunSpec]) -> str:
-    """What the checkpoints of the array's runs will take: each run keeps its periodic checkpoints, last.ckpt and,
-    once preempted, requeue.ckpt (lightning_modules/run/disk.py)."""
-    each = {row: disk.estimate(opts.train, specs[row], slurm=True) for row in dict.fromkeys(row for row, _ in todo)}
+def disk_line(sweep: Sweep, todo: list[tuple[str, int]]) -> str:
+    """What the checkpoints of the array's runs (`todo`, of `sweep`) will take: each run keeps its periodic
+    checkpoints, last.ckpt and, once preempted, requeue.ckpt (lightning_modules/run/disk.py)."""
+    rows = dict.fromkeys(row for row, _ in todo)
+    each = {row: disk.estimate(sweep.train, sweep.specs[row], slurm=True) for row in rows}
     total = sum(each[row].total for row, _ in todo)
     big = max(each, key=lambda row: each[row].total)
     return (f"disk: checkpoints of the {len(todo)} runs: about {disk.human(total)} in all (the largest, {big}: "
@@ -153,7 +145,7 @@ def report_script_path(opts: SlurmOptions) -> Path:
     return OutDir(opts.train.out).backend("slurm") / f"{job_name(opts)}-report.sbatch"
 
 
-def render_report(opts: SlurmOptions, report: Path) -> str:
+def render_report(opts: SlurmOptions, sweep: Sweep, report: Path) -> str:
     """The sbatch script of the report job: one CPU, submitted with --dependency=afterany:ARRAY so it runs when every
     task of the array has ended, however (a failed run is reported as failed), and nothing waits on the login node."""
     out, res, name = Path(opts.train.out).resolve(), opts.resources, f"{job_name(opts)}-report"
@@ -162,8 +154,7 @@ def render_report(opts: SlurmOptions, report: Path) -> str:
         "--time=00:30:00", "--nodes=1", "--ntasks=1", "--cpus-per-task=1", f"--output={out}/slurm/logs/{name}-%j.out",
         *(d if d.startswith("--") else f"--{d}" for d in res.sbatch if not d.lstrip("-").startswith("array")),
     ]  # fmt: skip
-    command = ["aiayn", "report", "--runs", str(out), "--out", str(report.resolve()), "--preset",
-               get_preset(opts.train.preset).name]  # fmt: skip
+    command = ["aiayn", "report", "--runs", str(out), "--out", str(report.resolve()), "--preset", sweep.preset.name]
     lines = [
         "#!/bin/bash",
         "# Generated by `aiayn slurm table3`: the sweep's report, submitted with --dependency=afterany:<the array job>",

@@ -8,25 +8,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
 from aiayn.common.secrets import redact
-from aiayn.lightning_modules.run.spec import RunSpec
-from aiayn.sweeps import books
-from aiayn.sweeps.backends import write_resolved
+from aiayn.sweeps.backends import Sweep, write_resolved
 from aiayn.sweeps.backends.slurm.checks import check, check_partition, first_missing
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
-from aiayn.sweeps.backends.slurm.pairs import (
-    claims,
-    classify,
-    corpus_of,
-    job_of,
-    key_of,
-    live_jobs,
-    out_of,
-    pairs,
-    run_of,
-)
+from aiayn.sweeps.backends.slurm.pairs import claims, classify, job_of, live_jobs
 from aiayn.sweeps.backends.slurm.script import (
     disk_line,
     job_name,
@@ -35,7 +22,6 @@ from aiayn.sweeps.backends.slurm.script import (
     report_script_path,
     resolved_dir,
     script_path,
-    specs_of,
     write_script,
 )
 from aiayn.sweeps.books import report_dir
@@ -66,33 +52,31 @@ def wait_for(jobs: set[str], poll_s: float) -> None:
         time.sleep(poll_s)
 
 
-def outcome(opts: SlurmOptions, row: str, seed: int) -> str:
+def outcome(opts: SlurmOptions, sweep: Sweep, row: str, seed: int) -> str:
     """'completed', or what went wrong and the task's log."""
-    status = run_of(opts, row, seed).status()
+    status = sweep.run(row, seed).status()
     if status == "completed":
         return status
-    log_file = out_of(opts).backend("slurm") / "logs" / f"{job_name(opts)}-{job_of(opts, row, seed)}.out"
+    log_file = sweep.out.backend("slurm") / "logs" / f"{job_name(opts)}-{job_of(sweep, row, seed)}.out"
     return f"{'no metrics.json' if status == 'missing' else status}; see {log_file}"
 
 
-def submit(
-    opts: SlurmOptions, todo: list[tuple[str, int]] | None = None, specs: dict[str, RunSpec] | None = None
-) -> dict:
-    """Check, write the script, submit it (unless a dry run), optionally wait; return a summary
-    (`results`: each pair's outcome, after --wait). `specs`: the rows as the sweep resolved them (else here, once)."""
+def submit(opts: SlurmOptions, sweep: Sweep, todo: list[tuple[str, int]] | None = None) -> dict:
+    """Check, write the script, submit it (unless a dry run), optionally wait; return a summary (`results`: each
+    pair's outcome, after --wait). `sweep`: the sweep as its driver resolved it, once (its out, preset, corpus and
+    each row's spec: what the array's tasks train); `todo`: its pairs to run (default: all)."""
     per_node = check(opts)
-    todo = pairs(opts) if todo is None else todo
-    held = classify(opts, todo, set() if opts.dry_run else live_jobs())
+    todo = sweep.pairs if todo is None else todo
+    held = classify(sweep, todo, set() if opts.dry_run else live_jobs())
     summary = {"pairs": len(todo), **{k: len(v) for k, v in held.items()}, "job": None, "script": None}
     pending = held["pending"]
     if pending:
         if not opts.dry_run:
             check_partition(opts.resources.partition)
-        text = render(opts, pending, per_node)
-        specs = specs if specs is not None else specs_of(opts, pending)
-        summary["disk"] = disk_line(opts, pending, specs)
+        text = render(opts, sweep, pending, per_node)
+        summary["disk"] = disk_line(sweep, pending)
         new_dir, new_specs = first_missing(script_path(opts).parent / "logs"), first_missing(resolved_dir(opts))
-        for row, spec in specs.items():  # what each task trains: the rows as resolved here, once
+        for row, spec in sweep.specs.items():  # what each task trains: the rows as the sweep resolved them, once
             write_resolved(resolved_dir(opts) / f"{row}.json", spec, f"aiayn slurm {opts.kind}")
         path = write_script(script_path(opts), text)
         (path.parent / "logs").mkdir(exist_ok=True)  # sbatch does not create --output's directory
@@ -107,11 +91,11 @@ def submit(
                 raise
             summary["job"] = job
             for i, (row, seed) in enumerate(pending):
-                claims(opts).record(key_of(opts, row, seed), f"{job}_{i}", str(path))
-            books.record_sweep(out_of(opts), get_preset(opts.train.preset).name, corpus_of(opts), todo, "slurm")
+                claims(sweep).record(sweep.pair_key(row, seed), f"{job}_{i}", str(path))
+            sweep.record("slurm")
         report = report_dir(opts.report, opts.train.out) if opts.kind == "table3" and not opts.wait else None
         if report is not None:  # the report after the array, as a job of its own (--wait writes it here instead)
-            report_script = write_script(report_script_path(opts), render_report(opts, report))
+            report_script = write_script(report_script_path(opts), render_report(opts, sweep, report))
             summary["report_script"] = str(report_script)
             if not opts.dry_run:
                 try:
@@ -120,7 +104,7 @@ def submit(
                     log.warning("the report job was not submitted (%s); when the array ends, run `aiayn report "
                                 "--runs %s --out %s`", e, opts.train.out, report)  # fmt: skip
     if opts.wait and not opts.dry_run:
-        watched = {job_of(opts, r, s) for r, s in pending + held["in_slurm"]} - {None}
+        watched = {job_of(sweep, r, s) for r, s in pending + held["in_slurm"]} - {None}
         wait_for(watched, opts.poll_s)
-        summary["results"] = {f"{r} seed {s}": outcome(opts, r, s) for r, s in todo}
+        summary["results"] = {f"{r} seed {s}": outcome(opts, sweep, r, s) for r, s in todo}
     return summary
