@@ -40,8 +40,9 @@ from aiayn.common.files import atomic_write_json
 from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.common.names import check_name
 from aiayn.lightning_modules.data.corpora import CorpusRef
-from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import changed_since, sweep_key
+from aiayn.sweeps.folders import SweepOut
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class LockClaims(Claims):
     """A worker holds OUT/.locks/PREFIX-KEY.lock (a kernel flock) while it runs the key's work, and writes who it
     is into a file beside it."""
 
-    def __init__(self, out: OutDir, prefix: str):
+    def __init__(self, out: SweepOut, prefix: str):
         self.out, self.prefix = out, prefix
 
     def path(self, key: str) -> Path:
@@ -157,7 +158,7 @@ def budget_of(run: RunDir, metrics: RunMetrics) -> int | None:
     return config.spec.train_steps if config is not None else None
 
 
-def states(out: OutDir, preset: str, corpus: CorpusRef, pairs: list[Pair], claims: Claims,
+def states(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair], claims: Claims,
            wanted: Mapping[str, int] | None = None) -> list[PairState]:  # fmt: skip
     """The state of each pair, from its run directory and its claim; `wanted`: row -> the steps the sweep asks of
     it (a completed run of fewer is `short`; None: whatever it completed at)."""
@@ -193,7 +194,7 @@ def states(out: OutDir, preset: str, corpus: CorpusRef, pairs: list[Pair], claim
     return found
 
 
-def longer_than_wanted(out: OutDir, preset: str, corpus: CorpusRef, pairs: list[Pair],
+def longer_than_wanted(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair],
                        wanted: Mapping[str, int]) -> list:  # fmt: skip
     """(pair, run directory, steps trained) of every completed run that trained more steps than the sweep asks of it
     now: a run cannot be shortened, so such a sweep is refused before anything runs."""
@@ -226,7 +227,7 @@ def _progress(run: RunDir) -> dict:
     return {"step": run.checkpointed_step(), "steps": config.train.steps if config else None}
 
 
-def record_sweep(out: OutDir, preset: str, corpus: CorpusRef, pairs: list[Pair], backend: str) -> Path:
+def record_sweep(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair], backend: str) -> Path:
     """Add `pairs` to OUT/sweeps/PRESET-CORPUS.json, the pairs that sweep owes (a later command may ask for more
     rows or seeds), which `aiayn status` reads; return its path."""
     key = sweep_key(preset, corpus)
@@ -261,7 +262,7 @@ class SweepRecord:
     pairs: list[Pair]
 
 
-def recorded_sweeps(out: OutDir) -> list[SweepRecord]:
+def recorded_sweeps(out: SweepOut) -> list[SweepRecord]:
     """The sweeps under OUT: each OUT/sweeps/*.json, and, for run directories no record names (a sweep from before
     records, or `aiayn train` runs), one per (preset, corpus directory) with the pairs found on disk."""
     found: dict[tuple[str, str], list[Pair]] = {}
@@ -344,4 +345,4 @@ def report_dir(report: str | None, out: str) -> Path | None:
     """Where a sweep's report goes: `--report DIR`, OUT/reports by default, none for ''."""
     if report == "":
         return None
-    return Path(report) if report is not None else OutDir(out).reports
+    return Path(report) if report is not None else SweepOut(out).reports

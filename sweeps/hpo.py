@@ -43,9 +43,9 @@ from aiayn.common.files import atomic_write_json
 from aiayn.common.options import option, read_mapping
 from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
 from aiayn.sweeps import books
+from aiayn.sweeps.folders import SweepOut
 from aiayn.sweeps.storage import check_readable, open_storage
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,8 @@ def objective(opts: HpoOptions, trial: optuna.Trial, spec: RunSpec) -> float:
     preset = get_preset(t.preset)
     params = suggest(trial, space_of(opts, preset))
     # a retried trial (its search was killed) goes on in the run directory it started
-    run_dir = trial.user_attrs.get("resume_dir") or str(OutDir(t.out).hpo_trial(preset.name, t.row, trial.number).path)
+    trial_dir = SweepOut(t.out).hpo_trial(preset.name, t.row, trial.number)
+    run_dir = trial.user_attrs.get("resume_dir") or str(trial_dir.path)
     trial.set_user_attr("run_dir", run_dir)
     hooks = Hooks(callbacks=(StepPruning.make(trial, "val/ppl"),), val_per_epoch=False, run_dir=run_dir, kind="hpo",
                   status_of=lambda e: "pruned" if isinstance(e, optuna.TrialPruned) else None)  # fmt: skip
@@ -202,7 +203,7 @@ def run_hpo(opts: HpoOptions) -> dict:
     spec = spec_of(t)  # the row, resolved once for every trial; unknown row or preset: before any study exists
     space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
-    out = OutDir(t.out)
+    out = SweepOut(t.out)
     check_readable(opts.storage or out.study_url("hpo"))
     storage = open_storage(opts.storage or out.study_url("hpo"), create_dir=out.root)
     study = optuna.create_study(

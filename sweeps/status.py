@@ -14,8 +14,8 @@ from pathlib import Path
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
 from aiayn.common.text import clock
-from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import backends, books
+from aiayn.sweeps.folders import SweepOut
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def status_text(opts: StatusOptions) -> str:
 def sweep_status(out: str | Path) -> list[dict]:
     """[{preset, corpus, counts, pairs: [PairState.to_dict(), ...]}, ...] for every sweep under `out`; a UserError
     when `out` holds none."""
-    root = OutDir(out)
+    root = SweepOut(out)
     if not root.root.is_dir():
         raise UserError(f"{out} does not exist; pass the --out of an `aiayn table3` or `aiayn slurm` sweep")
     sweeps = books.recorded_sweeps(root)

@@ -11,14 +11,15 @@ import pytest
 import aiayn.lightning_modules.run.train as train_mod
 from aiayn.cli import main
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.sweeps.books import LockClaims
+from aiayn.sweeps.folders import SweepOut
 from aiayn.sweeps.hpo import HpoOptions, default_space, run_hpo, suggest
 
 
 def trial_lock(opts, number):
     t = opts.train
-    return LockClaims(OutDir(t.out), f"hpo-{t.preset}-{t.row}").path(f"trial{number:04d}")
+    return LockClaims(SweepOut(t.out), f"hpo-{t.preset}-{t.row}").path(f"trial{number:04d}")
 
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

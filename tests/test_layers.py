@@ -311,3 +311,14 @@ def test_the_corpus_parsing_checker_sees_a_prefix_test_and_a_parser(tmp_path):
     bad.write_text("from aiayn.lightning_modules.data.hf_corpus import is_hf\n"
                    "def f(name):\n    return name.startswith('hf:') or is_hf(name)\n")  # fmt: skip
     assert len(corpus_parsing(bad)) == 4  # the import (module, name), the prefix, the call
+
+
+def test_the_one_run_layer_lays_out_run_directories_and_the_sweeps_their_own_folders():
+    """Issue 44: OutDir (lightning_modules/run/rundir.py) knows OUT/PRESET/CORPUS/ROW/seedS; the sweeps' folders
+    (locks, studies, HPO trials, a back end's folder, sweep records, reports) are sweeps/folders.py's SweepOut."""
+    from aiayn.lightning_modules.run.rundir import OutDir
+    from aiayn.sweeps.folders import SweepOut
+
+    sweeps_own = ("lock", "study_url", "backend", "sweep_record", "sweep_records", "hpo_trial", "hpo_best", "reports")
+    assert [name for name in sweeps_own if hasattr(OutDir, name)] == []
+    assert all(hasattr(SweepOut, name) for name in sweeps_own) and issubclass(SweepOut, OutDir)

@@ -31,9 +31,10 @@ from aiayn.cli import main
 from aiayn.common.locks import file_lock
 from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.sweeps import books
 from aiayn.sweeps.backends.queue import pair_of, study_name
+from aiayn.sweeps.folders import SweepOut
 from aiayn.sweeps.storage import open_storage
 from aiayn.sweeps.table3 import SweepOptions, run_table3
 
@@ -41,11 +42,11 @@ SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
 
 
 def pair_lock_path(opts, corpus, row, seed):
-    return books.LockClaims(OutDir(opts.train.out), "pair").path(books.pair_key("tiny", corpus, row, seed))
+    return books.LockClaims(SweepOut(opts.train.out), "pair").path(books.pair_key("tiny", corpus, row, seed))
 
 
 def fail_stale_trials(study, opts):
-    out, key = OutDir(opts.train.out), lambda t: books.pair_key("tiny", SYNTHETIC, *pair_of(t))
+    out, key = SweepOut(opts.train.out), lambda t: books.pair_key("tiny", SYNTHETIC, *pair_of(t))
     stale = books.fail_stale_trials(study, out.lock(f"{study.study_name}.pop"), books.LockClaims(out, "pair"), key)
     return [pair_of(t) for t in stale]
 
@@ -432,7 +433,7 @@ def test_an_unclaimed_running_trial_is_stale_unless_a_worker_holds_the_pop_lock(
     worker's (left alone); found unclaimed with the lock free, its worker died between pop and claim."""
     opts = sweep_opts(tmp_path, "sqlite", rows="base")
     study, trial = claimed_trial(opts, worker=None)  # popped, and the worker died before claiming it
-    with file_lock(OutDir(opts.train.out).lock(f"{study.study_name}.pop")) as held:
+    with file_lock(SweepOut(opts.train.out).lock(f"{study.study_name}.pop")) as held:
         assert held
         assert fail_stale_trials(study, opts) == []
     assert study.get_trials()[trial.number].state == optuna.trial.TrialState.RUNNING

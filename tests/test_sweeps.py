@@ -33,6 +33,7 @@ from aiayn.lightning_modules.run.spec import experiment_name, resolve, sweep_key
 from aiayn.sweeps.backends.local import LocalBackend
 from aiayn.sweeps.backends.processes import SubprocessBackend, child_environment
 from aiayn.sweeps.export import wandb_sweep, wandb_yaml
+from aiayn.sweeps.folders import SweepOut
 from aiayn.sweeps.table3 import SweepOptions, build_sweep, run_table3
 
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
@@ -525,7 +526,7 @@ def test_table3_exits_1_when_a_pair_failed_0_when_all_completed_and_diverged_cou
 
 def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, runner_backend, capsys):
     from aiayn.common.files import atomic_write_json
-    from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
+    from aiayn.lightning_modules.run.rundir import RunMetrics
     from aiayn.sweeps.books import LockClaims, pair_key
 
     fake = FakeRunner(fail={"A1"})
@@ -550,7 +551,7 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
     (a2 / "checkpoints").mkdir(parents=True)
     for name in ("step0000250.ckpt", "step0000500.ckpt", "last.ckpt"):
         (a2 / "checkpoints" / name).write_bytes(b"")
-    held = LockClaims(OutDir(runs), "pair").take(pair_key("tiny", SYNTHETIC, "A2", 0))
+    held = LockClaims(SweepOut(runs), "pair").take(pair_key("tiny", SYNTHETIC, "A2", 0))
     try:
         capsys.readouterr()
         assert main(["status", str(runs), "--json"]) == 0
@@ -833,7 +834,7 @@ def test_a_pair_a_dead_peer_left_running_mid_sweep_is_run_before_the_driver_exit
 def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report(tmp_path, capsys):
     """Issue 39: a row edited in the table after its pair completed kept its old result with no word. `aiayn status`
     and the report name it now, with what changed, and say that the result is the old row's."""
-    from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
+    from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
     from aiayn.reports.build import write_reports
     from aiayn.sweeps import books
     from aiayn.sweeps.status import StatusOptions, status_text
@@ -852,7 +853,7 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
     metrics = {"row": "C4", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed", "dev_ppl": 2.0,
                "dev_bleu": 30.0}  # fmt: skip
     (run / "metrics.json").write_text(json.dumps(metrics))
-    books.record_sweep(OutDir(out), "tiny", SYNTHETIC, [("C4", 0)], "local")
+    books.record_sweep(SweepOut(out), "tiny", SYNTHETIC, [("C4", 0)], "local")
     text = status_text(StatusOptions(out=str(out)))
     assert "its row changed since it ran (d_model 96 -> 64, d_k 24 -> 16, d_v 24 -> 16)" in text
     assert "this result is the old row's" in text
@@ -865,7 +866,7 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
 def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_status_and_the_report(tmp_path):
     """Issue 45: the warning covered the rows of ablations/ only; a row of the user's --table edited after its pair
     completed was named nowhere. The run's config.json records its tables, read again as they are now."""
-    from aiayn.lightning_modules.run.rundir import DataIdentity, OutDir, RunConfig, TrainPlan
+    from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
     from aiayn.reports.build import write_reports
     from aiayn.sweeps import books
     from aiayn.sweeps.status import StatusOptions, status_text
@@ -882,7 +883,7 @@ def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_stat
     metrics = {"row": "wide-ff", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed",
                "dev_ppl": 2.0, "dev_bleu": 30.0}  # fmt: skip
     (run / "metrics.json").write_text(json.dumps(metrics))
-    books.record_sweep(OutDir(out), "tiny", SYNTHETIC, [("wide-ff", 0)], "local")
+    books.record_sweep(SweepOut(out), "tiny", SYNTHETIC, [("wide-ff", 0)], "local")
     assert "changed since it ran" not in status_text(StatusOptions(out=str(out)))  # as it ran: nothing to say
     table.write_text("row,group,N,d_model,d_ff,note\nwide-ff,mine,,,2048,a wider FFN\n")  # edited afterwards
     text = status_text(StatusOptions(out=str(out)))
@@ -896,7 +897,6 @@ def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_stat
 def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
     """One preset-corpus key: the tracker's experiment, the Optuna study, the sweep's record in the books, its pairs'
     keys and a report's name all carry sweep_key, spelled once (a corpus with a slash, a file name)."""
-    from aiayn.lightning_modules.run.rundir import OutDir
     from aiayn.reports.build import report_name
     from aiayn.sweeps import books
     from aiayn.sweeps.backends import make_sweep
@@ -911,7 +911,7 @@ def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
     assert books.pair_key("evidence", ref, "C1", 3) == f"{key}-C1-seed3"
     assert report_name("evidence", corpus) == ("table3-evidence" if corpus == PRESETS["evidence"].corpus
                                                else f"table3-{key}")  # fmt: skip
-    out = OutDir(tmp_path)
+    out = SweepOut(tmp_path)
     assert books.record_sweep(out, "evidence", ref, [("base", 0)], "local") == out.sweep_record(key)
     sweep = make_sweep([("base", 0)], TrainOptions(preset="evidence", data=corpus, out=str(tmp_path)))
     assert sweep.key == key

@@ -14,14 +14,8 @@ A run's directory depends only on (preset, corpus, row, seed), so rerunning the 
             wandb-run.json, wandb/ the run directory's W&B run id and attempts, W&B's own files (with W&B)
             .lock                  held by the one process that trains the run
         PRESET/CORPUS/ROW/seedS.log        the training process's output when a sweep ran it
-        hpo/PRESET/ROW/trialNNNN/  an `aiayn hpo` trial: a run directory too (its metrics.json says kind "hpo")
-        hpo/PRESET/ROW/best.json   the search's result
-        .locks/                    one lock per claimed pair or trial, per queue pop, per driver setup
-        optuna.db, hpo.db          the Optuna studies of `aiayn table3` and `aiayn hpo` (SQLite by default)
         mlflow.db, mlartifacts/    the MLflow runs of every run, one per attempt (--logger mlflow; MLFLOW_TRACKING_URI)
-        slurm/                     sbatch scripts, logs/, pairs/ (which array task holds which pair)
-        sweeps/PRESET-CORPUS.json  the pairs a sweep owes (every pair its commands asked for): `aiayn status` reads it
-        reports/                   the reports (`aiayn report`), unless --report says otherwise
+        hpo/, slurm/, sweeps/, reports/, .locks/, optuna.db, hpo.db: the sweeps' own (sweeps/folders.py)
 
 Every file is written atomically (aiayn.common.files); temporary files a kill leaves behind are removed when the
 run restarts. Nothing here imports torch at import time: sweeps and reports read run directories too.
@@ -272,7 +266,7 @@ class OutDir:
     def __init__(self, root: str | Path):
         object.__setattr__(self, "root", Path(root))
 
-    RESERVED = ("hpo", "slurm", "reports", "sweeps", ".locks")  # top-level names that are not presets
+    RESERVED = ("hpo", "slurm", "reports", "sweeps", ".locks")  # the sweeps' folders (sweeps/folders.py): no preset
 
     def run(self, preset: str, corpus: CorpusRef, row: str, seed: int) -> RunDir:
         """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en); a
@@ -283,34 +277,6 @@ class OutDir:
     def run_of(self, spec: RunSpec, seed: int) -> RunDir:
         """The run directory of a resolved run and a seed."""
         return self.run(spec.preset.name, spec.corpus, spec.row, seed)
-
-    def hpo_trial(self, preset: str, row: str, number: int) -> RunDir:
-        return RunDir(under(self.root, "hpo", preset, row, f"trial{number:04d}", kinds=("", "preset", "row")))
-
-    def hpo_best(self, preset: str, row: str) -> Path:
-        return under(self.root, "hpo", preset, row, kinds=("", "preset", "row")) / "best.json"
-
-    def lock(self, name: str) -> Path:
-        return self.root / ".locks" / f"{name}.lock"
-
-    def study_url(self, kind: str = "table3") -> str:
-        """The default Optuna storage of `aiayn table3` (optuna.db) or `aiayn hpo` (hpo.db)."""
-        return f"sqlite:///{(self.root / ('optuna.db' if kind == 'table3' else 'hpo.db')).resolve()}"
-
-    def backend(self, name: str) -> Path:
-        """A sweep back end's own folder under --out (its scripts, logs and books): OUT/NAME, e.g. OUT/slurm."""
-        return self.root / name
-
-    @property
-    def reports(self) -> Path:
-        return self.root / "reports"
-
-    def sweep_record(self, key: str) -> Path:
-        """OUT/sweeps/KEY.json (KEY: PRESET-CORPUS), the pairs a sweep owes."""
-        return self.root / "sweeps" / f"{key}.json"
-
-    def sweep_records(self) -> list[Path]:
-        return sorted((self.root / "sweeps").glob("*.json"))
 
     def run_dirs(self) -> list[RunDir]:
         """Every Table 3 run directory under the root, begun or done (OUT/PRESET/CORPUS/ROW/seedS)."""

@@ -11,7 +11,7 @@ and completion come from the registry, and the choice of a back end for a sweep 
 - `subprocess` (processes.py): each pair as a fresh `python -m aiayn train` process: what a run that starts DDP
   ranks needs (Lightning starts the other ranks by re-running the command line), and a run on GPUs of its own.
 - `slurm` (slurm/): a SLURM job array, one task per pair, built from the sweep and SLURM's options; it keeps its own
-  books of which array task holds a pair (its folder OUT/slurm, `OutDir.backend`).
+  books of which array task holds a pair (its folder OUT/slurm, `SweepOut.backend`).
 
 The first two share Optuna's queue (queue.py: `QueueBackend`). Every back end is built from the `Sweep` (resolved
 once by its driver) plus its own options, and a run that trains in a process of its own is handed the driver's
@@ -38,10 +38,11 @@ from aiayn.common.secrets import redact
 from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions, resolved_run
-from aiayn.lightning_modules.run.rundir import OutDir, RunDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import RunSpec, resolve, run_corpus, sweep_key
 from aiayn.sweeps import books
 from aiayn.sweeps.books import Pair, PairState
+from aiayn.sweeps.folders import SweepOut
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Sweep:
     """What a sweep is, resolved once by the driver: where its runs go, its preset and corpus, its pairs, the
     options every run trains with (`train`, row and seed set per pair), and each row's spec."""
 
-    out: OutDir
+    out: SweepOut
     preset: Preset
     corpus: CorpusRef
     pairs: list[Pair]
@@ -203,7 +204,7 @@ class Backend(ABC):
         checked beside it (`sweeps.run.check_launches`)."""
 
     @classmethod
-    def status_claims(cls, out: OutDir) -> books.Claims:
+    def status_claims(cls, out: SweepOut) -> books.Claims:
         """Who holds which pair under `out` by this back end's books, read without its options (`aiayn status`)."""
         return books.LockClaims(out, "pair")
 
@@ -215,7 +216,7 @@ def make_sweep(pairs: list[Pair], train: TrainOptions, *, storage: str | None = 
     t, corpus = train, run_corpus(train.data, preset, train.hf_splits)
     specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=corpus, vocab_size=t.vocab_size)
              for row in dict.fromkeys(row for row, _ in pairs)}  # fmt: skip
-    return Sweep(OutDir(t.out), preset, corpus, pairs, t, specs, storage, jobs)
+    return Sweep(SweepOut(t.out), preset, corpus, pairs, t, specs, storage, jobs)
 
 
 def write_resolved(path: Path, spec: RunSpec, driver: str) -> Path:
@@ -248,7 +249,7 @@ def load() -> dict[str, type[Backend]]:
     return BACKENDS
 
 
-def status_claims(out: OutDir) -> books.Claims:
+def status_claims(out: SweepOut) -> books.Claims:
     """Who holds which pair under `out`, by the books of every back end (`aiayn status`)."""
     kinds = {}
     for cls in load().values():

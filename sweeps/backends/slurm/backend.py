@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Capabilities, Sweep, SweepSummary, make_sweep, register
 from aiayn.sweeps.backends.slurm.checks import check
@@ -22,6 +21,7 @@ from aiayn.sweeps.backends.slurm.options import (
 from aiayn.sweeps.backends.slurm.pairs import SlurmClaims, claims, live_jobs, pairs
 from aiayn.sweeps.backends.slurm.submit import submit
 from aiayn.sweeps.books import Pair
+from aiayn.sweeps.folders import SweepOut
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class SlurmBackend(Backend):
         return claims(sweep)
 
     @classmethod
-    def status_claims(cls, out: OutDir) -> books.Claims:
+    def status_claims(cls, out: SweepOut) -> books.Claims:
         return SlurmClaims(out, "pair", _live_jobs_or_none)
 
     def check(self, sweep: Sweep) -> None:

@@ -15,18 +15,18 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Sweep
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
 from aiayn.sweeps.books import Claims
+from aiayn.sweeps.folders import SweepOut
 
 
 class SlurmClaims(Claims):
     """An array task holds the pair it was submitted for while SLURM holds the task (queued, running or
     requeued); OUT/slurm/pairs/PREFIX-KEY.json names the task."""
 
-    def __init__(self, out: OutDir, prefix: str, live: Callable[[], set[str]]):
+    def __init__(self, out: SweepOut, prefix: str, live: Callable[[], set[str]]):
         self.out, self.prefix, self._live, self._cache = out, prefix, live, None
 
     def marker(self, key: str) -> Path:

@@ -15,9 +15,9 @@ from aiayn.common.secrets import redact
 from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run.devices import MAX_WORKERS
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.rundir import OutDir
 from aiayn.sweeps.backends import Sweep
 from aiayn.sweeps.backends.slurm.options import TRAIN, SlurmOptions
+from aiayn.sweeps.folders import SweepOut
 
 
 def job_name(opts: SlurmOptions) -> str:
@@ -138,11 +138,11 @@ def disk_line(sweep: Sweep, todo: list[tuple[str, int]]) -> str:
 
 
 def script_path(opts: SlurmOptions) -> Path:
-    return OutDir(opts.train.out).backend("slurm") / f"{job_name(opts)}.sbatch"
+    return SweepOut(opts.train.out).backend("slurm") / f"{job_name(opts)}.sbatch"
 
 
 def report_script_path(opts: SlurmOptions) -> Path:
-    return OutDir(opts.train.out).backend("slurm") / f"{job_name(opts)}-report.sbatch"
+    return SweepOut(opts.train.out).backend("slurm") / f"{job_name(opts)}-report.sbatch"
 
 
 def render_report(opts: SlurmOptions, sweep: Sweep, report: Path) -> str:
