@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from aiayn.ablations import stability
-from aiayn.ablations.knobs import KNOBS, MODEL_KEYS
+from aiayn.ablations.knobs import KNOBS, MODEL_KEYS, PAPER_BASE
 from aiayn.ablations.predictions import scored_rows
 from aiayn.ablations.table import SERIES, load_rows
 from aiayn.lightning_modules.run.spec import resolve
@@ -45,11 +45,12 @@ def row_order(names: set[str]) -> list[str]:
 
 
 def _settings(runs: list[Run]) -> dict:
-    """The row's settings as run (metrics.json's config; a completed run's first)."""
+    """The row's settings as run (metrics.json's config; a completed run's first; a knob added since it ran: the
+    paper's value, as its recorded spec reads back)."""
     for run in sorted(runs, key=lambda r: (not r.completed, r.seed)):
         config = run.metrics.config
         if isinstance(config, dict) and config:
-            return {k: config.get(k) for k in SETTINGS}
+            return {k: config.get(k, PAPER_BASE.get(k)) for k in SETTINGS}
     return dict.fromkeys(SETTINGS)
 
 

@@ -15,12 +15,14 @@ import pytest
 import torch
 from conftest import checkpoint_of
 
+from aiayn.ablations.knobs import MODEL_KEYS, SCHEDULE_KEYS
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.table import COLUMNS, TABLE_FILES, load_rows
 from aiayn.cli import main
 from aiayn.lightning_modules.data.corpora import CORPORA, CorpusRef
 from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
 from aiayn.lightning_modules.run.spec import resolve
+from aiayn.lightning_modules.transformer.config import PE_KINDS
 
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
 
@@ -194,11 +196,10 @@ CASES = {
                        "invalid model config: P_drop must be in [0, 1), got 1.5 (--set P_drop=1.5); "
                        "change the --set value"),
     "unknown pe": (TRAIN + ["--set", "pe=fourier"], None,
-                   "invalid model config: pe must be one of sinusoid, learned, none, rope, got 'fourier' "
+                   f"invalid model config: pe must be one of {', '.join(PE_KINDS)}, got 'fourier' "
                    "(--set pe=fourier); change the --set value"),
     "unknown --set key": (TRAIN + ["--set", "dropout=0.1"], None,
-                          "--set dropout: unknown key; use one of N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, pe, "
-                          "norm_first, warmup, lr_factor"),
+                          f"--set dropout: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}"),
     "--set without =": (TRAIN + ["--set", "d_model"], None,
                         "--set d_model: expected KEY=VALUE; e.g. --set d_model=256"),
     "fp16 precision": (TRAIN + ["--precision", "16-mixed"], None,

@@ -47,6 +47,7 @@ import pandas as pd
 import pytest
 
 from aiayn.ablations import predictions as P
+from aiayn.ablations.knobs import PAPER_BASE
 from aiayn.ablations.presets import PRESETS
 from aiayn.cli import main
 from aiayn.common.errors import UserError
@@ -114,7 +115,24 @@ def test_files_written(report):
 def test_matches_expected(report, name):
     root, _ = report
     expected = (FIXTURES / f"expected-{name}").read_text(encoding="utf-8")
-    assert (root / "out" / name).read_text(encoding="utf-8") == expected
+    text = (root / "out" / name).read_text(encoding="utf-8")
+    assert (without_knobs_added_since(expected, text) if name.endswith(".csv") else text) == expected
+
+
+def without_knobs_added_since(expected: str, text: str) -> str:
+    """A generated CSV without the columns of knobs added since its fixture was written: knobs of ablations/knobs.py
+    with the paper's value (`paper=`) that the fixture has no column for, at that value in every row. A new knob at
+    the paper's value changes no other number, so the fixtures follow the registry instead of copying it (issue 44:
+    ARCHITECTURE's "a knob" recipe touches no fixture)."""
+    rows = list(csv.reader(io.StringIO(text)))
+    header, had = rows[0], expected.split("\n", 1)[0].split(",")
+    new = {k for k in PAPER_BASE if k in header and k not in had
+           and all(r[header.index(k)] == str(PAPER_BASE[k]) for r in rows[1:])}  # fmt: skip
+    if not new:
+        return text
+    out, keep = io.StringIO(), [i for i, column in enumerate(header) if column not in new]
+    csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in rows])
+    return out.getvalue()
 
 
 @pytest.mark.parametrize("name", ["table3-tiny.csv", "table3-tiny-runs.csv"])
