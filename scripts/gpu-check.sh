@@ -16,8 +16,8 @@
 # Stages, each bounded by `timeout`, together within 480 s:
 #   paths      the grad_w path the fused loss takes on this torch, the empty-source beam on the fused attention
 #              kernels, static-shape training compiled without hitting the recompile limit                  <= 60 s
-#   bench      `aiayn bench --size paper --profile` eager, --compile layers, --compile model: tokens/s, MFU, graphs,
-#              launches a step, device idle, top kernels                                               <= 210 s
+#   bench      `aiayn bench --size paper --profile` eager, --compile model, --compile graphs (CUDA graphs): tokens/s,
+#              MFU, graphs, launches a step, device idle, top kernels                                  <= 210 s
 #   share      evidence-size runs sharing the GPU, 1, 4, 8 and 16 at once: steps/s each and together      <= 120 s
 #   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps) and its report    <= 90 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
@@ -140,7 +140,7 @@ for how in ("layers", "model"):  # issue 42: `model` hit the recompile limit on 
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(out))
 EOF
-for how in none layers model; do
+for how in none model graphs; do  # eager, compiled, graphed (issue 42: --compile layers measured 14.2%, model 21.3%)
   stage "bench-$how" 70 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" --profile \
       --json "$WORK/bench-$how.json"
 done
@@ -183,7 +183,7 @@ if results["paths"]:
         print(f"- static shapes, --compile {how}: {c['shapes']} shapes, {c['graphs']} graphs in {c['seconds']} s, "
               f"recompile limit hit {c['recompile_limit_hit']} time(s), graph breaks {c['graph_breaks']} "
               f"{c['graph_break_reasons']}, graphs added by decoding {c['graphs_added_by_decoding']}")
-for how in ("none", "layers", "model"):
+for how in ("none", "model", "graphs"):
     r = read(f"bench-{how}.json")
     results[f"bench-{how}"] = r
     if r:

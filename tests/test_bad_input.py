@@ -198,6 +198,10 @@ CASES = {
     "unknown pe": (TRAIN + ["--set", "pe=fourier"], None,
                    f"invalid model config: pe must be one of {', '.join(PE_KINDS)}, got 'fourier' "
                    "(--set pe=fourier); change the --set value"),
+    "compile graphs without static shapes": (TRAIN + ["--compile", "graphs"], None,
+                                             "--compile graphs records a CUDA graph per batch shape, and without "
+                                             "--static-shapes every batch has its own; add --static-shapes (and "
+                                             "--pad-to 8), or pass --compile model"),
     "unknown --set key": (TRAIN + ["--set", "dropout=0.1"], None,
                           f"--set dropout: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}"),
     "--set without =": (TRAIN + ["--set", "d_model"], None,

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -329,8 +330,29 @@ def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
     assert wandb.run is None  # finished: the next run in this process starts its own
 
 
+def test_compile_graphs_is_cuda_graphs_on_a_cuda_device_and_the_whole_model_elsewhere_saying_why(monkeypatch, caplog):
+    """Issue 42 item 2: --compile graphs compiles the encoder and decoder whole in torch.compile's reduce-overhead
+    mode (each static shape's step replayed as CUDA graphs) where the run has a CUDA device; on any other device it is
+    --compile model, with one warning saying why; graphs of dynamic shapes are a caller's mistake."""
+    from aiayn.lightning_modules.transformer import compiled
+    from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+
+    asked = []
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: asked.append(kw.get("mode")) or fn)
+    small = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=64)
+    assert compiled.compile_model(Transformer(small), "graphs", dynamic=False, cuda=True) == 1
+    assert asked == ["reduce-overhead", "reduce-overhead"]  # the encoder and the decoder
+    asked.clear()
+    with caplog.at_level(logging.WARNING, logger=compiled.__name__):
+        compiled.compile_model(Transformer(small), "graphs", dynamic=False, cuda=False)
+        compiled.compile_model(Transformer(small), "model", dynamic=False, cuda=True)
+    assert asked == [None] * 4 and caplog.text.count("CUDA graphs need a CUDA device") == 1
+    with pytest.raises(ValueError, match="static shapes"):
+        compiled.compile_model(Transformer(small), "graphs", dynamic=True, cuda=True)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["layers", "model"])
+@pytest.mark.parametrize("how", ["layers", "model", "graphs"])
 def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
     """--compile layers|model (issue 31) on CPU, through inductor: three optimizer steps on fixed batches, with
     length buckets (--pad-to 8, as a GPU run has them: one compile per shape), give eager's losses and weights within

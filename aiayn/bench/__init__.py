@@ -41,7 +41,8 @@ class BenchOptions:
     profile: bool = option(False, "also profile aiayn's training step (torch.profiler, --steps steps): launches a "
                            "step, the top kernels, the device's idle time between them")  # fmt: skip
     compile: str = option("none", "torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is "
-                          "fixed, so statically)", choices=("none", "layers", "model"))  # fmt: skip
+                          "fixed, so statically; graphs: as CUDA graphs on a GPU)",
+                          choices=("none", "layers", "model", "graphs"))  # fmt: skip
     multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
     cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")
     trainer: bool = option(

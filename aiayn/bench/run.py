@@ -464,7 +464,7 @@ def run(args: BenchOptions) -> list[dict]:
 
         # the training batch has one shape; decoding runs eager (compiled code runs only where autograd records:
         # a growing KV cache under dynamic=False recompiled the decoder at every step, issue 38 G4)
-        compile_model(models["aiayn"], args.compile, dynamic=False, shapes=1)
+        compile_model(models["aiayn"], args.compile, dynamic=False, shapes=1, cuda=device.type == "cuda")
     trainers = {impl: Trainer(impl, models[impl], cfg, batch, device) for impl in impls}
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     step_s: dict[str, list[float]] = {impl: [] for impl in impls}

@@ -126,8 +126,10 @@ class TrainOptions:
     compile: str = option(
         "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
         "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
-        "compiles once). Numbers equal eager's within float rounding; with dropout, masks come from inductor's RNG",
-        choices=("none", "layers", "model"),
+        "compiles once); graphs (model, its static shapes' steps replayed as CUDA graphs: needs --static-shapes; "
+        "without a CUDA device, model). Numbers equal eager's within float rounding; with dropout, masks come from "
+        "inductor's RNG",
+        choices=("none", "layers", "model", "graphs"),
     )  # fmt: skip
     logger: str | None = option(
         None, "where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each "

@@ -179,6 +179,9 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     check_path_length(opts.out, "--out")  # before the run's folder under it is looked at
     check_cache_dir(opts.cache_dir)
     check_memory(spec, opts)
+    if opts.compile == "graphs" and not opts.static_shapes:
+        raise UserError("--compile graphs records a CUDA graph per batch shape, and without --static-shapes every "
+                        "batch has its own; add --static-shapes (and --pad-to 8), or pass --compile model")  # fmt: skip
     if opts.keep_last is not None and opts.keep_last < 1:
         raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
                         f"more (last.ckpt is kept besides)")  # fmt: skip
@@ -307,7 +310,8 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     )  # fmt: skip
     if opts.residual_dtype == "bf16":
         residual_stream(module.model, torch.bfloat16)
-    share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes)
+    share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes,
+                          cuda=uses_cuda(opts.accelerator))  # fmt: skip
     if share and p.dm.plan.static_shapes:  # room for every training shape, counted once the data is set up
         hooks = replace(hooks, callbacks=(*hooks.callbacks, RoomForShapes(share)))
     trainer = build_trainer(opts, p, hooks)

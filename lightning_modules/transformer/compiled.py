@@ -13,6 +13,12 @@ Two defects of compiling the modules whole (issue 38, G1 and G4), both visible o
   functions too, each adding its own graphs and hitting the same limit. Compiled code now runs only where autograd
   records (`torch.is_grad_enabled()`: the training step); everything else runs the eager module, the same weights.
 
+`--compile graphs` (issue 42, item 2) compiles the model whole, as `model`, in torch.compile's reduce-overhead mode:
+each static training shape's forward and backward replayed as CUDA graphs (cudagraph trees), so a small model's
+step costs a few graph launches instead of hundreds of kernel launches. It needs --static-shapes (a graph per shape)
+and a CUDA device; on any other device the run compiles as `model` and says why. The optimizer's step is not in the
+graphs (Lightning's automatic optimization steps outside the compiled functions).
+
 No Lightning here: the transformer room's plain PyTorch.
 """
 
@@ -27,7 +33,8 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-COMPILE_HOWS = ("none", "layers", "model")
+COMPILE_HOWS = ("none", "layers", "model", "graphs")
+GRAPHS_MODE = "reduce-overhead"  # torch.compile's mode of CUDA graphs (its docs: "reduces the overhead of python")
 DEFAULT_RECOMPILE_LIMIT = 8  # dynamo's own default (torch.compile's docs, "recompile_limit")
 
 
@@ -64,7 +71,7 @@ def raise_recompile_limit(graphs: int) -> int:
 
 
 def compile_model(model: nn.Module, how: str, dynamic: bool = True, shapes: int | None = None,
-                  backend: str | None = None) -> int:  # fmt: skip
+                  backend: str | None = None, cuda: bool = False) -> int:  # fmt: skip
     """`--compile`: each encoder and decoder layer (`layers`: the layer's forward, as an instance attribute, so
     parameter names and checkpoints are unchanged), or the encoder and decoder whole (`model`); compiled code runs
     only in training (`training_only`). `dynamic`: shapes vary from batch to batch (without --static-shapes the
@@ -72,13 +79,15 @@ def compile_model(model: nn.Module, how: str, dynamic: bool = True, shapes: int 
     per shape; `shapes`: how many distinct training batch shapes an epoch has (static shapes), which sets the
     recompile limit now (or later, once the data is set up: `room_for`). `backend`: torch.compile's, default
     AIAYN_COMPILE_BACKEND or inductor (tests and the GPU check's CPU smoke count graphs with "eager": dynamo's tracing
-    without code generation). Returns how many modules share each compiled function (0: nothing compiled)."""
+    without code generation). `graphs`: `model` as CUDA graphs where `cuda` (static shapes only), else `model`, said
+    once. Returns how many modules share each compiled function (0: nothing compiled)."""
     backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
     if how not in COMPILE_HOWS:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_HOWS)}, got {how!r}")
     if how == "none":
         return 0
-    compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend)
+    mode = graphs_mode(how, dynamic, cuda)
+    compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend, **({"mode": mode} if mode else {}))
     if how == "layers":
         layers = [*model.encoder, *model.decoder]
         for layer in layers:
@@ -92,6 +101,21 @@ def compile_model(model: nn.Module, how: str, dynamic: bool = True, shapes: int 
     if shapes:
         room_for(shapes, share)
     return share
+
+
+def graphs_mode(how: str, dynamic: bool, cuda: bool) -> str | None:
+    """torch.compile's mode for `--compile HOW`: reduce-overhead (CUDA graphs) for `graphs` on a CUDA device; None
+    (its default) otherwise, and for `graphs` elsewhere the fallback said once. Graphs of dynamic shapes are refused:
+    a caller's mistake (the run's checks refuse --compile graphs without --static-shapes first)."""
+    if how != "graphs":
+        return None
+    if dynamic:
+        raise ValueError("compile graphs needs static shapes: a CUDA graph is recorded per batch shape")
+    if not cuda:
+        log.warning("--compile graphs: CUDA graphs need a CUDA device and this run has none; compiling the model "
+                    "whole without them, as --compile model")  # fmt: skip
+        return None
+    return GRAPHS_MODE
 
 
 def room_for(shapes: int, share: int) -> int:
