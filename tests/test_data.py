@@ -598,6 +598,19 @@ def test_datamodule_dev_subset_and_second_setup_uses_cache(tiny_dm, monkeypatch)
     assert len(dm2.references("dev")) == len(dm2.sources("dev")) == 10
 
 
+def test_a_record_of_a_corpus_this_aiayn_does_not_know_still_reads(tmp_path):
+    """A run's records name its corpus; a name this aiayn does not know (a corpus since removed, another aiayn's)
+    stands for itself, so the run is still read, resumed by nobody and reported; only training on it is refused, in
+    one line. A name that is not one path component is not read at all."""
+    identity = D.DataIdentity.from_dict({"corpus": "europarl", "vocab_size": 100})
+    assert (identity.corpus.name, identity.corpus.dirname, identity.corpus.source) == ("europarl", "europarl", "found")
+    with pytest.raises(UserError) as e:
+        C.resolve_corpus(identity.corpus, None, tmp_path)
+    _one_line_error(e, "corpus europarl is not one this aiayn knows", "--data")
+    with pytest.raises(ValueError, match="corpus"):
+        D.DataIdentity.from_dict({"corpus": "../x"})
+
+
 def test_the_data_module_is_built_from_one_plan_whose_identity_the_run_records(tmp_path):
     """Issue 44: one typed value builds the data module (DataPlan: the identity a run records, then how it loads);
     the run's config.json records that identity itself, and the final evaluation's module, built from the recorded

@@ -373,12 +373,13 @@ class CorpusRef:
         return cls(text, check_name("corpus", text), text)
 
     @classmethod
-    def recorded(cls, name: str) -> CorpusRef:
+    def recorded(cls, name: str, splits: str | None = None) -> CorpusRef:
         """A corpus as a record or a folder names it: parsed, or, where this aiayn does not know the name (a Hugging
         Face dataset's folder name, which does not give back its name; a corpus since removed), standing for
-        itself; a name that is not one safe path component is still a UserError."""
+        itself (a run of it is still read and reported; training on it says to pass --data); a name that is not one
+        safe path component is still a UserError."""
         try:
-            return cls.parse(name)
+            return cls.parse(name, splits)
         except UserError:
             return cls(name, check_name("corpus", name), FOUND)
 
@@ -424,5 +425,6 @@ def resolve_corpus(
     if corpus.is_hf:
         return open_dataset(HFRef.parse(corpus.name), cache_dir, src_lang, tgt_lang, corpus.splits)
     if corpus.source not in CORPORA:
-        raise UserError(f"corpus {corpus} is known only by its folder name; pass --data with its name")
+        raise UserError(f"corpus {corpus} is not one this aiayn knows; pass --data with one of {', '.join(CORPORA)}, "
+                        f"or {HF_CORPUS}")  # fmt: skip
     return CORPORA[corpus.source].directory(data_dir, cache_dir, src_lang, tgt_lang)

@@ -52,7 +52,7 @@ class DataIdentity:
         names = ("data_dir", "vocab_size", "src_lang", "tgt_lang", "max_len", "train_pairs")
         known = {k: d[k] for k in names if k in d}
         try:
-            corpus = CorpusRef.parse(d["corpus"], d.get("splits"))
+            corpus = CorpusRef.recorded(d["corpus"], d.get("splits"))
             return cls(corpus, **known, source_eos=bool(d.get("source_eos", False)))
         except UserError as e:  # a value this aiayn refuses as a flag: the file is not one it can read
             raise ValueError(str(e)) from None

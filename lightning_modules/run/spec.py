@@ -96,7 +96,7 @@ class RunSpec:
         preset = Preset(**{k: v for k, v in d["preset"].items() if k in names})
         preset = replace(preset, aliases=tuple(tuple(a) for a in preset.aliases), cells=tuple(preset.cells))
         knobs = {**PAPER_BASE, **d["knobs"]}  # a knob added since the file was written: the paper's value
-        corpus = CorpusRef.parse(d["corpus"], d.get("splits"))
+        corpus = CorpusRef.recorded(d["corpus"], d.get("splits"))  # a corpus since removed: the run still reads
         spec = _build(d["row"], d["group"], d.get("note", ""), preset, corpus, knobs, d["overrides"],
                       Paper(**d["paper"]), d["model"]["vocab_size"])  # fmt: skip
         # the file's model is derived from its knobs and overrides; one edited by hand (or by another aiayn) that no
