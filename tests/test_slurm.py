@@ -269,7 +269,8 @@ def test_the_array_is_the_sweep_it_is_handed_not_one_derived_again_from_its_opti
     summary = slurm.submit(opts, sweep)
     text = slurm.script_path(opts).read_text()
     assert "--data synthetic-20" in text and "--max-steps 7" in text, text
-    assert summary["pending"] == 1 and "disk:" in summary["disk"]
+    assert (summary.pairs, summary.completed, summary.details["pending"]) == (1, 0, 1)  # typed: a SweepSummary
+    assert "disk:" in summary.details["disk"]
     assert sweep.out.sweep_record(sweep.key).name == "tiny-synthetic-20.json"
     assert not sweep.out.sweep_record(sweep.key).exists()  # a dry run records nothing
     spec = json.loads((slurm.resolved_dir(opts) / "base.json").read_text())["spec"]

@@ -63,7 +63,7 @@ class SlurmBackend(Backend):
         check(self.opts)
 
     def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
-        return SweepSummary.of(submit(self.opts, sweep, pairs))
+        return submit(self.opts, sweep, pairs)
 
     def summary_lines(self, summary: SweepSummary, sweep: Sweep) -> list[str]:
         """The script (a dry run), the pairs queued or submitted, the job and script, the disk estimate and the

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiayn.common.errors import UserError
 from aiayn.common.secrets import redact
-from aiayn.sweeps.backends import Sweep, write_resolved
+from aiayn.sweeps.backends import Sweep, SweepSummary, write_resolved
 from aiayn.sweeps.backends.slurm.checks import check, check_partition, first_missing
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
 from aiayn.sweeps.backends.slurm.pairs import claims, classify, job_of, live_jobs
@@ -61,10 +61,12 @@ def outcome(opts: SlurmOptions, sweep: Sweep, row: str, seed: int) -> str:
     return f"{'no metrics.json' if status == 'missing' else status}; see {log_file}"
 
 
-def submit(opts: SlurmOptions, sweep: Sweep, todo: list[tuple[str, int]] | None = None) -> dict:
-    """Check, write the script, submit it (unless a dry run), optionally wait; return a summary (`results`: each
-    pair's outcome, after --wait). `sweep`: the sweep as its driver resolved it, once (its out, preset, corpus and
-    each row's spec: what the array's tasks train); `todo`: its pairs to run (default: all)."""
+def submit(opts: SlurmOptions, sweep: Sweep, todo: list[tuple[str, int]] | None = None) -> SweepSummary:
+    """Check, write the script, submit it (unless a dry run), optionally wait; return what happened, typed as every
+    back end's launch returns it (its counts; `results`: each pair's outcome, after --wait; `details`: the job, the
+    script, the pairs in SLURM and pending, the disk estimate, the report's job). `sweep`: the sweep as its driver
+    resolved it, once (its out, preset, corpus and each row's spec: what the array's tasks train); `todo`: its pairs
+    to run (default: all)."""
     per_node = check(opts)
     todo = sweep.pairs if todo is None else todo
     held = classify(sweep, todo, set() if opts.dry_run else live_jobs())
@@ -107,4 +109,4 @@ def submit(opts: SlurmOptions, sweep: Sweep, todo: list[tuple[str, int]] | None 
         watched = {job_of(sweep, r, s) for r, s in pending + held["in_slurm"]} - {None}
         wait_for(watched, opts.poll_s)
         summary["results"] = {f"{r} seed {s}": outcome(opts, sweep, r, s) for r, s in todo}
-    return summary
+    return SweepSummary.of(summary)
