@@ -148,11 +148,10 @@ class TranslationDataModule(pl.LightningDataModule):
         for split in SPLITS:
             self._encoded[split] = self._encoded_split(self.sp, self._corpus_dir, model, split)
             self._datasets[split] = self._make_dataset(split)
-        world, rank = self._world()
+        world, rank, p = *self._world(), self.plan
         for split in SPLITS:
             ds = self._datasets[split]
             train = split == "train"
-            p = self.plan
             self._samplers[split] = TokenBucketSampler(
                 ds.src_lens, ds.tgt_lens, p.max_tokens, shuffle=train, seed=p.seed,
                 num_replicas=world, rank=rank, drop_uneven=train, accumulate=p.accumulate if train else 1,

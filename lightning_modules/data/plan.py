@@ -4,7 +4,7 @@ here, once, when the plan is made: one line naming the flag and the fix."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from aiayn.common.errors import UserError
@@ -39,18 +39,17 @@ class DataIdentity:
             object.__setattr__(self, "data_dir", str(self.data_dir))
 
     def to_dict(self) -> dict:
-        """As config.json and checkpoints spell it: the corpus by its name, its splits beside it."""
-        d = asdict(self)
-        d["corpus"], d["splits"] = self.corpus.name, self.corpus.splits
-        return {**d, "source_eos": d.pop("source_eos")}
+        """As config.json and checkpoints spell it, in the layout they always had: the corpus by its name, its
+        splits beside it."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source_eos"}
+        return {**d, "corpus": self.corpus.name, "splits": self.corpus.splits, "source_eos": self.source_eos}
 
     @classmethod
     def from_dict(cls, d: dict) -> DataIdentity:
         """A recorded identity (unknown keys ignored: a later aiayn may add some); its corpus parsed once, here."""
         if not isinstance(d, dict) or "corpus" not in d:
             raise ValueError("missing field(s) corpus")
-        names = ("data_dir", "vocab_size", "src_lang", "tgt_lang", "max_len", "train_pairs")
-        known = {k: d[k] for k in names if k in d}
+        known = {f.name: d[f.name] for f in fields(cls) if f.name not in ("corpus", "source_eos") and f.name in d}
         try:
             corpus = CorpusRef.recorded(d["corpus"], d.get("splits"))
             return cls(corpus, **known, source_eos=bool(d.get("source_eos", False)))
