@@ -81,9 +81,11 @@ class Sweep:
         """row -> the steps this sweep trains it to: `--max-steps`, else the row's budget at the preset."""
         return {row: self.train.max_steps or spec.train_steps for row, spec in self.specs.items()}
 
-    def states(self, claims: books.Claims) -> list[PairState]:
-        """Every pair's state in the books, at the steps this sweep wants (a run completed at fewer is `short`)."""
-        return books.states(self.out, self.preset.name, self.corpus, self.pairs, claims, self.wanted)
+    def states(self, claims: books.Claims, pairs: list[Pair] | None = None) -> list[PairState]:
+        """Each pair's state in the books (`pairs`, default every pair), at the steps this sweep wants (a run
+        completed at fewer is `short`)."""
+        return books.states(self.out, self.preset.name, self.corpus, self.pairs if pairs is None else pairs, claims,
+                            self.wanted)  # fmt: skip
 
     def check_budgets(self) -> None:
         """A pair completed at more steps than this sweep asks (a full run under a later `--max-steps 60`) cannot be

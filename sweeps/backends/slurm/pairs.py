@@ -15,7 +15,6 @@ from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_json
-from aiayn.sweeps import books
 from aiayn.sweeps.backends import Sweep
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
 from aiayn.sweeps.books import Claims
@@ -86,7 +85,7 @@ def job_of(sweep: Sweep, row: str, seed: int) -> str | None:
 def classify(sweep: Sweep, todo: list[tuple[str, int]], live: set[str]) -> dict[str, list]:
     """Split pairs into completed, in SLURM (queued or running) and pending (to submit), by the books every
     back end keeps (sweeps/books.py), at the steps the sweep wants of each row."""
-    found = books.states(sweep.out, sweep.preset.name, sweep.corpus, todo, claims(sweep, lambda: live), sweep.wanted)
+    found = sweep.states(claims(sweep, lambda: live), todo)
     out = {"completed": [], "in_slurm": [], "pending": []}
     for s in found:
         out["completed" if s.state == "completed" else "in_slurm" if s.state == "running" else "pending"].append(s.pair)
