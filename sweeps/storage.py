@@ -41,6 +41,14 @@ def expand(url: str) -> str:
     return os.path.expandvars(url)
 
 
+# Optuna's RDB schema (optuna/storages/_rdb/models.py), created in this order, "studies" first
+OPTUNA_TABLES = frozenset(
+    "studies study_directions study_user_attributes study_system_attributes trials trial_user_attributes "
+    "trial_system_attributes trial_params trial_values trial_intermediate_values trial_heartbeats version_info "
+    "alembic_version".split()
+)
+
+
 def check_readable(url: str) -> None:
     """An existing SQLite database or journal file that Optuna cannot read (garbled, truncated, not Optuna's) is a
     UserError naming the fix, found before anything is created beside it (a lock, a new schema): the journal's lines
@@ -87,7 +95,9 @@ def check_readable(url: str) -> None:
             tables = {name for (name,) in db.execute("select name from sqlite_master where type = 'table'")}
     except sqlite3.DatabaseError as e:
         raise UserError(f"storage {path} is not a readable SQLite database ({e}); {fix}") from None
-    if tables and not {"studies", "trials"} <= tables:  # another program's database: Optuna would add its tables
+    # another program's database, which Optuna would add its tables to; any of Optuna's tables is Optuna's schema,
+    # perhaps half made: a second worker on a new file sees the tables another's Optuna is creating one by one
+    if tables and tables.isdisjoint(OPTUNA_TABLES):
         names = ", ".join(sorted(tables)[:5])
         raise UserError(f"storage {path} is another program's SQLite database (tables: {names}); pass --storage a "
                         "new file or an Optuna database")  # fmt: skip

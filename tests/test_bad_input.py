@@ -712,6 +712,30 @@ def test_a_sweeps_sqlite_books_with_a_hot_journal_are_read_not_refused(tmp_path)
     assert names == ["table3-tiny-synthetic"]  # rolled back: the books as they were before the killed write
 
 
+def test_a_database_whose_optuna_schema_another_worker_is_still_creating_is_not_called_foreign(tmp_path):
+    """CI at 9fb948a: two workers on one new SQLite file; Optuna creates its tables one at a time, so the second
+    worker's check saw only `studies` and called the file another program's database."""
+    import sqlite3
+
+    from aiayn.sweeps.storage import check_readable
+
+    db = tmp_path / "o.db"
+    with sqlite3.connect(db) as c:
+        c.execute("create table studies (study_id integer)")  # the first table Optuna makes, the rest still to come
+    check_readable(f"sqlite:///{db}")  # no error
+    with sqlite3.connect(db) as c:
+        c.execute("create table users (id integer)")
+    check_readable(f"sqlite:///{db}")  # a table of someone else's beside Optuna's is Optuna's to complain about
+
+
+def test_the_storage_check_knows_every_table_optuna_makes():
+    from optuna.storages._rdb import models
+
+    from aiayn.sweeps.storage import OPTUNA_TABLES
+
+    assert set(models.BaseModel.metadata.tables) <= OPTUNA_TABLES
+
+
 def test_a_storage_on_a_read_only_mount_is_one_line_before_the_setup_lock(tmp_path, monkeypatch, capsys):
     """Issue 45: an existing study on a read-only mount went to Optuna's first write (a traceback under the setup
     lock). As root a read-only mount cannot be told by permission bits; the probe creates a file beside the storage,
