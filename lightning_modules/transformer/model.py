@@ -74,6 +74,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     return weights @ v
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`F.linear`; a packed weight (K, out, in) (lightning_modules/transformer/packed.py: K models stacked, their
+    rows of x (K·B, ..., in) in K equal blocks) is one batched matmul, block k by model k's weight."""
+    if weight.dim() == 2:
+        return F.linear(x, weight, bias)
+    K, d_out, d_in = weight.shape
+    x3 = x.reshape(K, -1, d_in)
+    w_t = weight.transpose(1, 2)
+    y = torch.bmm(x3, w_t) if bias is None else torch.baddbmm(bias[:, None], x3, w_t)
+    return y.view(*x.shape[:-1], d_out)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -101,9 +113,9 @@ class MultiHeadAttention(nn.Module):
         """Q, K and V of self-attention in one matmul by W^Q, W^K and W^V stacked (the same parameters): one
         wider GEMM runs faster than three narrow ones on CPU (base widths: 6% of a training step,
         docs/history/benchmarks.md)."""
-        w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])
-        b = torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias])
-        q, k, v = F.linear(x, w, b).split([self.h * self.d_k, self.h * self.d_k, self.h * self.d_v], dim=-1)
+        w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight], dim=-2)  # (out, in), or packed (K, out, in)
+        b = torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias], dim=-1)
+        q, k, v = linear(x, w, b).split([self.h * self.d_k, self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self.split(q, self.d_k), self.split(k, self.d_k), self.split(v, self.d_v)
 
     def forward(
@@ -252,6 +264,51 @@ assert POSITIONAL_ENCODINGS.keys() == PE_KINDS.keys(), "every kind of config.PE_
 # --- §3.1 Encoder and decoder layers -----------------------------------------------------------
 
 
+class DropoutStream:
+    """Dropout masks drawn by counter instead of torch's generator (beyond the paper's training, whose masks come from
+    its framework's generator): element (b, t, j) of site `site`'s input at micro-step `step` is kept by a hash of
+    (seed, step, site, b, t, j), so a run's masks are a function of its seed and its step alone. What packed runs
+    need (lightning_modules/transformer/packed.py): K seeds in one computation keep each its own masks, the same
+    as that seed trained alone with this stream, in a number of launches that does not grow with K; and a resumed
+    run draws the masks it would have drawn. Set on a model by `counter_dropout`; the trainer advances `step`.
+
+    The hash is a 32-bit integer mixer (Mueller's `((x >> 16) ^ x) * 0x45d9f3b`, kept in int64 so that no product
+    overflows) folded over the coordinates; a site's input is (K·B, T, d_model), K = len(seeds) blocks of rows."""
+
+    MIX, MASK = 0x45D9F3B, 0xFFFFFFFF
+
+    def __init__(self, seeds: list[int], step: int = 0):
+        self.seeds, self.step = list(seeds), step
+        self._on: dict[torch.device, Tensor] = {}  # the seeds as a tensor, once per device
+
+    @classmethod
+    def mix(cls, x):
+        """A bijection of [0, 2^32) that scatters its bits: int64 tensors or Python ints."""
+        x = (((x >> 16) ^ x) * cls.MIX) & cls.MASK
+        x = (((x >> 16) ^ x) * cls.MIX) & cls.MASK
+        return (x >> 16) ^ x
+
+    def keep(self, x: Tensor, site: int, p: float) -> Tensor:
+        """The scaled keep-mask (1 / (1 - p) or 0) of `x` (K·B, T, d) at `site` and the current step."""
+        K = len(self.seeds)
+        B, T, d = x.shape[0] // K, x.shape[1], x.shape[2]
+        if x.device not in self._on:
+            self._on[x.device] = torch.tensor(self.seeds, dtype=torch.int64, device=x.device) & self.MASK
+        base = self.mix(self.mix(self.step & self.MASK) ^ site)  # a Python int: no transfer per site and step
+        key = self.mix(self._on[x.device] ^ base)
+        h = self.mix(key.view(K, 1, 1, 1) ^ torch.arange(B, device=x.device).view(1, B, 1, 1))
+        h = self.mix(h ^ torch.arange(T, device=x.device).view(1, 1, T, 1))
+        h = self.mix(h ^ torch.arange(d, device=x.device).view(1, 1, 1, d))
+        return (h >= round(p * 2**32)).to(x.dtype).mul_(1.0 / (1.0 - p)).view(K * B, T, d)
+
+
+def counter_dropout(model: nn.Module, stream: DropoutStream | None) -> None:
+    """Draw every dropout mask of `model` from `stream` (None: torch's generator again, the default). Sites are
+    numbered in module order, so a model and its packed form (packed.py) number theirs alike."""
+    for site, module in enumerate(m for m in model.modules() if isinstance(m, Dropout)):
+        module.stream, module.site = stream, site
+
+
 class Dropout(nn.Dropout):
     """nn.Dropout (Srivastava et al., 2014), the paper's P_drop (§5.4), with a cheaper mask on CPU.
 
@@ -262,7 +319,12 @@ class Dropout(nn.Dropout):
     different random stream than `F.dropout`'s. Other devices use `F.dropout` (one fused kernel on CUDA).
     """
 
+    stream: DropoutStream | None = None  # masks by counter (`counter_dropout`), else torch's generator
+    site = 0
+
     def forward(self, x: Tensor) -> Tensor:
+        if self.stream is not None and self.training and self.p > 0.0:
+            return x * self.stream.keep(x, self.site, self.p)
         # under torch.compile, F.dropout: dynamo cannot trace the in-place random_ and broke the graph here, which
         # made each Residual.forward its own compiled frame, guarded on the sublayer it wraps (issue 42)
         if not self.training or self.p == 0.0 or not cpu_fast_path(x) or torch.compiler.is_compiling():
@@ -414,7 +476,7 @@ class Transformer(nn.Module):
 
     def project(self, hidden: Tensor) -> Tensor:
         """Pre-softmax linear transformation, sharing the embedding matrix (§3.4): logits (…, V)."""
-        return F.linear(hidden, self.embed.weight)
+        return linear(hidden, self.embed.weight)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         memory, src_mask = self.encode(src)

@@ -1,0 +1,171 @@
+"""Packed runs (issue 42): K seeds in one computation are K seeds, each as it would train alone, in the launches
+of one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.lightning_modules.transformer.config import BOS, PAD, TransformerConfig
+from aiayn.lightning_modules.transformer.loss import label_smoothed_loss
+from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
+from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
+
+CFG = TransformerConfig(N=2, d_model=16, d_ff=32, h=4, vocab_size=40, max_len=64)
+
+
+def batches_of(seed: int, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A seed's own sentences: its own batch sizes and lengths, right-padded as collate pads them."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    out = []
+    for _ in range(steps):
+        B, S, T = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((2, 6), (3, 12), (3, 12)))
+        src = torch.randint(4, CFG.vocab_size, (B, S), generator=g)
+        tgt = torch.randint(4, CFG.vocab_size, (B, T), generator=g)
+        tgt[:, 0] = BOS
+        for row in range(B):  # ragged sentences: right padding, at least two target tokens
+            src[row, int(torch.randint(1, S + 1, (1,), generator=g)) :] = PAD
+            tgt[row, int(torch.randint(2, T + 1, (1,), generator=g)) :] = PAD
+        out.append((src, tgt))
+    return out
+
+
+def noam(opt: torch.optim.Optimizer, d_model: int, warmup: int = 4):
+    rate = lambda s: d_model**-0.5 * min((s + 1) ** -0.5, (s + 1) * warmup**-1.5)  # noqa: E731 - §5.3's lrate
+    return torch.optim.lr_scheduler.LambdaLR(opt, rate)
+
+
+def adam(params) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9)  # the paper's (§5.3), as the trainer's
+
+
+def model_of(seed: int, cfg: TransformerConfig = CFG) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg)
+
+
+def train_alone(seed: int, data, cfg: TransformerConfig = CFG):
+    model = model_of(seed, cfg).train()
+    stream = DropoutStream([seed])
+    counter_dropout(model, stream)
+    opt = adam(model.parameters())
+    sched = noam(opt, cfg.d_model)
+    losses = []
+    for step, (src, tgt) in enumerate(data):
+        stream.step = step
+        loss, _, _ = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:], cfg.eps_ls)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+def packed_step(packed, opt, src, tgt, eps):
+    loss, _, n = packed_loss(packed, src, tgt[:, :-1], tgt[:, 1:], eps)
+    opt.zero_grad()
+    (loss / n).sum().backward()  # each block's loss over its own tokens: seeds' parameters are apart
+    opt.step()
+    return loss / n
+
+
+def train_packed(seeds: list[int], datas, cfg: TransformerConfig = CFG):
+    packed = pack([model_of(seed, cfg) for seed in seeds]).train()
+    stream = DropoutStream(seeds)
+    counter_dropout(packed, stream)
+    opt = adam(packed.parameters())
+    sched = noam(opt, cfg.d_model)
+    losses = []
+    for step, batches in enumerate(zip(*datas)):
+        stream.step = step
+        losses.append(packed_step(packed, opt, *stack_batches(list(batches)), cfg.eps_ls).tolist())
+        sched.step()
+    return [list(x) for x in zip(*losses)], unpack(packed)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [CFG, TransformerConfig(N=1, d_model=16, d_ff=24, h=2, d_k=5, d_v=7, pe="learned", norm_first=True,
+                            vocab_size=40, max_len=64)],  # fmt: skip
+    ids=["paper", "learned-pre-LN-free-dk"],
+)
+def test_each_seed_of_a_pack_trains_as_it_would_alone(cfg):
+    """Losses at every step and the final weights of each of K seeds, packed, equal that seed trained alone (fp32,
+    to float tolerance over 20 steps): own initialization, sentences (ragged, other lengths than the others'),
+    dropout masks (the counter stream) and Adam state."""
+    seeds, steps = [0, 1, 7], 20
+    datas = [batches_of(seed, steps) for seed in seeds]
+    packed_losses, packed_states = train_packed(seeds, datas, cfg)
+    for k, seed in enumerate(seeds):
+        losses, state = train_alone(seed, datas[k], cfg)
+        assert packed_losses[k] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+        assert state.keys() == packed_states[k].keys()
+        for name, value in state.items():
+            if name.endswith("w_k.bias"):  # its gradient is 0 in exact arithmetic (q·b_k is the same for every key,
+                continue  # and softmax ignores it): rounding noise both ways, which Adam scales to whole steps
+            torch.testing.assert_close(packed_states[k][name], value, rtol=1e-4, atol=2e-4, msg=name)
+    assert len({tuple(x) for x in packed_losses}) == len(seeds)  # not one seed's numbers three times
+
+
+def test_a_seed_gone_non_finite_leaves_the_others_numbers_alone():
+    """A seed that diverges is that seed's: NaN weights in seed 1 change nothing of seeds 0 and 2 (no operation
+    mixes blocks of rows), so the pack can report it alone and go on."""
+    seeds = [0, 1, 2]
+    src, tgt = stack_batches([batches_of(seed, 1)[0] for seed in seeds])
+    grads = []
+    for poison in (False, True):
+        packed = pack([model_of(seed) for seed in seeds]).train()
+        counter_dropout(packed, DropoutStream(seeds))
+        if poison:
+            with torch.no_grad():
+                packed.encoder[0].ffn.w_1.weight[1, 0, 0] = float("nan")
+        loss, _, n = packed_loss(packed, src, tgt[:, :-1], tgt[:, 1:], CFG.eps_ls)
+        (loss / n).sum().backward()
+        grads.append((loss.detach(), {name: p.grad.clone() for name, p in packed.named_parameters()}))
+    (clean, clean_grads), (poisoned, poisoned_grads) = grads
+    assert torch.isnan(poisoned[1]) and torch.equal(poisoned[[0, 2]], clean[[0, 2]])
+    for name, g in clean_grads.items():
+        assert torch.equal(poisoned_grads[name][[0, 2]], g[[0, 2]]), name
+
+
+def launches_of_a_step(K: int) -> int:
+    """Operator calls (the CPU's kernel launches) of one packed training step: forward, backward, Adam."""
+    from torch.profiler import ProfilerActivity, profile
+
+    seeds = list(range(K))
+    packed = pack([model_of(seed) for seed in seeds]).train()
+    counter_dropout(packed, DropoutStream(seeds))
+    opt = torch.optim.Adam(packed.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    src, tgt = stack_batches([batches_of(0, 1)[0]] * K)
+    packed_step(packed, opt, src, tgt, CFG.eps_ls)  # Adam's state made: the step after is every step's
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        packed_step(packed, opt, src, tgt, CFG.eps_ls)
+    return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+
+def test_a_packed_steps_launches_do_not_grow_with_its_seeds():
+    """The same operator calls for a pack of 2, 8 and 16 seeds: one step's launches, whatever K. A pack of one makes
+    28 calls fewer (of about 6,100: 13 copies, their allocations): a leading dimension of size 1 lets autograd keep a weight gradient's layout
+    (AccumulateGrad copies the transposed bmm's gradient into the parameter's layout from K = 2 on)."""
+    two = launches_of_a_step(2)
+    assert two > 1000  # a whole step was counted
+    assert launches_of_a_step(8) == two and launches_of_a_step(16) == two
+    assert two - 40 < launches_of_a_step(1) <= two
+
+
+def test_counter_dropout_masks_are_a_function_of_seed_step_and_site():
+    """The counter stream's masks: the same for the same (seed, step, site) in any pack, different across each,
+    and keeping 1 - P_drop of the elements."""
+    x = torch.ones(4, 9, 16)
+
+    def mask(seeds, step, site, rows=x):
+        return DropoutStream(seeds, step).keep(rows, site, 0.1)
+
+    a = mask([3], 5, 2)
+    assert torch.equal(mask([8, 3], 5, 2, torch.ones(8, 9, 16))[4:], a)  # seed 3's block of a pack of two
+    for other in (mask([4], 5, 2), mask([3], 6, 2), mask([3], 5, 1)):
+        assert not torch.equal(other, a)
+    kept = (mask(list(range(50)), 0, 0, torch.ones(200, 9, 16)) > 0).float().mean().item()
+    assert kept == pytest.approx(0.9, abs=0.005)
+    assert a.unique().tolist() == [0.0, pytest.approx(1 / 0.9)]
