@@ -389,6 +389,10 @@ CASES = {
     "bench --json under a file": (["bench", "--json", "{tmp}/afile/b.json", "--steps", "1", "--trials", "1"],
                                   regular_file, "--json {tmp}/afile/b.json cannot be written: {tmp}/afile is not a "
                                   "directory you can write; pass --json a path you can write"),
+    "bench --trainer --pack": (["bench", "--trainer", "--pack", "2"], None,
+                               "--trainer and --pack are two benches; pass one"),
+    "bench --pack 0": (["bench", "--pack", "0"], None,
+                       "argument --pack: expected a positive integer, got 0; see `aiayn bench --help`"),
     "bench --trainer --json a directory": (["bench", "--trainer", "--json", "{tmp}"], None,
                                            "--json {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)"),
     "sweep export --out under /proc": (["sweep", "export", "--wandb", "--out", "/proc/aiayn/s.yaml"], None,

@@ -174,6 +174,22 @@ def test_bench_cli_writes_json(tmp_path):
         assert r["model"]["d_model"] == 128 and r["model"]["vocab_size"] == 1000 and r["device"] == "cpu"
 
 
+def test_bench_pack_times_a_pack_beside_its_seeds_stepped_apart(tmp_path, capsys):
+    """`aiayn bench --pack K`: the three sides timed, the pack's launches a call those of one model's step, not K
+    times them, as the separate sides' are."""
+    out = tmp_path / "pack.json"
+    argv = ["--pack", "3", "--size", "evidence", "--tokens", "96", "--steps", "1", "--warmup", "1", "--trials", "1",
+            "--device", "cpu", "--json", str(out)]  # fmt: skip
+    assert main(["bench", *argv]) == 0
+    r = json.loads(out.read_text())
+    sides = ("separate", "packed", "separate, torch's dropout")
+    assert r["K"] == 3 and r["size"] == "evidence" and all(r[side]["seed_steps_per_s"] > 0 for side in sides)
+    separate, packed = r["separate"]["launches_per_step"], r["packed"]["launches_per_step"]
+    assert separate % 3 == 0 and separate / 3 < packed < separate / 2
+    assert r["speedup"] == pytest.approx(r["packed"]["seed_steps_per_s"] / r["separate"]["seed_steps_per_s"])
+    assert "| packed |" in capsys.readouterr().out
+
+
 def test_bench_trainer_cli_times_the_real_trainer_beside_the_bare_step(tmp_path, capsys):
     """`aiayn bench --trainer`: per config one object with both sides' tokens/s and their ratio; the trainer side
     really ran Lightning's loop over TranslationModule (the module counts its own optimizer steps), the bare side

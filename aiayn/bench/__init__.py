@@ -13,7 +13,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.options import option, yaml_values
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
-BENCH_SIZES = ("tiny", "laptop", "base", "paper")
+BENCH_SIZES = ("evidence", "tiny", "laptop", "base", "paper")
 
 
 @dataclass
@@ -48,6 +48,11 @@ class BenchOptions:
     trainer: bool = option(
         False, "instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches "
         "(tokens/s of each and their ratio, per size; aiayn/bench/trainer.py says what each side includes)",
+    )  # fmt: skip
+    pack: int | None = option(
+        None, "instead: K seeds' training steps packed into one (lightning_modules/transformer/packed.py) against the "
+        "K models stepped one after another, each seed its own batch (seed-steps/s of each, launches per step; "
+        "aiayn/bench/packed.py)", positive=True, metavar="K",
     )  # fmt: skip
     trainer_sizes: tuple[str, ...] = option(
         (), "with --trainer: a model size to measure (repeatable; default: tiny and laptop)", flag="--trainer-size",

@@ -73,12 +73,15 @@ class BenchConfig:
 
 
 def bench_config(name: str, device: str, layers: int | None = None, tokens: int | None = None) -> BenchConfig:
-    """`tiny`: the tiny preset's base row; `laptop`: the laptop preset's base row (the tiny model at vocabulary 8000,
-    Multi30k's); `base`: the paper's base widths, vocabulary 8000, 2 layers per stack on CPU (6 on CUDA) to keep CPU
-    runs short; `paper`: the paper's base row at 37000 vocabulary, 25k+25k tokens."""
+    """`evidence`: the evidence preset's base row (the evidence tables' model); `tiny`: the tiny preset's base row;
+    `laptop`: the laptop preset's base row (the tiny model at vocabulary 8000, Multi30k's); `base`: the paper's base
+    widths, vocabulary 8000, 2 layers per stack on CPU (6 on CUDA) to keep CPU runs short; `paper`: the paper's base
+    row at 37000 vocabulary, 25k+25k tokens."""
     from aiayn.lightning_modules.run.spec import resolve
 
-    if name == "tiny":
+    if name == "evidence":  # the evidence table's size (d_model 32), sentences of 5-20 words
+        cfg, tok, T, note = resolve("base", "evidence").model, 1024, 24, "evidence preset, base row"
+    elif name == "tiny":
         cfg, tok, T, note = resolve("base", "tiny").model, 1024, 32, "tiny preset, base row"
     elif name == "laptop":
         cfg, tok, T, note = resolve("base", "laptop").model, 1024, 32, "laptop preset, base row (vocabulary 8000)"
@@ -89,7 +92,7 @@ def bench_config(name: str, device: str, layers: int | None = None, tokens: int 
     elif name == "paper":
         cfg, tok, T, note = resolve("base", "paper").model, 25000, 40, "paper base row, vocabulary 37000"
     else:
-        raise ValueError(f"unknown bench config {name!r}; choose tiny, laptop, base or paper")
+        raise ValueError(f"unknown bench config {name!r}; choose evidence, tiny, laptop, base or paper")
     if layers is not None:
         cfg = TransformerConfig.from_dict(cfg.to_dict() | {"N": layers})
         note += f" (N overridden to {layers})"

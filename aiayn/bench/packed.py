@@ -1,0 +1,125 @@
+"""`aiayn bench --pack K`: K seeds' training steps as one pack (lightning_modules/transformer/packed.py) against the
+same K models stepped one after another in one process, on the same batches.
+
+Each seed has its own batch (`run.training_batch` with the seed's number: the same shape, other sentences), its own
+initialization and Adam state; both sides draw dropout masks from the counter stream (`DropoutStream`), so both do
+the same arithmetic; a third side, "separate, torch's dropout", is the separate models with the default masks from
+torch's generator (what `aiayn train` runs today). Each side runs its own training path: the separate models the
+trainer's (encode, decode, `projected_label_smoothed_loss`, no logits), the pack `packed_loss` (its logits exist).
+bf16 autocast on CUDA, as the bench's other steps. Timing as `run.py`'s: untimed warm-up steps, then `trials`
+interleaved rounds of `steps` steps each (the device synchronized at both ends of a round), medians reported, as
+seed-steps per second (one call of any side is K seed-steps). Launches per step: `profile.profile_steps` (CUDA
+kernels, or a CPU's leaf ATen operators) over `steps` steps of each side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import statistics
+
+import torch
+
+from aiayn.bench import BenchOptions
+from aiayn.bench.profile import profile_steps
+from aiayn.bench.run import _cpu_name, bench_config, resolve_device, time_steps, training_batch
+from aiayn.common.files import atomic_write_text, check_writable_file
+from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
+from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches
+
+
+def adam(params) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+
+def sides(cfg, batches: list[dict], device: torch.device):
+    """The three steps (separate, packed, separate with torch's dropout), each a function of no arguments."""
+    amp = (lambda: torch.autocast("cuda", torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
+    K = len(batches)
+    models = []
+    for k in range(K):
+        torch.manual_seed(k)
+        models.append(Transformer(cfg).to(device).train())
+    packed = pack(models).train()
+    counter_dropout(packed, DropoutStream(list(range(K))))
+    streams = [DropoutStream([k]) for k in range(K)]
+    on = [{name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in b.items()} for b in batches]
+    opts = [adam(m.parameters()) for m in models]
+
+    def separate(counter: bool = True) -> None:
+        for model, opt, b, stream in zip(models, opts, on, streams):
+            counter_dropout(model, stream if counter else None)
+            opt.zero_grad(set_to_none=True)
+            with amp():
+                memory, src_mask = model.encode(b["src"])
+                hidden = model.decode(b["tgt_in"], memory, src_mask)
+                loss, _, _ = projected_label_smoothed_loss(hidden, model.embed.weight, b["tgt_out"], cfg.eps_ls)
+            loss.backward()
+            opt.step()
+
+    src, tgt_in = stack_batches([(b["src"], b["tgt_in"]) for b in on])
+    _, tgt_out = stack_batches([(b["src"], b["tgt_out"]) for b in on])
+    packed_opt = adam(packed.parameters())
+
+    def packed_step() -> None:
+        packed_opt.zero_grad(set_to_none=True)
+        with amp():
+            loss, _, n = packed_loss(packed, src, tgt_in, tgt_out, cfg.eps_ls)
+        (loss / n).sum().backward()
+        packed_opt.step()
+
+    return {"separate": separate, "packed": packed_step, "separate, torch's dropout": lambda: separate(False)}
+
+
+def run(opts: BenchOptions) -> dict:
+    device = torch.device(opts.device)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    bc = bench_config(opts.size, opts.device, opts.layers, opts.tokens)
+    K = opts.pack
+    batches = [training_batch(bc.model, bc.tokens_per_side, bc.seq_len, seed=k) for k in range(K)]
+    steps = sides(bc.model, batches, device)
+    for step in steps.values():
+        for _ in range(max(1, opts.warmup)):  # Adam's state made: every step after is alike
+            step()
+    rounds = {name: [] for name in steps}
+    for _ in range(opts.trials):
+        for name, step in steps.items():
+            rounds[name].append(time_steps(step, device, opts.steps))
+    out = {"size": bc.name, "note": bc.note, "K": K, "device": _device_name(device), "steps": opts.steps,
+           "trials": opts.trials, "tokens_per_side": bc.tokens_per_side}  # fmt: skip
+    for name, step in steps.items():
+        s = statistics.median(rounds[name])
+        out[name] = {"step_s": s, "seed_steps_per_s": K / s,
+                     "launches_per_step": profile_steps(step, device, opts.steps)["launches_per_step"]}  # fmt: skip
+    out["speedup"] = out["packed"]["seed_steps_per_s"] / out["separate"]["seed_steps_per_s"]
+    return out
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+
+
+def text(r: dict) -> str:
+    lines = [f"{r['K']} seeds of the {r['size']} size ({r['note']}, {r['tokens_per_side']} padded positions a side "
+             f"each) on {r['device']}, medians of {r['trials']} rounds of {r['steps']} steps",
+             "| side | seed-steps/s | one call (K seed-steps), ms | launches a call |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    for name in ("separate", "packed", "separate, torch's dropout"):
+        s = r[name]
+        ms, launches = 1e3 * s["step_s"], s["launches_per_step"]
+        lines.append(f"| {name} | {s['seed_steps_per_s']:.1f} | {ms:.1f} | {launches:.0f} |")
+    lines.append(f"packed / separate: {r['speedup']:.2f}x")
+    return "\n".join(lines)
+
+
+def main(opts: BenchOptions) -> int:
+    if opts.json:
+        check_writable_file(opts.json, "--json")
+    result = run(dataclasses.replace(opts, device=resolve_device(opts)))
+    print(text(result))
+    if opts.json:
+        atomic_write_text(opts.json, json.dumps(result, indent=2) + "\n")
+    return 0
