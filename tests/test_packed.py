@@ -146,7 +146,7 @@ def launches_of_a_step(K: int) -> float:
 
 
 def test_a_packed_steps_launches_do_not_grow_with_its_seeds():
-    """The same launches for a pack of 2, 8 and 16 seeds: one step's, whatever K (3,365 at this size). A pack
+    """The same launches for a pack of 2, 8 and 16 seeds: one step's, whatever K (3,245 at this size). A pack
     of one launches 14 fewer (copies): with a leading dimension of size 1 autograd keeps the weight gradients'
     layout; from K = 2 on AccumulateGrad copies the transposed bmm's gradient into the parameter's layout."""
     two = launches_of_a_step(2)

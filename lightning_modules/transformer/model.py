@@ -296,9 +296,9 @@ class DropoutStream:
             self._on[x.device] = torch.tensor(self.seeds, dtype=torch.int64, device=x.device) & self.MASK
         base = self.mix(self.mix(self.step & self.MASK) ^ site)  # a Python int: no transfer per site and step
         key = self.mix(self._on[x.device] ^ base)
-        h = self.mix(key.view(K, 1, 1, 1) ^ torch.arange(B, device=x.device).view(1, B, 1, 1))
-        h = self.mix(h ^ torch.arange(T, device=x.device).view(1, 1, T, 1))
-        h = self.mix(h ^ torch.arange(d, device=x.device).view(1, 1, 1, d))
+        rows = torch.arange(B, device=x.device).view(1, B, 1, 1) * 2**16 + torch.arange(T, device=x.device).view(T, 1)
+        h = self.mix(key.view(K, 1, 1, 1) ^ rows)  # a hash per (seed, b, t): t < 2^16, b < 2^16
+        h = self.mix(h ^ torch.arange(d, device=x.device))
         return (h >= round(p * 2**32)).to(x.dtype).mul_(1.0 / (1.0 - p)).view(K * B, T, d)
 
 
