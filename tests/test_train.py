@@ -89,6 +89,29 @@ def test_a_resumed_run_trains_exactly_the_batches_it_had_not(cache, tmp_path, ba
     assert metrics["steps"] == 4
 
 
+def test_counter_dropout_numbers_each_batch_of_a_run_once_through_accumulation_and_a_resume(cache, tmp_path,
+                                                                                            monkeypatch):
+    """`--dropout-rng counter`: a batch's masks are a function of the seed and the place the stream is given, so the
+    places must be the run's batches counted once, 0, 1, 2, ... across accumulated batches and across a resume (a
+    place repeated would repeat its masks; one skipped would make a resumed run's masks another run's)."""
+    from aiayn.lightning_modules.run.module import TranslationModule
+
+    places, step = [], TranslationModule.training_step
+
+    def recording(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        places.append(self.dropout_stream.step)
+        return loss
+
+    monkeypatch.setattr(TranslationModule, "training_step", recording)
+    argv = ["train", "--out", str(tmp_path), *SMALL, *FAST, "--max-tokens", "512", "--dropout-rng", "counter"]
+    assert main([*argv, "--max-steps", "2"]) == 0
+    assert main([*argv, "--max-steps", "4"]) == 0  # resumed from step 2
+    config = json.loads((tmp_path / "tiny/synthetic/base/seed0/config.json").read_text())
+    assert config["train"]["accumulate"] == 2 and config["options"]["dropout_rng"] == "counter"
+    assert places == list(range(8))
+
+
 def test_metrics_record_the_real_tokens_per_optimizer_step(trained):
     metrics = json.loads((trained / "metrics.json").read_text())
     budget = json.loads((trained / "config.json").read_text())["train"]["effective_tokens_per_step"]

@@ -25,7 +25,7 @@ from aiayn.lightning_modules.run.evaluate import bleu, nll_sum
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.transformer.decoding import translate_batch
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
-from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, TransformerConfig, counter_dropout
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
@@ -80,6 +80,15 @@ class TranslationModule(pl.LightningModule):
         self.step_flags: dict = {}  # this rank's flags for the step (RequeueOnSignal's "requeue"), reduced with counts
         self.step_decisions: dict = {}  # the flags of the step, reduced over the ranks
         self._val: dict = {}
+        self.dropout_stream: DropoutStream | None = None  # masks by counter (`use_counter_dropout`), else torch's
+        self._micro = 0  # this rank's batches since the last optimizer step
+
+    def use_counter_dropout(self, seed: int) -> None:
+        """Draw the dropout masks by counter (`--dropout-rng counter`): each a function of the seed and the batch's
+        place in the run (optimizer steps before it, its accumulated batch, its rank), so the same as this seed's in
+        a pack of seeds (transformer/packed.py), and after a resume, which counts from the checkpoint's step."""
+        self.dropout_stream = DropoutStream([seed])
+        counter_dropout(self.model, self.dropout_stream)
 
     @classmethod
     def from_checkpoint(cls, path, map_location="cpu") -> TranslationModule:
@@ -106,6 +115,11 @@ class TranslationModule(pl.LightningModule):
         return self.model(src, tgt_in)
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        if self.dropout_stream is not None:  # the batch's place in the run (a host number: no sync)
+            t = self.trainer
+            place = t.global_step * t.accumulate_grad_batches + self._micro
+            self.dropout_stream.step = place * t.world_size + t.global_rank
+            self._micro += 1
         # = label_smoothed_loss(self.model(src, tgt_in), ...) without materializing (B, T, V) logits
         memory, src_mask = self.model.encode(batch["src"])
         hidden = self.model.decode(batch["tgt_in"], memory, src_mask)
@@ -131,6 +145,7 @@ class TranslationModule(pl.LightningModule):
         and on a log step the step's loss sums and token totals with them, so that what is logged (and what the
         progress bar shows between log steps) is host numbers, which Lightning reads without waiting on the device."""
         (n_src, n_tgt), self._window = self._window, [0, 0]
+        self._micro = 0
         sums, self._sums = self._sums, None
         world, grads = self.trainer.world_size, [p.grad for p in self.parameters() if p.grad is not None]
         step = self.trainer.global_step + 1

@@ -123,6 +123,12 @@ class TrainOptions:
         "runs only: the final evaluation, translation and export run the fp32 model",
         choices=("fp32", "bf16"),
     )  # fmt: skip
+    dropout_rng: str = option(
+        "torch", "where dropout's masks come from: torch (its generator, seeded by --seed) or counter (each mask a "
+        "hash of the seed, the batch's place in the run and the position: the same masks as this seed's in a pack "
+        "of seeds, and after a resume; 6-13% slower a step on a CPU, BENCHMARKS.md; not with --compile)",
+        choices=("torch", "counter"),
+    )  # fmt: skip
     compile: str = option(
         "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
         "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "

@@ -182,6 +182,9 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     if opts.compile == "graphs" and not opts.static_shapes:
         raise UserError("--compile graphs records a CUDA graph per batch shape, and without --static-shapes every "
                         "batch has its own; add --static-shapes (and --pad-to 8), or pass --compile model")  # fmt: skip
+    if opts.dropout_rng == "counter" and opts.compile != "none":
+        raise UserError(f"--dropout-rng counter is eager only (compiled, each step's place would be a new graph); "
+                        f"drop --compile {opts.compile} or --dropout-rng counter")  # fmt: skip
     if opts.keep_last is not None and opts.keep_last < 1:
         raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
                         f"more (last.ckpt is kept besides)")  # fmt: skip
@@ -310,6 +313,8 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     )  # fmt: skip
     if opts.residual_dtype == "bf16":
         residual_stream(module.model, torch.bfloat16)
+    if opts.dropout_rng == "counter":
+        module.use_counter_dropout(opts.seed)
     share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes,
                           cuda=uses_cuda(opts.accelerator))  # fmt: skip
     if share and p.dm.plan.static_shapes:  # room for every training shape, counted once the data is set up
