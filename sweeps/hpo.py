@@ -7,11 +7,15 @@ Label smoothing is not in the default space: the objective is dev perplexity, wh
 (a smoothed model's floor is 1/(1 − ε + ε/V), not 1), so a search over ε against perplexity would learn that
 arithmetic, not the paper's claim (that smoothing helps BLEU). Search it with `--space` on purpose, knowing that.
 
-Trials train in this process, one after another, on one device (`--accelerator`, default auto: the
-GPU when there is one; every other `aiayn train` option too: data, precision, max tokens): Optuna
-must never live inside DDP ranks (every rank would ask for its own trial), so more than one device is
-refused. The objective is the final dev perplexity (minimized, the same direction as the pruned
-metric); the best parameters are printed and saved.
+Trials train in this process, one after another, on one device (`--accelerator`, default auto: the GPU when there is
+one; every other `aiayn train` option too: data, precision, max tokens): Optuna must never live inside DDP ranks
+(every rank would ask for its own trial), so more than one device is refused. With `--backend subprocess` each trial
+trains in a fresh `aiayn hpo` process, `--jobs` at once: this process asks the trial and fixes its parameters in the
+study (under the books' lock), the child finds it by number (`AIAYN_HPO_TRIAL`), trains it with the same pruning
+callback reporting to the study's storage (its URL in the child's environment, `AIAYN_HPO_STORAGE`: never on a
+command line or in a file), and leaves its outcome in the trial's user attributes; this process tells it. A back end
+reads as able to run trials from its `Capabilities`. The objective is the final dev perplexity (minimized, the same
+direction as the pruned metric); the best parameters are printed and saved.
 
 `--trials N` is the search's size: a rerun runs only the trials still missing, so an interrupted
 search resumes. Trials are asked and told one by one under the same books as `aiayn table3`'s (sweeps/books.py:
@@ -23,6 +27,8 @@ training from its last checkpoint. A trial's metrics.json says kind "hpo": it ne
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import warnings
 from dataclasses import dataclass, field, replace
 
@@ -45,6 +51,7 @@ from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
 from aiayn.sweeps import books
+from aiayn.sweeps.backends import BackendNames
 from aiayn.sweeps.folders import SweepOut
 from aiayn.sweeps.storage import check_readable, open_storage
 
@@ -66,6 +73,12 @@ class HpoOptions:
         "the paper's values; label smoothing only by this file, as the module docstring says)", metavar="FILE",
     )  # fmt: skip
     storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/hpo.db)")
+    backend: str = option(
+        "local", "where trials train: local (one after another in this process) or subprocess (each in a fresh "
+        "`aiayn hpo` process, --jobs at once, its pruning reports going to the study's storage); a back end that "
+        "cannot run trials (slurm) is refused with its reason", choices=BackendNames(),
+    )  # fmt: skip
+    jobs: int = option(1, "trials at once (--backend subprocess)", positive=True)
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
 
@@ -193,10 +206,37 @@ def _requeue(study: optuna.Study):
     return again
 
 
+TRIAL_ENV, STORAGE_ENV, SPEC_ENV = "AIAYN_HPO_TRIAL", "AIAYN_HPO_STORAGE", "AIAYN_HPO_SPEC"
+
+
+def trials_backend(opts: HpoOptions) -> str:
+    """How `opts.backend` runs trials ("here" or "processes", its `Capabilities.trials`), or a UserError saying why
+    it cannot."""
+    from aiayn.sweeps.backends import load
+
+    found = load()
+    cls = found.get(opts.backend)
+    if cls is None:
+        raise UserError(f"unknown back end {opts.backend!r}; choose one of {', '.join(sorted(found))}")
+    how = cls.capabilities.trials
+    if how is None:
+        able = ", ".join(sorted(n for n, c in found.items() if c.capabilities.trials))
+        why = cls.capabilities.no_trials or "it declares no way to"
+        raise UserError(f"--backend {opts.backend} cannot run hpo trials ({why}); pass --backend "
+                        f"{able.replace(', ', ' or ')}")  # fmt: skip
+    if how == "here" and opts.jobs > 1:
+        raise UserError(f"--backend {opts.backend} trains trials one after another in this process; drop --jobs "
+                        f"{opts.jobs}, or pass --backend subprocess to train {opts.jobs} at once")  # fmt: skip
+    return how
+
+
 def run_hpo(opts: HpoOptions) -> dict:
     t = opts.train
+    if os.environ.get(TRIAL_ENV):  # a trial's own process, started by a search with --backend subprocess
+        return train_one_trial(opts, int(os.environ[TRIAL_ENV]))
     if opts.trials < 1:
         raise UserError(f"--trials must be at least 1, got {opts.trials}")
+    how = trials_backend(opts)
     if t.world_size > 1:
         raise UserError(f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
                         f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)")  # fmt: skip
@@ -228,8 +268,11 @@ def run_hpo(opts: HpoOptions) -> dict:
     done = sum(x.state in (TrialState.COMPLETE, TrialState.PRUNED) for x in study.get_trials(deepcopy=False))
     if done < opts.trials:
         log.info("hpo %s: %d of %d trials done, running %d", study.study_name, done, opts.trials, opts.trials - done)
-    for _ in range(opts.trials - done):
-        _run_trial(study, opts, spec, claims, pop_lock)
+    if how == "here":
+        for _ in range(opts.trials - done):
+            _run_trial(study, opts, spec, claims, pop_lock, lambda trial: objective(opts, trial, spec))
+    else:
+        in_processes(opts, spec, study.study_name, opts.trials - done, claims, pop_lock, t.seed + done)
     complete = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
     counts = {"trials": len(study.trials), "completed": len(complete),
               "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
@@ -247,15 +290,17 @@ def run_hpo(opts: HpoOptions) -> dict:
 
 
 def hpo_exit_status(result: dict) -> int:
-    """1 when every trial was pruned or failed (a result of the search, not a usage error, which is 2); else 0."""
-    return int(result["best_trial"] is None)
+    """1 when every trial was pruned or failed (a result of the search, not a usage error, which is 2); else 0 (a
+    trial's own process: 0 once its outcome is in the study, pruned or not)."""
+    return 0 if "trial" in result else int(result["best_trial"] is None)
 
 
-def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop_lock) -> None:
-    """Ask one trial (a queued retry first) and claim it under the pop lock, train it, tell its outcome."""
+def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop_lock, train_trial) -> None:
+    """Ask one trial (a queued retry first) and claim it under the pop lock, train it (`train_trial(trial)`: its
+    objective value, or optuna.TrialPruned), tell its outcome."""
     with books.pop_and_claim(study, pop_lock, claims, _key, study.ask) as (trial, _, held):
         try:
-            value = objective(opts, trial, spec)
+            value = train_trial(trial)
         except optuna.TrialPruned as e:
             trial.set_user_attr("pruned", str(e))
             study.tell(trial, state=TrialState.PRUNED)
@@ -268,3 +313,90 @@ def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop
         finally:
             if held is not None:
                 held.close()
+
+
+# --- trials in processes of their own (--backend subprocess) -----------------------------------------------------
+
+
+def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, pop_lock, seed: int) -> None:
+    """`todo` trials, `opts.jobs` at once, each trained by a fresh `aiayn hpo` process (`trial_process`); each worker
+    asks and tells through a study object of its own (Optuna caches per storage object, as separate searches would)
+    with a sampler seeded apart."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = opts.storage or SweepOut(opts.train.out).study_url("hpo")
+    left, lock = [todo], threading.Lock()
+
+    def worker(slot: int) -> None:
+        study = optuna.load_study(study_name=name, storage=open_storage(url),
+                                  sampler=optuna.samplers.TPESampler(seed=seed + slot))  # fmt: skip
+        while True:
+            with lock:
+                if left[0] == 0:
+                    return
+                left[0] -= 1
+            _run_trial(study, opts, spec, claims, pop_lock, lambda trial: trial_process(opts, spec, trial, url, slot))
+
+    with ThreadPoolExecutor(opts.jobs) as pool:
+        for future in [pool.submit(worker, slot) for slot in range(opts.jobs)]:
+            future.result()
+
+
+def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str, slot: int) -> float:
+    """Train `trial` in a fresh `aiayn hpo` process: its parameters fixed in the study here (the child's suggest
+    reads them back), the child given the search's options as a file, the trial's number, the row as this search
+    resolved it and the storage's URL in its environment; its outcome read back from the trial's user attributes."""
+    import subprocess
+    import sys
+
+    from aiayn.common.options import to_config
+    from aiayn.lightning_modules.run.options import resolved_run
+    from aiayn.sweeps.backends.processes import child_environment
+    from aiayn.sweeps.backends.queue import _threads, attempt_header
+
+    t = opts.train
+    suggest(trial, space_of(opts, get_preset(t.preset)))
+    folder = SweepOut(t.out).backend("subprocess") / "hpo" / trial.study.study_name
+    stem = folder / f"trial{trial.number:04d}"
+    child = replace(opts, storage=None, backend="local", jobs=1)
+    atomic_write_json(stem.with_suffix(".options.json"), to_config(child, skip=HPO_SKIP))
+    atomic_write_json(stem.with_suffix(".spec.json"), resolved_run(spec.to_dict(), "aiayn hpo --backend subprocess"))
+    env = child_environment(slot, None, _threads(opts.jobs))
+    env.update({TRIAL_ENV: str(trial.number), STORAGE_ENV: url, SPEC_ENV: str(stem.with_suffix(".spec.json"))})
+    with open(stem.with_suffix(".log"), "a") as out:
+        out.write(attempt_header())
+        out.flush()
+        cmd = [sys.executable, "-m", "aiayn", "hpo", "--config", str(stem.with_suffix(".options.json"))]
+        code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+    storage = open_storage(url)  # a fresh one: what the child wrote, not a cached copy
+    tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(trial.study.study_name),
+                                                          trial.number)  # fmt: skip
+    outcome = storage.get_trial(tid).user_attrs.get("outcome")
+    if code != 0 or not isinstance(outcome, dict):
+        raise RuntimeError(f"trial {trial.number}'s process ended with exit code {code} and no outcome; its log: "
+                           f"{stem.with_suffix('.log')}")  # fmt: skip
+    if "pruned" in outcome:
+        raise optuna.TrialPruned(outcome["pruned"])
+    return float(outcome["value"])
+
+
+def train_one_trial(opts: HpoOptions, number: int) -> dict:
+    """A trial's own process: find trial `number` of the search's study in the storage its environment names,
+    train it as `objective` does (pruning reports go to the storage), and leave the outcome in its user attributes
+    for the search to tell."""
+    import json
+    from pathlib import Path
+
+    url = os.environ.get(STORAGE_ENV) or opts.storage or SweepOut(opts.train.out).study_url("hpo")
+    name = f"hpo-{opts.train.preset}-{opts.train.row}"
+    storage = open_storage(url)
+    tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(name), number)
+    trial = optuna.trial.Trial(optuna.load_study(study_name=name, storage=storage), tid)
+    resolved = os.environ.get(SPEC_ENV)  # the row as the search resolved it, not resolved again
+    spec = RunSpec.from_dict(json.loads(Path(resolved).read_text())["spec"]) if resolved else spec_of(opts.train)
+    try:
+        outcome = {"value": objective(opts, trial, spec)}
+    except optuna.TrialPruned as e:
+        outcome = {"pruned": str(e)}
+    trial.set_user_attr("outcome", outcome)
+    return {"row": opts.train.row, "preset": opts.train.preset, "study": name, "trial": number, **outcome}

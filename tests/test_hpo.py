@@ -223,3 +223,76 @@ def test_trials_validate_every_val_every_steps_and_report_each_validation_by_glo
     with pytest.raises(optuna.TrialPruned, match="pruned at step 50"):
         callback.on_validation_end(trainer, None)
     assert pruning.trials[1].intermediate_values == {50: 20.0}
+
+
+def test_a_trial_in_a_process_of_its_own_is_found_by_number_and_its_pruning_reaches_the_search(tmp_path, monkeypatch):
+    """`--backend subprocess`, its plumbing with the child stood in (the same `aiayn hpo` entry, in this process,
+    with the environment the search gives it): the search fixes the trial's parameters, the child finds the trial by
+    number in the storage its environment names, trains it with those parameters, reports to the trial and is
+    pruned; the search tells PRUNED. The storage URL is in the child's environment only: not on its command line,
+    not in the files it is handed."""
+    import os
+    import subprocess
+
+    import torch
+
+    url = f"sqlite:///{tmp_path}/secret-hpo.db"
+    seen = {}
+
+    class Trainer:  # what StepPruning reads of Lightning's trainer: one validation at step 5
+        sanity_checking, global_step, callback_metrics = False, 5, {"val/ppl": torch.tensor(9.5)}
+
+    def pruned_after_a_report(opts, spec, hooks):
+        hooks.callbacks[0].on_validation_end(Trainer(), None)  # StepPruning, on the trial the child found by number
+        seen["params"] = {k: opts.overrides[k] for k in SEARCHED}
+        raise optuna.TrialPruned("pruned at step 5: val/ppl 9.5")
+
+    monkeypatch.setattr(train_mod, "train", pruned_after_a_report)
+
+    def child(cmd, stdout, stderr, env):
+        seen["cmd"], seen["files"] = cmd, [p.read_text() for p in (tmp_path / "subprocess").rglob("*.json")]
+        saved = dict(os.environ)
+        os.environ.update(env)
+        try:
+            code = main(cmd[3:])  # python -m aiayn hpo --config FILE
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return subprocess.CompletedProcess(cmd, code)
+
+    monkeypatch.setattr(subprocess, "run", child)
+    result = run_hpo(HpoOptions(trials=1, storage=url, backend="subprocess",
+                                train=TrainOptions(row="C1", out=str(tmp_path), progress=False)))  # fmt: skip
+    assert (result["pruned"], result["completed"], result["failed"]) == (1, 0, 0)
+    trial = optuna.load_study(study_name="hpo-tiny-C1", storage=url).trials[0]
+    assert trial.state.name == "PRUNED" and trial.user_attrs["pruned"] == "pruned at step 5: val/ppl 9.5"
+    assert trial.intermediate_values == {5: 9.5}  # the child's report, in the study
+    assert seen["params"] == trial.params  # the child trained the parameters the search fixed
+    assert "secret-hpo" not in " ".join(seen["cmd"]) and not any("secret-hpo" in f for f in seen["files"])
+    assert "AIAYN_HPO_STORAGE" not in os.environ  # the child's environment stayed the child's
+
+
+def test_a_back_end_that_cannot_run_trials_is_refused_with_its_reason(tmp_path, trains, capsys):
+    assert main(["hpo", "--backend", "slurm", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--backend slurm cannot run hpo trials (its job array is the sweep's pairs" in err
+    assert not list(tmp_path.iterdir()) and trains == []
+
+
+@pytest.mark.slow
+def test_trials_train_in_processes_of_their_own_two_at_once(cache, tmp_path):
+    """`aiayn hpo --backend subprocess --jobs 2` for real: three trials, each trained by a fresh process (its log
+    under OUT/subprocess/hpo), each reporting its validations to the study from there, the best written."""
+    out = tmp_path / "runs"
+    argv = ["hpo", "--backend", "subprocess", "--jobs", "2", "--row", "C1", "--trials", "3", "--out", str(out),
+            "--max-steps", "12", "--val-every", "4", "--eval-subset", "4", "--accelerator", "cpu",
+            "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    assert main(argv) in (0, 1)  # 1 only if every trial were pruned, which the pruner's two startup trials forbid
+    study = optuna.load_study(study_name="hpo-tiny-C1", storage=f"sqlite:///{out}/hpo.db")
+    trials = study.get_trials()
+    assert len(trials) == 3 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
+    assert all(t.intermediate_values for t in trials)  # reported from the trial's own process
+    logs = sorted((out / "subprocess" / "hpo" / "hpo-tiny-C1").glob("trial*.log"))
+    assert [p.name for p in logs] == ["trial0000.log", "trial0001.log", "trial0002.log"]
+    best = json.loads((out / "hpo" / "tiny" / "C1" / "best.json").read_text())
+    assert best["best_trial"] in {t.number for t in trials if t.state.name == "COMPLETE"}

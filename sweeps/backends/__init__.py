@@ -116,6 +116,10 @@ class Capabilities:
     ddp: bool = False  # trains runs of several devices (DDP ranks start as fresh processes of their own)
     own_gpus: bool = False  # hands each concurrent run GPUs of its own (--gpus-per-job)
     default: bool = False  # what a sweep uses when it needs nothing more
+    # how it runs `aiayn hpo`'s trials (sweeps/hpo.py): "here" (one after another in the search's process), "processes"
+    # (each in a fresh process, --jobs at once, reporting to the study's storage), None (it cannot: its reason)
+    trials: str | None = None
+    no_trials: str = ""
 
 
 @dataclass

@@ -80,7 +80,7 @@ class LocalBackend(QueueBackend):
     """each pair in a process forked from this driver (Lightning imported once), on its share of the CPU threads"""
 
     name = "local"
-    capabilities = Capabilities(default=True)
+    capabilities = Capabilities(default=True, trials="here")
 
     def check(self, sweep: Sweep) -> None:
         if sweep.train.world_size > 1 or sweep.gpus_per_job:

@@ -65,7 +65,7 @@ class SubprocessBackend(QueueBackend):
     `--gpus-per-job K`: worker i gets the i-th K of the visible GPUs, so N runs at once do not all land on GPU 0."""
 
     name = "subprocess"
-    capabilities = Capabilities(ddp=True, own_gpus=True)
+    capabilities = Capabilities(ddp=True, own_gpus=True, trials="processes")
 
     def check(self, sweep: Sweep) -> None:
         k, t = sweep.gpus_per_job, sweep.train
