@@ -214,8 +214,12 @@ def registration_sha256(preset: str, text: str | None = None) -> str | None:
     mine = _read(PREDICTIONS_FILE, text).get(preset, {}) if text is not None else _all().get(preset, {})
     if not mine:
         return None
-    lines = [[p.row, p.metric, p.predicted, p.margin, p.reason] + ([p.seeds] if p.seeds is not None else [])
-             + ([{"center": p.center}] if p.center is not None else []) for p in mine.values()]
+    lines = [
+        [p.row, p.metric, p.predicted, p.margin, p.reason]
+        + ([p.seeds] if p.seeds is not None else [])
+        + ([{"center": p.center}] if p.center is not None else [])
+        for p in mine.values()
+    ]
     return hashlib.sha256(json.dumps(lines, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 

@@ -114,10 +114,29 @@ _TINY = Preset(
 )
 
 _EVIDENCE = Preset(
-    name="evidence", corpus="synthetic-20", vocab_size=1000, width=1 / 16, heads=0.5, depth=1 / 3,
-    aliases=(("C2", "C1"),), train_steps=4500, tokens_per_step=1024, max_tokens=1024, warmup=200,
-    lr_factor=0.5, val_bleu_sentences=0, val_every=100, ckpt_every=500, keep_ckpts=2, sweep_jobs=2,
-    rows="scored", seeds=4, base_seeds=8, convergence="line", cells=(), stability="median3",
+    name="evidence",
+    corpus="synthetic-20",
+    vocab_size=1000,
+    width=1 / 16,
+    heads=0.5,
+    depth=1 / 3,
+    aliases=(("C2", "C1"),),
+    train_steps=4500,
+    tokens_per_step=1024,
+    max_tokens=1024,
+    warmup=200,
+    lr_factor=0.5,
+    val_bleu_sentences=0,
+    val_every=100,
+    ckpt_every=500,
+    keep_ckpts=2,
+    sweep_jobs=2,
+    rows="scored",
+    seeds=4,
+    base_seeds=8,
+    convergence="line",
+    cells=(),
+    stability="median3",
     steps_as_paper=False,
     description="Table 3 as evidence on 2 CPU cores, in a regime with headroom: a sixteenth of the paper's "
     "width (d_model 32, 4 heads of 8), a third of its depth, on the synthetic grammar's sentences of 5-20 "
@@ -130,7 +149,14 @@ _EVIDENCE = Preset(
 # The main job (`aiayn table3`, the README's first line): the evidence regime at a fixed budget, one seed a row,
 # the rows of its registration (base, C1, C4 worse, C5 better: a row "every change hurts" cannot pass).
 _QUICK = replace(
-    _EVIDENCE, name="quick", train_steps=3000, val_every=125, seeds=1, base_seeds=None, cells=(), stability="nearest",
+    _EVIDENCE,
+    name="quick",
+    train_steps=3000,
+    val_every=125,
+    seeds=1,
+    base_seeds=None,
+    cells=(),
+    stability="nearest",
     steps_as_paper=True,
     description="the main job: the evidence regime (d_model 32, 4 heads of 8, N 2, sentences of 5-20 words, half the "
     "paper's learning rate) at a fixed budget of 3000 steps, one seed a row, two runs at a time: base, C1 and C4 "
@@ -143,10 +169,30 @@ MAIN_PRESET = _QUICK.name  # what `aiayn table3` runs without --preset
 # longer explains the table. Its budget is the pilot rule's (scripts/wide_pilot.py, committed before any wide run):
 # train_steps is the most the rule may choose, and `scripts/gpu-wide.sh` runs the table at the chosen --max-steps.
 _WIDE = Preset(
-    name="wide", corpus="multi30k", vocab_size=8000, width=1.0, heads=1.0, depth=0.5, train_steps=1600,
-    tokens_per_step=8192, max_tokens=8192, warmup=250, lr_factor=0.25, val_bleu_sentences=0, val_every=50,
-    ckpt_every=400, keep_ckpts=2, max_len=128, positions=256, sweep_jobs=8, rows="scored", seeds=4, base_seeds=8,
-    convergence="line", stability="median3", steps_as_paper=False,
+    name="wide",
+    corpus="multi30k",
+    vocab_size=8000,
+    width=1.0,
+    heads=1.0,
+    depth=0.5,
+    train_steps=1600,
+    tokens_per_step=8192,
+    max_tokens=8192,
+    warmup=250,
+    lr_factor=0.25,
+    val_bleu_sentences=0,
+    val_every=50,
+    ckpt_every=400,
+    keep_ckpts=2,
+    max_len=128,
+    positions=256,
+    sweep_jobs=8,
+    rows="scored",
+    seeds=4,
+    base_seeds=8,
+    convergence="line",
+    stability="median3",
+    steps_as_paper=False,
     description="Table 3 at the paper's width on real language, for one GPU: Multi30k En-De (29,000 pairs, BPE 8000), "
     "d_model 512, d_ff 2048, the paper's heads and d_k (8 of 64; 16 heads of 32 in A3), half its depth (N 3), 8192 "
     "target tokens a step, warmup 250 at a quarter of the schedule's factor (the paper's peak learning rate, 7.0e-4), "

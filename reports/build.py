@@ -129,8 +129,13 @@ def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: 
         plots.bleu_vs_params(table, plot_dir / "bleu_vs_params.png", title),
         plots.delta_vs_paper(table, plot_dir / "delta_vs_paper.png", title),
         plots.forest(table, plot_dir / "forest.png", title),
-        plots.curves(_curves(runs), plot_dir / "curves.png", title, capped=capped,
-                     points=verdicts.STABILITY[:-1] if scored_preset else ()),
+        plots.curves(
+            _curves(runs),
+            plot_dir / "curves.png",
+            title,
+            capped=capped,
+            points=verdicts.STABILITY[:-1] if scored_preset else (),
+        ),
     ]
     plot_links = [(f"{plot_dir.name}/{file}", alt) for file, alt in PLOTS.items()]
     skipped = [(path, why) for path, why in found.skipped if _belongs(path, preset)]
@@ -147,10 +152,12 @@ def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: 
         "-slopes.csv": rounded(t3.slopes).to_csv(index=False, na_rep="", lineterminator="\n"),
         "-curves.csv": curves_csv(runs),
         ".tex": latex(table, notes, title, notice, first),
-        ".html": html_page(table, notes, title, notice, [(_data_uri(plot_dir / file), alt) for file, alt in
-                                                           PLOTS.items()], first),  # fmt: skip
-        ".json": _provenance(command, notice, preset, data, runs, family, baselines, scored_preset, convergence,
-                             reading),  # fmt: skip
+        ".html": html_page(
+            table, notes, title, notice, [(_data_uri(plot_dir / file), alt) for file, alt in PLOTS.items()], first
+        ),  # fmt: skip
+        ".json": _provenance(
+            command, notice, preset, data, runs, family, baselines, scored_preset, convergence, reading
+        ),  # fmt: skip
     }
     # masked again: a metrics.json written by an older aiayn (or by hand) may hold a secret in its error
     files = [atomic_write_text(out_dir / f"{name}{suffix}", redact(text)) for suffix, text in texts.items()]
@@ -256,5 +263,3 @@ def _curves(runs: list[Run]) -> dict[tuple[str, int], pd.DataFrame]:
         if not df.empty:
             out[(run.row, run.seed)] = df
     return out
-
-

@@ -1,7 +1,6 @@
 """The report's notes: the prose under each table (what was run, how it was judged, what it found), from the runs
 and the verdicts; `headline` and `lead`, the sentences a reader sees first. Built by reports/build.py."""
 
-
 from __future__ import annotations
 
 import math
@@ -69,7 +68,17 @@ def _rule(runs: list[Run], preset: str) -> str:
 
 
 def report_notes(
-    table, runs, preset, data, skipped, family, baselines, scored_preset, convergence, slopes, reading="nearest",
+    table,
+    runs,
+    preset,
+    data,
+    skipped,
+    family,
+    baselines,
+    scored_preset,
+    convergence,
+    slopes,
+    reading="nearest",
     mismatched=None,
 ) -> list[tuple[str, list[str]]]:
     """(text, sub-items) pairs; `code` spans are the only markup."""
@@ -161,8 +170,10 @@ def _changed_rows(runs: list[Run]) -> list[str]:
         if change:
             seeds, _ = by_row.setdefault(run.row, ([], change))
             seeds.append(run.seed)
-    return [f"{row} (seed {', '.join(map(str, sorted(seeds)))}): {', '.join(change)}"
-            for row, (seeds, change) in by_row.items()]
+    return [
+        f"{row} (seed {', '.join(map(str, sorted(seeds)))}): {', '.join(change)}"
+        for row, (seeds, change) in by_row.items()
+    ]
 
 
 def _code_note(runs: list[Run], scored_preset: str | None) -> tuple[str, list[str]]:
@@ -262,12 +273,18 @@ def _verdict_notes(family: dict, baselines: dict, scored_preset: str | None, pre
                 "two-sided test, Bonferroni-adjusted over the family, finds a difference.",
                 [
                     f"{v.row}{where(v)}: margin ±{100 * math.expm1(v.margin):.2f}% of dev PPL"
-                    + (f" around {_pct(v.center)} (its registered center: the difference the regime predicts)"
-                       if v.center else "")
+                    + (
+                        f" around {_pct(v.center)} (its registered center: the difference the regime predicts)"
+                        if v.center
+                        else ""
+                    )
                     + f"; Δ {_pct(v.delta_worse)} "
-                    + (f"(90% interval {_pct(v.tost_low)} to {_pct(v.tost_high)}, TOST's; 95% {_pct(v.ci_low)} to "
-                       f"{_pct(v.ci_high)})" if not pd.isna(v.tost_low) else "(no interval: fewer than two seeds "
-                       "on a side)")
+                    + (
+                        f"(90% interval {_pct(v.tost_low)} to {_pct(v.tost_high)}, TOST's; 95% {_pct(v.ci_low)} to "
+                        f"{_pct(v.ci_high)})"
+                        if not pd.isna(v.tost_low)
+                        else "(no interval: fewer than two seeds on a side)"
+                    )
                     for v in equiv
                     if v.margin
                 ],  # fmt: skip
@@ -345,8 +362,10 @@ def _baselines_note(scored: list, s: dict, where) -> tuple[str, list[str]]:
         name = f"{v.row}{where(v)}"
         others = [(b["label"], b["predictions"].get(name), b["verdicts"].get(name)) for b in s["baselines"].values()]
         if any(p is not None and p != v.predicted for _, p, _ in others):
-            items.append(f"{name}: registered {v.predicted}: {v.verdict}; "
-                         + "; ".join(f'"{label}" {p}: {verdict}' for label, p, verdict in others if p is not None))
+            items.append(
+                f"{name}: registered {v.predicted}: {v.verdict}; "
+                + "; ".join(f'"{label}" {p}: {verdict}' for label, p, verdict in others if p is not None)
+            )
     where_text = "every registered prediction" if not items else "the tests where they predict otherwise"
     return (f"The naive baselines on {where_text} (each judged like the registration: every point of the stability "
             "rule, one Holm family; \"more parameters help\" by each row's parameter count at this preset against "
@@ -395,9 +414,11 @@ def lead(family: dict, baselines: dict) -> str:
             _versus(s, b) for b in s["baselines"].values()) + "."  # fmt: skip
     higher = [b["label"] for b in s["baselines"].values() if b["passed"] > s["passed"]]
     if higher:
-        text += (" A naive baseline scores higher than the paper's predictions here ("
-                 + ", ".join(f'"{x}"' for x in higher)
-                 + "): at this scale, that guess explains this table better than the paper's claims do.")
+        text += (
+            " A naive baseline scores higher than the paper's predictions here ("
+            + ", ".join(f'"{x}"' for x in higher)
+            + "): at this scale, that guess explains this table better than the paper's claims do."
+        )
     return text
 
 

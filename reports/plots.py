@@ -131,8 +131,13 @@ def forest(table: pd.DataFrame, path: Path, title: str) -> Path:
     return save_png(fig, path)
 
 
-def curves(runs: dict[tuple[str, int], pd.DataFrame], path: Path, title: str, capped: list[str] = (),
-           points: tuple[float, ...] = ()) -> Path:
+def curves(
+    runs: dict[tuple[str, int], pd.DataFrame],
+    path: Path,
+    title: str,
+    capped: list[str] = (),
+    points: tuple[float, ...] = (),
+) -> Path:
     """Training loss, learning rate, dev PPL and, where the runs logged it, dev BLEU against step: one panel each,
     only the panels with data, one line per run (row and seed; a row's seeds share its colour), so the spread between
     seeds is seen beside the differences between rows. The learning rate is drawn once per distinct schedule (rows

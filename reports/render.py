@@ -1,7 +1,6 @@
 """The report's tables for people: the display columns (`display`, `display_wide`, `key`) and the Markdown, HTML and
 LaTeX pages around them. Built by reports/build.py; the notes' prose is reports/notes.py."""
 
-
 from __future__ import annotations
 
 import html
@@ -135,8 +134,11 @@ def key(table: pd.DataFrame) -> str:
         f"`{stats.SIGNIFICANT_DISAGREE}`: the opposite sign. `{stats.INCONCLUSIVE}`: neither shown. "
         f"`{stats.CHECK_PASSED}`: label smoothing's arithmetic floor, an implementation check, not a finding. "
         f"`{stats.NOT_SCORED}` / `{stats.NOT_TESTABLE}`: as registered, each with its reason in the notes."
-        + (f" `{stats.NOT_RUN}`: scored by the registration, but no run of it is among these runs (not in the score)."
-           if (table["verdict"] == stats.NOT_RUN).any() else "")
+        + (
+            f" `{stats.NOT_RUN}`: scored by the registration, but no run of it is among these runs (not in the score)."
+            if (table["verdict"] == stats.NOT_RUN).any()
+            else ""
+        )
     )
 
 

@@ -220,6 +220,7 @@ def budget_mismatch(runs: list[Run]) -> dict[str, str]:
     """row -> why it cannot be compared with base: its completed runs trained another share of their budget than
     base's ("40 of 1200 steps against base's 30 of 1200"): a capped look that mixes `--max-steps`. Rows trained to
     their full budgets compare, `big` at 3x included where its preset trains it so."""
+
     def share(rs: list[Run]) -> set:
         return {(r.metrics.steps, r.budget) for r in rs if r.completed and r.budget and r.metrics.steps is not None}
 
@@ -355,8 +356,18 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         ],
         columns=RUN_COLUMNS,
     )  # fmt: skip
-    for k in ("dev_ppl", "dev_bleu", "dev_tok_bleu", "train_time_s", "last_drop", "ppl_75", "ppl_87.5", "ppl_100",
-              "bleu_75", "bleu_87.5"):
+    for k in (
+        "dev_ppl",
+        "dev_bleu",
+        "dev_tok_bleu",
+        "train_time_s",
+        "last_drop",
+        "ppl_75",
+        "ppl_87.5",
+        "ppl_100",
+        "bleu_75",
+        "bleu_87.5",
+    ):
         runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
     runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
     runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")

@@ -411,8 +411,10 @@ def why(v: Verdict) -> str:
                                                               else "") for p in v.points)  # fmt: skip
     if v.verdict == stats.NOT_TESTABLE:
         missing = ", ".join(_pct(p.fraction) for p in v.points if p.n_row == 0 or p.n_base == 0)
-        return (f"not testable: no validation near {missing} of the budget, where the stability rule tests it again "
-                f"(a run that validated too rarely: rerun with a smaller --val-every) ({each})")
+        return (
+            f"not testable: no validation near {missing} of the budget, where the stability rule tests it again "
+            f"(a run that validated too rarely: rerun with a smaller --val-every) ({each})"
+        )
     if v.verdict == stats.NOT_STABLE:
         lost = [_pct(p.fraction) for p in v.points if p not in held]
         return f"{v.points[-1].verdict} at 100% but not at {', '.join(lost)}: not stable ({each})"

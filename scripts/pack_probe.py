@@ -97,12 +97,16 @@ def main() -> None:
 
     launches = {name: profile_steps(step, torch.device("cpu"), 1)["launches_per_step"] for name, step in steps.items()}
     base = statistics.median(times["alone"])
-    print(f"{args.size} base row, {args.tokens} positions a side, {args.threads} thread(s): "
-          f"alone {base * 1e3:.1f} ms/step, {launches['alone']:.0f} leaf ATen operators a step")
+    print(
+        f"{args.size} base row, {args.tokens} positions a side, {args.threads} thread(s): "
+        f"alone {base * 1e3:.1f} ms/step, {launches['alone']:.0f} leaf ATen operators a step"
+    )
     for k in args.k:
         t = statistics.median(times[f"K={k}"])
-        print(f"  K={k}: {t * 1e3:.1f} ms a packed step, {t / k * 1e3:.1f} ms a seed-step: "
-              f"{base / (t / k):.2f}x alone's; {launches[f'K={k}']:.0f} leaf ATen operators a packed step")
+        print(
+            f"  K={k}: {t * 1e3:.1f} ms a packed step, {t / k * 1e3:.1f} ms a seed-step: "
+            f"{base / (t / k):.2f}x alone's; {launches[f'K={k}']:.0f} leaf ATen operators a packed step"
+        )
 
 
 if __name__ == "__main__":

@@ -96,8 +96,13 @@ def main() -> None:
                     help="a cell's characterization (default: tiny-2k's, beside --runs)")  # fmt: skip
     ap.add_argument("--sims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--shrink", action="append", default=[], metavar="ROW=FACTOR",
-                    help="take ROW's true effect (log PPL against base) as FACTOR times the measured one")
+    ap.add_argument(
+        "--shrink",
+        action="append",
+        default=[],
+        metavar="ROW=FACTOR",
+        help="take ROW's true effect (log PPL against base) as FACTOR times the measured one",
+    )
     args = ap.parse_args()
     sources = {args.preset: Path(args.runs)}
     for name in PRESETS[args.preset].cells:
@@ -109,10 +114,14 @@ def main() -> None:
         totals, trivial = np.array(totals), np.array(trivial)
         print(f"\n{mode}: {args.sims} simulated tables")
         print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        print(f"registered predictions: expected {totals.mean():.2f} of {len(table)}; P(>= 10) "
-              f"{np.mean(totals >= 10):.3f}, P(>= 11) {np.mean(totals >= 11):.3f}")
-        print(f'"every change hurts": expected {trivial.mean():.2f}; P(registered > trivial) '
-              f"{np.mean(totals > trivial):.3f}")
+        print(
+            f"registered predictions: expected {totals.mean():.2f} of {len(table)}; P(>= 10) "
+            f"{np.mean(totals >= 10):.3f}, P(>= 11) {np.mean(totals >= 11):.3f}"
+        )
+        print(
+            f'"every change hurts": expected {trivial.mean():.2f}; P(registered > trivial) '
+            f"{np.mean(totals > trivial):.3f}"
+        )
 
 
 if __name__ == "__main__":

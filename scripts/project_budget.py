@@ -103,8 +103,10 @@ def drop_until_within(probe: pd.DataFrame, preset: str, budget: int, start: floa
         costs = _costs(probe, preset, budget, start, timed_as, dropped)
         priced = {test: _test_cost(test, costs, dropped) for test in left}
         worst = max(left, key=priced.get)
-        print(f"over {limit_s / 60:g} min ({seconds / 60:.1f}): leaving out {worst[1]} [{worst[0]}] "
-              f"({priced[worst] / 60:.1f} min of runs)")
+        print(
+            f"over {limit_s / 60:g} min ({seconds / 60:.1f}): leaving out {worst[1]} [{worst[0]}] "
+            f"({priced[worst] / 60:.1f} min of runs)"
+        )
         dropped = dropped | {worst}
 
 
@@ -133,15 +135,18 @@ def main() -> None:
     if args.drop_agreeing:
         dropped, seconds = drop_until_within(probe, args.preset, args.budgets[0], args.start, args.fixed,
                                              60 * args.limit_min, args.timed_as)  # fmt: skip
-        print(f"{args.preset} at {args.budgets[0]} steps: {seconds / 60:.1f} min projected; left out: "
-              + (", ".join(f"{r} [{c}]" for c, r in sorted(dropped)) or "none"))
+        print(
+            f"{args.preset} at {args.budgets[0]} steps: {seconds / 60:.1f} min projected; left out: "
+            + (", ".join(f"{r} [{c}]" for c, r in sorted(dropped)) or "none")
+        )
         return
     best = None
     for b in sorted(args.budgets):
         minutes = (project(probe, args.preset, b, args.start, args.timed_as) + args.fixed) / 60
         ok = minutes <= args.limit_min
-        print(f"{args.preset} at {b} steps: {minutes:.1f} min projected ({'within' if ok else 'over'} "
-              f"{args.limit_min:g})")
+        print(
+            f"{args.preset} at {b} steps: {minutes:.1f} min projected ({'within' if ok else 'over'} {args.limit_min:g})"
+        )
         best = b if ok else best
     print(f"chosen: {best} steps" if best else "no budget within the limit")
 

@@ -80,8 +80,12 @@ def render(found: list[dict]) -> str:
         lines.append(f"{sweep['preset']} on {sweep['corpus']}: {len(sweep['pairs'])} pairs ({counts})")
         width = max(len(p["row"]) for p in sweep["pairs"])
         for p in sweep["pairs"]:
-            changed = (f"; its row changed since it ran ({', '.join(p['changed'])}): this result is the old row's, "
-                       "delete its run directory to train the row anew" if p.get("changed") else "")
+            changed = (
+                f"; its row changed since it ran ({', '.join(p['changed'])}): this result is the old row's, "
+                "delete its run directory to train the row anew"
+                if p.get("changed")
+                else ""
+            )
             done = (f"dev BLEU {p['dev_bleu']:.2f}" if p["dev_bleu"] is not None else "") + _capped(p) + changed
             what = {
                 "completed": done,

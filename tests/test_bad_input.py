@@ -589,8 +589,10 @@ def test_the_cache_named_by_aiayn_cache_is_checked_before_anything_is_written(tm
     before = tree(tmp_path)
     assert main(["train", "--out", str(tmp_path / "runs"), "--max-steps", "2", "--accelerator", "cpu"]) == 2
     afile = tmp_path / "afile"
-    assert capsys.readouterr().err == (f"aiayn: error: cache directory {afile} cannot be used: {afile} is not a "
-                                       "directory; point AIAYN_CACHE (or --cache-dir) at a directory\n")
+    assert capsys.readouterr().err == (
+        f"aiayn: error: cache directory {afile} cannot be used: {afile} is not a "
+        "directory; point AIAYN_CACHE (or --cache-dir) at a directory\n"
+    )
     assert tree(tmp_path) == before
 
 
@@ -710,8 +712,10 @@ def test_a_sweeps_sqlite_books_with_a_hot_journal_are_read_not_refused(tmp_path)
 
     db = tmp_path / "o.db"
     optuna.create_study(storage=f"sqlite:///{db}", study_name="table3-tiny-synthetic")
-    killed = ("import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
-              "c.execute('begin immediate'); c.execute(\"update studies set study_name = 'half'\"); os._exit(0)")
+    killed = (
+        "import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('begin immediate'); c.execute(\"update studies set study_name = 'half'\"); os._exit(0)"
+    )
     subprocess.run([sys.executable, "-c", killed, str(db)], check=True)
     assert Path(f"{db}-journal").stat().st_size > 0  # the hot journal the killed writer left
     check_readable(f"sqlite:///{db}")  # no error

@@ -282,7 +282,7 @@ def test_the_grad_w_path_is_found_once_logged_once_and_said(monkeypatch, caplog)
     monkeypatch.setattr(L, "_grad_w_paths", {})
 
     def one_gemm(acc, a, b, out_dtype=None, out=None):  # a torch that has it: one GEMM into the accumulator
-        out += (a.float() @ b.float())
+        out += a.float() @ b.float()
         return out
 
     monkeypatch.setattr(L.torch, "addmm", one_gemm)

@@ -174,6 +174,7 @@ def test_a_capped_run_extended_to_more_steps_is_the_uninterrupted_run_bit_for_bi
     """6 steps, then the same command with 12: the final step is no checkpoint step, and the run ends as the run of 12
     steps trained at once (weights and dev perplexity), its config.json saying 12. Rerun once more, it trains nothing
     and leaves metrics.json as it was."""
+
     def run(out, steps):
         assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(out), "--max-steps", str(steps),
                      *SMALL]) == 0  # fmt: skip

@@ -168,6 +168,7 @@ def test_slurm_dry_run_says_the_disk_of_the_whole_array(tmp_path, capsys):
             "--time", "1-00:00:00", "--gpus-per-node", "8", "--out", str(tmp_path / "runs"), "--dry-run"]  # fmt: skip
     assert main(argv) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("# disk:"))
+
     def per_run(row):  # 20 periodic, weights only (the paper preset's), + last.ckpt and requeue.ckpt whole
         params = resolve(row, "paper").model.params()
         return 20 * disk.checkpoint_bytes(params, 37000, True) + 2 * disk.checkpoint_bytes(params, 37000, False)

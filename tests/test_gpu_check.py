@@ -48,8 +48,10 @@ def test_the_prep_step_stages_every_package_aiayn_imports_at_start_that_the_gpu_
     requirements and theirs (optional imports such as pandas's pyarrow are not needed there), that the GPU image
     lacks: prep must stage each."""
     staged = re.search(r'^STAGED="([^"]+)"', SCRIPT.read_text(), re.M).group(1).split()
-    code = ("import sys; before = set(sys.modules); import aiayn.cli; "
-            "print('\\n'.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))")
+    code = (
+        "import sys; before = set(sys.modules); import aiayn.cli; "
+        "print('\\n'.join(sorted({m.split('.')[0] for m in set(sys.modules) - before})))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     owners = metadata.packages_distributions()

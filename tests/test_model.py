@@ -315,8 +315,9 @@ def test_a_bf16_residual_stream_is_bf16_under_autocast_and_leaves_fp32_code_unch
     residual_stream(model, torch.bfloat16)
     src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
     torch.testing.assert_close(model(src, tgt), plain(src, tgt), atol=0, rtol=0)  # no autocast: fp32, the same
-    assert beam_search(model, src, bos=2, eos=3, beam=2, extra_len=5) == beam_search(plain, src, bos=2, eos=3, beam=2,
-                                                                                      extra_len=5)
+    assert beam_search(model, src, bos=2, eos=3, beam=2, extra_len=5) == beam_search(
+        plain, src, bos=2, eos=3, beam=2, extra_len=5
+    )
     dtypes = []
     for m in model.modules():
         if isinstance(m, Residual):

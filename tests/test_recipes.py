@@ -403,8 +403,20 @@ def test_a_back_end_that_keeps_its_own_books_by_its_recipe(copy, tmp_path):
     (copy / "sweeps/backends/detached.py").write_text(DETACHED)
     assert changed(copy) <= {"sweeps/backends/detached.py"}
     out = tmp_path / "runs"
-    sweep = ["table3", "--preset", "tiny", "--backend", "detached", "--rows", "base,C1", "--out", str(out), *FAST[:6],
-             "--jobs", "1"]
+    sweep = [
+        "table3",
+        "--preset",
+        "tiny",
+        "--backend",
+        "detached",
+        "--rows",
+        "base,C1",
+        "--out",
+        str(out),
+        *FAST[:6],
+        "--jobs",
+        "1",
+    ]
     assert "detached tiny: 2 started, 0 completed of 2" in aiayn(copy, *sweep).stdout
     assert not (out / "reports").exists()  # report_now: its runs have not ended when the command does
     first = aiayn(copy, "status", str(out)).stdout
@@ -449,18 +461,32 @@ def test_a_command_by_its_recipe(copy, tmp_path):
     """A command: its options and function in its layer, one Command in COMMANDS; --help, --config, --print-config,
     completion and the one-line errors come with it."""
     (copy / "reports/params.py").write_text(PARAMS)
-    edit(copy, "aiayn/cli.py", "from aiayn.reports.rows import RowsOptions\n",
-         "from aiayn.reports.params import ParamsOptions\nfrom aiayn.reports.rows import RowsOptions\n")
-    edit(copy, "aiayn/cli.py", "def cmd_rows(opts, args) -> None:", """def cmd_params(opts, args) -> None:
+    edit(
+        copy,
+        "aiayn/cli.py",
+        "from aiayn.reports.rows import RowsOptions\n",
+        "from aiayn.reports.params import ParamsOptions\nfrom aiayn.reports.rows import RowsOptions\n",
+    )
+    edit(
+        copy,
+        "aiayn/cli.py",
+        "def cmd_rows(opts, args) -> None:",
+        """def cmd_params(opts, args) -> None:
     from aiayn.reports.params import params_lines
 
     print("\\n".join(params_lines(opts)))
 
 
-def cmd_rows(opts, args) -> None:""")
-    edit(copy, "aiayn/cli.py", "COMMANDS = (\n", """COMMANDS = (
+def cmd_rows(opts, args) -> None:""",
+    )
+    edit(
+        copy,
+        "aiayn/cli.py",
+        "COMMANDS = (\n",
+        """COMMANDS = (
     Command("params", "each row's parameter count at a preset", ParamsOptions, cmd_params),
-""")
+""",
+    )
     assert changed(copy) <= {"reports/params.py"} | recipe_files("A command")
 
     from aiayn.lightning_modules.run.spec import resolve

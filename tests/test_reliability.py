@@ -699,9 +699,11 @@ def test_resuming_with_static_shapes_toggled_is_refused_in_one_line(cache, tmp_p
     capsys.readouterr()
     assert main([*argv[:4], "3", *argv[5:], "--static-shapes", "--pad-to", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"aiayn: error: run directory {run} was trained with token-bucket batches (no --static-shapes); "
-                       "resuming it with --static-shapes (buckets of 8) would make other batches and misplace its "
-                       "position in the data: resume with the flags it ran with, or start it again in another --out")
+    assert err[-1] == (
+        f"aiayn: error: run directory {run} was trained with token-bucket batches (no --static-shapes); "
+        "resuming it with --static-shapes (buckets of 8) would make other batches and misplace its "
+        "position in the data: resume with the flags it ran with, or start it again in another --out"
+    )
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert main([*argv[:4], "3", *argv[5:], "--pad-to", "8"]) == 0  # --pad-to alone pads the same batches: resumes
 

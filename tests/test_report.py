@@ -214,10 +214,14 @@ def test_notes(report):
         "probability 0.312. Not run here, so not in the score: C4"
     ) in md
     # the report's first lines: the score and both baselines beside it
-    assert md.splitlines()[4].startswith('**Score: 1 of 4 pre-registered tests pass.** Judged on the same numbers by '
-                                         'the same rules, "every change hurts" passes 1 (level with the registration')
-    assert ("  - C1: the predicted sign at every point, without a test that could make it significant (75%: agree "
-            "(Holm p 0.2); 87.5%: significant agree (Holm p 0.0012); 100%: agree (Holm p 0.095))") in md
+    assert md.splitlines()[4].startswith(
+        "**Score: 1 of 4 pre-registered tests pass.** Judged on the same numbers by "
+        'the same rules, "every change hurts" passes 1 (level with the registration'
+    )
+    assert (
+        "  - C1: the predicted sign at every point, without a test that could make it significant (75%: agree "
+        "(Holm p 0.2); 87.5%: significant agree (Holm p 0.0012); 100%: agree (Holm p 0.095))"
+    ) in md
     assert md.index("**Key.**") < md.index("## Notes")  # the key under the table
     assert "- Code: the runs ran from commit(s) not recorded; 13 run(s) recorded no commit" in md
     # the series as slopes: heads h 1 (A1: 6.0, 6.2) and 4 (base: 5.0, 5.1, 5.2), log PPL on log2 h = 0 and 2

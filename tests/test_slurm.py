@@ -88,13 +88,22 @@ BAD = [
     ("local run dir, 2 nodes", ["table3", *ARGS_CPU, "--nodes", "2"], "needs a run directory every node sees"),
     ("no sbatch on PATH", ["table3", *ARGS_CPU], "sbatch is not on PATH"),
     # issue 39: a line break would start a line of its own in the script (an #SBATCH directive, a command)
-    ("a line break in --partition", ["table3", "--accelerator", "cpu", "--partition", "debug\n#SBATCH --qos=high",
-                                     "--time", "00:30:00"], "--partition holds a line break"),
-    ("a line break in --sbatch", ["table3", *ARGS_CPU, "--sbatch", "--qos=high\nrm -rf ~"],
-     "--sbatch 1 holds a line break"),
+    (
+        "a line break in --partition",
+        ["table3", "--accelerator", "cpu", "--partition", "debug\n#SBATCH --qos=high", "--time", "00:30:00"],
+        "--partition holds a line break",
+    ),
+    (
+        "a line break in --sbatch",
+        ["table3", *ARGS_CPU, "--sbatch", "--qos=high\nrm -rf ~"],
+        "--sbatch 1 holds a line break",
+    ),
     # issue 45: a space would make a second option of the rest of an #SBATCH line
-    ("a space in --partition", ["table3", "--accelerator", "cpu", "--partition", "debug --qos=high", "--time",
-                                "00:30:00"], "--partition 'debug --qos=high' holds a space"),
+    (
+        "a space in --partition",
+        ["table3", "--accelerator", "cpu", "--partition", "debug --qos=high", "--time", "00:30:00"],
+        "--partition 'debug --qos=high' holds a space",
+    ),
     ("a space in --mem", ["table3", *ARGS_CPU, "--mem", "4G --exclusive"], "--mem '4G --exclusive' holds a space"),
 ]
 
@@ -495,8 +504,10 @@ def test_a_config_file_that_says_backend_slurm_is_the_same_sweep_either_way(tmp_
     `aiayn slurm table3 --print-config` prints was refused by `aiayn table3 --config` ("unknown option 'resources'").
     Now the file routes the command, reads back to the same options, and both spellings write the same script."""
     config = tmp_path / "sweep.yaml"
-    config.write_text("backend: slurm\ntrain: {preset: tiny, out: %s}\nselect: {rows: \"base,A1\"}\n"
-                      "resources: {partition: p, time: '1:00:00', gpus_per_node: 1}\n" % (tmp_path / "runs"))
+    config.write_text(
+        'backend: slurm\ntrain: {preset: tiny, out: %s}\nselect: {rows: "base,A1"}\n'
+        "resources: {partition: p, time: '1:00:00', gpus_per_node: 1}\n" % (tmp_path / "runs")
+    )
     scripts = []
     for argv in (["table3", "--config", str(config)], ["slurm", "table3", "--config", str(config)],
                  ["table3", "--backend", "slurm", "--config", str(config)]):  # fmt: skip
@@ -564,8 +575,19 @@ def test_table3_with_backend_slurm_is_slurm_table3(tmp_path, capsys):
     assert shown.value.code == 0
     help_text = capsys.readouterr().out
     assert help_text.startswith("usage: aiayn slurm table3") and "--partition" in help_text and "--dry-run" in help_text
-    common = ["--preset", "tiny", "--rows", "base,A1", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "1",
-              "--dry-run"]
+    common = [
+        "--preset",
+        "tiny",
+        "--rows",
+        "base,A1",
+        "--partition",
+        "p",
+        "--time",
+        "1:00:00",
+        "--gpus-per-node",
+        "1",
+        "--dry-run",
+    ]
     assert main(["table3", "--backend=slurm", *common, "--out", str(tmp_path / "a")]) == 0
     via_table3 = capsys.readouterr().out
     assert main(["slurm", "table3", *common, "--out", str(tmp_path / "a")]) == 0

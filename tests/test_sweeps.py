@@ -110,8 +110,7 @@ def test_sweep_runs_each_pair_once_and_a_rerun_runs_nothing(tmp_path):
     }  # C2 is C1 at tiny: 7 rows x 2 seeds
     again = FakeRunner()
     assert (
-        run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(again)).ran == 0
-        and again.calls == []
+        run_table3(opts(tmp_path, rows="base,C", seeds=2), backend=RunnerBackend(again)).ran == 0 and again.calls == []
     )
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs/optuna.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]

@@ -89,8 +89,9 @@ def test_a_resumed_run_trains_exactly_the_batches_it_had_not(cache, tmp_path, ba
     assert metrics["steps"] == 4
 
 
-def test_counter_dropout_numbers_each_batch_of_a_run_once_through_accumulation_and_a_resume(cache, tmp_path,
-                                                                                            monkeypatch):
+def test_counter_dropout_numbers_each_batch_of_a_run_once_through_accumulation_and_a_resume(
+    cache, tmp_path, monkeypatch
+):
     """`--dropout-rng counter`: a batch's masks are a function of the seed and the place the stream is given, so the
     places must be the run's batches counted once, 0, 1, 2, ... across accumulated batches and across a resume (a
     place repeated would repeat its masks; one skipped would make a resumed run's masks another run's)."""

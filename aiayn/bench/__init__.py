@@ -66,4 +66,3 @@ class BenchOptions:
         if path in BENCH_SIZES:
             raise UserError(f"--config {path}: --config is a YAML file of options; the model's size is --size {path}")
         return yaml_values(cls, path, prog, skip=skip), None
-

@@ -139,7 +139,6 @@ class RNGStates(pl.Callback):
 # checkpoint[RUN_FILES] = {"format", "config", "tokenizer_model" (bytes), "tokenizer_sha256"}
 
 
-
 class RunFilesInCheckpoint(pl.Callback):
     """Every checkpoint carries what it takes to use it alone: the run's resolved config and its
     SentencePiece model (the file's bytes and their sha256; a few hundred KB beside megabytes of

@@ -580,8 +580,16 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         num_sanity_val_steps=0,
         # RNGStates: exact resume (the module itself ends a run whose loss is not finite: Diverged); under DDP,
         # SigtermWithTheStep puts Lightning's per-batch SIGTERM broadcast into the step's one all-reduce
-        callbacks=[RNGStates(opts.seed), SigtermWithTheStep(), CtrlCAtTheStep(), points, ckpt, *callbacks,
-                   *extra.callbacks, *(progress_bar() if opts.progress else [])],
+        callbacks=[
+            RNGStates(opts.seed),
+            SigtermWithTheStep(),
+            CtrlCAtTheStep(),
+            points,
+            ckpt,
+            *callbacks,
+            *extra.callbacks,
+            *(progress_bar() if opts.progress else []),
+        ],
         plugins=[AtomicCheckpointIO(), *extra.plugins],  # checkpoints: written to a temporary file and renamed
         logger=extra.loggers,
         default_root_dir=run.path,

@@ -137,4 +137,3 @@ def packed_loss(packed: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tenso
     nll = -logp.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)
     loss = ((1.0 - eps) * nll + eps * -logp.mean(dim=-1)) * mask
     return loss.view(K, -1).sum(1), (nll * mask).view(K, -1).sum(1), mask.view(K, -1).sum(1)
-

@@ -62,9 +62,11 @@ def span_warning(paths: list[Path], flag: str = "--average") -> str | None:
     span = (steps[-1] - steps[0]) / steps[-1]
     if span <= AVERAGE_SPAN:
         return None
-    return (f"{flag} {len(paths)} averages the checkpoints of steps {steps[0]}-{steps[-1]}, {span:.0%} of the run "
-            f"(the paper's last 5 lay in its last 7%): the older ones are a model still learning; average fewer, or "
-            f"train with a smaller --ckpt-every so that the last {len(paths)} lie near the end")
+    return (
+        f"{flag} {len(paths)} averages the checkpoints of steps {steps[0]}-{steps[-1]}, {span:.0%} of the run "
+        f"(the paper's last 5 lay in its last 7%): the older ones are a model still learning; average fewer, or "
+        f"train with a smaller --ckpt-every so that the last {len(paths)} lie near the end"
+    )
 
 
 def last_checkpoints(run_or_dir: str | Path, k: int, flag: str = "--last") -> list[Path]:

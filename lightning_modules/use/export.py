@@ -444,6 +444,7 @@ def push(folder: Path, repo: str, *, private: bool = False) -> None:
 
 # --- the export's README: a model card -------------------------------------------------------------
 
+
 def model_card(fmt: str, record: dict, license: str = "mit") -> str:
     """README.md of an export: Hub metadata (languages, license, datasets, the dev BLEU with its sacreBLEU
     signature as a model-index result) through huggingface_hub's ModelCardData, then how to use it, the Table 3 row

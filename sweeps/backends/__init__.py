@@ -292,6 +292,7 @@ def backend_for(name: str | None, sweep: Sweep) -> Backend:
 
 def backend_help() -> str:
     """`--backend`'s help, from the registry: each back end's name and the first line of its docstring."""
+
     def said(cls) -> str:  # its docstring's first paragraph, on one line
         return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).rstrip(".")
 

@@ -100,7 +100,6 @@ class SubprocessBackend(QueueBackend):
             return [gpus[i % len(gpus)] for i in range(sweep.jobs)]
         return [",".join(gpus[i * k : (i + 1) * k]) for i in range(sweep.jobs)]
 
-
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         run = sweep.run(row, seed)
         run.sweep_log.parent.mkdir(parents=True, exist_ok=True)

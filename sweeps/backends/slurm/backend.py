@@ -32,8 +32,12 @@ class SlurmBackend(Backend):
 
     name = "slurm"
     options = SlurmSweepOptions
-    capabilities = Capabilities(ddp=True, own_gpus=True, no_trials="its job array is the sweep's pairs, fixed when it "
-                                "is submitted, and a trial's parameters are chosen as the trial starts")
+    capabilities = Capabilities(
+        ddp=True,
+        own_gpus=True,
+        no_trials="its job array is the sweep's pairs, fixed when it "
+        "is submitted, and a trial's parameters are chosen as the trial starts",
+    )
     refuses = REFUSED
     train_defaults = FOLLOW_RESOURCES
 

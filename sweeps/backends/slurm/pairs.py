@@ -50,6 +50,7 @@ class SlurmClaims(Claims):
             return None
         return {"holder": f"SLURM job {job}", "since": json.loads(self.marker(key).read_text()).get("submitted")}
 
+
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
     """The pairs the options ask for (`aiayn slurm train`: its one row and seed; table3: its selection), from which
     the sweep is made, once (backends.make_sweep): everything below works on that sweep."""

@@ -41,7 +41,7 @@ def train_command(opts: SlurmOptions, sweep: Sweep, per_node: int) -> list[str]:
     )  # fmt: skip
     argv = to_argv(fixed, always=("preset", "out", "accelerator", "devices", "num_nodes", "strategy"))
     # the user's path quoted as a shell word, then the array's $ROW expanded: `$(...)` in --out stays text
-    options = [f"--config {shlex.quote(str(resolved_dir(opts)))}\"/$ROW.json\"", '--row "$ROW"', '--seed "$SEED"']
+    options = [f'--config {shlex.quote(str(resolved_dir(opts)))}"/$ROW.json"', '--row "$ROW"', '--seed "$SEED"']
     for word in argv:  # "--flag value" pairs, or a lone "--flag"
         if word.startswith("--"):
             options.append(word)
