@@ -3,6 +3,8 @@ of one."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -174,3 +176,47 @@ def test_counter_dropout_masks_are_a_function_of_seed_step_and_site():
     kept = (mask(list(range(50)), 0, 0, torch.ones(200, 9, 16)) > 0).float().mean().item()
     assert kept == pytest.approx(0.9, abs=0.005)
     assert a.unique().tolist() == [0.0, pytest.approx(1 / 0.9)]
+
+
+def test_a_seed_trained_by_aiayn_train_is_that_seed_of_a_pack(cache, tmp_path, monkeypatch):
+    """The trainer and the pack agree: `aiayn train --dropout-rng counter` (Lightning, the data module's batches,
+    the fused loss, fused Adam, the paper's schedule, the per-step normalization) trains seed 3 to the losses and
+    weights that seed 3 reaches in a pack beside another seed on other sentences, given the same batches."""
+    from aiayn.cli import main
+    from aiayn.lightning_modules.run.module import TranslationModule, noam_lr
+
+    batches, losses, step = [], [], TranslationModule.training_step
+
+    def recording(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        batches.append((batch["src"].clone(), torch.cat([batch["tgt_in"][:, :1], batch["tgt_out"]], 1)))
+        losses.append(loss.item() / batch["n_tgt_tokens"])
+        return loss
+
+    monkeypatch.setattr(TranslationModule, "training_step", recording)
+    argv = ["train", "--row", "base", "--preset", "tiny", "--seed", "3", "--out", str(tmp_path), "--set",
+            "N=1 d_model=32 d_ff=64 h=2", "--max-steps", "8", "--val-every", "100", "--no-stability-validations",
+            "--eval-subset", "2", "--accelerator", "cpu", "--no-progress", "--dropout-rng", "counter"]  # fmt: skip
+    assert main(argv) == 0
+    run = tmp_path / "tiny/synthetic/base/seed3"
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["accumulate"] == 1 and len(batches) == 8
+    cfg = TransformerConfig.from_dict(config["spec"]["model"])
+    d, warmup, factor = cfg.d_model, config["spec"]["schedule"]["warmup"], config["spec"]["schedule"]["lr_factor"]
+
+    seeds = [3, 9]
+    packed = pack([model_of(seed, cfg) for seed in seeds]).train()
+    stream = DropoutStream(seeds)
+    counter_dropout(packed, stream)
+    opt = torch.optim.Adam(packed.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d, warmup, factor))
+    packed_losses = []
+    for place, (mine, other) in enumerate(zip(batches, reversed(batches))):
+        stream.step = place
+        packed_losses.append(packed_step(packed, opt, *stack_batches([mine, other]), cfg.eps_ls)[0].item())
+        sched.step()
+    assert packed_losses == pytest.approx(losses, rel=1e-5)
+    trained = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for name, value in unpack(packed)[0].items():
+        if not name.endswith("w_k.bias"):  # the key biases' exact gradient is 0 (see above)
+            torch.testing.assert_close(value, trained[f"model.{name}"], rtol=1e-4, atol=2e-4, msg=name)
