@@ -18,7 +18,9 @@
 #              kernels, static-shape training compiled without hitting the recompile limit                  <= 60 s
 #   bench      `aiayn bench --size paper --profile` eager, --compile model, --compile graphs (CUDA graphs): tokens/s,
 #              MFU, graphs, launches a step, device idle, top kernels                                  <= 210 s
-#   share      evidence-size runs sharing the GPU, 1, 4, 8 and 16 at once: steps/s each and together      <= 120 s
+#   pack       `aiayn bench --pack 16 --size evidence`: 16 seeds as one pack against the 16 stepped apart (issue 42):
+#              seed-steps/s and launches a step of each                                                  <= 30 s
+#   share      evidence-size runs sharing the GPU, 1, 4 and 8 at once: steps/s each and together           <= 90 s
 #   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps) and its report    <= 90 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
 set -u
@@ -60,10 +62,12 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, log it, note
 if [ "$SMOKE" = 1 ]; then
   export AIAYN_COMPILE_BACKEND=eager  # dynamo's tracing, without inductor's code generation: minutes on a CPU
   DEVICE=cpu; ACCEL=cpu; BENCH=(--size tiny --steps 1 --trials 1 --warmup 1 --decode-sentences 4)
+  PACK=(--pack 2 --tokens 96 --steps 1 --trials 1 --warmup 1)
   SHARE=(1 2); SHARE_STEPS=30; SLICE=(--seeds 1 --base-seeds 1 --max-steps 40 --val-every 10)
 else
   DEVICE=cuda; ACCEL=gpu; BENCH=(--size paper --steps 3 --trials 3)
-  SHARE=(1 4 8 16); SHARE_STEPS=300; SLICE=(--seeds 2 --base-seeds 2 --max-steps 1000 --jobs 8)
+  PACK=(--pack 16 --steps 5 --trials 3)
+  SHARE=(1 4 8); SHARE_STEPS=300; SLICE=(--seeds 2 --base-seeds 2 --max-steps 1000 --jobs 8)
 fi
 
 : > "$SUM"
@@ -144,7 +148,8 @@ for how in none model graphs; do  # eager, compiled, graphed (issue 42: --compil
   stage "bench-$how" 70 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" --profile \
       --json "$WORK/bench-$how.json"
 done
-stage share 120 "$PY" - "$WORK" "$ACCEL" "$SHARE_STEPS" "${SHARE[@]}" <<'EOF'
+stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --json "$WORK/pack.json"
+stage share 90 "$PY" - "$WORK" "$ACCEL" "$SHARE_STEPS" "${SHARE[@]}" <<'EOF'
 # N evidence-size runs at once on this one device (the sweep places them: sweeps/backends/processes.py), for N in
 # the list: the wall time of all of them, setup included
 import json, subprocess, sys, time
@@ -197,6 +202,11 @@ for how in ("none", "model", "graphs"):
             idle = f", device idle {100 * q['device_idle_fraction']:.1f}%" if "device_idle_fraction" in q else ""
             top = "; ".join(f"{t['name'][:60]} {100 * t['share']:.0f}%" for t in q["top"][:3])
             print(f"  profile: {q['launches_per_step']:.0f} {q['what']} a step{idle}; top: {top}")
+results["pack"] = r = read("pack.json")
+if r:  # aiayn bench --pack (aiayn/bench/packed.py)
+    sides = ", ".join(f"{side} {r[side]['seed_steps_per_s']:.1f} seed-steps/s ({r[side]['launches_per_step']:.0f} "
+                      "launches a call)" for side in ("packed", "separate", "separate, torch's dropout"))
+    print(f"- a pack of {r['K']} evidence-size seeds: {sides}; packed / separate {r['speedup']:.2f}x")
 try:
     share = [json.loads(line) for line in (work / "share.jsonl").read_text().splitlines()]
 except OSError:
