@@ -394,6 +394,9 @@ CASES = {
                                   "directory you can write; pass --json a path you can write"),
     "bench --trainer --pack": (["bench", "--trainer", "--pack", "2"], None,
                                "--trainer and --pack are two benches; pass one"),
+    "bench --pack --peers": (["bench", "--pack", "2", "--peers"], None,
+                             "--pack compares a pack with its seeds stepped apart only; drop --peers, --padding and "
+                             "--trainer-size"),
     "bench --pack 0": (["bench", "--pack", "0"], None,
                        "argument --pack: expected a positive integer, got 0; see `aiayn bench --help`"),
     "bench --trainer --json a directory": (["bench", "--trainer", "--json", "{tmp}"], None,

@@ -15,16 +15,14 @@ kernels, or a CPU's leaf ATen operators) over `steps` steps of each side.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import statistics
 
 import torch
 
 from aiayn.bench import BenchOptions
 from aiayn.bench.profile import profile_steps
-from aiayn.bench.run import _cpu_name, bench_config, resolve_device, time_steps, training_batch
-from aiayn.common.files import atomic_write_text, check_writable_file
+from aiayn.bench.run import _cpu_name, bench_config, bench_main, time_steps, training_batch
+from aiayn.common.errors import UserError
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches
@@ -116,10 +114,7 @@ def text(r: dict) -> str:
 
 
 def main(opts: BenchOptions) -> int:
-    if opts.json:
-        check_writable_file(opts.json, "--json")
-    result = run(dataclasses.replace(opts, device=resolve_device(opts)))
-    print(text(result))
-    if opts.json:
-        atomic_write_text(opts.json, json.dumps(result, indent=2) + "\n")
-    return 0
+    if opts.peers or opts.padding or opts.trainer_sizes:
+        raise UserError("--pack compares a pack with its seeds stepped apart only; drop --peers, --padding and "
+                        "--trainer-size")  # fmt: skip
+    return bench_main(opts, run, text)

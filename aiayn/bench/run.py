@@ -597,13 +597,19 @@ def resolve_device(opts: BenchOptions) -> str:
     return device
 
 
-def main(opts: BenchOptions) -> int:
-    if opts.trainer_sizes:
-        raise UserError("--trainer-size is for --trainer; pass --size SIZE for the implementations' bench")
+def bench_main(opts: BenchOptions, bench, show) -> int:
+    """Run `bench(opts)` on the resolved device, print `show(results)`, and write the results to --json (checked
+    writable before anything is measured): each bench's main."""
     if opts.json:
         check_writable_file(opts.json, "--json")
-    results = run(dataclasses.replace(opts, device=resolve_device(opts)))
-    print(table(results))
+    results = bench(dataclasses.replace(opts, device=resolve_device(opts)))
+    print(show(results))
     if opts.json:
         atomic_write_text(opts.json, json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def main(opts: BenchOptions) -> int:
+    if opts.trainer_sizes:
+        raise UserError("--trainer-size is for --trainer; pass --size SIZE for the implementations' bench")
+    return bench_main(opts, run, table)

@@ -30,8 +30,6 @@ windows. Medians over the rounds are reported, as tokens/s of real (non-pad) sou
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import statistics
 import tempfile
@@ -43,9 +41,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from aiayn.bench import BenchOptions
-from aiayn.bench.run import _cpu_name, _sync, bench_config, resolve_device, time_steps, training_batch
+from aiayn.bench.run import _cpu_name, _sync, bench_config, bench_main, time_steps, training_batch
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_text, check_writable_file
 from aiayn.lightning_modules.run.callbacks import RNGStates
 from aiayn.lightning_modules.run.module import TranslationModule
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
@@ -247,10 +244,4 @@ def trainer_table(results: list[dict]) -> str:
 def main(opts: BenchOptions) -> int:
     if opts.peers or opts.padding:
         raise UserError("--trainer compares aiayn's Trainer with its bare step only; drop --peers and --padding")
-    if opts.json:
-        check_writable_file(opts.json, "--json")
-    results = run_trainer(dataclasses.replace(opts, device=resolve_device(opts)))
-    print(trainer_table(results))
-    if opts.json:
-        atomic_write_text(opts.json, json.dumps(results, indent=2) + "\n")
-    return 0
+    return bench_main(opts, run_trainer, trainer_table)
