@@ -918,11 +918,17 @@ def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
 
 def test_every_capability_is_read_when_a_sweep_is_given_its_back_end(tmp_path):
     """Capabilities are data the choice reads (issue 44: two of five were never read, and are gone): each field is a
-    need of a sweep or the default, and a sweep that needs one gets a back end that has it."""
+    need of a sweep, the default, or how a back end runs `aiayn hpo`'s trials (and why it cannot), and a sweep (or a
+    search) that needs one gets a back end that has it, or is told why not."""
     from aiayn.sweeps.backends import Capabilities, backend_for, make_sweep, needs
+    from aiayn.sweeps.hpo import HpoOptions, trials_backend
 
     sweep = make_sweep([("base", 0)], TrainOptions(out=str(tmp_path), preset="tiny"))
-    assert set(needs(sweep)) | {"default"} == {f.name for f in dataclasses.fields(Capabilities)}
+    trials = {"trials", "no_trials"}
+    assert set(needs(sweep)) | {"default"} | trials == {f.name for f in dataclasses.fields(Capabilities)}
+    assert [trials_backend(HpoOptions(backend=name)) for name in ("local", "subprocess")] == ["here", "processes"]
+    with pytest.raises(UserError, match="slurm cannot run hpo trials .its job array is the sweep's pairs"):
+        trials_backend(HpoOptions(backend="slurm"))
     assert backend_for(None, sweep).name == "local"  # the default, when the sweep needs nothing more
     sweep.gpus_per_job = 1
     assert backend_for(None, sweep).capabilities.own_gpus
