@@ -209,6 +209,19 @@ def _requeue(study: optuna.Study):
 TRIAL_ENV, STORAGE_ENV, SPEC_ENV = "AIAYN_HPO_TRIAL", "AIAYN_HPO_STORAGE", "AIAYN_HPO_SPEC"
 
 
+def study_of(t: TrainOptions) -> str:
+    """The search's Optuna study (and its books' name): one per preset and row."""
+    return f"hpo-{t.preset}-{t.row}"
+
+
+def storage_url(opts: HpoOptions) -> str:
+    return opts.storage or SweepOut(opts.train.out).study_url("hpo")
+
+
+def _trial_id(storage: optuna.storages.BaseStorage, study: str, number: int) -> int:
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study), number)
+
+
 def trials_backend(opts: HpoOptions) -> str:
     """How `opts.backend` runs trials ("here" or "processes", its `Capabilities.trials`), or a UserError saying why
     it cannot."""
@@ -244,10 +257,10 @@ def run_hpo(opts: HpoOptions) -> dict:
     space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
     out = SweepOut(t.out)
-    check_readable(opts.storage or out.study_url("hpo"))
-    storage = open_storage(opts.storage or out.study_url("hpo"), create_dir=out.root)
+    check_readable(storage_url(opts))
+    storage = open_storage(storage_url(opts), create_dir=out.root)
     study = optuna.create_study(
-        study_name=f"hpo-{t.preset}-{t.row}",
+        study_name=study_of(t),
         storage=storage,
         direction="minimize",
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
@@ -263,7 +276,7 @@ def run_hpo(opts: HpoOptions) -> dict:
         study.set_metric_names([OBJECTIVE])
     # seeded by the trials so far: a resumed search continues the sampler's sequence, not its start again
     study.sampler = optuna.samplers.TPESampler(seed=t.seed + len(study.get_trials(deepcopy=False)))
-    claims, pop_lock = books.LockClaims(out, f"hpo-{t.preset}-{t.row}"), out.lock(f"{study.study_name}.pop")
+    claims, pop_lock = books.LockClaims(out, study_of(t)), out.lock(f"{study.study_name}.pop")
     books.fail_stale_trials(study, pop_lock, claims, _key, on_stale=_requeue(study))
     done = sum(x.state in (TrialState.COMPLETE, TrialState.PRUNED) for x in study.get_trials(deepcopy=False))
     if done < opts.trials:
@@ -324,7 +337,7 @@ def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, 
     with a sampler seeded apart."""
     from concurrent.futures import ThreadPoolExecutor
 
-    url = opts.storage or SweepOut(opts.train.out).study_url("hpo")
+    url = storage_url(opts)
     left, lock = [todo], threading.Lock()
 
     def worker(slot: int) -> None:
@@ -369,9 +382,7 @@ def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str
         cmd = [sys.executable, "-m", "aiayn", "hpo", "--config", str(stem.with_suffix(".options.json"))]
         code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
     storage = open_storage(url)  # a fresh one: what the child wrote, not a cached copy
-    tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(trial.study.study_name),
-                                                          trial.number)  # fmt: skip
-    outcome = storage.get_trial(tid).user_attrs.get("outcome")
+    outcome = storage.get_trial(_trial_id(storage, trial.study.study_name, trial.number)).user_attrs.get("outcome")
     if code != 0 or not isinstance(outcome, dict):
         raise RuntimeError(f"trial {trial.number}'s process ended with exit code {code} and no outcome; its log: "
                            f"{stem.with_suffix('.log')}")  # fmt: skip
@@ -382,18 +393,16 @@ def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str
 
 def train_one_trial(opts: HpoOptions, number: int) -> dict:
     """A trial's own process: find trial `number` of the search's study in the storage its environment names,
-    train it as `objective` does (pruning reports go to the storage), and leave the outcome in its user attributes
-    for the search to tell."""
+    train it as `objective` does (pruning reports go to the storage) on the row as the search resolved it (its file,
+    also named by the environment: no row resolved a second time), and leave the outcome in its user attributes for
+    the search to tell."""
     import json
     from pathlib import Path
 
-    url = os.environ.get(STORAGE_ENV) or opts.storage or SweepOut(opts.train.out).study_url("hpo")
-    name = f"hpo-{opts.train.preset}-{opts.train.row}"
-    storage = open_storage(url)
-    tid = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(name), number)
-    trial = optuna.trial.Trial(optuna.load_study(study_name=name, storage=storage), tid)
-    resolved = os.environ.get(SPEC_ENV)  # the row as the search resolved it, not resolved again
-    spec = RunSpec.from_dict(json.loads(Path(resolved).read_text())["spec"]) if resolved else spec_of(opts.train)
+    name = study_of(opts.train)
+    storage = open_storage(os.environ[STORAGE_ENV])
+    trial = optuna.trial.Trial(optuna.load_study(study_name=name, storage=storage), _trial_id(storage, name, number))
+    spec = RunSpec.from_dict(json.loads(Path(os.environ[SPEC_ENV]).read_text())["spec"])
     try:
         outcome = {"value": objective(opts, trial, spec)}
     except optuna.TrialPruned as e:
