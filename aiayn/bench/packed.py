@@ -21,7 +21,7 @@ import torch
 
 from aiayn.bench import BenchOptions
 from aiayn.bench.profile import profile_steps
-from aiayn.bench.run import _cpu_name, bench_config, bench_main, time_steps, training_batch
+from aiayn.bench.run import bench_config, bench_main, device_name, time_steps, training_batch
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
@@ -86,7 +86,7 @@ def run(opts: BenchOptions) -> dict:
     for _ in range(opts.trials):
         for name, step in steps.items():
             rounds[name].append(time_steps(step, device, opts.steps))
-    out = {"size": bc.name, "note": bc.note, "K": K, "device": _device_name(device), "steps": opts.steps,
+    out = {"size": bc.name, "note": bc.note, "K": K, "device": device_name(device), "steps": opts.steps,
            "trials": opts.trials, "tokens_per_side": bc.tokens_per_side}  # fmt: skip
     for name, step in steps.items():
         s = statistics.median(rounds[name])
@@ -94,10 +94,6 @@ def run(opts: BenchOptions) -> dict:
                      "launches_per_step": profile_steps(step, device, opts.steps)["launches_per_step"]}  # fmt: skip
     out["speedup"] = out["packed"]["seed_steps_per_s"] / out["separate"]["seed_steps_per_s"]
     return out
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
 
 
 def text(r: dict) -> str:

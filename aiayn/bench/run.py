@@ -457,9 +457,9 @@ def run(args: BenchOptions) -> list[dict]:
     B, S = batch["src"].shape
     T = batch["tgt_in"].shape[1]
     flops = flops_per_step(cfg, B * S, B * T, S, T)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
-    peak = peak_bf16_tflops(device_name) if device.type == "cuda" else None
-    log.info("config %s: %s; batch %d×%d, %s, %d threads", bc.name, bc.note, B, S, device_name, torch.get_num_threads())
+    label = device_name(device)
+    peak = peak_bf16_tflops(label) if device.type == "cuda" else None
+    log.info("config %s: %s; batch %d×%d, %s, %d threads", bc.name, bc.note, B, S, label, torch.get_num_threads())
 
     models = {impl: build(impl, cfg).to(device) for impl in impls}
     if args.compile != "none":
@@ -507,7 +507,7 @@ def run(args: BenchOptions) -> list[dict]:
             "config_note": bc.note,
             "model": cfg.to_dict(),
             "device": device.type,
-            "device_name": device_name,
+            "device_name": label,
             "threads": torch.get_num_threads(),
             "precision": "bf16-mixed" if device.type == "cuda" else "fp32",
             "torch": torch.__version__,
@@ -546,6 +546,11 @@ def run(args: BenchOptions) -> list[dict]:
         for r in results:
             r["padding"] = pad
     return results
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model and cores: what a figure is labelled with."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
 
 
 def _cpu_name() -> str:

@@ -41,7 +41,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from aiayn.bench import BenchOptions
-from aiayn.bench.run import _cpu_name, _sync, bench_config, bench_main, time_steps, training_batch
+from aiayn.bench.run import _sync, bench_config, bench_main, device_name, time_steps, training_batch
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run.callbacks import RNGStates
 from aiayn.lightning_modules.run.module import TranslationModule
@@ -190,7 +190,7 @@ def measure(name: str, args: BenchOptions, device: torch.device) -> dict:
         "config_note": bc.note,
         "model": cfg.to_dict(),
         "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "device_name": device_name(device),
         "threads": torch.get_num_threads(),
         "precision": "bf16-mixed" if device.type == "cuda" else "fp32",
         "torch": torch.__version__,
