@@ -126,7 +126,7 @@ class TrainOptions:
     dropout_rng: str = option(
         "torch", "where dropout's masks come from: torch (its generator, seeded by --seed) or counter (each mask a "
         "hash of the seed, the batch's place in the run and the position: the same masks as this seed's in a pack "
-        "of seeds, and after a resume; 6-13% slower a step on a CPU, BENCHMARKS.md; not with --compile)",
+        "of seeds, and after a resume; 6-14% slower a step on a CPU, BENCHMARKS.md; not with --compile)",
         choices=("torch", "counter"),
     )  # fmt: skip
     compile: str = option(
