@@ -61,6 +61,12 @@ def cmd_train(opts, args) -> None:
     opts = with_recorded_tokenizer(opts, spec, args.recorded)
     if args.print_config:
         return print_plan(opts, spec)
+    if opts.pack_seeds:
+        from aiayn.lightning_modules.run.pack import train_pack
+
+        for metrics in train_pack(opts, spec):
+            print(metrics.summary_line())
+        return
     metrics = train(opts, spec)
     if metrics is not None:  # None: a DDP rank other than zero
         print(metrics.summary_line())

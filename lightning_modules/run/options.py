@@ -129,6 +129,11 @@ class TrainOptions:
         "of seeds, and after a resume; 6-14% slower a step on a CPU, BENCHMARKS.md; not with --compile)",
         choices=("torch", "counter"),
     )  # fmt: skip
+    pack_seeds: str | None = option(
+        None, "train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory, "
+        "sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; pays on a "
+        "GPU, about even on a CPU: BENCHMARKS.md)", metavar="S,S,...",
+    )  # fmt: skip
     compile: str = option(
         "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
         "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "

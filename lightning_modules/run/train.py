@@ -306,6 +306,9 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     done = finished(p)
     if done is not None:
         return done
+    if (packed := p.run.packed_in()) is not None:
+        raise UserError(f"run directory {p.run.path} was trained in {packed}, which holds its optimizer and data "
+                        "position; extend it with the pack's --pack-seeds, or train it in another --out")  # fmt: skip
     prepare_matmuls(opts.accelerator, opts.matmul_precision)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(

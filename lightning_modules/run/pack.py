@@ -1,0 +1,394 @@
+"""K seeds of one row trained as one pack (issue 42): one process, one optimizer step for K models whose weights are
+stacked (transformer/packed.py), each seed a run of its own on disk. `aiayn train --pack-seeds 0,1,2`.
+
+What each seed keeps, as it would alone:
+- its run directory, config.json, tokenizer.model, metrics.json, dev.hyp and dev.ref, through train.py's own plan,
+  prepare, evaluation and record;
+- its initialization (seeded as `aiayn train --seed S` seeds it) and its sentences (its own data module: its seed
+  shuffles its own batches);
+- its dropout masks: the counter stream's, the same as `aiayn train --seed S --dropout-rng counter` draws, which is
+  what its config.json records, so `aiayn train --config RUN/config.json` trains that seed alone to the same numbers
+  (tests/test_packed.py holds the two equal);
+- its loss normalization (its own target tokens) and Adam state (Adam is elementwise: its slice is its state);
+- its curve, logs/version_N/metrics.csv as a run's CSVLogger writes it (train/loss, train/nll, lr, tokens per step;
+  val/ppl and val/nll at the run's validations and the stability rule's, ablations/stability.py);
+- its divergence: a seed whose loss goes non-finite is that seed's result (metrics.json "diverged" at that step; its
+  last.ckpt holds its weights from before the step) and the others train on; no operation mixes seeds.
+
+What the seeds share: the learning-rate schedule and step count, the validation steps, the epoch's length (the K
+loaders advance together, an epoch as long as the shortest seed's), the wall time, and the pack's checkpoint
+(ROW/pack-seedA-seedB-.../checkpoints: what a killed pack resumes from; at the end each seed's checkpoints/last.ckpt
+holds its own weights and config, for translate, export and averaging). Not packed (refused in one line): val/bleu
+during training, several devices, --compile, loggers other than csv and tensorboard.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import CombinedLoader
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from aiayn.ablations import stability
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_torch_save
+from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules.run import disk
+from aiayn.lightning_modules.run import loggers as run_loggers
+from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO, RunFilesInCheckpoint, progress_bar
+from aiayn.lightning_modules.run.devices import prepare_matmuls
+from aiayn.lightning_modules.run.module import TranslationModule
+from aiayn.lightning_modules.run.options import TRAINER_DEFAULTS, TrainOptions
+from aiayn.lightning_modules.run.rundir import PACK_STATE, RunMetrics
+from aiayn.lightning_modules.run.spec import RunSpec, spec_of
+from aiayn.lightning_modules.run.train import (
+    Hooks,
+    Plan,
+    _val_bleu_sentences,
+    evaluate_run,
+    finished,
+    plan,
+    prepare,
+    record,
+)
+from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, TransformerConfig, counter_dropout
+from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
+
+log = logging.getLogger(__name__)
+
+
+def pack_seeds(text: str) -> tuple[int, ...]:
+    """--pack-seeds "0,1,2" as seeds, or one line naming what is wrong."""
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        seeds = ()
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise UserError(f"--pack-seeds {text!r}: give two or more different seeds, 0 or more, separated by commas "
+                        "(e.g. 0,1,2)")  # fmt: skip
+    return seeds
+
+
+def seed_options(opts: TrainOptions, seed: int) -> TrainOptions:
+    """One seed's options as its config.json records them: the seed alone with the counter stream, which trains it to
+    the numbers it has in the pack."""
+    return replace(opts, seed=seed, pack_seeds=None, dropout_rng="counter")
+
+
+def check_packable(opts: TrainOptions, spec: RunSpec) -> None:
+    """What a pack cannot do, in one line each, before anything is prepared."""
+    if opts.world_size > 1:
+        raise UserError("--pack-seeds trains its seeds on one device; drop --devices/--num-nodes, or --pack-seeds")
+    if opts.compile != "none":
+        raise UserError(f"--pack-seeds runs eager (its dropout masks come from the counter stream); drop --compile "
+                        f"{opts.compile} or --pack-seeds")  # fmt: skip
+    if opts.residual_dtype != "fp32":
+        raise UserError("--pack-seeds keeps the residual stream in fp32; drop --residual-dtype bf16 or --pack-seeds")
+    if _val_bleu_sentences(opts, spec.preset):
+        raise UserError(f"--pack-seeds validates perplexity only (beam search for val/bleu is per model); pass "
+                        f"--val-bleu-sentences 0 (preset {spec.preset.name} decodes "
+                        f"{spec.preset.val_bleu_sentences}), the final evaluation scores BLEU either way")  # fmt: skip
+    other = [name for name in run_loggers.of(opts) if name not in ("csv", "tensorboard")]
+    if other:
+        raise UserError(f"--pack-seeds writes each seed's curve to its run directory's CSV; --logger {other[0]} is "
+                        "not packed: drop it, or --pack-seeds")  # fmt: skip
+
+
+class PackData(pl.LightningDataModule):
+    """The K seeds' data modules, their training batches together (one list per step, seed k's at k); the dev set is
+    the first's (every seed's is the same)."""
+
+    def __init__(self, dms: list) -> None:
+        super().__init__()
+        self.dms = dms
+
+    def setup(self, stage: str | None = None) -> None:
+        for dm in self.dms:
+            dm.setup(stage)
+
+    def train_dataloader(self) -> CombinedLoader:
+        # each loader is resumable (its position is in the pack's checkpoint); min_size: an epoch ends with the
+        # shortest seed's, and every seed's sampler starts its next epoch
+        return CombinedLoader([dm.train_dataloader() for dm in self.dms], mode="min_size")
+
+
+class PackModule(pl.LightningModule):
+    """K Transformers of one config trained as one computation; `TranslationModule`'s loss, normalization, schedule
+    and curve, per seed."""
+
+    def __init__(self, cfg: TransformerConfig, seeds: tuple[int, ...], warmup: int, lr_factor: float,
+                 val_steps: frozenset[int] = frozenset()):  # fmt: skip
+        super().__init__()
+        self.cfg, self.seeds, self.warmup, self.lr_factor, self.val_steps = cfg, seeds, warmup, lr_factor, val_steps
+        models = []
+        for seed in seeds:  # each seed's initialization, drawn as `aiayn train --seed S` draws it
+            pl.seed_everything(seed, workers=True, verbose=False)
+            models.append(Transformer(cfg))
+        self.model = pack(models)
+        self.stream = DropoutStream(list(seeds))
+        counter_dropout(self.model, self.stream)
+        K = len(seeds)
+        self.trained = [{"steps": 0, "src_tokens": 0, "tgt_tokens": 0} for _ in seeds]
+        self.total_tokens = [0] * K  # source + target tokens trained on, this attempt
+        self.diverged: dict[int, tuple[int, str]] = {}  # seed index -> (optimizer step, what went non-finite)
+        self.curves: list = [None] * K  # each seed's CSVLogger (train_pack sets them)
+        self._frozen: dict[int, list[torch.Tensor]] = {}  # a diverged seed's weights from before its step
+        self._window = [[0, 0] for _ in seeds]
+        self._sums: torch.Tensor | None = None  # (K, 2): summed loss and NLL since the last optimizer step
+        self._alive: torch.Tensor | None = None  # (K,) bool on the device; None: to be made
+        self._micro = 0
+        self._validated = -1
+        self._dev = None  # the dev set's loader
+
+    def alive(self) -> torch.Tensor:
+        if self._alive is None or self._alive.device != self.device:
+            self._alive = torch.tensor([k not in self.diverged for k in range(len(self.seeds))], device=self.device)
+        return self._alive
+
+    def training_step(self, batch: list[dict], batch_idx: int) -> torch.Tensor:
+        t = self.trainer  # the batch's place in the run, as TranslationModule counts it for the counter stream
+        self.stream.step = t.global_step * t.accumulate_grad_batches + self._micro
+        self._micro += 1
+        src, tgt_in = stack_batches([(b["src"], b["tgt_in"]) for b in batch])
+        _, tgt_out = stack_batches([(b["src"], b["tgt_out"]) for b in batch])
+        loss, nll, _ = packed_loss(self.model, src, tgt_in, tgt_out, self.cfg.eps_ls)
+        for k, b in enumerate(batch):  # counted by collate, on the host
+            self._window[k][0] += b["n_src_tokens"]
+            self._window[k][1] += b["n_tgt_tokens"]
+            self.total_tokens[k] += b["n_src_tokens"] + b["n_tgt_tokens"]
+        sums = torch.stack([loss.detach(), nll.detach()], 1)
+        self._sums = sums if self._sums is None else self._sums + sums
+        return torch.where(self.alive(), loss, 0.0).sum()  # seeds' parameters are apart: each gets its own gradient
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Each seed's update normalized by its own target tokens; a seed whose loss is not finite stops here (its
+        weights kept from before this step); one host-device synchronization per step."""
+        K, windows, self._window = len(self.seeds), self._window, [[0, 0] for _ in self.seeds]
+        sums, self._sums, self._micro = self._sums, None, 0
+        step = self.trainer.global_step + 1
+        every = self.trainer.log_every_n_steps
+        log_now = bool(every) and step % every == 0  # the steps whose logs Lightning writes for a run alone
+        payload = [torch.isfinite(sums).all(1).to(torch.float64)]
+        if log_now:
+            payload.append(sums.to(torch.float64).flatten())
+        values = torch.cat(payload).tolist()  # the step's one synchronization
+        params = list(self.parameters())
+        for k in range(K):
+            if k not in self.diverged and not values[k]:
+                self.diverged[k] = (step, f"loss {float(sums[k, 0])} at optimizer step {step}")
+                self._frozen[k] = [p.detach()[k].clone() for p in params]
+                self._alive = None
+                log.warning("seed %d of the pack diverged: %s; the others train on", self.seeds[k],
+                            self.diverged[k][1])  # fmt: skip
+        accumulate = self.trainer.accumulate_grad_batches
+        scale = [0.0 if k in self.diverged else accumulate / max(windows[k][1], 1) for k in range(K)]
+        scale = torch.tensor(scale, device=self.device)
+        dead = ~self.alive()
+        for p in params:
+            if p.grad is not None:
+                shape = (K,) + (1,) * (p.grad.dim() - 1)
+                p.grad.mul_(scale.view(shape))
+                if self.diverged:  # NaN x 0 is NaN: a dead seed's gradient is set to 0
+                    p.grad.masked_fill_(dead.view(shape), 0.0)
+        for k in range(K):
+            if k not in self.diverged:
+                self.trained[k]["steps"] += 1
+                self.trained[k]["src_tokens"] += windows[k][0]
+                self.trained[k]["tgt_tokens"] += windows[k][1]
+        if len(self.diverged) == K:
+            self.trainer.should_stop = True
+        if log_now:
+            lr = float(optimizer.param_groups[0]["lr"])
+            for k in range(K):
+                if k not in self.diverged and self.curves[k] is not None:
+                    loss_sum, nll_sum = values[K + 2 * k], values[K + 2 * k + 1]
+                    n = max(windows[k][1], 1)
+                    self.curves[k].log_metrics({
+                        "epoch": self.trainer.current_epoch, "lr": lr, "train/loss": loss_sum / n,
+                        "train/nll": nll_sum / n, "train/src_tokens_per_step": float(windows[k][0]),
+                        "train/tgt_tokens_per_step": float(windows[k][1]),
+                    }, step=step - 1)  # fmt: skip
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        with torch.no_grad():  # Adam moves a seed with a zero gradient by its momentum: a diverged seed is put back
+            for k, saved in self._frozen.items():
+                for p, value in zip(self.parameters(), saved):
+                    p[k].copy_(value)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        step = self.trainer.global_step
+        if step in self.val_steps and step != self._validated:
+            self._validated = step
+            self.validate_seeds(step)
+
+    @torch.no_grad()
+    def validate_seeds(self, step: int) -> None:
+        """Each living seed's dev perplexity (teacher-forced, as TranslationModule's validation), logged at step - 1
+        as Lightning logs a validation after `step` optimizer steps."""
+        K, was = len(self.seeds), self.model.training
+        self.model.eval()
+        nll = torch.zeros(K, dtype=torch.float64, device=self.device)
+        n = torch.zeros(K, dtype=torch.float64, device=self.device)
+        with self.trainer.precision_plugin.forward_context():
+            if self._dev is None:  # made once: a loader's workers start with it
+                self._dev = self.trainer.datamodule.dms[0].val_dataloader()
+            for b in self._dev:
+                src, tgt_in, tgt_out = (b[key].to(self.device).repeat(K, 1) for key in ("src", "tgt_in", "tgt_out"))
+                _, nll_k, n_k = packed_loss(self.model, src, tgt_in, tgt_out, 0.0)
+                nll += nll_k.double()
+                n += n_k.double()
+        self.model.train(was)
+        for k, value in enumerate((nll / n.clamp(min=1)).tolist()):
+            if k not in self.diverged and self.curves[k] is not None:
+                self.curves[k].log_metrics({"epoch": self.trainer.current_epoch, "val/nll": value,
+                                            "val/ppl": math.exp(value)}, step=step - 1)  # fmt: skip
+                self.curves[k].save()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[PACK_STATE] = {"seeds": list(self.seeds), "trained": self.trained,
+                                  "diverged": {str(k): list(v) for k, v in self.diverged.items()}}  # fmt: skip
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint[PACK_STATE]
+        if list(state["seeds"]) != list(self.seeds):
+            raise UserError(f"the pack's checkpoint holds seeds {state['seeds']}, not {list(self.seeds)}")
+        self.trained = [dict(t) for t in state["trained"]]
+        self.diverged = {int(k): (int(v[0]), str(v[1])) for k, v in state["diverged"].items()}
+        weights = checkpoint["state_dict"]
+        names = [f"model.{name}" for name, _ in self.model.named_parameters()]
+        self._frozen = {k: [weights[name][k].clone() for name in names] for k in self.diverged}
+        self._alive = None
+
+    def configure_optimizers(self):
+        return TranslationModule.configure_optimizers(self)  # Adam, fused, and the paper's schedule: elementwise
+
+
+def pack_dir(p: Plan, seeds: tuple[int, ...]) -> Path:
+    """ROW/pack-seedA-seedB-...: beside the seeds' run directories, which `OutDir.run_dirs` (seed*) does not list."""
+    return p.run.path.parent / ("pack-" + "-".join(f"seed{s}" for s in seeds))
+
+
+def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | None = None) -> list[RunMetrics]:
+    """Train `--pack-seeds`' seeds of one row as one pack to completion (or resume it), evaluate each and record each;
+    each seed's metrics, in the order given. A seed already completed at these steps is not trained again."""
+    started, hooks = time.perf_counter(), hooks or Hooks()
+    spec = spec or spec_of(opts)
+    seeds = pack_seeds(opts.pack_seeds)
+    check_packable(opts, spec)
+    each = {s: seed_options(opts, s) for s in seeds}
+    plans = {s: plan(each[s], spec) for s in seeds}
+    locks = [prepare(plans[s]) for s in seeds]  # noqa: F841 (held, not used)
+    done = {s: m for s in seeds if (m := finished(plans[s])) is not None}
+    todo = tuple(s for s in seeds if s not in done)
+    if not todo:
+        return [done[s] for s in seeds]
+    first = plans[todo[0]]
+    prepare_matmuls(opts.accelerator, opts.matmul_precision)
+    steps = first.config.train.steps
+    every = min(opts.val_every or spec.preset.val_every, steps)
+    extra = stability.scheduled(steps, every, spec.preset.stability) if opts.stability_validations else ()
+    module = PackModule(spec.model, todo, **first.config.schedule,
+                        val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra))  # fmt: skip
+    where = pack_dir(first, todo)
+    trainer = pack_trainer(opts, first, where)
+    for k, s in enumerate(todo):
+        p = plans[s]
+        p.run.write_config(p.config)
+        p.run.write_tokenizer(p.dm.tokenizer_model)
+        module.curves[k] = CSVLogger(p.run.path, name=p.run.logs.name, version=p.run.next_log_version())
+    resume = where / "checkpoints" / "last.ckpt"
+    log.info("%s: seeds %s as one pack (%s)%s", spec.row, ", ".join(map(str, todo)), where,
+             f", resuming from {resume}" if resume.is_file() else "")  # fmt: skip
+    t0 = time.perf_counter()
+    try:
+        trainer.fit(module, datamodule=PackData([plans[s].dm for s in todo]),
+                    ckpt_path=str(resume) if resume.is_file() else None, weights_only=True)  # fmt: skip
+    except SIGTERMException:
+        _stopped(spec.row, todo, trainer, "SIGTERM")
+    except SystemExit as e:
+        if e.code != 1:
+            raise
+        _stopped(spec.row, todo, trainer, "SIGINT")
+    except Exception as e:
+        for s in todo:
+            plans[s].run.write_metrics(plans[s].config, "failed", kind=hooks.kind, error=f"{type(e).__name__}: {e}")
+        raise
+    train_time = time.perf_counter() - t0
+    states = unpack(module.model)
+    results = dict(done)
+    for k, s in enumerate(todo):
+        p, curve = plans[s], module.curves[k]
+        curve.save()
+        curve.finalize("success")
+        p.train_time = train_time
+        seed_module = TranslationModule(spec.model, **p.config.schedule)
+        seed_module.model.load_state_dict(states[k])
+        seed_module.trained, seed_module.total_tokens = module.trained[k], module.total_tokens[k]
+        step = module.diverged[k][0] - 1 if k in module.diverged else trainer.global_step
+        seed_checkpoint(p, seed_module, step, where)
+        if k in module.diverged:
+            at, error = module.diverged[k]
+            results[s] = p.run.write_metrics(p.config, "diverged", kind=hooks.kind, diverged_at_step=at, error=error)
+            continue
+        evaluating = time.perf_counter()
+        result = evaluate_run(trainer, seed_module, p, each[s])
+        result["eval_time_s"] = time.perf_counter() - evaluating
+        result["wall_time_s"] = time.perf_counter() - started
+        results[s] = record(trainer, seed_module, p, each[s], hooks, result)
+    return [results[s] for s in seeds]
+
+
+def _stopped(row: str, seeds: tuple[int, ...], trainer: pl.Trainer, name: str):
+    import signal
+
+    log.warning("%s seeds %s (one pack) stopped by %s at step %d; the pack's checkpoints are kept and the same command "
+                "resumes it", row, ", ".join(map(str, seeds)), name, trainer.global_step)  # fmt: skip
+    raise SystemExit(128 + signal.Signals[name]) from None
+
+
+def seed_checkpoint(p: Plan, module: TranslationModule, step: int, where: Path) -> Path:
+    """A seed's checkpoints/last.ckpt in `aiayn train`'s layout, weights only (the optimizer's state is the pack's):
+    its config and tokenizer embedded, so translate, export and averaging take it as any run's."""
+    ckpt = {"state_dict": module.state_dict(), "global_step": step, "epoch": 0, "aiayn_trained": module.trained,
+            PACK_STATE: {"pack": where.name}}  # fmt: skip
+    RunFilesInCheckpoint(lambda: redact_obj(p.config.to_dict()), lambda: p.dm.tokenizer_model).on_save_checkpoint(
+        None, module, ckpt
+    )
+    return atomic_torch_save(ckpt, p.run.last_checkpoint)
+
+
+def pack_trainer(opts: TrainOptions, first: Plan, where: Path) -> pl.Trainer:
+    """The pack's Trainer: one device, its checkpoints (the whole pack: weights, Adam state, data positions) in
+    `where`, every --ckpt-every steps or minutes as a run's; no logger (each seed's curve is its own)."""
+    every_steps, every_minutes = disk.checkpoint_every(opts, first.preset)
+    ckpt = ModelCheckpoint(dirpath=where / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
+                           every_n_train_steps=every_steps, save_top_k=1, monitor="step", mode="max", save_last=True,
+                           train_time_interval=timedelta(minutes=every_minutes) if every_minutes else None)  # fmt: skip
+    return pl.Trainer(
+        accelerator=opts.accelerator,
+        devices=1,
+        precision=first.config.train.precision,
+        max_steps=first.config.train.steps,
+        accumulate_grad_batches=first.config.train.accumulate,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[ckpt, *(progress_bar() if opts.progress else [])],
+        plugins=[AtomicCheckpointIO()],
+        logger=False,
+        default_root_dir=where,
+        enable_progress_bar=opts.progress,
+        enable_model_summary=False,
+        deterministic=opts.accelerator == "cpu",
+        use_distributed_sampler=False,
+        **{**TRAINER_DEFAULTS, **opts.trainer},
+    )

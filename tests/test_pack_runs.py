@@ -1,0 +1,156 @@
+"""Packs as runs (issue 42, lightning_modules/run/pack.py): `aiayn train --pack-seeds` leaves each seed a run of its
+own (config.json, curve, last.ckpt, metrics.json), trains each as `aiayn train` trains it alone with its recorded
+config, keeps a diverged seed to itself, and resumes after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from aiayn.cli import main
+
+SMALL = ["--row", "base", "--preset", "tiny", "--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "6",
+         "--val-bleu-sentences", "0", "--eval-subset", "4", "--accelerator", "cpu", "--no-progress"]  # fmt: skip
+
+
+def curve(run, metric: str) -> pd.Series:
+    df = pd.read_csv(run / "logs" / "version_0" / "metrics.csv")
+    return df[["step", metric]].dropna().set_index("step")[metric]
+
+
+def weights(run) -> dict:
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def test_each_seed_of_a_packed_run_is_a_run_that_trains_as_it_would_alone(cache, tmp_path):
+    """Two seeds packed: each has its run directory (config.json recording the seed alone with the counter stream,
+    metrics.json, a curve with train/loss and the scheduled val/ppl, a last.ckpt that translate and export read); the
+    seeds saw different sentences; and seed 1 trained alone from its config.json has the same curve and weights."""
+    from aiayn.lightning_modules.run.module import TranslationModule
+
+    assert main(["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "12", "--out", str(tmp_path / "p")]) == 0
+    base = tmp_path / "p/tiny/synthetic/base"
+    assert sorted(p.name for p in base.iterdir()) == ["pack-seed0-seed1", "seed0", "seed1"]
+    for seed in (0, 1):
+        run = base / f"seed{seed}"
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert (metrics["status"], metrics["seed"], metrics["steps"]) == ("completed", seed, 12)
+        options = json.loads((run / "config.json").read_text())["options"]
+        assert (options["seed"], options["dropout_rng"], options.get("pack_seeds")) == (seed, "counter", None)
+        assert {5, 11} <= set(curve(run, "val/ppl").index)  # after steps 6 and 12 (and the stability rule's)
+        assert TranslationModule.from_checkpoint(run / "checkpoints" / "last.ckpt").cfg.d_model == 32
+    tokens = [curve(base / f"seed{s}", "train/tgt_tokens_per_step").tolist() for s in (0, 1)]
+    assert tokens[0] != tokens[1]  # each seed's own batches
+
+    alone = tmp_path / "alone"
+    assert main(["train", "--config", str(base / "seed1/config.json"), "--out", str(alone)]) == 0
+    run = alone / "tiny/synthetic/base/seed1"
+    for metric in ("train/loss", "val/ppl"):
+        packed, single = curve(base / "seed1", metric), curve(run, metric)
+        assert list(packed.index) == list(single.index)
+        assert packed.tolist() == pytest.approx(single.tolist(), rel=1e-4), metric
+    mine, theirs = weights(base / "seed1"), weights(run)
+    for name, value in mine.items():
+        if not name.endswith("w_k.bias"):  # an exact gradient of 0: Adam turns rounding into steps (test_packed.py)
+            torch.testing.assert_close(value, theirs[name], rtol=1e-3, atol=1e-3, msg=name)
+
+
+def test_a_seed_that_diverges_in_a_pack_is_reported_alone(cache, tmp_path, monkeypatch):
+    """Seed 1's loss goes NaN at step 4: its metrics.json says diverged at 4, its last.ckpt holds its finite
+    weights of step 3, and seed 0 trains to the end, completed."""
+    from aiayn.lightning_modules.run import pack as run_pack
+
+    real = run_pack.packed_loss
+
+    def poisoned(model, src, *args):
+        loss, nll, n = real(model, src, *args)
+        if model.training and poisoned.module.trainer.global_step == 3:
+            loss = loss * torch.tensor([1.0, float("nan")])
+        return loss, nll, n
+
+    init = run_pack.PackModule.__init__
+
+    def remember(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        poisoned.module = self
+
+    monkeypatch.setattr(run_pack, "packed_loss", poisoned)
+    monkeypatch.setattr(run_pack.PackModule, "__init__", remember)
+    argv = ["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "8", "--trainer", "log_every_n_steps=1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    base = tmp_path / "tiny/synthetic/base"
+    dead = json.loads((base / "seed1/metrics.json").read_text())
+    assert (dead["status"], dead["diverged_at_step"]) == ("diverged", 4)
+    assert json.loads((base / "seed0/metrics.json").read_text())["status"] == "completed"
+    ckpt = torch.load(base / "seed1/checkpoints/last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 3
+    monkeypatch.setattr(run_pack, "packed_loss", real)  # the same pack, unpoisoned, 3 steps: seed 1's weights then
+    assert main(["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "3", "--out", str(tmp_path / "three")]) == 0
+    then = weights(tmp_path / "three/tiny/synthetic/base/seed1")
+    assert all(torch.equal(value, then[name]) for name, value in ckpt["state_dict"].items())
+    assert curve(base / "seed1", "train/loss").index.max() < 3 <= curve(base / "seed0", "train/loss").index.max()
+
+
+def test_a_killed_pack_resumes_to_the_numbers_of_one_that_was_not(cache, tmp_path):
+    """A pack killed (SIGKILL) after its step-10 checkpoint, run again with the same command, ends with each seed's
+    weights and final curve bit-equal to a pack that ran through."""
+    argv = ["train", *SMALL, "--pack-seeds", "2,5", "--max-steps", "24", "--ckpt-every", "10"]
+    assert main([*argv, "--out", str(tmp_path / "through")]) == 0
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    child = subprocess.Popen([sys.executable, "-m", "aiayn", *argv, "--out", str(out)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    checkpoint = out / "tiny/synthetic/base/pack-seed2-seed5/checkpoints/step0000010.ckpt"
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert checkpoint.exists() and not (out / "tiny/synthetic/base/seed2/metrics.json").exists()
+    assert main([*argv, "--out", str(out)]) == 0
+    for seed in (2, 5):
+        a, b = (tmp_path / "through", out)
+        run_a, run_b = (x / f"tiny/synthetic/base/seed{seed}" for x in (a, b))
+        wa, wb = weights(run_a), weights(run_b)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+        assert json.loads((run_b / "metrics.json").read_text())["dev_ppl"] == json.loads(
+            (run_a / "metrics.json").read_text())["dev_ppl"]  # fmt: skip
+
+
+def test_a_seed_trained_in_a_pack_is_not_extended_alone(cache, tmp_path, capsys):
+    """`aiayn train` asked for more steps of a seed whose last.ckpt a pack wrote: one line naming the pack (its
+    optimizer state is the pack's), not a silent start from step 0."""
+    assert main(["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "4", "--out", str(tmp_path)]) == 0
+    argv = ["train", *SMALL, "--seed", "0", "--max-steps", "6", "--out", str(tmp_path), "--dropout-rng", "counter"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err.count("pack-seed0-seed1") == 1
+    assert not (tmp_path / "tiny/synthetic/base/seed0/logs/version_1").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--pack-seeds", "3"], "two or more different seeds"),
+        (["--pack-seeds", "1,1"], "two or more different seeds"),
+        (["--pack-seeds", "0,x"], "two or more different seeds"),
+        (["--pack-seeds", "0,1", "--compile", "model"], "runs eager"),
+        (["--pack-seeds", "0,1", "--devices", "2"], "one device"),
+        (["--pack-seeds", "0,1", "--val-bleu-sentences", "5"], "--val-bleu-sentences 0"),
+        (["--pack-seeds", "0,1", "--logger", "wandb"], "--logger wandb"),
+    ],
+)
+def test_what_a_pack_cannot_do_is_one_line_and_writes_nothing(tmp_path, capsys, flags, says):
+    argv = ["train", "--row", "base", "--preset", "tiny", "--accelerator", "cpu", "--out", str(tmp_path / "o")]
+    assert main([*argv, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+    assert not (tmp_path / "o").exists()
