@@ -58,7 +58,7 @@ from aiayn.sweeps.storage import check_readable, open_storage
 log = logging.getLogger(__name__)
 
 
-HPO_SKIP = ("train.progress",)  # trials print one line each as they end
+HPO_SKIP = ("train.progress", "train.pack_seeds")  # trials print one line each as they end; a trial is one run
 
 
 @dataclass

@@ -38,9 +38,10 @@ log = logging.getLogger(__name__)
 
 # Options a sweep sets for each of its runs, not the user (`aiayn table3` and the back ends' commands do not take
 # them), and the flags of those options, each answered with what to use instead.
-PER_RUN = ("train.row", "train.seed", "train.progress")
+PER_RUN = ("train.row", "train.seed", "train.progress", "train.pack_seeds")
 SWEEP_SETS = (
     ("--row", "choose the rows with --rows"), ("--seed", "choose the seeds with --seeds and --first-seed"),
+    ("--pack-seeds", "the sweep packs a row's seeds with --pack"),
     ("--progress", "its runs print one line each as they end"),
     ("--no-progress", "its runs print one line each as they end, without progress bars"),
 )  # fmt: skip
@@ -65,6 +66,11 @@ class SweepOptions:
     # the registry's back ends, with their help (one with options of its own, slurm, takes them too: `aiayn table3
     # --backend slurm` is `aiayn slurm table3`, whose --help lists them: `options_for`)
     backend: str | None = option(None, backend_help(), choices=BackendNames())
+    pack: str = option(
+        "auto", "seeds of one row a worker trains as one pack, one process and one step for all (docs/training.md): "
+        "auto (up to 8 where the runs train on a GPU, whose launches a pack shares; none on a CPU, where a pack trains "
+        "half as fast: BENCHMARKS.md), off, or the most seeds in a pack", metavar="auto|off|K",
+    )  # fmt: skip
     fail_on_diverged: bool = option(
         False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
         "such, and the exit status is 0)",
@@ -167,7 +173,48 @@ def launches(opts: SweepOptions, backend: Backend | None = None) -> list[tuple[B
     """(back end, sweep) for the preset's sweep and each of its cells', every one resolved before any runs; the back
     end `backend`, `--backend`'s, or the one each sweep needs (sweeps/backends: by capabilities)."""
     sweeps = [(o, build_sweep(o)) for o in cell_options(opts)]
-    return [(backend or backend_for(o.backend, s), s) for o, s in sweeps]
+    for o, s in sweeps:
+        s.pack = pack_size(o.pack, s)  # before the back end: a pack is a need (`needs`)
+    chosen = [(backend or backend_for(o.backend, s), s) for o, s in sweeps]
+    for b, s in chosen:
+        if s.pack > 1 and not b.capabilities.packs:
+            if opts.pack != "auto":
+                raise UserError(f"--pack {opts.pack}: the {b.name} back end trains one pair a process; pass --pack off")
+            s.pack = 1
+    return chosen
+
+
+AUTO_PACK = 8  # seeds a pack holds at most with --pack auto on a GPU (the pack bench's launches are flat to 16)
+
+
+def pack_size(asked: str, sweep: Sweep) -> int:
+    """--pack as the most seeds one pack holds (1: none). auto: AUTO_PACK where the runs train on one GPU each and
+    every row can be packed, else 1; a number: that, or one line saying why it cannot be."""
+    from aiayn.lightning_modules.run.pack import check_packable
+
+    t = sweep.train
+    if asked == "off":
+        return 1
+    if asked == "auto":
+        on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and bool(visible_gpus()))
+        if not on_gpu or t.world_size > 1:
+            return 1
+        try:
+            for spec in sweep.specs.values():
+                check_packable(t, spec, "--pack")
+        except UserError as e:
+            log.info("--pack auto: not packing (%s)", e)
+            return 1
+        return AUTO_PACK
+    try:
+        k = int(asked)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise UserError(f"--pack {asked!r}: pass auto, off, or the most seeds of a row one pack trains (e.g. 4)")
+    for spec in sweep.specs.values() if k > 1 else ():
+        check_packable(t, spec, f"--pack {k}")
+    return k
 
 
 def run_table3(opts: SweepOptions, backend: Backend | None = None) -> SweepSummary:

@@ -29,9 +29,9 @@ from aiayn.reports.options import ReportOptions
 from aiayn.reports.rows import RowsOptions
 from aiayn.sweeps.backends.slurm import SlurmOptions
 from aiayn.sweeps.export import SweepExportOptions
-from aiayn.sweeps.hpo import HpoOptions
+from aiayn.sweeps.hpo import HPO_SKIP, HpoOptions
 from aiayn.sweeps.status import StatusOptions
-from aiayn.sweeps.table3 import SweepOptions
+from aiayn.sweeps.table3 import PER_RUN, SweepOptions
 
 
 def parse(*argv: str):
@@ -59,10 +59,11 @@ def test_to_argv_round_trips_through_the_train_parser():
 def test_every_train_option_passes_through_table3_hpo_and_slurm():
     """A sweep's runs take every `aiayn train` option but the ones the sweep sets per run."""
     train_flags = {f.name for f in dataclasses.fields(TrainOptions) if f.metadata["aiayn.option"]["cli"]}
-    per_run = {"row", "seed", "progress"}
+    per_run = {name.split(".", 1)[1] for name in PER_RUN}  # what the sweep sets, as the sweep says
+    hpo_skips = {name.split(".", 1)[1] for name in HPO_SKIP}
     argv = to_argv(TrainOptions(preset="paper", precision="bf16-mixed", max_tokens=3125, vocab_size=8000,
                                 accelerator="cpu", overrides={"P_drop": 0.3}, wandb=True))  # fmt: skip
-    for command, cls, skipped in (("table3", SweepOptions, per_run), ("hpo", HpoOptions, {"progress"})):
+    for command, cls, skipped in (("table3", SweepOptions, per_run), ("hpo", HpoOptions, hpo_skips)):
         got = from_args(cls, parse(command, *argv)).train
         assert (got.precision, got.max_tokens, got.vocab_size, got.overrides, got.wandb) == (
             "bf16-mixed", 3125, 8000, {"P_drop": 0.3}, True,

@@ -154,3 +154,68 @@ def test_what_a_pack_cannot_do_is_one_line_and_writes_nothing(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
     assert not (tmp_path / "o").exists()
+
+
+# ---- the sweep's packs (aiayn table3 --pack)
+
+
+def test_a_sweep_packs_a_rows_seeds_and_its_books_hold_each_pair(cache, tmp_path):
+    """`aiayn table3 --pack 2` over 3 seeds of base and C4: in each row seeds 0 and 1 train as one pack (its
+    checkpoint folder beside them) and seed 2 alone, never with the other row's seeds; every pair completed in the
+    books, each with its own metrics.json; the same command again trains nothing."""
+    argv = ["table3", "--preset", "tiny", "--rows", "base,C4", "--seeds", "3", "--jobs", "1", "--pack", "2",
+            "--set", "N=1 d_model=32 d_ff=64 h=2", "--max-steps", "6", "--val-every", "3", "--eval-subset", "4",
+            "--accelerator", "cpu", "--report", "", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    for row in ("base", "C4"):
+        found = sorted(p.name for p in (tmp_path / "tiny/synthetic" / row).iterdir() if p.is_dir())
+        assert found == ["pack-seed0-seed1", "seed0", "seed1", "seed2"], row
+        for seed in (0, 1, 2):
+            metrics = json.loads((tmp_path / "tiny/synthetic" / row / f"seed{seed}/metrics.json").read_text())
+            assert (metrics["status"], metrics["row"], metrics["seed"], metrics["steps"]) == ("completed", row, seed, 6)
+    base = tmp_path / "tiny/synthetic/base"
+    packed = json.loads((base / "seed1/config.json").read_text())["options"]
+    alone = json.loads((base / "seed2/config.json").read_text())["options"]
+    assert (packed["dropout_rng"], alone["dropout_rng"]) == ("counter", "torch")
+    assert "pack-seed0-seed1" not in (base / "seed2.log").read_text()
+    assert "one pack with seeds 0, 1" in (base / "seed1.log").read_text()
+    stamp = (base / "seed0/metrics.json").stat().st_mtime_ns
+    assert main(argv) == 0
+    assert (base / "seed0/metrics.json").stat().st_mtime_ns == stamp
+
+
+def test_pack_auto_packs_on_a_gpu_only_and_where_every_run_can_be_packed(tmp_path, monkeypatch):
+    """--pack auto: up to 8 seeds a pack where the runs train on a GPU; none on a CPU, or where a run validates BLEU;
+    a pack is a need of the sweep (a back end that cannot pack is not chosen, and refused when named); a number that
+    cannot be honoured is one line."""
+    from dataclasses import replace
+
+    from aiayn.common.errors import UserError
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.sweeps import table3
+    from aiayn.sweeps.backends import backend_for, load, needs
+    from aiayn.sweeps.table3 import SweepOptions, build_sweep, pack_size
+
+    sweep = build_sweep(SweepOptions(train=TrainOptions(preset="tiny", out=str(tmp_path))))
+    monkeypatch.setattr(table3, "visible_gpus", lambda: [])
+    assert pack_size("auto", sweep) == 1  # a CPU: a pack trains half as fast
+    monkeypatch.setattr(table3, "visible_gpus", lambda: ["0"])
+    assert pack_size("auto", sweep) == table3.AUTO_PACK == 8
+    assert (pack_size("off", sweep), pack_size("4", sweep)) == (1, 4)
+    sweep.pack = 4
+    assert needs(sweep)["packs"] and backend_for(None, sweep).capabilities.packs
+    assert not load()["slurm"].capabilities.packs
+    with pytest.raises(UserError, match="pass auto, off"):
+        pack_size("many", sweep)
+    sweep.train = replace(sweep.train, val_bleu_sentences=5)
+    assert pack_size("auto", sweep) == 1
+    with pytest.raises(UserError, match="--pack 4 validates perplexity only"):
+        pack_size("4", sweep)
+
+
+def test_slurm_refuses_pack_in_one_line(tmp_path, capsys):
+    """The SLURM array trains one pair a task: `aiayn table3 --backend slurm --pack 4` is refused, with the reason."""
+    assert main(["table3", "--backend", "slurm", "--pack", "4", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pack" in err[0]
+    assert not (tmp_path / "o").exists()

@@ -10,7 +10,7 @@ import sys
 from aiayn.common.errors import UserError
 from aiayn.common.lifetime import die_with_parent
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.rundir import RunMetrics
+from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import RunSpec
 from aiayn.sweeps.backends import Capabilities, Sweep, register
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
@@ -44,8 +44,8 @@ def let_the_forkserver_go() -> None:
 
 
 def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: int | None) -> None:
-    """`train(opts, spec)` in a forkserver child, stdout and stderr to `logfile`; exits with the status the
-    `aiayn train` command would."""
+    """`train_runs(opts, spec)` (one run, or a pack) in a forkserver child, stdout and stderr to `logfile`; exits with
+    the status the `aiayn train` command would."""
     let_the_forkserver_go()
     die_with_parent()
     fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -57,14 +57,14 @@ def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: in
 
     from aiayn.common.errors import print_error
     from aiayn.common.logs import configure_logging
-    from aiayn.lightning_modules.run.train import train
+    from aiayn.lightning_modules.run.pack import train_runs
 
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
     configure_logging(logging.INFO)
     try:
-        train(opts, spec)
+        train_runs(opts, spec)
     except UserError as e:
         sys.exit(print_error(e))
     finally:
@@ -80,7 +80,7 @@ class LocalBackend(QueueBackend):
     """each pair in a process forked from this driver (Lightning imported once), on its share of the CPU threads"""
 
     name = "local"
-    capabilities = Capabilities(default=True, trials="here")
+    capabilities = Capabilities(default=True, trials="here", packs=True)
 
     def check(self, sweep: Sweep) -> None:
         if sweep.train.world_size > 1 or sweep.gpus_per_job:
@@ -89,12 +89,14 @@ class LocalBackend(QueueBackend):
 
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         run = sweep.run(row, seed)
+        return _result(sweep, row, seed, self.train_process(sweep, row, sweep.run_options(row, seed), run))
+
+    def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
         run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
         child = _forkserver().Process(
-            target=_train_in_child,
-            args=(sweep.run_options(row, seed), sweep.specs[row], str(run.sweep_log), _threads(sweep.jobs)),
+            target=_train_in_child, args=(opts, sweep.specs[row], str(run.sweep_log), _threads(sweep.jobs))
         )
         child.start()
         with self.stop.child(child.pid):
             child.join()
-        return _result(sweep, row, seed, child.exitcode)
+        return child.exitcode

@@ -13,7 +13,7 @@ from aiayn.common.errors import UserError
 from aiayn.common.lifetime import DIE_WITH_PARENT
 from aiayn.common.options import to_argv
 from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.rundir import RunMetrics
+from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.sweeps.backends import Capabilities, Sweep, register, write_resolved
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
 
@@ -65,7 +65,7 @@ class SubprocessBackend(QueueBackend):
     `--gpus-per-job K`: worker i gets the i-th K of the visible GPUs, so N runs at once do not all land on GPU 0."""
 
     name = "subprocess"
-    capabilities = Capabilities(ddp=True, own_gpus=True, trials="processes")
+    capabilities = Capabilities(ddp=True, own_gpus=True, trials="processes", packs=True)
 
     def check(self, sweep: Sweep) -> None:
         k, t = sweep.gpus_per_job, sweep.train
@@ -102,6 +102,9 @@ class SubprocessBackend(QueueBackend):
 
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         run = sweep.run(row, seed)
+        return _result(sweep, row, seed, self.train_process(sweep, row, sweep.run_options(row, seed), run, slot))
+
+    def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
         run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
         slots = self.slots(sweep) or []
         index = slots.index(slot) if slot in slots else 0
@@ -110,9 +113,8 @@ class SubprocessBackend(QueueBackend):
             out.write(attempt_header())
             out.flush()
             resolved = write_resolved(run.resolved_file, sweep.specs[row], f"aiayn table3 --backend {self.name}")
-            cmd = train_process_command(sweep.run_options(row, seed), resolved)
-            returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-        return _result(sweep, row, seed, returncode)
+            cmd = train_process_command(opts, resolved)
+            return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
 
 
 def mps_state() -> str:

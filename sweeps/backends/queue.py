@@ -26,7 +26,8 @@ from aiayn.common.locks import file_lock, removed_on_error
 from aiayn.common.text import clock
 from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.devices import usable_cpus
-from aiayn.lightning_modules.run.rundir import RunMetrics
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, SweepSummary
@@ -237,71 +238,115 @@ class QueueBackend(Backend):
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         """Train one pair to its end; its metrics (status failed when it died)."""
 
+    def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
+        """Train `opts` (one run, or a pack: --pack-seeds) in a process of this back end's, its output appended to
+        `run.sweep_log`; its exit status. A back end that packs (`Capabilities.packs`) has one."""
+        raise NotImplementedError(f"the {self.name} back end trains one pair a process (no packs)")
+
+    def run_pack(self, sweep: Sweep, row: str, seeds: list[int], slot: str | None) -> list[RunMetrics]:
+        """Train `seeds` of `row` as one pack in one process; each seed's metrics (failed where the process died
+        before writing them). The first seed's log holds the pack's output; the others' say where it is."""
+        first = sweep.run(row, seeds[0])
+        for seed in seeds[1:]:
+            log_file = sweep.run(row, seed).sweep_log
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_file, "a") as out:
+                out.write(f"{attempt_header()}trained in one pack with seeds {', '.join(map(str, seeds))}: its output "
+                          f"is in {first.sweep_log}\n")  # fmt: skip
+        code = self.train_process(sweep, row, sweep.pack_options(row, seeds), first, slot)
+        return [_result(sweep, row, seed, code, first.sweep_log) for seed in seeds]
+
     def work(self, study: optuna.Study, sweep: Sweep, claims, slot, pace) -> tuple[int, int, int]:
         """Pop and run queued trials until the queue is empty; returns (completed, failed, diverged) by this
-        worker."""
+        worker. With `sweep.pack` above 1, a worker claims the next trials while they are seeds of the same row (the
+        queue holds a row's seeds one after another), up to `sweep.pack`, and trains them as one pack."""
         done = failed = diverged = 0
         t_start, finished_before = pace
         key_of = self._key_of(sweep)
         wanted = set(sweep.pairs)
 
-        def ask():
-            if not any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+        def ask(row: str | None = None):
+            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if not waiting:
                 return None  # checked under the pop lock: ask() would invent a trial on an empty queue
+            if row is not None and (pair_of(min(waiting, key=lambda t: t.number)) or ("",))[0] != row:
+                return None  # the next trial is another row's: the pack is complete
             return study.ask()
 
         while self.stop.signum is None:  # a stopped sweep claims no new pair
-            with books.pop_and_claim(study, self.pop_lock(sweep), claims, key_of, ask) as (trial, frozen, held):
-                if trial is None:
+            with contextlib.ExitStack() as claimed_now:
+                claimed, empty = [], False  # [(trial, pair)], each claim held until the stack closes
+                while len(claimed) < sweep.pack:
+                    row = claimed[0][1][0] if claimed else None
+                    trial, frozen, held = claimed_now.enter_context(
+                        books.pop_and_claim(study, self.pop_lock(sweep), claims, key_of, functools.partial(ask, row))
+                    )
+                    if trial is None:
+                        empty = not claimed
+                        break
+                    pair = pair_of(frozen)
+                    if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
+                        study.tell(trial, state=TrialState.FAIL)
+                        empty = not claimed
+                        break
+                    set_params(trial, pair)
+                    if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
+                        # the same pair, enqueued twice by racing drivers, is running or done in another worker
+                        if held is not None:
+                            held.close()
+                        trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
+                        study.tell(trial, state=TrialState.PRUNED)
+                        continue
+                    claimed_now.callback(held.close)
+                    claimed.append((trial, pair))
+                if empty:
                     break
-                pair = pair_of(frozen)
-                if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
-                    study.tell(trial, state=TrialState.FAIL)
-                    break
-                set_params(trial, pair)
-                if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
-                    # the same pair, enqueued twice by racing drivers, is running or done in another worker
-                    if held is not None:
-                        held.close()
-                    trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
-                    study.tell(trial, state=TrialState.PRUNED)
+                if not claimed:
                     continue
-                try:
-                    t0 = time.perf_counter()
-                    metrics = self.run_one(sweep, *pair, slot)
-                    elapsed = time.perf_counter() - t0
-                    run = sweep.run(*pair)
-                    trial.set_user_attr("metrics", {k: v for k, v in metrics.to_dict().items() if k != "config"})
-                    trial.set_user_attr("run_dir", str(run.path))
-                    if metrics.completed:
-                        run.clear_failure()
-                    elif run.read_metrics() is None and self.stop.signum is None:  # failed before training: the
-                        # books must say so too (a pair stopped with its sweep did not fail)
-                        run.write_failure(metrics.status, metrics.error)
-                    if metrics.completed:  # told while holding the claim: no duplicate can start
-                        study.tell(trial, metrics.dev_bleu)
-                        done += 1
-                        result = f"BLEU {metrics.dev_bleu:.2f}"
-                    elif self.stop.signum is not None:  # stopped with the sweep: not a failure; enqueued again
-                        trial.set_user_attr("stopped", signal.Signals(self.stop.signum).name)
-                        study.tell(trial, state=TrialState.FAIL)
-                        result = f"stopped by {signal.Signals(self.stop.signum).name}"
-                    else:
-                        study.tell(trial, state=TrialState.FAIL)
-                        diverged += metrics.status == "diverged"
-                        failed += metrics.status != "diverged"
-                        result = f"{metrics.status.upper()} ({metrics.error or '?'})"
-                finally:
-                    held.close()
+                t0 = time.perf_counter()
+                row, seeds = claimed[0][1][0], [pair[1] for _, pair in claimed]
+                if len(claimed) > 1:
+                    results = self.run_pack(sweep, row, seeds, slot)
+                else:
+                    results = [self.run_one(sweep, row, seeds[0], slot)]
+                elapsed = time.perf_counter() - t0
+                lines = []
+                for (trial, pair), metrics in zip(claimed, results):  # each told while its claim is held
+                    result, counts = self._settle(study, trial, pair, metrics, sweep)
+                    done, failed, diverged = done + counts[0], failed + counts[1], diverged + counts[2]
+                    lines.append((pair, result))
             trials = study.get_trials(deepcopy=False)
             # of this sweep's pairs: the study also holds other seed sets run into the same --out
             finished = sum(t.state == TrialState.COMPLETE and pair_of(t) in wanted for t in trials)
             # the driver's pace so far (all its workers) x what is left; longest pairs run first, so it errs long
             ran = max(_n_finished(trials) - finished_before, 1)
             eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)
-            log.info("[%d/%d] %s seed %d: %s in %s; ETA %s", finished, len(sweep.pairs), *pair, result,
-                     _hms(elapsed), _hms(eta))  # fmt: skip
+            packed = f" (one pack of {len(lines)})" if len(lines) > 1 else ""
+            for pair, result in lines:
+                log.info("[%d/%d] %s seed %d: %s in %s%s; ETA %s", finished, len(sweep.pairs), *pair, result,
+                         _hms(elapsed), packed, _hms(eta))  # fmt: skip
         return done, failed, diverged
+
+    def _settle(self, study: optuna.Study, trial, pair: Pair, metrics: RunMetrics, sweep: Sweep):
+        """A pair's trial told how its run ended, its run's books kept; (what the log line says, (completed, failed,
+        diverged) counts)."""
+        run = sweep.run(*pair)
+        trial.set_user_attr("metrics", {k: v for k, v in metrics.to_dict().items() if k != "config"})
+        trial.set_user_attr("run_dir", str(run.path))
+        if metrics.completed:
+            run.clear_failure()
+        elif run.read_metrics() is None and self.stop.signum is None:  # failed before training: the books must say
+            run.write_failure(metrics.status, metrics.error)  # so too (a pair stopped with its sweep did not fail)
+        if metrics.completed:  # told while holding the claim: no duplicate can start
+            study.tell(trial, metrics.dev_bleu)
+            return f"BLEU {metrics.dev_bleu:.2f}", (1, 0, 0)
+        if self.stop.signum is not None:  # stopped with the sweep: not a failure; enqueued again
+            trial.set_user_attr("stopped", signal.Signals(self.stop.signum).name)
+            study.tell(trial, state=TrialState.FAIL)
+            return f"stopped by {signal.Signals(self.stop.signum).name}", (0, 0, 0)
+        study.tell(trial, state=TrialState.FAIL)
+        is_diverged = metrics.status == "diverged"
+        return f"{metrics.status.upper()} ({metrics.error or '?'})", (0, int(not is_diverged), int(is_diverged))
 
     @staticmethod
     def _completed_elsewhere(study: optuna.Study, pair: Pair, number: int, wanted: dict[str, int]) -> bool:
@@ -322,13 +367,13 @@ def attempt_header() -> str:
     return f"===== aiayn: attempt started {time.strftime('%Y-%m-%d %H:%M:%S %z')} (pid {os.getpid()}) =====\n"
 
 
-def _result(sweep: Sweep, row: str, seed: int, returncode: int | None) -> RunMetrics:
+def _result(sweep: Sweep, row: str, seed: int, returncode: int | None, log_file: Path | None = None) -> RunMetrics:
     run = sweep.run(row, seed)
     metrics = run.read_metrics()
     if returncode == 0 and metrics is not None:
         return metrics
     try:
-        tail = run.sweep_log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        tail = (log_file or run.sweep_log).read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
     except FileNotFoundError:  # the process died before it opened its log; the driver's stderr has why
         tail = ["no log: the run's process died before it started (its error is in the sweep's own output)"]
     return sweep.failed(row, seed, f"exit {returncode}: {tail[0][:300]}")

@@ -41,6 +41,7 @@ REFUSED = (
     ("gpus_per_job", "--gpus-per-job", "SLURM gives each array task its GPUs; ask for them with --gpus-per-node G"),
     ("storage", "--storage", "SLURM's books are its job array and the run directories under --out, not an Optuna "
      "storage"),
+    ("pack", "--pack", "SLURM trains one pair an array task (packs are the local and subprocess back ends')"),
 )  # fmt: skip
 # The sweep's run options that follow the SLURM resources unless given (checked to agree where given); the
 # accelerator `auto`, as everywhere, is resolved against the resources (`with_accelerator`)
