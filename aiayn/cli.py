@@ -54,21 +54,15 @@ def cmd_rows(opts, args) -> None:
 
 
 def cmd_train(opts, args) -> None:
+    from aiayn.lightning_modules.run.pack import train_runs
     from aiayn.lightning_modules.run.spec import spec_for
-    from aiayn.lightning_modules.run.train import print_plan, train, with_recorded_tokenizer
+    from aiayn.lightning_modules.run.train import print_plan, with_recorded_tokenizer
 
     spec = spec_for(opts, args.recorded)
     opts = with_recorded_tokenizer(opts, spec, args.recorded)
     if args.print_config:
         return print_plan(opts, spec)
-    if opts.pack_seeds:
-        from aiayn.lightning_modules.run.pack import train_pack
-
-        for metrics in train_pack(opts, spec):
-            print(metrics.summary_line())
-        return
-    metrics = train(opts, spec)
-    if metrics is not None:  # None: a DDP rank other than zero
+    for metrics in train_runs(opts, spec):  # one run, or a pack's (--pack-seeds); none on a DDP rank but 0
         print(metrics.summary_line())
 
 

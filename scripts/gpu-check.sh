@@ -20,8 +20,9 @@
 #              MFU, graphs, launches a step, device idle, top kernels                                  <= 210 s
 #   pack       `aiayn bench --pack 16 --size evidence`: 16 seeds as one pack against the 16 stepped apart (issue 42):
 #              seed-steps/s and launches a step of each                                                  <= 30 s
-#   share      evidence-size runs sharing the GPU, 1, 4 and 8 at once: steps/s each and together           <= 90 s
-#   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps) and its report    <= 90 s
+#   share      evidence-size runs sharing the GPU apart (--pack off), 1, 4 and 8 at once: their wall time    <= 90 s
+#   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps; each row's seeds
+#              one pack, --pack auto) and its report                                                         <= 90 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
 set -u
 STAGED="optuna alembic SQLAlchemy greenlet Mako colorlog sacremoses shtab"
@@ -150,8 +151,8 @@ for how in none model graphs; do  # eager, compiled, graphed (issue 42: --compil
 done
 stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --json "$WORK/pack.json"
 stage share 90 "$PY" - "$WORK" "$ACCEL" "$SHARE_STEPS" "${SHARE[@]}" <<'EOF'
-# N evidence-size runs at once on this one device (the sweep places them: sweeps/backends/processes.py), for N in
-# the list: the wall time of all of them, setup included
+# N evidence-size runs at once on this one device, apart (the sweep places them: sweeps/backends/processes.py), for N
+# in the list: the wall time of all of them, setup included
 import json, subprocess, sys, time
 work, accel, steps, counts = sys.argv[1], sys.argv[2], sys.argv[3], [int(n) for n in sys.argv[4:]]
 for n in counts:
@@ -159,6 +160,7 @@ for n in counts:
     subprocess.run([sys.executable, "-m", "aiayn", "table3", "--preset", "evidence", "--rows", "base", "--seeds",
                     str(n), "--base-seeds", str(n), "--first-seed", "900", "--jobs", str(n), "--max-steps", steps,
                     "--val-every", "1000", "--no-stability-validations", "--report", "", "--accelerator", accel,
+                    "--pack", "off",  # N runs apart (the slice stage packs: --pack auto on a GPU)
                     "--out", f"{work}/share-{n}"],
                    check=True)
     with open(f"{work}/share.jsonl", "a") as f:

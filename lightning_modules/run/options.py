@@ -131,8 +131,8 @@ class TrainOptions:
     )  # fmt: skip
     pack_seeds: str | None = option(
         None, "train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory, "
-        "sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; pays on a "
-        "GPU, about even on a CPU: BENCHMARKS.md)", metavar="S,S,...",
+        "sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; for a GPU: "
+        "on a CPU a pack trains half as fast as its seeds apart, BENCHMARKS.md)", metavar="S,S,...",
     )  # fmt: skip
     compile: str = option(
         "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "

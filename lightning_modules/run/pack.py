@@ -59,6 +59,7 @@ from aiayn.lightning_modules.run.train import (
     plan,
     prepare,
     record,
+    train,
 )
 from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, TransformerConfig, counter_dropout
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
@@ -84,23 +85,23 @@ def seed_options(opts: TrainOptions, seed: int) -> TrainOptions:
     return replace(opts, seed=seed, pack_seeds=None, dropout_rng="counter")
 
 
-def check_packable(opts: TrainOptions, spec: RunSpec) -> None:
-    """What a pack cannot do, in one line each, before anything is prepared."""
+def check_packable(opts: TrainOptions, spec: RunSpec, flag: str = "--pack-seeds") -> None:
+    """What a pack cannot do, in one line each, before anything is prepared (`flag`: the option that asked)."""
     if opts.world_size > 1:
-        raise UserError("--pack-seeds trains its seeds on one device; drop --devices/--num-nodes, or --pack-seeds")
+        raise UserError(f"{flag} trains its seeds on one device; drop --devices/--num-nodes, or {flag}")
     if opts.compile != "none":
-        raise UserError(f"--pack-seeds runs eager (its dropout masks come from the counter stream); drop --compile "
-                        f"{opts.compile} or --pack-seeds")  # fmt: skip
+        raise UserError(f"{flag} runs eager (its dropout masks come from the counter stream); drop --compile "
+                        f"{opts.compile} or {flag}")  # fmt: skip
     if opts.residual_dtype != "fp32":
-        raise UserError("--pack-seeds keeps the residual stream in fp32; drop --residual-dtype bf16 or --pack-seeds")
+        raise UserError(f"{flag} keeps the residual stream in fp32; drop --residual-dtype bf16 or {flag}")
     if _val_bleu_sentences(opts, spec.preset):
-        raise UserError(f"--pack-seeds validates perplexity only (beam search for val/bleu is per model); pass "
+        raise UserError(f"{flag} validates perplexity only (beam search for val/bleu is per model); pass "
                         f"--val-bleu-sentences 0 (preset {spec.preset.name} decodes "
                         f"{spec.preset.val_bleu_sentences}), the final evaluation scores BLEU either way")  # fmt: skip
     other = [name for name in run_loggers.of(opts) if name not in ("csv", "tensorboard")]
     if other:
-        raise UserError(f"--pack-seeds writes each seed's curve to its run directory's CSV; --logger {other[0]} is "
-                        "not packed: drop it, or --pack-seeds")  # fmt: skip
+        raise UserError(f"{flag} writes each seed's curve to its run directory's CSV; --logger {other[0]} is not "
+                        f"packed: drop it, or {flag}")  # fmt: skip
 
 
 class PackData(pl.LightningDataModule):
@@ -346,6 +347,15 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
         result["wall_time_s"] = time.perf_counter() - started
         results[s] = record(trainer, seed_module, p, each[s], hooks, result)
     return [results[s] for s in seeds]
+
+
+def train_runs(opts: TrainOptions, spec: RunSpec | None = None) -> list[RunMetrics]:
+    """What `aiayn train` trains: the pack of --pack-seeds, else the one run (nothing on a DDP rank other than 0,
+    or when the run was checkpointed for a SLURM requeue)."""
+    if opts.pack_seeds:
+        return train_pack(opts, spec)
+    metrics = train(opts, spec)
+    return [metrics] if metrics is not None else []
 
 
 def _stopped(row: str, seeds: tuple[int, ...], trainer: pl.Trainer, name: str):
