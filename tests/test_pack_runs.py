@@ -219,3 +219,21 @@ def test_slurm_refuses_pack_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--pack" in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_seed_begun_alone_is_not_restarted_by_a_pack(cache, tmp_path, capsys):
+    """A seed with a checkpoint of its own (trained alone, capped at 4 steps): `--pack-seeds` naming it is refused in
+    one line (a pack would train it again from step 0); the sweep's worker runs it on alone, packing only the rest."""
+    flags = [*SMALL, "--max-steps", "4", "--ckpt-every", "2", "--out", str(tmp_path)]
+    assert main(["train", *flags, "--seed", "0"]) == 0
+    capsys.readouterr()
+    assert main(["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "6", "--out", str(tmp_path)]) == 2
+    assert "seed 0 has a checkpoint of its own" in capsys.readouterr().err
+    argv = ["table3", "--preset", "tiny", "--rows", "base", "--seeds", "3", "--jobs", "1", "--pack", "3",
+            "--set", "N=1 d_model=32 d_ff=64 h=2", "--max-steps", "6", "--val-every", "3", "--eval-subset", "4",
+            "--accelerator", "cpu", "--report", "", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    base = tmp_path / "tiny/synthetic/base"
+    assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["pack-seed1-seed2", "seed0", "seed1", "seed2"]
+    assert [json.loads((base / f"seed{s}/metrics.json").read_text())["steps"] for s in (0, 1, 2)] == [6, 6, 6]
+    assert json.loads((base / "seed0/config.json").read_text())["options"]["dropout_rng"] == "torch"  # resumed alone

@@ -291,6 +291,11 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     locks = [prepare(plans[s]) for s in seeds]  # noqa: F841 (held, not used)
     done = {s: m for s in seeds if (m := finished(plans[s])) is not None}
     todo = tuple(s for s in seeds if s not in done)
+    for s in todo:  # a pack starts its seeds at step 0, or resumes them from its own checkpoint
+        begun = plans[s].run.resume_checkpoint()
+        if begun is not None:
+            raise UserError(f"seed {s} has a checkpoint of its own to resume ({begun}): a pack would train it again "
+                            f"from step 0; finish it alone (--seed {s}), or leave it out of --pack-seeds")  # fmt: skip
     if not todo:
         return [done[s] for s in seeds]
     first = plans[todo[0]]

@@ -245,7 +245,18 @@ class QueueBackend(Backend):
 
     def run_pack(self, sweep: Sweep, row: str, seeds: list[int], slot: str | None) -> list[RunMetrics]:
         """Train `seeds` of `row` as one pack in one process; each seed's metrics (failed where the process died
-        before writing them). The first seed's log holds the pack's output; the others' say where it is."""
+        before writing them). The first seed's log holds the pack's output; the others' say where it is. A seed with a
+        checkpoint of its own to resume (begun alone) goes on alone: a pack would start it again from step 0."""
+        alone = {seed for seed in seeds if sweep.run(row, seed).resume_checkpoint() is not None}
+        packed = [seed for seed in seeds if seed not in alone]
+        results = {seed: self.run_one(sweep, row, seed, slot) for seed in alone}
+        if len(packed) == 1:
+            results[packed[0]] = self.run_one(sweep, row, packed[0], slot)
+        elif packed:
+            results.update(zip(packed, self._run_packed(sweep, row, packed, slot)))
+        return [results[seed] for seed in seeds]
+
+    def _run_packed(self, sweep: Sweep, row: str, seeds: list[int], slot: str | None) -> list[RunMetrics]:
         first = sweep.run(row, seeds[0])
         for seed in seeds[1:]:
             log_file = sweep.run(row, seed).sweep_log
