@@ -256,11 +256,17 @@ class TranslationModule(pl.LightningModule):
             self.log("val/bleu", score["bleu"], prog_bar=True, rank_zero_only=True)
 
     def configure_optimizers(self):
-        # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset
-        # step, BENCHMARKS.md); the same update as the loop's up to float rounding
-        fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in self.parameters())
-        opt = torch.optim.Adam(self.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
-        d, w, f = self.cfg.d_model, self.warmup, self.lr_factor
-        # LambdaLR counts scheduler steps from 0; the paper's step number is that + 1.
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d, w, f))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return paper_optimizer(self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor)
+
+
+def paper_optimizer(params, d_model: int, warmup: int, factor: float) -> dict:
+    """§5.3's Adam and schedule, stepped per optimizer step, as Lightning's configure_optimizers returns them (a
+    module alone and a pack: Adam is elementwise, so a pack's stacked parameters are each seed's)."""
+    params = list(params)
+    # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset
+    # step, BENCHMARKS.md); the same update as the loop's up to float rounding
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    opt = torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
+    # LambdaLR counts scheduler steps from 0; the paper's step number is that + 1.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup, factor))
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -46,7 +46,7 @@ from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run import loggers as run_loggers
 from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO, RunFilesInCheckpoint, progress_bar
 from aiayn.lightning_modules.run.devices import prepare_matmuls
-from aiayn.lightning_modules.run.module import TranslationModule
+from aiayn.lightning_modules.run.module import TranslationModule, paper_optimizer
 from aiayn.lightning_modules.run.options import TRAINER_DEFAULTS, TrainOptions
 from aiayn.lightning_modules.run.rundir import PACK_STATE, RunMetrics
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
@@ -60,6 +60,7 @@ from aiayn.lightning_modules.run.train import (
     prepare,
     record,
     train,
+    validations,
 )
 from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, TransformerConfig, counter_dropout
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
@@ -271,7 +272,7 @@ class PackModule(pl.LightningModule):
         self._alive = None
 
     def configure_optimizers(self):
-        return TranslationModule.configure_optimizers(self)  # Adam, fused, and the paper's schedule: elementwise
+        return paper_optimizer(self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor)  # elementwise
 
 
 def pack_dir(p: Plan, seeds: tuple[int, ...]) -> Path:
@@ -301,8 +302,7 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     first = plans[todo[0]]
     prepare_matmuls(opts.accelerator, opts.matmul_precision)
     steps = first.config.train.steps
-    every = min(opts.val_every or spec.preset.val_every, steps)
-    extra = stability.scheduled(steps, every, spec.preset.stability) if opts.stability_validations else ()
+    every, extra = validations(opts, spec.preset, steps)
     module = PackModule(spec.model, todo, **first.config.schedule,
                         val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra))  # fmt: skip
     where = pack_dir(first, todo)

@@ -544,6 +544,13 @@ def strategy(opts: TrainOptions):
     return opts.strategy
 
 
+def validations(opts: TrainOptions, preset: Preset, steps: int, per_epoch: bool = False) -> tuple[int, tuple[int, ...]]:
+    """(every how many optimizer steps a run validates, 0 at epoch ends; the steps it validates besides): the stability
+    rule's points each get their validations, whatever --val-every says (ablations/stability.py)."""
+    every = 0 if per_epoch else min(opts.val_every or preset.val_every, steps)
+    return every, stability.scheduled(steps, every, preset.stability) if opts.stability_validations else ()
+
+
 def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Trainer:
     preset, run, steps, accumulate = p.preset, p.run, p.config.train.steps, p.config.train.accumulate
     # every checkpoint carries the config and the tokenizer: it can translate without the run directory
@@ -565,10 +572,8 @@ def build_trainer(opts: TrainOptions, p: Plan, hooks: Hooks = Hooks()) -> pl.Tra
         periodic_weights_only=disk.weights_only(opts, preset),
     )
     extra = integrations(opts, p)
-    every = 0 if val_per_epoch else min(opts.val_every or preset.val_every, steps)
-    # the stability rule's points each get their validations, whatever --val-every says (ablations/stability.py)
-    points = ScheduledValidations(stability.scheduled(steps, every, preset.stability) if opts.stability_validations
-                                  else ())  # fmt: skip
+    every, at = validations(opts, preset, steps, val_per_epoch)
+    points = ScheduledValidations(at)
     return pl.Trainer(
         accelerator=opts.accelerator,
         devices=opts.devices,
