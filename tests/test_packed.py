@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aiayn.lightning_modules.transformer.config import BOS, PAD, TransformerConfig
-from aiayn.lightning_modules.transformer.loss import label_smoothed_loss
+from aiayn.lightning_modules.transformer.loss import label_smoothed_loss, projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
 
@@ -135,6 +135,33 @@ def test_a_seed_gone_non_finite_leaves_the_others_numbers_alone():
         assert torch.equal(poisoned_grads[name][[0, 2]], g[[0, 2]]), name
 
 
+@pytest.mark.parametrize("chunk", [None, 7])  # one chunk; several, the last one short
+def test_a_packs_fused_loss_is_each_models_own(chunk):
+    """The pack's loss fuses the projection as a model alone does (no logits): each block's loss, NLL, tokens and
+    gradients (of its hidden states and its embedding) equal that model's own fused loss on its block alone, over
+    one chunk or several; a block whose loss is multiplied by 0 (a seed gone) gets exactly no gradient."""
+    K, B, T, V, d = 3, 4, 5, CFG.vocab_size, CFG.d_model
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(K * B, T, d, generator=g)
+    weight = torch.randn(K, V, d, generator=g)
+    target = torch.randint(4, V, (K * B, T), generator=g)
+    target[torch.rand(K * B, T, generator=g) < 0.3] = PAD
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss, nll, n = projected_label_smoothed_loss(h, w, target, 0.1, chunk=chunk, reduction="sum")
+    assert loss.shape == nll.shape == n.shape == (K,)
+    (loss * torch.tensor([1.0, 0.0, 2.0])).sum().backward()
+    for k in range(K):
+        rows = slice(k * B, (k + 1) * B)
+        h_k, w_k = hidden[rows].clone().requires_grad_(), weight[k].clone().requires_grad_()
+        loss_k, nll_k, n_k = projected_label_smoothed_loss(h_k, w_k, target[rows], 0.1, chunk=chunk, reduction="sum")
+        (loss_k * [1.0, 0.0, 2.0][k]).backward()
+        torch.testing.assert_close((loss[k], nll[k]), (loss_k, nll_k), rtol=1e-6, atol=1e-5)
+        assert int(n[k]) == int(n_k) == int((target[rows] != PAD).sum())
+        torch.testing.assert_close(h.grad[rows], h_k.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w.grad[k], w_k.grad, rtol=1e-5, atol=1e-6)
+    assert not h.grad[B : 2 * B].any() and not w.grad[1].any()
+
+
 def launches_of_a_step(K: int) -> float:
     """A CPU's kernel launches (its leaf ATen operators, as `aiayn bench --profile` counts them) of one packed
     training step: forward, backward, Adam."""
@@ -152,8 +179,8 @@ def launches_of_a_step(K: int) -> float:
 
 
 def test_a_packed_steps_launches_do_not_grow_with_its_seeds():
-    """The same launches for a pack of 2, 8 and 16 seeds: one step's, whatever K (3,245 at this size). A pack
-    of one launches 14 fewer (copies): with a leading dimension of size 1 autograd keeps the weight gradients'
+    """The same launches for a pack of 2, 8 and 16 seeds: one step's, whatever K (3,291 at this size). A pack
+    of one launches 12 fewer (copies): with a leading dimension of size 1 autograd keeps the weight gradients'
     layout; from K = 2 on AccumulateGrad copies the transposed bmm's gradient into the parameter's layout."""
     two = launches_of_a_step(2)
     assert two > 500  # a whole step was counted

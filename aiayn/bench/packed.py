@@ -5,11 +5,11 @@ Each seed has its own batch (`run.training_batch` with the seed's number: the sa
 initialization and Adam state; both sides draw dropout masks from the counter stream (`DropoutStream`), so both do
 the same arithmetic; a third side, "separate, torch's dropout", is the separate models with the default masks from
 torch's generator (what `aiayn train` runs today). Each side runs its own training path: the separate models the
-trainer's (encode, decode, `projected_label_smoothed_loss`, no logits), the pack `packed_loss` (its logits exist).
-bf16 autocast on CUDA, as the bench's other steps. Timing as `run.py`'s: untimed warm-up steps, then `trials`
-interleaved rounds of `steps` steps each (the device synchronized at both ends of a round), medians reported, as
-seed-steps per second (one call of any side is K seed-steps). Launches per step: `profile.profile_steps` (CUDA
-kernels, or a CPU's leaf ATen operators) over `steps` steps of each side.
+trainer's (encode, decode, `projected_label_smoothed_loss`, no logits), the pack `packed_loss` (the same fused loss,
+K blocks at once). bf16 autocast on CUDA, as the bench's other steps. Timing as `run.py`'s: untimed warm-up steps,
+then `trials` interleaved rounds of `steps` steps each (the device synchronized at both ends of a round), medians
+reported, as seed-steps per second (one call of any side is K seed-steps). Launches per step:
+`profile.profile_steps` (CUDA kernels, or a CPU's leaf ATen operators) over `steps` steps of each side.
 """
 
 from __future__ import annotations

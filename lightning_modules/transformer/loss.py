@@ -52,11 +52,16 @@ def projected_label_smoothed_loss(
     tested in tests/test_bench.py. Returns (loss, nll, n) like `label_smoothed_loss`, n a tensor:
     nothing here waits for the device. `reduction="sum"`: loss and NLL summed over the n tokens, not
     averaged (the training step's; the optimizer step divides by the update's tokens).
+
+    A pack's weight (K, V, d) (lightning_modules/transformer/packed.py): the rows of hidden (K·B, T, d) and target
+    (K·B, T) in K blocks, block k projected by weight k, each number returned per block, (K,); the chunk counts
+    each block's positions (K chunks of logits at once), so a pack's chunks, and launches, are one model's.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    hidden, target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-    chunk = chunk or max(1, 2**25 // weight.shape[0])  # 128 MB of float32 logits per chunk
+    blocks = (weight.shape[0],) if weight.dim() == 3 else ()
+    hidden, target = hidden.reshape(*blocks, -1, hidden.shape[-1]), target.reshape(*blocks, -1)
+    chunk = chunk or max(1, 2**25 // weight.shape[-2])  # 128 MB of float32 logits per chunk (a model's)
     return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps, chunk, reduction == "mean")
 
 
@@ -101,10 +106,10 @@ def accumulate_outer(acc: Tensor, g: Tensor, h: Tensor) -> None:
     overload: tried once per process) the product, then the add. Which path ran is `grad_w_path`."""
     kind = acc.device.type
     if g.dtype == acc.dtype:  # float32: the product, then the add, as it always was (a CPU run's bits unchanged)
-        acc += g.t() @ h
+        acc += g.mT @ h
         _took(kind, FP32_PATH)
         return
-    if _one_gemm_device(acc.device) and _grad_w_paths.get(kind) != THREE_PASS_PATH:
+    if acc.dim() == 2 and _one_gemm_device(acc.device) and _grad_w_paths.get(kind) != THREE_PASS_PATH:
         try:
             torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
         except (RuntimeError, TypeError, NotImplementedError) as e:
@@ -113,16 +118,20 @@ def accumulate_outer(acc: Tensor, g: Tensor, h: Tensor) -> None:
         else:
             _took(kind, ONE_GEMM_PATH)
             return
-    acc += (g.t() @ h).to(acc.dtype)
+    acc += (g.mT @ h).to(acc.dtype)
     _took(kind, THREE_PASS_PATH)
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
+    """hidden (N, d), weight (V, d), target (N,): one model's scalar sums; or a pack's hidden (K, N, d), weight
+    (K, V, d), target (K, N): block k by weight k, every sum (K,), each chunk one batched matmul for all K."""
+
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int, mean: bool):
         mask = target != PAD
-        n = mask.sum()
-        inv_n = 1.0 / n.clamp(min=1).float() if mean else hidden.new_ones((), dtype=torch.float32)
+        n = mask.sum(-1)
+        inv_n = 1.0 / n.clamp(min=1).float() if mean else torch.ones_like(n, dtype=torch.float32)
+        scale = inv_n[..., None] if weight.dim() == 3 else inv_n  # per row of a chunk: (K, 1), or a scalar
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # the weight in the compute dtype once per call, not once per chunk and matmul (under Lightning's autocast,
         # whose cast cache is off, F.linear re-cast the fp32 embedding for every chunk, and the gradient again)
@@ -130,17 +139,18 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         w, hidden = weight.to(dtype), hidden.to(dtype)
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
-        loss = hidden.new_zeros((), dtype=torch.float32)
-        nll = hidden.new_zeros((), dtype=torch.float32)
+        loss = torch.zeros_like(inv_n)
+        nll = torch.zeros_like(inv_n)
         body = chunk_body(hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):  # the operands are in `dtype` already
-            for s in range(0, hidden.shape[0], chunk):
-                h, t, m = hidden[s : s + chunk], target[s : s + chunk], mask[s : s + chunk].float()
-                loss_c, nll_c, g = body(F.linear(h, w), t, m, inv_n, eps, want_h or want_w)
+            for s in range(0, hidden.shape[-2], chunk):
+                h, t, m = hidden[..., s : s + chunk, :], target[..., s : s + chunk], mask[..., s : s + chunk].float()
+                logits = F.linear(h, w) if w.dim() == 2 else torch.bmm(h, w.mT)
+                loss_c, nll_c, g = body(logits, t, m, scale, eps, want_h or want_w)
                 loss, nll = loss + loss_c, nll + nll_c
                 if g is not None:
                     if want_h:
-                        grad_h[s : s + chunk] = g @ w
+                        grad_h[..., s : s + chunk, :] = g @ w
                     if want_w:
                         accumulate_outer(grad_w, g, h)
         ctx.save_for_backward(grad_h, grad_w)
@@ -152,28 +162,30 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: Tensor, g_nll, g_n):
         grad_h, grad_w = ctx.saved_tensors
-        gh = (grad_h * g_loss).to(ctx.hidden_dtype) if grad_h is not None else None
-        gw = (grad_w * g_loss).to(ctx.weight_dtype) if grad_w is not None else None
+        g = g_loss[..., None, None]  # a pack's (K,): each block's own factor
+        gh = (grad_h * g).to(ctx.hidden_dtype) if grad_h is not None else None
+        gw = (grad_w * g).to(ctx.weight_dtype) if grad_w is not None else None
         return gh, gw, None, None, None, None
 
 
 def chunk_loss(logits: Tensor, t: Tensor, m: Tensor, inv_n: Tensor, eps: float, want_grad: bool):
     """One chunk: (summed smoothed loss, summed NLL, d loss / d logits or None) of logits (c, V) against targets t
     (c,), m the non-pad mask (c,) as floats, inv_n the loss's normalizer. The gradient, softmax - (1 - ε)·onehot - ε/V
-    per non-pad position, times inv_n, in the logits' own dtype (the compute dtype), is built in place of them."""
+    per non-pad position, times inv_n, in the logits' own dtype (the compute dtype), is built in place of them. A
+    pack's chunk, logits (K, c, V), t and m (K, c), inv_n (K, 1), sums each block: (K,)."""
     V = logits.shape[-1]
     dtype = logits.dtype
     logits = logits.float()  # (c, V)
     lse = logits.logsumexp(-1)  # log Z per position
-    nll_c = lse - logits.gather(1, t[:, None]).squeeze(1)  # -log p(reference)
+    nll_c = lse - logits.gather(-1, t[..., None]).squeeze(-1)  # -log p(reference)
     smooth_c = lse - logits.mean(-1)  # mean over all V classes of -log p
-    loss = ((1.0 - eps) * nll_c + eps * smooth_c).mul(m).sum()
-    nll = nll_c.mul(m).sum()
+    loss = ((1.0 - eps) * nll_c + eps * smooth_c).mul(m).sum(-1)
+    nll = nll_c.mul(m).sum(-1)
     if not want_grad:
         return loss, nll, None
-    g = logits.sub_(lse[:, None]).exp_().sub_(eps / V)  # softmax - ε/V, in place of the logits
-    g.scatter_add_(1, t[:, None], g.new_full((g.shape[0], 1), eps - 1.0))  # - (1 - ε) on the reference
-    return loss, nll, g.mul_((m * inv_n)[:, None]).to(dtype)  # padding contributes nothing
+    g = logits.sub_(lse[..., None]).exp_().sub_(eps / V)  # softmax - ε/V, in place of the logits
+    g.scatter_add_(-1, t[..., None], g.new_full((*g.shape[:-1], 1), eps - 1.0))  # - (1 - ε) on the reference
+    return loss, nll, g.mul_((m * inv_n)[..., None]).to(dtype)  # padding contributes nothing
 
 
 @functools.cache

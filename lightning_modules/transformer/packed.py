@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.lightning_modules.transformer.config import EOS, PAD
+from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import LearnedPositions, Transformer, linear
 
 
@@ -127,13 +128,8 @@ def stack_batches(batches: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]
 
 def packed_loss(packed: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, eps: float):
     """Each model's summed label-smoothed loss (§5.4), summed NLL and target tokens, (K,) each, of a stacked batch:
-    the same per-token numbers as `loss.label_smoothed_loss` (ε spread over all V classes), reduced per block.
-    Logits (K·B·T, V) exist here (the single-model path fuses them away); a pack is for small models."""
-    K = packed.K
+    the loss a model alone trains with (`loss.projected_label_smoothed_loss`, the projection fused into it, no
+    (K·B, T, V) logits), reduced per block."""
     memory, src_mask = packed.encode(src)
-    logits = packed.project(packed.decode(tgt_in, memory, src_mask))
-    logp = F.log_softmax(logits.float(), dim=-1)
-    mask = (tgt_out != PAD).float()
-    nll = -logp.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)
-    loss = ((1.0 - eps) * nll + eps * -logp.mean(dim=-1)) * mask
-    return loss.view(K, -1).sum(1), (nll * mask).view(K, -1).sum(1), mask.view(K, -1).sum(1)
+    hidden = packed.decode(tgt_in, memory, src_mask)
+    return projected_label_smoothed_loss(hidden, packed.embed.weight, tgt_out, eps, reduction="sum")
