@@ -30,7 +30,7 @@ def weights(run) -> dict:
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
-def test_each_seed_of_a_packed_run_is_a_run_that_trains_as_it_would_alone(cache, tmp_path):
+def test_each_seed_of_a_packed_run_is_a_run_that_trains_as_it_would_alone(cache, tmp_path, capsys):
     """Two seeds packed: each has its run directory (config.json recording the seed alone with the counter stream,
     metrics.json, a curve with train/loss and the scheduled val/ppl, a last.ckpt that translate and export read); the
     seeds saw different sentences; and seed 1 trained alone from its config.json has the same curve and weights."""
@@ -47,6 +47,17 @@ def test_each_seed_of_a_packed_run_is_a_run_that_trains_as_it_would_alone(cache,
         assert (options["seed"], options["dropout_rng"], options.get("pack_seeds")) == (seed, "counter", None)
         assert {5, 11} <= set(curve(run, "val/ppl").index)  # after steps 6 and 12 (and the stability rule's)
         assert TranslationModule.from_checkpoint(run / "checkpoints" / "last.ckpt").cfg.d_model == 32
+    # the disk `--print-config` says a pack keeps: its folder's one file (no periodic one due in 12 steps), the seeds'
+    files = [
+        base / "pack-seed0-seed1/checkpoints/last.ckpt",
+        *(base / f"seed{s}/checkpoints/last.ckpt" for s in (0, 1)),
+    ]
+    assert sorted(p.name for p in (base / "pack-seed0-seed1/checkpoints").iterdir()) == ["last.ckpt"]
+    assert main(["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "12", "--print-config"]) == 0
+    said = capsys.readouterr().err.split("about ")[1].split(" = the pack's 1 x ")[0]
+    assert float(said.split()[0]) * {"kB": 1e3, "MB": 1e6}[said.split()[1]] == pytest.approx(
+        sum(f.stat().st_size for f in files), rel=0.1
+    )
     tokens = [curve(base / f"seed{s}", "train/tgt_tokens_per_step").tolist() for s in (0, 1)]
     assert tokens[0] != tokens[1]  # each seed's own batches
 

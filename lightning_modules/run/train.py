@@ -365,10 +365,11 @@ def finished(p: Plan) -> RunMetrics | None:
 def print_plan(opts: TrainOptions, spec: RunSpec) -> None:
     """`aiayn train --print-config`: the run's resolved config.json on stdout (what `aiayn train --config` reads
     back) and its disk estimate on stderr; nothing prepared, trained or written."""
-    from aiayn.lightning_modules.run.disk import estimate
+    from aiayn.lightning_modules.run.disk import estimate, pack_estimate
 
     print(json.dumps(plan(opts, spec).config.to_dict(), indent=2))
-    print(f"# {estimate(opts, spec).describe()}", file=sys.stderr)
+    seeds = len(opts.pack_seeds.split(",")) if opts.pack_seeds else 0
+    print(f"# {pack_estimate(opts, spec, seeds) if seeds else estimate(opts, spec).describe()}", file=sys.stderr)
 
 
 def with_recorded_tokenizer(opts: TrainOptions, spec: RunSpec, recorded: ConfigFile | None) -> TrainOptions:
