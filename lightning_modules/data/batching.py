@@ -84,6 +84,13 @@ class TokenBucketSampler(Sampler[list[int]]):
     Per epoch: sort by ``max(src, tgt + 1)`` (ties broken randomly per epoch when shuffling), cut
     greedily at the budget (a lone sentence over budget still forms a batch of one; the DataModule
     prevents that by requiring ``max_tokens > max_len``), shuffle batch order with ``(seed, epoch)``.
+
+    ``order_seed`` (a pack's seeds, lightning_modules/run/pack.py): the batches' lengths and order are those of
+    ``order_seed``'s epoch, their sentences this ``seed``'s. Every seed's sorted lengths are the same, so the cuts
+    ``order_seed``'s ties make (positions in the sorted order) and its shuffle are taken, and each position filled
+    with the sentence this seed's ties put there: at each step every seed's batch spans the same lengths (stacked,
+    they pad little), with sentences of its own. A cut's real target tokens may then differ from the budget by the
+    target lengths of sentences of one length key. ``order_seed == seed`` (or None) is the sampler alone.
     For DDP with ``accumulate`` batches per optimizer step, the batch list is cut to a multiple of
     ``num_replicas · accumulate`` (the last batches after shuffling are dropped when ``drop_uneven``,
     so no optimizer step gets an incomplete accumulation window at the end of an epoch, and every rank gets
@@ -111,6 +118,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         drop_uneven: bool = True,
         accumulate: int = 1,
         static_bucket: int | None = None,
+        order_seed: int | None = None,
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} outside [0, {num_replicas})")
@@ -122,6 +130,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         self.num_replicas, self.rank, self.drop_uneven = num_replicas, rank, drop_uneven
         self.accumulate = accumulate
         self.static_bucket = static_bucket  # static shapes: lengths in buckets of this width, a fixed count each
+        self.order_seed = seed if order_seed is None else order_seed  # whose lengths and order the batches take
         self.epoch, self.yielded, self._skip = 0, 0, 0
         self._len = len(self._rank_share(self.all_batches(0)))  # batch count is the same every epoch
 
@@ -133,42 +142,50 @@ class TokenBucketSampler(Sampler[list[int]]):
         """Every batch of the epoch, in (shuffled) order, before the split over ranks."""
         epoch = self.epoch if epoch is None else epoch
         key = np.maximum(self.src_lens, self.tgt_lens + 1)
-        rng = np.random.default_rng([self.seed, epoch])
+        rng = np.random.default_rng([self.order_seed, epoch])
         tie = rng.random(len(key)) if self.shuffle else np.arange(len(key))
+        order = self._sorted(key, tie)
+        cuts = self._static_cuts(key, order) if self.static_bucket else self._cuts(key, order)
+        if self.shuffle:
+            cuts = [cuts[i] for i in rng.permutation(len(cuts))]
+        if self.order_seed != self.seed and self.shuffle:  # the same positions, this seed's sentences in them
+            order = self._sorted(key, np.random.default_rng([self.seed, epoch]).random(len(key)))
+        return [order[a:b].tolist() for a, b in cuts]
+
+    def _sorted(self, key, tie):
+        """Sentence indices by length key, ties by `tie` (static shapes: by bucket)."""
         if self.static_bucket:
-            return self._static_batches(key, tie, rng)
-        order = np.lexsort((tie, key))
-        batches, start, real = [], 0, 0
+            return np.lexsort((tie, -(-key // self.static_bucket)))
+        return np.lexsort((tie, key))
+
+    def _cuts(self, key, order) -> list[tuple[int, int]]:
+        """Greedy cuts of the sorted order at the budget: (start, end) positions."""
+        cuts, start, real = [], 0, 0
         for pos, i in enumerate(order.tolist()):
             tgt = int(self.tgt_lens[i]) + 1  # + EOS
             longest = int(key[i])  # sorted ascending: the longest so far
             padded = (pos - start + 1) * longest
             if pos > start and (real + tgt > self.max_tokens or padded > PADDED_LIMIT * self.max_tokens):
-                batches.append(order[start:pos].tolist())
+                cuts.append((start, pos))
                 start, real = pos, 0
             real += tgt
         if start < len(order):
-            batches.append(order[start:].tolist())
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+            cuts.append((start, len(order)))
+        return cuts
 
-    def _static_batches(self, key, tie, rng) -> list[list[int]]:
+    def _static_cuts(self, key, order) -> list[tuple[int, int]]:
         """Static shapes (`static_bucket` K): each sentence's longer side, rounded up to a multiple of K, is its
         bucket L; a bucket's batches hold max_tokens // L sentences each (its last one fewer), and collate pads both
         sides to L (`collate(..., square_to=K)`), so an epoch has at most two shapes per bucket: a compiled model, or
         a CUDA graph, is made for each once. The budget then bounds padded positions, so a step carries fewer real
         tokens than max_tokens by the padding (BENCHMARKS.md measures it)."""
-        bucket = -(-key // self.static_bucket) * self.static_bucket
-        batches = []
+        bucket = (-(-key // self.static_bucket) * self.static_bucket)[order]
+        cuts = []
         for length in np.unique(bucket).tolist():
-            members = np.flatnonzero(bucket == length)
-            members = members[np.argsort(tie[members], kind="stable")]
+            first, last = np.searchsorted(bucket, length, "left"), np.searchsorted(bucket, length, "right")
             size = max(1, self.max_tokens // length)
-            batches += [members[i : i + size].tolist() for i in range(0, len(members), size)]
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+            cuts += [(a, min(a + size, last)) for a in range(int(first), int(last), size)]
+        return cuts
 
     def _rank_share(self, batches: list[list[int]]) -> list[list[int]]:
         n = len(batches)

@@ -155,7 +155,7 @@ class TranslationDataModule(pl.LightningDataModule):
             self._samplers[split] = TokenBucketSampler(
                 ds.src_lens, ds.tgt_lens, p.max_tokens, shuffle=train, seed=p.seed,
                 num_replicas=world, rank=rank, drop_uneven=train, accumulate=p.accumulate if train else 1,
-                static_bucket=p.pad_to if p.static_shapes else None,
+                static_bucket=p.pad_to if p.static_shapes else None, order_seed=p.order_seed,
             )  # fmt: skip
 
     def _world(self) -> tuple[int, int]:

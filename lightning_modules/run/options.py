@@ -129,6 +129,11 @@ class TrainOptions:
         "of seeds, and after a resume; 6-14% slower a step on a CPU, BENCHMARKS.md; not with --compile)",
         choices=("torch", "counter"),
     )  # fmt: skip
+    batch_order_seed: int | None = option(
+        None, "the seed whose batch lengths and their order this run's training batches take, filled with sentences "
+        "of its own --seed's shuffle (default: its own); a pack's seeds take its first's, so that their batches span "
+        "the same lengths each step and pad little when stacked", at_least=0, metavar="S",
+    )  # fmt: skip
     pack_seeds: str | None = option(
         None, "train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory, "
         "sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; for a GPU: "

@@ -4,8 +4,8 @@ stacked (transformer/packed.py), each seed a run of its own on disk. `aiayn trai
 What each seed keeps, as it would alone:
 - its run directory, config.json, tokenizer.model, metrics.json, dev.hyp and dev.ref, through train.py's own plan,
   prepare, evaluation and record;
-- its initialization (seeded as `aiayn train --seed S` seeds it) and its sentences (its own data module: its seed
-  shuffles its own batches);
+- its initialization (seeded as `aiayn train --seed S` seeds it) and its sentences (its own data module: each
+  batch's sentences are drawn by its seed);
 - its dropout masks: the counter stream's, the same as `aiayn train --seed S --dropout-rng counter` draws, which is
   what its config.json records, so `aiayn train --config RUN/config.json` trains that seed alone to the same numbers
   (tests/test_packed.py holds the two equal);
@@ -15,8 +15,10 @@ What each seed keeps, as it would alone:
 - its divergence: a seed whose loss goes non-finite is that seed's result (metrics.json "diverged" at that step; its
   last.ckpt holds its weights from before the step) and the others train on; no operation mixes seeds.
 
-What the seeds share: the learning-rate schedule and step count, the validation steps, the epoch's length (the K
-loaders advance together, an epoch as long as the shortest seed's), the wall time, and the pack's checkpoint
+What the seeds share: the batch order (`--batch-order-seed`, the first seed's: at each step every seed's batch spans
+the same lengths, filled with sentences of its own, so the stacked step pads little; with each seed's own order a
+pack of 4 computed 1.6x its seeds' positions, tests/test_pack_runs.py), the learning-rate schedule and step count,
+the validation steps, the epoch's length (the K loaders advance together), the wall time, and the pack's checkpoint
 (ROW/pack-seedA-seedB-.../checkpoints: what a killed pack resumes from; at the end each seed's checkpoints/last.ckpt
 holds its own weights and config, for translate, export and averaging). Not packed (refused in one line): val/bleu
 during training, several devices, --compile, loggers other than csv and tensorboard.
@@ -80,10 +82,12 @@ def pack_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def seed_options(opts: TrainOptions, seed: int) -> TrainOptions:
-    """One seed's options as its config.json records them: the seed alone with the counter stream, which trains it to
-    the numbers it has in the pack."""
-    return replace(opts, seed=seed, pack_seeds=None, dropout_rng="counter")
+def seed_options(opts: TrainOptions, seed: int, seeds: tuple[int, ...]) -> TrainOptions:
+    """One seed of the pack `seeds`, its options as its config.json records them: the seed alone with the counter
+    stream and the pack's batch order (its first seed's, or --batch-order-seed), which train it to the numbers it
+    has in the pack."""
+    order = seeds[0] if opts.batch_order_seed is None else opts.batch_order_seed
+    return replace(opts, seed=seed, pack_seeds=None, dropout_rng="counter", batch_order_seed=order)
 
 
 def check_packable(opts: TrainOptions, spec: RunSpec, flag: str = "--pack-seeds") -> None:
@@ -287,7 +291,7 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     spec = spec or spec_of(opts)
     seeds = pack_seeds(opts.pack_seeds)
     check_packable(opts, spec)
-    each = {s: seed_options(opts, s) for s in seeds}
+    each = {s: seed_options(opts, s, seeds) for s in seeds}
     plans = {s: plan(each[s], spec) for s in seeds}
     locks = [prepare(plans[s]) for s in seeds]  # noqa: F841 (held, not used)
     done = {s: m for s in seeds if (m := finished(plans[s])) is not None}

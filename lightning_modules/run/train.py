@@ -130,6 +130,7 @@ def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None =
         identity, opts.cache_dir, max_tokens, derive_accumulation(preset.tokens_per_step, max_tokens, opts.world_size),
         opts.seed, num_workers=data_workers(opts.num_workers, opts.accelerator), pin_memory=uses_cuda(opts.accelerator),
         pad_to=pad_multiple(opts.pad_to, opts.accelerator), static_shapes=opts.static_shapes, tokenizer=tokenizer,
+        order_seed=opts.batch_order_seed,
     ))  # fmt: skip
 
 
