@@ -69,7 +69,7 @@ class SweepOptions:
     pack: str = option(
         "auto", "seeds of one row a worker trains as one pack, one process and one step for all (docs/training.md): "
         "auto (up to 8 where the runs train on a GPU, whose launches a pack shares; none on a CPU, where a pack trains "
-        "half as fast: BENCHMARKS.md), off, or the most seeds in a pack", metavar="auto|off|K",
+        "about as fast as its seeds apart: BENCHMARKS.md), off, or the most seeds in a pack", metavar="auto|off|K",
     )  # fmt: skip
     fail_on_diverged: bool = option(
         False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "

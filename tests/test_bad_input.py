@@ -198,9 +198,6 @@ CASES = {
     "unknown pe": (TRAIN + ["--set", "pe=fourier"], None,
                    f"invalid model config: pe must be one of {', '.join(PE_KINDS)}, got 'fourier' "
                    "(--set pe=fourier); change the --set value"),
-    "counter dropout compiled": (TRAIN + ["--compile", "model", "--dropout-rng", "counter"], None,
-                                 "--dropout-rng counter is eager only (compiled, each step's place would be a new "
-                                 "graph); drop --compile model or --dropout-rng counter"),
     "compile graphs without static shapes": (TRAIN + ["--compile", "graphs"], None,
                                              "--compile graphs records a CUDA graph per batch shape, and without "
                                              "--static-shapes every batch has its own; add --static-shapes (and "

@@ -179,7 +179,7 @@ def launches_of_a_step(K: int) -> float:
 
 
 def test_a_packed_steps_launches_do_not_grow_with_its_seeds():
-    """The same launches for a pack of 2, 8 and 16 seeds: one step's, whatever K (3,291 at this size). A pack
+    """The same launches for a pack of 2, 8 and 16 seeds: one step's, whatever K (3,171 at this size). A pack
     of one launches 12 fewer (copies): with a leading dimension of size 1 autograd keeps the weight gradients'
     layout; from K = 2 on AccumulateGrad copies the transposed bmm's gradient into the parameter's layout."""
     two = launches_of_a_step(2)
@@ -247,3 +247,93 @@ def test_a_seed_trained_by_aiayn_train_is_that_seed_of_a_pack(cache, tmp_path, m
     for name, value in unpack(packed)[0].items():
         if not name.endswith("w_k.bias"):  # the key biases' exact gradient is 0 (see above)
             torch.testing.assert_close(value, trained[f"model.{name}"], rtol=1e-4, atol=2e-4, msg=name)
+
+
+@pytest.fixture
+def dynamo():
+    """Dynamo's counters from zero, its caches and limits restored afterwards."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    config = torch._dynamo.config
+    limits = {n: getattr(config, n) for n in ("recompile_limit", "cache_size_limit") if hasattr(config, n)}
+    yield counters
+    for name, value in limits.items():
+        setattr(config, name, value)
+    torch._dynamo.reset()
+
+
+def test_a_compiled_pack_draws_the_counter_streams_masks_in_one_graph_for_every_step(dynamo):
+    """The counter stream's keys are a tensor filled each step (issue 42, item 2): a pack compiled whole (dynamo's
+    tracing, the eager backend) makes its graphs at the first step and none at the next five, whose masks change,
+    and its losses are the eager pack's step by step (the same masks)."""
+    from aiayn.lightning_modules.transformer.compiled import compile_model
+
+    seeds, datas = [3, 5], [batches_of(s, 1) for s in (3, 5)]
+    src, tgt = stack_batches([d[0] for d in datas])
+
+    def losses(how: str) -> list[float]:
+        packed = pack([model_of(s) for s in seeds]).train()
+        stream = DropoutStream(seeds)
+        counter_dropout(packed, stream)
+        compile_model(packed, how, dynamic=False, backend="eager")
+        out = []
+        for step in range(6):
+            stream.step = step
+            loss, _, _ = packed_loss(packed, src, tgt[:, :-1], tgt[:, 1:], CFG.eps_ls)
+            loss.sum().backward()  # the training step's autograd: the compiled functions run
+            out += loss.tolist()
+            if step == 0:
+                graphs = dynamo["stats"]["unique_graphs"]
+        if how != "none":
+            assert graphs > 0 and dynamo["stats"]["unique_graphs"] == graphs, "a new graph for a later step"
+        return out
+
+    eager = losses("none")
+    assert eager[:2] != eager[2:4]  # the masks change with the step
+    assert losses("model") == pytest.approx(eager, rel=1e-6)
+
+
+def test_graphed_adam_is_the_papers_adam_in_one_compiled_update_for_every_step(dynamo):
+    """--compile graphs' optimizer (compiled.GraphedAdam, eager backend here): six steps of the paper's Adam and
+    schedule give the fused Adam's weights within float rounding (Adam amplifies it to 1e-5 here; a step moves a
+    weight by about the rate, 1e-2), its learning rate a tensor the schedule fills, and its update one graph made at
+    the first step (no new graph as the rate changes)."""
+    from aiayn.lightning_modules.run.module import noam_lr, paper_optimizer
+
+    data = batches_of(0, 6)
+
+    def train(compiled: str | None):
+        model = model_of(0).train()
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        setup = paper_optimizer(model.parameters(), CFG.d_model, 4, 1.0, compiled)
+        opt, sched = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
+        for step, (src, tgt) in enumerate(data):
+            loss, _, _ = label_smoothed_loss(model(src, tgt[:, :-1]), tgt[:, 1:], CFG.eps_ls)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            if step == 0:
+                graphs = dynamo["stats"]["unique_graphs"]
+            assert float(opt.param_groups[0]["lr"]) == pytest.approx(noam_lr(step + 2, CFG.d_model, 4))
+        if compiled:
+            assert graphs == 1 and dynamo["stats"]["unique_graphs"] == 1, "the update recompiled"
+            assert torch.is_tensor(opt.param_groups[0]["lr"])
+        if compiled:  # a resumed run's state, its own or an eager run's (the rate a number): the rate a tensor again
+            eager = paper_optimizer(model.parameters(), CFG.d_model, 4, 1.0)["optimizer"]
+            for state in (opt.state_dict(), eager.state_dict()):
+                again = paper_optimizer(model.parameters(), CFG.d_model, 4, 1.0, compiled)["optimizer"]
+                again.load_state_dict(state)
+                assert torch.is_tensor(again.param_groups[0]["lr"])
+                assert float(again.param_groups[0]["lr"]) == float(state["param_groups"][0]["lr"])
+        return model.state_dict()
+
+    fused, graphed = train(None), train("default")
+    for name, value in fused.items():
+        if not name.endswith("w_k.bias"):  # an exact gradient of 0: Adam turns rounding into steps (as above)
+            torch.testing.assert_close(graphed[name], value, rtol=1e-4, atol=1e-4, msg=name)  # a step moves 1e-2

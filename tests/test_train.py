@@ -375,6 +375,34 @@ def test_compile_graphs_is_cuda_graphs_on_a_cuda_device_and_the_whole_model_else
         compiled.compile_model(Transformer(small), "graphs", dynamic=True, cuda=True)
 
 
+def test_a_run_compiled_as_graphs_with_the_counter_stream_trains_to_the_eager_runs_numbers(
+    cache, tmp_path, monkeypatch
+):
+    """`aiayn train --compile graphs --static-shapes --dropout-rng counter` (issue 42, item 2), through Lightning:
+    the model compiled whole and Adam's update compiled (compiled.GraphedAdam; CUDA graphs on a CUDA device, here
+    dynamo's tracing with the eager backend), the counter stream's masks drawn inside the compiled step: the curve
+    is the eager run's within float rounding."""
+    import pandas as pd
+    import torch._dynamo
+
+    monkeypatch.setenv("AIAYN_COMPILE_BACKEND", "eager")
+    argv = ["train", "--row", "base", "--preset", "tiny", *SMALL]
+    argv += "--max-steps 12 --val-every 6 --eval-subset 4 --val-bleu-sentences 0 --static-shapes --pad-to 8".split()
+    argv += "--dropout-rng counter --trainer log_every_n_steps=1 --accelerator cpu --no-progress".split()
+    torch._dynamo.reset()
+    try:
+        assert main([*argv, "--out", str(tmp_path / "eager")]) == 0
+        assert main([*argv, "--compile", "graphs", "--out", str(tmp_path / "graphs")]) == 0
+    finally:
+        torch._dynamo.reset()
+    curves = []
+    for how in ("eager", "graphs"):
+        df = pd.read_csv(tmp_path / how / "tiny/synthetic/base/seed0/logs/version_0/metrics.csv")
+        curves.append(df[["step", "train/loss"]].dropna().set_index("step")["train/loss"])
+    assert len(curves[0]) == 12 and list(curves[0].index) == list(curves[1].index)
+    assert curves[1].tolist() == pytest.approx(curves[0].tolist(), rel=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["layers", "model", "graphs"])
 def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from aiayn.lightning_modules.run.evaluate import bleu, nll_sum
+from aiayn.lightning_modules.transformer.compiled import GraphedAdam
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.transformer.decoding import translate_batch
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
@@ -81,6 +82,7 @@ class TranslationModule(pl.LightningModule):
         self.step_decisions: dict = {}  # the flags of the step, reduced over the ranks
         self._val: dict = {}
         self.dropout_stream: DropoutStream | None = None  # masks by counter (`use_counter_dropout`), else torch's
+        self.compiled_optimizer: str | None = None  # torch.compile's mode for Adam's update (--compile graphs)
         self._micro = 0  # this rank's batches since the last optimizer step
 
     def use_counter_dropout(self, seed: int) -> None:
@@ -118,7 +120,7 @@ class TranslationModule(pl.LightningModule):
         if self.dropout_stream is not None:  # the batch's place in the run (a host number: no sync)
             t = self.trainer
             place = t.global_step * t.accumulate_grad_batches + self._micro
-            self.dropout_stream.step = place * t.world_size + t.global_rank
+            self.dropout_stream.to(self.device).step = place * t.world_size + t.global_rank
             self._micro += 1
         # = label_smoothed_loss(self.model(src, tgt_in), ...) without materializing (B, T, V) logits
         memory, src_mask = self.model.encode(batch["src"])
@@ -256,13 +258,20 @@ class TranslationModule(pl.LightningModule):
             self.log("val/bleu", score["bleu"], prog_bar=True, rank_zero_only=True)
 
     def configure_optimizers(self):
-        return paper_optimizer(self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor)
+        return paper_optimizer(
+            self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor, self.compiled_optimizer
+        )
 
 
-def paper_optimizer(params, d_model: int, warmup: int, factor: float) -> dict:
+def paper_optimizer(params, d_model: int, warmup: int, factor: float, compiled: str | None = None) -> dict:
     """§5.3's Adam and schedule, stepped per optimizer step, as Lightning's configure_optimizers returns them (a
-    module alone and a pack: Adam is elementwise, so a pack's stacked parameters are each seed's)."""
+    module alone and a pack: Adam is elementwise, so a pack's stacked parameters are each seed's). `compiled`: the
+    update compiled in that torch.compile mode (`--compile graphs`: compiled.optimizer_mode, GraphedAdam)."""
     params = list(params)
+    if compiled is not None:
+        opt = GraphedAdam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, mode=compiled)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup, factor))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
     # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset
     # step, BENCHMARKS.md); the same update as the loop's up to float rounding
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)

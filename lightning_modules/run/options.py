@@ -126,7 +126,7 @@ class TrainOptions:
     dropout_rng: str = option(
         "torch", "where dropout's masks come from: torch (its generator, seeded by --seed) or counter (each mask a "
         "hash of the seed, the batch's place in the run and the position: the same masks as this seed's in a pack "
-        "of seeds, and after a resume; 6-14% slower a step on a CPU, BENCHMARKS.md; not with --compile)",
+        "of seeds, and after a resume; 6-14% slower a step on a CPU, BENCHMARKS.md; compiled too)",
         choices=("torch", "counter"),
     )  # fmt: skip
     batch_order_seed: int | None = option(
@@ -137,14 +137,15 @@ class TrainOptions:
     pack_seeds: str | None = option(
         None, "train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory, "
         "sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; for a GPU: "
-        "on a CPU a pack trains half as fast as its seeds apart, BENCHMARKS.md)", metavar="S,S,...",
+        "on two CPU cores a pack trains about as fast as its seeds in two processes, BENCHMARKS.md)", metavar="S,S,...",
     )  # fmt: skip
     compile: str = option(
         "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
         "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
-        "compiles once); graphs (model, its static shapes' steps replayed as CUDA graphs: needs --static-shapes; "
-        "without a CUDA device, model). Numbers equal eager's within float rounding; with dropout, masks come from "
-        "inductor's RNG",
+        "compiles once); graphs (model, its static shapes' steps and Adam's update replayed as CUDA graphs: needs "
+        "--static-shapes; without a CUDA device, model with Adam's update compiled). Numbers equal eager's within "
+        "float rounding; with dropout, masks come from inductor's RNG (the counter stream's with --dropout-rng "
+        "counter, as in a pack)",
         choices=("none", "layers", "model", "graphs"),
     )  # fmt: skip
     logger: str | None = option(

@@ -21,7 +21,12 @@ pack of 4 computed 1.6x its seeds' positions, tests/test_pack_runs.py), the lear
 the validation steps, the epoch's length (the K loaders advance together), the wall time, and the pack's checkpoint
 (ROW/pack-seedA-seedB-.../checkpoints: what a killed pack resumes from; at the end each seed's checkpoints/last.ckpt
 holds its own weights and config, for translate, export and averaging). Not packed (refused in one line): val/bleu
-during training, several devices, --compile, loggers other than csv and tensorboard.
+during training, several devices, loggers other than csv and tensorboard.
+
+`--compile` compiles the packed model as a run alone's (transformer/compiled.py; the counter stream's keys are a
+tensor filled each step, so a step is not a new graph); with `--static-shapes` every seed's batch of a step has one
+shape (the shared batch order), so an epoch compiles each shape once, and `--compile graphs` replays them and Adam's
+update as CUDA graphs: the packed static-shape step captured, for a GPU whose small steps are launch-bound.
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ from aiayn.common.files import atomic_torch_save
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run import loggers as run_loggers
-from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO, RunFilesInCheckpoint, progress_bar
-from aiayn.lightning_modules.run.devices import prepare_matmuls
+from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO, RoomForShapes, RunFilesInCheckpoint, progress_bar
+from aiayn.lightning_modules.run.devices import prepare_matmuls, uses_cuda
 from aiayn.lightning_modules.run.module import TranslationModule, paper_optimizer
 from aiayn.lightning_modules.run.options import TRAINER_DEFAULTS, TrainOptions
 from aiayn.lightning_modules.run.rundir import PACK_STATE, RunMetrics
@@ -64,6 +69,7 @@ from aiayn.lightning_modules.run.train import (
     train,
     validations,
 )
+from aiayn.lightning_modules.transformer.compiled import compile_model, optimizer_mode
 from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, TransformerConfig, counter_dropout
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
 
@@ -94,9 +100,6 @@ def check_packable(opts: TrainOptions, spec: RunSpec, flag: str = "--pack-seeds"
     """What a pack cannot do, in one line each, before anything is prepared (`flag`: the option that asked)."""
     if opts.world_size > 1:
         raise UserError(f"{flag} trains its seeds on one device; drop --devices/--num-nodes, or {flag}")
-    if opts.compile != "none":
-        raise UserError(f"{flag} runs eager (its dropout masks come from the counter stream); drop --compile "
-                        f"{opts.compile} or {flag}")  # fmt: skip
     if opts.residual_dtype != "fp32":
         raise UserError(f"{flag} keeps the residual stream in fp32; drop --residual-dtype bf16 or {flag}")
     if _val_bleu_sentences(opts, spec.preset):
@@ -126,15 +129,21 @@ class PackData(pl.LightningDataModule):
         # shortest seed's, and every seed's sampler starts its next epoch
         return CombinedLoader([dm.train_dataloader() for dm in self.dms], mode="min_size")
 
+    def train_shape_count(self) -> int:
+        """The stacked batches' shapes an epoch has: the first seed's (with static shapes every seed's batch of a
+        step has its shape: the shared batch order)."""
+        return self.dms[0].train_shape_count()
+
 
 class PackModule(pl.LightningModule):
     """K Transformers of one config trained as one computation; `TranslationModule`'s loss, normalization, schedule
     and curve, per seed."""
 
     def __init__(self, cfg: TransformerConfig, seeds: tuple[int, ...], warmup: int, lr_factor: float,
-                 val_steps: frozenset[int] = frozenset()):  # fmt: skip
+                 val_steps: frozenset[int] = frozenset(), compiled_optimizer: str | None = None):  # fmt: skip
         super().__init__()
         self.cfg, self.seeds, self.warmup, self.lr_factor, self.val_steps = cfg, seeds, warmup, lr_factor, val_steps
+        self.compiled_optimizer = compiled_optimizer  # torch.compile's mode for Adam's update (--compile graphs)
         models = []
         for seed in seeds:  # each seed's initialization, drawn as `aiayn train --seed S` draws it
             pl.seed_everything(seed, workers=True, verbose=False)
@@ -162,7 +171,7 @@ class PackModule(pl.LightningModule):
 
     def training_step(self, batch: list[dict], batch_idx: int) -> torch.Tensor:
         t = self.trainer  # the batch's place in the run, as TranslationModule counts it for the counter stream
-        self.stream.step = t.global_step * t.accumulate_grad_batches + self._micro
+        self.stream.to(self.device).step = t.global_step * t.accumulate_grad_batches + self._micro
         self._micro += 1
         src, tgt_in = stack_batches([(b["src"], b["tgt_in"]) for b in batch])
         _, tgt_out = stack_batches([(b["src"], b["tgt_out"]) for b in batch])
@@ -276,7 +285,8 @@ class PackModule(pl.LightningModule):
         self._alive = None
 
     def configure_optimizers(self):
-        return paper_optimizer(self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor)  # elementwise
+        cfg = self.cfg
+        return paper_optimizer(self.parameters(), cfg.d_model, self.warmup, self.lr_factor, self.compiled_optimizer)
 
 
 def pack_dir(p: Plan, seeds: tuple[int, ...]) -> Path:
@@ -307,10 +317,13 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     prepare_matmuls(opts.accelerator, opts.matmul_precision)
     steps = first.config.train.steps
     every, extra = validations(opts, spec.preset, steps)
+    cuda = uses_cuda(opts.accelerator)
     module = PackModule(spec.model, todo, **first.config.schedule,
-                        val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra))  # fmt: skip
+                        val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra),
+                        compiled_optimizer=optimizer_mode(opts.compile, cuda))  # fmt: skip
+    share = compile_model(module.model, opts.compile, dynamic=not first.dm.plan.static_shapes, cuda=cuda)
     where = pack_dir(first, todo)
-    trainer = pack_trainer(opts, first, where)
+    trainer = pack_trainer(opts, first, where, share)
     for k, s in enumerate(todo):
         p = plans[s]
         p.run.write_config(p.config)
@@ -386,9 +399,11 @@ def seed_checkpoint(p: Plan, module: TranslationModule, step: int, where: Path) 
     return atomic_torch_save(ckpt, p.run.last_checkpoint)
 
 
-def pack_trainer(opts: TrainOptions, first: Plan, where: Path) -> pl.Trainer:
+def pack_trainer(opts: TrainOptions, first: Plan, where: Path, share: int = 0) -> pl.Trainer:
     """The pack's Trainer: one device, its checkpoints (the whole pack: weights, Adam state, data positions) in
-    `where`, every --ckpt-every steps or minutes as a run's; no logger (each seed's curve is its own)."""
+    `where`, every --ckpt-every steps or minutes as a run's; no logger (each seed's curve is its own). `share`:
+    compile_model's (with static shapes, room for every shape once the data is set up)."""
+    room = [RoomForShapes(share)] if share and first.dm.plan.static_shapes else []
     every_steps, every_minutes = disk.checkpoint_every(opts, first.preset)
     ckpt = ModelCheckpoint(dirpath=where / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
                            every_n_train_steps=every_steps, save_top_k=1, monitor="step", mode="max", save_last=True,
@@ -401,7 +416,7 @@ def pack_trainer(opts: TrainOptions, first: Plan, where: Path) -> pl.Trainer:
         accumulate_grad_batches=first.config.train.accumulate,
         limit_val_batches=0,
         num_sanity_val_steps=0,
-        callbacks=[ckpt, *(progress_bar() if opts.progress else [])],
+        callbacks=[ckpt, *room, *(progress_bar() if opts.progress else [])],
         plugins=[AtomicCheckpointIO()],
         logger=False,
         default_root_dir=where,

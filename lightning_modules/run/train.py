@@ -81,7 +81,7 @@ from aiayn.lightning_modules.run.options import (
 )
 from aiayn.lightning_modules.run.rundir import OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
-from aiayn.lightning_modules.transformer.compiled import compile_model
+from aiayn.lightning_modules.transformer.compiled import compile_model, optimizer_mode
 from aiayn.lightning_modules.transformer.loss import grad_w_path
 from aiayn.lightning_modules.transformer.model import residual_stream
 
@@ -183,9 +183,6 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     if opts.compile == "graphs" and not opts.static_shapes:
         raise UserError("--compile graphs records a CUDA graph per batch shape, and without --static-shapes every "
                         "batch has its own; add --static-shapes (and --pad-to 8), or pass --compile model")  # fmt: skip
-    if opts.dropout_rng == "counter" and opts.compile != "none":
-        raise UserError(f"--dropout-rng counter is eager only (compiled, each step's place would be a new graph); "
-                        f"drop --compile {opts.compile} or --dropout-rng counter")  # fmt: skip
     if opts.keep_last is not None and opts.keep_last < 1:
         raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
                         f"more (last.ckpt is kept besides)")  # fmt: skip
@@ -321,6 +318,7 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
         module.use_counter_dropout(opts.seed)
     share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes,
                           cuda=uses_cuda(opts.accelerator))  # fmt: skip
+    module.compiled_optimizer = optimizer_mode(opts.compile, uses_cuda(opts.accelerator))
     if share and p.dm.plan.static_shapes:  # room for every training shape, counted once the data is set up
         hooks = replace(hooks, callbacks=(*hooks.callbacks, RoomForShapes(share)))
     trainer = build_trainer(opts, p, hooks)

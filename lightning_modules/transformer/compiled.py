@@ -16,8 +16,9 @@ Two defects of compiling the modules whole (issue 38, G1 and G4), both visible o
 `--compile graphs` (issue 42, item 2) compiles the model whole, as `model`, in torch.compile's reduce-overhead mode:
 each static training shape's forward and backward replayed as CUDA graphs (cudagraph trees), so a small model's
 step costs a few graph launches instead of hundreds of kernel launches. It needs --static-shapes (a graph per shape)
-and a CUDA device; on any other device the run compiles as `model` and says why. The optimizer's step is not in the
-graphs (Lightning's automatic optimization steps outside the compiled functions).
+and a CUDA device; on any other device the run compiles as `model` and says why. The optimizer's update is compiled
+too (`GraphedAdam`, in the same mode: on a CUDA device a CUDA graph of its own, replayed after the backward's), so a
+step is the model's graphs, the loss and one graph for Adam.
 
 No Lightning here: the transformer room's plain PyTorch.
 """
@@ -118,9 +119,55 @@ def graphs_mode(how: str, dynamic: bool, cuda: bool) -> str | None:
     return GRAPHS_MODE
 
 
+def optimizer_mode(how: str, cuda: bool) -> str | None:
+    """torch.compile's mode for Adam's update under `--compile HOW` (paper_optimizer's `compiled`): reduce-overhead
+    (a CUDA graph) for `graphs` on a CUDA device, default elsewhere (compiled, no graph: graphs_mode says why once);
+    None (eager, fused Adam) for every other HOW."""
+    if how != "graphs":
+        return None
+    return GRAPHS_MODE if cuda else "default"
+
+
 def room_for(shapes: int, share: int) -> int:
     """Raise the recompile limit for `shapes` training batch shapes, each compiled function shared by `share`
     modules (compile_model's return), and two more (a last, shorter batch); returns the limit."""
     limit = raise_recompile_limit(shapes * share + 2)
     log.info("compiled training: %d batch shapes, recompile limit %d per function", shapes, limit)
     return limit
+
+
+class GraphedAdam(torch.optim.Adam):
+    """`torch.optim.Adam` whose update is one compiled function (`--compile graphs`): in reduce-overhead mode on a
+    CUDA device a CUDA graph, replayed each step after the model's. As PyTorch's compiled-optimizer recipe has it,
+    the learning rate is a tensor on the parameters' device that the schedule fills in place (its base rate kept a
+    Python number, so the fill needs no read back), so the graph made at the first step serves every step. A
+    closure (Lightning's: forward, backward and the gradients' hooks) runs eagerly before the update; the update is
+    Adam's own (single-tensor) code, equal to the fused kernel's within float rounding."""
+
+    def __init__(self, params, lr: float = 1e-3, *, backend: str | None = None, mode: str | None = None, **kwargs):
+        params = list(params)
+        device = params[0]["params"][0].device if isinstance(params[0], dict) else params[0].device
+        super().__init__(params, lr=torch.tensor(float(lr), device=device), **kwargs)
+        for group in self.param_groups:
+            group["initial_lr"] = float(lr)  # an LR scheduler's base rate: filled into the tensor as a host number
+        backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
+        self._update = torch.compile(self._adam, backend=backend, mode=mode)  # "default" or reduce-overhead
+
+    def _adam(self) -> None:
+        torch.optim.Adam.step(self)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A checkpoint's state (a resumed run's: its learning rate saved as a tensor, maybe loaded to the host, or
+        as a number by an eager run's Adam), the rate a tensor on the parameters' device again."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            device = group["params"][0].device
+            group["lr"] = torch.as_tensor(group["lr"], dtype=torch.float32, device=device).clone()
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._update()
+        return loss

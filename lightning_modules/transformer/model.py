@@ -278,8 +278,38 @@ class DropoutStream:
     MIX, MASK = 0x45D9F3B, 0xFFFFFFFF
 
     def __init__(self, seeds: list[int], step: int = 0):
-        self.seeds, self.step = list(seeds), step
-        self._on: dict[torch.device, Tensor] = {}  # the seeds as a tensor, once per device
+        self.seeds, cpu = list(seeds), torch.device("cpu")  # made on the host; `to` moves them
+        self._seeds = torch.tensor(self.seeds, dtype=torch.int64, device=cpu) & self.MASK  # (K,)
+        self._sites = torch.arange(0, device=cpu)  # site numbers (`counter_dropout` sets them)
+        self._step = torch.zeros((), dtype=torch.int64, device=cpu)
+        self.keys = torch.zeros(len(self.seeds), 0, dtype=torch.int64, device=cpu)  # (K, sites): the step's keys
+        self.step = step
+
+    @property
+    def step(self) -> int:
+        return self._value
+
+    @step.setter
+    def step(self, step: int) -> None:
+        """The micro-step's keys, made on the keys' device in place: no host-device copy or synchronization, and a
+        compiled step (or a CUDA graph) reads the same tensor every step."""
+        self._value = step
+        self._step.fill_(step & self.MASK)
+        self.keys.copy_(self.mix(self._seeds[:, None] ^ self.mix(self.mix(self._step) ^ self._sites)))
+
+    def sites(self, count: int) -> None:
+        """Number `count` sites (0 .. count - 1) and make their keys for the current step."""
+        self._sites = torch.arange(count, device=self.keys.device)
+        self.keys = self.keys.new_zeros(len(self.seeds), count)
+        self.step = self._value
+
+    def to(self, device: torch.device) -> DropoutStream:
+        """The stream's tensors on `device` (nothing done where they are there already)."""
+        if self.keys.device != device:
+            self._seeds, self._sites, self._step, self.keys = (
+                t.to(device) for t in (self._seeds, self._sites, self._step, self.keys)
+            )
+        return self
 
     @classmethod
     def mix(cls, x):
@@ -292,12 +322,11 @@ class DropoutStream:
         """The scaled keep-mask (1 / (1 - p) or 0) of `x` (K·B, T, d) at `site` and the current step."""
         K = len(self.seeds)
         B, T, d = x.shape[0] // K, x.shape[1], x.shape[2]
-        if x.device not in self._on:
-            self._on[x.device] = torch.tensor(self.seeds, dtype=torch.int64, device=x.device) & self.MASK
-        base = self.mix(self.mix(self.step & self.MASK) ^ site)  # a Python int: no transfer per site and step
-        key = self.mix(self._on[x.device] ^ base)
+        self.to(x.device)  # a caller that compiles the model moves the stream first (a no-op here then)
+        if site >= self.keys.shape[1]:  # a stream used without `counter_dropout`: its sites as they come
+            self.sites(site + 1)
         rows = torch.arange(B, device=x.device).view(1, B, 1, 1) * 2**16 + torch.arange(T, device=x.device).view(T, 1)
-        h = self.mix(key.view(K, 1, 1, 1) ^ rows)  # a hash per (seed, b, t): t < 2^16, b < 2^16
+        h = self.mix(self.keys[:, site].view(K, 1, 1, 1) ^ rows)  # a hash per (seed, b, t): t < 2^16, b < 2^16
         h = self.mix(h ^ torch.arange(d, device=x.device))
         return (h >= round(p * 2**32)).to(x.dtype).mul_(1.0 / (1.0 - p)).view(K * B, T, d)
 
@@ -305,8 +334,11 @@ class DropoutStream:
 def counter_dropout(model: nn.Module, stream: DropoutStream | None) -> None:
     """Draw every dropout mask of `model` from `stream` (None: torch's generator again, the default). Sites are
     numbered in module order, so a model and its packed form (packed.py) number theirs alike."""
-    for site, module in enumerate(m for m in model.modules() if isinstance(m, Dropout)):
+    sites = [m for m in model.modules() if isinstance(m, Dropout)]
+    for site, module in enumerate(sites):
         module.stream, module.site = stream, site
+    if stream is not None:
+        stream.sites(len(sites))
 
 
 class Dropout(nn.Dropout):
