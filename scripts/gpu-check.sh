@@ -15,11 +15,13 @@
 #   logs.tar.gz        every stage's log and JSON (its runs stay in a scratch folder outside $OUT)
 # Stages, each bounded by `timeout`, together within 480 s:
 #   paths      the grad_w path the fused loss takes on this torch, the empty-source beam on the fused attention
-#              kernels, static-shape training compiled without hitting the recompile limit                  <= 60 s
+#              kernels, static-shape training compiled without hitting the recompile limit (dynamo's tracing) <= 40 s
 #   bench      `aiayn bench --size paper --profile` eager, --compile model, --compile graphs (CUDA graphs): tokens/s,
-#              MFU, graphs, launches a step, device idle, top kernels                                  <= 210 s
+#              MFU, graphs, launches a step, device idle, top kernels                           <= 45 + 70 + 70 s
 #   pack       `aiayn bench --pack 16 --size evidence`: 16 seeds as one pack against the 16 stepped apart (issue 42):
 #              seed-steps/s and launches a step of each                                                  <= 30 s
+#   pack-graphs  the same with a fourth side, the pack compiled with --compile graphs: its step and Adam's update
+#              replayed as CUDA graphs (the packed static-shape step captured), compiled in the warm-up      <= 45 s
 #   share      evidence-size runs sharing the GPU apart (--pack off), 1, 4 and 8 at once: their wall time    <= 90 s
 #   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps; each row's seeds
 #              one pack, --pack auto) and its report                                                         <= 90 s
@@ -89,7 +91,7 @@ note ""
 note "| stage | result | time |"
 note "| --- | --- | --- |"
 
-stage paths 60 "$PY" - "$DEVICE" "$WORK/paths.json" <<'EOF'
+stage paths 40 "$PY" - "$DEVICE" "$WORK/paths.json" <<'EOF'
 # The three GPU-only defects of issue 38 that a GPU decides: which grad_w path ran, whether beam search keeps an
 # empty source finite on this GPU's fused attention kernels, and whether an epoch of static shapes compiles
 # without hitting dynamo's recompile limit (and evaluation compiles nothing).
@@ -146,10 +148,13 @@ json.dump(out, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(out))
 EOF
 for how in none model graphs; do  # eager, compiled, graphed (issue 42: --compile layers measured 14.2%, model 21.3%)
-  stage "bench-$how" 70 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" --profile \
+  limit=70; [ "$how" = none ] && limit=45  # eager took 28 s on the first H200
+  stage "bench-$how" "$limit" "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" --profile \
       --json "$WORK/bench-$how.json"
 done
 stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --json "$WORK/pack.json"
+stage pack-graphs 45 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
+    --json "$WORK/pack-graphs.json"
 stage share 90 "$PY" - "$WORK" "$ACCEL" "$SHARE_STEPS" "${SHARE[@]}" <<'EOF'
 # N evidence-size runs at once on this one device, apart (the sweep places them: sweeps/backends/processes.py), for N
 # in the list: the wall time of all of them, setup included
@@ -209,6 +214,11 @@ if r:  # aiayn bench --pack (aiayn/bench/packed.py)
     sides = ", ".join(f"{side} {r[side]['seed_steps_per_s']:.1f} seed-steps/s ({r[side]['launches_per_step']:.0f} "
                       "launches a call)" for side in ("packed", "separate", "separate, torch's dropout"))
     print(f"- a pack of {r['K']} evidence-size seeds: {sides}; packed / separate {r['speedup']:.2f}x")
+results["pack-graphs"] = r = read("pack-graphs.json")
+if r:  # aiayn bench --pack --compile graphs: the packed static-shape step and Adam's update as CUDA graphs
+    c = r["packed, compiled"]
+    print(f"- the pack of {r['K']} compiled (--compile graphs): {c['seed_steps_per_s']:.1f} seed-steps/s "
+          f"({c['launches_per_step']:.0f} launches a call); / separate {r['compiled_speedup']:.2f}x")
 try:
     share = [json.loads(line) for line in (work / "share.jsonl").read_text().splitlines()]
 except OSError:

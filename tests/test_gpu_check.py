@@ -72,7 +72,7 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     files = sorted(p.name for p in out.iterdir())
     assert files == ["evidence-slice.md", "logs.tar.gz", "results.json", "summary.md"] and len(files) <= 8
     summary = (out / "summary.md").read_text()
-    for stage in ("paths", "bench-none", "bench-model", "bench-graphs", "pack", "share", "slice"):
+    for stage in ("paths", "bench-none", "bench-model", "bench-graphs", "pack", "pack-graphs", "share", "slice"):
         assert f"| {stage} | ok |" in summary, summary
     results = json.loads((out / "results.json").read_text())
     paths = results["paths"]
@@ -83,6 +83,8 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
         assert compiled["graphs_added_by_decoding"] == 0
     assert [s["runs"] for s in results["share"]] == [1, 2]
     assert results["pack"]["K"] == 2 and "- a pack of 2 evidence-size seeds: packed " in summary
+    assert results["pack-graphs"]["packed, compiled"]["seed_steps_per_s"] > 0
+    assert "compiled (--compile graphs)" in summary
     assert results["bench-graphs"][0]["graphs_compiled"] > 0 and results["bench-graphs"][0]["compile"] == "graphs"
     assert results["bench-none"][0]["profile"]["launches_per_step"] > 0 and "  profile: " in summary  # --profile
     with tarfile.open(out / "logs.tar.gz") as tar:

@@ -10,6 +10,11 @@ K blocks at once). bf16 autocast on CUDA, as the bench's other steps. Timing as 
 then `trials` interleaved rounds of `steps` steps each (the device synchronized at both ends of a round), medians
 reported, as seed-steps per second (one call of any side is K seed-steps). Launches per step:
 `profile.profile_steps` (CUDA kernels, or a CPU's leaf ATen operators) over `steps` steps of each side.
+
+With `--compile HOW` a fourth side, "packed, compiled": the same pack compiled as `aiayn train --pack-seeds ...
+--compile HOW --static-shapes` compiles it (transformer/compiled.py; the bench's batches have one shape), with
+`graphs` its step and Adam's update (compiled.GraphedAdam) replayed as CUDA graphs on a CUDA device: what the
+packed static-shape step costs captured. Its compilation falls in the untimed warm-up steps.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from aiayn.bench import BenchOptions
 from aiayn.bench.profile import profile_steps
 from aiayn.bench.run import bench_config, bench_main, device_name, time_steps, training_batch
 from aiayn.common.errors import UserError
+from aiayn.lightning_modules.transformer.compiled import GraphedAdam, compile_model, optimizer_mode
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches
@@ -32,8 +38,10 @@ def adam(params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
-def sides(cfg, batches: list[dict], device: torch.device):
-    """The three steps (separate, packed, separate with torch's dropout), each a function of no arguments."""
+def sides(cfg, batches: list[dict], device: torch.device, how: str = "none"):
+    """The three steps (separate, packed, separate with torch's dropout), each a function of no arguments, and with
+    `how` other than none the pack compiled as `--compile HOW` compiles it (made before any side steps: the same
+    initial weights)."""
     amp = (lambda: torch.autocast("cuda", torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
     K = len(batches)
     models = []
@@ -42,6 +50,7 @@ def sides(cfg, batches: list[dict], device: torch.device):
         models.append(Transformer(cfg).to(device).train())
     packed = pack(models).train()
     counter_dropout(packed, DropoutStream(list(range(K))))
+    compiled = pack(models).train() if how != "none" else None
     streams = [DropoutStream([k]) for k in range(K)]
     on = [{name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in b.items()} for b in batches]
     opts = [adam(m.parameters()) for m in models]
@@ -61,14 +70,22 @@ def sides(cfg, batches: list[dict], device: torch.device):
     _, tgt_out = stack_batches([(b["src"], b["tgt_out"]) for b in on])
     packed_opt = adam(packed.parameters())
 
-    def packed_step() -> None:
-        packed_opt.zero_grad(set_to_none=True)
+    def packed_step(model=packed, opt=packed_opt) -> None:
+        opt.zero_grad(set_to_none=True)
         with amp():
-            loss, _, n = packed_loss(packed, src, tgt_in, tgt_out, cfg.eps_ls)
+            loss, _, n = packed_loss(model, src, tgt_in, tgt_out, cfg.eps_ls)
         (loss / n).sum().backward()
-        packed_opt.step()
+        opt.step()
 
-    return {"separate": separate, "packed": packed_step, "separate, torch's dropout": lambda: separate(False)}
+    out = {"separate": separate, "packed": packed_step, "separate, torch's dropout": lambda: separate(False)}
+    if compiled is not None:
+        counter_dropout(compiled, DropoutStream(list(range(K))).to(device))
+        cuda = device.type == "cuda"
+        compile_model(compiled, how, dynamic=False, cuda=cuda)
+        params, mode = list(compiled.parameters()), optimizer_mode(how, cuda)
+        opt = GraphedAdam(params, 1e-4, betas=(0.9, 0.98), eps=1e-9, mode=mode) if mode else adam(params)
+        out["packed, compiled"] = lambda: packed_step(compiled, opt)
+    return out
 
 
 def run(opts: BenchOptions) -> dict:
@@ -78,7 +95,7 @@ def run(opts: BenchOptions) -> dict:
     bc = bench_config(opts.size, opts.device, opts.layers, opts.tokens)
     K = opts.pack
     batches = [training_batch(bc.model, bc.tokens_per_side, bc.seq_len, seed=k) for k in range(K)]
-    steps = sides(bc.model, batches, device)
+    steps = sides(bc.model, batches, device, opts.compile)
     for step in steps.values():
         for _ in range(max(1, opts.warmup)):  # Adam's state made: every step after is alike
             step()
@@ -87,12 +104,14 @@ def run(opts: BenchOptions) -> dict:
         for name, step in steps.items():
             rounds[name].append(time_steps(step, device, opts.steps))
     out = {"size": bc.name, "note": bc.note, "K": K, "device": device_name(device), "steps": opts.steps,
-           "trials": opts.trials, "tokens_per_side": bc.tokens_per_side}  # fmt: skip
+           "trials": opts.trials, "tokens_per_side": bc.tokens_per_side, "compile": opts.compile}  # fmt: skip
     for name, step in steps.items():
         s = statistics.median(rounds[name])
         out[name] = {"step_s": s, "seed_steps_per_s": K / s,
                      "launches_per_step": profile_steps(step, device, opts.steps)["launches_per_step"]}  # fmt: skip
     out["speedup"] = out["packed"]["seed_steps_per_s"] / out["separate"]["seed_steps_per_s"]
+    if "packed, compiled" in out:
+        out["compiled_speedup"] = out["packed, compiled"]["seed_steps_per_s"] / out["separate"]["seed_steps_per_s"]
     return out
 
 
@@ -101,11 +120,15 @@ def text(r: dict) -> str:
              f"each) on {r['device']}, medians of {r['trials']} rounds of {r['steps']} steps",
              "| side | seed-steps/s | one call (K seed-steps), ms | launches a call |",
              "| --- | --- | --- | --- |"]  # fmt: skip
-    for name in ("separate", "packed", "separate, torch's dropout"):
+    for name in ("separate", "packed", "separate, torch's dropout", "packed, compiled"):
+        if name not in r:
+            continue
         s = r[name]
         ms, launches = 1e3 * s["step_s"], s["launches_per_step"]
         lines.append(f"| {name} | {s['seed_steps_per_s']:.1f} | {ms:.1f} | {launches:.0f} |")
     lines.append(f"packed / separate: {r['speedup']:.2f}x")
+    if "compiled_speedup" in r:
+        lines.append(f"packed, --compile {r['compile']} / separate: {r['compiled_speedup']:.2f}x")
     return "\n".join(lines)
 
 
