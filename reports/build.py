@@ -154,10 +154,10 @@ def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: 
         ".tex": latex(table, notes, title, notice, first),
         ".html": html_page(
             table, notes, title, notice, [(_data_uri(plot_dir / file), alt) for file, alt in PLOTS.items()], first
-        ),  # fmt: skip
+        ),
         ".json": _provenance(
             command, notice, preset, data, runs, family, baselines, scored_preset, convergence, reading
-        ),  # fmt: skip
+        ),
     }
     # masked again: a metrics.json written by an older aiayn (or by hand) may hold a secret in its error
     files = [atomic_write_text(out_dir / f"{name}{suffix}", redact(text)) for suffix, text in texts.items()]

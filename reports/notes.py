@@ -287,7 +287,7 @@ def _verdict_notes(family: dict, baselines: dict, scored_preset: str | None, pre
                     )
                     for v in equiv
                     if v.margin
-                ],  # fmt: skip
+                ],
             )
         )
     checks = [v for v in family.values() if v.predicted == "check"]
@@ -302,7 +302,7 @@ def _verdict_notes(family: dict, baselines: dict, scored_preset: str | None, pre
                     f"{v.row}{where(v)}: dev PPL {fmt_number(v.ppl, '.3f') or 'none'} against its floor "
                     f"{fmt_number(v.floor, '.3f') or 'unknown'}: {v.verdict}"
                     for v in checks
-                ],  # fmt: skip
+                ],
             )
         )
     for cell in cells:

@@ -93,7 +93,7 @@ def train_packed(seeds: list[int], datas, cfg: TransformerConfig = CFG):
         TransformerConfig(
             N=1, d_model=16, d_ff=24, h=2, d_k=5, d_v=7, pe="learned", norm_first=True, vocab_size=40, max_len=64
         ),
-    ],  # fmt: skip
+    ],
     ids=["paper", "learned-pre-LN-free-dk"],
 )
 def test_each_seed_of_a_pack_trains_as_it_would_alone(cfg):

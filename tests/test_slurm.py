@@ -63,17 +63,17 @@ BAD = [
         "devices vs gpus-per-node",
         ["table3", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "8", "--devices", "4"],
         "--devices 4 differs from --gpus-per-node 8",
-    ),  # fmt: skip
+    ),
     (
         "num-nodes vs nodes",
         ["table3", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "8", "--num-nodes", "2"],
         "--num-nodes 2 differs from --nodes 1",
-    ),  # fmt: skip
+    ),
     (
         "tasks vs gpus",
         ["train", "--partition", "p", "--time", "1:00:00", "--gpus-per-node", "8", "--tasks-per-node", "4"],
         "--tasks-per-node 4 differs from --gpus-per-node 8",
-    ),  # fmt: skip
+    ),
     ("spawning strategy", ["table3", *ARGS_CPU, "--strategy", "ddp_spawn"], "pass --strategy ddp"),
     ("bad time", ["table3", "--accelerator", "cpu", "--partition", "p", "--time", "soon"], "is not a SLURM time"),
     ("no time", ["table3", "--accelerator", "cpu", "--partition", "p"], "is not a SLURM time"),
@@ -81,7 +81,7 @@ BAD = [
         "time under the warning",
         ["table3", "--accelerator", "cpu", "--partition", "p", "--time", "1"],
         "no room for the warning signal",
-    ),  # fmt: skip
+    ),
     ("seeds 0", ["table3", *ARGS_CPU, "--seeds", "0"], "argument --seeds: expected a positive integer, got 0"),
     ("unknown row", ["train", *ARGS_CPU, "--row", "Z9"], "unknown row 'Z9'"),
     ("unknown preset", ["table3", *ARGS_CPU, "--preset", "huge"], "unknown preset 'huge'"),

@@ -80,7 +80,7 @@ def profile_steps(step: Callable[[], None], device: torch.device, steps: int) ->
         "work_ms_per_step": total / steps / 1e3,
         "top": [
             {"name": name, "ms_per_step": us / steps / 1e3, "share": us / total if total else 0.0} for name, us in top
-        ],  # fmt: skip
+        ],
     }
     if device.type == "cuda":
         out["device_idle_fraction"] = idle_fraction([(e.time_range.start, e.time_range.end) for e in work])

@@ -311,7 +311,7 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(
         p.spec.model, **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset)
-    )  # fmt: skip
+    )
     if opts.residual_dtype == "bf16":
         residual_stream(module.model, torch.bfloat16)
     if opts.dropout_rng == "counter":
