@@ -257,6 +257,55 @@ def test_a_sweep_packs_a_rows_seeds_and_its_books_hold_each_pair(cache, tmp_path
     assert (base / "seed0/metrics.json").stat().st_mtime_ns == stamp
 
 
+def test_a_sweeps_workers_claim_each_rows_seeds_as_one_pack(tmp_path, monkeypatch):
+    """`--jobs 4 --pack 4` over 4 seeds of base and C4: four workers start at once, yet each row's seeds train as one
+    pack. Claimed one pop at a time, the workers dealt a row's seeds among themselves (a pack of one each: no
+    packing at all on a GPU sweep's --jobs 8); a worker now claims its whole pack under a lock of its own. The pops
+    are slowed here so that the workers interleave."""
+    import contextlib
+    import threading
+
+    from conftest import RunnerBackend
+
+    from aiayn.ablations.selection import Selection
+    from aiayn.common.files import atomic_write_json
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.sweeps import books
+    from aiayn.sweeps.backends.local import LocalBackend
+    from aiayn.sweeps.table3 import SweepOptions, table3
+
+    groups, lock = [], threading.Lock()
+
+    class Recording(LocalBackend):
+        def run_pack(self, sweep, row, seeds, slot):
+            with lock:
+                groups.append((row, tuple(seeds)))
+            return [self.run_one(sweep, row, seed, slot) for seed in seeds]
+
+    def runner(sweep, corpus, row, seed):
+        steps = sweep.wanted[row]
+        metrics = {"row": row, "seed": seed, "status": "completed", "steps": steps, "planned_steps": steps}
+        metrics |= {"budget_steps": sweep.specs[row].train_steps, "dev_bleu": 10.0, "dev_ppl": 5.0}
+        run = sweep.run(row, seed)
+        run.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run.metrics_file, {"preset": sweep.preset.name, "data": corpus.name, **metrics})
+        return metrics
+
+    real = books.pop_and_claim
+
+    @contextlib.contextmanager
+    def slow(*args, **kwargs):
+        with real(*args, **kwargs) as got:
+            time.sleep(0.05)  # the pop lock is free: another worker may pop now
+            yield got
+
+    monkeypatch.setattr(books, "pop_and_claim", slow)
+    train = TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False, val_bleu_sentences=0)
+    opts = SweepOptions(select=Selection(rows="base,C4", seeds=4), report="", jobs=4, pack="4", train=train)
+    assert table3(opts, backend=RunnerBackend(runner, base=Recording)) == 0
+    assert sorted(groups) == [("C4", (0, 1, 2, 3)), ("base", (0, 1, 2, 3))]
+
+
 def test_pack_auto_packs_on_a_gpu_only_and_where_every_run_can_be_packed(tmp_path, monkeypatch):
     """--pack auto: up to 8 seeds a pack where the runs train on a GPU; none on a CPU, or where a run validates BLEU;
     a pack is a need of the sweep (a back end that cannot pack is not chosen, and refused when named); a number that

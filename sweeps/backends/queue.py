@@ -227,6 +227,14 @@ class QueueBackend(Backend):
     def pop_lock(self, sweep: Sweep) -> Path:
         return sweep.out.lock(f"{study_name(sweep.preset.name, sweep.corpus)}.pop")
 
+    def pack_lock(self, sweep: Sweep) -> contextlib.ExitStack:
+        """Held while a worker claims its pack (`sweep.pack` above 1; nothing otherwise), closed once it has: taken
+        before the pop lock by every worker, so never in the other order."""
+        held = contextlib.ExitStack()
+        if sweep.pack > 1:
+            held.enter_context(file_lock(self.pop_lock(sweep).with_suffix(".pack"), wait=True))
+        return held
+
     def _key_of(self, sweep: Sweep):
         return lambda t: sweep.pair_key(*pair_of(t)) if pair_of(t) is not None else None
 
@@ -270,7 +278,8 @@ class QueueBackend(Backend):
     def work(self, study: optuna.Study, sweep: Sweep, claims, slot, pace) -> tuple[int, int, int]:
         """Pop and run queued trials until the queue is empty; returns (completed, failed, diverged) by this
         worker. With `sweep.pack` above 1, a worker claims the next trials while they are seeds of the same row (the
-        queue holds a row's seeds one after another), up to `sweep.pack`, and trains them as one pack."""
+        queue holds a row's seeds one after another), up to `sweep.pack`, and trains them as one pack; it claims the
+        pack under a lock of its own (`pack_lock`), else workers starting together deal a row's seeds one each."""
         done = failed = diverged = 0
         t_start, finished_before = pace
         key_of = self._key_of(sweep)
@@ -287,6 +296,7 @@ class QueueBackend(Backend):
         while self.stop.signum is None:  # a stopped sweep claims no new pair
             with contextlib.ExitStack() as claimed_now:
                 claimed, empty = [], False  # [(trial, pair)], each claim held until the stack closes
+                packing = claimed_now.enter_context(self.pack_lock(sweep))
                 while len(claimed) < sweep.pack:
                     row = claimed[0][1][0] if claimed else None
                     trial, frozen, held = claimed_now.enter_context(
@@ -310,6 +320,7 @@ class QueueBackend(Backend):
                         continue
                     claimed_now.callback(held.close)
                     claimed.append((trial, pair))
+                packing.close()  # the pack is claimed: the next worker claims its own
                 if empty:
                     break
                 if not claimed:
