@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
+from aiayn.lightning_modules.transformer.compiled import GraphedAdam, optimizer_mode
 from aiayn.lightning_modules.transformer.decoding import beam_search
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
@@ -289,14 +290,26 @@ class Trainer:
     """One implementation's training step: forward, label-smoothed loss (ε_ls of the config), backward, Adam.
 
     Every implementation gets the same optimizer, Adam with `fused=True`: what aiayn trains with and what
-    Hugging Face's Trainer defaults to on torch >= 2.8 (`adamw_torch_fused`; AdamW at weight decay 0 is Adam)."""
+    Hugging Face's Trainer defaults to on torch >= 2.8 (`adamw_torch_fused`; AdamW at weight decay 0 is Adam).
+    `compiled`: Adam's update compiled in that mode instead (aiayn under `--compile graphs`, as its training
+    compiles it: compiled.GraphedAdam)."""
 
-    def __init__(self, impl: str, model: nn.Module, cfg: TransformerConfig, batch: dict, device: torch.device):
+    def __init__(
+        self,
+        impl: str,
+        model: nn.Module,
+        cfg: TransformerConfig,
+        batch: dict,
+        device: torch.device,
+        compiled: str | None = None,
+    ):
         self.impl, self.model, self.cfg, self.device = impl, model, cfg, device
         self.batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
-        self.opt = torch.optim.Adam(
-            [p for p in model.parameters() if p.requires_grad], lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True
-        )
+        params = [p for p in model.parameters() if p.requires_grad]
+        if compiled is not None:
+            self.opt = GraphedAdam(params, 1e-4, betas=(0.9, 0.98), eps=1e-9, mode=compiled)
+        else:
+            self.opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step(self) -> None:
@@ -468,7 +481,8 @@ def run(args: BenchOptions) -> list[dict]:
         # the training batch has one shape; decoding runs eager (compiled code runs only where autograd records:
         # a growing KV cache under dynamic=False recompiled the decoder at every step, issue 38 G4)
         compile_model(models["aiayn"], args.compile, dynamic=False, shapes=1, cuda=device.type == "cuda")
-    trainers = {impl: Trainer(impl, models[impl], cfg, batch, device) for impl in impls}
+    graphed = optimizer_mode(args.compile, device.type == "cuda")  # --compile graphs: Adam's update compiled too
+    trainers = {i: Trainer(i, models[i], cfg, batch, device, graphed if i == "aiayn" else None) for i in impls}
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     step_s: dict[str, list[float]] = {impl: [] for impl in impls}
     dec_s: dict[str, list[float]] = {impl: [] for impl in impls}
