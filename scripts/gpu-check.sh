@@ -22,7 +22,8 @@
 #              seed-steps/s and launches a step of each                                                  <= 30 s
 #   pack-graphs  the same with a fourth side, the pack compiled with --compile graphs: its step and Adam's update
 #              replayed as CUDA graphs (the packed static-shape step captured), compiled in the warm-up      <= 45 s
-#   share      evidence-size runs sharing the GPU apart (--pack off), 1, 4 and 8 at once: their wall time    <= 90 s
+#   share      evidence-size runs sharing the GPU apart (--pack off), 1, 4 and 8 at once: their wall time, and
+#              (as the slice's) training steps/s, final evaluation and setup apart from the runs' metrics.json <= 90 s
 #   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps; each row's seeds
 #              one pack, --pack auto) and its report                                                         <= 90 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
@@ -227,6 +228,29 @@ results["share"] = share
 for s in share:
     print(f"- {s['runs']} evidence-size run(s) at once: {s['runs'] * s['steps'] / s['wall_s']:.1f} steps/s together, "
           f"{s['steps'] / s['wall_s']:.1f} each (wall {s['wall_s']:.0f} s, setup included)")
+# steps/s from the runs' own records (item 4c): training apart from setup and the final evaluation
+from statistics import median
+results["runs"] = {}
+for name in [d.name for d in sorted(work.glob("share-*"))] + ["slice"]:
+    ms = []
+    for path in sorted((work / name).glob("**/metrics.json")):
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if m.get("status") == "completed" and m.get("train_time_s"):
+            ms.append(m)
+    if not ms:
+        continue
+    rates = [m["steps"] / m["train_time_s"] for m in ms]
+    evals = [m.get("eval_time_s") or 0.0 for m in ms]
+    rest = [m["wall_time_s"] - m["train_time_s"] - e for m, e in zip(ms, evals) if m.get("wall_time_s")]
+    r = results["runs"][name] = {"runs": len(ms), "train_steps_per_s": median(rates), "seed_steps_per_s": sum(rates),
+                                 "eval_s": median(evals), "rest_s": median(rest) if rest else None}
+    rest_text = f", setup, checkpoints and waiting {r['rest_s']:.1f} s" if rest else ""
+    print(f"- {name}, from its runs' metrics.json: {r['runs']} runs, training {r['train_steps_per_s']:.1f} steps/s "
+          f"a run (median), {r['seed_steps_per_s']:.1f} seed-steps/s summed; final evaluation {r['eval_s']:.1f} s a "
+          f"run{rest_text}")
 Path(sys.argv[2]).write_text(json.dumps(results, indent=1) + "\n")
 EOF
 cp "$WORK"/*.json "$WORK/logs/" 2>/dev/null

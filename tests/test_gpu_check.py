@@ -82,6 +82,9 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
         assert compiled["recompile_limit_hit"] == compiled["graph_breaks"] == 0, compiled
         assert compiled["graphs_added_by_decoding"] == 0
     assert [s["runs"] for s in results["share"]] == [1, 2]
+    runs = results["runs"]  # from the runs' own metrics.json: training apart from setup and the final evaluation
+    assert [runs[f"share-{n}"]["runs"] for n in (1, 2)] == [1, 2] and runs["slice"]["runs"] == 4
+    assert runs["slice"]["train_steps_per_s"] > 0 and "- slice, from its runs' metrics.json: 4 runs" in summary
     assert results["pack"]["K"] == 2 and "- a pack of 2 evidence-size seeds: packed " in summary
     assert results["pack-graphs"]["packed, compiled"]["seed_steps_per_s"] > 0
     assert "compiled (--compile graphs)" in summary
