@@ -91,6 +91,7 @@ class TokenBucketSampler(Sampler[list[int]]):
     with the sentence this seed's ties put there: at each step every seed's batch spans the same lengths (stacked,
     they pad little), with sentences of its own. A cut's real target tokens may then differ from the budget by the
     target lengths of sentences of one length key. ``order_seed == seed`` (or None) is the sampler alone.
+
     For DDP with ``accumulate`` batches per optimizer step, the batch list is cut to a multiple of
     ``num_replicas · accumulate`` (the last batches after shuffling are dropped when ``drop_uneven``,
     so no optimizer step gets an incomplete accumulation window at the end of an epoch, and every rank gets

@@ -270,12 +270,11 @@ def paper_optimizer(params, d_model: int, warmup: int, factor: float, compiled: 
     params = list(params)
     if compiled is not None:
         opt = GraphedAdam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, mode=compiled)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup, factor))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-    # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset
-    # step, BENCHMARKS.md); the same update as the loop's up to float rounding
-    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
-    opt = torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
+    else:
+        # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset
+        # step, BENCHMARKS.md); the same update as the loop's up to float rounding
+        fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+        opt = torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
     # LambdaLR counts scheduler steps from 0; the paper's step number is that + 1.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup, factor))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -270,7 +270,9 @@ class DropoutStream:
     (seed, step, site, b, t, j), so a run's masks are a function of its seed and its step alone. What packed runs
     need (lightning_modules/transformer/packed.py): K seeds in one computation keep each its own masks, the same
     as that seed trained alone with this stream, in a number of launches that does not grow with K; and a resumed
-    run draws the masks it would have drawn. Set on a model by `counter_dropout`; the trainer advances `step`.
+    run draws the masks it would have drawn. Set on a model by `counter_dropout`; the trainer advances `step`, which
+    makes the step's keys (one per seed and site, `keys`) on the device in place: the masks' one input that changes
+    from step to step is a tensor, so a compiled step is one graph for every step (tests/test_packed.py).
 
     The hash is a 32-bit integer mixer (Mueller's `((x >> 16) ^ x) * 0x45d9f3b`, kept in int64 so that no product
     overflows) folded over the coordinates; a site's input is (K·B, T, d_model), K = len(seeds) blocks of rows."""
