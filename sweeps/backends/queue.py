@@ -227,13 +227,12 @@ class QueueBackend(Backend):
     def pop_lock(self, sweep: Sweep) -> Path:
         return sweep.out.lock(f"{study_name(sweep.preset.name, sweep.corpus)}.pop")
 
-    def pack_lock(self, sweep: Sweep) -> contextlib.ExitStack:
-        """Held while a worker claims its pack (`sweep.pack` above 1; nothing otherwise), closed once it has: taken
-        before the pop lock by every worker, so never in the other order."""
-        held = contextlib.ExitStack()
+    def pack_lock(self, sweep: Sweep):
+        """Held while a worker claims its pack (`sweep.pack` above 1; nothing otherwise): taken before the pop lock by
+        every worker, so never in the other order."""
         if sweep.pack > 1:
-            held.enter_context(file_lock(self.pop_lock(sweep).with_suffix(".pack"), wait=True))
-        return held
+            return file_lock(self.pop_lock(sweep).with_suffix(".pack"), wait=True)
+        return contextlib.nullcontext()
 
     def _key_of(self, sweep: Sweep):
         return lambda t: sweep.pair_key(*pair_of(t)) if pair_of(t) is not None else None
@@ -275,6 +274,36 @@ class QueueBackend(Backend):
         code = self.train_process(sweep, row, sweep.pack_options(row, seeds), first, slot)
         return [_result(sweep, row, seed, code, first.sweep_log) for seed in seeds]
 
+    def _claim_pack(self, study, sweep: Sweep, claims, key_of, ask, held_by) -> tuple[list, bool]:
+        """Claim the next trials while they are seeds of one row, up to `sweep.pack` (one trial without packs), under
+        `pack_lock`; each claim held in the ExitStack `held_by` until it closes. ([(trial, pair)], whether the queue
+        was empty)."""
+        claimed = []  # [(trial, pair)]
+        pop_lock = self.pop_lock(sweep)
+        with self.pack_lock(sweep):  # the pack claimed whole; the next worker then claims its own
+            while len(claimed) < sweep.pack:
+                row = claimed[0][1][0] if claimed else None
+                trial, frozen, held = held_by.enter_context(
+                    books.pop_and_claim(study, pop_lock, claims, key_of, functools.partial(ask, row))
+                )
+                if trial is None:
+                    return claimed, not claimed
+                pair = pair_of(frozen)
+                if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
+                    study.tell(trial, state=TrialState.FAIL)
+                    return claimed, not claimed
+                set_params(trial, pair)
+                if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
+                    # the same pair, enqueued twice by racing drivers, is running or done in another worker
+                    if held is not None:
+                        held.close()
+                    trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
+                    study.tell(trial, state=TrialState.PRUNED)
+                    continue
+                held_by.callback(held.close)
+                claimed.append((trial, pair))
+        return claimed, False
+
     def work(self, study: optuna.Study, sweep: Sweep, claims, slot, pace) -> tuple[int, int, int]:
         """Pop and run queued trials until the queue is empty; returns (completed, failed, diverged) by this
         worker. With `sweep.pack` above 1, a worker claims the next trials while they are seeds of the same row (the
@@ -295,32 +324,7 @@ class QueueBackend(Backend):
 
         while self.stop.signum is None:  # a stopped sweep claims no new pair
             with contextlib.ExitStack() as claimed_now:
-                claimed, empty = [], False  # [(trial, pair)], each claim held until the stack closes
-                packing = claimed_now.enter_context(self.pack_lock(sweep))
-                while len(claimed) < sweep.pack:
-                    row = claimed[0][1][0] if claimed else None
-                    trial, frozen, held = claimed_now.enter_context(
-                        books.pop_and_claim(study, self.pop_lock(sweep), claims, key_of, functools.partial(ask, row))
-                    )
-                    if trial is None:
-                        empty = not claimed
-                        break
-                    pair = pair_of(frozen)
-                    if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
-                        study.tell(trial, state=TrialState.FAIL)
-                        empty = not claimed
-                        break
-                    set_params(trial, pair)
-                    if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
-                        # the same pair, enqueued twice by racing drivers, is running or done in another worker
-                        if held is not None:
-                            held.close()
-                        trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
-                        study.tell(trial, state=TrialState.PRUNED)
-                        continue
-                    claimed_now.callback(held.close)
-                    claimed.append((trial, pair))
-                packing.close()  # the pack is claimed: the next worker claims its own
+                claimed, empty = self._claim_pack(study, sweep, claims, key_of, ask, claimed_now)
                 if empty:
                     break
                 if not claimed:
