@@ -40,8 +40,7 @@ def adam(params) -> torch.optim.Optimizer:
 
 def sides(cfg, batches: list[dict], device: torch.device, how: str = "none"):
     """The three steps (separate, packed, separate with torch's dropout), each a function of no arguments, and with
-    `how` other than none the pack compiled as `--compile HOW` compiles it (made before any side steps: the same
-    initial weights)."""
+    `how` other than none the pack compiled as `--compile HOW` compiles it."""
     amp = (lambda: torch.autocast("cuda", torch.bfloat16)) if device.type == "cuda" else contextlib.nullcontext
     K = len(batches)
     models = []
@@ -50,7 +49,6 @@ def sides(cfg, batches: list[dict], device: torch.device, how: str = "none"):
         models.append(Transformer(cfg).to(device).train())
     packed = pack(models).train()
     counter_dropout(packed, DropoutStream(list(range(K))))
-    compiled = pack(models).train() if how != "none" else None
     streams = [DropoutStream([k]) for k in range(K)]
     on = [{name: t.to(device) if isinstance(t, torch.Tensor) else t for name, t in b.items()} for b in batches]
     opts = [adam(m.parameters()) for m in models]
@@ -78,7 +76,8 @@ def sides(cfg, batches: list[dict], device: torch.device, how: str = "none"):
         opt.step()
 
     out = {"separate": separate, "packed": packed_step, "separate, torch's dropout": lambda: separate(False)}
-    if compiled is not None:
+    if how != "none":  # nothing has stepped yet: the same initial weights as the others
+        compiled = pack(models).train()
         counter_dropout(compiled, DropoutStream(list(range(K))).to(device))
         cuda = device.type == "cuda"
         compile_model(compiled, how, dynamic=False, cuda=cuda)
