@@ -11,12 +11,15 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
 from aiayn.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = ["--row", "base", "--preset", "tiny", "--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "6",
          "--val-bleu-sentences", "0", "--eval-subset", "4", "--accelerator", "cpu", "--no-progress"]  # fmt: skip
@@ -81,10 +84,14 @@ def test_a_packs_stacked_batches_pad_little(cache, static):
     """A pack's step stacks its seeds' batches padded to one shape: with the pack's one batch order (each seed's
     sentences in the lengths of the first's) the stacked step holds at most 5% more positions than the seeds'
     own batches (static shapes: none more); each seed's own order would make it a quarter more, or more."""
+    import importlib.util
+
     from aiayn.lightning_modules.run.options import TrainOptions
-    from aiayn.lightning_modules.run.pack import PackData, seed_options
-    from aiayn.lightning_modules.run.spec import spec_of
-    from aiayn.lightning_modules.run.train import build_datamodule
+    from aiayn.lightning_modules.run.pack import seed_options
+
+    script = importlib.util.spec_from_file_location("pack_padding", ROOT / "scripts" / "pack_padding.py")
+    counted = importlib.util.module_from_spec(script)
+    script.loader.exec_module(counted)  # scripts/pack_padding.py's count, which BENCHMARKS.md cites
 
     seeds = (0, 1, 2, 3)
     alone = TrainOptions(
@@ -92,19 +99,7 @@ def test_a_packs_stacked_batches_pad_little(cache, static):
     )
 
     def positions(each: list[TrainOptions]) -> tuple[int, int]:
-        dms = [build_datamodule(o, spec_of(o)) for o in each]
-        data = PackData(dms)
-        for dm in dms:
-            dm.prepare_data()
-        data.setup("fit")
-        stacked = own = 0
-        for step, (batches, *_) in enumerate(data.train_dataloader()):
-            if step == 60:
-                break
-            B, S, T = (max(b[key].shape[i] for b in batches) for key, i in (("src", 0), ("src", 1), ("tgt_out", 1)))
-            stacked += len(batches) * B * (S + T)
-            own += sum(b["src"].numel() + b["tgt_out"].numel() for b in batches)
-        return stacked, own
+        return counted.positions(each, 60)
 
     stacked, own = positions([seed_options(alone, s, seeds) for s in seeds])
     assert stacked <= (1.0 if static else 1.05) * own
