@@ -1,6 +1,7 @@
 """Fixtures shared by the test modules."""
 
 import os
+import threading
 
 import pytest
 
@@ -35,6 +36,28 @@ class RunnerBackend:
                 return RunMetrics.from_dict({"preset": sweep.preset.name, "data": sweep.corpus.name, **out})
 
         return Runner()
+
+
+class StepsRunner:
+    """Trains nothing: writes the metrics.json a completed run of the steps the sweep asks for would write (its row's
+    budget, or --max-steps), and records what it was asked."""
+
+    def __init__(self):
+        self.calls, self.lock = [], threading.Lock()
+
+    def __call__(self, sweep, corpus, row, seed):
+        from aiayn.common.files import atomic_write_json
+
+        steps = sweep.wanted[row]
+        with self.lock:
+            self.calls.append((row, seed, steps))
+        metrics = {"row": row, "seed": seed, "preset": sweep.preset.name, "data": corpus, "status": "completed",
+                   "steps": steps, "planned_steps": steps, "budget_steps": sweep.specs[row].train_steps,
+                   "dev_bleu": 10.0 + seed, "dev_ppl": 5.0}  # fmt: skip
+        run = sweep.run(row, seed)
+        run.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run.metrics_file, metrics)
+        return {k: v for k, v in metrics.items() if k not in ("preset", "data")}
 
 
 @pytest.fixture(params=["cpu fast paths", "cuda paths"])

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import RunnerBackend
+from conftest import RunnerBackend, StepsRunner
 
 from aiayn.ablations.selection import Selection
 from aiayn.cli import main
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json
 from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import OutDir, RunMetrics
@@ -33,26 +31,6 @@ SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
 
 
 FIXTURES = Path(__file__).parent / "fixtures" / "report"
-
-
-class StepsRunner:
-    """Trains nothing: writes the metrics.json a completed run of the steps the sweep asks for would write (its row's
-    budget, or --max-steps), and records what it was asked."""
-
-    def __init__(self):
-        self.calls, self.lock = [], threading.Lock()
-
-    def __call__(self, sweep, corpus, row, seed):
-        steps = sweep.wanted[row]
-        with self.lock:
-            self.calls.append((row, seed, steps))
-        metrics = {"row": row, "seed": seed, "preset": sweep.preset.name, "data": corpus, "status": "completed",
-                   "steps": steps, "planned_steps": steps, "budget_steps": sweep.specs[row].train_steps,
-                   "dev_bleu": 10.0 + seed, "dev_ppl": 5.0}  # fmt: skip
-        run = sweep.run(row, seed)
-        run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run.metrics_file, metrics)
-        return {k: v for k, v in metrics.items() if k not in ("preset", "data")}
 
 
 def sweep_opts(tmp_path, max_steps=None, dry_run=False) -> SweepOptions:

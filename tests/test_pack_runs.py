@@ -260,10 +260,9 @@ def test_a_sweeps_workers_claim_each_rows_seeds_as_one_pack(tmp_path, monkeypatc
     import contextlib
     import threading
 
-    from conftest import RunnerBackend
+    from conftest import RunnerBackend, StepsRunner
 
     from aiayn.ablations.selection import Selection
-    from aiayn.common.files import atomic_write_json
     from aiayn.lightning_modules.run.options import TrainOptions
     from aiayn.sweeps import books
     from aiayn.sweeps.backends.local import LocalBackend
@@ -277,15 +276,6 @@ def test_a_sweeps_workers_claim_each_rows_seeds_as_one_pack(tmp_path, monkeypatc
                 groups.append((row, tuple(seeds)))
             return [self.run_one(sweep, row, seed, slot) for seed in seeds]
 
-    def runner(sweep, corpus, row, seed):
-        steps = sweep.wanted[row]
-        metrics = {"row": row, "seed": seed, "status": "completed", "steps": steps, "planned_steps": steps}
-        metrics |= {"budget_steps": sweep.specs[row].train_steps, "dev_bleu": 10.0, "dev_ppl": 5.0}
-        run = sweep.run(row, seed)
-        run.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run.metrics_file, {"preset": sweep.preset.name, "data": corpus.name, **metrics})
-        return metrics
-
     real = books.pop_and_claim
 
     @contextlib.contextmanager
@@ -297,7 +287,7 @@ def test_a_sweeps_workers_claim_each_rows_seeds_as_one_pack(tmp_path, monkeypatc
     monkeypatch.setattr(books, "pop_and_claim", slow)
     train = TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False, val_bleu_sentences=0)
     opts = SweepOptions(select=Selection(rows="base,C4", seeds=4), report="", jobs=4, pack="4", train=train)
-    assert table3(opts, backend=RunnerBackend(runner, base=Recording)) == 0
+    assert table3(opts, backend=RunnerBackend(StepsRunner(), base=Recording)) == 0
     assert sorted(groups) == [("C4", (0, 1, 2, 3)), ("base", (0, 1, 2, 3))]
 
 
