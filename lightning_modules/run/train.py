@@ -316,9 +316,9 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
         residual_stream(module.model, torch.bfloat16)
     if opts.dropout_rng == "counter":
         module.use_counter_dropout(opts.seed)
-    share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes,
-                          cuda=uses_cuda(opts.accelerator))  # fmt: skip
-    module.compiled_optimizer = optimizer_mode(opts.compile, uses_cuda(opts.accelerator))
+    cuda = uses_cuda(opts.accelerator)
+    share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes, cuda=cuda)
+    module.compiled_optimizer = optimizer_mode(opts.compile, cuda)
     if share and p.dm.plan.static_shapes:  # room for every training shape, counted once the data is set up
         hooks = replace(hooks, callbacks=(*hooks.callbacks, RoomForShapes(share)))
     trainer = build_trainer(opts, p, hooks)
