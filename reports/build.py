@@ -21,6 +21,7 @@ from aiayn.common.secrets import redact
 from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.reports import plots, stats, verdicts
+from aiayn.reports.against import write_against
 from aiayn.reports.notes import capped_lead, headline, lead, report_notes, runs_recorded
 from aiayn.reports.render import html_page, latex, markdown
 from aiayn.reports.runs import Run, Scan, read_curve, scan
@@ -58,13 +59,16 @@ def _dirs(runs_dir) -> list[Path]:
     return [Path(runs_dir)] if isinstance(runs_dir, (str, Path)) else [Path(d) for d in runs_dir]
 
 
-def command_line(runs_dir, out_dir, preset: str | None) -> str:
+def command_line(runs_dir, out_dir, preset: str | None, against: Path | None = None) -> str:
     runs = " ".join(f"--runs {d}" for d in _dirs(runs_dir))
-    return f"aiayn report {runs} --out {out_dir}" + (f" --preset {preset}" if preset else "")
+    tail = (f" --preset {preset}" if preset else "") + (f" --against {against}" if against else "")
+    return f"aiayn report {runs} --out {out_dir}{tail}"
 
 
-def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None) -> list[Path]:
-    """Write Table 3 (md, csv, tex, html) and its plots for each (preset, corpus) found; return the paths written.
+def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None, against: Path | None = None) -> list[Path]:
+    """Write Table 3 (md, csv, tex, html) and its plots for each (preset, corpus) found, and with `against` (a report
+    folder) each one's comparison with that folder's report of the same name (reports/against.py); return the paths
+    written.
     `runs_dir` is one output directory or several (seed sets run separately, pooled into one table: a (row, seed)
     found in two of them is kept once, from the first, with a warning)."""
     if preset is not None:
@@ -86,20 +90,21 @@ def write_reports(runs_dir, out_dir: str | Path, preset: str | None = None) -> l
             f"no {what} under {where} (presets found: {', '.join(there) or 'none'}; "
             f"{len(found.skipped)} file(s) skipped); train the preset first or pick another --preset"
         )
-    command = command_line(dirs, out_dir, preset)
+    command = command_line(dirs, out_dir, preset, against)
     written = []
     for p, data in keys:
         runs = [r for r in found.runs if (r.preset, r.data) == (p, data)]
         # runs that recorded no corpus beside runs of the preset's own: two groups, two names (one overwrote the other)
         apart = not data and any(q == p and d for q, d in keys)
-        written += write_report(runs, found, p, data, Path(out_dir), command, apart=apart)
+        written += write_report(runs, found, p, data, Path(out_dir), command, apart=apart, against=against)
     return written
 
 
-def report(runs_dir, out_dir, preset: str | None = None, *, wandb: bool = False) -> list[Path]:
+def report(runs_dir, out_dir, preset: str | None = None, *, wandb: bool = False, against: Path | None = None):
     """`aiayn report` (and a sweep's --report): write the reports of `runs_dir` into `out_dir`; with `wandb`, log
-    each to W&B as well (its table and its files). The files written."""
-    paths = write_reports(runs_dir, out_dir, preset=preset)
+    each to W&B as well (its table and its files); with `against`, compare each with that folder's. The files
+    written."""
+    paths = write_reports(runs_dir, out_dir, preset=preset, against=against)
     if wandb:
         from aiayn.reports.wandb_export import log_reports
 
@@ -108,7 +113,7 @@ def report(runs_dir, out_dir, preset: str | None = None, *, wandb: bool = False)
 
 
 def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: Path, command: str,
-                 apart: bool = False) -> list[Path]:  # fmt: skip
+                 apart: bool = False, against: Path | None = None) -> list[Path]:  # fmt: skip
     name = report_name(preset, data, apart=apart)
     runs = _dedupe(runs)
     known = PRESETS.get(preset)
@@ -161,6 +166,8 @@ def write_report(runs: list[Run], found: Scan, preset: str, data: str, out_dir: 
     }
     # masked again: a metrics.json written by an older aiayn (or by hand) may hold a secret in its error
     files = [atomic_write_text(out_dir / f"{name}{suffix}", redact(text)) for suffix, text in texts.items()]
+    if against is not None:
+        files += write_against(out_dir / f"{name}.csv", against, notice)
     return files + written
 
 

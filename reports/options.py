@@ -21,6 +21,12 @@ class ReportOptions:
     out: str | None = option(None, "report directory (default: the first RUNS/reports)")
     preset: str | None = option(None, "only this preset (default: every preset found)")
     wandb: bool = option(False, "also log each report to W&B: the table as a wandb.Table, the files as an artifact")
+    against: str | None = option(
+        None,
+        "a report folder to compare with, verdict by verdict (e.g. reports/reference/evidence): writes "
+        "table3-PRESET-against.md and .csv beside each report whose table3-PRESET.csv it holds",
+        metavar="DIR",
+    )
 
 
 def report_command(opts: ReportOptions) -> list[Path]:
@@ -31,7 +37,12 @@ def report_command(opts: ReportOptions) -> list[Path]:
     runs = list(opts.runs) or ["runs"]
     out = opts.out or str(Path(runs[0]) / "reports")
     check_writable_dir(out, "--out")
-    return report(runs, out, opts.preset, wandb=opts.wandb)
+    against = None
+    if opts.against is not None:
+        from aiayn.reports.against import reference_dir
+
+        against = reference_dir(opts.against)
+    return report(runs, out, opts.preset, wandb=opts.wandb, against=against)
 
 
 def sweep_report_writer(train):

@@ -1,0 +1,163 @@
+"""One report against another, verdict by verdict: `aiayn report --against DIR` writes `table3-PRESET-against.md` and
+`.csv` beside each report, from the two reports' own files (`table3-PRESET.csv` and `.json`), so that a table trained
+again (another machine, a GPU, another torch) is read against the committed one (reports/reference/evidence) at a
+glance: which scored rows kept their verdict, which did not, and each side's Δ, interval and seeds.
+
+Both sides are read from their written files, not from runs: a reference is whatever a report once wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from aiayn.ablations.predictions import SCORED
+from aiayn.common.errors import UserError
+from aiayn.common.files import atomic_write_text
+from aiayn.reports import stats
+from aiayn.reports.render import fmt_number
+
+log = logging.getLogger(__name__)
+
+
+def reference_dir(path: str) -> Path:
+    """The folder `--against` names, checked before anything is read or written: it must hold a report's table."""
+    folder = Path(path)
+    if not folder.is_dir() or not any(folder.glob("table3-*.csv")):
+        raise UserError(
+            f"--against {path}: not a folder holding a report's table3-PRESET.csv; name a report folder, e.g. "
+            "reports/reference/evidence"
+        )
+    return folder
+
+
+def _side(csv: Path) -> pd.DataFrame:
+    """A report's scored rows: row -> predicted, verdict, Δ PPL % and its interval, seeds."""
+    table = pd.read_csv(csv, dtype={"row": str})
+    scored = table[table["predicted"].isin(SCORED) & table["verdict"].notna()]
+    return scored.set_index("row")[
+        ["predicted", "verdict", "delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "n"]
+    ]
+
+
+def _recorded(csv: Path) -> dict:
+    """The report's .json beside its .csv: the commits its runs recorded and its score ({} where it is missing)."""
+    try:
+        doc = json.loads(csv.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {"commits": doc.get("runs_recorded", {}).get("commits", []), "score": doc.get("score", {})}
+
+
+COLUMNS = ("delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "n")
+
+
+def _delta(d, lo, hi) -> str:
+    if pd.isna(d):
+        return ""
+    return f"{d:+.1f}" if pd.isna(lo) else f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def _scored(verdicts: pd.Series) -> pd.Series:
+    """A verdict the score counts: given, and not "not run" (a registered row none of the runs holds)."""
+    return ~verdicts.isin(["", stats.NOT_RUN])
+
+
+def compare(mine: Path, reference: Path) -> pd.DataFrame:
+    """One line per row scored on either side (the reference's order, then rows only these runs scored): each side's
+    prediction, verdict, Δ PPL % with its 95% interval and seeds (the reference's columns suffixed _reference), and
+    whether both were scored (`compared`) and the same."""
+    a, b = _side(reference), _side(mine)
+    rows = list(a.index) + [r for r in b.index if r not in a.index]
+    lines = pd.DataFrame({"row": rows})
+    for side, suffix in ((a, "_reference"), (b, "")):
+        got = side.reindex(rows)
+        for col in ("predicted", "verdict"):
+            lines[col + suffix] = got[col].fillna("").to_numpy()
+        for col in COLUMNS:
+            lines[col + suffix] = got[col].astype("Int64" if col == "n" else float).array
+    lines["compared"] = _scored(lines["verdict_reference"]) & _scored(lines["verdict"])
+    lines["same"] = lines["compared"] & (lines["verdict_reference"] == lines["verdict"])
+    lines["predicted_changed"] = lines["compared"] & (lines["predicted_reference"] != lines["predicted"])
+    return lines
+
+
+def lead(lines: pd.DataFrame) -> str:
+    """'8 of 10 scored verdicts the same; different: C5 (significant agree there, inconclusive here), ...; passes:
+    the reference 9 of 10, these runs 8 of 10.' (passes and scored tests as the report's score counts them)"""
+    both = lines[lines["compared"]]
+    differ = both[~both["same"]]
+    text = f"**{int(both['same'].sum())} of {len(both)} scored verdicts the same**"
+    if len(differ):
+        text += "; different: " + ", ".join(
+            f"{r.row} ({r.verdict_reference} there, {r.verdict} here)" for r in differ.itertuples()
+        )
+    one_side = lines[_scored(lines["verdict_reference"]) != _scored(lines["verdict"])]
+    if len(one_side):
+        text += "; scored on one side only: " + ", ".join(one_side["row"])
+    passes = [
+        f"{int(lines[c].isin(stats.PASSING).sum())} of {int(_scored(lines[c]).sum())}"
+        for c in ("verdict_reference", "verdict")
+    ]
+    changed = lines[lines["predicted_changed"]]
+    if len(changed):
+        text += "; predicted differently (another registration): " + ", ".join(changed["row"])
+    return text + f"; passes: the reference {passes[0]}, these runs {passes[1]}."
+
+
+def _deltas(lines: pd.DataFrame, suffix: str) -> list[str]:
+    cols = [lines[c + suffix] for c in COLUMNS[:3]]
+    return [_delta(d, lo, hi) for d, lo, hi in zip(*cols)]
+
+
+def markdown(lines: pd.DataFrame, mine: Path, reference: Path, notice: str) -> str:
+    predicted = lines["predicted_reference"].where(lines["predicted_reference"] != "", lines["predicted"])
+    shown = pd.DataFrame(
+        {
+            "row": lines["row"],
+            "predicted": predicted,
+            "verdict (reference)": lines["verdict_reference"],
+            "verdict (these runs)": lines["verdict"],
+            "same": [
+                "yes" if same else "**no**" if compared else "" for same, compared in zip(lines.same, lines.compared)
+            ],
+            "Δ PPL % [95%] (reference)": _deltas(lines, "_reference"),
+            "Δ PPL % [95%] (these runs)": _deltas(lines, ""),
+            "seeds (reference)": lines["n_reference"].map(lambda x: fmt_number(x, "d")),
+            "seeds (these runs)": lines["n"].map(lambda x: fmt_number(x, "d")),
+        }
+    )
+    align = ["left"] * 5 + ["right"] * 4
+    ran = [", ".join(c[:10] for c in _recorded(p).get("commits", [])) for p in (reference, mine)]
+    ran = [f"ran from {c}" if c else "recorded no commit" for c in ran]
+    title = f"# {mine.stem} against {reference.parent}/{reference.name}"
+    table = shown.to_markdown(index=False, disable_numparse=True, colalign=align)
+    tail = (
+        f"The reference's runs {ran[0]}; these runs {ran[1]}. A verdict is each report's own "
+        "(its stability rule and Holm family, reports/verdicts.py); each report's notes say how it was reached."
+    )
+    return "\n".join([notice, "", title, "", lead(lines), "", table, "", tail, ""])
+
+
+def write_against(mine_csv: Path, reference: Path, notice: str) -> list[Path]:
+    """Write MINE-against.md and .csv beside the report `mine_csv` when `reference` (a folder) holds a report of the
+    same name; [] (with a warning) when it holds none."""
+    ref_csv = reference / mine_csv.name
+    if not ref_csv.is_file():
+        log.warning(
+            "--against %s holds no %s (it holds %s): %s not compared",
+            reference,
+            mine_csv.name,
+            ", ".join(sorted(p.name for p in reference.glob("table3-*.csv"))),
+            mine_csv.stem,
+        )
+        return []
+    lines = compare(mine_csv, ref_csv)
+    stem = mine_csv.with_name(f"{mine_csv.stem}-against")
+    return [
+        atomic_write_text(stem.with_suffix(".md"), markdown(lines, mine_csv, ref_csv, notice)),
+        atomic_write_text(stem.with_suffix(".csv"), lines.to_csv(index=False, lineterminator="\n")),
+    ]
