@@ -11,9 +11,10 @@
 # (python -m aiayn from the root) and writes at most 8 files under $OUT, whatever the stages do:
 #   summary.md         each stage's result and time, and the figures that go into BENCHMARKS.md
 #   results.json       every figure, by stage
-#   evidence-slice.md  the report of a real slice of the evidence table trained on the GPU
+#   evidence.md        the report of the evidence table trained on the GPU (what finished by the stage's limit)
+#   evidence-against.md  that report against reports/reference/evidence (two CPU cores), verdict by verdict
 #   logs.tar.gz        every stage's log and JSON (its runs stay in a scratch folder outside $OUT)
-# Stages, each bounded by `timeout`, together within 480 s:
+# Stages, each bounded by `timeout` (SIGTERM at its limit, SIGKILL 10 s later), their limits 480 s together:
 #   paths      the grad_w path the fused loss takes on this torch, the empty-source beam on the fused attention
 #              kernels, static-shape training compiled without hitting the recompile limit (dynamo's tracing) <= 40 s
 #   bench      `aiayn bench --size paper --profile` eager, --compile model, --compile graphs (CUDA graphs): tokens/s,
@@ -22,10 +23,12 @@
 #              seed-steps/s and launches a step of each                                                  <= 30 s
 #   pack-graphs  the same with a fourth side, the pack compiled with --compile graphs: its step and Adam's update
 #              replayed as CUDA graphs (the packed static-shape step captured), compiled in the warm-up      <= 45 s
-#   share      evidence-size runs sharing the GPU apart (--pack off), 1, 4 and 8 at once: their wall time, and
-#              (as the slice's) training steps/s, final evaluation and setup apart from the runs' metrics.json <= 90 s
-#   slice      `aiayn table3 --preset evidence` on base, C1, C4, C5 (2 seeds, 1000 steps; each row's seeds
-#              one pack, --pack auto) and its report                                                         <= 90 s
+#   table      the whole evidence table, `aiayn table3 --preset evidence` (every scored row, its seeds, 4500 steps;
+#              each row's seeds one pack, --pack auto, 8 packs at once), stopped at the limit if it has not finished:
+#              runs finished, seed-steps trained (from the runs' logs) and the whole table's wall projected from
+#              them; training steps/s, final evaluation and setup apart from the runs' metrics.json         <= 160 s
+#   report     its report, and the report read against reports/reference/evidence verdict by verdict
+#              (`aiayn report --against`)                                                                    <= 20 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
 set -u
 STAGED="optuna alembic SQLAlchemy greenlet Mako colorlog sacremoses shtab"
@@ -55,23 +58,24 @@ export AIAYN_CACHE=${AIAYN_CACHE:-$WORK/cache}
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
 START=$(date +%s)
 note() { echo "$*" | tee -a "$SUM"; }
-stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, log it, note its status and time
+stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, log it, note its status and time (stages.jsonl too)
   local name=$1 limit=$2; shift 2
   local t0=$(date +%s)
-  timeout "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" > "$WORK/logs/$name.log" 2>&1  # SIGTERM at the limit; SIGKILL 10 s on
   local rc=$?
   note "| $name | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s |"
+  echo "{\"stage\": \"$name\", \"exit\": $rc, \"wall_s\": $(( $(date +%s) - t0 ))}" >> "$WORK/stages.jsonl"
 }
 
 if [ "$SMOKE" = 1 ]; then
   export AIAYN_COMPILE_BACKEND=eager  # dynamo's tracing, without inductor's code generation: minutes on a CPU
   DEVICE=cpu; ACCEL=cpu; BENCH=(--size tiny --steps 1 --trials 1 --warmup 1 --decode-sentences 4)
   PACK=(--pack 2 --tokens 96 --steps 1 --trials 1 --warmup 1)
-  SHARE=(1 2); SHARE_STEPS=30; SLICE=(--seeds 1 --base-seeds 1 --max-steps 40 --val-every 10)
+  TABLE=(--rows base,C1,C5 --seeds 1 --base-seeds 2 --max-steps 40 --val-every 10 --jobs 2)
 else
   DEVICE=cuda; ACCEL=gpu; BENCH=(--size paper --steps 3 --trials 3)
   PACK=(--pack 16 --steps 5 --trials 3)
-  SHARE=(1 4 8); SHARE_STEPS=300; SLICE=(--seeds 2 --base-seeds 2 --max-steps 1000 --jobs 8)
+  TABLE=(--jobs 8)  # the preset's own rows, seeds and budget: the table that reports/reference/evidence holds
 fi
 
 : > "$SUM"
@@ -156,29 +160,17 @@ done
 stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --json "$WORK/pack.json"
 stage pack-graphs 45 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
     --json "$WORK/pack-graphs.json"
-stage share 90 "$PY" - "$WORK" "$ACCEL" "$SHARE_STEPS" "${SHARE[@]}" <<'EOF'
-# N evidence-size runs at once on this one device, apart (the sweep places them: sweeps/backends/processes.py), for N
-# in the list: the wall time of all of them, setup included
-import json, subprocess, sys, time
-work, accel, steps, counts = sys.argv[1], sys.argv[2], sys.argv[3], [int(n) for n in sys.argv[4:]]
-for n in counts:
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "aiayn", "table3", "--preset", "evidence", "--rows", "base", "--seeds",
-                    str(n), "--base-seeds", str(n), "--first-seed", "900", "--jobs", str(n), "--max-steps", steps,
-                    "--val-every", "1000", "--no-stability-validations", "--report", "", "--accelerator", accel,
-                    "--pack", "off",  # N runs apart (the slice stage packs: --pack auto on a GPU)
-                    "--out", f"{work}/share-{n}"],
-                   check=True)
-    with open(f"{work}/share.jsonl", "a") as f:
-        f.write(json.dumps({"runs": n, "steps": int(steps), "wall_s": round(time.perf_counter() - t0, 1)}) + "\n")
-EOF
-stage slice 90 "$PY" -m aiayn table3 --preset evidence --rows base,C1,C4,C5 "${SLICE[@]}" --first-seed 900 \
-    --accelerator "$ACCEL" --out "$WORK/slice" --report "$WORK/slice/reports"
-cp "$WORK/slice/reports/table3-evidence.md" "$OUT/evidence-slice.md" 2>/dev/null || note "no evidence-slice report"
+stage table 160 "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" --pack auto --accelerator "$ACCEL" \
+    --out "$WORK/table" --report ""
+"$PY" -m aiayn status --json "$WORK/table" > "$WORK/table-status.json" 2> "$WORK/logs/table-status.log"
+stage report 20 "$PY" -m aiayn report --runs "$WORK/table" --out "$WORK/reports" --preset evidence \
+    --against reports/reference/evidence
+cp "$WORK/reports/table3-evidence.md" "$OUT/evidence.md" 2>/dev/null || note "no evidence report"
+cp "$WORK/reports/table3-evidence-against.md" "$OUT/evidence-against.md" 2>/dev/null || note "no comparison"
 
 note ""
 "$PY" - "$WORK" "$OUT/results.json" <<'EOF' | tee -a "$SUM"
-import json, sys
+import csv, json, sys
 from pathlib import Path
 work, results = Path(sys.argv[1]), {}
 def read(name):
@@ -220,35 +212,66 @@ if r:  # aiayn bench --pack --compile graphs: the packed static-shape step and A
     c = r["packed, compiled"]
     print(f"- the pack of {r['K']} compiled (--compile graphs): {c['seed_steps_per_s']:.1f} seed-steps/s "
           f"({c['launches_per_step']:.0f} launches a call); / separate {r['compiled_speedup']:.2f}x")
+stages = {}
+for line in (work / "stages.jsonl").read_text().splitlines() if (work / "stages.jsonl").is_file() else []:
+    stages[json.loads(line)["stage"]] = json.loads(line)
+results["stages"] = stages
+# the whole table (item 4a): the runs finished by the stage's limit, the seed-steps trained (a finished run's from
+# its metrics.json, an unfinished one's from its logs' last step) and the whole table's wall at that rate
 try:
-    share = [json.loads(line) for line in (work / "share.jsonl").read_text().splitlines()]
-except OSError:
-    share = []
-results["share"] = share
-for s in share:
-    print(f"- {s['runs']} evidence-size run(s) at once: {s['runs'] * s['steps'] / s['wall_s']:.1f} steps/s together, "
-          f"{s['steps'] / s['wall_s']:.1f} each (wall {s['wall_s']:.0f} s, setup included)")
+    pairs = [p for sweep in json.loads((work / "table-status.json").read_text()) for p in sweep["pairs"]]
+except (OSError, ValueError):
+    pairs = []
+if pairs and "table" in stages:
+    planned = [p["steps"] for p in pairs if p["steps"]]
+    planned = sum(p["steps"] or max(planned) for p in pairs) if planned else None
+    trained = 0
+    for p in pairs:
+        if p["state"] == "completed":
+            trained += p["steps"] or 0
+            continue
+        last = 0
+        for log in (Path(p["run_dir"]) / "logs").glob("version_*/metrics.csv") if p["run_dir"] else []:
+            with open(log, newline="") as f:
+                last = max([last] + [int(float(r["step"])) + 1 for r in csv.DictReader(f) if r.get("step")])
+        trained += last
+    wall = stages["table"]["wall_s"]
+    done = sum(p["state"] == "completed" for p in pairs)
+    t = results["table"] = {"runs": len(pairs), "completed": done, "wall_s": wall, "seed_steps": trained,
+                            "seed_steps_planned": planned, "seed_steps_per_s": trained / wall if wall else None}
+    t["projected_wall_s"] = planned / t["seed_steps_per_s"] if planned and t["seed_steps_per_s"] else None
+    whole = "the whole table" if done == len(pairs) else f"{done} of {len(pairs)} runs (stopped at the limit)"
+    projected = f"; the whole table at that rate: {t['projected_wall_s'] / 60:.1f} min" if t["projected_wall_s"] else ""
+    print(f"- the evidence table, packed: {whole} in {wall} s; {trained:,} of {planned or 0:,} seed-steps, "
+          f"{t['seed_steps_per_s'] or 0:.0f} seed-steps/s with setup and evaluation{projected} (target: 8 min)")
+against = work / "reports" / "table3-evidence-against.csv"
+if against.is_file():  # aiayn report --against (reports/against.py)
+    rows = list(csv.DictReader(open(against, newline="")))
+    compared = [r for r in rows if r["compared"] == "True"]
+    moved = [f"{r['row']} ({r['verdict_reference']} -> {r['verdict']})" for r in compared if r["same"] != "True"]
+    results["against"] = {"compared": len(compared), "same": len(compared) - len(moved), "moved": moved}
+    print(f"- against reports/reference/evidence: {len(compared) - len(moved)} of {len(compared)} scored verdicts "
+          f"the same{'; moved: ' + ', '.join(moved) if moved else ''}")
 # steps/s from the runs' own records (item 4c): training apart from setup and the final evaluation
 from statistics import median
 results["runs"] = {}
-for name in [d.name for d in sorted(work.glob("share-*"))] + ["slice"]:
-    ms = []
-    for path in sorted((work / name).glob("**/metrics.json")):
-        try:
-            m = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if m.get("status") == "completed" and m.get("train_time_s"):
-            ms.append(m)
-    if not ms:
+ms = []
+for path in sorted((work / "table").glob("**/metrics.json")):
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError):
         continue
+    if m.get("status") == "completed" and m.get("train_time_s"):
+        ms.append(m)
+if ms:
     rates = [m["steps"] / m["train_time_s"] for m in ms]
     evals = [m.get("eval_time_s") or 0.0 for m in ms]
     rest = [m["wall_time_s"] - m["train_time_s"] - e for m, e in zip(ms, evals) if m.get("wall_time_s")]
-    r = results["runs"][name] = {"runs": len(ms), "train_steps_per_s": median(rates), "seed_steps_per_s": sum(rates),
-                                 "eval_s": median(evals), "rest_s": median(rest) if rest else None}
+    r = results["runs"]["table"] = {"runs": len(ms), "train_steps_per_s": median(rates),
+                                    "seed_steps_per_s": sum(rates), "eval_s": median(evals),
+                                    "rest_s": median(rest) if rest else None}
     rest_text = f", setup, checkpoints and waiting {r['rest_s']:.1f} s" if rest else ""
-    print(f"- {name}, from its runs' metrics.json: {r['runs']} runs, training {r['train_steps_per_s']:.1f} steps/s "
+    print(f"- the table, from its runs' metrics.json: {r['runs']} runs, training {r['train_steps_per_s']:.1f} steps/s "
           f"a run (median), {r['seed_steps_per_s']:.1f} seed-steps/s summed; final evaluation {r['eval_s']:.1f} s a "
           f"run{rest_text}")
 Path(sys.argv[2]).write_text(json.dumps(results, indent=1) + "\n")

@@ -70,9 +70,9 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["evidence-slice.md", "logs.tar.gz", "results.json", "summary.md"] and len(files) <= 8
+    assert files == ["evidence-against.md", "evidence.md", "logs.tar.gz", "results.json", "summary.md"]
     summary = (out / "summary.md").read_text()
-    for stage in ("paths", "bench-none", "bench-model", "bench-graphs", "pack", "pack-graphs", "share", "slice"):
+    for stage in ("paths", "bench-none", "bench-model", "bench-graphs", "pack", "pack-graphs", "table", "report"):
         assert f"| {stage} | ok |" in summary, summary
     results = json.loads((out / "results.json").read_text())
     paths = results["paths"]
@@ -81,15 +81,22 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
         compiled = paths["static_shapes_compiled"][how]
         assert compiled["recompile_limit_hit"] == compiled["graph_breaks"] == 0, compiled
         assert compiled["graphs_added_by_decoding"] == 0
-    assert [s["runs"] for s in results["share"]] == [1, 2]
+    # the table: base's 2 seeds, C1's and C5's one, 40 steps each, every seed-step counted
+    table = results["table"]
+    assert (table["runs"], table["completed"], table["seed_steps"], table["seed_steps_planned"]) == (4, 4, 160, 160)
+    assert table["projected_wall_s"] > 0 and "- the evidence table, packed: the whole table in " in summary
     runs = results["runs"]  # from the runs' own metrics.json: training apart from setup and the final evaluation
-    assert [runs[f"share-{n}"]["runs"] for n in (1, 2)] == [1, 2] and runs["slice"]["runs"] == 4
-    assert runs["slice"]["train_steps_per_s"] > 0 and "- slice, from its runs' metrics.json: 4 runs" in summary
+    assert runs["table"]["runs"] == 4 and runs["table"]["train_steps_per_s"] > 0
+    assert "- the table, from its runs' metrics.json: 4 runs" in summary
+    # capped runs (--max-steps 40) get no verdicts: every reference row is scored on its side only
+    against = (out / "evidence-against.md").read_text()
+    assert "**0 of 0 scored verdicts the same**; scored on one side only: A3, A4" in against
+    assert results["against"] == {"compared": 0, "same": 0, "moved": []}
     assert results["pack"]["K"] == 2 and "- a pack of 2 evidence-size seeds: packed " in summary
     assert results["pack-graphs"]["packed, compiled"]["seed_steps_per_s"] > 0
     assert "compiled (--compile graphs)" in summary
     assert results["bench-graphs"][0]["graphs_compiled"] > 0 and results["bench-graphs"][0]["compile"] == "graphs"
     assert results["bench-none"][0]["profile"]["launches_per_step"] > 0 and "  profile: " in summary  # --profile
     with tarfile.open(out / "logs.tar.gz") as tar:
-        assert "logs/slice.log" in tar.getnames()
+        assert {"logs/table.log", "logs/report.log"} <= set(tar.getnames())
     assert not list(tmp_path.glob("aiayn-gpu-check.*")), "the scratch folder was left behind"
