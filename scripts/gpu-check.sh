@@ -4,6 +4,7 @@
 #   bash scripts/gpu-check.sh prep                        # 1. where PyPI is reachable: stage what the GPU image lacks
 #   OUT=/tmp/gpu-check bash scripts/gpu-check.sh          # 2. on the GPU machine, from the repository's root
 #   GPU_CHECK_SMOKE=1 OUT=/tmp/gc bash scripts/gpu-check.sh   # the same stages on a CPU, small (a few minutes)
+#   GPU_CHECK_TABLE_S=N: the table stage's limit (default 160 s); with the smoke, GPU_CHECK_TABLE_STEPS its steps (40)
 #
 # `prep` downloads into .gpucheck/whl/ (git-ignored; carry it to the GPU machine with the checkout) the wheels of the
 # packages aiayn imports at start that the GPU image lacks (STAGED below, for CPython 3.12 on x86-64); the check
@@ -71,7 +72,7 @@ if [ "$SMOKE" = 1 ]; then
   export AIAYN_COMPILE_BACKEND=eager  # dynamo's tracing, without inductor's code generation: minutes on a CPU
   DEVICE=cpu; ACCEL=cpu; BENCH=(--size tiny --steps 1 --trials 1 --warmup 1 --decode-sentences 4)
   PACK=(--pack 2 --tokens 96 --steps 1 --trials 1 --warmup 1)
-  TABLE=(--rows base,C1,C5 --seeds 1 --base-seeds 2 --max-steps 40 --val-every 10 --jobs 2)
+  TABLE=(--rows base,C1,C5 --seeds 1 --base-seeds 2 --max-steps "${GPU_CHECK_TABLE_STEPS:-40}" --val-every 10 --jobs 2)
 else
   DEVICE=cuda; ACCEL=gpu; BENCH=(--size paper --steps 3 --trials 3)
   PACK=(--pack 16 --steps 5 --trials 3)
@@ -160,7 +161,7 @@ done
 stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --json "$WORK/pack.json"
 stage pack-graphs 45 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
     --json "$WORK/pack-graphs.json"
-stage table 160 "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" --pack auto --accelerator "$ACCEL" \
+stage table "${GPU_CHECK_TABLE_S:-160}" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" --pack auto --accelerator "$ACCEL" \
     --out "$WORK/table" --report ""
 "$PY" -m aiayn status --json "$WORK/table" > "$WORK/table-status.json" 2> "$WORK/logs/table-status.log"
 stage report 20 "$PY" -m aiayn report --runs "$WORK/table" --out "$WORK/reports" --preset evidence \
