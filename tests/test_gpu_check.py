@@ -103,17 +103,22 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
 
 
 @pytest.mark.slow
-def test_a_table_stopped_at_its_limit_counts_the_seed_steps_its_runs_trained(cache, tmp_path):
-    """The table stage cut by its limit (as on a GPU where the whole table takes longer): the sweep stops cleanly
-    (SIGTERM to its process group), no run finished, and the summary counts the seed-steps the unfinished runs
-    trained from their curves and projects the whole table's wall from them."""
+def test_the_table_call_stopped_at_its_limit_counts_the_seed_steps_its_runs_trained(cache, tmp_path):
+    """`gpu-check.sh table`, the whole table in one call: its two stages alone, the packs compiled as --compile graphs
+    compiles them, here cut by the stage's limit (as on a GPU where the whole table takes longer): the sweep stops
+    cleanly (SIGTERM to its process group), no run finished, and the summary counts the seed-steps the unfinished
+    runs trained from their curves and projects the whole table's wall from them."""
     out = tmp_path / "out"
     env = dict(os.environ, GPU_CHECK_SMOKE="1", OUT=str(out), PYTHON=sys.executable, AIAYN_CACHE=str(cache))
     env.update(TMPDIR=str(tmp_path), GPU_CHECK_TABLE_S="25", GPU_CHECK_TABLE_STEPS="2000")
-    done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "table"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (out / "summary.md").read_text()
-    assert "| table | FAILED (exit 124) |" in summary, summary
+    assert "the table: --static-shapes --pad-to 8 --compile graphs, limit 25 s" in summary
+    assert "| table | FAILED (exit 124) |" in summary and "| paths |" not in summary
+    assert "| report | not run: no run of the table finished |" in summary
     table = json.loads((out / "results.json").read_text())["table"]
     assert (table["runs"], table["completed"], table["seed_steps_planned"]) == (4, 0, 8000), table
     assert 0 < table["seed_steps"] < 8000 and table["projected_wall_s"] > 25
