@@ -260,8 +260,7 @@ def _test(pred: Prediction, mine: list[float], base: list[float]) -> _Test:
     p_diff = stats.welch_p(shifted, b) if pred.equivalence else stats.welch_p(a, b)
     p = stats.tost_p(shifted, b, margin) if pred.equivalence else p_diff
     tost = stats.welch_ci(a, b, level=1 - 2 * stats.ALPHA)[1:] if pred.equivalence else (math.nan, math.nan)
-    return _Test(pred, _worse_by(pred.metric, mine, base), p, p_diff, len(mine), len(base), (low, high), margin,
-                 tost)  # fmt: skip
+    return _Test(pred, _worse_by(pred.metric, mine, base), p, p_diff, len(mine), len(base), (low, high), margin, tost)
 
 
 def every_change_hurts(pred: Prediction, cell: Cell | None = None) -> Prediction:

@@ -134,8 +134,7 @@ def test_trackers_get_the_budget_beside_the_final_numbers():
     from aiayn.lightning_modules.run.loggers import budget_values
 
     m = RunMetrics("base", 0, "quick", "completed", steps=60, planned_steps=60, budget_steps=3000)
-    assert m.capped and budget_values(m) == {"budget/steps": 60.0, "budget/budget_steps": 3000.0,
-                                             "budget/capped": 1.0}  # fmt: skip
+    assert m.capped and budget_values(m) == {"budget/steps": 60.0, "budget/budget_steps": 3000.0, "budget/capped": 1.0}
     full = RunMetrics("base", 0, "quick", "completed", steps=3000, planned_steps=3000, budget_steps=3000)
     assert not full.capped and budget_values(full)["budget/capped"] == 0.0
     assert "capped: 60 of its 3000" in RunMetrics("base", 0, "quick", "completed", steps=60, budget_steps=3000,

@@ -236,8 +236,7 @@ def test_a_ddp_checkpoint_holds_each_ranks_own_rng_states(cache, tmp_path):
     import torch
 
     _finish(_train(tmp_path, cache, "--devices", "2", "--strategy", "ddp", "--ckpt-every", "10"))
-    ckpt = torch.load(tmp_path / "tiny" / "synthetic" / ROW / "seed0" / "checkpoints" / "last.ckpt",
-                      weights_only=False)  # fmt: skip
+    ckpt = torch.load(tmp_path / "tiny" / "synthetic" / ROW / "seed0" / "checkpoints" / "last.ckpt", weights_only=False)
     (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("RNGStates")]
     ranks = state["ranks"]
     assert len(ranks) == 2 and all(r is not None for r in ranks)

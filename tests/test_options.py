@@ -311,8 +311,7 @@ def test_lightning_users_spellings_are_accepted_or_answered_with_aiayns(capsys):
     aiayn's command. bench's old `--config SIZE` is answered with `--size`."""
     from aiayn.cli import main, parse
 
-    args = parse(["train", "--trainer.gradient_clip_val", "1.0", "--trainer.log_every_n_steps=2",
-                  "--print_config"])  # fmt: skip
+    args = parse(["train", "--trainer.gradient_clip_val", "1.0", "--trainer.log_every_n_steps=2", "--print_config"])
     aiayns = parse(["train", "--trainer", "gradient_clip_val=1.0", "--trainer", "log_every_n_steps=2"])
     assert from_args(TrainOptions, args).trainer == from_args(TrainOptions, aiayns).trainer
     assert set(from_args(TrainOptions, args).trainer) == {"gradient_clip_val", "log_every_n_steps"}

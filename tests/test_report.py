@@ -157,8 +157,7 @@ def test_provenance_beside_the_csvs(report):
     assert sorted(baselines) == ["every_change_hurts", "more_parameters_help"]  # clearly named, one score each
     hurts = baselines["every_change_hurts"]
     assert (hurts["passed"], hurts["agree"], hurts["differs_on"]) == (1, 2, ["D3"])
-    assert doc["score"]["random_signs"] == {"directional_tests": 4, "expected_agree": 2.0,
-                                            "p_at_least_as_many": 0.3125}  # fmt: skip
+    assert doc["score"]["random_signs"] == {"directional_tests": 4, "expected_agree": 2.0, "p_at_least_as_many": 0.3125}
     assert doc["score"]["passed"] == 1 and doc["cells"] == []
     # the fixture's runs predate provenance: none recorded a commit, and the report says so
     assert doc["runs_recorded"] == {"commits": [], "dirty_runs": [], "unrecorded_runs": 13, "predictions_sha256": []}

@@ -88,8 +88,7 @@ def chosen(logger: str | None, wandb: bool = False) -> tuple[str, ...]:
         raise UserError(f"--logger {logger!r} names no logger; pass a comma-separated subset of {', '.join(KINDS)}")
     unknown = [n for n in names if n not in KINDS]
     if unknown:
-        raise UserError(f"--logger: unknown logger {unknown[0]!r}; pass a comma-separated subset of "
-                        f"{', '.join(KINDS)}")  # fmt: skip
+        raise UserError(f"--logger: unknown logger {unknown[0]!r}; pass a comma-separated subset of {', '.join(KINDS)}")
     names = tuple(dict.fromkeys([*names, *(["wandb"] if wandb else [])]))
     if "wandb" in names:  # a WANDB_MODE W&B does not know: said before a run directory exists
         from aiayn.common.wandb_mode import check_mode

@@ -202,8 +202,7 @@ class PackModule(pl.LightningModule):
                 self.diverged[k] = (step, f"loss {float(sums[k, 0])} at optimizer step {step}")
                 self._frozen[k] = [p.detach()[k].clone() for p in params]
                 self._alive = None
-                log.warning("seed %d of the pack diverged: %s; the others train on", self.seeds[k],
-                            self.diverged[k][1])  # fmt: skip
+                log.warning("seed %d of the pack diverged: %s; the others train on", self.seeds[k], self.diverged[k][1])
         accumulate = self.trainer.accumulate_grad_batches
         scale = [0.0 if k in self.diverged else accumulate / max(windows[k][1], 1) for k in range(K)]
         scale = torch.tensor(scale, device=self.device)
