@@ -85,11 +85,12 @@ if [ "$SMOKE" = 1 ]; then
   export AIAYN_COMPILE_BACKEND=eager  # dynamo's tracing, without inductor's code generation: minutes on a CPU
   DEVICE=cpu; ACCEL=cpu; BENCH=(--size tiny --steps 1 --trials 1 --warmup 1 --decode-sentences 4)
   PACK=(--pack 2 --tokens 96 --steps 1 --trials 1 --warmup 1)
-  TABLE=(--rows base,C1,C5 --seeds 1 --base-seeds 2 --max-steps "${GPU_CHECK_TABLE_STEPS:-40}" --val-every 10 --jobs 2)
+  TABLE=(--rows base,C1,C5 --seeds 1 --base-seeds 2 --max-steps "${GPU_CHECK_TABLE_STEPS:-40}" --val-every 10 --jobs 2
+         --pack 2)  # packs on a CPU too (auto packs on a GPU only): base's two seeds one pack
 else
   DEVICE=cuda; ACCEL=gpu; BENCH=(--size paper --steps 3 --trials 3)
   PACK=(--pack 16 --steps 5 --trials 3)
-  TABLE=(--jobs 8)  # the preset's own rows, seeds and budget: the table that reports/reference/evidence holds
+  TABLE=(--jobs 8 --pack auto)  # the preset's rows, seeds and budget: the table reports/reference/evidence holds
 fi
 
 : > "$SUM"
@@ -177,7 +178,7 @@ stage pack-graphs 45 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${
     --json "$WORK/pack-graphs.json"
 fi
 # shellcheck disable=SC2086
-stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" $TABLE_COMPILE --pack auto \
+stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" $TABLE_COMPILE \
     --accelerator "$ACCEL" --out "$WORK/table" --report ""
 "$PY" -m aiayn status --json "$WORK/table" > "$WORK/table-status.json" 2> "$WORK/logs/table-status.log"
 if find "$WORK/table" -name metrics.json 2>/dev/null | grep -q .; then

@@ -19,6 +19,29 @@ def cache(tmp_path_factory):
         os.environ["AIAYN_CACHE"] = old
 
 
+class FakePopen:
+    """subprocess.Popen that starts nothing (the subprocess back end's trainer): records (cmd, env) in `started`
+    and the signals it is sent, and exits with `returncode`."""
+
+    started: list = []
+    returncode = 1
+
+    def __init__(self, cmd, env=None, **kwargs):
+        self.signals = []
+        type(self).started.append((cmd, env))
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+    def wait(self):
+        return self.returncode
+
+
+def fake_popen(started: list, returncode: int = 1) -> type:
+    """A FakePopen class recording into `started`."""
+    return type("Popen", (FakePopen,), {"started": started, "returncode": returncode})
+
+
 class RunnerBackend:
     """A test double of a sweep back end (sweeps/backends.py): `runner(sweep, corpus, row, seed)` (and `gpus=` when
     the worker has GPUs) stands in for the training run and returns its metrics as a dict; the queue, the claims

@@ -160,7 +160,8 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
     """The subprocess back end, a SLURM array task and an HPO trial train the spec their driver resolved: the
     child looks no row up, and a table edited after the driver resolved it changes nothing already handed out."""
     import shlex
-    import subprocess as sp
+
+    from conftest import fake_popen
 
     from aiayn.ablations.selection import Selection
     from aiayn.lightning_modules.run.options import TrainOptions
@@ -178,12 +179,12 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
                         train=TrainOptions(out=str(tmp_path / "sub"), max_steps=2, table=(str(table),)))  # fmt: skip
     sweep = build_sweep(opts)
     started = []
-    with monkeypatch.context() as m:  # subprocess.run itself: only for this call
-        m.setattr(backends.subprocess, "run", lambda cmd, **k: started.append(cmd) or sp.CompletedProcess(cmd, 0))
+    with monkeypatch.context() as m:  # subprocess.Popen itself: only for this call
+        m.setattr(backends.subprocess, "Popen", fake_popen(started, returncode=0))
         backends.SubprocessBackend().run_one(sweep, "wide-ff", 0, None)
     table.write_text(MINE.replace("4096", "1024"))  # edited after the driver resolved the row
     before = dict(counts)
-    child = _child_spec(started[0][3:])  # [python, -m, aiayn, train, ...]
+    child = _child_spec(started[0][0][3:])  # [python, -m, aiayn, train, ...]
     assert counts == before and child == sweep.specs["wide-ff"] and child.model.d_ff == 1024  # 4096 x 1/4, not 1024
     table.write_text(MINE)
 

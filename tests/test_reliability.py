@@ -359,6 +359,38 @@ def test_a_signal_stops_a_sweep_in_one_line_and_the_same_command_runs_what_it_st
     assert sorted(calls[1:]) == [("A1", 0), ("A2", 0), ("base", 0)]
 
 
+def test_a_trainer_a_stopping_sweep_would_start_is_not_started_or_is_stopped_at_once(tmp_path, monkeypatch):
+    """Seen on a CPU run of the GPU check's table call, cut by `timeout`: a worker that claimed a pack as the group's
+    SIGTERM came started its trainer after it; that process never got the signal, trained on, and held the driver
+    until `timeout` killed both (exit 137, nothing reported). Now a back end starts no trainer once the sweep has
+    stopped, and one started while the stop was handled is sent it at once."""
+    from conftest import fake_popen
+
+    from aiayn.sweeps.backends.local import LocalBackend
+    from aiayn.sweeps.backends.processes import SubprocessBackend
+    from aiayn.sweeps.table3 import build_sweep
+
+    train = TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False)
+    sweep = build_sweep(SweepOptions(select=Selection(rows="base"), backend="subprocess", train=train))
+    spawned, made = [], []
+    monkeypatch.setattr("subprocess.Popen", fake_popen(spawned))
+    monkeypatch.setattr("aiayn.sweeps.backends.local._forkserver", lambda: pytest.fail("forked after the stop"))
+    for backend in (SubprocessBackend(), LocalBackend()):  # stopped while the pair was claimed: nothing starts
+        backend.stop.signum = signal.SIGTERM
+        assert backend.run_one(sweep, "base", 0, None).status == "failed" and spawned == []
+    backend = SubprocessBackend()
+
+    class Starting(fake_popen(spawned)):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            backend.stop.signum = signal.SIGTERM  # handled while the trainer was being started, before it joined
+            made.append(self)
+
+    monkeypatch.setattr("subprocess.Popen", Starting)
+    backend.run_one(sweep, "base", 0, None)
+    assert len(spawned) == 1 and made[0].signals == [signal.SIGTERM]
+
+
 def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeypatch):
     import aiayn.lightning_modules.run.train as train_mod
     from aiayn.sweeps.hpo import HpoOptions, run_hpo

@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import RunnerBackend
+from conftest import RunnerBackend, fake_popen
 
 from aiayn.ablations.predictions import predictions, scored_rows
 from aiayn.ablations.presets import PRESETS
@@ -192,9 +192,7 @@ def test_jobs_share_the_cores_and_one_process_runs_are_forked_from_the_forkserve
             pass
 
     monkeypatch.setattr("aiayn.sweeps.backends.local._forkserver", lambda: type("Ctx", (), {"Process": FakeProcess}))
-    monkeypatch.setattr(
-        "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
-    )
+    monkeypatch.setattr("subprocess.Popen", fake_popen(spawned))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
@@ -451,9 +449,7 @@ def test_a_runs_own_process_inherits_no_launchers_variables(monkeypatch):
 
 def test_a_run_on_its_gpus_is_a_fresh_process_with_its_cuda_visible_devices(tmp_path, monkeypatch):
     spawned = []
-    monkeypatch.setattr(
-        "subprocess.run", lambda cmd, env, **kw: spawned.append((cmd, env)) or type("P", (), {"returncode": 1})
-    )
+    monkeypatch.setattr("subprocess.Popen", fake_popen(spawned))
     monkeypatch.setattr("aiayn.sweeps.backends.local._forkserver", lambda: pytest.fail("a GPU run must not be forked"))
     monkeypatch.setattr("aiayn.sweeps.backends.processes.visible_gpus", lambda: ["0", "1", "2", "3"])
     for gpus, devices in (("3", 1), ("2,3", 2)):

@@ -92,6 +92,8 @@ class LocalBackend(QueueBackend):
         return _result(sweep, row, seed, self.train_process(sweep, row, sweep.run_options(row, seed), run))
 
     def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
+        if self.stop.signum is not None:  # stopped while this pair was claimed: not started (told at once if later)
+            return None
         run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
         child = _forkserver().Process(
             target=_train_in_child, args=(opts, sweep.specs[row], str(run.sweep_log), _threads(sweep.jobs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -105,6 +106,12 @@ class SubprocessBackend(QueueBackend):
         return _result(sweep, row, seed, self.train_process(sweep, row, sweep.run_options(row, seed), run, slot))
 
     def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
+        """Its trainer shares the driver's process group: a signal to the group reaches it, one to the driver alone
+        lets it finish. One started while the sweep stops would miss the group's signal and train on, the driver
+        waiting for it (seen: a pack claimed as `timeout` stopped a sweep ran to its end, and `timeout` killed the
+        sweep 10 s on): it is not started, or told at once."""
+        if self.stop.signum is not None:
+            return None
         run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
         slots = self.slots(sweep) or []
         index = slots.index(slot) if slot in slots else 0
@@ -114,7 +121,10 @@ class SubprocessBackend(QueueBackend):
             out.flush()
             resolved = write_resolved(run.resolved_file, sweep.specs[row], f"aiayn table3 --backend {self.name}")
             cmd = train_process_command(opts, resolved)
-            return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+            trainer = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+            if self.stop.signum is not None:  # the stop came while it started: before it joined the group's signal
+                trainer.send_signal(signal.SIGTERM)
+            return trainer.wait()
 
 
 def mps_state() -> str:
