@@ -43,13 +43,13 @@ def _side(csv: Path) -> pd.DataFrame:
     ]
 
 
-def _recorded(csv: Path) -> dict:
-    """The report's .json beside its .csv: the commits its runs recorded and its score ({} where it is missing)."""
+def _commits(csv: Path) -> list[str]:
+    """The commits the report's runs recorded, from its .json beside its .csv ([] where it is missing)."""
     try:
         doc = json.loads(csv.with_suffix(".json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
-    return {"commits": doc.get("runs_recorded", {}).get("commits", []), "score": doc.get("score", {})}
+        return []
+    return doc.get("runs_recorded", {}).get("commits", [])
 
 
 COLUMNS = ("delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "n")
@@ -131,7 +131,7 @@ def markdown(lines: pd.DataFrame, mine: Path, reference: Path, notice: str) -> s
         }
     )
     align = ["left"] * 5 + ["right"] * 4
-    ran = [", ".join(c[:10] for c in _recorded(p).get("commits", [])) for p in (reference, mine)]
+    ran = [", ".join(c[:10] for c in _commits(p)) for p in (reference, mine)]
     ran = [f"ran from {c}" if c else "recorded no commit" for c in ran]
     title = f"# {mine.stem} against {reference.parent}/{reference.name}"
     table = shown.to_markdown(index=False, disable_numparse=True, colalign=align)

@@ -508,6 +508,7 @@ def test_a_report_against_another_names_every_verdict_that_moved(report, tmp_pat
         "**2 of 3 scored verdicts the same**; different: A1 (inconclusive there, significant agree here); scored on "
         "one side only: D3; passes: the reference 0 of 3, these runs 1 of 4." in md
     )
+    assert "The reference's runs recorded no commit; these runs recorded no commit." in md  # the fixture's runs
 
 
 def test_a_report_against_itself_keeps_every_verdict(report, tmp_path, monkeypatch):
