@@ -20,6 +20,7 @@
 #   results.json       every figure, by stage
 #   evidence.md        the report of the evidence table trained on the GPU (what finished by the stage's limit)
 #   evidence-against.md  that report against reports/reference/evidence (two CPU cores), verdict by verdict
+#   evidence-report.tar.gz  every file of that report (CSVs, the runs' curves, JSON, plots): what a commit keeps
 #   logs.tar.gz        every stage's log and JSON (its runs stay in a scratch folder outside $OUT)
 # Stages, each bounded by `timeout` (SIGTERM at its limit, SIGKILL 10 s later), their limits 480 s together:
 #   paths      the grad_w path the fused loss takes on this torch, the empty-source beam on the fused attention
@@ -186,6 +187,8 @@ if find "$WORK/table" -name metrics.json 2>/dev/null | grep -q .; then
       --against reports/reference/evidence
   cp "$WORK/reports/table3-evidence.md" "$OUT/evidence.md" 2>/dev/null || note "no evidence report"
   cp "$WORK/reports/table3-evidence-against.md" "$OUT/evidence-against.md" 2>/dev/null || note "no comparison"
+  # every file of the report (its runs' curves among them), to commit beside reports/reference/evidence
+  [ -d "$WORK/reports" ] && tar czf "$OUT/evidence-report.tar.gz" -C "$WORK" reports
 else
   note "| report | not run: no run of the table finished | |"
 fi

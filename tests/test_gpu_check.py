@@ -70,7 +70,16 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["evidence-against.md", "evidence.md", "logs.tar.gz", "results.json", "summary.md"]
+    assert files == [
+        "evidence-against.md",
+        "evidence-report.tar.gz",
+        "evidence.md",
+        "logs.tar.gz",
+        "results.json",
+        "summary.md",
+    ]
+    with tarfile.open(out / "evidence-report.tar.gz") as tar:  # the report whole: its runs' curves to commit
+        assert {"reports/table3-evidence-curves.csv", "reports/table3-evidence-against.csv"} <= set(tar.getnames())
     summary = (out / "summary.md").read_text()
     for stage in ("paths", "bench-none", "bench-model", "bench-graphs", "pack", "pack-graphs", "table", "report"):
         assert f"| {stage} | ok |" in summary, summary
