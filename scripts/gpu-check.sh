@@ -178,6 +178,9 @@ stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]
 stage pack-graphs 45 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
     --json "$WORK/pack-graphs.json"
 fi
+# 8 trainers compiling at once: inductor's worker pool is as many processes as cores in each (8 x 16 on the H200's
+# machine); two each share the cores instead (the benches above compile alone, with the whole pool)
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
 # shellcheck disable=SC2086
 stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" $TABLE_COMPILE \
     --accelerator "$ACCEL" --out "$WORK/table" --report ""
