@@ -18,7 +18,7 @@ from aiayn.ablations.predictions import SCORED
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text
 from aiayn.reports import stats
-from aiayn.reports.render import fmt_number
+from aiayn.reports.render import delta_ci, fmt_number
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,6 @@ def _commits(csv: Path) -> list[str]:
 
 
 COLUMNS = ("delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "n")
-
-
-def _delta(d, lo, hi) -> str:
-    if pd.isna(d):
-        return ""
-    return f"{d:+.1f}" if pd.isna(lo) else f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]"
 
 
 def _scored(verdicts: pd.Series) -> pd.Series:
@@ -110,7 +104,7 @@ def lead(lines: pd.DataFrame) -> str:
 
 def _deltas(lines: pd.DataFrame, suffix: str) -> list[str]:
     cols = [lines[c + suffix] for c in COLUMNS[:3]]
-    return [_delta(d, lo, hi) for d, lo, hi in zip(*cols)]
+    return [delta_ci(d, lo, hi) for d, lo, hi in zip(*cols)]
 
 
 def markdown(lines: pd.DataFrame, mine: Path, reference: Path, notice: str) -> str:

@@ -81,9 +81,16 @@ def _differs(row: pd.Series, base: pd.Series | None) -> str:
     return ", ".join(out)
 
 
+def delta_ci(d, lo, hi) -> str:
+    """A Δ PPL % with its 95% interval where there is one: "+3.9 [+1.1, +6.7]", "+3.9", or "" for none."""
+    if pd.isna(d):
+        return ""
+    return f"{d:+.1f}" if pd.isna(lo) else f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
 def _delta_ci(table: pd.DataFrame) -> list[str]:
     return [
-        "" if pd.isna(d) else (f"{d:+.1f}" if pd.isna(lo) else f"{d:+.1f} [{lo:+.1f}, {hi:+.1f}]")
+        delta_ci(d, lo, hi)
         for d, lo, hi in zip(table["delta_ppl_pct"], table["delta_ppl_ci_low"], table["delta_ppl_ci_high"])
     ]
 
