@@ -240,10 +240,8 @@ if r:  # aiayn bench --pack --compile graphs: the packed static-shape step and A
     c = r["packed, compiled"]
     print(f"- the pack of {r['K']} compiled (--compile graphs): {c['seed_steps_per_s']:.1f} seed-steps/s "
           f"({c['launches_per_step']:.0f} launches a call); / separate {r['compiled_speedup']:.2f}x")
-stages = {}
-for line in (work / "stages.jsonl").read_text().splitlines() if (work / "stages.jsonl").is_file() else []:
-    stages[json.loads(line)["stage"]] = json.loads(line)
-results["stages"] = stages
+lines = (work / "stages.jsonl").read_text().splitlines() if (work / "stages.jsonl").is_file() else []
+results["stages"] = stages = {s["stage"]: s for s in map(json.loads, lines)}
 # the whole table (item 4a): the runs finished by the stage's limit, the seed-steps trained (a finished run's from
 # its metrics.json, an unfinished one's from its logs' last step) and the whole table's wall at that rate
 try:
@@ -251,18 +249,16 @@ try:
 except (OSError, ValueError):
     pairs = []
 if pairs and "table" in stages:
-    planned = [p["steps"] for p in pairs if p["steps"]]
-    planned = sum(p["steps"] or max(planned) for p in pairs) if planned else None
+    from aiayn.reports.runs import read_curve  # every attempt's logged curve of a run, as the report reads it
+    known = [p["steps"] for p in pairs if p["steps"]]  # a pending pair plans as its sweep's others
+    planned = sum(p["steps"] or max(known) for p in pairs) if known else None
     trained = 0
     for p in pairs:
         if p["state"] == "completed":
             trained += p["steps"] or 0
-            continue
-        last = 0
-        for log in (Path(p["run_dir"]) / "logs").glob("version_*/metrics.csv") if p["run_dir"] else []:
-            with open(log, newline="") as f:
-                last = max([last] + [int(float(r["step"])) + 1 for r in csv.DictReader(f) if r.get("step")])
-        trained += last
+        elif p["run_dir"]:
+            steps = read_curve(Path(p["run_dir"]), "train/loss")["step"]
+            trained += int(steps.max()) + 1 if len(steps) else 0
     wall = stages["table"]["wall_s"]
     done = sum(p["state"] == "completed" for p in pairs)
     t = results["table"] = {"runs": len(pairs), "completed": done, "wall_s": wall, "seed_steps": trained,
@@ -274,7 +270,8 @@ if pairs and "table" in stages:
           f"{t['seed_steps_per_s'] or 0:.0f} seed-steps/s with setup and evaluation{projected} (target: 8 min)")
 against = work / "reports" / "table3-evidence-against.csv"
 if against.is_file():  # aiayn report --against (reports/against.py)
-    rows = list(csv.DictReader(open(against, newline="")))
+    with open(against, newline="") as f:
+        rows = list(csv.DictReader(f))
     compared = [r for r in rows if r["compared"] == "True"]
     moved = [f"{r['row']} ({r['verdict_reference']} -> {r['verdict']})" for r in compared if r["same"] != "True"]
     results["against"] = {"compared": len(compared), "same": len(compared) - len(moved), "moved": moved}
