@@ -306,6 +306,67 @@ def test_a_diverging_run_ends_with_status_diverged_its_step_and_a_finite_last_ch
     assert f"base seed 0: diverged: {metrics['error']}" in report
 
 
+class _StateAfterEachStep(pl.Callback):
+    """The weights and Adam's state after each optimizer step, by step, and the steps whose training batch began."""
+
+    def __init__(self):
+        self.after, self.began, self.validated = {}, [], []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.validated.append(trainer.global_step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.began.append(trainer.global_step + 1)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        state = trainer.optimizers[0].state
+        self.after[trainer.global_step] = (
+            {k: v.detach().clone() for k, v in pl_module.state_dict().items()},
+            {i: {k: v.clone() for k, v in state[p].items()} for i, p in enumerate(pl_module.parameters())},
+        )
+
+
+@pytest.mark.parametrize("val_every", [1000, 5], ids=["between steps", "before a validation"])
+def test_a_non_finite_step_between_log_steps_changes_no_weight_and_is_named_at_the_next_step(
+    cache, tmp_path, monkeypatch, val_every
+):
+    """Issue 42: on one device with fused Adam, a step between log steps does not read its non-finite flag at once
+    (no host-device sync); the step's update is skipped on the device (fused Adam's found_inf) and the run stops at
+    the next step with the step it diverged at. Step 5's loss is made NaN: after step 5 the weights, Adam's moments
+    and its step count are step 4's, the next step began but took no update, and metrics.json names step 5. With a
+    validation after step 5, the flag is read before it: no validation of a step that diverged."""
+    from aiayn.lightning_modules.run import module
+    from aiayn.lightning_modules.run import train as T
+
+    real_loss, bad_step = module.projected_label_smoothed_loss, 5
+
+    def nan_at_step_5(*a, **kw):
+        loss, nll, rest = real_loss(*a, **kw)
+        if watch.began[-1] == bad_step:
+            loss = loss * float("nan")
+        return loss, nll, rest
+
+    monkeypatch.setattr(module, "projected_label_smoothed_loss", nan_at_step_5)
+    watch = _StateAfterEachStep()
+    opts = TrainOptions(out=str(tmp_path), max_steps=10, val_every=val_every, ckpt_every=1000, progress=False,
+                        accelerator="cpu", overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2}, eval_subset=2,
+                        trainer={"log_every_n_steps": 100})  # fmt: skip
+    T.train(opts, hooks=T.Hooks(callbacks=(watch,)))
+    metrics = json.loads((run_dir(tmp_path) / "metrics.json").read_text())
+    assert metrics["status"] == "diverged" and metrics["diverged_at_step"] == bad_step, metrics
+    assert metrics["error"] == f"loss nan at optimizer step {bad_step}"
+    if val_every == 1000:
+        assert watch.began[-1] == bad_step + 1  # deferred: read at the next step, before its update
+    else:
+        assert watch.began[-1] == bad_step and bad_step not in watch.validated, watch.validated
+    (weights4, adam4), (weights5, adam5) = watch.after[bad_step - 1], watch.after[bad_step]
+    assert all(torch.isfinite(v).all() for v in weights5.values() if v.is_floating_point())
+    assert all(torch.equal(weights4[k], weights5[k]) for k in weights4)
+    assert all(torch.equal(adam4[i][k], adam5[i][k]) for i in adam4 for k in adam4[i])
+    assert float(adam5[0]["step"]) == bad_step - 1
+    assert not torch.equal(watch.after[bad_step - 2][0]["model.embed.weight"], weights4["model.embed.weight"])
+
+
 def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
     calls = []
 

@@ -37,7 +37,8 @@ def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
 
 class Diverged(Exception):
     """The training loss became NaN or inf at optimizer step `step` (1-based): a result (status "diverged"), not a
-    crash. Raised before that step's update is applied or saved, so last.ckpt keeps the last finite state."""
+    crash. That step's update is never applied or saved (raised before it, or, where its flag was read a step late,
+    with the update skipped on the device: TranslationModule._defer), so last.ckpt keeps the last finite state."""
 
     def __init__(self, step: int, loss: float) -> None:
         super().__init__(f"loss {loss} at optimizer step {step}")
@@ -84,6 +85,9 @@ class TranslationModule(pl.LightningModule):
         self.dropout_stream: DropoutStream | None = None  # masks by counter (`use_counter_dropout`), else torch's
         self.compiled_optimizer: str | None = None  # torch.compile's mode for Adam's update (--compile graphs)
         self._micro = 0  # this rank's batches since the last optimizer step
+        self._pending: tuple | None = None  # a step whose non-finite flag is on its way to the host (`_defer`)
+        self._flag_host: Tensor | None = None  # where it lands (pinned memory on a GPU's host)
+        self._copied = None  # a CUDA event recorded after the copy
 
     def use_counter_dropout(self, seed: int) -> None:
         """Draw the dropout masks by counter (`--dropout-rng counter`): each a function of the seed and the batch's
@@ -138,14 +142,22 @@ class TranslationModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Once per optimizer step: normalize the update by its real target tokens (see the module docstring), count
-        them, and stop a run whose loss is not finite (`Diverged`, before the step is taken or saved).
+        them, and stop a run whose loss is not finite (`Diverged`, with that step's update not applied or saved).
 
-        One host-device synchronization per step, with every default on (the progress bar, a log step): the token
-        counts come from the host (collate counts them); with several ranks they, the non-finite flag and the ranks'
-        other flags (`step_flags`: a SLURM requeue signal) are summed by one all-reduce (torch.distributed's own:
-        Lightning's `strategy.reduce` puts a barrier before it); then one transfer brings the flags to the host,
+        At most one host-device synchronization per step, with every default on (the progress bar, a log step): the
+        token counts come from the host (collate counts them); with several ranks they, the non-finite flag and the
+        ranks' other flags (`step_flags`: a SLURM requeue signal) are summed by one all-reduce (torch.distributed's
+        own: Lightning's `strategy.reduce` puts a barrier before it); then one transfer brings the flags to the host,
         and on a log step the step's loss sums and token totals with them, so that what is logged (and what the
-        progress bar shows between log steps) is host numbers, which Lightning reads without waiting on the device."""
+        progress bar shows between log steps) is host numbers, which Lightning reads without waiting on the device.
+
+        One device, fused Adam, not a log step: no synchronization at all (`_defer`). The flag goes to the host
+        behind the step's queue and is read at the next step, while the device trains on; this step's update is
+        skipped on the device if the flag is set (fused Adam's `found_inf`, as a gradient scaler skips an overflowed
+        step), so a non-finite step still changes no weight, Adam moment or step count, and `Diverged` names it."""
+        self._settle()  # the previous step's flag, if it was deferred: Diverged for that step, before this update
+        if getattr(optimizer, "found_inf", None) is not None:
+            optimizer.found_inf = None  # the last step's skip flag: this step's is set by `_defer`, or none is
         (n_src, n_tgt), self._window = self._window, [0, 0]
         self._micro = 0
         sums, self._sums = self._sums, None
@@ -171,6 +183,10 @@ class TranslationModule(pl.LightningModule):
             torch._foreach_mul_(grads, self.trainer.accumulate_grad_batches / max(n_tgt, 1))
             self.trained["src_tokens"] += n_src
             self.trained["tgt_tokens"] += n_tgt
+            if not log_now and self._defer(optimizer, step, diverged, sums):
+                self.trained["steps"] += 1
+                self.step_decisions = {**others, "diverged": False}  # not known yet: `_settle` at the next step
+                return
             payload.append(diverged)
         if log_now:
             payload.append(sums.detach().to(torch.float64))
@@ -191,6 +207,50 @@ class TranslationModule(pl.LightningModule):
             tokens = rest[2:4] if world > 1 else [float(n_src), float(n_tgt)]
             self._log_step(rest[0], rest[1], max(n_tgt, 1), tokens)
 
+    def _defer(self, optimizer, step: int, diverged: Tensor, sums: Tensor) -> bool:
+        """Leave the step's non-finite flag on the device where the optimizer can act on it: fused Adam skips its
+        update where `found_inf` is 1 (torch.optim.Adam reads the attribute at each step, as GradScaler sets it), and
+        the flag is copied to pinned host memory behind the step's work (no wait), for `_settle` to read. False
+        (the flag read now) where the update cannot be skipped on the device: another optimizer (GraphedAdam's
+        single-tensor update, foreach Adam), or a gradient scaler that owns `found_inf`."""
+        if not (isinstance(optimizer, torch.optim.Adam) and optimizer.defaults.get("fused")):
+            return False
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return False
+        flag = diverged.to(torch.float32).reshape(())  # as a gradient scaler makes it
+        optimizer.found_inf = flag
+        cuda = flag.device.type == "cuda"
+        if self._flag_host is None:
+            self._flag_host = torch.zeros((), dtype=torch.float32, pin_memory=cuda)
+        self._flag_host.copy_(flag, non_blocking=cuda)
+        if cuda:
+            self._copied = self._copied or torch.cuda.Event()  # re-recorded each step: `_settle` waited on the last
+            self._copied.record()
+        self._pending = (step, sums)
+        return True
+
+    def _settle(self) -> None:
+        """Read the deferred flag of the last step (`_defer`), if any: Diverged for that step (its update was skipped
+        on the device). Called at the next step, and before anything reads or saves the state that step left:
+        validation, a checkpoint, the end of training. The host waits only for the copy, which was queued a step
+        ago."""
+        if self._pending is None:
+            return
+        (step, sums), self._pending = self._pending, None
+        if self._copied is not None:
+            self._copied.synchronize()
+        if self._flag_host.item() > 0:  # a host number: the copy has landed
+            raise Diverged(step, float(sums[0].float()))
+
+    def on_train_start(self) -> None:
+        self._pending = None
+
+    def on_validation_start(self) -> None:
+        self._settle()
+
+    def on_train_end(self) -> None:
+        self._settle()
+
     def _log_step(self, loss_sum: float, nll_sum: float, n_tgt: int, tokens: list[float]) -> None:
         """The step's curves, on the steps whose logs Lightning writes (every `log_every_n_steps`), as host numbers in
         CPU tensors (Lightning keeps a logged tensor where it is; a Python number it would copy to the device): loss
@@ -210,6 +270,7 @@ class TranslationModule(pl.LightningModule):
                      rank_zero_only=name.startswith("train/") and "tokens_per_step" in name)  # fmt: skip
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self._settle()  # a step whose update was skipped is never saved as taken: Diverged first
         checkpoint["aiayn_trained"] = self.trained_counts()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
