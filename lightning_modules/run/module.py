@@ -221,7 +221,7 @@ class TranslationModule(pl.LightningModule):
         optimizer.found_inf = flag
         cuda = flag.device.type == "cuda"
         if self._flag_host is None:
-            self._flag_host = torch.zeros((), dtype=torch.float32, pin_memory=cuda)
+            self._flag_host = torch.zeros((), dtype=torch.float32, device="cpu", pin_memory=cuda)
         self._flag_host.copy_(flag, non_blocking=cuda)
         if cuda:
             self._copied = self._copied or torch.cuda.Event()  # re-recorded each step: `_settle` waited on the last
