@@ -195,8 +195,10 @@ def on_train_batch_start(self, *a):
     if last[0] is not None:
         per_step.append(None if validated[0] else {k: now[k] - last[0][k] for k in now})
     last[0], validated[0] = now, False
+real_validation_start = module.TranslationModule.on_validation_start
 def on_validation_start(self):
     validated[0] = True
+    real_validation_start(self)
 module.TranslationModule.on_train_batch_start = on_train_batch_start
 module.TranslationModule.on_validation_start = on_validation_start
 rank = os.environ.get("LOCAL_RANK", "0")
@@ -208,10 +210,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_two_processes_sync_once_per_step_with_one_collective(cache, tmp_path):
-    """Issue 31: under DDP (2 processes, gloo) with the progress bar on and log steps in the window, each rank reads
-    the device once per optimizer step and calls one collective (the packed counts and flags); Lightning's
-    strategy.reduce would add a barrier to it."""
+def test_two_processes_sync_on_log_steps_only_with_one_collective_a_step(cache, tmp_path):
+    """Issue 31: under DDP (2 processes, gloo) with the progress bar on and log steps in the window, each rank calls
+    one collective per optimizer step (the packed counts and flags; Lightning's strategy.reduce would add a barrier
+    to it) and reads the device once on a log step. Issue 42: and not at all between log steps (the reduced flags
+    are read at the next step, fused Adam skipping a non-finite update on the device meanwhile)."""
     script = tmp_path / "count_syncs.py"
     script.write_text(COUNT_SYNCS)
     counts = tmp_path / "counts"
@@ -224,9 +227,55 @@ def test_two_processes_sync_once_per_step_with_one_collective(cache, tmp_path):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in (0, 1):
-        per_step = [s for s in json.loads((counts / f"rank{rank}.json").read_text())[1:] if s is not None]
-        assert len(per_step) >= 6, per_step  # the first step sets things up; the two validated ones left out
-        assert {json.dumps(s, sort_keys=True) for s in per_step} == {'{"collectives": 1, "reads": 1}'}, (rank, per_step)
+        # entry i is step i + 1; the first sets things up; the two validated ones (75%, 87.5% of 10) are None
+        per_step = {i: s for i, s in enumerate(json.loads((counts / f"rank{rank}.json").read_text()), start=1)
+                    if i > 1 and s is not None}  # fmt: skip
+        assert len(per_step) >= 6, per_step
+        assert per_step == {i: {"collectives": 1, "reads": 1 if i % 2 == 0 else 0} for i in per_step}, (rank, per_step)
+
+
+# Rank 1's 5th training loss (optimizer step 5: one batch a step) made NaN; rank 0's stays finite.
+NAN_ON_RANK_1 = """
+import os, sys
+from aiayn.lightning_modules.run import module
+real_loss, calls = module.projected_label_smoothed_loss, [0]
+def nan_at_step_5(*a, **kw):
+    loss, nll, rest = real_loss(*a, **kw)
+    calls[0] += 1
+    if os.environ.get("LOCAL_RANK") == "1" and calls[0] == 5:
+        loss = loss * float("nan")
+    return loss, nll, rest
+module.projected_label_smoothed_loss = nan_at_step_5
+from aiayn.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("log_every", [100, 5], ids=["read a step late", "read at its log step"])
+def test_a_loss_not_finite_on_one_rank_stops_every_rank_with_that_step_never_saved(cache, tmp_path, log_every):
+    """Issue 42: the non-finite flag is reduced over the ranks, so one rank's NaN stops them all at the same step:
+    read a step late between log steps (fused Adam skipped the step's update on every rank meanwhile, so the
+    checkpoint saved after it is refused: last.ckpt holds step 4, finite), or at once on a log step. The
+    message says the loss was not finite on another rank (rank 0's own was)."""
+    script = tmp_path / "nan_on_rank_1.py"
+    script.write_text(NAN_ON_RANK_1)
+    cmd = [sys.executable, str(script), "train", "--preset", "tiny", "--row", ROW, "--accelerator", "cpu",
+           "--devices", "2", "--strategy", "ddp", "--max-steps", "20", "--val-every", "1000", "--ckpt-every", "1",
+           "--eval-subset", "8", "--out", str(tmp_path / "runs"), "--no-progress", "--trainer",
+           f"log_every_n_steps={log_every}", "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny" / "synthetic" / ROW / "seed0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["status"] == "diverged" and metrics["diverged_at_step"] == 5, metrics
+    assert metrics["error"].startswith("loss not finite on another rank (this rank's "), metrics["error"]
+    import torch
+
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
 
 
 @pytest.mark.slow

@@ -41,7 +41,9 @@ class Diverged(Exception):
     with the update skipped on the device: TranslationModule._defer), so last.ckpt keeps the last finite state."""
 
     def __init__(self, step: int, loss: float) -> None:
-        super().__init__(f"loss {loss} at optimizer step {step}")
+        here = f"loss {loss}"  # with several ranks the flag is any rank's: this rank's loss may be finite
+        what = here if not math.isfinite(loss) else f"loss not finite on another rank (this rank's {loss:.4g})"
+        super().__init__(f"{what} at optimizer step {step}")
         self.step, self.loss = step, loss
 
 
@@ -146,16 +148,19 @@ class TranslationModule(pl.LightningModule):
 
         At most one host-device synchronization per step, with every default on (the progress bar, a log step): the
         token counts come from the host (collate counts them); with several ranks they, the non-finite flag and the
-        ranks' other flags (`step_flags`: a SLURM requeue signal) are summed by one all-reduce (torch.distributed's
-        own: Lightning's `strategy.reduce` puts a barrier before it); then one transfer brings the flags to the host,
-        and on a log step the step's loss sums and token totals with them, so that what is logged (and what the
-        progress bar shows between log steps) is host numbers, which Lightning reads without waiting on the device.
+        ranks' other flags (`step_flags`: a SLURM requeue signal, a SIGTERM) are summed by one all-reduce
+        (torch.distributed's own: Lightning's `strategy.reduce` puts a barrier before it); then one transfer brings
+        the flags to the host, and on a log step the step's loss sums and token totals with them, so that what is
+        logged (and what the progress bar shows between log steps) is host numbers, which Lightning reads without
+        waiting on the device.
 
-        One device, fused Adam, not a log step: no synchronization at all (`_defer`). The flag goes to the host
-        behind the step's queue and is read at the next step, while the device trains on; this step's update is
-        skipped on the device if the flag is set (fused Adam's `found_inf`, as a gradient scaler skips an overflowed
-        step), so a non-finite step still changes no weight, Adam moment or step count, and `Diverged` names it."""
-        self._settle()  # the previous step's flag, if it was deferred: Diverged for that step, before this update
+        With fused Adam, a step that is not a log step makes no synchronization at all (`_defer`): its flags go to
+        the host behind the step's queue and are read at the next step (`_settle`), while the device trains on; the
+        step's update is skipped on the device if the loss was not finite (on any rank: the reduced flag), through
+        fused Adam's `found_inf`, as a gradient scaler skips an overflowed step. So a non-finite step still changes
+        no weight, Adam moment or step count, `Diverged` names it one step later, and with several ranks their
+        other flags (requeue, SIGTERM) are decided one step later, on every rank alike."""
+        settled = self._settle()  # the previous step's flags, if deferred: Diverged for that step, before this update
         if getattr(optimizer, "found_inf", None) is not None:
             optimizer.found_inf = None  # the last step's skip flag: this step's is set by `_defer`, or none is
         (n_src, n_tgt), self._window = self._window, [0, 0]
@@ -167,7 +172,6 @@ class TranslationModule(pl.LightningModule):
         log_now = bool(every) and (step % every == 0 or step >= (self.trainer.max_steps or 0) > 0)
         diverged = (~torch.isfinite(sums).all()).to(torch.float64).reshape(1)  # on the device
         others, self.step_flags = dict(self.step_flags), {}  # on the host
-        payload = []  # what the step's one transfer brings to the host
         if world > 1:  # counts and host flags through pinned memory (no wait), then one all-reduce with the device's
             cuda = self.device.type == "cuda"
             host = torch.tensor([n_src, n_tgt, *map(float, others.values())], dtype=torch.float64, device="cpu",
@@ -178,69 +182,77 @@ class TranslationModule(pl.LightningModule):
             torch._foreach_mul_(grads, scale)
             totals = packed[:2]
             self._trained_on_device = totals if self._trained_on_device is None else self._trained_on_device + totals
-            payload.append(packed[2:])  # the ranks' flags, then diverged
+            flags, names = packed[2:], list(others)  # the ranks' flags, then diverged
         else:
             torch._foreach_mul_(grads, self.trainer.accumulate_grad_batches / max(n_tgt, 1))
             self.trained["src_tokens"] += n_src
             self.trained["tgt_tokens"] += n_tgt
-            if not log_now and self._defer(optimizer, step, diverged, sums):
-                self.trained["steps"] += 1
-                self.step_decisions = {**others, "diverged": False}  # not known yet: `_settle` at the next step
-                return
-            payload.append(diverged)
+            flags, names = diverged, None  # one rank: its own flags are decided on the host
+        self.trained["steps"] += 1
+        if not log_now and self._defer(optimizer, step, flags, sums, names):
+            now = dict.fromkeys(others, False) if names is not None else others  # reduced flags: next step
+            self.step_decisions = {**now, **settled, "diverged": False}
+            return
+        payload = [flags]  # what the step's one transfer brings to the host
         if log_now:
             payload.append(sums.detach().to(torch.float64))
             if world > 1:
                 payload.append(packed[:2])
         values = torch.cat(payload).tolist()  # the step's one synchronization
-        n_flags = len(others) + 1 if world > 1 else 1
-        flags, rest = values[:n_flags], values[n_flags:]
-        if world > 1:
-            decisions = {**dict(zip(others, (x > 0 for x in flags[:-1]))), "diverged": flags[-1] > 0}
-        else:
-            decisions = {**others, "diverged": flags[0] > 0}
-        self.trained["steps"] += 1
-        self.step_decisions = decisions
+        decisions = self._decisions(values[: flags.numel()], names)
+        rest = values[flags.numel() :]
+        self.step_decisions = {**others, **{k: v or settled.get(k, False) for k, v in decisions.items()}}
         if decisions["diverged"]:
             raise Diverged(step, float(sums[0].float()))
         if log_now:
             tokens = rest[2:4] if world > 1 else [float(n_src), float(n_tgt)]
             self._log_step(rest[0], rest[1], max(n_tgt, 1), tokens)
 
-    def _defer(self, optimizer, step: int, diverged: Tensor, sums: Tensor) -> bool:
-        """Leave the step's non-finite flag on the device where the optimizer can act on it: fused Adam skips its
-        update where `found_inf` is 1 (torch.optim.Adam reads the attribute at each step, as GradScaler sets it), and
-        the flag is copied to pinned host memory behind the step's work (no wait), for `_settle` to read. False
-        (the flag read now) where the update cannot be skipped on the device: another optimizer (GraphedAdam's
-        single-tensor update, foreach Adam), or a gradient scaler that owns `found_inf`."""
+    @staticmethod
+    def _decisions(flags: list[float], names: list[str] | None) -> dict:
+        """The step's decisions from its flags as read: with several ranks (`names`: the host flags' names) the
+        reduced flags, any rank's counting, then diverged; with one rank diverged alone."""
+        if names is None:
+            return {"diverged": flags[0] > 0}
+        return {**dict(zip(names, (x > 0 for x in flags[:-1]))), "diverged": flags[-1] > 0}
+
+    def _defer(self, optimizer, step: int, flags: Tensor, sums: Tensor, names: list[str] | None) -> bool:
+        """Leave the step's flags on the device, where the optimizer acts on the non-finite one (the last): fused
+        Adam skips its update where `found_inf` is 1 (torch.optim.Adam reads the attribute at each step, as
+        GradScaler sets it), and the flags are copied to pinned host memory behind the step's work (no wait), for
+        `_settle` to read. False (the flags read now) where the update cannot be skipped on the device: another
+        optimizer (GraphedAdam's single-tensor update, foreach Adam), or a gradient scaler that owns `found_inf`."""
         if not (isinstance(optimizer, torch.optim.Adam) and optimizer.defaults.get("fused")):
             return False
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return False
-        flag = diverged.to(torch.float32).reshape(())  # as a gradient scaler makes it
-        optimizer.found_inf = flag
-        cuda = flag.device.type == "cuda"
-        if self._flag_host is None:
-            self._flag_host = torch.zeros((), dtype=torch.float32, device="cpu", pin_memory=cuda)
-        self._flag_host.copy_(flag, non_blocking=cuda)
+        optimizer.found_inf = (flags[-1] > 0).to(torch.float32)  # a 0-dim float32 tensor, as a gradient scaler's
+        cuda = flags.device.type == "cuda"
+        if self._flag_host is None or self._flag_host.shape != flags.shape:
+            self._flag_host = torch.zeros(flags.shape, dtype=flags.dtype, device="cpu", pin_memory=cuda)
+        self._flag_host.copy_(flags, non_blocking=cuda)
         if cuda:
             self._copied = self._copied or torch.cuda.Event()  # re-recorded each step: `_settle` waited on the last
             self._copied.record()
-        self._pending = (step, sums)
+        self._pending = (step, sums, names)
         return True
 
-    def _settle(self) -> None:
-        """Read the deferred flag of the last step (`_defer`), if any: Diverged for that step (its update was skipped
-        on the device). Called at the next step, and before anything reads or saves the state that step left:
-        validation, a checkpoint, the end of training. The host waits only for the copy, which was queued a step
-        ago."""
+    def _settle(self) -> dict:
+        """Read the deferred flags of the last step (`_defer`), if any: Diverged for that step (its update was
+        skipped on the device), else its decisions (with several ranks: requeue, SIGTERM), also merged into
+        `step_decisions` for the callbacks that read them. Called at the next step, and before anything reads or
+        saves the state that step left: validation, a checkpoint, the end of training. The host waits only for
+        the copy, which was queued a step ago."""
         if self._pending is None:
-            return
-        (step, sums), self._pending = self._pending, None
+            return {}
+        (step, sums, names), self._pending = self._pending, None
         if self._copied is not None:
             self._copied.synchronize()
-        if self._flag_host.item() > 0:  # a host number: the copy has landed
+        decided = self._decisions(self._flag_host.tolist(), names)  # host numbers: the copy has landed
+        if decided.pop("diverged"):
             raise Diverged(step, float(sums[0].float()))
+        self.step_decisions = {**self.step_decisions, **decided}
+        return decided
 
     def on_train_start(self) -> None:
         self._pending = None
