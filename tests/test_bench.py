@@ -3,6 +3,7 @@
 No timing is asserted here; BENCHMARKS.md has the measured numbers.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -218,6 +219,40 @@ def test_bench_trainer_cli_times_the_real_trainer_beside_the_bare_step(tmp_path,
 def test_bench_trainer_config_is_checked():
     assert main(["bench", "--trainer", "--trainer-size", "huge", "--device", "cpu"]) == 2
     assert main(["bench", "--trainer-size", "tiny", "--device", "cpu"]) == 2  # without --trainer: a mistake
+
+
+def test_bench_residual_dtype_keeps_aiayns_stream_in_bf16_and_says_so(monkeypatch):
+    """`aiayn bench --residual-dtype bf16` (issue 42: the bf16 stream's step on a GPU, the 31% MFU row of
+    BENCHMARKS): aiayn's model gets `residual_stream(model, bf16)` before it is compiled or timed, and the result
+    says which stream it timed. Called past the device check (a CPU bench has no autocast: refused below)."""
+    from aiayn.bench import BenchOptions
+
+    seen, real = [], bench.residual_stream
+
+    def recorded(model, dtype):
+        seen.append((model, dtype))
+        real(model, dtype)
+
+    monkeypatch.setattr(bench, "residual_stream", recorded)
+    small = dict(size="tiny", tokens=64, layers=1, steps=1, warmup=1, trials=1, decode_sentences=2, decode_src_len=4)
+    opts = BenchOptions(**small, decode_extra=2, device="cpu", residual_dtype="bf16")
+    (result,) = bench.run(opts)
+    assert len(seen) == 1 and seen[0][1] is torch.bfloat16 and seen[0][0].stream is torch.bfloat16
+    assert result["residual_dtype"] == "bf16" and result["train_tokens_per_s"] > 0
+    (plain,) = bench.run(dataclasses.replace(opts, residual_dtype="fp32"))
+    assert len(seen) == 1 and plain["residual_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize(
+    "argv,names",
+    [([], "runs on cpu in fp32"), (["--pack", "2"], "the bare step's"), (["--trainer"], "the bare step's")],
+    ids=["no CUDA", "--pack", "--trainer"],
+)
+def test_bench_residual_dtype_where_it_changes_nothing_is_one_line_and_exit_2(argv, names, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--residual-dtype", "bf16", *argv, "--device", "cpu", "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert names in err and len(err.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_the_fused_loss_casts_the_weight_once_per_call_under_autocast():

@@ -43,6 +43,12 @@ class BenchOptions:
     compile: str = option("none", "torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is "
                           "fixed, so statically; graphs: as CUDA graphs on a GPU)",
                           choices=("none", "layers", "model", "graphs"))  # fmt: skip
+    residual_dtype: str = option(
+        "fp32",
+        "aiayn's residual stream under the bench's bf16 autocast (a CUDA device), as `aiayn train --residual-dtype` "
+        "keeps it: fp32 (autocast's) or bf16",
+        choices=("fp32", "bf16"),
+    )
     multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
     cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")
     trainer: bool = option(

@@ -11,6 +11,8 @@ def bench(opts: BenchOptions) -> None:
     """Run the benchmark `opts` asks for; torch is imported by the module that runs it."""
     if opts.trainer and opts.pack:
         raise UserError("--trainer and --pack are two benches; pass one")
+    if opts.residual_dtype != "fp32" and (opts.trainer or opts.pack):
+        raise UserError("--residual-dtype is the bare step's (aiayn bench without --trainer or --pack); drop one")
     if opts.trainer:
         from aiayn.bench.trainer import main
     elif opts.pack:

@@ -50,7 +50,15 @@ from aiayn.common.files import atomic_write_text, check_writable_file
 from aiayn.lightning_modules.transformer.compiled import GraphedAdam, optimizer_mode
 from aiayn.lightning_modules.transformer.decoding import beam_search
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
-from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, Transformer, TransformerConfig, sinusoid_table
+from aiayn.lightning_modules.transformer.model import (
+    BOS,
+    EOS,
+    PAD,
+    Transformer,
+    TransformerConfig,
+    residual_stream,
+    sinusoid_table,
+)
 from aiayn.lightning_modules.use.export import marian_config
 
 log = logging.getLogger(__name__)
@@ -475,6 +483,8 @@ def run(args: BenchOptions) -> list[dict]:
     log.info("config %s: %s; batch %d×%d, %s, %d threads", bc.name, bc.note, B, S, label, torch.get_num_threads())
 
     models = {impl: build(impl, cfg).to(device) for impl in impls}
+    if args.residual_dtype == "bf16":  # before compiling: the stream's casts are in the traced code
+        residual_stream(models["aiayn"], torch.bfloat16)
     if args.compile != "none":
         from aiayn.lightning_modules.transformer.compiled import compile_model
 
@@ -524,6 +534,7 @@ def run(args: BenchOptions) -> list[dict]:
             "device_name": label,
             "threads": torch.get_num_threads(),
             "precision": "bf16-mixed" if device.type == "cuda" else "fp32",
+            "residual_dtype": args.residual_dtype if impl == "aiayn" else "fp32",
             "torch": torch.__version__,
             "params": trainable_params(models[impl]),
             "batch_sentences": B,
@@ -609,10 +620,18 @@ def table(results: list[dict]) -> str:
 
 
 def resolve_device(opts: BenchOptions) -> str:
-    """--device: auto is cuda when available; cuda without a visible device is a user error."""
+    """--device: auto is cuda when available; cuda without a visible device is a user error, and so is a bf16
+    residual stream without CUDA (the bench's step runs bf16 autocast on CUDA only: on a CPU it is fp32, and the
+    flag would change nothing)."""
     device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available; use --device cpu")
+    if opts.residual_dtype == "bf16" and device != "cuda":
+        why = "bf16 autocast, which the bench runs on CUDA only"
+        raise UserError(
+            f"--residual-dtype bf16 keeps the residual stream in bf16 under {why}, and this bench runs on {device} in "
+            "fp32; drop --residual-dtype"
+        )
     return device
 
 
