@@ -47,6 +47,13 @@ class Diverged(Exception):
         self.step, self.loss = step, loss
 
 
+def _named(sums: Tensor) -> float:
+    """The number a Diverged names: the step's first non-finite sum (loss, then NLL) of this rank, else its loss
+    (finite: another rank's was not)."""
+    values = sums.tolist()
+    return next((v for v in values if not math.isfinite(v)), values[0])
+
+
 class TranslationModule(pl.LightningModule):
     """Trains a Transformer on batches from `data.TranslationDataModule`."""
 
@@ -203,7 +210,7 @@ class TranslationModule(pl.LightningModule):
         rest = values[flags.numel() :]
         self.step_decisions = {**others, **{k: v or settled.get(k, False) for k, v in decisions.items()}}
         if decisions["diverged"]:
-            raise Diverged(step, float(sums[0].float()))
+            raise Diverged(step, _named(sums))
         if log_now:
             tokens = rest[2:4] if world > 1 else [float(n_src), float(n_tgt)]
             self._log_step(rest[0], rest[1], max(n_tgt, 1), tokens)
@@ -250,7 +257,7 @@ class TranslationModule(pl.LightningModule):
             self._copied.synchronize()
         decided = self._decisions(self._flag_host.tolist(), names)  # host numbers: the copy has landed
         if decided.pop("diverged"):
-            raise Diverged(step, float(sums[0].float()))
+            raise Diverged(step, _named(sums))
         self.step_decisions = {**self.step_decisions, **decided}
         return decided
 
