@@ -228,8 +228,11 @@ def test_two_processes_sync_on_log_steps_only_with_one_collective_a_step(cache, 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for rank in (0, 1):
         # entry i is step i + 1; the first sets things up; the two validated ones (75%, 87.5% of 10) are None
-        per_step = {i: s for i, s in enumerate(json.loads((counts / f"rank{rank}.json").read_text()), start=1)
-                    if i > 1 and s is not None}  # fmt: skip
+        per_step = {
+            i: s
+            for i, s in enumerate(json.loads((counts / f"rank{rank}.json").read_text()), start=1)
+            if i > 1 and s is not None
+        }
         assert len(per_step) >= 6, per_step
         assert per_step == {i: {"collectives": 1, "reads": 1 if i % 2 == 0 else 0} for i in per_step}, (rank, per_step)
 
@@ -260,10 +263,10 @@ def test_a_loss_not_finite_on_one_rank_stops_every_rank_with_that_step_never_sav
     message says the loss was not finite on another rank (rank 0's own was)."""
     script = tmp_path / "nan_on_rank_1.py"
     script.write_text(NAN_ON_RANK_1)
-    cmd = [sys.executable, str(script), "train", "--preset", "tiny", "--row", ROW, "--accelerator", "cpu",
-           "--devices", "2", "--strategy", "ddp", "--max-steps", "20", "--val-every", "1000", "--ckpt-every", "1",
-           "--eval-subset", "8", "--out", str(tmp_path / "runs"), "--no-progress", "--trainer",
-           f"log_every_n_steps={log_every}", "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    flags = "--preset tiny --accelerator cpu --devices 2 --strategy ddp --max-steps 20 --val-every 1000 --ckpt-every 1"
+    cmd = [sys.executable, str(script), "train", *flags.split(), "--row", ROW, "--eval-subset", "8", "--no-progress"]
+    cmd += ["--out", str(tmp_path / "runs"), "--trainer", f"log_every_n_steps={log_every}"]
+    cmd += ["--set", "N=1 d_model=32 d_ff=64 h=2"]
     env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

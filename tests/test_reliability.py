@@ -348,9 +348,17 @@ def test_a_non_finite_step_between_log_steps_changes_no_weight_and_is_named_at_t
 
     monkeypatch.setattr(module, "projected_label_smoothed_loss", nan_at_step_5)
     watch = _StateAfterEachStep()
-    opts = TrainOptions(out=str(tmp_path), max_steps=10, val_every=val_every, ckpt_every=1000, progress=False,
-                        accelerator="cpu", overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2}, eval_subset=2,
-                        trainer={"log_every_n_steps": 100})  # fmt: skip
+    opts = TrainOptions(
+        out=str(tmp_path),
+        max_steps=10,
+        val_every=val_every,
+        ckpt_every=1000,
+        progress=False,
+        accelerator="cpu",
+        overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2},
+        eval_subset=2,
+        trainer={"log_every_n_steps": 100},
+    )
     T.train(opts, hooks=T.Hooks(callbacks=(watch,)))
     metrics = json.loads((run_dir(tmp_path) / "metrics.json").read_text())
     assert metrics["status"] == "diverged" and metrics["diverged_at_step"] == bad_step, metrics
