@@ -110,8 +110,9 @@ def candidates() -> dict[str, tuple[str, ...]]:
         deltas = _paper_deltas(name)
         if deltas is None:
             continue
-        clear = [m for m, d, least in zip(METRICS, deltas, (MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL))
-                 if d >= least - 1e-9]  # fmt: skip
+        clear = [
+            m for m, d, least in zip(METRICS, deltas, (MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL)) if d >= least - 1e-9
+        ]
         if clear:
             out[name] = tuple(clear)
     return out
@@ -179,15 +180,18 @@ def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction
                 raise UserError(f"{where}: predicted must be one of {', '.join(PREDICTIONS)}, got {predicted!r}")
             measured = predicted in (*SCORED, "check")
             if (metric is None) == measured or (metric and metric not in METRICS):
-                raise UserError(f"{where}: a scored or checked row names its metric ({' or '.join(METRICS)}), a row "
-                                f"not testable none; got metric {metric!r} for {predicted!r}")  # fmt: skip
+                raise UserError(
+                    f"{where}: a scored or checked row names its metric ({' or '.join(METRICS)}), a row "
+                    f"not testable none; got metric {metric!r} for {predicted!r}"
+                )
             margin = _margin((raw.get("margin") or "").strip(), where, predicted)
             seeds = _seeds((raw.get("seeds") or "").strip(), where)
             center = _center((raw.get("center") or "").strip(), where, predicted)
             if row in out.setdefault(preset, {}):
                 raise UserError(f"{where}: row {row} of preset {preset} is listed twice")
-            out[preset][row] = Prediction(row, metric, predicted, (raw.get("reason") or "").strip(), margin, seeds,
-                                          center)  # fmt: skip
+            out[preset][row] = Prediction(
+                row, metric, predicted, (raw.get("reason") or "").strip(), margin, seeds, center
+            )
     return out
 
 

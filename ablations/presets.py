@@ -205,17 +205,39 @@ PRESETS = {
     p.name: p
     for p in (
         Preset(
-            name="paper", corpus="wmt14", vocab_size=37000, width=1.0, depth=1.0, train_steps=100_000,
-            tokens_per_step=25_000, max_tokens=25_000, warmup=4000, lr_factor=1.0, val_bleu_sentences=500,
-            val_every=5000, ckpt_every=1000, ckpt_every_minutes=10.0, weights_only_checkpoints=True,
+            name="paper",
+            corpus="wmt14",
+            vocab_size=37000,
+            width=1.0,
+            depth=1.0,
+            train_steps=100_000,
+            tokens_per_step=25_000,
+            max_tokens=25_000,
+            warmup=4000,
+            lr_factor=1.0,
+            val_bleu_sentences=500,
+            val_every=5000,
+            ckpt_every=1000,
+            ckpt_every_minutes=10.0,
+            weights_only_checkpoints=True,
             description="the paper: WMT14 En-De, paper sizes, 25k+25k tokens per step, 100k steps (300k big); "
             "checkpoints every 10 minutes, as the paper averaged them, weights only (about 0.25 GB each, not a full "
             "0.76 GB state every 1000 steps: every 30 s on an H100)",
         ),
         Preset(
-            name="small", corpus="multi30k", vocab_size=8000, width=0.5, depth=0.5, train_steps=2000,
-            tokens_per_step=4096, max_tokens=4096, warmup=200, lr_factor=1.0, val_bleu_sentences=200,
-            val_every=200, ckpt_every=100,
+            name="small",
+            corpus="multi30k",
+            vocab_size=8000,
+            width=0.5,
+            depth=0.5,
+            train_steps=2000,
+            tokens_per_step=4096,
+            max_tokens=4096,
+            warmup=200,
+            lr_factor=1.0,
+            val_bleu_sentences=200,
+            val_every=200,
+            ckpt_every=100,
             description="Multi30k En-De on one GPU: half width, half depth, about 20 epochs of its 29,000 pairs "
             "(the paper trained about 18 over WMT14), warmup 10%",
         ),
@@ -224,23 +246,43 @@ PRESETS = {
         _QUICK,
         _WIDE,
         replace(
-            _TINY, name="tiny-2k", train_pairs=2000, seeds=4, base_seeds=8, train_steps=1300, convergence="line",
+            _TINY,
+            name="tiny-2k",
+            train_pairs=2000,
+            seeds=4,
+            base_seeds=8,
+            train_steps=1300,
+            convergence="line",
             description="a data-limited regime, where dropout has overfitting to prevent: the tiny preset on the "
             "first 2,000 training pairs of the synthetic corpus (1300 steps: about 50 epochs; the budget chosen "
             "by the `line` convergence rule on two pilot seeds, see BENCHMARKS.md), 4 seeds each and 8 for base",
         ),
         Preset(
-            name="laptop", corpus="multi30k", vocab_size=8000, width=0.25, heads=0.5, depth=1 / 3,
+            name="laptop",
+            corpus="multi30k",
+            vocab_size=8000,
+            width=0.25,
+            heads=0.5,
+            depth=1 / 3,
             aliases=(("C2", "C1"),),
-            train_steps=7000, tokens_per_step=1024, max_tokens=1024, warmup=200, lr_factor=0.5,
-            val_bleu_sentences=200, val_every=500, ckpt_every=250, sweep_jobs=2, rows="scored", seeds=3,
+            train_steps=7000,
+            tokens_per_step=1024,
+            max_tokens=1024,
+            warmup=200,
+            lr_factor=0.5,
+            val_bleu_sentences=200,
+            val_every=500,
+            ckpt_every=250,
+            sweep_jobs=2,
+            rows="scored",
+            seeds=3,
             description="Multi30k En-De on a laptop CPU: the tiny preset's model (d_model 128, 4 heads, N 2) at "
             "8000 BPE vocabulary, 7000 steps (about 20 epochs), warmup 200; one run (then `aiayn eval --average 5`) "
             "in under 30 minutes on 2 cores; "
             "`aiayn table3 --preset laptop`: the real-data check of the dropout and label-smoothing rows, 3 seeds",
         ),
     )
-}  # fmt: skip
+}
 
 
 def get_preset(name: str) -> Preset:

@@ -22,15 +22,18 @@ class Selection:
     its seeds (ablations/predictions.csv), that many (unless --seeds is given)."""
 
     rows: str | None = option(
-        None, "row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the "
+        None,
+        "row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the "
         "preset's pre-registered rows (ablations/predictions.csv) and base (default: the preset's choice)",
-    )  # fmt: skip
+    )
     extended: bool = option(False, "include the extended rows beyond the paper (ablations/extended.csv)")
     seeds: int | None = option(None, "seeds per row (default: the preset's; tiny: 1)", positive=True)
-    base_seeds: int | None = option(None, "seeds for base, when more than --seeds (default: the preset's)",
-                                    positive=True)  # fmt: skip
-    first_seed: int = option(0, "seeds are FIRST, FIRST+1, ...: a second sweep with --first-seed 1 repeats the first "
-                             "one on other seeds")  # fmt: skip
+    base_seeds: int | None = option(
+        None, "seeds for base, when more than --seeds (default: the preset's)", positive=True
+    )
+    first_seed: int = option(
+        0, "seeds are FIRST, FIRST+1, ...: a second sweep with --first-seed 1 repeats the first one on other seeds"
+    )
 
     def row_names(self, preset: Preset, tables: tuple[str, ...] = ()) -> list[str]:
         """The rows to train, in table order; a row the preset's rule maps onto another (`Preset.aliases`) is
@@ -43,8 +46,9 @@ class Selection:
             rows = select_rows(spec, self.extended, tables)
         same = dict(preset.aliases)
         for alias in [r for r in rows if r in same]:
-            log.info("%s is %s at preset %s (same config): trained once, as %s", alias, same[alias], preset.name,
-                     same[alias])  # fmt: skip
+            log.info(
+                "%s is %s at preset %s (same config): trained once, as %s", alias, same[alias], preset.name, same[alias]
+            )
         wanted = {same.get(r, r) for r in rows}
         return [r for r in select_rows("all", True, tables) if r in wanted]
 
@@ -60,8 +64,10 @@ class Selection:
         registered_seeds = {r: p.seeds for r, p in registered.items() if p.seeds is not None}
         most = max([base_seeds, *registered_seeds.values()])
         if self.first_seed < 0 or self.first_seed + most - 1 > MAX_SEED:
-            raise UserError(f"seeds {self.first_seed}..{self.first_seed + most - 1} are outside 0..{MAX_SEED}; "
-                            f"pass a smaller --first-seed or fewer seeds")  # fmt: skip
+            raise UserError(
+                f"seeds {self.first_seed}..{self.first_seed + most - 1} are outside 0..{MAX_SEED}; "
+                f"pass a smaller --first-seed or fewer seeds"
+            )
         out = []
         for row in self.row_names(preset, tables):
             n = base_seeds if row == "base" or row in equivalent else 1 if row in checks else seeds

@@ -81,8 +81,12 @@ def read_table(path: str | Path) -> list[tuple[int, dict]]:
     file, an unknown or missing column, a row without a name or a cell of the wrong type is a UserError
     naming the file and line."""
     path = Path(path)
-    text = read_user_text(path, f"table {path}", TABLE_MAX_BYTES,
-                          "pass --table with a UTF-8 CSV file in the layout of ablations/extended.csv")  # fmt: skip
+    text = read_user_text(
+        path,
+        f"table {path}",
+        TABLE_MAX_BYTES,
+        "pass --table with a UTF-8 CSV file in the layout of ablations/extended.csv",
+    )
     # the csv module splits lines itself (at \n and \r\n only): str.splitlines() also split at U+2028 and the like
     # inside a note's cell, and made a phantom row of its second half
     reader = csv.DictReader(io.StringIO(text, newline=""))
@@ -103,8 +107,10 @@ def read_table(path: str | Path) -> list[tuple[int, dict]]:
             raise UserError(f"table {path} line {line}: the row has no name; fill its 'row' cell")
         check_name("row", name, f"table {path} line {line}")
         if name in SELECTION_WORDS:
-            raise UserError(f"table {path} line {line}: a row cannot be named {name!r}, which --rows reads as "
-                            f"{SELECTION_WORDS[name]}; give the row another name")  # fmt: skip
+            raise UserError(
+                f"table {path} line {line}: a row cannot be named {name!r}, which --rows reads as "
+                f"{SELECTION_WORDS[name]}; give the row another name"
+            )
         if (raw.get("group") or "").strip():
             check_name("group", raw["group"].strip(), f"table {path} line {line}")
         cells = {k: _typed(path, line, k, v) for k, v in raw.items() if k not in ("row", "group", "note") and v}
@@ -156,8 +162,10 @@ def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
     for r in raw:
         if r["row"] in groups:
             name = r["row"]
-            raise UserError(f"table {where[name]}: row {name!r} has the name of group {name} (of row {groups[name]}), "
-                            f"which --rows {name} selects whole; give the row another name")  # fmt: skip
+            raise UserError(
+                f"table {where[name]}: row {name!r} has the name of group {name} (of row {groups[name]}), "
+                f"which --rows {name} selects whole; give the row another name"
+            )
     base_raw = next(r for r in raw if r["row"] == "base")
     base = dict(PAPER_BASE, **{k: v for k, v in base_raw.items() if k in TABLE_KNOBS})
     rows = {}

@@ -174,37 +174,77 @@ GROUPS = {  # the commands with subcommands
 
 COMMANDS = (
     Command("rows", "the Table 3 rows resolved at a preset (no training)", RowsOptions, cmd_rows),
-    Command("train", "train one (row, preset, corpus, seed); reruns resume", TrainOptions, cmd_train, own_print=True,
-            config_help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
-            "repeatable, later files over earlier ones; flags given here override them (--set and --table add to "
-            "them)", print_help="print the run's resolved config.json (JSON, which --config reads back) and exit: "
-            "nothing prepared, trained or written"),
-    Command("eval", "BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split", EvalOptions,
-            cmd_eval),
-    Command("translate", "translate sentences (a file or stdin) with a run or a checkpoint", TranslateOptions,
-            cmd_translate),
-    Command("export", "a trained model for Hugging Face Transformers (MarianMTModel) or CTranslate2", ExportOptions,
-            cmd_export, skip=EXPORT_SKIP),
+    Command(
+        "train",
+        "train one (row, preset, corpus, seed); reruns resume",
+        TrainOptions,
+        cmd_train,
+        own_print=True,
+        config_help="start from a run's config.json (it trains that run again) or a YAML file of these options; "
+        "repeatable, later files over earlier ones; flags given here override them (--set and --table add to "
+        "them)",
+        print_help="print the run's resolved config.json (JSON, which --config reads back) and exit: "
+        "nothing prepared, trained or written",
+    ),
+    Command(
+        "eval", "BLEU (sacreBLEU and tokenized) and perplexity on --src/--ref files or a split", EvalOptions, cmd_eval
+    ),
+    Command(
+        "translate", "translate sentences (a file or stdin) with a run or a checkpoint", TranslateOptions, cmd_translate
+    ),
+    Command(
+        "export",
+        "a trained model for Hugging Face Transformers (MarianMTModel) or CTranslate2",
+        ExportOptions,
+        cmd_export,
+        skip=EXPORT_SKIP,
+    ),
     Command("score", "BLEU of any system's output: sacreBLEU and the paper's tokenized BLEU", ScoreOptions, cmd_score),
     Command("bench", "training and decoding speed, side by side with peers", BenchOptions, cmd_bench),
-    Command("doctor", "check this machine's GPUs for aiayn in a few minutes: a pass/fail/skip table and a JSON for "
-            "bug reports", DoctorOptions, cmd_doctor),
-    Command("table3", "run Table 3 as a sweep (Optuna keeps the books), then write the report", SweepOptions,
-            cmd_table3, skip=PER_RUN, sets=SWEEP_SETS),
+    Command(
+        "doctor",
+        "check this machine's GPUs for aiayn in a few minutes: a pass/fail/skip table and a JSON for bug reports",
+        DoctorOptions,
+        cmd_doctor,
+    ),
+    Command(
+        "table3",
+        "run Table 3 as a sweep (Optuna keeps the books), then write the report",
+        SweepOptions,
+        cmd_table3,
+        skip=PER_RUN,
+        sets=SWEEP_SETS,
+    ),
     *backend_commands(sweep_report_writer),  # `aiayn table3 --backend NAME`, for each back end with options
     Command("slurm train", "one run", SlurmOptions, cmd_slurm, skip=ONE_RUN, fixed=(("kind", "train"),)),
-    Command("hpo", "Optuna TPE over the lr factor, warmup and dropout of one row, pruned on val/ppl", HpoOptions,
-            cmd_hpo, skip=HPO_SKIP, sets=SWEEP_SETS[:2]),
-    Command("status", "the state of every (row, seed) of the sweeps under OUT: completed, running (host and age), "
-            "failed (its reason), pending; trains and writes nothing", StatusOptions, cmd_status),
-    Command("sweep export", "write a sweep definition (to stdout without --out)", SweepExportOptions,
-            cmd_sweep_export),
-    Command("report", "Table 3 report tables and plots from every metrics.json under --runs", ReportOptions,
-            cmd_report),
-    Command("completion", "print a shell completion script: `eval \"$(aiayn completion bash)\"` in ~/.bashrc (zsh: "
-            "`aiayn completion zsh > ~/.zfunc/_aiayn`)", CompletionOptions, cmd_completion),
+    Command(
+        "hpo",
+        "Optuna TPE over the lr factor, warmup and dropout of one row, pruned on val/ppl",
+        HpoOptions,
+        cmd_hpo,
+        skip=HPO_SKIP,
+        sets=SWEEP_SETS[:2],
+    ),
+    Command(
+        "status",
+        "the state of every (row, seed) of the sweeps under OUT: completed, running (host and age), "
+        "failed (its reason), pending; trains and writes nothing",
+        StatusOptions,
+        cmd_status,
+    ),
+    Command("sweep export", "write a sweep definition (to stdout without --out)", SweepExportOptions, cmd_sweep_export),
+    Command(
+        "report", "Table 3 report tables and plots from every metrics.json under --runs", ReportOptions, cmd_report
+    ),
+    Command(
+        "completion",
+        'print a shell completion script: `eval "$(aiayn completion bash)"` in ~/.bashrc (zsh: '
+        "`aiayn completion zsh > ~/.zfunc/_aiayn`)",
+        CompletionOptions,
+        cmd_completion,
+    ),
     Command("average", "average the last k periodic checkpoints of a run", AverageOptions, cmd_average),
-)  # fmt: skip
+)
 
 
 # ---- the parser (aiayn.common.commands builds it from COMMANDS)
@@ -212,8 +252,13 @@ COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The `aiayn` parser, every subcommand built from COMMANDS."""
-    return commands.build_parser(COMMANDS, GROUPS, prog="aiayn", version=__version__,
-                                 description="Table 3 of 'Attention Is All You Need', reproduced.")  # fmt: skip
+    return commands.build_parser(
+        COMMANDS,
+        GROUPS,
+        prog="aiayn",
+        version=__version__,
+        description="Table 3 of 'Attention Is All You Need', reproduced.",
+    )
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

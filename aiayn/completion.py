@@ -21,8 +21,19 @@ class CompletionOptions:
 
 # what an option's value completes to: names (rows, presets, loggers, corpora) or paths
 NAME_OPTIONS = {"--row": "rows", "--rows": "rows", "--preset": "presets", "--logger": "loggers", "--data": "corpora"}
-FILE_OPTIONS = ("--table", "--config", "--ckpt", "--tokenizer", "--input", "--output", "--space", "--hyp", "--ref",
-                "--src", "--json")  # fmt: skip
+FILE_OPTIONS = (
+    "--table",
+    "--config",
+    "--ckpt",
+    "--tokenizer",
+    "--input",
+    "--output",
+    "--space",
+    "--hyp",
+    "--ref",
+    "--src",
+    "--json",
+)
 DIR_OPTIONS = ("--out", "--runs", "--run", "--data-dir", "--cache-dir", "--ct2", "--report")
 
 
@@ -33,8 +44,12 @@ def _completion_names() -> dict[str, list[str]]:
     from aiayn.lightning_modules.run.loggers import KINDS
 
     rows = load_rows()
-    return {"rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
-            "presets": list(PRESETS), "loggers": list(KINDS), "corpora": list(COMPLETIONS)}  # fmt: skip
+    return {
+        "rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
+        "presets": list(PRESETS),
+        "loggers": list(KINDS),
+        "corpora": list(COMPLETIONS),
+    }
 
 
 def _mark_completions(parser: argparse.ArgumentParser, shtab, names: dict[str, list[str]]) -> None:
@@ -61,6 +76,9 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
 
     names = _completion_names()
     _mark_completions(parser, shtab, names)
-    preamble = {"bash": "\n".join(f'_aiayn_{kind}() {{ compgen -W "{" ".join(words)}" -- "$1"; }}'
-                                  for kind, words in names.items())}  # fmt: skip
+    preamble = {
+        "bash": "\n".join(
+            f'_aiayn_{kind}() {{ compgen -W "{" ".join(words)}" -- "$1"; }}' for kind, words in names.items()
+        )
+    }
     return shtab.complete(parser, shell=shell, preamble=preamble)

@@ -36,10 +36,12 @@ def capped_lead(capped: list[str], runs: list[Run]) -> str:
     done = [r for r in runs if r.completed]
     steps = sorted({int(r.metrics.steps) for r in done if r.metrics.steps is not None})
     budgets = sorted({int(r.budget) for r in done if r.budget is not None})
-    return (f"**A look, not the table: {len(capped)} of {len(done)} completed run(s) stopped short of their budget "
-            f"(`--max-steps`: {'/'.join(map(str, steps))} of {'/'.join(map(str, budgets))} steps).** Its numbers are "
-            "not the preset's and no pre-registered verdict is given; `aiayn table3` without --max-steps (into the "
-            "same --out) extends these runs to their budget.")  # fmt: skip
+    return (
+        f"**A look, not the table: {len(capped)} of {len(done)} completed run(s) stopped short of their budget "
+        f"(`--max-steps`: {'/'.join(map(str, steps))} of {'/'.join(map(str, budgets))} steps).** Its numbers are "
+        "not the preset's and no pre-registered verdict is given; `aiayn table3` without --max-steps (into the "
+        "same --out) extends these runs to their budget."
+    )
 
 
 def runs_recorded(runs: list[Run]) -> dict:
@@ -100,9 +102,13 @@ def report_notes(
         )
     )
     if mismatched:
-        notes.append(("Not comparable with base: trained to another share of their budget than base's runs (a look "
-                      "that mixes --max-steps); their Δ is left blank and they are not tested:",
-                      [f"{row}: {why}" for row, why in mismatched.items()]))  # fmt: skip
+        notes.append(
+            (
+                "Not comparable with base: trained to another share of their budget than base's runs (a look "
+                "that mixes --max-steps); their Δ is left blank and they are not tested:",
+                [f"{row}: {why}" for row, why in mismatched.items()],
+            )
+        )
     notes += _verdict_notes(family, baselines, scored_preset, preset, data, reading)
     notes.append(_convergence_note(table, convergence))
     if slopes is not None and len(slopes):
@@ -138,9 +144,14 @@ def report_notes(
     )
     changed = _changed_rows(done)
     if changed:
-        notes.append(("Rows that resolve otherwise now than when they ran (edited in ablations/, or the preset's rule "
-                      "changed): their numbers here are the old rows'; delete their run directories and sweep again "
-                      "to train them anew:", changed))  # fmt: skip
+        notes.append(
+            (
+                "Rows that resolve otherwise now than when they ran (edited in ablations/, or the preset's rule "
+                "changed): their numbers here are the old rows'; delete their run directories and sweep again "
+                "to train them anew:",
+                changed,
+            )
+        )
     failed = sorted((r for r in runs if not r.completed), key=lambda r: (r.row, r.seed))
     notes.append(
         (
@@ -195,8 +206,10 @@ def _code_note(runs: list[Run], scored_preset: str | None) -> tuple[str, list[st
             text += f" Pre-registration: the runs recorded sha256 `{now[:16]}`, the one scored here."
         else:
             held = ", ".join(f"`{x[:16]}`" for x in recorded)
-            text += (f" Pre-registration: the runs recorded sha256 {held}, but this report scores with "
-                     f"`{(now or 'none')[:16]}`: the predictions changed after the runs.")  # fmt: skip
+            text += (
+                f" Pre-registration: the runs recorded sha256 {held}, but this report scores with "
+                f"`{(now or 'none')[:16]}`: the predictions changed after the runs."
+            )
     return text, []
 
 
@@ -215,14 +228,24 @@ def _slopes_note(slopes: pd.DataFrame) -> tuple[str, list[str]]:
     )
 
 
-def _verdict_notes(family: dict, baselines: dict, scored_preset: str | None, preset: str, data: str,
-                   reading: str = "nearest") -> list[tuple[str, list[str]]]:  # fmt: skip
+def _verdict_notes(
+    family: dict, baselines: dict, scored_preset: str | None, preset: str, data: str, reading: str = "nearest"
+) -> list[tuple[str, list[str]]]:
     if not scored_preset:
-        why = (f"corpus `{data}` is not the preset's own" if preset in PRESETS and data != PRESETS[preset].corpus
-               else "runs stopped short of their budget (`--max-steps`)" if preset in PRESETS
-               else "the preset is not aiayn's")  # fmt: skip
-        return [(f"No pre-registered verdicts: {why}, and `ablations/{PREDICTIONS_FILE.name}` is about the "
-                 "presets' own regimes.", [])]  # fmt: skip
+        why = (
+            f"corpus `{data}` is not the preset's own"
+            if preset in PRESETS and data != PRESETS[preset].corpus
+            else "runs stopped short of their budget (`--max-steps`)"
+            if preset in PRESETS
+            else "the preset is not aiayn's"
+        )
+        return [
+            (
+                f"No pre-registered verdicts: {why}, and `ablations/{PREDICTIONS_FILE.name}` is about the "
+                "presets' own regimes.",
+                [],
+            )
+        ]
     s = verdicts.score(family, baselines)
     scored = [v for v in family.values() if v.predicted in SCORED]
     if not scored:
@@ -231,8 +254,12 @@ def _verdict_notes(family: dict, baselines: dict, scored_preset: str | None, pre
     cells = list(dict.fromkeys(v.cell for v in family.values()))
     where = lambda v: f" [{v.cell}]" if len(cells) > 1 else ""  # noqa: E731
     single = [v.row for v in scored if min(v.n_row, v.n_base) == 1]
-    suite = (f" The tests of cell(s) {', '.join(f'`{x}`' for x in cells[1:])} (run by the same command, each against "
-             "its own base) are in the same family and the same score." if len(cells) > 1 else "")  # fmt: skip
+    suite = (
+        f" The tests of cell(s) {', '.join(f'`{x}`' for x in cells[1:])} (run by the same command, each against "
+        "its own base) are in the same family and the same score."
+        if len(cells) > 1
+        else ""
+    )
     equiv = [v for v in scored if v.predicted == "equivalent"]
     out = [
         (
@@ -346,12 +373,16 @@ def _p_text(v) -> str:
 
 def _baselines_text(s: dict) -> str:
     """What each naive baseline and random signs score on the same tests."""
-    parts = [f'"{b["label"]}" passes {b["passed"]} of {s["scored"]} and agrees in sign on {b["agree"]}'
-             for b in s["baselines"].values()]  # fmt: skip
+    parts = [
+        f'"{b["label"]}" passes {b["passed"]} of {s["scored"]} and agrees in sign on {b["agree"]}'
+        for b in s["baselines"].values()
+    ]
     r = s["random_signs"]
     text = f"Judged on the same numbers by the same rules, {' and '.join(parts)}; " if parts else ""
-    return (f"{text}on the {r['directional_tests']} directional tests random signs agree on {r['expected_agree']:g} on "
-            f"average, and on {s['agree']} or more with probability {r['p_at_least_as_many']:.3f}.")  # fmt: skip
+    return (
+        f"{text}on the {r['directional_tests']} directional tests random signs agree on {r['expected_agree']:g} on "
+        f"average, and on {s['agree']} or more with probability {r['p_at_least_as_many']:.3f}."
+    )
 
 
 def _baselines_note(scored: list, s: dict, where) -> tuple[str, list[str]]:
@@ -367,29 +398,41 @@ def _baselines_note(scored: list, s: dict, where) -> tuple[str, list[str]]:
                 + "; ".join(f'"{label}" {p}: {verdict}' for label, p, verdict in others if p is not None)
             )
     where_text = "every registered prediction" if not items else "the tests where they predict otherwise"
-    return (f"The naive baselines on {where_text} (each judged like the registration: every point of the stability "
-            "rule, one Holm family; \"more parameters help\" by each row's parameter count at this preset against "
-            "base's, as many or fewer predicted worse):", items)  # fmt: skip
+    return (
+        f"The naive baselines on {where_text} (each judged like the registration: every point of the stability "
+        'rule, one Holm family; "more parameters help" by each row\'s parameter count at this preset against '
+        "base's, as many or fewer predicted worse):",
+        items,
+    )
 
 
 def _not_run_text(s: dict) -> str:
     """The scored rows the runs reported hold no run of (a `--rows` selection): outside the score, named."""
     if not s.get("not_run"):
         return ""
-    return (f" Not run here, so not in the score: {', '.join(s['not_run'])} (scored by the registration; no run of "
-            "theirs among these runs: `aiayn table3` without --rows runs them).")  # fmt: skip
+    return (
+        f" Not run here, so not in the score: {', '.join(s['not_run'])} (scored by the registration; no run of "
+        "theirs among these runs: `aiayn table3` without --rows runs them)."
+    )
 
 
 def _versus(s: dict, b: dict) -> str:
     """One baseline against the registration: its passes, the difference, and who passed where they differ."""
     gap = s["passed"] - b["passed"]
-    standing = (f"the registration {gap} ahead" if gap > 0 else f"the registration {-gap} behind" if gap < 0
-                else "level with the registration")  # fmt: skip
+    standing = (
+        f"the registration {gap} ahead"
+        if gap > 0
+        else f"the registration {-gap} behind"
+        if gap < 0
+        else "level with the registration"
+    )
     text = f'"{b["label"]}" passes {b["passed"]} ({standing}'
     if b["differs_on"]:
         mine, theirs = b["registered_passed_where_it_did_not"], b["passed_where_registered_did_not"]
-        text += (f"; of the tests where they predict otherwise, {', '.join(b['differs_on'])}, the registration alone "
-                 f"passed {', '.join(mine) or 'none'}, the baseline alone {', '.join(theirs) or 'none'}")  # fmt: skip
+        text += (
+            f"; of the tests where they predict otherwise, {', '.join(b['differs_on'])}, the registration alone "
+            f"passed {', '.join(mine) or 'none'}, the baseline alone {', '.join(theirs) or 'none'}"
+        )
     return text + ")"
 
 
@@ -403,15 +446,20 @@ def lead(family: dict, baselines: dict) -> str:
         return ""
     single = all(min(v.n_row, v.n_base) <= 1 for v in family.values() if v.predicted in SCORED)
     if single:
-        text = (f"**{s['agree']} of {s['scored']} pre-registered rows agree in sign at every point** (one seed a side: "
-                "signs, not tests).")  # fmt: skip
+        text = (
+            f"**{s['agree']} of {s['scored']} pre-registered rows agree in sign at every point** (one seed a side: "
+            "signs, not tests)."
+        )
         for b in s["baselines"].values():
             text += f' "{b["label"]}" agrees on {b["agree"]}.'
         return text
     text = f"**Score: {s['passed']} of {s['scored']} pre-registered tests pass.**"
     if s["baselines"]:
-        text += " Judged on the same numbers by the same rules, " + "; ".join(
-            _versus(s, b) for b in s["baselines"].values()) + "."  # fmt: skip
+        text += (
+            " Judged on the same numbers by the same rules, "
+            + "; ".join(_versus(s, b) for b in s["baselines"].values())
+            + "."
+        )
     higher = [b["label"] for b in s["baselines"].values() if b["passed"] > s["passed"]]
     if higher:
         text += (
@@ -453,8 +501,10 @@ def headline(table: pd.DataFrame, family: dict, baselines: dict | None = None) -
 def _convergence_note(table: pd.DataFrame, convergence: str) -> tuple[str, list[str]]:
     rule = verdicts.rule_text(convergence)
     falls = [f"{r} {100 * d:.1f}%" for r, d in zip(table["row"], table["last_drop"]) if pd.notna(d)]
-    text = (f"{rule[0].upper()}{rule[1:]} (`last_drop` in the CSVs; each run's in the -runs.csv, its curve in the "
-            "-curves.csv).")  # fmt: skip
+    text = (
+        f"{rule[0].upper()}{rule[1:]} (`last_drop` in the CSVs; each run's in the -runs.csv, its curve in the "
+        "-curves.csv)."
+    )
     return text, ([", ".join(falls)] if falls else [])
 
 

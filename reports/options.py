@@ -15,9 +15,10 @@ class ReportOptions:
     """`aiayn report`: which runs, reported where, for which preset, and whether to W&B too."""
 
     runs: tuple[str, ...] = option(
-        (), "the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run into "
+        (),
+        "the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run into "
         "separate directories into one table (default: runs)",
-    )  # fmt: skip
+    )
     out: str | None = option(None, "report directory (default: the first RUNS/reports)")
     preset: str | None = option(None, "only this preset (default: every preset found)")
     wandb: bool = option(False, "also log each report to W&B: the table as a wandb.Table, the files as an artifact")

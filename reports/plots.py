@@ -39,9 +39,14 @@ def bleu_vs_params(table: pd.DataFrame, path: Path, title: str) -> Path:
     groups = list(dict.fromkeys(table["group"]))
     for group, part in df.groupby("group", sort=False):
         ax.errorbar(
-            part["params_m"], part["bleu"], yerr=part["bleu_std"].fillna(0), fmt="o", capsize=3,
-            color=_color(group, groups), label=group,
-        )  # fmt: skip
+            part["params_m"],
+            part["bleu"],
+            yerr=part["bleu_std"].fillna(0),
+            fmt="o",
+            capsize=3,
+            color=_color(group, groups),
+            label=group,
+        )
         for _, r in part.iterrows():
             ax.annotate(r["row"], (r["params_m"], r["bleu"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if df.empty:
@@ -71,8 +76,14 @@ def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
         for group, part in df.groupby("group", sort=False):
             filled = scored[part.index]
             color = _color(group, groups)
-            ax.scatter(part[paper], part[ours], color=color, label=group, zorder=3,
-                       facecolors=[color if f else "none" for f in filled])  # fmt: skip
+            ax.scatter(
+                part[paper],
+                part[ours],
+                color=color,
+                label=group,
+                zorder=3,
+                facecolors=[color if f else "none" for f in filled],
+            )
             for _, r in part.iterrows():
                 ax.annotate(r["row"], (r[paper], r[ours]), textcoords="offset points", xytext=(4, 4), fontsize=8)
         if df.empty:
@@ -108,16 +119,31 @@ def forest(table: pd.DataFrame, path: Path, title: str) -> Path:
         low = (df["delta_ppl_pct"] - df["delta_ppl_ci_low"]).fillna(0).clip(lower=0)
         high = (df["delta_ppl_ci_high"] - df["delta_ppl_pct"]).fillna(0).clip(lower=0)
         for i, (x, lo, hi, filled) in enumerate(zip(df["delta_ppl_pct"], low, high, scored)):
-            ax.errorbar(x, i, xerr=[[lo], [hi]], fmt="o", color="C0", capsize=3,
-                        markerfacecolor="C0" if filled else "white", zorder=3)  # fmt: skip
+            ax.errorbar(
+                x,
+                i,
+                xerr=[[lo], [hi]],
+                fmt="o",
+                color="C0",
+                capsize=3,
+                markerfacecolor="C0" if filled else "white",
+                zorder=3,
+            )
         ax.scatter(df["paper_delta_ppl_pct"], list(y), marker="x", color="C3", label="the paper's Δ", zorder=4)
         labelled = False  # each equivalence's band on its own line, around its registered center (0: base)
         for i, (m, c) in enumerate(zip(df["margin_pct"], df.get("center_pct", pd.Series(0.0, index=df.index)))):
             if pd.isna(m):
                 continue
             c = 0.0 if pd.isna(c) else float(c)
-            ax.fill_betweenx([i - 0.4, i + 0.4], c - m, c + m, color="C2", alpha=0.2, linewidth=0,
-                             label=None if labelled else "equivalence band")  # fmt: skip
+            ax.fill_betweenx(
+                [i - 0.4, i + 0.4],
+                c - m,
+                c + m,
+                color="C2",
+                alpha=0.2,
+                linewidth=0,
+                label=None if labelled else "equivalence band",
+            )
             labelled = True
         ax.set_yticks(list(y))
         ax.set_yticklabels([f"{r} ({v})" if v else r for r, v in zip(df["row"], df["verdict"])], fontsize=7)
@@ -144,9 +170,12 @@ def curves(
     that share one are named together). Dev PPL is on a linear scale zoomed to the second half of training, where the
     final differences are, with the stability rule's `points` (fractions of the last step) marked; runs cut short by
     --max-steps are named in the title."""
-    metrics = [("train/loss", "training loss (label-smoothed, per token)"), ("lr", "learning rate"),
-               ("val/ppl", "dev PPL (whole dev set), second half of training"),
-               ("val/bleu", "dev BLEU (validation subset)")]  # fmt: skip
+    metrics = [
+        ("train/loss", "training loss (label-smoothed, per token)"),
+        ("lr", "learning rate"),
+        ("val/ppl", "dev PPL (whole dev set), second half of training"),
+        ("val/bleu", "dev BLEU (validation subset)"),
+    ]
     logged = lambda m: any(m in df and df[m].notna().any() for df in runs.values())  # noqa: E731
     shown_metrics = [m for m in metrics if logged(m[0])] or metrics[:1]
     cols = min(len(shown_metrics), 2 if len(shown_metrics) == 4 else 3)
@@ -184,8 +213,14 @@ def _per_run(ax, runs, rows, metric, last) -> None:
             tail += list(part[metric])
         if part.empty:
             continue
-        ax.plot(part["step"], part[metric], color=f"C{rows.index(row) % 10}", linewidth=0.9, alpha=0.8,
-                label=row if row not in shown else "_")  # fmt: skip
+        ax.plot(
+            part["step"],
+            part[metric],
+            color=f"C{rows.index(row) % 10}",
+            linewidth=0.9,
+            alpha=0.8,
+            label=row if row not in shown else "_",
+        )
         shown.add(row)
     if not shown:
         _no_data(ax, f"{metric} not in these runs' logs")
@@ -214,6 +249,11 @@ def _schedules(ax, runs, rows) -> None:
         _no_data(ax, "lr not in these runs' logs")
         return
     for key, names in schedules.items():
-        ax.plot(curves[key]["step"], curves[key]["lr"], color=f"C{rows.index(names[0]) % 10}", linewidth=1.0,
-                label=", ".join(names) if len(schedules) > 1 else f"every row ({', '.join(names)})")  # fmt: skip
+        ax.plot(
+            curves[key]["step"],
+            curves[key]["lr"],
+            color=f"C{rows.index(names[0]) % 10}",
+            linewidth=1.0,
+            label=", ".join(names) if len(schedules) > 1 else f"every row ({', '.join(names)})",
+        )
     ax.legend(fontsize=6)

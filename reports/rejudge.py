@@ -82,8 +82,9 @@ def _welch_sign(a: list[float], b: list[float]) -> int:
     return 1 if np.mean(np.log(a)) > np.mean(np.log(b)) else -1
 
 
-def halves_false_positive_rate(runs: pd.DataFrame, curves: pd.DataFrame, reading: str,
-                               min_seeds: int = 6) -> dict[str, dict]:  # fmt: skip
+def halves_false_positive_rate(
+    runs: pd.DataFrame, curves: pd.DataFrame, reading: str, min_seeds: int = 6
+) -> dict[str, dict]:
     """row -> {"splits", "false_positives", "rate", "rate_any_point"} for every row with at least `min_seeds`
     completed seeds: its seeds split into two halves every way (each split once), each split tested as the report
     tests a row against base (Welch, two-sided, α 0.05, unadjusted: one test alone) at every point of the stability
@@ -106,6 +107,11 @@ def halves_false_positive_rate(runs: pd.DataFrame, curves: pd.DataFrame, reading
             signs = [_welch_sign([at[s][f] for s in first], [at[s][f] for s in second]) for f in verdicts.STABILITY]
             positives += signs[0] != 0 and len(set(signs)) == 1
             ends += signs[-1] != 0
-        out[str(row)] = {"seeds": len(seeds), "splits": len(splits), "false_positives": positives,
-                         "rate": positives / len(splits), "rate_at_the_end": ends / len(splits)}  # fmt: skip
+        out[str(row)] = {
+            "seeds": len(seeds),
+            "splits": len(splits),
+            "false_positives": positives,
+            "rate": positives / len(splits),
+            "rate_at_the_end": ends / len(splits),
+        }
     return out

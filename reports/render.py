@@ -75,8 +75,13 @@ def _differs(row: pd.Series, base: pd.Series | None) -> str:
         mine, theirs = row[k], base[k]
         if pd.isna(mine) or (not pd.isna(theirs) and mine == theirs):
             continue
-        value = ("pre-LN" if mine else "post-LN") if k == "norm_first" else f"{mine:g}" if isinstance(
-            mine, float) else str(mine)  # fmt: skip
+        value = (
+            ("pre-LN" if mine else "post-LN")
+            if k == "norm_first"
+            else f"{mine:g}"
+            if isinstance(mine, float)
+            else str(mine)
+        )
         out.append(value if k == "norm_first" else f"{k} {value}")
     return ", ".join(out)
 
@@ -159,8 +164,19 @@ def _md_table(table: pd.DataFrame) -> str:
 
 
 def markdown(table, notes, title, notice, plot_links, first: str = "") -> str:
-    lines = [notice, "", f"# {title}", "", *([first, ""] if first else []), _md_table(table), "", key(table), "",
-             "## Notes", ""]  # fmt: skip
+    lines = [
+        notice,
+        "",
+        f"# {title}",
+        "",
+        *([first, ""] if first else []),
+        _md_table(table),
+        "",
+        key(table),
+        "",
+        "## Notes",
+        "",
+    ]
     for text, items in notes:
         lines.append(f"- {text}")
         lines += [f"  - {item}" for item in items]
@@ -176,20 +192,27 @@ def _html_text(text: str) -> str:
 
 # the verdicts' colours in the HTML: passes green, a sign without a test pale green, misses red, the rest grey
 VERDICT_COLOURS = {
-    stats.SIGNIFICANT_AGREE: "#c8e6c9", stats.EQUIVALENT: "#c8e6c9", stats.AGREE: "#e8f5e9",
-    stats.NOT_STABLE: "#ffe0b2", stats.DISAGREE: "#ffcdd2", stats.SIGNIFICANT_DISAGREE: "#ef9a9a",
-    stats.INCONCLUSIVE: "#eeeeee", stats.EQUIVALENT_UNASSAYED: "#eeeeee", stats.NOT_RUN: "#eeeeee",
+    stats.SIGNIFICANT_AGREE: "#c8e6c9",
+    stats.EQUIVALENT: "#c8e6c9",
+    stats.AGREE: "#e8f5e9",
+    stats.NOT_STABLE: "#ffe0b2",
+    stats.DISAGREE: "#ffcdd2",
+    stats.SIGNIFICANT_DISAGREE: "#ef9a9a",
+    stats.INCONCLUSIVE: "#eeeeee",
+    stats.EQUIVALENT_UNASSAYED: "#eeeeee",
+    stats.NOT_RUN: "#eeeeee",
     stats.CHECK_PASSED: "#e3f2fd",
     stats.CHECK_FAILED: "#ef9a9a",
-}  # fmt: skip
+}
 
 
 def _styled(df: pd.DataFrame) -> str:
     """A table as HTML through pandas' Styler: verdict cells coloured, numbers right-aligned, no index."""
     styler = df.style.hide(axis="index").set_table_attributes('class="table3"')
     if "verdict" in df:
-        styler = styler.map(lambda v: f"background-color: {VERDICT_COLOURS[v]}" if v in VERDICT_COLOURS else "",
-                            subset=["verdict"])  # fmt: skip
+        styler = styler.map(
+            lambda v: f"background-color: {VERDICT_COLOURS[v]}" if v in VERDICT_COLOURS else "", subset=["verdict"]
+        )
     left = [c for c in df.columns if c in LEFT]
     if left:
         styler = styler.set_properties(subset=left, **{"text-align": "left"})
@@ -199,8 +222,10 @@ def _styled(df: pd.DataFrame) -> str:
 def html_page(table, notes, title, notice, plot_links, first: str = "") -> str:
     compact, wide = _styled(display(table)), _styled(display_wide(table))
     opening = f'<p class="lead">{_html_text(first)}</p>\n' if first else ""
-    body = (f'{opening}{compact}\n<p class="key">{_html_text(key(table))}</p>\n<h2>Every column</h2>\n'
-            f'<div class="wide">{wide}</div>')  # fmt: skip
+    body = (
+        f'{opening}{compact}\n<p class="key">{_html_text(key(table))}</p>\n<h2>Every column</h2>\n'
+        f'<div class="wide">{wide}</div>'
+    )
     items = []
     for text, sub in notes:
         inner = "".join(f"<li>{_html_text(s)}</li>" for s in sub)
@@ -226,10 +251,26 @@ def html_page(table, notes, title, notice, plot_links, first: str = "") -> str:
 
 
 _TEX_SPECIAL = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-    "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "|": r"\textbar{}", "±": r"$\pm$", "Δ": r"$\Delta$",
-    "≥": r"$\geq$", "ε": r"$\varepsilon$", "×": r"$\times$", "−": "--", "⁶": r"$^6$", "–": "--",
-}  # fmt: skip
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "|": r"\textbar{}",
+    "±": r"$\pm$",
+    "Δ": r"$\Delta$",
+    "≥": r"$\geq$",
+    "ε": r"$\varepsilon$",
+    "×": r"$\times$",
+    "−": "--",
+    "⁶": r"$^6$",
+    "–": "--",
+}
 
 
 def tex_escape(text: str) -> str:

@@ -34,13 +34,22 @@ def rows_records(choice: RowChoice, preset: Preset) -> list:
     records = []
     for name in choice.names():
         s = resolve(name, preset, tables=choice.table)
-        records.append({
-            "row": s.row, "group": s.group,
-            **{k if k != "P_drop" else "p_drop": getattr(s.model, k) for k in MODEL_KEYS},
-            "train_steps": s.train_steps, "params": s.model.params(), "paper_ppl": s.paper.ppl,
-            "paper_bleu": s.paper.bleu, "paper_params_m": s.paper.params_m, "note": s.note, "preset": preset.name,
-            "corpus": s.corpus.name, "vocab_size": s.model.vocab_size,
-        })  # fmt: skip
+        records.append(
+            {
+                "row": s.row,
+                "group": s.group,
+                **{k if k != "P_drop" else "p_drop": getattr(s.model, k) for k in MODEL_KEYS},
+                "train_steps": s.train_steps,
+                "params": s.model.params(),
+                "paper_ppl": s.paper.ppl,
+                "paper_bleu": s.paper.bleu,
+                "paper_params_m": s.paper.params_m,
+                "note": s.note,
+                "preset": preset.name,
+                "corpus": s.corpus.name,
+                "vocab_size": s.model.vocab_size,
+            }
+        )
     return records
 
 
@@ -53,5 +62,6 @@ def rows_text(records: list, preset: Preset) -> str:
     df["params"] = (df["params"] / 1e6).map("{:.1f}M".format)
     if not df["note"].any():
         df = df.drop(columns=["note"])
-    return "\n".join([f"preset {preset.name}: {preset.description}", f"rule: {preset.rule()}",
-                      df.to_string(index=False, na_rep="")])  # fmt: skip
+    return "\n".join(
+        [f"preset {preset.name}: {preset.description}", f"rule: {preset.rule()}", df.to_string(index=False, na_rep="")]
+    )

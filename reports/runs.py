@@ -117,8 +117,19 @@ def scan(runs_dir: str | Path) -> Scan:
     for run_dir, failure in failures:
         preset, corpus, row = run_dir.parts[-4:-1]
         seed = int(run_dir.name.removeprefix("seed"))
-        out.runs.append(Run(run_dir, RunMetrics(row, seed, preset, failure["status"], error=failure["error"],
-                                                data=corpus_of.get((preset, corpus), corpus))))  # fmt: skip
+        out.runs.append(
+            Run(
+                run_dir,
+                RunMetrics(
+                    row,
+                    seed,
+                    preset,
+                    failure["status"],
+                    error=failure["error"],
+                    data=corpus_of.get((preset, corpus), corpus),
+                ),
+            )
+        )
     return out
 
 

@@ -42,8 +42,17 @@ NOT_RUN = "not run"  # scored by the registration, but the runs reported hold no
 NOT_SCORED = "not scored"  # testable, but the preset does not score it (e.g. one seed cannot resolve its effect)
 CHECK_PASSED = "check passed"  # an implementation check (label smoothing's perplexity floor): reported, never scored
 CHECK_FAILED = "check failed"
-VERDICTS = (SIGNIFICANT_AGREE, EQUIVALENT, AGREE, INCONCLUSIVE, EQUIVALENT_UNASSAYED, NOT_STABLE, DISAGREE,
-            SIGNIFICANT_DISAGREE, NOT_TESTABLE)  # fmt: skip
+VERDICTS = (
+    SIGNIFICANT_AGREE,
+    EQUIVALENT,
+    AGREE,
+    INCONCLUSIVE,
+    EQUIVALENT_UNASSAYED,
+    NOT_STABLE,
+    DISAGREE,
+    SIGNIFICANT_DISAGREE,
+    NOT_TESTABLE,
+)
 PASSING = (SIGNIFICANT_AGREE, EQUIVALENT)  # what counts as a pre-registered test passed
 
 

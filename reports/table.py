@@ -20,17 +20,63 @@ log = logging.getLogger(__name__)
 
 SETTINGS = MODEL_KEYS
 COLUMNS = [
-    "group", "row", *SETTINGS, "steps", "n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",
-    "paper_ppl", "paper_bleu", "paper_params_m", "delta_ppl_pct", "paper_delta_ppl_pct", "delta_bleu",
-    "paper_delta_bleu", "delta_ppl_ci_low", "delta_ppl_ci_high", "metric", "predicted", "margin_pct", "center_pct", "p",
-    "p_holm", "verdict", "verdict_75", "verdict_87.5", "p_holm_75", "p_holm_87.5", "last_drop", "bootstrap_seed",
-    "bootstrap_p", "sig",
-]  # fmt: skip
+    "group",
+    "row",
+    *SETTINGS,
+    "steps",
+    "n",
+    "ppl",
+    "ppl_std",
+    "bleu",
+    "bleu_std",
+    "params_m",
+    "paper_ppl",
+    "paper_bleu",
+    "paper_params_m",
+    "delta_ppl_pct",
+    "paper_delta_ppl_pct",
+    "delta_bleu",
+    "paper_delta_bleu",
+    "delta_ppl_ci_low",
+    "delta_ppl_ci_high",
+    "metric",
+    "predicted",
+    "margin_pct",
+    "center_pct",
+    "p",
+    "p_holm",
+    "verdict",
+    "verdict_75",
+    "verdict_87.5",
+    "p_holm_75",
+    "p_holm_87.5",
+    "last_drop",
+    "bootstrap_seed",
+    "bootstrap_p",
+    "sig",
+]
 # One line per run: what the table's means and tests are made of.
 # ppl_100: what the test at 100% reads (the final evaluation, or the preset's window there: verdicts.READINGS)
-RUN_COLUMNS = ["row", "seed", "status", "steps", "dev_ppl", "dev_bleu", "dev_tok_bleu", "ppl_75", "ppl_87.5", "ppl_100",
-               "bleu_75", "bleu_87.5", "params", "train_time_s", "last_drop", "commit", "dirty",
-               "predictions_sha256"]  # fmt: skip
+RUN_COLUMNS = [
+    "row",
+    "seed",
+    "status",
+    "steps",
+    "dev_ppl",
+    "dev_bleu",
+    "dev_tok_bleu",
+    "ppl_75",
+    "ppl_87.5",
+    "ppl_100",
+    "bleu_75",
+    "bleu_87.5",
+    "params",
+    "train_time_s",
+    "last_drop",
+    "commit",
+    "dirty",
+    "predictions_sha256",
+]
 # The stability rule's earlier points (verdicts.STABILITY without 100%) as column suffixes: 75, 87.5
 EARLY = {f: f"{100 * f:g}" for f in verdicts.STABILITY[:-1]}
 # what each scored metric's curve is logged as during training
@@ -201,18 +247,29 @@ def series_slopes(runs: list[Run]) -> pd.DataFrame:
     dev PPL per doubling, with its 95% interval (stats.slope: the seeds' spread is the residual's)."""
     lines = []
     for name, knob, members in SERIES:
-        points = [(float(r.metrics.config[knob]), float(r.metrics.dev_ppl), r.row) for r in runs
-                  if r.completed and r.row in ("base", *members) and r.metrics.dev_ppl
-                  and (r.metrics.config or {}).get(knob)]  # fmt: skip
+        points = [
+            (float(r.metrics.config[knob]), float(r.metrics.dev_ppl), r.row)
+            for r in runs
+            if r.completed and r.row in ("base", *members) and r.metrics.dev_ppl and (r.metrics.config or {}).get(knob)
+        ]
         xs = sorted({x for x, _, _ in points})
         if len(xs) < 2:
             continue
         b, low, high = stats.slope([np.log2(x) for x, _, _ in points], [np.log(y) for _, y, _ in points])
         pct = lambda v: 100 * (np.exp(v) - 1)  # noqa: E731
         rows = " ".join(row_order({r for _, _, r in points}))
-        lines.append({"series": name, "knob": knob, "rows": rows, "values": " ".join(f"{x:g}" for x in xs),
-                      "n": len(points), "slope_pct": pct(b), "ci_low_pct": pct(low),
-                      "ci_high_pct": pct(high)})  # fmt: skip
+        lines.append(
+            {
+                "series": name,
+                "knob": knob,
+                "rows": rows,
+                "values": " ".join(f"{x:g}" for x in xs),
+                "n": len(points),
+                "slope_pct": pct(b),
+                "ci_low_pct": pct(low),
+                "ci_high_pct": pct(high),
+            }
+        )
     return pd.DataFrame(lines, columns=SLOPE_COLUMNS)
 
 
@@ -263,8 +320,9 @@ def _params(rows, preset: str) -> dict[str, int]:
     return out
 
 
-def build_table(runs: list[Run], preset: str | None = None, convergence: str = "endpoints",
-                stability: str = "nearest") -> Table3:  # fmt: skip
+def build_table(
+    runs: list[Run], preset: str | None = None, convergence: str = "endpoints", stability: str = "nearest"
+) -> Table3:
     """Table 3 of `runs` (one preset, one corpus). With `preset`, the rows its pre-registration names
     (ablations/predictions.csv) get their verdicts; `convergence`: the rule that judges every run's curve
     (verdicts.CONVERGENCE_RULES), `stability`: how each seed's number at the stability rule's points is read
@@ -290,8 +348,9 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         bleus = [float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None]
         values[row] = {"ppl": ppls, "bleu": bleus}
         for f in taken:  # the seeds with validations at the point (a run without them is left out there)
-            points[f][row] = {m: [early[(row, r.seed)][(m, f)] for r in done if (m, f) in early[(row, r.seed)]]
-                              for m in CURVE_OF}  # fmt: skip
+            points[f][row] = {
+                m: [early[(row, r.seed)][(m, f)] for r in done if (m, f) in early[(row, r.seed)]] for m in CURVE_OF
+            }
         ppl, ppl_std = _mean_std(ppls)
         bleu, bleu_std = _mean_std(bleus)
         params, _ = _mean_std([r.metrics.params for r in done])
@@ -302,14 +361,24 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
         floors[row] = _floor(done)
         records.append(
             {
-                "group": str(rs[0].metrics.group or "other") if rs else load_rows()[row].group, "row": row,
+                "group": str(rs[0].metrics.group or "other") if rs else load_rows()[row].group,
+                "row": row,
                 **(_settings(rs) if rs else _planned_settings(row, preset)),
-                "steps": _steps(rs, done), "n": len(done), "ppl": ppl, "ppl_std": ppl_std, "bleu": bleu,
-                "bleu_std": bleu_std, "params_m": params / 1e6, "paper_ppl": _num(paper_ppl),
-                "paper_bleu": _num(paper_bleu), "paper_params_m": _num(paper_params), "bootstrap_seed": seed,
-                "bootstrap_p": _num(p), "last_drop": drop,
+                "steps": _steps(rs, done),
+                "n": len(done),
+                "ppl": ppl,
+                "ppl_std": ppl_std,
+                "bleu": bleu,
+                "bleu_std": bleu_std,
+                "params_m": params / 1e6,
+                "paper_ppl": _num(paper_ppl),
+                "paper_bleu": _num(paper_bleu),
+                "paper_params_m": _num(paper_params),
+                "bootstrap_seed": seed,
+                "bootstrap_p": _num(p),
+                "last_drop": drop,
             }
-        )  # fmt: skip
+        )
     df = pd.DataFrame.from_records(records)
     df["steps"] = pd.Series([r["steps"] for r in records], dtype=object)  # ints, "a/b" or blank: never floats
     base = df[df["row"] == "base"]
@@ -341,21 +410,33 @@ def build_table(runs: list[Run], preset: str | None = None, convergence: str = "
     runs_df = pd.DataFrame.from_records(
         [
             {
-                "row": r.row, "seed": r.seed, "status": r.metrics.status, "steps": r.metrics.steps,
-                "dev_ppl": r.metrics.dev_ppl, "dev_bleu": r.metrics.dev_bleu,
+                "row": r.row,
+                "seed": r.seed,
+                "status": r.metrics.status,
+                "steps": r.metrics.steps,
+                "dev_ppl": r.metrics.dev_ppl,
+                "dev_bleu": r.metrics.dev_bleu,
                 "dev_tok_bleu": r.metrics.dev_tok_bleu,
-                **{f"{m}_{suffix}": early.get((r.row, r.seed), {}).get((m, f), np.nan) for m in CURVE_OF
-                   for f, suffix in EARLY.items()},
-                "ppl_100": early.get((r.row, r.seed), {}).get(("ppl", 1.0), r.metrics.dev_ppl if r.completed
-                                                               else np.nan),
-                "params": r.metrics.params, "train_time_s": r.metrics.train_time_s,
-                "last_drop": drops.get((r.row, r.seed), np.nan), "commit": r.metrics.commit,
-                "dirty": r.metrics.dirty, "predictions_sha256": r.metrics.predictions_sha256,
+                **{
+                    f"{m}_{suffix}": early.get((r.row, r.seed), {}).get((m, f), np.nan)
+                    for m in CURVE_OF
+                    for f, suffix in EARLY.items()
+                },
+                "ppl_100": early.get((r.row, r.seed), {}).get(
+                    ("ppl", 1.0), r.metrics.dev_ppl if r.completed else np.nan
+                ),
+                "params": r.metrics.params,
+                "train_time_s": r.metrics.train_time_s,
+                "last_drop": drops.get((r.row, r.seed), np.nan),
+                "commit": r.metrics.commit,
+                "dirty": r.metrics.dirty,
+                "predictions_sha256": r.metrics.predictions_sha256,
             }
-            for row in row_order(set(by_row)) for r in sorted(by_row[row], key=lambda r: r.seed)
+            for row in row_order(set(by_row))
+            for r in sorted(by_row[row], key=lambda r: r.seed)
         ],
         columns=RUN_COLUMNS,
-    )  # fmt: skip
+    )
     for k in (
         "dev_ppl",
         "dev_bleu",
@@ -381,22 +462,41 @@ def set_verdicts(df: pd.DataFrame, judged: dict) -> None:
     df["p"] = [judged[r].p if r in judged else np.nan for r in df["row"]]
     df["p_holm"] = [judged[r].p_holm if r in judged else np.nan for r in df["row"]]
     for i, suffix in enumerate(EARLY.values()):  # the test at the stability rule's earlier points
-        df[f"verdict_{suffix}"] = [judged[r].points[i].verdict if r in judged and judged[r].points else ""
-                                   for r in df["row"]]  # fmt: skip
-        df[f"p_holm_{suffix}"] = [judged[r].points[i].p_holm if r in judged and judged[r].points else np.nan
-                                  for r in df["row"]]  # fmt: skip
-    df["margin_pct"] = [100 * (np.exp(judged[r].margin) - 1) if r in judged and judged[r].margin else np.nan
-                        for r in df["row"]]  # fmt: skip
-    df["center_pct"] = [100 * (np.exp(judged[r].center) - 1) if r in judged and judged[r].center else np.nan
-                        for r in df["row"]]  # fmt: skip
+        df[f"verdict_{suffix}"] = [
+            judged[r].points[i].verdict if r in judged and judged[r].points else "" for r in df["row"]
+        ]
+        df[f"p_holm_{suffix}"] = [
+            judged[r].points[i].p_holm if r in judged and judged[r].points else np.nan for r in df["row"]
+        ]
+    df["margin_pct"] = [
+        100 * (np.exp(judged[r].margin) - 1) if r in judged and judged[r].margin else np.nan for r in df["row"]
+    ]
+    df["center_pct"] = [
+        100 * (np.exp(judged[r].center) - 1) if r in judged and judged[r].center else np.nan for r in df["row"]
+    ]
 
 
 def rounded(df: pd.DataFrame) -> pd.DataFrame:
     """The CSV's numbers: BLEU, PPL, params and deltas to 2 decimals, p to 4 significant digits' worth."""
     out = df.copy()
-    for k in ("ppl", "ppl_std", "bleu", "bleu_std", "params_m", "delta_bleu", "paper_delta_bleu", "delta_ppl_pct",
-              "paper_delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "margin_pct", "center_pct", "slope_pct",
-              "ci_low_pct", "ci_high_pct"):  # fmt: skip
+    for k in (
+        "ppl",
+        "ppl_std",
+        "bleu",
+        "bleu_std",
+        "params_m",
+        "delta_bleu",
+        "paper_delta_bleu",
+        "delta_ppl_pct",
+        "paper_delta_ppl_pct",
+        "delta_ppl_ci_low",
+        "delta_ppl_ci_high",
+        "margin_pct",
+        "center_pct",
+        "slope_pct",
+        "ci_low_pct",
+        "ci_high_pct",
+    ):
         if k in out:
             out[k] = pd.to_numeric(out[k]).astype("float64").round(2) + 0.0  # + 0.0: no "-0.0" where it rounds to 0
     for k in ("bootstrap_p", "last_drop", "dev_ppl", "ppl_75", "ppl_87.5", "ppl_100"):

@@ -95,12 +95,16 @@ def stability_text(reading: str = "nearest") -> str:
     """The stability rule in words, as the reports print it (`reading`: READINGS, the preset's)."""
     points = ", ".join(f"{f:.1%}".replace(".0%", "%") for f in STABILITY)
     if reading == "median3":
-        where = (f"at {points} of the budget, each seed read as the median of its {WINDOW} validations nearest the "
-                 f"point (dev perplexity logged during training; 100%: the last {WINDOW}, the final evaluation "
-                 "among them, so that no point rests on one validation)")  # fmt: skip
+        where = (
+            f"at {points} of the budget, each seed read as the median of its {WINDOW} validations nearest the "
+            f"point (dev perplexity logged during training; 100%: the last {WINDOW}, the final evaluation "
+            "among them, so that no point rests on one validation)"
+        )
     else:
-        where = (f"at the validations nearest {points} of the budget (dev perplexity logged during training; 100%: "
-                 "the final evaluation)")  # fmt: skip
+        where = (
+            f"at the validations nearest {points} of the budget (dev perplexity logged during training; 100%: "
+            "the final evaluation)"
+        )
     return (
         f"stability: every test is made again {where}, each time Holm-adjusted over the family; a test passes only "
         "when it passes at all three, and a one-seed sign counts only when it is the same at all three"
@@ -232,8 +236,20 @@ def _check(row: str, pred: Prediction, cell: Cell) -> Verdict:
     else:
         mean = float(np.exp(np.mean(np.log(mine))))
         label = stats.CHECK_PASSED if mean >= floor * (1 - CHECK_TOLERANCE) else stats.CHECK_FAILED
-    return Verdict(row, "ppl", pred.predicted, math.nan, math.nan, math.nan, label, len(mine), 0, cell=cell.preset,
-                   floor=floor, ppl=mean)  # fmt: skip
+    return Verdict(
+        row,
+        "ppl",
+        pred.predicted,
+        math.nan,
+        math.nan,
+        math.nan,
+        label,
+        len(mine),
+        0,
+        cell=cell.preset,
+        floor=floor,
+        ppl=mean,
+    )
 
 
 @dataclass(frozen=True)
@@ -350,22 +366,40 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
                 out[(cell.preset, row)] = _check(row, pred, cell)
             elif not pred.scored:
                 label = stats.NOT_TESTABLE if pred.predicted == "not testable" else stats.NOT_SCORED
-                out[(cell.preset, row)] = Verdict(row, None, pred.predicted, math.nan, math.nan, math.nan, label,
-                                                  cell=cell.preset)  # fmt: skip
+                out[(cell.preset, row)] = Verdict(
+                    row, None, pred.predicted, math.nan, math.nan, math.nan, label, cell=cell.preset
+                )
             elif row in cell.absent:
-                out[(cell.preset, row)] = Verdict(row, pred.metric, pred.predicted, math.nan, math.nan, math.nan,
-                                                  stats.NOT_RUN, cell=cell.preset)  # fmt: skip
+                out[(cell.preset, row)] = Verdict(
+                    row, pred.metric, pred.predicted, math.nan, math.nan, math.nan, stats.NOT_RUN, cell=cell.preset
+                )
     at = {fraction: _judge_at(cells, fraction, predict) for fraction in STABILITY}
     for key, (t, p_holm, _) in at[STABILITY[-1]].items():
-        points = tuple(Point(f, at[f][key][0].worse, at[f][key][1], at[f][key][2], at[f][key][0].n_row,
-                             at[f][key][0].n_base) for f in STABILITY)  # fmt: skip
+        points = tuple(
+            Point(f, at[f][key][0].worse, at[f][key][1], at[f][key][2], at[f][key][0].n_row, at[f][key][0].n_base)
+            for f in STABILITY
+        )
         verdict = stable_verdict([p.verdict for p in points])
         if verdict == stats.NOT_STABLE and any(p.n_row == 0 or p.n_base == 0 for p in points[:-1]):
             verdict = stats.NOT_TESTABLE  # no validation near a point: the rule cannot be applied, not a lost sign
-        out[key] = Verdict(key[1], t.pred.metric, t.pred.predicted, t.worse, t.p, p_holm,
-                           verdict, t.n_row, t.n_base, *t.ci, t.margin,
-                           cell=key[0], points=points, tost_low=t.tost_ci[0], tost_high=t.tost_ci[1],
-                           center=_metric_center(t.pred))  # fmt: skip
+        out[key] = Verdict(
+            key[1],
+            t.pred.metric,
+            t.pred.predicted,
+            t.worse,
+            t.p,
+            p_holm,
+            verdict,
+            t.n_row,
+            t.n_base,
+            *t.ci,
+            t.margin,
+            cell=key[0],
+            points=points,
+            tost_low=t.tost_ci[0],
+            tost_high=t.tost_ci[1],
+            center=_metric_center(t.pred),
+        )
     order = {row: i for i, row in enumerate(load_rows())}
     cell_order = [c.preset for c in cells]
     return dict(sorted(out.items(), key=lambda kv: (cell_order.index(kv[0][0]), order.get(kv[0][1], len(order)))))
@@ -387,8 +421,9 @@ def _metric_margin(pred: Prediction) -> float | None:
     return math.log1p(pred.margin) if pred.metric == "ppl" else pred.margin
 
 
-def judge(preset: str, values: dict[str, dict[str, list[float]]], points: dict | None = None,
-          floors: dict | None = None) -> dict:  # fmt: skip
+def judge(
+    preset: str, values: dict[str, dict[str, list[float]]], points: dict | None = None, floors: dict | None = None
+) -> dict:
     """row -> Verdict for every row the preset's predictions name (one cell; `judge_cells` for a suite)."""
     return {row: v for (_, row), v in judge_cells([Cell(preset, values, points or {}, floors or {})]).items()}
 
@@ -406,8 +441,10 @@ def why(v: Verdict) -> str:
     if not v.points:
         return v.verdict
     held = [p for p in v.points if p.verdict == v.points[-1].verdict]
-    each = "; ".join(f"{_pct(p.fraction)}: {p.verdict}" + (f" (Holm p {_p(p.p_holm)})" if not math.isnan(p.p_holm)
-                                                              else "") for p in v.points)  # fmt: skip
+    each = "; ".join(
+        f"{_pct(p.fraction)}: {p.verdict}" + (f" (Holm p {_p(p.p_holm)})" if not math.isnan(p.p_holm) else "")
+        for p in v.points
+    )
     if v.verdict == stats.NOT_TESTABLE:
         missing = ", ".join(_pct(p.fraction) for p in v.points if p.n_row == 0 or p.n_base == 0)
         return (
@@ -445,9 +482,10 @@ def baseline_score(verdicts: dict, judged: dict) -> dict:
         "verdicts": {_name(k, cells): v.verdict for k, v in mine.items()},
         "differs_on": [_name(k, cells) for k in differ],
         "passed_where_registered_did_not": [_name(k, cells) for k in differ if mine[k].passed and not scored[k].passed],
-        "registered_passed_where_it_did_not": [_name(k, cells) for k in differ
-                                               if scored[k].passed and not mine[k].passed],
-    }  # fmt: skip
+        "registered_passed_where_it_did_not": [
+            _name(k, cells) for k in differ if scored[k].passed and not mine[k].passed
+        ],
+    }
 
 
 def score(verdicts: dict, baselines: dict | None = None) -> dict:
@@ -467,11 +505,14 @@ def score(verdicts: dict, baselines: dict | None = None) -> dict:
         "significant_agree": count[stats.SIGNIFICANT_AGREE],
         "equivalent": count[stats.EQUIVALENT],
         "counts": count,
-        "baselines": {name: {"label": BASELINES[name][0], **baseline_score(verdicts, judged)}
-                      for name, judged in (baselines or {}).items()},
+        "baselines": {
+            name: {"label": BASELINES[name][0], **baseline_score(verdicts, judged)}
+            for name, judged in (baselines or {}).items()
+        },
         "random_signs": stats.random_signs(len(directional), agreeing),
         "checks": [
             {"row": v.row, "cell": v.cell, "floor": v.floor, "ppl": v.ppl, "verdict": v.verdict}
-            for v in verdicts.values() if v.predicted == "check"
+            for v in verdicts.values()
+            if v.predicted == "check"
         ],
-    }  # fmt: skip
+    }

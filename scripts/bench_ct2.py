@@ -56,17 +56,32 @@ def engines(args, where: Path) -> dict:
     from aiayn.lightning_modules.use.options import ExportOptions, ModelSource
     from aiayn.lightning_modules.use.translate import Translator
 
-    source = ModelSource(run=args.run, ckpt=args.ckpt, average=args.average, device="cpu", beam=args.beam,
-                         alpha=args.alpha, max_tokens=args.max_tokens)  # fmt: skip
+    source = ModelSource(
+        run=args.run,
+        ckpt=args.ckpt,
+        average=args.average,
+        device="cpu",
+        beam=args.beam,
+        alpha=args.alpha,
+        max_tokens=args.max_tokens,
+    )
     out = {"aiayn": Translator.from_options(source)}
     for quantization in ("float32", "int8"):
         path = where / f"ct2-{quantization}"
         export(ExportOptions(model=source, format="ctranslate2", out=str(path), quantization=quantization))
         for batching in args.batching:
             name = f"ct2 {'fp32' if quantization == 'float32' else quantization}" + (
-                f" {batching}" if len(args.batching) > 1 else "")  # fmt: skip
-            out[name] = Ct2Translator(path, device="cpu", beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens,
-                                      threads=args.threads, batching=batching)  # fmt: skip
+                f" {batching}" if len(args.batching) > 1 else ""
+            )
+            out[name] = Ct2Translator(
+                path,
+                device="cpu",
+                beam=args.beam,
+                alpha=args.alpha,
+                max_tokens=args.max_tokens,
+                threads=args.threads,
+                batching=batching,
+            )
     return out
 
 
@@ -92,27 +107,39 @@ def results(seconds: dict, outputs: dict, refs: list[str], lang: str) -> list[di
     rows = []
     for name, times in seconds.items():
         score = bleu(outputs[name], refs, lang=lang)
-        rows.append({
-            "engine": name, "sentences": len(refs), "sentences_per_s": len(refs) / statistics.median(times),
-            "seconds": times, "bleu": score["bleu"], "bleu_signature": score["bleu_signature"],
-            "identical_to_aiayn": sum(a == b for a, b in zip(outputs[name], base)) / len(base),
-            "words_per_output": statistics.mean(len(h.split()) for h in outputs[name]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "engine": name,
+                "sentences": len(refs),
+                "sentences_per_s": len(refs) / statistics.median(times),
+                "seconds": times,
+                "bleu": score["bleu"],
+                "bleu_signature": score["bleu_signature"],
+                "identical_to_aiayn": sum(a == b for a, b in zip(outputs[name], base)) / len(base),
+                "words_per_output": statistics.mean(len(h.split()) for h in outputs[name]),
+            }
+        )
     return rows
 
 
 def table(rows: list[dict], info: dict) -> str:
     base = rows[0]["sentences_per_s"]
-    lines = ["| engine | sentences/s | × aiayn | sacreBLEU | identical to aiayn | words per output |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| engine | sentences/s | × aiayn | sacreBLEU | identical to aiayn | words per output |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['engine']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / base:.2f} | "
-                     f"{r['bleu']:.2f} | {100 * r['identical_to_aiayn']:.1f}% | "
-                     f"{r['words_per_output']:.1f} |")  # fmt: skip
-    lines.append(f"\nmodel {info['model_shape']}; {info['sentences']} sentences, beam {info['beam']}, "
-                 f"α {info['alpha']}, {info['threads']} "
-                 f"thread(s), median of {info['rounds']} interleaved rounds; {info['cpu']}; torch {info['torch']}, "
-                 f"ctranslate2 {info['ctranslate2']}; {rows[0]['bleu_signature']}")  # fmt: skip
+        lines.append(
+            f"| {r['engine']} | {r['sentences_per_s']:.1f} | {r['sentences_per_s'] / base:.2f} | "
+            f"{r['bleu']:.2f} | {100 * r['identical_to_aiayn']:.1f}% | "
+            f"{r['words_per_output']:.1f} |"
+        )
+    lines.append(
+        f"\nmodel {info['model_shape']}; {info['sentences']} sentences, beam {info['beam']}, "
+        f"α {info['alpha']}, {info['threads']} "
+        f"thread(s), median of {info['rounds']} interleaved rounds; {info['cpu']}; torch {info['torch']}, "
+        f"ctranslate2 {info['ctranslate2']}; {rows[0]['bleu_signature']}"
+    )
     return "\n".join(lines)
 
 
@@ -147,11 +174,19 @@ def main(argv: list[str] | None = None) -> int:
         return print_error(e)
     lang = translators["aiayn"].data.get("tgt_lang") or "de"
     rows = results(seconds, outputs, refs, lang)
-    info = {"sentences": len(sources), "beam": args.beam, "alpha": args.alpha, "rounds": args.rounds,
-            "threads": torch.get_num_threads(), "cpu": _cpu_name(), "machine": platform.machine(),
-            "torch": torch.__version__, "ctranslate2": ctranslate2.__version__,
-            "model": translators["aiayn"].checkpoints,
-            "model_shape": _shape(translators["aiayn"].model.cfg)}  # fmt: skip
+    info = {
+        "sentences": len(sources),
+        "beam": args.beam,
+        "alpha": args.alpha,
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_name(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "ctranslate2": ctranslate2.__version__,
+        "model": translators["aiayn"].checkpoints,
+        "model_shape": _shape(translators["aiayn"].model.cfg),
+    }
     print(table(rows, info))
     if args.json:
         Path(args.json).write_text(json.dumps({"info": info, "results": rows}, indent=2) + "\n")

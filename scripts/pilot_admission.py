@@ -63,8 +63,12 @@ def read_pilot(source: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             continue
         c = read_curve(metrics.parent, "val/ppl")
         curves.append(pd.DataFrame({"row": m["row"], "seed": m["seed"], "step": c["step"], "ppl": c["val/ppl"]}))
-        runs.append({k: m.get(k) for k in ("row", "seed", "steps", "train_time_s", "eval_time_s", "wall_time_s",
-                                           "commit", "dirty")})  # fmt: skip
+        runs.append(
+            {
+                k: m.get(k)
+                for k in ("row", "seed", "steps", "train_time_s", "eval_time_s", "wall_time_s", "commit", "dirty")
+            }
+        )
     if not runs:
         raise SystemExit(f"no completed pilot run under {source}")
     return pd.concat(curves, ignore_index=True), pd.DataFrame(runs)
@@ -106,10 +110,17 @@ def judge(curves: pd.DataFrame, runs: pd.DataFrame, budget: int) -> dict:
         "d_affordable": table <= MAX_MINUTES,
     }
     return {
-        "budget": budget, "admitted": all(checks.values()), **checks, "base_ppl": base_ppl,
-        "converged_runs": sum(f <= MARGIN for f in falls.values()), "runs": len(falls), "sensitivity": sensitivity,
-        "table_minutes": table, "falls": falls, "sizes": sizes,
-    }  # fmt: skip
+        "budget": budget,
+        "admitted": all(checks.values()),
+        **checks,
+        "base_ppl": base_ppl,
+        "converged_runs": sum(f <= MARGIN for f in falls.values()),
+        "runs": len(falls),
+        "sensitivity": sensitivity,
+        "table_minutes": table,
+        "falls": falls,
+        "sizes": sizes,
+    }
 
 
 def export(curves: pd.DataFrame, runs: pd.DataFrame, prefix: Path) -> None:
@@ -144,8 +155,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pilot", type=Path, nargs="?", help="a pilot's --out, or the PREFIX of its export")
     ap.add_argument("--export", type=Path, metavar="PREFIX", help="write the pilot in compact form")
-    ap.add_argument("--choose", nargs="+", metavar="NAME=PREFIX", help="the candidates in their registered order: "
-                    "print the regime and budget the rule chooses among them")  # fmt: skip
+    ap.add_argument(
+        "--choose",
+        nargs="+",
+        metavar="NAME=PREFIX",
+        help="the candidates in their registered order: print the regime and budget the rule chooses among them",
+    )
     args = ap.parse_args()
     if args.choose:
         pilots = [(x.split("=", 1)[0], Path(x.split("=", 1)[1])) for x in args.choose]
@@ -161,17 +176,22 @@ def main() -> None:
     print(f"\nlast-quarter fall of dev PPL by the {RULE} rule, % (admitted at most {MARGIN:.1%}):")
     falls = pd.DataFrame({r["budget"]: pd.Series(r["falls"]) for r in results if "falls" in r})
     print((100 * falls).round(1).to_string() if len(falls) else "  (no budget within the pilot's length)")
-    print("\nper budget: (a) base dev PPL >= 1.25, (b) every run converged, (c) median capacity |effect| >= 2%, "
-          f"(d) table <= {MAX_MINUTES} min")  # fmt: skip
+    print(
+        "\nper budget: (a) base dev PPL >= 1.25, (b) every run converged, (c) median capacity |effect| >= 2%, "
+        f"(d) table <= {MAX_MINUTES} min"
+    )
     for r in results:
         if "falls" not in r:
             print(f"  {r['budget']}: {r['why']}")
             continue
-        marks = " ".join(f"{k[0]}:{'yes' if r[k] else 'NO'}" for k in ("a_headroom", "b_converged", "c_sensitive",
-                                                                       "d_affordable"))  # fmt: skip
-        print(f"  {r['budget']}: base PPL {r['base_ppl']:.3f}, converged {r['converged_runs']}/{r['runs']}, "
-              f"sensitivity {r['sensitivity']:.1%}, table {r['table_minutes']:.0f} min -> {marks}"
-              f"{'  ADMITTED' if r['admitted'] else ''}")  # fmt: skip
+        marks = " ".join(
+            f"{k[0]}:{'yes' if r[k] else 'NO'}" for k in ("a_headroom", "b_converged", "c_sensitive", "d_affordable")
+        )
+        print(
+            f"  {r['budget']}: base PPL {r['base_ppl']:.3f}, converged {r['converged_runs']}/{r['runs']}, "
+            f"sensitivity {r['sensitivity']:.1%}, table {r['table_minutes']:.0f} min -> {marks}"
+            f"{'  ADMITTED' if r['admitted'] else ''}"
+        )
     admitted = [r["budget"] for r in results if r.get("admitted")]
     print(f"\nsmallest admitted budget: {admitted[0] if admitted else 'none'}")
 

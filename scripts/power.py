@@ -49,8 +49,9 @@ def draw(rng, params: dict, design: dict[str, int]) -> dict:
     return {row: {"ppl": list(np.exp(rng.normal(*params[row], n))), "bleu": []} for row, n in design.items()}
 
 
-def simulate(preset: str, sources: dict[str, Path], sims: int, mode: str, seed: int,
-             shrink: dict[str, float] | None = None) -> tuple[pd.DataFrame, list, list]:  # fmt: skip
+def simulate(
+    preset: str, sources: dict[str, Path], sims: int, mode: str, seed: int, shrink: dict[str, float] | None = None
+) -> tuple[pd.DataFrame, list, list]:
     rng = np.random.default_rng(seed)
     names = (preset, *PRESETS[preset].cells)
     designs, params = {}, {}
@@ -82,9 +83,17 @@ def simulate(preset: str, sources: dict[str, Path], sims: int, mode: str, seed: 
         totals.append(s["passed"])
         trivial_totals.append(s["trivial"]["every_change_hurts_passed"])
     table = pd.DataFrame(
-        [{"cell": k[0], "row": k[1], "seeds": designs[k[0]].get(k[1], 0), "base seeds": designs[k[0]].get("base", 0),
-          "power": float(np.mean(v))} for k, v in passes.items()]
-    )  # fmt: skip
+        [
+            {
+                "cell": k[0],
+                "row": k[1],
+                "seeds": designs[k[0]].get(k[1], 0),
+                "base seeds": designs[k[0]].get("base", 0),
+                "power": float(np.mean(v)),
+            }
+            for k, v in passes.items()
+        ]
+    )
     return table, totals, trivial_totals
 
 
@@ -92,8 +101,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="evidence")
     ap.add_argument("--runs", default=str(HISTORY / "table3-evidence-runs.csv"), help="the preset's characterization")
-    ap.add_argument("--cell", action="append", default=[], metavar="PRESET=RUNS.csv",
-                    help="a cell's characterization (default: tiny-2k's, beside --runs)")  # fmt: skip
+    ap.add_argument(
+        "--cell",
+        action="append",
+        default=[],
+        metavar="PRESET=RUNS.csv",
+        help="a cell's characterization (default: tiny-2k's, beside --runs)",
+    )
     ap.add_argument("--sims", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(

@@ -96,16 +96,18 @@ def design(preset: str, seeds: dict[str, int]) -> dict[str, int]:
 WORKERS = 2  # processes the simulated tables are shared among (each its own stream, seed + i)
 
 
-def simulate(cells: dict[str, tuple[Characterization, dict[str, str]]], designs: dict[str, dict[str, int]],
-             sims: int, seed: int) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:  # fmt: skip
+def simulate(
+    cells: dict[str, tuple[Characterization, dict[str, str]]], designs: dict[str, dict[str, int]], sims: int, seed: int
+) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Per test P(pass) and P(decided); per predictor (the registration, each baseline) its score in every table:
     `sims` tables in WORKERS processes, worker i drawing sims / WORKERS of them from seed + i."""
     from concurrent.futures import ProcessPoolExecutor
 
     shares = [sims // WORKERS + (i < sims % WORKERS) for i in range(WORKERS)]
     with ProcessPoolExecutor(WORKERS) as pool:
-        parts = list(pool.map(_simulate, [cells] * WORKERS, [designs] * WORKERS, shares,
-                              [seed + i for i in range(WORKERS)]))  # fmt: skip
+        parts = list(
+            pool.map(_simulate, [cells] * WORKERS, [designs] * WORKERS, shares, [seed + i for i in range(WORKERS)])
+        )
     passes: dict = {}
     decided: dict = {}
     scores: dict = {}
@@ -117,9 +119,18 @@ def simulate(cells: dict[str, tuple[Characterization, dict[str, str]]], designs:
         for k, v in sc.items():
             scores.setdefault(k, []).extend(v)
     table = pd.DataFrame(
-        [{"cell": k[0], "row": k[1], "seeds": designs[k[0]].get(k[1], 0), "base": designs[k[0]].get("base", 0),
-          "pass": float(np.mean(passes[k])), "decided": float(np.mean(decided[k]))} for k in passes]
-    )  # fmt: skip
+        [
+            {
+                "cell": k[0],
+                "row": k[1],
+                "seeds": designs[k[0]].get(k[1], 0),
+                "base": designs[k[0]].get("base", 0),
+                "pass": float(np.mean(passes[k])),
+                "decided": float(np.mean(decided[k])),
+            }
+            for k in passes
+        ]
+    )
     return table, {k: np.array(v) for k, v in scores.items()}
 
 
@@ -179,19 +190,32 @@ def _report(table: pd.DataFrame, scores: dict[str, np.ndarray]) -> None:
     print(f"registered: expected {mine.mean():.2f} of {len(table)} (P(all pass) {np.mean(mine == len(table)):.3f})")
     for name in verdicts.BASELINES:
         theirs = scores[name]
-        print(f"{verdicts.BASELINES[name][0]}: expected {theirs.mean():.2f}; registered - baseline: mean "
-              f"{(mine - theirs).mean():+.2f}, P(>= 2) {np.mean(mine - theirs >= 2):.3f}, P(>= 1) "
-              f"{np.mean(mine - theirs >= 1):.3f}, P(<= -1) {np.mean(mine - theirs <= -1):.3f}")  # fmt: skip
+        print(
+            f"{verdicts.BASELINES[name][0]}: expected {theirs.mean():.2f}; registered - baseline: mean "
+            f"{(mine - theirs).mean():+.2f}, P(>= 2) {np.mean(mine - theirs >= 2):.3f}, P(>= 1) "
+            f"{np.mean(mine - theirs >= 1):.3f}, P(<= -1) {np.mean(mine - theirs <= -1):.3f}"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="evidence")
     ap.add_argument("--curves", default=str(HISTORY), help="the folder of the characterization's committed CSVs")
-    ap.add_argument("--as", dest="stand_ins", action="append", default=[], metavar="ROW=OTHER",
-                    help="a row the characterization did not run, simulated from OTHER's curves")  # fmt: skip
-    ap.add_argument("--seeds", action="append", default=[], metavar="ROW=N", help="seeds of ROW instead of the "
-                    "registered (cells: ROW@PRESET=N)")  # fmt: skip
+    ap.add_argument(
+        "--as",
+        dest="stand_ins",
+        action="append",
+        default=[],
+        metavar="ROW=OTHER",
+        help="a row the characterization did not run, simulated from OTHER's curves",
+    )
+    ap.add_argument(
+        "--seeds",
+        action="append",
+        default=[],
+        metavar="ROW=N",
+        help="seeds of ROW instead of the registered (cells: ROW@PRESET=N)",
+    )
     ap.add_argument("--sims", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--search", action="store_true", help="pick seeds per row by the registered rule")
@@ -211,8 +235,10 @@ def main() -> None:
         designs[name] = design(name, overrides.get(name, {}))
     if args.search:
         designs, table, scores = search(cells, designs, args.sims, args.seed)
-        print("\nchosen: " + "; ".join(f"{name}: " + ", ".join(f"{r} {n}" for r, n in d.items())
-                                       for name, d in designs.items()))  # fmt: skip
+        print(
+            "\nchosen: "
+            + "; ".join(f"{name}: " + ", ".join(f"{r} {n}" for r, n in d.items()) for name, d in designs.items())
+        )
     else:
         table, scores = simulate(cells, designs, args.sims, args.seed)
     _report(table, scores)

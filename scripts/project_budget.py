@@ -41,12 +41,23 @@ def makespan(costs: list[float], jobs: int) -> float:
     return max(slots)
 
 
-def _costs(probe: pd.DataFrame, preset: str, budget: int, start: float, timed_as: str | None = None,
-           dropped: frozenset = frozenset()) -> dict[str, list[tuple[str, float]]]:  # fmt: skip
+def _costs(
+    probe: pd.DataFrame,
+    preset: str,
+    budget: int,
+    start: float,
+    timed_as: str | None = None,
+    dropped: frozenset = frozenset(),
+) -> dict[str, list[tuple[str, float]]]:
     """cell -> (row, seconds) of every run of the preset's sweep in the queue's order, the rows of `dropped` ((cell,
     row) tests registered away) left out, and a cell none of whose tests is left, whole."""
-    per = probe.assign(per_step=probe["train_time_s"] / probe["steps"], extra=probe["wall_time_s"] - probe[
-        "train_time_s"]).groupby(["preset", "row"])[["per_step", "extra"]].mean()  # fmt: skip
+    per = (
+        probe.assign(
+            per_step=probe["train_time_s"] / probe["steps"], extra=probe["wall_time_s"] - probe["train_time_s"]
+        )
+        .groupby(["preset", "row"])[["per_step", "extra"]]
+        .mean()
+    )
     out = {}
     for name in (preset, *PRESETS[preset].cells):
         p = PRESETS[name]
@@ -57,8 +68,11 @@ def _costs(probe: pd.DataFrame, preset: str, budget: int, start: float, timed_as
         for row, _ in Selection().pairs(p):
             if (name, row) in dropped:
                 continue
-            steps = resolve(row, name).train_steps if name != preset else round(
-                budget * resolve(row, name).train_steps / p.train_steps)  # fmt: skip
+            steps = (
+                resolve(row, name).train_steps
+                if name != preset
+                else round(budget * resolve(row, name).train_steps / p.train_steps)
+            )
             probed = timed_as if name == preset and timed_as else name
             key = (probed, row) if (probed, row) in per.index else (probed, "base")  # a row not timed: base's
             costs.append((row, per.loc[key, "per_step"] * steps + per.loc[key, "extra"] + start))
@@ -66,8 +80,14 @@ def _costs(probe: pd.DataFrame, preset: str, budget: int, start: float, timed_as
     return out
 
 
-def project(probe: pd.DataFrame, preset: str, budget: int, start: float, timed_as: str | None = None,
-            dropped: frozenset = frozenset()) -> float:  # fmt: skip
+def project(
+    probe: pd.DataFrame,
+    preset: str,
+    budget: int,
+    start: float,
+    timed_as: str | None = None,
+    dropped: frozenset = frozenset(),
+) -> float:
     """Seconds for the preset's sweep at `budget` steps (its cells at their own budgets), `sweep_jobs` at a time;
     `timed_as`: the preset whose probe runs time this one's rows (the same model and corpus); `dropped`: (cell, row)
     tests left out."""
@@ -89,8 +109,15 @@ def agreeing(preset: str) -> list[tuple[str, str]]:
     return out
 
 
-def drop_until_within(probe: pd.DataFrame, preset: str, budget: int, start: float, fixed: float, limit_s: float,
-                      timed_as: str | None = None) -> tuple[frozenset, float]:  # fmt: skip
+def drop_until_within(
+    probe: pd.DataFrame,
+    preset: str,
+    budget: int,
+    start: float,
+    fixed: float,
+    limit_s: float,
+    timed_as: str | None = None,
+) -> tuple[frozenset, float]:
     """The registered time rule (evidence v6): while the projection is over `limit_s`, leave out the agreeing test
     (`agreeing`) whose own runs cost most (a cell's only test: the whole cell), one at a time. The tests left out,
     and the projection then."""
@@ -128,13 +155,18 @@ def main() -> None:
     ap.add_argument("--limit-min", type=float, required=True, help="the largest projected wall allowed, minutes")
     ap.add_argument("--start", type=float, default=4.0, help="seconds a run's process takes to start")
     ap.add_argument("--fixed", type=float, default=40.0, help="seconds of the command outside its runs")
-    ap.add_argument("--drop-agreeing", action="store_true", help="evidence v6's rule: at the one budget given, leave "
-                    "out the tests that separate no predictor, costliest first, until within the limit")  # fmt: skip
+    ap.add_argument(
+        "--drop-agreeing",
+        action="store_true",
+        help="evidence v6's rule: at the one budget given, leave "
+        "out the tests that separate no predictor, costliest first, until within the limit",
+    )
     args = ap.parse_args()
     probe = pd.read_csv(args.probe)
     if args.drop_agreeing:
-        dropped, seconds = drop_until_within(probe, args.preset, args.budgets[0], args.start, args.fixed,
-                                             60 * args.limit_min, args.timed_as)  # fmt: skip
+        dropped, seconds = drop_until_within(
+            probe, args.preset, args.budgets[0], args.start, args.fixed, 60 * args.limit_min, args.timed_as
+        )
         print(
             f"{args.preset} at {args.budgets[0]} steps: {seconds / 60:.1f} min projected; left out: "
             + (", ".join(f"{r} [{c}]" for c, r in sorted(dropped)) or "none")

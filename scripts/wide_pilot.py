@@ -208,11 +208,29 @@ def budget_rule(out: Path, budgets=BUDGETS) -> dict:
         expected["every_change_hurts"] += p["worse"]
         expected["more_parameters_help"] += p[mph]
         paper = math.expm1(_paper_delta(row))
-        tests.append({"row": row, "predicted": pred.predicted, "seeds": pred.seeds, "paper": paper,
-                      "power": p["pass"], "power_at_sd_upper": p_hi["pass"], "more_parameters_help": mph})  # fmt: skip
-    return {"budget": budget, "val_every": val_every(budget), "admitted": admitted, "falls": falls,
-            "pilot_seeds": sorted(curves), "dev_ppl_at_budget": at_b, "sd_log_ppl": sd, "sd_log_ppl_upper80": sd_hi,
-            "tests": tests, "expected": expected}  # fmt: skip
+        tests.append(
+            {
+                "row": row,
+                "predicted": pred.predicted,
+                "seeds": pred.seeds,
+                "paper": paper,
+                "power": p["pass"],
+                "power_at_sd_upper": p_hi["pass"],
+                "more_parameters_help": mph,
+            }
+        )
+    return {
+        "budget": budget,
+        "val_every": val_every(budget),
+        "admitted": admitted,
+        "falls": falls,
+        "pilot_seeds": sorted(curves),
+        "dev_ppl_at_budget": at_b,
+        "sd_log_ppl": sd,
+        "sd_log_ppl_upper80": sd_hi,
+        "tests": tests,
+        "expected": expected,
+    }
 
 
 def judge(report: Path) -> str:
@@ -236,12 +254,18 @@ def judge(report: Path) -> str:
     family = sliced(verdicts.judge_cells(cells))
     s = verdicts.score(family, {n: sliced(j) for n, j in verdicts.judge_baselines(cells).items()})
     budgets = sorted({int(b) for b in done["steps"]})
-    lines = [f"# The wide table at the pilot's budget ({', '.join(map(str, budgets))} steps), judged as registered",
-             "", f"Scored {s['scored']} of the {len(scored_rows())} registered (the slices that ran; Holm's family is "
-             "all 17, as registered): "
-             f"**the registration passes {s['passed']}**, "
-             + ", ".join(f"\"{b['label']}\" {b['passed']}" for b in s["baselines"].values()) + ".", "",
-             "| test | predicted | verdict | why |", "| --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"# The wide table at the pilot's budget ({', '.join(map(str, budgets))} steps), judged as registered",
+        "",
+        f"Scored {s['scored']} of the {len(scored_rows())} registered (the slices that ran; Holm's family is "
+        "all 17, as registered): "
+        f"**the registration passes {s['passed']}**, "
+        + ", ".join(f'"{b["label"]}" {b["passed"]}' for b in s["baselines"].values())
+        + ".",
+        "",
+        "| test | predicted | verdict | why |",
+        "| --- | --- | --- | --- |",
+    ]
     for (_, row), v in family.items():
         if v.predicted in ("worse", "better", "equivalent") and v.verdict != "not run":
             lines.append(f"| {row} | {v.predicted} | {v.verdict} | {verdicts.why(v)} |")
@@ -263,12 +287,16 @@ def _print_budget(r: dict) -> None:
     print("| test | predicted | seeds (base 8) | paper | power | power at the SD's upper bound | more params help |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for t in r["tests"]:
-        print(f"| {t['row']} | {t['predicted']} | {t['seeds']} | {100 * t['paper']:+.1f}% | {t['power']:.2f} | "
-              f"{t['power_at_sd_upper']:.2f} | {t['more_parameters_help']} |")  # fmt: skip
+        print(
+            f"| {t['row']} | {t['predicted']} | {t['seeds']} | {100 * t['paper']:+.1f}% | {t['power']:.2f} | "
+            f"{t['power_at_sd_upper']:.2f} | {t['more_parameters_help']} |"
+        )
     e = r["expected"]
-    print(f"expected of {len(r['tests'])}, the paper's numbers taken as the truth: the registration "
-          f"{e['registration']:.1f}, 'every change hurts' {e['every_change_hurts']:.1f}, 'more parameters help' "
-          f"{e['more_parameters_help']:.1f}")  # fmt: skip
+    print(
+        f"expected of {len(r['tests'])}, the paper's numbers taken as the truth: the registration "
+        f"{e['registration']:.1f}, 'every change hurts' {e['every_change_hurts']:.1f}, 'more parameters help' "
+        f"{e['more_parameters_help']:.1f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -136,10 +136,22 @@ class PairState:
         return self.steps is not None and self.budget is not None and self.steps < self.budget
 
     def to_dict(self) -> dict:
-        return {"row": self.row, "seed": self.seed, "state": self.state, "holder": self.holder, "age_s": self.age_s,
-                "error": self.error, "dev_bleu": self.dev_bleu, "run_dir": self.run_dir, "step": self.step,
-                "steps": self.steps, "budget": self.budget, "capped": self.capped, "wanted": self.wanted,
-                "changed": list(self.changed)}  # fmt: skip
+        return {
+            "row": self.row,
+            "seed": self.seed,
+            "state": self.state,
+            "holder": self.holder,
+            "age_s": self.age_s,
+            "error": self.error,
+            "dev_bleu": self.dev_bleu,
+            "run_dir": self.run_dir,
+            "step": self.step,
+            "steps": self.steps,
+            "budget": self.budget,
+            "capped": self.capped,
+            "wanted": self.wanted,
+            "changed": list(self.changed),
+        }
 
     @property
     def pair(self) -> Pair:
@@ -158,8 +170,14 @@ def budget_of(run: RunDir, metrics: RunMetrics) -> int | None:
     return config.spec.train_steps if config is not None else None
 
 
-def states(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair], claims: Claims,
-           wanted: Mapping[str, int] | None = None) -> list[PairState]:  # fmt: skip
+def states(
+    out: SweepOut,
+    preset: str,
+    corpus: CorpusRef,
+    pairs: list[Pair],
+    claims: Claims,
+    wanted: Mapping[str, int] | None = None,
+) -> list[PairState]:
     """The state of each pair, from its run directory and its claim; `wanted`: row -> the steps the sweep asks of
     it (a completed run of fewer is `short`; None: whatever it completed at)."""
     now, found = time.time(), []
@@ -169,9 +187,19 @@ def states(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair], cla
         if metrics is not None and metrics.completed:
             want = (wanted or {}).get(row)
             short = want is not None and metrics.steps is not None and metrics.steps < want
-            found.append(PairState(row, seed, "short" if short else "completed", run_dir=str(run.path),
-                                   dev_bleu=metrics.dev_bleu, changed=_changed(run), steps=metrics.steps,
-                                   budget=budget_of(run, metrics), wanted=want if short else None))  # fmt: skip
+            found.append(
+                PairState(
+                    row,
+                    seed,
+                    "short" if short else "completed",
+                    run_dir=str(run.path),
+                    dev_bleu=metrics.dev_bleu,
+                    changed=_changed(run),
+                    steps=metrics.steps,
+                    budget=budget_of(run, metrics),
+                    wanted=want if short else None,
+                )
+            )
             continue
         held = claims.holder(pair_key(preset, corpus, row, seed))
         if held is None and run.is_training():  # a trainer whose driver died, or `aiayn train` by hand
@@ -185,8 +213,9 @@ def states(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair], cla
             since = held.get("since")
             found.append(PairState(row, seed, "running", held.get("holder"), now - since if since else None, **where))
         elif metrics is not None or failure is not None:
-            status, error = (metrics.status, metrics.error) if metrics is not None else (failure["status"],
-                                                                                        failure["error"])  # fmt: skip
+            status, error = (
+                (metrics.status, metrics.error) if metrics is not None else (failure["status"], failure["error"])
+            )
             first = (error or "").strip().splitlines()[:1]
             found.append(PairState(row, seed, status, error=first[0] if first else None, **where))
         else:
@@ -194,8 +223,9 @@ def states(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair], cla
     return found
 
 
-def longer_than_wanted(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair],
-                       wanted: Mapping[str, int]) -> list:  # fmt: skip
+def longer_than_wanted(
+    out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair], wanted: Mapping[str, int]
+) -> list:
     """(pair, run directory, steps trained) of every completed run that trained more steps than the sweep asks of it
     now: a run cannot be shortened, so such a sweep is refused before anything runs."""
     out_of = []
@@ -240,8 +270,16 @@ def record_sweep(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair
         known = [tuple(p) for p in old.get("pairs", [])]
         merged = known + [p for p in pairs if p not in known]
         backends = sorted({*old.get("backends", []), backend})
-        atomic_write_json(path, {"preset": preset, "corpus": corpus.name, "pairs": [list(p) for p in merged],
-                                 "backends": backends, "updated": time.time()})  # fmt: skip
+        atomic_write_json(
+            path,
+            {
+                "preset": preset,
+                "corpus": corpus.name,
+                "pairs": [list(p) for p in merged],
+                "backends": backends,
+                "updated": time.time(),
+            },
+        )
     return path
 
 

@@ -68,16 +68,20 @@ class HpoOptions:
 
     trials: int = option(10, "trials in the search; a rerun runs the missing ones (an interrupted one resumes)")
     space: str | None = option(
-        None, "a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with "
+        None,
+        "a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with "
         "optional `log: true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop around "
-        "the paper's values; label smoothing only by this file, as the module docstring says)", metavar="FILE",
-    )  # fmt: skip
+        "the paper's values; label smoothing only by this file, as the module docstring says)",
+        metavar="FILE",
+    )
     storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/hpo.db)")
     backend: str = option(
-        "local", "where trials train: local (one after another in this process) or subprocess (each in a fresh "
+        "local",
+        "where trials train: local (one after another in this process) or subprocess (each in a fresh "
         "`aiayn hpo` process, --jobs at once, its pruning reports going to the study's storage); a back end that "
-        "cannot run trials (slurm) is refused with its reason", choices=BackendNames(),
-    )  # fmt: skip
+        "cannot run trials (slurm) is refused with its reason",
+        choices=BackendNames(),
+    )
     jobs: int = option(1, "trials at once (--backend subprocess)", positive=True)
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
@@ -184,10 +188,16 @@ def objective(opts: HpoOptions, trial: optuna.Trial, spec: RunSpec) -> float:
     trial_dir = SweepOut(t.out).hpo_trial(preset.name, t.row, trial.number)
     run_dir = trial.user_attrs.get("resume_dir") or str(trial_dir.path)
     trial.set_user_attr("run_dir", run_dir)
-    hooks = Hooks(callbacks=(StepPruning.make(trial, "val/ppl"),), val_per_epoch=False, run_dir=run_dir, kind="hpo",
-                  status_of=lambda e: "pruned" if isinstance(e, optuna.TrialPruned) else None)  # fmt: skip
-    metrics = train(replace(t, overrides={**t.overrides, **params}, progress=False), spec.with_overrides(params),
-                    hooks=hooks)  # fmt: skip
+    hooks = Hooks(
+        callbacks=(StepPruning.make(trial, "val/ppl"),),
+        val_per_epoch=False,
+        run_dir=run_dir,
+        kind="hpo",
+        status_of=lambda e: "pruned" if isinstance(e, optuna.TrialPruned) else None,
+    )
+    metrics = train(
+        replace(t, overrides={**t.overrides, **params}, progress=False), spec.with_overrides(params), hooks=hooks
+    )
     if metrics.status == "diverged":  # a result, not a crash: the search goes on without it
         trial.set_user_attr("diverged_at_step", metrics.diverged_at_step)
         raise optuna.TrialPruned(f"diverged: {metrics.error}")
@@ -200,8 +210,11 @@ def _requeue(study: optuna.Study):
     def again(t: optuna.trial.FrozenTrial) -> None:
         resume = t.user_attrs.get("run_dir")
         study.enqueue_trial(t.params, user_attrs={"resume_dir": resume} if resume else None)
-        log.warning("trial %d was left running by a search that died: failed, its parameters enqueued again%s",
-                    t.number, f" (resuming {resume})" if resume else "")  # fmt: skip
+        log.warning(
+            "trial %d was left running by a search that died: failed, its parameters enqueued again%s",
+            t.number,
+            f" (resuming {resume})" if resume else "",
+        )
 
     return again
 
@@ -235,11 +248,14 @@ def trials_backend(opts: HpoOptions) -> str:
     if how is None:
         able = ", ".join(sorted(n for n, c in found.items() if c.capabilities.trials))
         why = cls.capabilities.no_trials or "it declares no way to"
-        raise UserError(f"--backend {opts.backend} cannot run hpo trials ({why}); pass --backend "
-                        f"{able.replace(', ', ' or ')}")  # fmt: skip
+        raise UserError(
+            f"--backend {opts.backend} cannot run hpo trials ({why}); pass --backend {able.replace(', ', ' or ')}"
+        )
     if how == "here" and opts.jobs > 1:
-        raise UserError(f"--backend {opts.backend} trains trials one after another in this process; drop --jobs "
-                        f"{opts.jobs}, or pass --backend subprocess to train {opts.jobs} at once")  # fmt: skip
+        raise UserError(
+            f"--backend {opts.backend} trains trials one after another in this process; drop --jobs "
+            f"{opts.jobs}, or pass --backend subprocess to train {opts.jobs} at once"
+        )
     return how
 
 
@@ -251,8 +267,10 @@ def run_hpo(opts: HpoOptions) -> dict:
         raise UserError(f"--trials must be at least 1, got {opts.trials}")
     how = trials_backend(opts)
     if t.world_size > 1:
-        raise UserError(f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
-                        f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)")  # fmt: skip
+        raise UserError(
+            f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
+            f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)"
+        )
     spec = spec_of(t)  # the row, resolved once for every trial; unknown row or preset: before any study exists
     space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
@@ -268,8 +286,10 @@ def run_hpo(opts: HpoOptions) -> dict:
     )
     searched = study.user_attrs.get("space")
     if searched is not None and searched != space and study.get_trials(deepcopy=False):
-        raise UserError(f"study {study.study_name} under {out.root} searched another space ({searched}); pass the "
-                        f"same --space to go on with it, or another --out for a new search")  # fmt: skip
+        raise UserError(
+            f"study {study.study_name} under {out.root} searched another space ({searched}); pass the "
+            f"same --space to go on with it, or another --out for a new search"
+        )
     study.set_user_attr("space", space)
     with warnings.catch_warnings():  # experimental in Optuna 4 (since 3.2), and the dashboard reads it
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -287,17 +307,32 @@ def run_hpo(opts: HpoOptions) -> dict:
     else:
         in_processes(opts, spec, study.study_name, opts.trials - done, claims, pop_lock, t.seed + done)
     complete = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
-    counts = {"trials": len(study.trials), "completed": len(complete),
-              "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
-              "failed": sum(x.state.name == "FAIL" for x in study.trials)}  # fmt: skip
+    counts = {
+        "trials": len(study.trials),
+        "completed": len(complete),
+        "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
+        "failed": sum(x.state.name == "FAIL" for x in study.trials),
+    }
     if not complete:  # an outcome of the search, not a usage error: the caller exits 1
-        log.error("no hpo trial of %s at %s completed (%d pruned, %d failed); add --trials or widen --space",
-                  t.row, t.preset, counts["pruned"], counts["failed"])  # fmt: skip
+        log.error(
+            "no hpo trial of %s at %s completed (%d pruned, %d failed); add --trials or widen --space",
+            t.row,
+            t.preset,
+            counts["pruned"],
+            counts["failed"],
+        )
         return {"row": t.row, "preset": t.preset, "study": study.study_name, "best_trial": None, **counts}
     best = study.best_trial
-    result = {"row": t.row, "preset": t.preset, "study": study.study_name, "best_trial": best.number,
-              "best_dev_ppl": best.value, "best_params": best.params, "dev_bleu": best.user_attrs.get("dev_bleu"),
-              **counts}  # fmt: skip
+    result = {
+        "row": t.row,
+        "preset": t.preset,
+        "study": study.study_name,
+        "best_trial": best.number,
+        "best_dev_ppl": best.value,
+        "best_params": best.params,
+        "dev_bleu": best.user_attrs.get("dev_bleu"),
+        **counts,
+    }
     atomic_write_json(out.hpo_best(t.preset, t.row), result)
     return result
 
@@ -341,8 +376,9 @@ def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, 
     left, lock = [todo], threading.Lock()
 
     def worker(slot: int) -> None:
-        study = optuna.load_study(study_name=name, storage=open_storage(url),
-                                  sampler=optuna.samplers.TPESampler(seed=seed + slot))  # fmt: skip
+        study = optuna.load_study(
+            study_name=name, storage=open_storage(url), sampler=optuna.samplers.TPESampler(seed=seed + slot)
+        )
         while True:
             with lock:
                 if left[0] == 0:
@@ -384,8 +420,10 @@ def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str
     storage = open_storage(url)  # a fresh one: what the child wrote, not a cached copy
     outcome = storage.get_trial(_trial_id(storage, trial.study.study_name, trial.number)).user_attrs.get("outcome")
     if code != 0 or not isinstance(outcome, dict):
-        raise RuntimeError(f"trial {trial.number}'s process ended with exit code {code} and no outcome; its log: "
-                           f"{stem.with_suffix('.log')}")  # fmt: skip
+        raise RuntimeError(
+            f"trial {trial.number}'s process ended with exit code {code} and no outcome; its log: "
+            f"{stem.with_suffix('.log')}"
+        )
     if "pruned" in outcome:
         raise optuna.TrialPruned(outcome["pruned"])
     return float(outcome["value"])

@@ -17,8 +17,13 @@ def check_launches(launches: list[tuple[Backend, Sweep]]) -> None:
         backend.check(sweep)
 
 
-def run_and_report(launches: list[tuple[Backend, Sweep]], *, write_report: Callable[[], list] | None = None,
-                   fail_on_diverged: bool = False, echo: Callable[[str], None] = print) -> int:  # fmt: skip
+def run_and_report(
+    launches: list[tuple[Backend, Sweep]],
+    *,
+    write_report: Callable[[], list] | None = None,
+    fail_on_diverged: bool = False,
+    echo: Callable[[str], None] = print,
+) -> int:
     """Check every (back end, sweep) before any runs, launch each (a preset's sweep, then its cells'), say what
     happened (the first back end's summary lines, counted over all), write the report (`write_report`, None: none
     asked for) where the runs have ended here (`Backend.report_now`), and return the exit status: 0 when every pair

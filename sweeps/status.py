@@ -42,15 +42,23 @@ def sweep_status(out: str | Path) -> list[dict]:
         raise UserError(f"{out} does not exist; pass the --out of an `aiayn table3` or `aiayn slurm` sweep")
     sweeps = books.recorded_sweeps(root)
     if not sweeps:
-        raise UserError(f"{out} holds no sweep (no sweeps/*.json and no PRESET/CORPUS/ROW/seedN run directories); "
-                        "pass the --out of an `aiayn table3` or `aiayn slurm` sweep")  # fmt: skip
+        raise UserError(
+            f"{out} holds no sweep (no sweeps/*.json and no PRESET/CORPUS/ROW/seedN run directories); "
+            "pass the --out of an `aiayn table3` or `aiayn slurm` sweep"
+        )
     claims = backends.status_claims(root)  # every registered back end's books
     found = []
     for sweep in sweeps:
         pairs = books.states(root, sweep.preset, sweep.corpus, sweep.pairs, claims)
         counts = {state: sum(p.state == state for p in pairs) for state in books.STATES}
-        found.append({"preset": sweep.preset, "corpus": sweep.corpus.name, "counts": counts,
-                      "pairs": [p.to_dict() for p in pairs]})  # fmt: skip
+        found.append(
+            {
+                "preset": sweep.preset,
+                "corpus": sweep.corpus.name,
+                "counts": counts,
+                "pairs": [p.to_dict() for p in pairs],
+            }
+        )
     return found
 
 

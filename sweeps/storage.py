@@ -67,8 +67,10 @@ def check_readable(url: str) -> None:
     if not path.is_file():
         raise UserError(f"storage {path} is a directory or a device, not a file; pass --storage a file's path")
     if not (os.access(path, os.W_OK) and can_create_in(path.parent)):  # a read-only file, folder or mount
-        raise UserError(f"storage {path} cannot be written (a read-only file, folder or mount); copy it somewhere "
-                        "writable and pass --storage there")  # fmt: skip
+        raise UserError(
+            f"storage {path} cannot be written (a read-only file, folder or mount); copy it somewhere "
+            "writable and pass --storage there"
+        )
     fix = f"delete {path} to start the sweep's books there again (its runs stay), or pass another --storage"
     if scheme == "journal":
         number = 0
@@ -79,13 +81,16 @@ def check_readable(url: str) -> None:
                     if raw.strip() and not isinstance(json.loads(raw.decode("utf-8")).get("op_code"), int):
                         raise ValueError("no op_code")
         except (UnicodeDecodeError, ValueError, AttributeError) as e:
-            raise UserError(f"journal storage {path} line {number} is not an Optuna journal entry "
-                            f"({type(e).__name__}); {fix}") from None  # fmt: skip
+            raise UserError(
+                f"journal storage {path} line {number} is not an Optuna journal entry ({type(e).__name__}); {fix}"
+            ) from None
         try:  # each entry as Optuna replays it (reading only): `{"op_code": 0}` alone has none of a study's fields
             JournalStorage(JournalFileBackend(str(path)))
         except Exception as e:  # noqa: BLE001 - KeyError, TypeError, ValueError: whatever a bad entry raises
-            raise UserError(f"journal storage {path} does not replay as an Optuna journal ({type(e).__name__}: "
-                            f"{str(e)[:80]}); {fix}") from None  # fmt: skip
+            raise UserError(
+                f"journal storage {path} does not replay as an Optuna journal ({type(e).__name__}: "
+                f"{str(e)[:80]}); {fix}"
+            ) from None
         return
     # a hot journal beside the database (a writer killed mid-transaction) is rolled back by a normal open, as
     # Optuna's will; a read-only open would refuse that healthy database
@@ -99,8 +104,10 @@ def check_readable(url: str) -> None:
     # perhaps half made: a second worker on a new file sees the tables another's Optuna is creating one by one
     if tables and tables.isdisjoint(OPTUNA_TABLES):
         names = ", ".join(sorted(tables)[:5])
-        raise UserError(f"storage {path} is another program's SQLite database (tables: {names}); pass --storage a "
-                        "new file or an Optuna database")  # fmt: skip
+        raise UserError(
+            f"storage {path} is another program's SQLite database (tables: {names}); pass --storage a "
+            "new file or an Optuna database"
+        )
 
 
 def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.BaseStorage:

@@ -40,11 +40,12 @@ log = logging.getLogger(__name__)
 # them), and the flags of those options, each answered with what to use instead.
 PER_RUN = ("train.row", "train.seed", "train.progress", "train.pack_seeds")
 SWEEP_SETS = (
-    ("--row", "choose the rows with --rows"), ("--seed", "choose the seeds with --seeds and --first-seed"),
+    ("--row", "choose the rows with --rows"),
+    ("--seed", "choose the seeds with --seeds and --first-seed"),
     ("--pack-seeds", "the sweep packs a row's seeds with --pack"),
     ("--progress", "its runs print one line each as they end"),
     ("--no-progress", "its runs print one line each as they end, without progress bars"),
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -59,26 +60,32 @@ class SweepOptions:
         None, "training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)", positive=True
     )
     gpus_per_job: int | None = option(
-        None, "GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices "
+        None,
+        "GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices "
         "(default: 1 each when a GPU is visible for each run)",
-        positive=True, metavar="K",
-    )  # fmt: skip
+        positive=True,
+        metavar="K",
+    )
     # the registry's back ends, with their help (one with options of its own, slurm, takes them too: `aiayn table3
     # --backend slurm` is `aiayn slurm table3`, whose --help lists them: `options_for`)
     backend: str | None = option(None, backend_help(), choices=BackendNames())
     pack: str = option(
-        "auto", "seeds of one row a worker trains as one pack, one process and one step for all (docs/training.md): "
+        "auto",
+        "seeds of one row a worker trains as one pack, one process and one step for all (docs/training.md): "
         "auto (up to 8 where the runs train on a GPU, whose launches a pack shares; none on a CPU, where a pack trains "
-        "about as fast as its seeds apart: BENCHMARKS.md), off, or the most seeds in a pack", metavar="auto|off|K",
-    )  # fmt: skip
+        "about as fast as its seeds apart: BENCHMARKS.md), off, or the most seeds in a pack",
+        metavar="auto|off|K",
+    )
     fail_on_diverged: bool = option(
-        False, "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
+        False,
+        "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
         "such, and the exit status is 0)",
-    )  # fmt: skip
+    )
     dry_run: bool = option(
-        False, "list every pair of the sweep and what this command would do with it (run, extend a run capped by "
+        False,
+        "list every pair of the sweep and what this command would do with it (run, extend a run capped by "
         "an earlier --max-steps, leave a done one, wait for a running one), then stop: nothing is trained or written",
-    )  # fmt: skip
+    )
     # the main job without --preset: the evidence regime at a fixed budget, one seed (ablations/presets.py, `quick`)
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, preset=MAIN_PRESET))
 
@@ -94,9 +101,16 @@ def options_for(backend: type[Backend]) -> type:
         train = replace(train, **backend.train_defaults)
     own = [
         ("train", TrainOptions, field(default_factory=lambda: replace(train))),
-        ("backend", str, option(backend.name, f"the sweep's back end: this command is `aiayn table3 --backend "
-                                f"{backend.name}`", choices=(backend.name,))),
-    ]  # fmt: skip
+        (
+            "backend",
+            str,
+            option(
+                backend.name,
+                f"the sweep's back end: this command is `aiayn table3 --backend {backend.name}`",
+                choices=(backend.name,),
+            ),
+        ),
+    ]
     return make_dataclass(f"{backend.__name__}SweepOptions", own, bases=(backend.options, SweepOptions))
 
 
@@ -123,11 +137,18 @@ def backend_commands(report_writer) -> tuple[Command, ...]:
         return lambda opts, args: run_backend(cls, opts, report_writer(opts.train))
 
     return tuple(
-        Command(command_of(name), f"`aiayn table3 --backend {name}`: the sweep with the back end's own options",
-                options_for(cls), runner(cls), skip=PER_RUN + refused(cls), sets=SWEEP_SETS,
-                refuses=tuple((flag, why) for _, flag, why in cls.refuses))
-        for name, cls in sorted(load().items()) if cls.options is not None
-    )  # fmt: skip
+        Command(
+            command_of(name),
+            f"`aiayn table3 --backend {name}`: the sweep with the back end's own options",
+            options_for(cls),
+            runner(cls),
+            skip=PER_RUN + refused(cls),
+            sets=SWEEP_SETS,
+            refuses=tuple((flag, why) for _, flag, why in cls.refuses),
+        )
+        for name, cls in sorted(load().items())
+        if cls.options is not None
+    )
 
 
 def build_sweep(opts: SweepOptions) -> Sweep:
@@ -160,8 +181,11 @@ def cell_options(opts: SweepOptions) -> list[SweepOptions]:
     out = [opts]
     if opts.select.rows is not None or opts.select.extended or not preset.cells:
         if preset.cells:
-            log.info("--rows/--extended select rows of %s alone: its cells (%s) are not run", preset.name,
-                     ", ".join(preset.cells))  # fmt: skip
+            log.info(
+                "--rows/--extended select rows of %s alone: its cells (%s) are not run",
+                preset.name,
+                ", ".join(preset.cells),
+            )
         return out
     for name in preset.cells:
         select = replace(opts.select, rows=None, extended=False)
@@ -225,8 +249,15 @@ def run_table3(opts: SweepOptions, backend: Backend | None = None) -> SweepSumma
 
 
 # what a dry run says it would do with a pair in each state of the books
-_WOULD = {"completed": "done", "short": "extend", "running": "running elsewhere", "failed": "run again",
-          "diverged": "run again", "pruned": "run again", "pending": "run"}  # fmt: skip
+_WOULD = {
+    "completed": "done",
+    "short": "extend",
+    "running": "running elsewhere",
+    "failed": "run again",
+    "diverged": "run again",
+    "pruned": "run again",
+    "pending": "run",
+}
 
 
 def dry_run_text(pairs: list[tuple[Backend, Sweep]]) -> str:
@@ -239,8 +270,10 @@ def dry_run_text(pairs: list[tuple[Backend, Sweep]]) -> str:
         for p in found:
             todo[_WOULD[p.state]] = todo.get(_WOULD[p.state], 0) + 1
         counts = ", ".join(f"{n} {what}" for what, n in todo.items())
-        lines.append(f"table3 {sweep.preset.name} on {sweep.corpus} ({backend.name}, {sweep.jobs} at a time, into "
-                     f"{sweep.out.root}): {len(found)} pairs: {counts}")  # fmt: skip
+        lines.append(
+            f"table3 {sweep.preset.name} on {sweep.corpus} ({backend.name}, {sweep.jobs} at a time, into "
+            f"{sweep.out.root}): {len(found)} pairs: {counts}"
+        )
         width = max((len(p.row) for p in found), default=4)
         for p in found:
             steps = sweep.wanted[p.row]

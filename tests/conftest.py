@@ -74,9 +74,18 @@ class StepsRunner:
         steps = sweep.wanted[row]
         with self.lock:
             self.calls.append((row, seed, steps))
-        metrics = {"row": row, "seed": seed, "preset": sweep.preset.name, "data": corpus, "status": "completed",
-                   "steps": steps, "planned_steps": steps, "budget_steps": sweep.specs[row].train_steps,
-                   "dev_bleu": 10.0 + seed, "dev_ppl": 5.0}  # fmt: skip
+        metrics = {
+            "row": row,
+            "seed": seed,
+            "preset": sweep.preset.name,
+            "data": corpus,
+            "status": "completed",
+            "steps": steps,
+            "planned_steps": steps,
+            "budget_steps": sweep.specs[row].train_steps,
+            "dev_bleu": 10.0 + seed,
+            "dev_ppl": 5.0,
+        }
         run = sweep.run(row, seed)
         run.path.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run.metrics_file, metrics)
@@ -103,8 +112,11 @@ def checkpoint_of(spec=None, state_dict=None, data=None, **extra) -> dict:
     from aiayn.lightning_modules.run.spec import resolve
 
     spec = spec or resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 32, "h": 2}, vocab_size=50)
-    config = RunConfig(spec, data or DataIdentity(CorpusRef.parse("synthetic"), None, spec.model.vocab_size),
-                       TrainPlan(0, 2, 1, 1, 1024, "32-true"))  # fmt: skip
+    config = RunConfig(
+        spec,
+        data or DataIdentity(CorpusRef.parse("synthetic"), None, spec.model.vocab_size),
+        TrainPlan(0, 2, 1, 1, 1024, "32-true"),
+    )
     if state_dict is None:
         state_dict = TranslationModule(spec.model).state_dict()
     return {"state_dict": state_dict, "aiayn": {"format": 1, "config": config.to_dict()}, **extra}

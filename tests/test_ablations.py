@@ -15,8 +15,28 @@ from aiayn.common.errors import UserError
 from aiayn.lightning_modules.run.spec import resolve
 from aiayn.lightning_modules.transformer.model import Transformer
 
-PAPER_ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
-              "D1", "D2", "D3", "D4", "E1", "big"]  # fmt: skip
+PAPER_ROWS = [
+    "base",
+    "A1",
+    "A2",
+    "A3",
+    "A4",
+    "B1",
+    "B2",
+    "C1",
+    "C2",
+    "C3",
+    "C4",
+    "C5",
+    "C6",
+    "C7",
+    "D1",
+    "D2",
+    "D3",
+    "D4",
+    "E1",
+    "big",
+]
 
 
 def config_of(row, preset, vocab):
@@ -136,16 +156,35 @@ def test_rows_json_at_paper_scale(capsys):
     assert main(["rows", "--preset", "paper", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["row"] for r in rows] == PAPER_ROWS
-    keys = {"row", "group", "N", "d_model", "d_ff", "h", "d_k", "d_v", "p_drop", "eps_ls", "pe", "train_steps",
-            "params", "paper_ppl", "paper_bleu", "paper_params_m"}  # fmt: skip
+    keys = {
+        "row",
+        "group",
+        "N",
+        "d_model",
+        "d_ff",
+        "h",
+        "d_k",
+        "d_v",
+        "p_drop",
+        "eps_ls",
+        "pe",
+        "train_steps",
+        "params",
+        "paper_ppl",
+        "paper_bleu",
+        "paper_params_m",
+    }
     assert keys <= set(rows[0])
     assert rows[0]["params"] == 63_082_496 and rows[-1]["train_steps"] == 300_000
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["rows", "--preset", "huge"], "unknown preset 'huge'; choose one of: paper, small, tiny"),
-    (["rows", "--rows", "F1"], "unknown row or group 'F1' in --rows"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["rows", "--preset", "huge"], "unknown preset 'huge'; choose one of: paper, small, tiny"),
+        (["rows", "--rows", "F1"], "unknown row or group 'F1' in --rows"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -143,8 +143,12 @@ def run_config_of_schema(schema: int):
     """{tmp}/c.json: a run's config.json, as a newer aiayn would write it."""
 
     def write(tmp: Path) -> None:
-        config = RunConfig(resolve("base", "tiny"), DataIdentity(SYNTHETIC, None, 1000),
-                           TrainPlan(0, 2, 1, 1, 1024, "32-true"), options={"row": "base"}).to_dict()  # fmt: skip
+        config = RunConfig(
+            resolve("base", "tiny"),
+            DataIdentity(SYNTHETIC, None, 1000),
+            TrainPlan(0, 2, 1, 1, 1024, "32-true"),
+            options={"row": "base"},
+        ).to_dict()
         (tmp / "c.json").write_text(json.dumps({**config, "schema": schema}))
 
     return write
@@ -158,353 +162,647 @@ T3 = ["table3", "--out", "{tmp}/runs", "--report", "{tmp}/reports"]
 CASES = {
     # --- the command line
     "unknown row": (TRAIN + ["--row", "Z1"], None, f"unknown row 'Z1'; choose one of: {ROWS} (see `aiayn rows`)"),
-    "unknown preset": (TRAIN + ["--preset", "huge"], None,
-                       f"unknown preset 'huge'; choose one of: {', '.join(PRESETS)}"),
-    "unknown corpus": (TRAIN + ["--data", "europarl"], None,
-                       f"unknown corpus 'europarl'; use --data with one of {', '.join(CORPORA)}, or hf:NAME[:CONFIG] "
-                       "(a Hugging Face dataset)"),
-    "hf: without a name": (TRAIN + ["--data", "hf:"], None,
-                           "--data hf: names no dataset; pass --data hf:NAME[:CONFIG] (e.g. hf:wmt/wmt14:de-en) or "
-                           "hf:/path/to/a/dataset saved with save_to_disk"),
-    "hf: of a missing local dataset": (TRAIN + ["--data", "hf:{tmp}/none"], None,
-                                       "--data hf:{tmp}/none: no directory {tmp}/none; pass --data hf:PATH of a "
-                                       "dataset saved with save_to_disk, or of a directory of parquet/json/csv files"),
-    "unknown logger": (TRAIN + ["--logger", "csv,tensorbord"], None,
-                       "--logger: unknown logger 'tensorbord'; pass a comma-separated subset of csv, tensorboard, "
-                       "mlflow, wandb"),
-    "no periodic checkpoints": (TRAIN + ["--keep-last", "0"], None,
-                                "argument --keep-last: expected a positive integer, got 0; see `aiayn train --help`"),
-    "zero steps": (TRAIN + ["--max-steps", "0"], None,
-                   "argument --max-steps: expected a positive integer, got 0; see `aiayn train --help`"),
-    "negative BLEU sentences": (TRAIN + ["--val-bleu-sentences", "-1"], None,
-                                "--val-bleu-sentences must be 0 or more, got -1; pass 0 for no BLEU during training"),
-    "max tokens below max len": (TRAIN + ["--max-tokens", "100"], None,
-                                 "--max-tokens 100 must be larger than the preset's max_len 256 so that a sentence of "
-                                 "max_len tokens plus bos/eos fits in a batch; raise --max-tokens"),
-    "unknown table3 row": (T3 + ["--rows", "base,Q"], None,
-                           f"unknown row or group 'Q' in --rows; rows are {ROWS}; groups are {GROUPS}"),
-    "zero seeds": (T3 + ["--seeds", "0"], None,
-                   "argument --seeds: expected a positive integer, got 0; see `aiayn table3 --help`"),
+    "unknown preset": (
+        TRAIN + ["--preset", "huge"],
+        None,
+        f"unknown preset 'huge'; choose one of: {', '.join(PRESETS)}",
+    ),
+    "unknown corpus": (
+        TRAIN + ["--data", "europarl"],
+        None,
+        f"unknown corpus 'europarl'; use --data with one of {', '.join(CORPORA)}, or hf:NAME[:CONFIG] "
+        "(a Hugging Face dataset)",
+    ),
+    "hf: without a name": (
+        TRAIN + ["--data", "hf:"],
+        None,
+        "--data hf: names no dataset; pass --data hf:NAME[:CONFIG] (e.g. hf:wmt/wmt14:de-en) or "
+        "hf:/path/to/a/dataset saved with save_to_disk",
+    ),
+    "hf: of a missing local dataset": (
+        TRAIN + ["--data", "hf:{tmp}/none"],
+        None,
+        "--data hf:{tmp}/none: no directory {tmp}/none; pass --data hf:PATH of a "
+        "dataset saved with save_to_disk, or of a directory of parquet/json/csv files",
+    ),
+    "unknown logger": (
+        TRAIN + ["--logger", "csv,tensorbord"],
+        None,
+        "--logger: unknown logger 'tensorbord'; pass a comma-separated subset of csv, tensorboard, mlflow, wandb",
+    ),
+    "no periodic checkpoints": (
+        TRAIN + ["--keep-last", "0"],
+        None,
+        "argument --keep-last: expected a positive integer, got 0; see `aiayn train --help`",
+    ),
+    "zero steps": (
+        TRAIN + ["--max-steps", "0"],
+        None,
+        "argument --max-steps: expected a positive integer, got 0; see `aiayn train --help`",
+    ),
+    "negative BLEU sentences": (
+        TRAIN + ["--val-bleu-sentences", "-1"],
+        None,
+        "--val-bleu-sentences must be 0 or more, got -1; pass 0 for no BLEU during training",
+    ),
+    "max tokens below max len": (
+        TRAIN + ["--max-tokens", "100"],
+        None,
+        "--max-tokens 100 must be larger than the preset's max_len 256 so that a sentence of "
+        "max_len tokens plus bos/eos fits in a batch; raise --max-tokens",
+    ),
+    "unknown table3 row": (
+        T3 + ["--rows", "base,Q"],
+        None,
+        f"unknown row or group 'Q' in --rows; rows are {ROWS}; groups are {GROUPS}",
+    ),
+    "zero seeds": (
+        T3 + ["--seeds", "0"],
+        None,
+        "argument --seeds: expected a positive integer, got 0; see `aiayn table3 --help`",
+    ),
     # --- configs (--set)
-    "d_model not divisible by h": (TRAIN + ["--set", "d_model=100 h=8"], None,
-                                   "invalid model config: d_k must be set explicitly: d_model=100 is not divisible "
-                                   "by h=8 (--set d_model=100 h=8); change the --set value"),
-    "negative dropout": (TRAIN + ["--set", "P_drop=-0.1"], None,
-                         "invalid model config: P_drop must be in [0, 1), got -0.1 (--set P_drop=-0.1); "
-                         "change the --set value"),
-    "dropout over 1": (TRAIN + ["--set", "P_drop=1.5"], None,
-                       "invalid model config: P_drop must be in [0, 1), got 1.5 (--set P_drop=1.5); "
-                       "change the --set value"),
-    "unknown pe": (TRAIN + ["--set", "pe=fourier"], None,
-                   f"invalid model config: pe must be one of {', '.join(PE_KINDS)}, got 'fourier' "
-                   "(--set pe=fourier); change the --set value"),
-    "compile graphs without static shapes": (TRAIN + ["--compile", "graphs"], None,
-                                             "--compile graphs records a CUDA graph per batch shape, and without "
-                                             "--static-shapes every batch has its own; add --static-shapes (and "
-                                             "--pad-to 8), or pass --compile model"),
-    "unknown --set key": (TRAIN + ["--set", "dropout=0.1"], None,
-                          f"--set dropout: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}"),
-    "--set without =": (TRAIN + ["--set", "d_model"], None,
-                        "--set d_model: expected KEY=VALUE; e.g. --set d_model=256"),
-    "fp16 precision": (TRAIN + ["--precision", "16-mixed"], None,
-                       "--precision 16-mixed: the fused loss computes its gradients in the forward pass, where fp16's "
-                       "gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)"),
+    "d_model not divisible by h": (
+        TRAIN + ["--set", "d_model=100 h=8"],
+        None,
+        "invalid model config: d_k must be set explicitly: d_model=100 is not divisible "
+        "by h=8 (--set d_model=100 h=8); change the --set value",
+    ),
+    "negative dropout": (
+        TRAIN + ["--set", "P_drop=-0.1"],
+        None,
+        "invalid model config: P_drop must be in [0, 1), got -0.1 (--set P_drop=-0.1); change the --set value",
+    ),
+    "dropout over 1": (
+        TRAIN + ["--set", "P_drop=1.5"],
+        None,
+        "invalid model config: P_drop must be in [0, 1), got 1.5 (--set P_drop=1.5); change the --set value",
+    ),
+    "unknown pe": (
+        TRAIN + ["--set", "pe=fourier"],
+        None,
+        f"invalid model config: pe must be one of {', '.join(PE_KINDS)}, got 'fourier' "
+        "(--set pe=fourier); change the --set value",
+    ),
+    "compile graphs without static shapes": (
+        TRAIN + ["--compile", "graphs"],
+        None,
+        "--compile graphs records a CUDA graph per batch shape, and without "
+        "--static-shapes every batch has its own; add --static-shapes (and "
+        "--pad-to 8), or pass --compile model",
+    ),
+    "unknown --set key": (
+        TRAIN + ["--set", "dropout=0.1"],
+        None,
+        f"--set dropout: unknown key; use one of {', '.join((*MODEL_KEYS, *SCHEDULE_KEYS))}",
+    ),
+    "--set without =": (
+        TRAIN + ["--set", "d_model"],
+        None,
+        "--set d_model: expected KEY=VALUE; e.g. --set d_model=256",
+    ),
+    "fp16 precision": (
+        TRAIN + ["--precision", "16-mixed"],
+        None,
+        "--precision 16-mixed: the fused loss computes its gradients in the forward pass, where fp16's "
+        "gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)",
+    ),
     "--set not a number": (TRAIN + ["--set", "N=two"], None, "--set N=two: N must be an integer; e.g. --set N=1"),
-    "--set zero lr factor": (TRAIN + ["--set", "lr_factor=0"], None,
-                             "--set lr_factor=0.0: lr_factor must be positive; change the --set value"),
-    "--set negative warmup": (TRAIN + ["--set", "warmup=-5"], None,
-                              "--set warmup=-5: warmup must be positive; change the --set value"),
+    "--set zero lr factor": (
+        TRAIN + ["--set", "lr_factor=0"],
+        None,
+        "--set lr_factor=0.0: lr_factor must be positive; change the --set value",
+    ),
+    "--set negative warmup": (
+        TRAIN + ["--set", "warmup=-5"],
+        None,
+        "--set warmup=-5: warmup must be positive; change the --set value",
+    ),
     # --- corpora
-    "empty corpus file": (TRAIN + FILES, lambda t: corpus(t, "empty"),
-                          "{tmp}/corpus/test.en is empty; provide a non-empty file with one sentence per line"),
-    "mismatched line counts": (TRAIN + FILES, lambda t: corpus(t, "mismatch"),
-                               "{tmp}/corpus/train.en has 50 lines but {tmp}/corpus/train.de has 40; the files must "
-                               "be line-aligned translations (same number of lines)"),
-    "missing corpus file": (TRAIN + FILES, lambda t: corpus(t, "missing"),
-                            "corpus directory {tmp}/corpus has no file dev.de (expected dev.en/dev.de, plain or .gz); "
-                            "pass --data-dir pointing at a directory with train/dev/test files"),
-    "non-UTF-8 corpus": (TRAIN + FILES, lambda t: corpus(t, "utf8"),
-                         "{tmp}/corpus/train.en line 2 is not valid UTF-8 (invalid start byte); re-encode the file as "
-                         "UTF-8 (e.g. iconv -t utf-8)"),
+    "empty corpus file": (
+        TRAIN + FILES,
+        lambda t: corpus(t, "empty"),
+        "{tmp}/corpus/test.en is empty; provide a non-empty file with one sentence per line",
+    ),
+    "mismatched line counts": (
+        TRAIN + FILES,
+        lambda t: corpus(t, "mismatch"),
+        "{tmp}/corpus/train.en has 50 lines but {tmp}/corpus/train.de has 40; the files must "
+        "be line-aligned translations (same number of lines)",
+    ),
+    "missing corpus file": (
+        TRAIN + FILES,
+        lambda t: corpus(t, "missing"),
+        "corpus directory {tmp}/corpus has no file dev.de (expected dev.en/dev.de, plain or .gz); "
+        "pass --data-dir pointing at a directory with train/dev/test files",
+    ),
+    "non-UTF-8 corpus": (
+        TRAIN + FILES,
+        lambda t: corpus(t, "utf8"),
+        "{tmp}/corpus/train.en line 2 is not valid UTF-8 (invalid start byte); re-encode the file as "
+        "UTF-8 (e.g. iconv -t utf-8)",
+    ),
     # --- run directories and checkpoints
-    "run directory of another config": (TRAIN + FILES, lambda t: (corpus(t), other_run(t)),
-                                        "run directory {tmp}/runs/tiny/files/base/seed0 holds a run of another config "
-                                        f"(model differs: {{'d_model': ({base_d_model() + 2}, {base_d_model()})}}); "
-                                        "use another --out or delete that directory"),
-    "run directory in use": (TRAIN + FILES, busy_run,
-                             "run directory {tmp}/runs/tiny/files/base/seed0 is being trained by another process; "
-                             "wait for it to finish or stop it"),
-    "truncated checkpoint": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "truncated"),
-                             "checkpoint {tmp}/model.ckpt is unreadable (RuntimeError); it is truncated or not an "
-                             "aiayn checkpoint"),
-    "checkpoint smuggling a callable": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "smuggled"),
-                                        "checkpoint {tmp}/model.ckpt holds a pickled Python object (posix.system), "
-                                        "which could run code when loaded; aiayn loads tensors and plain data only: "
-                                        "use a checkpoint that aiayn wrote"),
-    "translate into a directory": (["translate", "--ckpt", "{tmp}/model.ckpt", "--output", "{tmp}"], None,
-                                   "--output {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)"),
-    "average into a directory": (["average", "--run", "{tmp}", "--out", "{tmp}"], None,
-                                 "--out {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)"),
-    "checkpoint of another config": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "other-config"),
-                                     "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading "
-                                     "state_dict for Transformer:)"),
-    "checkpoint of a later format": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "format 99"),
-                                     "checkpoint {tmp}/model.ckpt is of format 99, which this aiayn does not read (it "
-                                     "reads 1); use the aiayn that wrote it"),
-    "checkpoint not by aiayn": (["eval", "--ckpt", "{tmp}/model.ckpt"], lambda t: checkpoint(t, "foreign"),
-                                "checkpoint {tmp}/model.ckpt was not written by `aiayn train` (no run config "
-                                "under checkpoint['aiayn']); pass a checkpoint from a run directory's "
-                                "checkpoints/"),
-    "missing checkpoint": (["eval", "--ckpt", "{tmp}/none.ckpt"], None,
-                           "checkpoint {tmp}/none.ckpt does not exist; pass the path of a .ckpt file (see "
-                           "RUN/checkpoints/)"),
-    "average without checkpoints": (["average", "--run", "{tmp}", "--out", "{tmp}/avg.ckpt"], None,
-                                    "no periodic checkpoints (stepNNNNNNN.ckpt) in {tmp}; pass a run directory that "
-                                    "has trained"),
-    "missing tokenizer": (TRAIN + ["--tokenizer", "{tmp}/none.model"], None,
-                          "tokenizer {tmp}/none.model does not exist; pass --tokenizer with a SentencePiece .model "
-                          "file"),
-    "tokenizer that is not one": (TRAIN + ["--tokenizer", "{tmp}/afile"], regular_file,
-                                  "tokenizer {tmp}/afile is not a SentencePiece model (RuntimeError); pass a .model "
-                                  "file"),
+    "run directory of another config": (
+        TRAIN + FILES,
+        lambda t: (corpus(t), other_run(t)),
+        "run directory {tmp}/runs/tiny/files/base/seed0 holds a run of another config "
+        f"(model differs: {{'d_model': ({base_d_model() + 2}, {base_d_model()})}}); "
+        "use another --out or delete that directory",
+    ),
+    "run directory in use": (
+        TRAIN + FILES,
+        busy_run,
+        "run directory {tmp}/runs/tiny/files/base/seed0 is being trained by another process; "
+        "wait for it to finish or stop it",
+    ),
+    "truncated checkpoint": (
+        ["eval", "--ckpt", "{tmp}/model.ckpt"],
+        lambda t: checkpoint(t, "truncated"),
+        "checkpoint {tmp}/model.ckpt is unreadable (RuntimeError); it is truncated or not an aiayn checkpoint",
+    ),
+    "checkpoint smuggling a callable": (
+        ["eval", "--ckpt", "{tmp}/model.ckpt"],
+        lambda t: checkpoint(t, "smuggled"),
+        "checkpoint {tmp}/model.ckpt holds a pickled Python object (posix.system), "
+        "which could run code when loaded; aiayn loads tensors and plain data only: "
+        "use a checkpoint that aiayn wrote",
+    ),
+    "translate into a directory": (
+        ["translate", "--ckpt", "{tmp}/model.ckpt", "--output", "{tmp}"],
+        None,
+        "--output {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)",
+    ),
+    "average into a directory": (
+        ["average", "--run", "{tmp}", "--out", "{tmp}"],
+        None,
+        "--out {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)",
+    ),
+    "checkpoint of another config": (
+        ["eval", "--ckpt", "{tmp}/model.ckpt"],
+        lambda t: checkpoint(t, "other-config"),
+        "checkpoint {tmp}/model.ckpt does not match its own config (Error(s) in loading state_dict for Transformer:)",
+    ),
+    "checkpoint of a later format": (
+        ["eval", "--ckpt", "{tmp}/model.ckpt"],
+        lambda t: checkpoint(t, "format 99"),
+        "checkpoint {tmp}/model.ckpt is of format 99, which this aiayn does not read (it "
+        "reads 1); use the aiayn that wrote it",
+    ),
+    "checkpoint not by aiayn": (
+        ["eval", "--ckpt", "{tmp}/model.ckpt"],
+        lambda t: checkpoint(t, "foreign"),
+        "checkpoint {tmp}/model.ckpt was not written by `aiayn train` (no run config "
+        "under checkpoint['aiayn']); pass a checkpoint from a run directory's "
+        "checkpoints/",
+    ),
+    "missing checkpoint": (
+        ["eval", "--ckpt", "{tmp}/none.ckpt"],
+        None,
+        "checkpoint {tmp}/none.ckpt does not exist; pass the path of a .ckpt file (see RUN/checkpoints/)",
+    ),
+    "average without checkpoints": (
+        ["average", "--run", "{tmp}", "--out", "{tmp}/avg.ckpt"],
+        None,
+        "no periodic checkpoints (stepNNNNNNN.ckpt) in {tmp}; pass a run directory that has trained",
+    ),
+    "missing tokenizer": (
+        TRAIN + ["--tokenizer", "{tmp}/none.model"],
+        None,
+        "tokenizer {tmp}/none.model does not exist; pass --tokenizer with a SentencePiece .model file",
+    ),
+    "tokenizer that is not one": (
+        TRAIN + ["--tokenizer", "{tmp}/afile"],
+        regular_file,
+        "tokenizer {tmp}/afile is not a SentencePiece model (RuntimeError); pass a .model file",
+    ),
     # --- config files (train --config)
-    "missing config": (TRAIN + ["--config", "{tmp}/none.json"], None,
-                       "config {tmp}/none.json does not exist; pass a run's config.json or a YAML file of `aiayn "
-                       "train` options (e.g. `row: C3`)"),
-    "config with an unknown option": (TRAIN + ["--config", "{tmp}/t.csv"], table("row: C1\nmax_step: 3\n"),
-                                      "config {tmp}/t.csv: unknown option 'max_step' (did you mean 'max_steps'?); "
-                                      "use the option names of `aiayn train --help` (e.g. max_steps, set)"),
-    "config option of the wrong type": (T3 + ["--config", "{tmp}/t.csv"], table("select:\n  seeds: [1, 2]\n"),
-                                        "config {tmp}/t.csv: select.seeds must be an integer or null, not [1, 2]; "
-                                        "fix the file"),
-    "config boolean that is not one": (T3 + ["--config", "{tmp}/t.csv"], table("fail_on_diverged: maybe\n"),
-                                       "config {tmp}/t.csv: fail_on_diverged must be true or false, not 'maybe'; fix "
-                                       "the file"),
-    "config option in another group": (T3 + ["--config", "{tmp}/t.csv"], table("train:\n  rows: A1\n"),
-                                       "config {tmp}/t.csv: unknown option 'train.rows' (did you mean 'select.rows'?); "
-                                       "use the option names of `aiayn table3 --help` (e.g. jobs, max_steps or "
-                                       "train.max_steps)"),
-    "mistyped flag": (T3 + ["--max-step", "5"], None,
-                      "unrecognized arguments: --max-step 5 (did you mean --max-steps?); see `aiayn table3 --help`"),
-    "a run's own option on a sweep": (T3 + ["--no-progress"], None,
-                                      "aiayn table3 sets --no-progress for each of its runs (its runs print one line "
-                                      "each as they end, without progress bars); leave it out"),
-    "trainer value of the wrong type": (TRAIN + ["--trainer", "gradient_clip_val=abc"], None,
-                                        "--trainer gradient_clip_val=abc: lightning.pytorch.Trainer's "
-                                        "gradient_clip_val must be a number or null, not 'abc'; e.g. --trainer "
-                                        "gradient_clip_val=1.0"),
-    "trainer value not finite": (TRAIN + ["--trainer", "gradient_clip_val=.nan"], None,
-                                 "--trainer gradient_clip_val=.nan: not a finite number; e.g. --trainer "
-                                 "gradient_clip_val=1.0"),
-    "trainer value of YAML aliases": (TRAIN + ["--trainer", "gradient_clip_val=[&a [1, 1, 1], [*a, *a, *a]]"], None,
-                                      "--trainer gradient_clip_val: YAML anchors and aliases (&, *) are not read; "
-                                      "write the value out"),
-    "trainer value of 300 characters": (TRAIN + ["--trainer", "limit_val_batches=" + "1" * 300], None,
-                                        "--trainer limit_val_batches: a value of 300 characters; a Trainer argument "
-                                        "takes at most 200, e.g. --trainer limit_val_batches=1.0"),
-    "trainer argument mistyped": (TRAIN + ["--trainer", "gradient_clip_vall=1"], None,
-                                  "--trainer gradient_clip_vall: not an argument of lightning.pytorch.Trainer (did "
-                                  "you mean 'gradient_clip_val'?); see its documentation (e.g. log_every_n_steps, "
-                                  "gradient_clip_val, limit_val_batches)"),
-    "config that is not a mapping": (TRAIN + ["--config", "{tmp}/t.csv"], table("- C1\n"),
-                                     "config {tmp}/t.csv is not a mapping of options; pass a run's config.json or a "
-                                     "YAML file of `aiayn train` options (e.g. `row: C3`)"),
-    "config that is not JSON": (TRAIN + ["--config", "{tmp}/t.csv"], table('{"row": "C1",\n'),
-                                "config {tmp}/t.csv is neither JSON nor YAML (expected the node content, but found "
-                                "'<stream end>' at line 2); fix the file"),
-    "config with a bad value": (TRAIN + ["--config", "{tmp}/t.csv"], table("vocab_size: -5\n"),
-                                "argument --vocab-size: expected a positive integer, got -5; see `aiayn train --help`"),
+    "missing config": (
+        TRAIN + ["--config", "{tmp}/none.json"],
+        None,
+        "config {tmp}/none.json does not exist; pass a run's config.json or a YAML file of `aiayn "
+        "train` options (e.g. `row: C3`)",
+    ),
+    "config with an unknown option": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table("row: C1\nmax_step: 3\n"),
+        "config {tmp}/t.csv: unknown option 'max_step' (did you mean 'max_steps'?); "
+        "use the option names of `aiayn train --help` (e.g. max_steps, set)",
+    ),
+    "config option of the wrong type": (
+        T3 + ["--config", "{tmp}/t.csv"],
+        table("select:\n  seeds: [1, 2]\n"),
+        "config {tmp}/t.csv: select.seeds must be an integer or null, not [1, 2]; fix the file",
+    ),
+    "config boolean that is not one": (
+        T3 + ["--config", "{tmp}/t.csv"],
+        table("fail_on_diverged: maybe\n"),
+        "config {tmp}/t.csv: fail_on_diverged must be true or false, not 'maybe'; fix the file",
+    ),
+    "config option in another group": (
+        T3 + ["--config", "{tmp}/t.csv"],
+        table("train:\n  rows: A1\n"),
+        "config {tmp}/t.csv: unknown option 'train.rows' (did you mean 'select.rows'?); "
+        "use the option names of `aiayn table3 --help` (e.g. jobs, max_steps or "
+        "train.max_steps)",
+    ),
+    "mistyped flag": (
+        T3 + ["--max-step", "5"],
+        None,
+        "unrecognized arguments: --max-step 5 (did you mean --max-steps?); see `aiayn table3 --help`",
+    ),
+    "a run's own option on a sweep": (
+        T3 + ["--no-progress"],
+        None,
+        "aiayn table3 sets --no-progress for each of its runs (its runs print one line "
+        "each as they end, without progress bars); leave it out",
+    ),
+    "trainer value of the wrong type": (
+        TRAIN + ["--trainer", "gradient_clip_val=abc"],
+        None,
+        "--trainer gradient_clip_val=abc: lightning.pytorch.Trainer's "
+        "gradient_clip_val must be a number or null, not 'abc'; e.g. --trainer "
+        "gradient_clip_val=1.0",
+    ),
+    "trainer value not finite": (
+        TRAIN + ["--trainer", "gradient_clip_val=.nan"],
+        None,
+        "--trainer gradient_clip_val=.nan: not a finite number; e.g. --trainer gradient_clip_val=1.0",
+    ),
+    "trainer value of YAML aliases": (
+        TRAIN + ["--trainer", "gradient_clip_val=[&a [1, 1, 1], [*a, *a, *a]]"],
+        None,
+        "--trainer gradient_clip_val: YAML anchors and aliases (&, *) are not read; write the value out",
+    ),
+    "trainer value of 300 characters": (
+        TRAIN + ["--trainer", "limit_val_batches=" + "1" * 300],
+        None,
+        "--trainer limit_val_batches: a value of 300 characters; a Trainer argument "
+        "takes at most 200, e.g. --trainer limit_val_batches=1.0",
+    ),
+    "trainer argument mistyped": (
+        TRAIN + ["--trainer", "gradient_clip_vall=1"],
+        None,
+        "--trainer gradient_clip_vall: not an argument of lightning.pytorch.Trainer (did "
+        "you mean 'gradient_clip_val'?); see its documentation (e.g. log_every_n_steps, "
+        "gradient_clip_val, limit_val_batches)",
+    ),
+    "config that is not a mapping": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table("- C1\n"),
+        "config {tmp}/t.csv is not a mapping of options; pass a run's config.json or a "
+        "YAML file of `aiayn train` options (e.g. `row: C3`)",
+    ),
+    "config that is not JSON": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table('{"row": "C1",\n'),
+        "config {tmp}/t.csv is neither JSON nor YAML (expected the node content, but found "
+        "'<stream end>' at line 2); fix the file",
+    ),
+    "config with a bad value": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table("vocab_size: -5\n"),
+        "argument --vocab-size: expected a positive integer, got -5; see `aiayn train --help`",
+    ),
     # --- a user's table file (--table)
     # (each through a command that would train or sweep little if the check were missing)
-    "table with an unknown column": (T3 + ["--table", "{tmp}/t.csv", "--rows", "x", "--max-steps", "1",
-                                           "--eval-subset", "1"], table("row,group,dff\nx,mine,4096\n"),
-                                     "table {tmp}/t.csv line 1: unknown column 'dff'; the columns are "
-                                     f"{', '.join(COLUMNS)}"),
-    "table redefining a paper row": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nbase,mine,2\n"),
-                                     f"table {{tmp}}/t.csv line 2: row 'base' is already defined ({TABLE_FILES[0]} "
-                                     "line 2); give the row another name"),
-    "table with a duplicate row": (TRAIN + ["--table", "{tmp}/t.csv", "--row", "x"],
-                                   table("row,group,N\nx,mine,2\nx,mine,3\n"),
-                                   "table {tmp}/t.csv line 3: row 'x' is already defined ({tmp}/t.csv line 2); "
-                                   "give the row another name"),
-    "table with a bad cell": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,mine,two\n"),
-                              "table {tmp}/t.csv line 2: N must be an integer, got 'two'; fix that cell"),
+    "table with an unknown column": (
+        T3 + ["--table", "{tmp}/t.csv", "--rows", "x", "--max-steps", "1", "--eval-subset", "1"],
+        table("row,group,dff\nx,mine,4096\n"),
+        f"table {{tmp}}/t.csv line 1: unknown column 'dff'; the columns are {', '.join(COLUMNS)}",
+    ),
+    "table redefining a paper row": (
+        ["rows", "--table", "{tmp}/t.csv"],
+        table("row,group,N\nbase,mine,2\n"),
+        f"table {{tmp}}/t.csv line 2: row 'base' is already defined ({TABLE_FILES[0]} "
+        "line 2); give the row another name",
+    ),
+    "table with a duplicate row": (
+        TRAIN + ["--table", "{tmp}/t.csv", "--row", "x"],
+        table("row,group,N\nx,mine,2\nx,mine,3\n"),
+        "table {tmp}/t.csv line 3: row 'x' is already defined ({tmp}/t.csv line 2); give the row another name",
+    ),
+    "table with a bad cell": (
+        ["rows", "--table", "{tmp}/t.csv"],
+        table("row,group,N\nx,mine,two\n"),
+        "table {tmp}/t.csv line 2: N must be an integer, got 'two'; fix that cell",
+    ),
     # names are data, never paths (issue 32): a row or group name that would leave --out, on every command that
     # reads a table (each would train or write where it must not if the check were missing)
     **{
         f"{what} row name through {cmd[0]}{' --print-config' if '--print-config' in cmd else ''}": (
-            [*cmd, "--table", "{tmp}/t.csv"], table(f"row,group,N\n{name},mine,2\n"),
+            [*cmd, "--table", "{tmp}/t.csv"],
+            table(f"row,group,N\n{name},mine,2\n"),
             f"table {{tmp}}/t.csv line 2: row name {name!r} is not a name (letters, digits, '.', '_', '+' or '-', "
-            "starting with a letter or digit, at most 64 characters); rename it")
+            "starting with a letter or digit, at most 64 characters); rename it",
+        )
         for what, name in (("a traversal", "../../../../escape"), ("an absolute", "/abs/x"))
-        for cmd in (TRAIN + ["--row", name], T3 + ["--rows", name, "--max-steps", "1"],
-                    ["train", "--row", name, "--print-config"], ["rows"])
+        for cmd in (
+            TRAIN + ["--row", name],
+            T3 + ["--rows", name, "--max-steps", "1"],
+            ["train", "--row", name, "--print-config"],
+            ["rows"],
+        )
     },
-    "a group name that is a path": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,../g,2\n"),
-                                    "table {tmp}/t.csv line 2: group name '../g' is not a name (letters, digits, '.', "
-                                    "'_', '+' or '-', starting with a letter or digit, at most 64 characters); "
-                                    "rename it"),
-    "a negative seed": (TRAIN + ["--seed", "-1"], None,
-                        "argument --seed: expected an integer of at least 0, got -1; see `aiayn train --help`"),
-    "a negative seed in a config": (TRAIN + ["--config", "{tmp}/t.csv"], table("seed: -1\n"),
-                                    "argument --seed: expected an integer of at least 0, got -1; see `aiayn train "
-                                    "--help`"),
-    "missing table": (["rows", "--table", "{tmp}/none.csv"], None,
-                      "table {tmp}/none.csv does not exist; pass --table with a UTF-8 CSV file in the layout of "
-                      "ablations/extended.csv"),
+    "a group name that is a path": (
+        ["rows", "--table", "{tmp}/t.csv"],
+        table("row,group,N\nx,../g,2\n"),
+        "table {tmp}/t.csv line 2: group name '../g' is not a name (letters, digits, '.', "
+        "'_', '+' or '-', starting with a letter or digit, at most 64 characters); "
+        "rename it",
+    ),
+    "a negative seed": (
+        TRAIN + ["--seed", "-1"],
+        None,
+        "argument --seed: expected an integer of at least 0, got -1; see `aiayn train --help`",
+    ),
+    "a negative seed in a config": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table("seed: -1\n"),
+        "argument --seed: expected an integer of at least 0, got -1; see `aiayn train --help`",
+    ),
+    "missing table": (
+        ["rows", "--table", "{tmp}/none.csv"],
+        None,
+        "table {tmp}/none.csv does not exist; pass --table with a UTF-8 CSV file in the layout of "
+        "ablations/extended.csv",
+    ),
     # --- round 6 (issue 45): files that never end, names that mean something else
-    "a device as the config": (TRAIN + ["--config", "/dev/zero"], None,
-                               "config /dev/zero is a device, not a file; pass a run's config.json or a YAML file of "
-                               "`aiayn train` options (e.g. `row: C3`)"),
-    "a device as the table": (["rows", "--table", "/dev/urandom"], None,
-                              "table /dev/urandom is a device, not a file; pass --table with a UTF-8 CSV file in the "
-                              "layout of ablations/extended.csv"),
-    "a FIFO as the table": (["rows", "--table", "{tmp}/fifo"], lambda t: os.mkfifo(t / "fifo"),
-                            "table {tmp}/fifo is a FIFO, not a file; pass --table with a UTF-8 CSV file in the layout "
-                            "of ablations/extended.csv"),
-    "a directory as the search space": (["hpo", "--out", "{tmp}/o", "--space", "{tmp}"], None,
-                                        "config {tmp} is a directory, not a file; pass a YAML file like `P_drop: {low: "
-                                        "0.0, high: 0.3}` (see `aiayn hpo --help`)"),
-    "a search space that reaches N = 0": (["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
-                                          garbled("s.yaml", b"N: {low: 0, high: 2}\n"),
-                                          "--space {tmp}/s.yaml: N must be {low: L, high: H} (optionally log: true, "
-                                          "step: S) or {choices: [...]} (N must be a positive integer)"),
-    "a search space with a NaN end": (["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
-                                      garbled("s.yaml", b"P_drop: {low: .nan, high: 0.3}\n"),
-                                      "--space {tmp}/s.yaml: P_drop must be {low: L, high: H} (optionally log: true, "
-                                      "step: S) or {choices: [...]} (P_drop must be a finite number)"),
-    "an --out of a 300-byte name": (["train", "--out", "/" + "x" * 300, "--max-steps", "2", "--no-progress"], None,
-                                    "--out: a path of 301 bytes with a name of 300 (at most 4095 and 255); pass a "
-                                    "shorter path"),
-    "a config's out: of 900 KB": (["train", "--config", "{tmp}/t.csv", "--max-steps", "2"],
-                                  table("out: " + "x/" * 450_000 + "\n"),
-                                  "--out: a path of 900000 bytes with a name of 1 (at most 4095 and 255); pass a "
-                                  "shorter path"),
-    "a cache directory under /proc": (TRAIN + ["--cache-dir", "/proc/aiayn-cache"], None,
-                                      "cache directory /proc/aiayn-cache is not writable (nearest existing: /proc); "
-                                      "point --cache-dir at a directory you can write"),
-    "an output directory under /proc": (["table3", "--out", "/proc/aiayn-runs", "--max-steps", "2"], None,
-                                        "output directory /proc/aiayn-runs is not writable (nearest existing: /proc); "
-                                        "pass --out DIR"),
-    "bench --json under a file": (["bench", "--json", "{tmp}/afile/b.json", "--steps", "1", "--trials", "1"],
-                                  regular_file, "--json {tmp}/afile/b.json cannot be written: {tmp}/afile is not a "
-                                  "directory you can write; pass --json a path you can write"),
-    "bench --trainer --pack": (["bench", "--trainer", "--pack", "2"], None,
-                               "--trainer and --pack are two benches; pass one"),
-    "bench --pack --peers": (["bench", "--pack", "2", "--peers"], None,
-                             "--pack compares a pack with its seeds stepped apart only; drop --peers, --padding and "
-                             "--trainer-size"),
-    "bench --pack 0": (["bench", "--pack", "0"], None,
-                       "argument --pack: expected a positive integer, got 0; see `aiayn bench --help`"),
-    "bench --trainer --json a directory": (["bench", "--trainer", "--json", "{tmp}"], None,
-                                           "--json {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)"),
-    "sweep export --out under /proc": (["sweep", "export", "--wandb", "--out", "/proc/aiayn/s.yaml"], None,
-                                       "--out /proc/aiayn/s.yaml cannot be written: /proc is not a directory you can "
-                                       "write; pass --out a path you can write"),
-    "a device as a config's table": (TRAIN + ["--config", "{tmp}/t.csv"], table("table: [/dev/zero]\n"),
-                                     "table /dev/zero is a device, not a file; pass --table with a UTF-8 CSV file in "
-                                     "the layout of ablations/extended.csv"),
-    "a row named as a group": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nA,mine,2\n"),
-                               "table {tmp}/t.csv line 2: row 'A' has the name of group A (of row A1), which --rows A "
-                               "selects whole; give the row another name"),
-    "a row named all": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nall,mine,2\n"),
-                        "table {tmp}/t.csv line 2: a row cannot be named 'all', which --rows reads as every paper "
-                        "row; give the row another name"),
+    "a device as the config": (
+        TRAIN + ["--config", "/dev/zero"],
+        None,
+        "config /dev/zero is a device, not a file; pass a run's config.json or a YAML file of "
+        "`aiayn train` options (e.g. `row: C3`)",
+    ),
+    "a device as the table": (
+        ["rows", "--table", "/dev/urandom"],
+        None,
+        "table /dev/urandom is a device, not a file; pass --table with a UTF-8 CSV file in the "
+        "layout of ablations/extended.csv",
+    ),
+    "a FIFO as the table": (
+        ["rows", "--table", "{tmp}/fifo"],
+        lambda t: os.mkfifo(t / "fifo"),
+        "table {tmp}/fifo is a FIFO, not a file; pass --table with a UTF-8 CSV file in the layout "
+        "of ablations/extended.csv",
+    ),
+    "a directory as the search space": (
+        ["hpo", "--out", "{tmp}/o", "--space", "{tmp}"],
+        None,
+        "config {tmp} is a directory, not a file; pass a YAML file like `P_drop: {low: "
+        "0.0, high: 0.3}` (see `aiayn hpo --help`)",
+    ),
+    "a search space that reaches N = 0": (
+        ["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
+        garbled("s.yaml", b"N: {low: 0, high: 2}\n"),
+        "--space {tmp}/s.yaml: N must be {low: L, high: H} (optionally log: true, "
+        "step: S) or {choices: [...]} (N must be a positive integer)",
+    ),
+    "a search space with a NaN end": (
+        ["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
+        garbled("s.yaml", b"P_drop: {low: .nan, high: 0.3}\n"),
+        "--space {tmp}/s.yaml: P_drop must be {low: L, high: H} (optionally log: true, "
+        "step: S) or {choices: [...]} (P_drop must be a finite number)",
+    ),
+    "an --out of a 300-byte name": (
+        ["train", "--out", "/" + "x" * 300, "--max-steps", "2", "--no-progress"],
+        None,
+        "--out: a path of 301 bytes with a name of 300 (at most 4095 and 255); pass a shorter path",
+    ),
+    "a config's out: of 900 KB": (
+        ["train", "--config", "{tmp}/t.csv", "--max-steps", "2"],
+        table("out: " + "x/" * 450_000 + "\n"),
+        "--out: a path of 900000 bytes with a name of 1 (at most 4095 and 255); pass a shorter path",
+    ),
+    "a cache directory under /proc": (
+        TRAIN + ["--cache-dir", "/proc/aiayn-cache"],
+        None,
+        "cache directory /proc/aiayn-cache is not writable (nearest existing: /proc); "
+        "point --cache-dir at a directory you can write",
+    ),
+    "an output directory under /proc": (
+        ["table3", "--out", "/proc/aiayn-runs", "--max-steps", "2"],
+        None,
+        "output directory /proc/aiayn-runs is not writable (nearest existing: /proc); pass --out DIR",
+    ),
+    "bench --json under a file": (
+        ["bench", "--json", "{tmp}/afile/b.json", "--steps", "1", "--trials", "1"],
+        regular_file,
+        "--json {tmp}/afile/b.json cannot be written: {tmp}/afile is not a "
+        "directory you can write; pass --json a path you can write",
+    ),
+    "bench --trainer --pack": (
+        ["bench", "--trainer", "--pack", "2"],
+        None,
+        "--trainer and --pack are two benches; pass one",
+    ),
+    "bench --pack --peers": (
+        ["bench", "--pack", "2", "--peers"],
+        None,
+        "--pack compares a pack with its seeds stepped apart only; drop --peers, --padding and --trainer-size",
+    ),
+    "bench --pack 0": (
+        ["bench", "--pack", "0"],
+        None,
+        "argument --pack: expected a positive integer, got 0; see `aiayn bench --help`",
+    ),
+    "bench --trainer --json a directory": (
+        ["bench", "--trainer", "--json", "{tmp}"],
+        None,
+        "--json {tmp} is a directory; pass a file name (e.g. {tmp}/out.txt)",
+    ),
+    "sweep export --out under /proc": (
+        ["sweep", "export", "--wandb", "--out", "/proc/aiayn/s.yaml"],
+        None,
+        "--out /proc/aiayn/s.yaml cannot be written: /proc is not a directory you can "
+        "write; pass --out a path you can write",
+    ),
+    "a device as a config's table": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table("table: [/dev/zero]\n"),
+        "table /dev/zero is a device, not a file; pass --table with a UTF-8 CSV file in "
+        "the layout of ablations/extended.csv",
+    ),
+    "a row named as a group": (
+        ["rows", "--table", "{tmp}/t.csv"],
+        table("row,group,N\nA,mine,2\n"),
+        "table {tmp}/t.csv line 2: row 'A' has the name of group A (of row A1), which --rows A "
+        "selects whole; give the row another name",
+    ),
+    "a row named all": (
+        ["rows", "--table", "{tmp}/t.csv"],
+        table("row,group,N\nall,mine,2\n"),
+        "table {tmp}/t.csv line 2: a row cannot be named 'all', which --rows reads as every paper "
+        "row; give the row another name",
+    ),
     # --- storages
-    "unknown storage scheme": (T3 + ["--storage", "redis://localhost/0"], None,
-                               "storage URL 'redis://localhost/0' has an unknown scheme; use sqlite:///PATH, "
-                               "journal:///PATH, postgresql://USER@HOST/DB or mysql://USER@HOST/DB"),
-    "unknown scheme with a password": (T3 + ["--storage", "mongodb://admin:s3cret@db/x"], None,
-                                       "storage URL 'mongodb://admin:***@db/x' has an unknown scheme; use "
-                                       "sqlite:///PATH, journal:///PATH, postgresql://USER@HOST/DB or "
-                                       "mysql://USER@HOST/DB"),
-    "journal in a missing directory": (T3 + ["--storage", "journal://{tmp}/nowhere/j.log"], None,
-                                       "journal storage journal://{tmp}/nowhere/j.log: directory {tmp}/nowhere does "
-                                       "not exist; create it or pick another path"),
+    "unknown storage scheme": (
+        T3 + ["--storage", "redis://localhost/0"],
+        None,
+        "storage URL 'redis://localhost/0' has an unknown scheme; use sqlite:///PATH, "
+        "journal:///PATH, postgresql://USER@HOST/DB or mysql://USER@HOST/DB",
+    ),
+    "unknown scheme with a password": (
+        T3 + ["--storage", "mongodb://admin:s3cret@db/x"],
+        None,
+        "storage URL 'mongodb://admin:***@db/x' has an unknown scheme; use "
+        "sqlite:///PATH, journal:///PATH, postgresql://USER@HOST/DB or "
+        "mysql://USER@HOST/DB",
+    ),
+    "journal in a missing directory": (
+        T3 + ["--storage", "journal://{tmp}/nowhere/j.log"],
+        None,
+        "journal storage journal://{tmp}/nowhere/j.log: directory {tmp}/nowhere does "
+        "not exist; create it or pick another path",
+    ),
     # --- output directories
-    "unwritable run directory": (["train", "--out", "{tmp}/afile/runs"], regular_file,
-                                 "output directory {tmp}/afile/runs/tiny/synthetic/base/seed0 cannot be created: "
-                                 "{tmp}/afile is not a directory; pass --out DIR"),
-    "unwritable sweep directory": (["table3", "--out", "{tmp}/afile/runs"], regular_file,
-                                   "output directory {tmp}/afile/runs cannot be created: {tmp}/afile is not a "
-                                   "directory; pass --out DIR"),
-    "unwritable report directory": (["report", "--runs", "{tmp}", "--out", "{tmp}/afile/rep"], regular_file,
-                                    "output directory {tmp}/afile/rep cannot be created: {tmp}/afile is not a "
-                                    "directory; pass --out DIR"),
-    "no runs to report": (["report", "--runs", "{tmp}/runs", "--out", "{tmp}/rep"], None,
-                          "runs directory '{tmp}/runs' does not exist; train some rows first (`aiayn train`) or pass "
-                          "--runs DIR"),
+    "unwritable run directory": (
+        ["train", "--out", "{tmp}/afile/runs"],
+        regular_file,
+        "output directory {tmp}/afile/runs/tiny/synthetic/base/seed0 cannot be created: "
+        "{tmp}/afile is not a directory; pass --out DIR",
+    ),
+    "unwritable sweep directory": (
+        ["table3", "--out", "{tmp}/afile/runs"],
+        regular_file,
+        "output directory {tmp}/afile/runs cannot be created: {tmp}/afile is not a directory; pass --out DIR",
+    ),
+    "unwritable report directory": (
+        ["report", "--runs", "{tmp}", "--out", "{tmp}/afile/rep"],
+        regular_file,
+        "output directory {tmp}/afile/rep cannot be created: {tmp}/afile is not a directory; pass --out DIR",
+    ),
+    "no runs to report": (
+        ["report", "--runs", "{tmp}/runs", "--out", "{tmp}/rep"],
+        None,
+        "runs directory '{tmp}/runs' does not exist; train some rows first (`aiayn train`) or pass --runs DIR",
+    ),
     # --- issue 39: the last bad inputs, each a traceback or accepted though wrong before
-    "a cache directory under a file": (TRAIN + ["--cache-dir", "{tmp}/afile/cache"], regular_file,
-                                       "cache directory {tmp}/afile/cache cannot be used: {tmp}/afile is not a "
-                                       "directory; point --cache-dir at a directory"),
-    "a GPU asked for where there is none": (TRAIN + ["--accelerator", "gpu"], None,
-                                            "--accelerator gpu: no GPU is visible here (torch sees none); pass "
-                                            "--accelerator cpu, or auto to use a GPU where there is one"),
+    "a cache directory under a file": (
+        TRAIN + ["--cache-dir", "{tmp}/afile/cache"],
+        regular_file,
+        "cache directory {tmp}/afile/cache cannot be used: {tmp}/afile is not a "
+        "directory; point --cache-dir at a directory",
+    ),
+    "a GPU asked for where there is none": (
+        TRAIN + ["--accelerator", "gpu"],
+        None,
+        "--accelerator gpu: no GPU is visible here (torch sees none); pass "
+        "--accelerator cpu, or auto to use a GPU where there is one",
+    ),
     # --- values that reach Lightning or the DataLoader (issue 45, round 6): its ValueError came after the run dir
-    "an unknown precision": (TRAIN + ["--precision", "bogus"], None,
-                             "--precision bogus: not a precision Lightning knows; use auto, 32-true, bf16-mixed, "
-                             "bf16-true or 64-true"),
-    "an unknown strategy": (TRAIN + ["--strategy", "bogus"], None,
-                            "--strategy bogus: not a strategy Lightning knows; use one of auto, ddp, ddp_spawn, "
-                            "deepspeed, fsdp, single_device (or another of Lightning's StrategyRegistry)"),
-    "a negative worker count": (TRAIN + ["--num-workers", "-1"], None,
-                                "--num-workers -1: a count of loader processes cannot be negative; pass 0 (load in the "
-                                "trainer's process) or more"),
-    "a language that is a path": (TRAIN + ["--tgt-lang", "d/../../../evil/t"], None,
-                                  "--tgt-lang 'd/../../../evil/t' is not a language code (letters, digits, '.', '_', "
-                                  "'+' or '-', starting with a letter or digit, at most 64 characters); pass the "
-                                  "suffix of the corpus files, e.g. de"),
-    "checkpoints every nan minutes": (TRAIN + ["--ckpt-every-minutes", "nan"], None,
-                                      "argument --ckpt-every-minutes: expected a finite number, got nan; see `aiayn "
-                                      "train --help`"),
-    "checkpoints every -1 minutes": (TRAIN + ["--ckpt-every-minutes", "-1"], None,
-                                     "--ckpt-every-minutes must be a positive number of minutes, got -1.0; pass e.g. "
-                                     "--ckpt-every-minutes 10"),
-    "a table row of no layers": (["rows", "--table", "{tmp}/t.csv"], table("row,group,N\nx,mine,0\n"),
-                                 "table {tmp}/t.csv line 2: N must be a positive integer, got '0'; fix that cell"),
-    "a table row of no heads": (T3 + ["--table", "{tmp}/t.csv", "--rows", "x", "--max-steps", "1"],
-                                table("row,group,h\nx,mine,-2\n"),
-                                "table {tmp}/t.csv line 2: h must be a positive integer, got '-2'; fix that cell"),
-    "a run config.json of a newer schema": (TRAIN + ["--config", "{tmp}/c.json"], run_config_of_schema(99),
-                                            "config {tmp}/c.json is a run config.json of schema 99, which this aiayn "
-                                            "does not read (it reads schema 1); use the aiayn that wrote it, or pass "
-                                            "a YAML file of `aiayn train` options"),
-    "a dev set of blank lines": (TRAIN + FILES, lambda t: corpus(t, "blank dev"),
-                                 "{tmp}/corpus/dev.en holds 50 blank line(s) and no sentence; provide a file with one "
-                                 "sentence per line"),
-    "a length penalty of nan": (["translate", "--ckpt", "{tmp}/model.ckpt", "--alpha", "nan"], None,
-                                "argument --alpha: expected a finite number, got nan; see `aiayn translate --help`"),
-    "an infinite learning-rate factor": (TRAIN + ["--set", "lr_factor=inf"], None,
-                                         "--set lr_factor=inf: lr_factor must be a finite number; e.g. --set "
-                                         "lr_factor=1"),
-    "a config of YAML aliases": (TRAIN + ["--config", "{tmp}/t.csv"],
-                                 table("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nc: [*b, *b, *b]\n"),
-                                 "config {tmp}/t.csv is neither JSON nor YAML (an alias (*name): aliases are not read "
-                                 "in a config file at line 2); fix the file"),
-    "a garbled journal storage": (T3 + ["--storage", "journal://{tmp}/j.log"], garbled("j.log", b"\xff\xfe\x00ok\n"),
-                                  "journal storage {tmp}/j.log line 1 is not an Optuna journal entry "
-                                  "(UnicodeDecodeError); delete {tmp}/j.log to start the sweep's books there again "
-                                  "(its runs stay), or pass another --storage"),
-    "a journal of other JSON": (T3 + ["--storage", "journal://{tmp}/j.log"], garbled("j.log", b'{"a": 1}\n'),
-                                "journal storage {tmp}/j.log line 1 is not an Optuna journal entry (ValueError); "
-                                "delete {tmp}/j.log to start the sweep's books there again (its runs stay), or pass "
-                                "another --storage"),
-    "a journal that is a directory": (T3 + ["--storage", "journal://{tmp}/jdir"], lambda tmp: (tmp / "jdir").mkdir(),
-                                      "storage {tmp}/jdir is a directory or a device, not a file; pass --storage a "
-                                      "file's path"),
-    "a journal entry of no study": (T3 + ["--storage", "journal://{tmp}/j.log"], garbled("j.log", b'{"op_code": 0}\n'),
-                                    "journal storage {tmp}/j.log does not replay as an Optuna journal (KeyError: "
-                                    "'study_name'); delete {tmp}/j.log to start the sweep's books there again (its "
-                                    "runs stay), or pass another --storage"),
-    "another program's SQLite database": (T3 + ["--storage", "sqlite:///{tmp}/o.db"], foreign_sqlite,
-                                          "storage {tmp}/o.db is another program's SQLite database (tables: users); "
-                                          "pass --storage a new file or an Optuna database"),
-    "a garbled SQLite storage": (T3 + ["--storage", "sqlite:///{tmp}/o.db"], garbled("o.db", b"garbage " * 200),
-                                 "storage {tmp}/o.db is not a readable SQLite database (file is not a database); "
-                                 "delete {tmp}/o.db to start the sweep's books there again (its runs stay), or pass "
-                                 "another --storage"),
-}  # fmt: skip
+    "an unknown precision": (
+        TRAIN + ["--precision", "bogus"],
+        None,
+        "--precision bogus: not a precision Lightning knows; use auto, 32-true, bf16-mixed, bf16-true or 64-true",
+    ),
+    "an unknown strategy": (
+        TRAIN + ["--strategy", "bogus"],
+        None,
+        "--strategy bogus: not a strategy Lightning knows; use one of auto, ddp, ddp_spawn, "
+        "deepspeed, fsdp, single_device (or another of Lightning's StrategyRegistry)",
+    ),
+    "a negative worker count": (
+        TRAIN + ["--num-workers", "-1"],
+        None,
+        "--num-workers -1: a count of loader processes cannot be negative; pass 0 (load in the "
+        "trainer's process) or more",
+    ),
+    "a language that is a path": (
+        TRAIN + ["--tgt-lang", "d/../../../evil/t"],
+        None,
+        "--tgt-lang 'd/../../../evil/t' is not a language code (letters, digits, '.', '_', "
+        "'+' or '-', starting with a letter or digit, at most 64 characters); pass the "
+        "suffix of the corpus files, e.g. de",
+    ),
+    "checkpoints every nan minutes": (
+        TRAIN + ["--ckpt-every-minutes", "nan"],
+        None,
+        "argument --ckpt-every-minutes: expected a finite number, got nan; see `aiayn train --help`",
+    ),
+    "checkpoints every -1 minutes": (
+        TRAIN + ["--ckpt-every-minutes", "-1"],
+        None,
+        "--ckpt-every-minutes must be a positive number of minutes, got -1.0; pass e.g. --ckpt-every-minutes 10",
+    ),
+    "a table row of no layers": (
+        ["rows", "--table", "{tmp}/t.csv"],
+        table("row,group,N\nx,mine,0\n"),
+        "table {tmp}/t.csv line 2: N must be a positive integer, got '0'; fix that cell",
+    ),
+    "a table row of no heads": (
+        T3 + ["--table", "{tmp}/t.csv", "--rows", "x", "--max-steps", "1"],
+        table("row,group,h\nx,mine,-2\n"),
+        "table {tmp}/t.csv line 2: h must be a positive integer, got '-2'; fix that cell",
+    ),
+    "a run config.json of a newer schema": (
+        TRAIN + ["--config", "{tmp}/c.json"],
+        run_config_of_schema(99),
+        "config {tmp}/c.json is a run config.json of schema 99, which this aiayn "
+        "does not read (it reads schema 1); use the aiayn that wrote it, or pass "
+        "a YAML file of `aiayn train` options",
+    ),
+    "a dev set of blank lines": (
+        TRAIN + FILES,
+        lambda t: corpus(t, "blank dev"),
+        "{tmp}/corpus/dev.en holds 50 blank line(s) and no sentence; provide a file with one sentence per line",
+    ),
+    "a length penalty of nan": (
+        ["translate", "--ckpt", "{tmp}/model.ckpt", "--alpha", "nan"],
+        None,
+        "argument --alpha: expected a finite number, got nan; see `aiayn translate --help`",
+    ),
+    "an infinite learning-rate factor": (
+        TRAIN + ["--set", "lr_factor=inf"],
+        None,
+        "--set lr_factor=inf: lr_factor must be a finite number; e.g. --set lr_factor=1",
+    ),
+    "a config of YAML aliases": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nc: [*b, *b, *b]\n"),
+        "config {tmp}/t.csv is neither JSON nor YAML (an alias (*name): aliases are not read "
+        "in a config file at line 2); fix the file",
+    ),
+    "a garbled journal storage": (
+        T3 + ["--storage", "journal://{tmp}/j.log"],
+        garbled("j.log", b"\xff\xfe\x00ok\n"),
+        "journal storage {tmp}/j.log line 1 is not an Optuna journal entry "
+        "(UnicodeDecodeError); delete {tmp}/j.log to start the sweep's books there again "
+        "(its runs stay), or pass another --storage",
+    ),
+    "a journal of other JSON": (
+        T3 + ["--storage", "journal://{tmp}/j.log"],
+        garbled("j.log", b'{"a": 1}\n'),
+        "journal storage {tmp}/j.log line 1 is not an Optuna journal entry (ValueError); "
+        "delete {tmp}/j.log to start the sweep's books there again (its runs stay), or pass "
+        "another --storage",
+    ),
+    "a journal that is a directory": (
+        T3 + ["--storage", "journal://{tmp}/jdir"],
+        lambda tmp: (tmp / "jdir").mkdir(),
+        "storage {tmp}/jdir is a directory or a device, not a file; pass --storage a file's path",
+    ),
+    "a journal entry of no study": (
+        T3 + ["--storage", "journal://{tmp}/j.log"],
+        garbled("j.log", b'{"op_code": 0}\n'),
+        "journal storage {tmp}/j.log does not replay as an Optuna journal (KeyError: "
+        "'study_name'); delete {tmp}/j.log to start the sweep's books there again (its "
+        "runs stay), or pass another --storage",
+    ),
+    "another program's SQLite database": (
+        T3 + ["--storage", "sqlite:///{tmp}/o.db"],
+        foreign_sqlite,
+        "storage {tmp}/o.db is another program's SQLite database (tables: users); "
+        "pass --storage a new file or an Optuna database",
+    ),
+    "a garbled SQLite storage": (
+        T3 + ["--storage", "sqlite:///{tmp}/o.db"],
+        garbled("o.db", b"garbage " * 200),
+        "storage {tmp}/o.db is not a readable SQLite database (file is not a database); "
+        "delete {tmp}/o.db to start the sweep's books there again (its runs stay), or pass "
+        "another --storage",
+    ),
+}
 
 
 def tree(root: Path) -> dict:
@@ -530,22 +828,30 @@ def test_bad_input_is_one_exact_line_exit_2_and_writes_nothing(case, tmp_path, c
         ({"preset": "tiny", "corpus": "synthetic", "pairs": [["base"]]}, None, "holds no sweep"),
         ({"preset": "tiny", "corpus": "synthetic", "pairs": [[1, 2]]}, None, "holds no sweep"),
         ({"preset": "tiny", "corpus": "../x", "pairs": [["base", 0]]}, None, "holds no sweep"),
-        ({"preset": "tiny", "corpus": "synthetic", "pairs": [["base", 0]]}, {"dev_bleu": "high"},
-         "failed     unreadable metrics.json (dev_bleu 'high' is not a number); delete it to run the pair again"),
-        ({"preset": "tiny", "corpus": "synthetic", "pairs": [["base", 0]]}, {"status": "failed", "error": 5},
-         "failed     unreadable metrics.json (error 5 is not text); delete it to run the pair again"),
+        (
+            {"preset": "tiny", "corpus": "synthetic", "pairs": [["base", 0]]},
+            {"dev_bleu": "high"},
+            "failed     unreadable metrics.json (dev_bleu 'high' is not a number); delete it to run the pair again",
+        ),
+        (
+            {"preset": "tiny", "corpus": "synthetic", "pairs": [["base", 0]]},
+            {"status": "failed", "error": 5},
+            "failed     unreadable metrics.json (error 5 is not text); delete it to run the pair again",
+        ),
     ],
-)  # fmt: skip
-def test_status_on_odd_records_is_lines_never_a_traceback_and_writes_nothing(tmp_path, capsys, record, metrics,
-                                                                              expected):  # fmt: skip
+)
+def test_status_on_odd_records_is_lines_never_a_traceback_and_writes_nothing(
+    tmp_path, capsys, record, metrics, expected
+):
     runs = tmp_path / "runs"
     (runs / "sweeps").mkdir(parents=True)
     (runs / "sweeps" / "x.json").write_text(json.dumps(record))
     if metrics is not None:
         run = runs / "tiny" / "synthetic" / "base" / "seed0"
         run.mkdir(parents=True)
-        (run / "metrics.json").write_text(json.dumps({"row": "base", "seed": 0, "preset": "tiny",
-                                                      "status": "completed", **metrics}))  # fmt: skip
+        (run / "metrics.json").write_text(
+            json.dumps({"row": "base", "seed": 0, "preset": "tiny", "status": "completed", **metrics})
+        )
     before = tree(tmp_path)
     code = main(["status", str(runs)])
     out, err = capsys.readouterr()
@@ -571,8 +877,12 @@ def test_a_report_skips_a_metrics_json_of_the_wrong_types_with_a_line(tmp_path, 
 
 def test_a_run_config_whose_row_is_a_path_is_refused_before_anything_is_written(tmp_path, capsys):
     spec = resolve("base", "tiny")
-    config = RunConfig(spec, DataIdentity(SYNTHETIC, None, 1000), TrainPlan(0, 2, 1, 1, 1024, "32-true"),
-                       options={"row": "../../escape", "max_steps": 2, "accelerator": "cpu"}).to_dict()  # fmt: skip
+    config = RunConfig(
+        spec,
+        DataIdentity(SYNTHETIC, None, 1000),
+        TrainPlan(0, 2, 1, 1, 1024, "32-true"),
+        options={"row": "../../escape", "max_steps": 2, "accelerator": "cpu"},
+    ).to_dict()
     config["spec"]["row"] = "../../escape"
     (tmp_path / "config.json").write_text(json.dumps(config))
     before = tree(tmp_path)
@@ -620,8 +930,22 @@ def test_a_row_too_big_for_this_machine_is_refused_before_it_is_built(tmp_path, 
     (or the OOM killer) before; one line now, before anything is written."""
     (tmp_path / "t.csv").write_text("row,group,d_model,d_ff,h\nhuge,mine,262144,1048576,8\n")
     before = tree(tmp_path)
-    assert main(["train", "--table", str(tmp_path / "t.csv"), "--row", "huge", "--out", str(tmp_path / "runs"),
-                 "--accelerator", "cpu"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--table",
+                str(tmp_path / "t.csv"),
+                "--row",
+                "huge",
+                "--out",
+                str(tmp_path / "runs"),
+                "--accelerator",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     *said, err = capsys.readouterr().err.splitlines()  # said: the log line of how the preset scaled the own row
     assert err.startswith("aiayn: error: row huge has ") and "more than this machine's" in err
     assert [line.split(":")[0] for line in said] == ["INFO aiayn.lightning_modules.run.spec"]
@@ -632,16 +956,19 @@ def test_a_config_too_large_to_be_one_is_refused_at_once(tmp_path, capsys):
     """A 20 MB config took minutes and gigabytes before its error; a config file is at most 1 MB."""
     (tmp_path / "big.yaml").write_text("# " + "x" * (2 << 20) + "\nrow: C1\n")
     assert main(["train", "--config", str(tmp_path / "big.yaml"), "--print-config"]) == 2
-    assert capsys.readouterr().err == (f"aiayn: error: config {tmp_path / 'big.yaml'} is 2.0 MB, more than such a "
-                                       "file can be (at most 1 MB); pass a run's config.json or a YAML file "
-                                       "of `aiayn train` options (e.g. `row: C3`)\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"aiayn: error: config {tmp_path / 'big.yaml'} is 2.0 MB, more than such a "
+        "file can be (at most 1 MB); pass a run's config.json or a YAML file "
+        "of `aiayn train` options (e.g. `row: C3`)\n"
+    )
 
 
 def test_a_bogus_wandb_mode_is_refused_before_a_run_directory_exists(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "bogus")
     assert main(["train", "--out", str(tmp_path / "runs"), "--wandb", "--max-steps", "2", "--accelerator", "cpu"]) == 2
-    assert capsys.readouterr().err == ("aiayn: error: WANDB_MODE=bogus is not a W&B mode; set it to online, offline "
-                                       "or disabled, or unset it\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        "aiayn: error: WANDB_MODE=bogus is not a W&B mode; set it to online, offline or disabled, or unset it\n"
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -650,8 +977,13 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
     import subprocess
     import sys
 
-    done = subprocess.run(f"{sys.executable} -m aiayn rows --preset tiny | head -1", shell=True, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        f"{sys.executable} -m aiayn rows --preset tiny | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
 
 
@@ -677,8 +1009,9 @@ def test_a_line_separator_inside_a_note_is_text_not_a_second_row(tmp_path, capsy
     header = (Path(__file__).resolve().parents[1] / "ablations" / "extended.csv").read_text().splitlines()[0]
     columns = header.split(",")
     cells = {"row": "mine", "group": "own", "N": "1", "note": '"first half\u2028second half"'}
-    (tmp_path / "t.csv").write_text(header + "\n" + ",".join(cells.get(c, "") for c in columns) + "\n",
-                                    encoding="utf-8")  # fmt: skip
+    (tmp_path / "t.csv").write_text(
+        header + "\n" + ",".join(cells.get(c, "") for c in columns) + "\n", encoding="utf-8"
+    )
     assert main(["rows", "--table", str(tmp_path / "t.csv"), "--format", "json"]) == 0
     records = json.loads(capsys.readouterr().out)
     mine = [r for r in records if r["row"] == "mine"]
@@ -692,8 +1025,9 @@ def test_a_storage_server_that_cannot_be_opened_leaves_no_setup_lock_behind(url,
     (and the folders made for it) under --out. Whether the driver is missing or the server does not answer (port 1),
     the line names the storage and nothing is left."""
     before = tree(tmp_path)
-    code = main(["table3", "--out", f"{tmp_path}/runs", "--report", "", "--rows", "base", "--storage", url,
-                 "--max-steps", "2"])  # fmt: skip
+    code = main(
+        ["table3", "--out", f"{tmp_path}/runs", "--report", "", "--rows", "base", "--storage", url, "--max-steps", "2"]
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("INFO ")]
     assert code == 2 and len(err) == 1 and err[0].startswith(f"aiayn: error: cannot open storage {url} ("), err
     assert err[0].endswith("); check the URL, the server and its driver")
@@ -763,6 +1097,11 @@ def test_a_storage_on_a_read_only_mount_is_one_line_before_the_setup_lock(tmp_pa
     argv = [a.replace("{tmp}", str(tmp_path)) for a in T3] + ["--storage", f"sqlite:///{db}", "--rows", "base"]
     code = main(argv + ["--max-steps", "2"])
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("INFO ")]
-    assert (code, err) == (2, [f"aiayn: error: storage {db} cannot be written (a read-only file, folder or mount); "
-                               "copy it somewhere writable and pass --storage there"])  # fmt: skip
+    assert (code, err) == (
+        2,
+        [
+            f"aiayn: error: storage {db} cannot be written (a read-only file, folder or mount); "
+            "copy it somewhere writable and pass --storage there"
+        ],
+    )
     assert tree(tmp_path) == before

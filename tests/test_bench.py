@@ -162,9 +162,29 @@ def test_marian_peer_sizes():
 def test_bench_cli_writes_json(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[test]')")
     out = tmp_path / "bench.json"
-    argv = ["--size", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1",
-            "--decode-sentences", "2", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu",
-            "--peers", "--json", str(out)]  # fmt: skip
+    argv = [
+        "--size",
+        "tiny",
+        "--tokens",
+        "128",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--trials",
+        "1",
+        "--decode-sentences",
+        "2",
+        "--decode-src-len",
+        "4",
+        "--decode-extra",
+        "2",
+        "--device",
+        "cpu",
+        "--peers",
+        "--json",
+        str(out),
+    ]
     assert main(["bench", *argv]) == 0
     results = json.loads(out.read_text())
     assert [r["impl"] for r in results] == ["aiayn", "torch_nn_transformer", "hf_marian"]
@@ -179,8 +199,24 @@ def test_bench_pack_times_a_pack_beside_its_seeds_stepped_apart(tmp_path, capsys
     """`aiayn bench --pack K`: the three sides timed, the pack's launches a call those of one model's step, not K
     times them, as the separate sides' are."""
     out = tmp_path / "pack.json"
-    argv = ["--pack", "3", "--size", "evidence", "--tokens", "96", "--steps", "1", "--warmup", "1", "--trials", "1",
-            "--device", "cpu", "--json", str(out)]  # fmt: skip
+    argv = [
+        "--pack",
+        "3",
+        "--size",
+        "evidence",
+        "--tokens",
+        "96",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--trials",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+    ]
     assert main(["bench", *argv]) == 0
     r = json.loads(out.read_text())
     sides = ("separate", "packed", "separate, torch's dropout")
@@ -196,15 +232,44 @@ def test_bench_trainer_cli_times_the_real_trainer_beside_the_bare_step(tmp_path,
     really ran Lightning's loop over TranslationModule (the module counts its own optimizer steps), the bare side
     as many steps, and the rounds were interleaved one trainer window per bare round."""
     out = tmp_path / "trainer.json"
-    argv = ["--trainer", "--trainer-size", "tiny", "--trainer-size", "laptop", "--tokens", "64", "--layers", "1",
-            "--steps", "1", "--warmup", "1", "--trials", "2", "--device", "cpu", "--json", str(out)]  # fmt: skip
+    argv = [
+        "--trainer",
+        "--trainer-size",
+        "tiny",
+        "--trainer-size",
+        "laptop",
+        "--tokens",
+        "64",
+        "--layers",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--trials",
+        "2",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+    ]
     assert main(["bench", *argv]) == 0
     results = json.loads(out.read_text())
     assert [r["config"] for r in results] == ["tiny", "laptop"]
     assert [r["model"]["vocab_size"] for r in results] == [1000, 8000]  # laptop: the laptop preset's vocabulary
     for r in results:
-        for key in ("trainer_tokens_per_s", "bare_tokens_per_s", "ratio", "trainer_step_s", "bare_step_s", "model",
-                    "device", "precision", "batch_tokens", "trainer_optimizer_steps"):  # fmt: skip
+        for key in (
+            "trainer_tokens_per_s",
+            "bare_tokens_per_s",
+            "ratio",
+            "trainer_step_s",
+            "bare_step_s",
+            "model",
+            "device",
+            "precision",
+            "batch_tokens",
+            "trainer_optimizer_steps",
+        ):
             assert key in r, key
         assert r["trainer_tokens_per_s"] > 0 and r["bare_tokens_per_s"] > 0
         assert r["ratio"] == pytest.approx(r["trainer_tokens_per_s"] / r["bare_tokens_per_s"])
@@ -343,8 +408,13 @@ def _profiled(layers: int, steps: int) -> dict:
 
     bc = bench.bench_config("tiny", "cpu", layers=layers, tokens=128)
     device = torch.device("cpu")
-    trainer = bench.Trainer("aiayn", bench.build("aiayn", bc.model), bc.model,
-                            bench.training_batch(bc.model, bc.tokens_per_side, bc.seq_len), device)  # fmt: skip
+    trainer = bench.Trainer(
+        "aiayn",
+        bench.build("aiayn", bc.model),
+        bc.model,
+        bench.training_batch(bc.model, bc.tokens_per_side, bc.seq_len),
+        device,
+    )
     trainer.step()  # warm: Adam's state exists, as in the bench's warm-up
     return profile_steps(trainer.step, device, steps)
 
@@ -363,9 +433,29 @@ def test_the_profile_counts_a_steps_launches_per_step_and_more_layers_launch_mor
 
 def test_bench_profile_prints_and_records_the_profile(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    argv = ["--size", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1",
-            "--decode-sentences", "1", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu",
-            "--profile", "--json", str(out)]  # fmt: skip
+    argv = [
+        "--size",
+        "tiny",
+        "--tokens",
+        "128",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--trials",
+        "1",
+        "--decode-sentences",
+        "1",
+        "--decode-src-len",
+        "4",
+        "--decode-extra",
+        "2",
+        "--device",
+        "cpu",
+        "--profile",
+        "--json",
+        str(out),
+    ]
     assert main(["bench", *argv]) == 0
     printed = capsys.readouterr().out
     profile = json.loads(out.read_text())[0]["profile"]

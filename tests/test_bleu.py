@@ -63,11 +63,14 @@ def test_score_command_prints_json(tmp_path, capsys):
     )
 
 
-@pytest.mark.parametrize("case, message", [
-    ("lengths", "has 1 lines and --ref"),
-    ("missing", "cannot read --ref"),
-    ("utf8", "line 1 is not valid UTF-8"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("lengths", "has 1 lines and --ref"),
+        ("missing", "cannot read --ref"),
+        ("utf8", "line 1 is not valid UTF-8"),
+    ],
+)
 def test_score_errors_are_one_line_exit_2(case, message, tmp_path, capsys):
     hyp, ref = tmp_path / "hyp", tmp_path / "ref"
     hyp.write_text("a b c d\n")

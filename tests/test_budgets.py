@@ -35,9 +35,11 @@ FIXTURES = Path(__file__).parent / "fixtures" / "report"
 
 def sweep_opts(tmp_path, max_steps=None, dry_run=False) -> SweepOptions:
     return SweepOptions(
-        select=Selection(rows="base,C1", seeds=1), report="", dry_run=dry_run,
+        select=Selection(rows="base,C1", seeds=1),
+        report="",
+        dry_run=dry_run,
         train=TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False, max_steps=max_steps),
-    )  # fmt: skip
+    )
 
 
 def test_a_capped_look_then_the_full_command_extends_every_run_and_never_reports_the_look(tmp_path, capsys):
@@ -56,8 +58,11 @@ def test_a_capped_look_then_the_full_command_extends_every_run_and_never_reports
     assert table3(sweep_opts(tmp_path), backend=backend) == 0
     assert len(runner.calls) == 4
     # a shorter look into the same --out cannot shorten the runs: one line naming the flag, nothing run
-    with pytest.raises(UserError, match=r"already trained 1200 steps .* --max-steps 30 asks for 30, and a run cannot "
-                                        r"be shortened .* pass another --out"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"already trained 1200 steps .* --max-steps 30 asks for 30, and a run cannot "
+        r"be shortened .* pass another --out",
+    ):
         table3(sweep_opts(tmp_path, max_steps=30), backend=backend)
     assert len(runner.calls) == 4
 
@@ -110,8 +115,10 @@ def test_a_report_of_capped_runs_says_so_first_and_gives_no_verdict(tmp_path):
 
     md = _report_of(tmp_path, capped)
     first = md.splitlines()[4]
-    assert first.startswith("**A look, not the table: 12 of 12 completed run(s) stopped short of their budget "
-                            "(`--max-steps`: 800 of 1200 steps).**")  # fmt: skip
+    assert first.startswith(
+        "**A look, not the table: 12 of 12 completed run(s) stopped short of their budget "
+        "(`--max-steps`: 800 of 1200 steps).**"
+    )
     assert "No pre-registered verdicts: runs stopped short of their budget (`--max-steps`)" in md
     table = (tmp_path / "out" / "table3-tiny.csv").read_text().splitlines()
     verdict = table[0].split(",").index("verdict")
@@ -137,13 +144,37 @@ def test_trackers_get_the_budget_beside_the_final_numbers():
     assert m.capped and budget_values(m) == {"budget/steps": 60.0, "budget/budget_steps": 3000.0, "budget/capped": 1.0}
     full = RunMetrics("base", 0, "quick", "completed", steps=3000, planned_steps=3000, budget_steps=3000)
     assert not full.capped and budget_values(full)["budget/capped"] == 0.0
-    assert "capped: 60 of its 3000" in RunMetrics("base", 0, "quick", "completed", steps=60, budget_steps=3000,
-                                                  dev_bleu=1.0, dev_ppl=2.0, params=10, train_time_s=1.0,
-                                                  tokens_per_s=1.0).summary_line()  # fmt: skip
+    assert (
+        "capped: 60 of its 3000"
+        in RunMetrics(
+            "base",
+            0,
+            "quick",
+            "completed",
+            steps=60,
+            budget_steps=3000,
+            dev_bleu=1.0,
+            dev_ppl=2.0,
+            params=10,
+            train_time_s=1.0,
+            tokens_per_s=1.0,
+        ).summary_line()
+    )
 
 
-SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "4", "--ckpt-every", "100", "--eval-subset", "20",
-         "--no-progress", "--accelerator", "cpu"]  # fmt: skip
+SMALL = [
+    "--set",
+    "N=1 d_model=32 d_ff=64 h=2",
+    "--val-every",
+    "4",
+    "--ckpt-every",
+    "100",
+    "--eval-subset",
+    "20",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+]
 
 
 @pytest.mark.slow
@@ -153,8 +184,10 @@ def test_a_capped_run_extended_to_more_steps_is_the_uninterrupted_run_bit_for_bi
     and leaves metrics.json as it was."""
 
     def run(out, steps):
-        assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(out), "--max-steps", str(steps),
-                     *SMALL]) == 0  # fmt: skip
+        assert (
+            main(["train", "--row", "base", "--preset", "tiny", "--out", str(out), "--max-steps", str(steps), *SMALL])
+            == 0
+        )
         return OutDir(out).run("tiny", SYNTHETIC, "base", 0)
 
     whole = run(tmp_path / "whole", 12)
@@ -169,7 +202,22 @@ def test_a_capped_run_extended_to_more_steps_is_the_uninterrupted_run_bit_for_bi
     run(tmp_path / "looked", 12)  # completed: nothing trained, metrics.json untouched
     assert extended.metrics_file.read_bytes() == before
     capsys.readouterr()
-    assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(tmp_path / "looked"), "--max-steps", "6",
-                 *SMALL]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--row",
+                "base",
+                "--preset",
+                "tiny",
+                "--out",
+                str(tmp_path / "looked"),
+                "--max-steps",
+                "6",
+                *SMALL,
+            ]
+        )
+        == 2
+    )
     assert "already trained 12 steps, and this command asks for 6" in capsys.readouterr().err
     assert extended.metrics_file.read_bytes() == before

@@ -14,8 +14,21 @@ from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run.spec import resolve
 from aiayn.lightning_modules.use.checkpoints import run_config
 
-SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "100", "--val-bleu-sentences", "0", "--eval-subset",
-         "4", "--no-progress", "--accelerator", "cpu", "--logger", "csv"]  # fmt: skip
+SMALL = [
+    "--set",
+    "N=1 d_model=32 d_ff=64 h=2",
+    "--val-every",
+    "100",
+    "--val-bleu-sentences",
+    "0",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+    "--logger",
+    "csv",
+]
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
 
 
@@ -77,8 +90,12 @@ def test_a_run_with_weights_only_checkpoints_resumes_exactly(weights_only, tmp_p
     resumed, whole = (load(run / "checkpoints" / "last.ckpt") for run in (run_of(tmp_path), weights_only))
     assert resumed["global_step"] == whole["global_step"] == 4
     assert all(torch.equal(resumed["state_dict"][k], v) for k, v in whole["state_dict"].items())
-    assert all(torch.equal(a, b) for a, b in zip(resumed["optimizer_states"][0]["state"][0].values(),
-                                                  whole["optimizer_states"][0]["state"][0].values()))  # fmt: skip
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            resumed["optimizer_states"][0]["state"][0].values(), whole["optimizer_states"][0]["state"][0].values()
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -141,31 +158,122 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
     params = resolve("big", "paper").model.params()
     full, weights = 12 * params, 4 * params  # + the tokenizer and the rest: under a percent of it at this size
     # the paper preset's periodic checkpoints are weights only (every 10 minutes: ablations/presets.py)
-    assert err.startswith("# checkpoints: about 19.7 GB = 20 periodic x 858 MB (weights only) + last.ckpt 1 x "
-                          "2.57 GB (weights + Adam moments, fp32)")  # fmt: skip
+    assert err.startswith(
+        "# checkpoints: about 19.7 GB = 20 periodic x 858 MB (weights only) + last.ckpt 1 x "
+        "2.57 GB (weights + Adam moments, fp32)"
+    )
     assert 20 * weights + full == pytest.approx(19.7e9, rel=0.01)
-    assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
-                 "--weights-only-checkpoints", "--keep-last", "5"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path),
+                "--preset",
+                "paper",
+                "--row",
+                "big",
+                "--print-config",
+                "--weights-only-checkpoints",
+                "--keep-last",
+                "5",
+            ]
+        )
+        == 0
+    )
     assert "about 6.86 GB = 5 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
-    assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
-                 "--keep-last", "2", "--keep-for-averaging", "20"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path),
+                "--preset",
+                "paper",
+                "--row",
+                "big",
+                "--print-config",
+                "--keep-last",
+                "2",
+                "--keep-for-averaging",
+                "20",
+            ]
+        )
+        == 0
+    )
     # the paper preset's periodic files are weights only already: the 20 kept for averaging are all of that size
     assert "about 19.7 GB = 20 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
-    assert main(["train", "--out", str(tmp_path), "--preset", "paper", "--row", "big", "--print-config",
-                 "--ckpt-every", "1000", "--keep-last", "2", "--keep-for-averaging", "20"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path),
+                "--preset",
+                "paper",
+                "--row",
+                "big",
+                "--print-config",
+                "--ckpt-every",
+                "1000",
+                "--keep-last",
+                "2",
+                "--keep-for-averaging",
+                "20",
+            ]
+        )
+        == 0
+    )
     assert "about 19.7 GB" in capsys.readouterr().err
     # a preset with whole periodic files: the newest 2 whole, 18 older slimmed down for averaging
-    assert main(["train", "--out", str(tmp_path), "--preset", "small", "--row", "big", "--print-config",
-                 "--keep-last", "2", "--keep-for-averaging", "20"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(tmp_path),
+                "--preset",
+                "small",
+                "--row",
+                "big",
+                "--print-config",
+                "--keep-last",
+                "2",
+                "--keep-for-averaging",
+                "20",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
-    assert re.search(r"= 2 periodic x \S+ \S+ \(weights \+ Adam moments, fp32\) \+ 18 older for averaging x \S+ \S+ "
-                     r"\(weights only\) \+ last\.ckpt 1 x", err), err  # fmt: skip
+    assert re.search(
+        r"= 2 periodic x \S+ \S+ \(weights \+ Adam moments, fp32\) \+ 18 older for averaging x \S+ \S+ "
+        r"\(weights only\) \+ last\.ckpt 1 x",
+        err,
+    ), err
     assert not any(tmp_path.iterdir())
 
 
 def test_slurm_dry_run_says_the_disk_of_the_whole_array(tmp_path, capsys):
-    argv = ["slurm", "table3", "--preset", "paper", "--rows", "base,big", "--seeds", "2", "--partition", "p",
-            "--time", "1-00:00:00", "--gpus-per-node", "8", "--out", str(tmp_path / "runs"), "--dry-run"]  # fmt: skip
+    argv = [
+        "slurm",
+        "table3",
+        "--preset",
+        "paper",
+        "--rows",
+        "base,big",
+        "--seeds",
+        "2",
+        "--partition",
+        "p",
+        "--time",
+        "1-00:00:00",
+        "--gpus-per-node",
+        "8",
+        "--out",
+        str(tmp_path / "runs"),
+        "--dry-run",
+    ]
     assert main(argv) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("# disk:"))
 
@@ -222,7 +330,9 @@ def test_a_checkpoint_loads_as_lightning_users_expect(tmp_path):
     assert config.spec.row == "base" and config.spec.model == run_config(ckpt, path).spec.model
     for module in (TranslationModule.from_checkpoint(path), TranslationModule.load_from_checkpoint(path)):
         assert module.cfg == config.spec.model and (module.warmup, module.lr_factor) == (
-            config.spec.schedule.warmup, config.spec.schedule.lr_factor)  # fmt: skip
+            config.spec.schedule.warmup,
+            config.spec.schedule.lr_factor,
+        )
         for name, value in module.state_dict().items():
             assert torch.equal(value, ckpt["state_dict"][name]), name
     with pytest.raises(TypeError, match="no hparams_file"):
@@ -274,11 +384,18 @@ def test_another_runs_checkpoint_in_a_run_directory_is_refused_in_one_line_not_r
     mine, other = (resolve(row, "tiny", overrides=small, vocab_size=50) for row in ("base", "A1"))
     run = RunDir(tmp_path / "tiny" / "synthetic" / "base" / "seed0")
     run.checkpoints.mkdir(parents=True)
-    atomic_write_json(run.config_file, RunConfig(mine, DataIdentity(CorpusRef.parse("synthetic"), None, 50),
-                                                 TrainPlan(0, 2, 1, 1, 1024, "32-true")).to_dict())  # fmt: skip
+    atomic_write_json(
+        run.config_file,
+        RunConfig(
+            mine, DataIdentity(CorpusRef.parse("synthetic"), None, 50), TrainPlan(0, 2, 1, 1, 1024, "32-true")
+        ).to_dict(),
+    )
     torch.save(checkpoint_of(mine, global_step=3), run.checkpoints / "step0000003.ckpt")
     assert run.resume_checkpoint() is None or run.resume_checkpoint().name == "step0000003.ckpt"  # its own: fine
     torch.save(checkpoint_of(other, global_step=5, optimizer_states=[]), run.checkpoints / "last.ckpt")
-    with pytest.raises(UserError, match=r"last.ckpt is another run's \(row A1, seed 0\), not this one's \(row base, "
-                                        r"seed 0\); move it out of .*checkpoints and run again"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"last.ckpt is another run's \(row A1, seed 0\), not this one's \(row base, "
+        r"seed 0\); move it out of .*checkpoints and run again",
+    ):
         run.resume_checkpoint()

@@ -9,8 +9,19 @@ import torch
 from aiayn.cli import main
 from aiayn.common.files import sha256_file
 
-FAST = ["--max-steps", "2", "--ckpt-every", "1", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
-        "--accelerator", "cpu"]  # fmt: skip
+FAST = [
+    "--max-steps",
+    "2",
+    "--ckpt-every",
+    "1",
+    "--val-bleu-sentences",
+    "4",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+]
 MINE = "row,group,d_ff\nwide-ff,mine,4096\n"
 
 
@@ -108,9 +119,11 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     counting(spec, "resolve", "resolve")
     monkeypatch.setattr("aiayn.sweeps.backends.resolve", spec.resolve)
     real_init = config.TransformerConfig.__post_init__
-    monkeypatch.setattr(config.TransformerConfig, "__post_init__",
-                        lambda self: counts.__setitem__("TransformerConfig", counts["TransformerConfig"] + 1)
-                        or real_init(self))  # fmt: skip
+    monkeypatch.setattr(
+        config.TransformerConfig,
+        "__post_init__",
+        lambda self: counts.__setitem__("TransformerConfig", counts["TransformerConfig"] + 1) or real_init(self),
+    )
     from aiayn.lightning_modules.transformer import model
 
     monkeypatch.setattr(model.Transformer, "__init__", lambda *a, **k: pytest.fail("a model built to size the run"))
@@ -175,8 +188,11 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
     counts = _count_lookups(monkeypatch)
 
     # subprocess: the driver resolves, writes the row beside the run, and the fresh `aiayn train` reads it back
-    opts = SweepOptions(select=Selection(rows="wide-ff"), backend="subprocess",
-                        train=TrainOptions(out=str(tmp_path / "sub"), max_steps=2, table=(str(table),)))  # fmt: skip
+    opts = SweepOptions(
+        select=Selection(rows="wide-ff"),
+        backend="subprocess",
+        train=TrainOptions(out=str(tmp_path / "sub"), max_steps=2, table=(str(table),)),
+    )
     sweep = build_sweep(opts)
     started = []
     with monkeypatch.context() as m:  # subprocess.Popen itself: only for this call
@@ -190,9 +206,20 @@ def test_every_back_end_hands_its_runs_the_row_it_resolved_once(tmp_path, monkey
 
     # SLURM: the array's tasks train the rows as `aiayn slurm` resolved them at submission
     res = slurm.SlurmResources(partition="debug", time="00:30:00", tasks_per_node=1)
-    so = slurm.SlurmOptions(select=Selection(rows="wide-ff"), dry_run=True, resources=res, train=TrainOptions(
-        accelerator="cpu", devices=None, num_nodes=None, strategy=None, progress=False, out=str(tmp_path / "sl"),
-        table=(str(table),)))  # fmt: skip
+    so = slurm.SlurmOptions(
+        select=Selection(rows="wide-ff"),
+        dry_run=True,
+        resources=res,
+        train=TrainOptions(
+            accelerator="cpu",
+            devices=None,
+            num_nodes=None,
+            strategy=None,
+            progress=False,
+            out=str(tmp_path / "sl"),
+            table=(str(table),),
+        ),
+    )
     slurm.submit(so, make_sweep(slurm.pairs(so), so.train))
     script = slurm.script_path(so).read_text()
     line = " ".join(script.split("srun ", 1)[1].replace("\\\n", " ").split())

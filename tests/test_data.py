@@ -47,8 +47,9 @@ def _corpus(root: Path, src="en", tgt="de", sizes=(400, 40, 30), names=("train",
     return root
 
 
-def datamodule(corpus: str, data_dir=None, vocab_size: int = 8000, max_len: int = 256, train_pairs=None,
-               **loading) -> D.TranslationDataModule:  # fmt: skip
+def datamodule(
+    corpus: str, data_dir=None, vocab_size: int = 8000, max_len: int = 256, train_pairs=None, **loading
+) -> D.TranslationDataModule:
     """A data module as `aiayn train` builds one: its identity, then how it loads (D.DataPlan's other fields)."""
     identity = D.DataIdentity(C.CorpusRef.parse(corpus), data_dir, vocab_size, max_len=max_len, train_pairs=train_pairs)
     return D.TranslationDataModule(D.DataPlan(identity, **loading))
@@ -126,12 +127,15 @@ def test_files_corpus_custom_languages(tmp_path):
     _one_line_error(e, "--data-dir")
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"AIAYN_CACHE": "/a/cache", "XDG_CACHE_HOME": "/xdg"}, "/a/cache"),
-    ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/aiayn"),
-    ({"XDG_CACHE_HOME": "relative/xdg"}, "~/.cache/aiayn"),  # the XDG convention: a relative path is ignored
-    ({}, "~/.cache/aiayn"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"AIAYN_CACHE": "/a/cache", "XDG_CACHE_HOME": "/xdg"}, "/a/cache"),
+        ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/aiayn"),
+        ({"XDG_CACHE_HOME": "relative/xdg"}, "~/.cache/aiayn"),  # the XDG convention: a relative path is ignored
+        ({}, "~/.cache/aiayn"),
+    ],
+)
 def test_the_cache_honours_aiayn_cache_then_xdg_cache_home(env, expected, monkeypatch):
     for name in ("AIAYN_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
@@ -184,11 +188,13 @@ def test_wmt14_is_the_hubs_wmt14_read_in_place(tmp_path, monkeypatch):
     from the Arrow files of the Hugging Face cache: nothing exported into aiayn's cache but a pointer to them, which
     later runs open without asking the Hub."""
     datasets = pytest.importorskip("datasets")
-    pairs = lambda split, n: {"translation": [{"de": f"{split} satz {i}", "en": f"{split} sentence {i}"}
-                                              for i in range(n)]}  # fmt: skip
+    pairs = lambda split, n: {
+        "translation": [{"de": f"{split} satz {i}", "en": f"{split} sentence {i}"} for i in range(n)]
+    }
     saved = tmp_path / "hf-cache"  # stands in for the Arrow files load_dataset makes in the Hugging Face cache
-    datasets.DatasetDict({s: datasets.Dataset.from_dict(pairs(s, n)) for s, n in
-                          (("train", 3), ("validation", 2), ("test", 1))}).save_to_disk(saved)  # fmt: skip
+    datasets.DatasetDict(
+        {s: datasets.Dataset.from_dict(pairs(s, n)) for s, n in (("train", 3), ("validation", 2), ("test", 1))}
+    ).save_to_disk(saved)
     calls = []
 
     def load_dataset(*args):
@@ -200,8 +206,10 @@ def test_wmt14_is_the_hubs_wmt14_read_in_place(tmp_path, monkeypatch):
     for _ in range(2):
         out = C.resolve_corpus(C.CorpusRef.parse("wmt14"), None, cache)
         for ours, theirs, n in (("train", "train", 3), ("dev", "validation", 2), ("test", "test", 1)):
-            assert C.read_parallel(out, ours) == ([f"{theirs} sentence {i}" for i in range(n)],
-                                                  [f"{theirs} satz {i}" for i in range(n)])  # fmt: skip
+            assert C.read_parallel(out, ours) == (
+                [f"{theirs} sentence {i}" for i in range(n)],
+                [f"{theirs} satz {i}" for i in range(n)],
+            )
     assert calls == [("wmt/wmt14", "de-en")]  # the second time from the pointer, without the Hub
     assert [p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_file()] == ["hf/hf-wmt--wmt14-de-en.json"]
 
@@ -679,10 +687,17 @@ class _Recorder(pl.LightningModule):
 def _fit(dm, tmp_path, callbacks=(), ckpt=None):
     model = _Recorder()
     trainer = pl.Trainer(
-        max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=list(callbacks),
-        enable_checkpointing=bool(callbacks), default_root_dir=tmp_path,
-    )  # fmt: skip
+        max_epochs=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=list(callbacks),
+        enable_checkpointing=bool(callbacks),
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt)
     return model.seen
 
@@ -695,8 +710,9 @@ def _fit(dm, tmp_path, callbacks=(), ckpt=None):
 def test_lightning_drives_epoch_and_resume(tiny_dm, tmp_path, num_workers, every_n_train_steps, resume_step):
     """Lightning calls set_epoch via ``batch_sampler.sampler`` and saves/loads the DataLoader's state."""
     dm, root = tiny_dm
-    mk = lambda: datamodule("files", str(root), 150, 48, cache_dir=dm.plan.cache_dir, max_tokens=400,
-                            num_workers=num_workers)  # fmt: skip
+    mk = lambda: datamodule(
+        "files", str(root), 150, 48, cache_dir=dm.plan.cache_dir, max_tokens=400, num_workers=num_workers
+    )
     full = _fit(mk(), tmp_path / "a")
     per_epoch = len(full) // 3
     assert per_epoch == 13  # the fixture's batch count (of 400 real target tokens); resume_step=13 ends epoch 0
@@ -723,8 +739,9 @@ def test_a_data_limited_regime_trains_on_the_first_k_pairs_only(tiny_dm):
     assert len(limited._datasets["dev"]) == len(dm._datasets["dev"]) == 41
     assert limited.tokenizer_model == dm.tokenizer_model
     with pytest.raises(UserError, match="--train-pairs 1000 is more than the corpus's 401 training pairs"):
-        datamodule("files", str(root), 150, 48, train_pairs=1000, cache_dir=dm.plan.cache_dir,
-                   max_tokens=400).setup("fit")  # fmt: skip
+        datamodule("files", str(root), 150, 48, train_pairs=1000, cache_dir=dm.plan.cache_dir, max_tokens=400).setup(
+            "fit"
+        )
 
 
 def _a_worker(init, ready, done):  # a loader worker as a spawned process starts it: the init function, then work
@@ -860,8 +877,10 @@ def test_every_rank_gets_a_dev_batch_even_when_the_dev_set_has_fewer_batches_tha
     from aiayn.lightning_modules.run.evaluate import nll_sum
     from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
-    shares = [list(TokenBucketSampler([5], [6], 1024, shuffle=False, num_replicas=2, rank=r, drop_uneven=False))
-              for r in (0, 1)]  # fmt: skip
+    shares = [
+        list(TokenBucketSampler([5], [6], 1024, shuffle=False, num_replicas=2, rank=r, drop_uneven=False))
+        for r in (0, 1)
+    ]
     assert shares == [[[0]], [[]]]
     filler = collate([], pad_to=8)
     assert filler["idx"].tolist() == [-1] and (filler["n_src_tokens"], filler["n_tgt_tokens"]) == (0, 0)
@@ -880,8 +899,10 @@ def test_a_source_ends_with_eos_as_in_tensor2tensor_fairseq_and_marian():
     from aiayn.lightning_modules.data.tokenizer import EncodedPairs
     from aiayn.lightning_modules.transformer.config import EOS
 
-    data = {"src": (torch.tensor([5, 6, 7, 8, 9]), torch.tensor([0, 3, 5])),
-            "tgt": (torch.tensor([10, 11, 12]), torch.tensor([0, 1, 3]))}  # fmt: skip
+    data = {
+        "src": (torch.tensor([5, 6, 7, 8, 9]), torch.tensor([0, 3, 5])),
+        "tgt": (torch.tensor([10, 11, 12]), torch.tensor([0, 1, 3])),
+    }
     with_eos = EncodedPairs(data, torch.arange(2), source_eos=True)
     assert with_eos[0][1].tolist() == [5, 6, 7, EOS] and with_eos[1][1].tolist() == [8, 9, EOS]
     assert with_eos.src_lens.tolist() == [4, 3] and with_eos.tgt_lens.tolist() == [1, 2]

@@ -73,9 +73,25 @@ def test_paper_on_one_gpu_with_a_smaller_budget_accumulates():
 
 
 def _train(out: Path, cache: Path, *extra: str, env: dict | None = None, split: Path | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, *([str(split)] if split else ["-m", "aiayn"]), "train", "--preset", "tiny", "--row", ROW,
-           "--accelerator", "cpu",
-           "--max-steps", str(STEPS), "--eval-subset", "50", "--out", str(out), "--no-progress", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        *([str(split)] if split else ["-m", "aiayn"]),
+        "train",
+        "--preset",
+        "tiny",
+        "--row",
+        ROW,
+        "--accelerator",
+        "cpu",
+        "--max-steps",
+        str(STEPS),
+        "--eval-subset",
+        "50",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
     env = {**os.environ, "AIAYN_CACHE": str(cache), **(env or {})}
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -150,8 +166,21 @@ def test_two_nodes_through_the_generic_environment(union, split, cache, tmp_path
     gets MASTER_ADDR/MASTER_PORT of node 0 and its NODE_RANK; Lightning derives the world size
     (num_nodes x devices). One thread each, as one core per "node"."""
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
-    nodes = [_train(tmp_path, cache, "--num-nodes", "2", "--devices", "1", "--strategy", "ddp",
-                    env={**env, "NODE_RANK": str(rank)}, split=split) for rank in (0, 1)]  # fmt: skip
+    nodes = [
+        _train(
+            tmp_path,
+            cache,
+            "--num-nodes",
+            "2",
+            "--devices",
+            "1",
+            "--strategy",
+            "ddp",
+            env={**env, "NODE_RANK": str(rank)},
+            split=split,
+        )
+        for rank in (0, 1)
+    ]
     _finish(*nodes)
     (m2, t2), (mu, _) = _result(tmp_path), union
     assert t2["world_size"] == 2 and m2["steps"] == STEPS
@@ -219,10 +248,36 @@ def test_two_processes_sync_on_log_steps_only_with_one_collective_a_step(cache, 
     script.write_text(COUNT_SYNCS)
     counts = tmp_path / "counts"
     counts.mkdir()
-    cmd = [sys.executable, str(script), "train", "--preset", "tiny", "--row", "base", "--accelerator", "cpu",
-           "--devices", "2", "--strategy", "ddp", "--max-steps", "10", "--val-every", "1000", "--ckpt-every", "1000",
-           "--eval-subset", "8", "--out", str(tmp_path / "runs"), "--progress", "--trainer", "log_every_n_steps=2",
-           "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(script),
+        "train",
+        "--preset",
+        "tiny",
+        "--row",
+        "base",
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+        "--max-steps",
+        "10",
+        "--val-every",
+        "1000",
+        "--ckpt-every",
+        "1000",
+        "--eval-subset",
+        "8",
+        "--out",
+        str(tmp_path / "runs"),
+        "--progress",
+        "--trainer",
+        "log_every_n_steps=2",
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2",
+    ]
     env = {**os.environ, "AIAYN_CACHE": str(cache), "SYNC_COUNTS": str(counts), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -314,10 +369,35 @@ def test_a_sigterm_to_either_rank_stops_every_rank_at_the_same_step(cache, tmp_p
     every rank learns it from the step's reduce and stops before the same step. With Lightning's own handling a
     SIGTERM to rank 1 alone stops rank 1 and leaves rank 0 to fail in its next collective, which logs no decision."""
     log_path = tmp_path / "log.txt"
-    cmd = [sys.executable, "-m", "aiayn", "train", "--preset", "tiny", "--row", ROW, "--accelerator", "cpu",
-           "--devices", "2", "--strategy", "ddp", "--max-steps", "100000", "--val-every", "100000",
-           "--ckpt-every", "5", "--eval-subset", "8", "--out", str(tmp_path / "runs"), "--no-progress",
-           "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "train",
+        "--preset",
+        "tiny",
+        "--row",
+        ROW,
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+        "--max-steps",
+        "100000",
+        "--val-every",
+        "100000",
+        "--ckpt-every",
+        "5",
+        "--eval-subset",
+        "8",
+        "--out",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2",
+    ]
     env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -340,8 +420,11 @@ def test_a_sigterm_to_either_rank_stops_every_rank_at_the_same_step(cache, tmp_p
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     text = log_path.read_text()
-    stops = sorted(line.split("SIGTERM, every rank stops before step ")[1] + f" (rank {line.split('rank ')[1][0]})"
-                   for line in text.splitlines() if "SIGTERM, every rank stops" in line)  # fmt: skip
+    stops = sorted(
+        line.split("SIGTERM, every rank stops before step ")[1] + f" (rank {line.split('rank ')[1][0]})"
+        for line in text.splitlines()
+        if "SIGTERM, every rank stops" in line
+    )
     assert len(stops) == 2 and stops[0].split()[0] == stops[1].split()[0], text[-3000:]
     assert not (ckpts.parent / "metrics.json").exists()
 
@@ -351,10 +434,37 @@ def test_a_dev_set_of_fewer_batches_than_ranks_validates_under_ddp(cache, tmp_pa
     """Issue 38, G8: one dev sentence is one batch, and rank 1 had none: it skipped validation while rank 0 waited
     for it in the epoch's gather, and the run crashed at its first validation. Every rank now gets a batch (a filler
     row of padding that counts no token), and the validation's perplexity is the one sentence's."""
-    cmd = [sys.executable, "-m", "aiayn.cli", "train", "--preset", "tiny", "--row", "base", "--accelerator", "cpu",
-           "--devices", "2", "--strategy", "ddp", "--max-steps", "4", "--val-every", "2", "--ckpt-every", "1000",
-           "--eval-subset", "1", "--val-bleu-sentences", "1", "--out", str(tmp_path / "runs"), "--no-progress",
-           "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "aiayn.cli",
+        "train",
+        "--preset",
+        "tiny",
+        "--row",
+        "base",
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+        "--max-steps",
+        "4",
+        "--val-every",
+        "2",
+        "--ckpt-every",
+        "1000",
+        "--eval-subset",
+        "1",
+        "--val-bleu-sentences",
+        "1",
+        "--out",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2",
+    ]
     env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

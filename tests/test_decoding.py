@@ -77,8 +77,16 @@ def decode(model, srcs: list[list[int]], extra: int, beam: int = 4, alpha: float
 
 def test_beam_four_finds_the_exhaustive_optimum_where_greedy_does_not():
     # From BOS, A is likelier than B, but after A every continuation is mediocre; after B, EOS is near certain.
-    model = Scripted(table({(A, BOS): {A: 3.0, B: 2.8, EOS: -5}, (A, A): {A: 1.0, B: 1.0, C: 1.0, D: 1.0, EOS: 0.5},
-                            (A, B): {EOS: 6.0}}, default=-5))  # fmt: skip
+    model = Scripted(
+        table(
+            {
+                (A, BOS): {A: 3.0, B: 2.8, EOS: -5},
+                (A, A): {A: 1.0, B: 1.0, C: 1.0, D: 1.0, EOS: 0.5},
+                (A, B): {EOS: 6.0},
+            },
+            default=-5,
+        )
+    )
     best = model.exhaustive([A], 3, 0.6)
     assert best == [B]
     assert decode(model, [[A]], 3) == [best]
@@ -87,9 +95,13 @@ def test_beam_four_finds_the_exhaustive_optimum_where_greedy_does_not():
 
 def test_length_penalty_alpha_zero_and_point_six_pick_different_winners():
     # Stop at once (p(EOS | BOS) = 0.37) or say A B first (0.6 · 0.75 · 0.75 = 0.34, but three tokens long).
-    p = {(A, BOS): {EOS: 0.37, A: 0.6, B: 0.01, C: 0.01, D: 0.01}, (A, A): {B: 0.75, EOS: 0.01, A: 0.08, C: 0.08,
-         D: 0.08}, (A, B): {EOS: 0.75, A: 0.01, B: 0.08, C: 0.08, D: 0.08}, (A, C): {C: 0.5, D: 0.5},
-         (A, D): {C: 0.5, D: 0.5}}  # fmt: skip
+    p = {
+        (A, BOS): {EOS: 0.37, A: 0.6, B: 0.01, C: 0.01, D: 0.01},
+        (A, A): {B: 0.75, EOS: 0.01, A: 0.08, C: 0.08, D: 0.08},
+        (A, B): {EOS: 0.75, A: 0.01, B: 0.08, C: 0.08, D: 0.08},
+        (A, C): {C: 0.5, D: 0.5},
+        (A, D): {C: 0.5, D: 0.5},
+    }
     model = Scripted(table({k: {t: float(torch.tensor(v).log()) for t, v in d.items()} for k, d in p.items()}, -9))
     winners = {}
     for alpha in (0.0, 0.6):

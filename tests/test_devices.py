@@ -78,8 +78,10 @@ def test_fp16_is_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("ntasks, world, kind", [("2", 2, "SLURMEnvironment"), ("1", 2, "LightningEnvironment"),
-                                                  ("1", 1, "SLURMEnvironment")])  # fmt: skip
+@pytest.mark.parametrize(
+    "ntasks, world, kind",
+    [("2", 2, "SLURMEnvironment"), ("1", 2, "LightningEnvironment"), ("1", 1, "SLURMEnvironment")],
+)
 def test_in_a_slurm_allocation_a_run_not_launched_one_task_per_device_launches_its_own_ranks(
     monkeypatch, tmp_path, ntasks, world, kind
 ):
@@ -104,7 +106,15 @@ def test_a_few_bf16_mixed_steps_of_the_tiny_row_train_on_cpu_through_lightning(c
     from aiayn.lightning_modules.run.train import train
 
     small = {"N": 1, "d_model": 32, "d_ff": 64, "h": 2}
-    opts = TrainOptions(out=str(tmp_path), max_steps=3, precision="bf16-mixed", accelerator="cpu", progress=False,
-                        overrides=small, eval_subset=4, val_every=1000)  # fmt: skip
+    opts = TrainOptions(
+        out=str(tmp_path),
+        max_steps=3,
+        precision="bf16-mixed",
+        accelerator="cpu",
+        progress=False,
+        overrides=small,
+        eval_subset=4,
+        val_every=1000,
+    )
     metrics = train(opts)
     assert metrics.completed and metrics.steps == 3 and metrics.dev_ppl == metrics.dev_ppl < float("inf")

@@ -63,13 +63,20 @@ def test_every_aiayn_command_shown_uses_flags_that_exist(page):
 
 def test_the_readmes_presets_table_is_the_presets_numbers():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    rows = {m.group(1): [c.strip() for c in m.group(2).split("|")] for m in re.finditer(r"^\| `([\w-]+)` \|(.*)\|$",
-                                                                                      text, re.M)}  # fmt: skip
+    rows = {
+        m.group(1): [c.strip() for c in m.group(2).split("|")]
+        for m in re.finditer(r"^\| `([\w-]+)` \|(.*)\|$", text, re.M)
+    }
     assert set(rows) == set(PRESETS), "every preset has a row in the README's table, and only they"
     for name, (corpus, width, heads, depth, steps, tokens, vocab, seeds) in rows.items():
         p = PRESETS[name]
         assert (float(width), float(heads), int(steps), int(tokens), int(vocab)) == (
-            p.width, p.heads, p.train_steps, p.tokens_per_step, p.vocab_size), name  # fmt: skip
+            p.width,
+            p.heads,
+            p.train_steps,
+            p.tokens_per_step,
+            p.vocab_size,
+        ), name
         assert eval(depth) == pytest.approx(p.depth), name
         assert seeds == (f"{p.seeds} ({p.base_seeds})" if p.base_seeds else str(p.seeds)), name
         assert {
@@ -81,8 +88,20 @@ def test_the_readmes_presets_table_is_the_presets_numbers():
 
 
 # flags of other tools that the pages show (sbatch/srun directives, pip, tensorboard, mlflow)
-FOREIGN = {"--dependency", "--logdir", "--index-url", "--backend-store-uri", "--requeue", "--array",
-           "--kill-on-bad-exit", "--job-name", "--ntasks-per-node", "--open-mode", "--signal", "--ntasks"}  # fmt: skip
+FOREIGN = {
+    "--dependency",
+    "--logdir",
+    "--index-url",
+    "--backend-store-uri",
+    "--requeue",
+    "--array",
+    "--kill-on-bad-exit",
+    "--job-name",
+    "--ntasks-per-node",
+    "--open-mode",
+    "--signal",
+    "--ntasks",
+}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
@@ -120,8 +139,11 @@ def test_architecture_names_every_module_and_only_what_exists():
     path, or by its file name in a row that names its directory), every .py path it cites exists, and every
     code name it cites (`RunSpec`, `Selection.pairs()`, `spec.resolve`) is defined somewhere in the package."""
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    missing = [p.relative_to(ROOT).as_posix() for p in _modules()
-               if p.relative_to(ROOT).as_posix() not in text and f"`{p.name}`" not in text]  # fmt: skip
+    missing = [
+        p.relative_to(ROOT).as_posix()
+        for p in _modules()
+        if p.relative_to(ROOT).as_posix() not in text and f"`{p.name}`" not in text
+    ]
     assert not missing, f"ARCHITECTURE.md does not name {missing}"
     for cited in re.findall(r"`([\w/<>.-]+\.py)`", text):
         if "<" not in cited:

@@ -32,8 +32,10 @@ def _git_show(path: str) -> str:
 
 @pytest.fixture(scope="module")
 def v5():
-    return {name: (pd.read_csv(V5 / f"table3-{name}-runs.csv"), pd.read_csv(V5 / f"table3-{name}-curves.csv"))
-            for name in ("evidence", "tiny-2k")}  # fmt: skip
+    return {
+        name: (pd.read_csv(V5 / f"table3-{name}-runs.csv"), pd.read_csv(V5 / f"table3-{name}-curves.csv"))
+        for name in ("evidence", "tiny-2k")
+    }
 
 
 def _cells(v5, reading: str, registration: str) -> list[verdicts.Cell]:
@@ -71,8 +73,11 @@ def test_the_median_of_three_reading_is_not_looser_than_one_test_on_v5s_curves(v
         rates = rejudge.halves_false_positive_rate(runs, curves, reading)
         assert sorted(rates) == ["A1", "A3", "B2", "E1", "base"]
         splits = sum(r["splits"] for r in rates.values())
-        found[reading] = (splits, sum(r["false_positives"] for r in rates.values()),
-                          sum(round(r["rate_at_the_end"] * r["splits"]) for r in rates.values()))  # fmt: skip
+        found[reading] = (
+            splits,
+            sum(r["false_positives"] for r in rates.values()),
+            sum(round(r["rate_at_the_end"] * r["splits"]) for r in rates.values()),
+        )
     assert found == {"nearest": (577, 7, 28), "median3": (577, 10, 21)}
     assert found["median3"][1] / 577 < stats.ALPHA
 

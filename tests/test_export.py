@@ -36,8 +36,15 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_and_runs_n
     marker.unlink()
 
     (tmp_path / "in.en").write_text("The dog sees the cat.\n")
-    argv = ["translate", "--ckpt", str(tmp_path / "shared.ckpt"), "--input", str(tmp_path / "in.en"), "--output",
-            str(tmp_path / "out.de")]  # fmt: skip
+    argv = [
+        "translate",
+        "--ckpt",
+        str(tmp_path / "shared.ckpt"),
+        "--input",
+        str(tmp_path / "in.en"),
+        "--output",
+        str(tmp_path / "out.de"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err == (
@@ -73,9 +80,30 @@ def trained(cache, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("runs")
-    argv = ["train", "--row", "base", "--preset", "tiny", "--out", str(out), "--max-steps", "150", "--ckpt-every",
-            "75", "--val-bleu-sentences", "0", "--val-every", "1000", "--eval-subset", "4", "--no-progress",
-            "--accelerator", "cpu", "--set", "N=2 d_model=32 h=4 d_ff=64"]  # fmt: skip
+    argv = [
+        "train",
+        "--row",
+        "base",
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--max-steps",
+        "150",
+        "--ckpt-every",
+        "75",
+        "--val-bleu-sentences",
+        "0",
+        "--val-every",
+        "1000",
+        "--eval-subset",
+        "4",
+        "--no-progress",
+        "--accelerator",
+        "cpu",
+        "--set",
+        "N=2 d_model=32 h=4 d_ff=64",
+    ]
     assert main(argv) == 0
     from aiayn.lightning_modules.data.corpora import CorpusRef, read_parallel, resolve_corpus
 
@@ -121,19 +149,46 @@ def test_the_hf_export_loads_with_transformers_and_computes_aiayns_logits(traine
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval(), AutoTokenizer.from_pretrained(hf_dir)
     assert isinstance(model, MarianMTModel)
     assert sorted(p.name for p in hf_dir.iterdir()) == [
-        "README.md", "aiayn.json", "config.json", "generation_config.json", "model.safetensors", "source.spm",
-        "target.spm", "tokenizer.json", "tokenizer_config.json", "vocab.json",
-    ]  # fmt: skip
+        "README.md",
+        "aiayn.json",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "source.spm",
+        "target.spm",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.json",
+    ]
     c = model.config
-    assert (c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_attention_heads, c.decoder_attention_heads,
-            c.encoder_ffn_dim, c.decoder_ffn_dim, c.vocab_size, c.max_position_embeddings) == (
-            32, 2, 2, 4, 4, 64, 64, 1000, 512)  # fmt: skip
-    assert (c.pad_token_id, c.eos_token_id, c.decoder_start_token_id, c.activation_function, c.scale_embedding,
-            c.share_encoder_decoder_embeddings, c.tie_word_embeddings) == (
-            PAD, EOS, BOS, "relu", True, True, True)  # fmt: skip
+    assert (
+        c.d_model,
+        c.encoder_layers,
+        c.decoder_layers,
+        c.encoder_attention_heads,
+        c.decoder_attention_heads,
+        c.encoder_ffn_dim,
+        c.decoder_ffn_dim,
+        c.vocab_size,
+        c.max_position_embeddings,
+    ) == (32, 2, 2, 4, 4, 64, 64, 1000, 512)
+    assert (
+        c.pad_token_id,
+        c.eos_token_id,
+        c.decoder_start_token_id,
+        c.activation_function,
+        c.scale_embedding,
+        c.share_encoder_decoder_embeddings,
+        c.tie_word_embeddings,
+    ) == (PAD, EOS, BOS, "relu", True, True, True)
     g = model.generation_config
     assert (g.num_beams, g.length_penalty, g.early_stopping, g.forced_eos_token_id, sorted(g.suppress_tokens)) == (
-        4, 0.6, True, EOS, [PAD, UNK, BOS])  # fmt: skip
+        4,
+        0.6,
+        True,
+        EOS,
+        [PAD, UNK, BOS],
+    )
     assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()  # one matrix, as ours
 
     # our token ids with the tokenizer's defaults: </s> appended, as aiayn trains since issue 45 (and as
@@ -141,7 +196,8 @@ def test_the_hf_export_loads_with_transformers_and_computes_aiayns_logits(traine
     assert tokenizer(src).input_ids == ours.encode(src) and tokenizer(ref).input_ids == ours.encode(ref)
     assert all(x[-1] == EOS for x in ours.encode(src))
     assert [tokenizer.decode(x, skip_special_tokens=True) for x in ours.encode(ref)] == [
-        ours.sp.decode(x) for x in ours.encode(ref)]  # fmt: skip
+        ours.sp.decode(x) for x in ours.encode(ref)
+    ]
 
     batch = tokenizer(src, padding=True, return_tensors="pt")
     target = tokenizer(text_target=ref, padding=True, return_tensors="pt").input_ids
@@ -206,8 +262,9 @@ def test_marian_tokenizer_loads_the_export_as_it_loads_helsinki_nlps(trained, hf
     marian = MarianTokenizer.from_pretrained(hf_dir)
     assert ours.source_eos and all(x[-1] == EOS for x in ours.encode(src))
     assert marian(src).input_ids == ours.encode(src)  # its default call: aiayn's ids, </s> and all
-    assert marian.batch_decode(ours.encode(ref), skip_special_tokens=True) == [ours.sp.decode(x) for x in
-                                                                               ours.encode(ref)]  # fmt: skip
+    assert marian.batch_decode(ours.encode(ref), skip_special_tokens=True) == [
+        ours.sp.decode(x) for x in ours.encode(ref)
+    ]
     model = AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
     few = src[:12]
     expected = ours.translate_ids(few, beam=1)
@@ -254,8 +311,18 @@ def test_push_to_hub_uploads_the_export_through_huggingface_hub(trained, tmp_pat
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     out = tmp_path / "hf"
-    argv = ["export", "--run", str(trained[0]), "--format", "hf", "--out", str(out), "--push-to-hub", "me/m",
-            "--private"]  # fmt: skip
+    argv = [
+        "export",
+        "--run",
+        str(trained[0]),
+        "--format",
+        "hf",
+        "--out",
+        str(out),
+        "--push-to-hub",
+        "me/m",
+        "--private",
+    ]
     assert main(argv) == 0
     assert calls[0] == ("create_repo", "me/m", {"repo_type": "model", "private": True, "exist_ok": True})
     assert calls[1] == ("upload_folder", "me/m", sorted(os.listdir(out))) and "tokenizer.json" in calls[1][2]
@@ -321,8 +388,10 @@ def test_ctranslate2_round_trip(trained, tmp_path, capsys):
     run, src, ref = trained
     f32, int8 = tmp_path / "ct2", tmp_path / "ct2-int8"
     assert main(["export", "--run", str(run), "--format", "ctranslate2", "--out", str(f32)]) == 0
-    assert main(["export", "--run", str(run), "--format", "ctranslate2", "--quantization", "int8", "--out",
-                 str(int8)]) == 0  # fmt: skip
+    assert (
+        main(["export", "--run", str(run), "--format", "ctranslate2", "--quantization", "int8", "--out", str(int8)])
+        == 0
+    )
     assert sorted(p.name for p in f32.iterdir()) == [
         "README.md",
         "aiayn.json",
@@ -401,22 +470,36 @@ def bad_export_cases(run: Path, tmp: Path) -> dict:
         "no --out": (["--run", str(run)], "pass --out DIR, the directory to write"),
     }
     rows = {
-        "learned positions (row E)": ({"pe": "learned"}, "pe=learned (a learned embedding per position (Table 3 row "
-                                      "E)), where Marian has pe=sinusoid only"),
-        "rotary positions": ({"pe": "rope"}, "pe=rope (rotary position embedding in self-attention (Su et al., "
-                             "2021)), where Marian has pe=sinusoid only"),
-        "no positions": ({"pe": "none"}, "pe=none (no positional information at all), where Marian has pe=sinusoid "
-                         "only"),
-        "pre-LN": ({"norm_first": True}, "norm_first=pre (pre-LN residuals (a deviation; paper: post-LN)), where "
-                   "Marian has the paper's norm_first=post only"),
-        "d_k != d_model / h (row B)": ({"d_k": 4}, "d_k=4 d_v=8 with h=4 and d_model=32, where Marian's heads are "
-                                       "d_model / h = 8 wide"),
-    }  # fmt: skip
+        "learned positions (row E)": (
+            {"pe": "learned"},
+            "pe=learned (a learned embedding per position (Table 3 row E)), where Marian has pe=sinusoid only",
+        ),
+        "rotary positions": (
+            {"pe": "rope"},
+            "pe=rope (rotary position embedding in self-attention (Su et al., "
+            "2021)), where Marian has pe=sinusoid only",
+        ),
+        "no positions": (
+            {"pe": "none"},
+            "pe=none (no positional information at all), where Marian has pe=sinusoid only",
+        ),
+        "pre-LN": (
+            {"norm_first": True},
+            "norm_first=pre (pre-LN residuals (a deviation; paper: post-LN)), where "
+            "Marian has the paper's norm_first=post only",
+        ),
+        "d_k != d_model / h (row B)": (
+            {"d_k": 4},
+            "d_k=4 d_v=8 with h=4 and d_model=32, where Marian's heads are d_model / h = 8 wide",
+        ),
+    }
     for name, (change, reason) in rows.items():
         path = variant_checkpoint(run, tmp, **change)
         for fmt in ("hf", "ctranslate2"):
-            cases[f"{name}, {fmt}"] = (["--ckpt", str(path), "--format", fmt, "--out", f"{tmp}/out"],
-                                       f"the model of {path} cannot be exported to {fmt}: {reason}; {fix}")  # fmt: skip
+            cases[f"{name}, {fmt}"] = (
+                ["--ckpt", str(path), "--format", fmt, "--out", f"{tmp}/out"],
+                f"the model of {path} cannot be exported to {fmt}: {reason}; {fix}",
+            )
     return cases
 
 
@@ -483,17 +566,30 @@ def test_bad_ct2_input_is_one_line_exit_2(trained, hf_dir, tmp_path, capsys):
     run = trained[0]
     (tmp_path / "in.en").write_text("The dog sees the cat.\n")
     cases = {
-        "an hf export": (["--ct2", str(hf_dir)], f"{hf_dir} is an export of format hf, not ctranslate2; pass one "
-                         "that `aiayn export --format ctranslate2` wrote"),
-        "not an export": (["--ct2", str(run)], f"{run} has no readable aiayn.json: it is not an aiayn export; write "
-                          "one with `aiayn export --format ctranslate2`"),
-        "no such directory": (["--ct2", f"{tmp_path}/none"], f"{tmp_path}/none is not a directory; pass the directory "
-                              "that `aiayn export --format ctranslate2` wrote"),
-        "two models": (["--ct2", str(hf_dir), "--run", str(run)], "pass exactly one of --run DIR (a run directory), "
-                       "--ckpt FILE (a checkpoint) and --ct2 DIR (a CTranslate2 export)"),
-        "--average with --ct2": (["--ct2", str(hf_dir), "--average", "2"], "--average K takes the last K checkpoints "
-                                 "of a run; pass --run DIR instead of --ct2"),
-    }  # fmt: skip
+        "an hf export": (
+            ["--ct2", str(hf_dir)],
+            f"{hf_dir} is an export of format hf, not ctranslate2; pass one "
+            "that `aiayn export --format ctranslate2` wrote",
+        ),
+        "not an export": (
+            ["--ct2", str(run)],
+            f"{run} has no readable aiayn.json: it is not an aiayn export; write "
+            "one with `aiayn export --format ctranslate2`",
+        ),
+        "no such directory": (
+            ["--ct2", f"{tmp_path}/none"],
+            f"{tmp_path}/none is not a directory; pass the directory that `aiayn export --format ctranslate2` wrote",
+        ),
+        "two models": (
+            ["--ct2", str(hf_dir), "--run", str(run)],
+            "pass exactly one of --run DIR (a run directory), "
+            "--ckpt FILE (a checkpoint) and --ct2 DIR (a CTranslate2 export)",
+        ),
+        "--average with --ct2": (
+            ["--ct2", str(hf_dir), "--average", "2"],
+            "--average K takes the last K checkpoints of a run; pass --run DIR instead of --ct2",
+        ),
+    }
     for name, (argv, message) in cases.items():
         assert main(["translate", *argv, "--input", str(tmp_path / "in.en")]) == 2, name
         captured = capsys.readouterr()

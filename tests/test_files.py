@@ -45,8 +45,9 @@ def test_a_checkpoint_past_the_file_size_limit_is_one_line_naming_the_limit(tmp_
                 f.write("x" * (2 << 20))
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    assert str(e.value).startswith(f"cannot write {tmp_path / 'last.ckpt'}: larger than this process's file-size "
-                                   "limit, 1.0 MB (ulimit -f)")  # fmt: skip
+    assert str(e.value).startswith(
+        f"cannot write {tmp_path / 'last.ckpt'}: larger than this process's file-size limit, 1.0 MB (ulimit -f)"
+    )
     assert str(e.value).endswith("raise the limit (ulimit -f unlimited) or write somewhere without one")
     assert os.listdir(tmp_path) == []
 

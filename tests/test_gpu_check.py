@@ -19,8 +19,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 # What the GPU machines' image has (../shared/gpu/prep.sh, which says so): the packages and, below, whatever they
 # require in turn
-GPU_IMAGE = ("torch", "lightning", "sentencepiece", "sacrebleu", "scipy", "pandas", "matplotlib", "PyYAML", "tabulate",
-             "numpy", "tqdm", "click", "joblib", "regex", "MarkupSafe", "typing_extensions", "packaging")  # fmt: skip
+GPU_IMAGE = (
+    "torch",
+    "lightning",
+    "sentencepiece",
+    "sacrebleu",
+    "scipy",
+    "pandas",
+    "matplotlib",
+    "PyYAML",
+    "tabulate",
+    "numpy",
+    "tqdm",
+    "click",
+    "joblib",
+    "regex",
+    "MarkupSafe",
+    "typing_extensions",
+    "packaging",
+)
 
 
 def _norm(name: str) -> str:
@@ -65,8 +82,14 @@ def test_the_prep_step_stages_every_package_aiayn_imports_at_start_that_the_gpu_
 @pytest.mark.slow
 def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_most_8_files(cache, tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "GPU_CHECK_SMOKE": "1", "OUT": str(out), "PYTHON": sys.executable, "AIAYN_CACHE": str(cache),
-           "TMPDIR": str(tmp_path)}  # fmt: skip
+    env = {
+        **os.environ,
+        "GPU_CHECK_SMOKE": "1",
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "AIAYN_CACHE": str(cache),
+        "TMPDIR": str(tmp_path),
+    }
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())

@@ -28,8 +28,9 @@ def translation(n: int, seed: int) -> dict:
 
 
 def save(path: Path, sizes=(("train", 300), ("validation", 20), ("test", 10)), make=translation) -> Path:
-    datasets.DatasetDict({split: datasets.Dataset.from_dict(make(n, i))
-                          for i, (split, n) in enumerate(sizes)}).save_to_disk(path)  # fmt: skip
+    datasets.DatasetDict(
+        {split: datasets.Dataset.from_dict(make(n, i)) for i, (split, n) in enumerate(sizes)}
+    ).save_to_disk(path)
     return path
 
 
@@ -38,9 +39,25 @@ def saved(tmp_path_factory):
     return save(tmp_path_factory.mktemp("hf") / "tiny-ende")
 
 
-FAST = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--vocab-size", "100", "--max-steps", "2", "--ckpt-every", "1",
-        "--val-bleu-sentences", "0", "--eval-subset", "4", "--no-progress", "--accelerator", "cpu",
-        "--logger", "csv"]  # fmt: skip
+FAST = [
+    "--set",
+    "N=1 d_model=32 d_ff=64 h=2",
+    "--vocab-size",
+    "100",
+    "--max-steps",
+    "2",
+    "--ckpt-every",
+    "1",
+    "--val-bleu-sentences",
+    "0",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+    "--logger",
+    "csv",
+]
 
 
 def test_a_saved_dataset_trains_evaluates_and_is_not_copied(saved, cache, tmp_path, capsys):
@@ -91,7 +108,11 @@ def test_the_corpus_is_parsed_once_and_its_splits_travel_with_it_to_the_data_and
     assert RunSpec.from_dict(p.spec.to_dict()).corpus == corpus  # a sweep's resolved row keeps its splits
     assert p.run.path.parent.parent.name == corpus.dirname  # OUT/PRESET/CORPUS/ROW/seedS
     assert [C.CorpusRef.recorded(n).hub_dataset for n in ("wmt14", "hf:wmt/wmt16:de-en", f"hf:{saved}", "files")] == [
-        "wmt/wmt14", "wmt/wmt16", None, None]  # fmt: skip
+        "wmt/wmt14",
+        "wmt/wmt16",
+        None,
+        None,
+    ]
 
 
 def test_splits_map_by_name_or_by_hf_splits(saved, tmp_path):
@@ -152,33 +173,52 @@ def test_the_tokenizer_sample_is_the_one_of_the_joined_text(monkeypatch):
 
 def test_a_missing_text_is_one_line(tmp_path):
     path = tmp_path / "holes"
-    datasets.DatasetDict({s: datasets.Dataset.from_dict({"en": ["a", None], "de": ["b", "c"]})
-                          for s in ("train", "validation", "test")}).save_to_disk(path)  # fmt: skip
+    datasets.DatasetDict(
+        {s: datasets.Dataset.from_dict({"en": ["a", None], "de": ["b", "c"]}) for s in ("train", "validation", "test")}
+    ).save_to_disk(path)
     with pytest.raises(UserError, match=r"split 'train' row 1 has no 'en' text; fix the dataset"):
         C.read_parallel(C.resolve_corpus(C.CorpusRef.parse(f"hf:{path}"), cache_dir=tmp_path), "train")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--data", "hf:{saved}", "--hf-splits", "dev=newstest"],
-     "Hugging Face dataset hf:{saved} has no split 'newstest' for our dev split (its splits: train, validation, "
-     "test); pass --hf-splits dev=ONE_OF_THEM"),
-    (["--data", "hf:{saved}", "--hf-splits", "valid:validation"],
-     "--hf-splits 'valid:validation': expected OURS=THEIRS for OURS in train, dev, test, comma-separated; e.g. "
-     "--hf-splits train=train,dev=validation,test=test"),
-    (["--data", "hf:{saved}", "--src-lang", "fr"],
-     "Hugging Face dataset hf:{saved} has no 'fr' text (its languages: en, de); pass --src-lang/--tgt-lang among "
-     "them, or use a dataset with a translation column"),
-    (["--data", "hf:{saved}", "--data-dir", "{tmp}"],
-     "--data-dir is for corpora of files; --data hf:{saved} names its dataset (a local one as hf:/path/to/it): "
-     "drop --data-dir"),
-    (["--hf-splits", "dev=validation"], "--hf-splits is for --data hf:NAME, not corpus synthetic; drop --hf-splits"),
-    (["--data", "hf:{tmp}/state"],
-     "--data hf:{tmp}/state: {tmp}/state holds one split (a Dataset); save a DatasetDict of train, validation and "
-     "test splits with save_to_disk"),
-    (["--data", "hf:{saved}:de-en"],  # a config it cannot have: it was ignored before (issue 32)
-     "--data hf:{saved}:de-en: {saved} is a dataset saved with save_to_disk, which has no configs; drop :de-en "
-     "(pass --data hf:{saved})"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--data", "hf:{saved}", "--hf-splits", "dev=newstest"],
+            "Hugging Face dataset hf:{saved} has no split 'newstest' for our dev split (its splits: train, validation, "
+            "test); pass --hf-splits dev=ONE_OF_THEM",
+        ),
+        (
+            ["--data", "hf:{saved}", "--hf-splits", "valid:validation"],
+            "--hf-splits 'valid:validation': expected OURS=THEIRS for OURS in train, dev, test, comma-separated; e.g. "
+            "--hf-splits train=train,dev=validation,test=test",
+        ),
+        (
+            ["--data", "hf:{saved}", "--src-lang", "fr"],
+            "Hugging Face dataset hf:{saved} has no 'fr' text (its languages: en, de); pass --src-lang/--tgt-lang "
+            "among them, or use a dataset with a translation column",
+        ),
+        (
+            ["--data", "hf:{saved}", "--data-dir", "{tmp}"],
+            "--data-dir is for corpora of files; --data hf:{saved} names its dataset (a local one as hf:/path/to/it): "
+            "drop --data-dir",
+        ),
+        (
+            ["--hf-splits", "dev=validation"],
+            "--hf-splits is for --data hf:NAME, not corpus synthetic; drop --hf-splits",
+        ),
+        (
+            ["--data", "hf:{tmp}/state"],
+            "--data hf:{tmp}/state: {tmp}/state holds one split (a Dataset); save a DatasetDict of train, validation "
+            "and test splits with save_to_disk",
+        ),
+        (
+            ["--data", "hf:{saved}:de-en"],  # a config it cannot have: it was ignored before (issue 32)
+            "--data hf:{saved}:de-en: {saved} is a dataset saved with save_to_disk, which has no configs; drop :de-en "
+            "(pass --data hf:{saved})",
+        ),
+    ],
+)
 def test_a_bad_dataset_is_one_line_exit_2_and_nothing_written(argv, message, saved, tmp_path, capsys):
     datasets.Dataset.from_dict({"en": ["a"]}).save_to_disk(tmp_path / "state")
     capsys.readouterr()  # its progress bar
@@ -200,14 +240,34 @@ def test_a_hub_dataset_that_is_not_here_offline_is_one_line(tmp_path, monkeypatc
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     out, cache = tmp_path / "runs", tmp_path / "cache"
-    assert main(["train", "--data", "hf:aiayn-test/no-such-corpus:de-en", "--out", str(out), "--cache-dir",
-                 str(cache), *FAST]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                "hf:aiayn-test/no-such-corpus:de-en",
+                "--out",
+                str(out),
+                "--cache-dir",
+                str(cache),
+                *FAST,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert err.startswith("aiayn: error: Hugging Face dataset aiayn-test/no-such-corpus (config de-en) cannot be "
-                          "loaded (ConnectionError: ") and err.count("\n") == 1  # fmt: skip
-    assert err.endswith("download it once where there is network (it stays in the Hugging Face cache; "
-                        "HF_HUB_OFFLINE=1 then skips the network), or pass --data hf:/path/to/a/copy saved with "
-                        "save_to_disk\n")  # fmt: skip
+    assert (
+        err.startswith(
+            "aiayn: error: Hugging Face dataset aiayn-test/no-such-corpus (config de-en) cannot be "
+            "loaded (ConnectionError: "
+        )
+        and err.count("\n") == 1
+    )
+    assert err.endswith(
+        "download it once where there is network (it stays in the Hugging Face cache; "
+        "HF_HUB_OFFLINE=1 then skips the network), or pass --data hf:/path/to/a/copy saved with "
+        "save_to_disk\n"
+    )
     assert not out.exists() and not cache.exists()
 
 
@@ -215,16 +275,34 @@ def test_without_the_datasets_package_the_fix_is_named(saved, tmp_path, monkeypa
     import sys
 
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(UserError, match=r"needs the Hugging Face datasets package, which is not installed; pip "
-                                        r"install 'aiayn\[datasets\]'$"):  # fmt: skip
+    with pytest.raises(
+        UserError,
+        match=r"needs the Hugging Face datasets package, which is not installed; pip "
+        r"install 'aiayn\[datasets\]'$",
+    ):
         C.resolve_corpus(C.CorpusRef.parse(f"hf:{saved}"), cache_dir=tmp_path)
 
 
 def test_a_slurm_task_gets_the_datasets_absolute_path(saved, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(saved.parent)
     out = tmp_path / "runs"
-    argv = ["slurm", "train", "--data", "hf:./tiny-ende", "--hf-splits", "dev=validation", "--accelerator", "cpu",
-            "--partition", "p", "--time", "1:00:00", "--out", str(out), "--dry-run"]  # fmt: skip
+    argv = [
+        "slurm",
+        "train",
+        "--data",
+        "hf:./tiny-ende",
+        "--hf-splits",
+        "dev=validation",
+        "--accelerator",
+        "cpu",
+        "--partition",
+        "p",
+        "--time",
+        "1:00:00",
+        "--out",
+        str(out),
+        "--dry-run",
+    ]
     assert main(argv) == 0
     text = next((out / "slurm").glob("*.sbatch")).read_text()
     assert f"--data hf:{saved}" in text and "--hf-splits dev=validation" in text

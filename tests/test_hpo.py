@@ -34,23 +34,47 @@ def trains(monkeypatch):
     def fake(opts, spec, hooks):
         assert spec.overrides == opts.overrides  # the search's one spec, with this trial's values on top
         calls.append((opts, hooks))
-        return RunMetrics(opts.row, opts.seed, opts.preset, "completed", dev_ppl=10.0 - len(calls),
-                          dev_bleu=float(len(calls)))  # fmt: skip
+        return RunMetrics(
+            opts.row, opts.seed, opts.preset, "completed", dev_ppl=10.0 - len(calls), dev_bleu=float(len(calls))
+        )
 
     monkeypatch.setattr(train_mod, "train", fake)
     return calls
 
 
 def test_trials_train_with_the_train_flags_on_the_chosen_accelerator(tmp_path, trains, capsys):
-    argv = ["hpo", "--row", "C1", "--trials", "2", "--out", str(tmp_path), "--accelerator", "gpu",
-            "--precision", "bf16-mixed", "--data", "multi30k", "--data-dir", "/data/m30k", "--max-tokens", "3000",
-            "--set", "N=1"]  # fmt: skip
+    argv = [
+        "hpo",
+        "--row",
+        "C1",
+        "--trials",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--accelerator",
+        "gpu",
+        "--precision",
+        "bf16-mixed",
+        "--data",
+        "multi30k",
+        "--data-dir",
+        "/data/m30k",
+        "--max-tokens",
+        "3000",
+        "--set",
+        "N=1",
+    ]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["trials"] == 2 and len(trains) == 2
     for number, (opts, kw) in enumerate(trains):
         assert (opts.accelerator, opts.precision, opts.data, opts.data_dir, opts.max_tokens, opts.devices) == (
-            "gpu", "bf16-mixed", "multi30k", "/data/m30k", 3000, 1,
-        )  # fmt: skip
+            "gpu",
+            "bf16-mixed",
+            "multi30k",
+            "/data/m30k",
+            3000,
+            1,
+        )
         assert opts.overrides["N"] == 1 and set(opts.overrides) == SEARCHED | {"N"}
         assert kw.run_dir == str(tmp_path / "hpo" / "tiny" / "C1" / f"trial{number:04d}") and kw.kind == "hpo"
     trains.clear()
@@ -123,8 +147,26 @@ def test_a_search_killed_mid_trial_resumes_that_trial_from_its_checkpoint(cache,
     import time
 
     out = tmp_path / "runs"
-    argv = [sys.executable, "-m", "aiayn", "hpo", "--row", "C1", "--trials", "3", "--out", str(out), "--max-steps",
-            "20", "--ckpt-every", "5", "--eval-subset", "4", "--accelerator", "cpu"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "hpo",
+        "--row",
+        "C1",
+        "--trials",
+        "3",
+        "--out",
+        str(out),
+        "--max-steps",
+        "20",
+        "--ckpt-every",
+        "5",
+        "--eval-subset",
+        "4",
+        "--accelerator",
+        "cpu",
+    ]
     env = dict(os.environ, AIAYN_CACHE=str(cache))
     search = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     trial1 = out / "hpo" / "tiny" / "C1" / "trial0001"
@@ -161,12 +203,15 @@ def test_a_search_space_from_a_file_is_searched_typed_and_kept_with_its_study(tm
     assert "searched another space" in capsys.readouterr().err and trains == []
 
 
-@pytest.mark.parametrize("text,message", [
-    ("dropout: {low: 0, high: 1}\n", "'dropout' is not a knob"),
-    ("P_drop: 0.1\n", "P_drop must be {low: L, high: H}"),
-    ("P_drop: {low: 0, top: 1}\n", "P_drop must be {low: L, high: H}"),
-    ("- P_drop\n", "is not a mapping of options"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("dropout: {low: 0, high: 1}\n", "'dropout' is not a knob"),
+        ("P_drop: 0.1\n", "P_drop must be {low: L, high: H}"),
+        ("P_drop: {low: 0, top: 1}\n", "P_drop must be {low: L, high: H}"),
+        ("- P_drop\n", "is not a mapping of options"),
+    ],
+)
 def test_a_bad_search_space_file_is_one_line_before_any_study(tmp_path, trains, capsys, text, message):
     space = tmp_path / "space.yaml"
     space.write_text(text)
@@ -261,8 +306,11 @@ def test_a_trial_in_a_process_of_its_own_is_found_by_number_and_its_pruning_reac
         return subprocess.CompletedProcess(cmd, code)
 
     monkeypatch.setattr(subprocess, "run", child)
-    result = run_hpo(HpoOptions(trials=1, storage=url, backend="subprocess",
-                                train=TrainOptions(row="C1", out=str(tmp_path), progress=False)))  # fmt: skip
+    result = run_hpo(
+        HpoOptions(
+            trials=1, storage=url, backend="subprocess", train=TrainOptions(row="C1", out=str(tmp_path), progress=False)
+        )
+    )
     assert (result["pruned"], result["completed"], result["failed"]) == (1, 0, 0)
     trial = optuna.load_study(study_name="hpo-tiny-C1", storage=url).trials[0]
     assert trial.state.name == "PRUNED" and trial.user_attrs["pruned"] == "pruned at step 5: val/ppl 9.5"
@@ -284,9 +332,29 @@ def test_trials_train_in_processes_of_their_own_two_at_once(cache, tmp_path):
     """`aiayn hpo --backend subprocess --jobs 2` for real: three trials, each trained by a fresh process (its log
     under OUT/subprocess/hpo), each reporting its validations to the study from there, the best written."""
     out = tmp_path / "runs"
-    argv = ["hpo", "--backend", "subprocess", "--jobs", "2", "--row", "C1", "--trials", "3", "--out", str(out),
-            "--max-steps", "12", "--val-every", "4", "--eval-subset", "4", "--accelerator", "cpu",
-            "--set", "N=1 d_model=32 d_ff=64 h=2"]  # fmt: skip
+    argv = [
+        "hpo",
+        "--backend",
+        "subprocess",
+        "--jobs",
+        "2",
+        "--row",
+        "C1",
+        "--trials",
+        "3",
+        "--out",
+        str(out),
+        "--max-steps",
+        "12",
+        "--val-every",
+        "4",
+        "--eval-subset",
+        "4",
+        "--accelerator",
+        "cpu",
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2",
+    ]
     assert main(argv) in (0, 1)  # 1 only if every trial were pruned, which the pruner's two startup trials forbid
     study = optuna.load_study(study_name="hpo-tiny-C1", storage=f"sqlite:///{out}/hpo.db")
     trials = study.get_trials()

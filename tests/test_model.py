@@ -32,18 +32,34 @@ def small_cfg(**kw):
 def test_sinusoid_values_at_known_positions():
     pe = sinusoid_table(64, 512)
     # PE(pos, 2i) = sin(pos / 10000^(2i/512)), PE(pos, 2i+1) = cos(same), hand-computed
-    expected = {(0, 0): 0.0, (0, 1): 1.0, (1, 0): 0.8414709848, (1, 1): 0.5403023059, (2, 2): 0.9364147386,
-                (2, 3): -0.3508951941, (50, 100): 0.9130465830, (50, 101): -0.4078552895}  # fmt: skip
+    expected = {
+        (0, 0): 0.0,
+        (0, 1): 1.0,
+        (1, 0): 0.8414709848,
+        (1, 1): 0.5403023059,
+        (2, 2): 0.9364147386,
+        (2, 3): -0.3508951941,
+        (50, 100): 0.9130465830,
+        (50, 101): -0.4078552895,
+    }
     for (pos, i), value in expected.items():
         assert pe[pos, i].item() == pytest.approx(value, abs=1e-6), (pos, i)
 
 
 @pytest.mark.parametrize(
     "kw, field",
-    [({"d_model": 30, "h": 4}, "d_k"), ({"P_drop": 1.0}, "P_drop"), ({"P_drop": -0.1}, "P_drop"),
-     ({"eps_ls": 1.5}, "eps_ls"), ({"pe": "fourier"}, "pe"), ({"N": 0}, "N"), ({"d_k": 0}, "d_k"),
-     ({"pe": "rope", "d_k": 7}, "d_k"), ({"vocab_size": -3}, "vocab_size")],
-)  # fmt: skip
+    [
+        ({"d_model": 30, "h": 4}, "d_k"),
+        ({"P_drop": 1.0}, "P_drop"),
+        ({"P_drop": -0.1}, "P_drop"),
+        ({"eps_ls": 1.5}, "eps_ls"),
+        ({"pe": "fourier"}, "pe"),
+        ({"N": 0}, "N"),
+        ({"d_k": 0}, "d_k"),
+        ({"pe": "rope", "d_k": 7}, "d_k"),
+        ({"vocab_size": -3}, "vocab_size"),
+    ],
+)
 def test_impossible_configs_fail_at_construction_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=rf"invalid model config: {field} must be"):
         small_cfg(**kw)
@@ -288,8 +304,11 @@ def test_beam_search_guards_an_empty_source_on_the_fused_path_whatever_the_kerne
         out = real(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
         if attn_mask is None:
             return out
-        empty = ~attn_mask.any(-1, keepdim=True) if attn_mask.dtype == torch.bool else (
-            attn_mask == float("-inf")).all(-1, keepdim=True)  # fmt: skip
+        empty = (
+            ~attn_mask.any(-1, keepdim=True)
+            if attn_mask.dtype == torch.bool
+            else (attn_mask == float("-inf")).all(-1, keepdim=True)
+        )
         return out.masked_fill(empty, float("nan"))
 
     torch.manual_seed(0)

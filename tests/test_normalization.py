@@ -40,17 +40,26 @@ class Recording(TranslationModule):
 def items(n: int, lo: int, hi: int, seed: int) -> list:
     g = torch.Generator().manual_seed(seed)
     length = lambda: int(torch.randint(lo, hi + 1, (), generator=g))
-    return [(i, torch.randint(4, 30, (length(),), generator=g), torch.randint(4, 30, (length(),), generator=g))
-            for i in range(n)]  # fmt: skip
+    return [
+        (i, torch.randint(4, 30, (length(),), generator=g), torch.randint(4, 30, (length(),), generator=g))
+        for i in range(n)
+    ]
 
 
 def fit(batches: list[dict], accumulate: int, steps: int, vocab_size: int = 30) -> Recording:
     torch.manual_seed(0)  # the same initial weights every time
     module = Recording(vocab_size)
     trainer = pl.Trainer(
-        max_steps=steps, max_epochs=1, accumulate_grad_batches=accumulate, accelerator="cpu", logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, deterministic=True,
-    )  # fmt: skip
+        max_steps=steps,
+        max_epochs=1,
+        accumulate_grad_batches=accumulate,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+    )
     trainer.fit(module, DataLoader(batches, batch_size=None, shuffle=False))
     return module
 
@@ -89,8 +98,10 @@ def test_every_optimizer_step_gets_a_whole_accumulation_window(replicas, accumul
     g = torch.Generator().manual_seed(0)
     src, tgt = torch.randint(1, 30, (2000,), generator=g), torch.randint(1, 30, (2000,), generator=g)
     total = len(B.TokenBucketSampler(src, tgt, 300, seed=1).all_batches())
-    shares = [B.TokenBucketSampler(src, tgt, 300, seed=1, num_replicas=replicas, rank=r, accumulate=accumulate)
-              for r in range(replicas)]  # fmt: skip
+    shares = [
+        B.TokenBucketSampler(src, tgt, 300, seed=1, num_replicas=replicas, rank=r, accumulate=accumulate)
+        for r in range(replicas)
+    ]
     for s in shares:
         assert len(s) % accumulate == 0 and len(list(s)) == len(s)
     assert total - replicas * accumulate < replicas * len(shares[0]) <= total  # only the remainder is dropped

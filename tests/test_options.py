@@ -45,10 +45,20 @@ def test_train_defaults_are_the_dataclass_defaults():
 
 def test_to_argv_round_trips_through_the_train_parser():
     opts = TrainOptions(
-        row="C3", preset="small", data="files", data_dir="/d", seed=3, devices=2, precision="bf16-mixed",
-        max_steps=7, max_tokens=3000, wandb=True, progress=False, ckpt_every_minutes=2.5,
+        row="C3",
+        preset="small",
+        data="files",
+        data_dir="/d",
+        seed=3,
+        devices=2,
+        precision="bf16-mixed",
+        max_steps=7,
+        max_tokens=3000,
+        wandb=True,
+        progress=False,
+        ckpt_every_minutes=2.5,
         overrides={"d_model": 256, "norm_first": True, "lr_factor": 0.5},
-    )  # fmt: skip
+    )
     argv = to_argv(opts)
     assert "--no-progress" in argv and "--wandb" in argv and argv.count("--set") == 3
     assert from_args(TrainOptions, parse("train", *argv)) == opts
@@ -61,13 +71,26 @@ def test_every_train_option_passes_through_table3_hpo_and_slurm():
     train_flags = {f.name for f in dataclasses.fields(TrainOptions) if f.metadata["aiayn.option"]["cli"]}
     per_run = {name.split(".", 1)[1] for name in PER_RUN}  # what the sweep sets, as the sweep says
     hpo_skips = {name.split(".", 1)[1] for name in HPO_SKIP}
-    argv = to_argv(TrainOptions(preset="paper", precision="bf16-mixed", max_tokens=3125, vocab_size=8000,
-                                accelerator="cpu", overrides={"P_drop": 0.3}, wandb=True))  # fmt: skip
+    argv = to_argv(
+        TrainOptions(
+            preset="paper",
+            precision="bf16-mixed",
+            max_tokens=3125,
+            vocab_size=8000,
+            accelerator="cpu",
+            overrides={"P_drop": 0.3},
+            wandb=True,
+        )
+    )
     for command, cls, skipped in (("table3", SweepOptions, per_run), ("hpo", HpoOptions, hpo_skips)):
         got = from_args(cls, parse(command, *argv)).train
         assert (got.precision, got.max_tokens, got.vocab_size, got.overrides, got.wandb) == (
-            "bf16-mixed", 3125, 8000, {"P_drop": 0.3}, True,
-        )  # fmt: skip
+            "bf16-mixed",
+            3125,
+            8000,
+            {"P_drop": 0.3},
+            True,
+        )
         dests = {a.dest for a in _subparser(command)._actions}
         assert {f"train__{n}" for n in train_flags - skipped} <= dests, command
     slurm = from_args(SlurmOptions, parse("slurm", "table3", *argv), kind="table3")
@@ -118,11 +141,38 @@ def test_every_command_and_option_has_a_one_line_description():
 
 
 CONFIGURED = {
-    "table3": (SweepOptions, ["--rows", "base,A1", "--jobs", "1", "--max-steps", "3", "--set", "N=1", "--trainer",
-                              "log_every_n_steps=5", "--fail-on-diverged"]),
+    "table3": (
+        SweepOptions,
+        [
+            "--rows",
+            "base,A1",
+            "--jobs",
+            "1",
+            "--max-steps",
+            "3",
+            "--set",
+            "N=1",
+            "--trainer",
+            "log_every_n_steps=5",
+            "--fail-on-diverged",
+        ],
+    ),
     "hpo": (HpoOptions, ["--trials", "4", "--row", "C1", "--max-tokens", "512", "--set", "h=2"]),
-    "slurm table3": (SlurmOptions, ["--partition", "gpu", "--time", "01:00:00", "--seeds", "2", "--preset", "small",
-                                    "--setup", "module load cuda"]),
+    "slurm table3": (
+        SlurmOptions,
+        [
+            "--partition",
+            "gpu",
+            "--time",
+            "01:00:00",
+            "--seeds",
+            "2",
+            "--preset",
+            "small",
+            "--setup",
+            "module load cuda",
+        ],
+    ),
     "slurm train": (SlurmOptions, ["--row", "B1", "--gpus-per-node", "2", "--sbatch=--qos=high"]),
     "eval": (EvalOptions, ["--run", "r", "--split", "test", "--beam", "2"]),
     "translate": (TranslateOptions, ["--ckpt", "m.ckpt", "--alpha", "0.7", "--output", "o.txt"]),
@@ -136,15 +186,18 @@ CONFIGURED = {
     "report": (ReportOptions, ["--runs", "a", "--runs", "b", "--preset", "tiny"]),
     "completion": (CompletionOptions, ["zsh"]),
     "bench": (BenchOptions, ["--size", "paper", "--compile", "layers", "--steps", "2"]),
-}  # fmt: skip
+}
 
 
 def test_every_command_is_one_entry_built_from_its_options_with_config_files():
     """Issue 30: every subcommand is one (name, options dataclass, function) entry of COMMANDS, and every one takes
     --config and --print-config (issue 39: bench's --config was a model size; it is --size now);
     CONFIGURED round-trips each of them."""
-    leaves = {name.removeprefix("aiayn "): parser for name, parser, _ in _commands() if not any(
-        isinstance(a, argparse._SubParsersAction) for a in parser._actions)}  # fmt: skip
+    leaves = {
+        name.removeprefix("aiayn "): parser
+        for name, parser, _ in _commands()
+        if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+    }
     assert set(leaves) == {c.name for c in COMMANDS} and len(leaves) == 17
     for command in COMMANDS:
         assert dataclasses.is_dataclass(command.options) and callable(command.run), command.name
@@ -224,15 +277,17 @@ def test_config_files_layer_in_order_and_the_command_line_overrides_them_all(tmp
     assert (ab.jobs, ab.train.max_steps, ab.train.overrides) == (1, 5, {"N": 1, "h": 4})  # b over a; --set merged
     ba, _ = _options("table3", ["--config", str(tmp_path / "b.yaml"), "--config", str(tmp_path / "a.yaml")])
     assert (ba.train.max_steps, ba.train.overrides) == (3, {"N": 1, "h": 2})
-    flags, _ = _options("table3", ["--config", str(tmp_path / "a.yaml"), "--config", str(tmp_path / "b.yaml"),
-                                   "--max-steps", "7"])  # fmt: skip
+    flags, _ = _options(
+        "table3", ["--config", str(tmp_path / "a.yaml"), "--config", str(tmp_path / "b.yaml"), "--max-steps", "7"]
+    )
     assert flags.train.max_steps == 7
     (tmp_path / "t1.yaml").write_text("max_steps: 2\nseed: 3\n")
     (tmp_path / "t2.yaml").write_text("max_steps: 4\n")
     from aiayn.cli import parse as cli_parse
 
-    run = from_args(TrainOptions, cli_parse(["train", "--config", str(tmp_path / "t1.yaml"), "--config",
-                                             str(tmp_path / "t2.yaml")]))  # fmt: skip
+    run = from_args(
+        TrainOptions, cli_parse(["train", "--config", str(tmp_path / "t1.yaml"), "--config", str(tmp_path / "t2.yaml")])
+    )
     assert (run.max_steps, run.seed) == (4, 3)
 
 
@@ -247,15 +302,18 @@ def test_a_sweeps_nested_defaults_are_its_own():
     assert "--accelerator ACCELERATOR Lightning accelerator: auto" in text
 
 
-@pytest.mark.parametrize("text,message", [
-    ("train: {max_step: 3}\n", "unknown option 'train.max_step'"),
-    ("select: {seeds: [1, 2]}\n", "select.seeds must be an integer or null, not [1, 2]"),
-    ("fail_on_diverged: maybe\n", "fail_on_diverged must be true or false, not 'maybe'"),
-    ("train: {max_steps: 2.5}\n", "train.max_steps must be an integer or null, not 2.5"),
-    ("train: {data_dir: [a, b]}\n", "train.data_dir must be a string or null, not ['a', 'b']"),
-    ("row: C1\n", "unknown option 'row'"),  # the sweep sets each run's row: not an option of table3
-    ("jobs: -1\n", "argument --jobs: expected a positive integer, got -1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("train: {max_step: 3}\n", "unknown option 'train.max_step'"),
+        ("select: {seeds: [1, 2]}\n", "select.seeds must be an integer or null, not [1, 2]"),
+        ("fail_on_diverged: maybe\n", "fail_on_diverged must be true or false, not 'maybe'"),
+        ("train: {max_steps: 2.5}\n", "train.max_steps must be an integer or null, not 2.5"),
+        ("train: {data_dir: [a, b]}\n", "train.data_dir must be a string or null, not ['a', 'b']"),
+        ("row: C1\n", "unknown option 'row'"),  # the sweep sets each run's row: not an option of table3
+        ("jobs: -1\n", "argument --jobs: expected a positive integer, got -1"),
+    ],
+)
 def test_a_bad_sweep_config_is_one_line_and_exit_2(tmp_path, capsys, text, message):
     from aiayn.cli import main
 
@@ -268,12 +326,24 @@ def test_a_bad_sweep_config_is_one_line_and_exit_2(tmp_path, capsys, text, messa
 def test_trainer_arguments_pass_through_and_the_ones_aiayn_sets_are_refused(capsys):
     from aiayn.cli import main
 
-    opts, _ = _options("table3", ["--trainer", "log_every_n_steps=5", "--trainer", "gradient_clip_val=1.0",
-                                  "--trainer", "limit_val_batches=0.5"])  # fmt: skip
+    opts, _ = _options(
+        "table3",
+        [
+            "--trainer",
+            "log_every_n_steps=5",
+            "--trainer",
+            "gradient_clip_val=1.0",
+            "--trainer",
+            "limit_val_batches=0.5",
+        ],
+    )
     assert opts.train.trainer == {"log_every_n_steps": 5, "gradient_clip_val": 1.0, "limit_val_batches": 0.5}
     assert from_args(TrainOptions, parse("train", *to_argv(opts.train))).trainer == opts.train.trainer  # to_argv
-    for item, message in (("max_steps=3", "use --max-steps"), ("precision=16", "use --precision"),
-                          ("log_every=3", "not an argument of lightning.pytorch.Trainer")):  # fmt: skip
+    for item, message in (
+        ("max_steps=3", "use --max-steps"),
+        ("precision=16", "use --precision"),
+        ("log_every=3", "not an argument of lightning.pytorch.Trainer"),
+    ):
         assert main(["train", "--trainer", item, "--print-config"]) == 2
         assert message in capsys.readouterr().err
 
@@ -290,8 +360,10 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
         return
 
     def complete(*words: str) -> list[str]:
-        probe = (f"source {script}; COMP_WORDS=(aiayn {' '.join(words)}); COMP_CWORD={len(words)}; _shtab_aiayn; "
-                 'echo "${COMPREPLY[@]}"')  # fmt: skip
+        probe = (
+            f"source {script}; COMP_WORDS=(aiayn {' '.join(words)}); COMP_CWORD={len(words)}; _shtab_aiayn; "
+            'echo "${COMPREPLY[@]}"'
+        )
         return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
 
     assert complete("tab") == ["table3"] and complete("sta") == ["status"]
@@ -299,7 +371,8 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
     # values (issue 32): rows and groups, presets, loggers, corpora, and file names where a file is asked for
     assert complete("train", "--row", "C") == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C"]
     assert complete("table3", "--preset", "ti") == ["tiny", "tiny-2k"] and complete("train", "--logger", "ml") == [
-        "mlflow"]  # fmt: skip
+        "mlflow"
+    ]
     assert complete("train", "--data", "synthetic-") == ["synthetic-20", "synthetic-40"]
     (tmp_path / "rows.csv").write_text("row\n")
     assert complete("train", "--table", str(tmp_path / "ro")) == [str(tmp_path / "rows.csv")]
@@ -324,12 +397,18 @@ def test_lightning_users_spellings_are_accepted_or_answered_with_aiayns(capsys):
     assert "the model's size is --size paper" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("block, said", [
-    ("model:\n  class_path: x.Transformer\n  init_args: {d_model: 256}\n", "`model:` is a LightningCLI config block"),
-    ("data:\n  class_path: MyData\n", "`data:` is a LightningCLI config block; aiayn's data is a corpus name"),
-    ("seed_everything: 3\n", "aiayn's is `seed:`"),
-    ("ckpt_path: last.ckpt\n", "a run resumes from its own directory by itself"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "block, said",
+    [
+        (
+            "model:\n  class_path: x.Transformer\n  init_args: {d_model: 256}\n",
+            "`model:` is a LightningCLI config block",
+        ),
+        ("data:\n  class_path: MyData\n", "`data:` is a LightningCLI config block; aiayn's data is a corpus name"),
+        ("seed_everything: 3\n", "aiayn's is `seed:`"),
+        ("ckpt_path: last.ckpt\n", "a run resumes from its own directory by itself"),
+    ],
+)
 def test_a_lightningcli_config_block_is_answered_not_taken_for_a_typo(tmp_path, capsys, block, said):
     """Issue 45: a LightningCLI `model:` block got "did you mean 'log_model'"; each of its blocks is named as
     LightningCLI's, with aiayn's way of saying the same, for train and for a sweep."""

@@ -21,8 +21,23 @@ from aiayn.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SMALL = ["--row", "base", "--preset", "tiny", "--set", "N=1 d_model=32 d_ff=64 h=2", "--val-every", "6",
-         "--val-bleu-sentences", "0", "--eval-subset", "4", "--accelerator", "cpu", "--no-progress"]  # fmt: skip
+SMALL = [
+    "--row",
+    "base",
+    "--preset",
+    "tiny",
+    "--set",
+    "N=1 d_model=32 d_ff=64 h=2",
+    "--val-every",
+    "6",
+    "--val-bleu-sentences",
+    "0",
+    "--eval-subset",
+    "4",
+    "--accelerator",
+    "cpu",
+    "--no-progress",
+]
 
 
 def curve(run, metric: str) -> pd.Series:
@@ -180,8 +195,12 @@ def test_a_killed_pack_resumes_to_the_numbers_of_one_that_was_not(cache, tmp_pat
     assert main([*argv, "--out", str(tmp_path / "through")]) == 0
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    child = subprocess.Popen([sys.executable, "-m", "aiayn", *argv, "--out", str(out)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", "aiayn", *argv, "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     checkpoint = out / "tiny/synthetic/base/pack-seed2-seed5/checkpoints/step0000010.ckpt"
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and child.poll() is None and time.monotonic() < deadline:
@@ -195,8 +214,10 @@ def test_a_killed_pack_resumes_to_the_numbers_of_one_that_was_not(cache, tmp_pat
         run_a, run_b = (x / f"tiny/synthetic/base/seed{seed}" for x in (a, b))
         wa, wb = weights(run_a), weights(run_b)
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
-        assert json.loads((run_b / "metrics.json").read_text())["dev_ppl"] == json.loads(
-            (run_a / "metrics.json").read_text())["dev_ppl"]  # fmt: skip
+        assert (
+            json.loads((run_b / "metrics.json").read_text())["dev_ppl"]
+            == json.loads((run_a / "metrics.json").read_text())["dev_ppl"]
+        )
 
 
 def test_a_seed_trained_in_a_pack_is_not_extended_alone(cache, tmp_path, capsys):
@@ -236,9 +257,33 @@ def test_a_sweep_packs_a_rows_seeds_and_its_books_hold_each_pair(cache, tmp_path
     """`aiayn table3 --pack 2` over 3 seeds of base and C4: in each row seeds 0 and 1 train as one pack (its
     checkpoint folder beside them) and seed 2 alone, never with the other row's seeds; every pair completed in the
     books, each with its own metrics.json; the same command again trains nothing."""
-    argv = ["table3", "--preset", "tiny", "--rows", "base,C4", "--seeds", "3", "--jobs", "1", "--pack", "2",
-            "--set", "N=1 d_model=32 d_ff=64 h=2", "--max-steps", "6", "--val-every", "3", "--eval-subset", "4",
-            "--accelerator", "cpu", "--report", "", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base,C4",
+        "--seeds",
+        "3",
+        "--jobs",
+        "1",
+        "--pack",
+        "2",
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2",
+        "--max-steps",
+        "6",
+        "--val-every",
+        "3",
+        "--eval-subset",
+        "4",
+        "--accelerator",
+        "cpu",
+        "--report",
+        "",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     for row in ("base", "C4"):
         found = sorted(p.name for p in (tmp_path / "tiny/synthetic" / row).iterdir() if p.is_dir())
@@ -341,9 +386,33 @@ def test_a_seed_begun_alone_is_not_restarted_by_a_pack(cache, tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "6", "--out", str(tmp_path)]) == 2
     assert "seed 0 has a checkpoint of its own" in capsys.readouterr().err
-    argv = ["table3", "--preset", "tiny", "--rows", "base", "--seeds", "3", "--jobs", "1", "--pack", "3",
-            "--set", "N=1 d_model=32 d_ff=64 h=2", "--max-steps", "6", "--val-every", "3", "--eval-subset", "4",
-            "--accelerator", "cpu", "--report", "", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base",
+        "--seeds",
+        "3",
+        "--jobs",
+        "1",
+        "--pack",
+        "3",
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2",
+        "--max-steps",
+        "6",
+        "--val-every",
+        "3",
+        "--eval-subset",
+        "4",
+        "--accelerator",
+        "cpu",
+        "--report",
+        "",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     base = tmp_path / "tiny/synthetic/base"
     assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["pack-seed1-seed2", "seed0", "seed1", "seed2"]

@@ -221,9 +221,31 @@ def test_a_seed_trained_by_aiayn_train_is_that_seed_of_a_pack(cache, tmp_path, m
         return loss
 
     monkeypatch.setattr(TranslationModule, "training_step", recording)
-    argv = ["train", "--row", "base", "--preset", "tiny", "--seed", "3", "--out", str(tmp_path), "--set",
-            "N=1 d_model=32 d_ff=64 h=2", "--max-steps", "8", "--val-every", "100", "--no-stability-validations",
-            "--eval-subset", "2", "--accelerator", "cpu", "--no-progress", "--dropout-rng", "counter"]  # fmt: skip
+    argv = [
+        "train",
+        "--row",
+        "base",
+        "--preset",
+        "tiny",
+        "--seed",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2",
+        "--max-steps",
+        "8",
+        "--val-every",
+        "100",
+        "--no-stability-validations",
+        "--eval-subset",
+        "2",
+        "--accelerator",
+        "cpu",
+        "--no-progress",
+        "--dropout-rng",
+        "counter",
+    ]
     assert main(argv) == 0
     run = tmp_path / "tiny/synthetic/base/seed3"
     config = json.loads((run / "config.json").read_text())

@@ -15,10 +15,22 @@ def test_candidates_are_the_rows_whose_paper_delta_is_beyond_its_noise():
     # C4 -1.3/+0.83, C5 +0.2/-0.26, C6 -0.4/+0.20, C7 +0.4/-0.17, D1 -1.2/+0.85, D3 -0.5/-0.25, D4 -0.1/+0.55;
     # A3 0/-0.01, C3 -0.3/-0.04, D2 -0.3/+0.03, E1 -0.1/0 under both; big +0.6/-0.59
     assert P.candidates() == {
-        "A1": ("bleu", "ppl"), "A2": ("ppl",), "A4": ("ppl",), "B1": ("bleu", "ppl"), "B2": ("ppl",),
-        "C1": ("bleu", "ppl"), "C2": ("bleu", "ppl"), "C4": ("bleu", "ppl"), "C5": ("ppl",), "C6": ("ppl",),
-        "C7": ("ppl",), "D1": ("bleu", "ppl"), "D3": ("bleu", "ppl"), "D4": ("ppl",), "big": ("bleu", "ppl"),
-    }  # fmt: skip
+        "A1": ("bleu", "ppl"),
+        "A2": ("ppl",),
+        "A4": ("ppl",),
+        "B1": ("bleu", "ppl"),
+        "B2": ("ppl",),
+        "C1": ("bleu", "ppl"),
+        "C2": ("bleu", "ppl"),
+        "C4": ("bleu", "ppl"),
+        "C5": ("ppl",),
+        "C6": ("ppl",),
+        "C7": ("ppl",),
+        "D1": ("bleu", "ppl"),
+        "D3": ("bleu", "ppl"),
+        "D4": ("ppl",),
+        "big": ("bleu", "ppl"),
+    }
     assert P.equivalence_candidates() == ("A3", "C3", "D2", "E1")
 
 
@@ -59,13 +71,35 @@ def test_the_scored_sets():
     assert PRESETS["evidence"].cells == ()
     assert [r for r, p in P.predictions("evidence").items() if p.check] == []
     assert {r for r, p in P.predictions("evidence").items() if not p.scored} == {
-        "A1", "A2", "C2", "C3", "D1", "D2", "D3", "D4", "E1"}  # fmt: skip
+        "A1",
+        "A2",
+        "C2",
+        "C3",
+        "D1",
+        "D2",
+        "D3",
+        "D4",
+        "E1",
+    }
     assert {r: p.seeds for r, p in P.predictions("evidence").items() if p.seeds} == {
-        "A3": 5, "A4": 3, "B1": 3, "B2": 4, "C1": 3, "C4": 3, "C5": 3, "C6": 4, "C7": 4, "big": 3}  # fmt: skip
+        "A3": 5,
+        "A4": 3,
+        "B1": 3,
+        "B2": 4,
+        "C1": 3,
+        "C4": 3,
+        "C5": 3,
+        "C6": 4,
+        "C7": 4,
+        "big": 3,
+    }
     # the main job v4 (issue 36): a row predicted better, which "every change hurts" cannot pass
     assert P.scored_rows("quick") == ["C1", "C4", "C5"]
     assert {r: p.predicted for r, p in P.predictions("quick").items() if p.scored} == {
-        "C1": "worse", "C4": "worse", "C5": "better"}  # fmt: skip
+        "C1": "worse",
+        "C4": "worse",
+        "C5": "better",
+    }
     assert (P.scored_rows("tiny-2k"), P.scored_rows("laptop"), P.scored_rows("paper")) == (["D1"], ["D1", "D3"], [])
 
 

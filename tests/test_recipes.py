@@ -52,8 +52,9 @@ def changed(root: Path) -> set[str]:
 def aiayn(root: Path, *argv: str, code: int = 0) -> subprocess.CompletedProcess:
     """`python -m aiayn ARGV` in the copy (its working directory comes first on sys.path, so the copy is imported)."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    done = subprocess.run([sys.executable, "-m", "aiayn", *argv], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn", *argv], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == code, f"aiayn {' '.join(argv)}: exit {done.returncode}\n{done.stderr[-3000:]}"
     return done
 
@@ -61,8 +62,9 @@ def aiayn(root: Path, *argv: str, code: int = 0) -> subprocess.CompletedProcess:
 @pytest.fixture
 def copy(tmp_path, cache):
     root = tmp_path / "aiayn"
-    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "runs", "*.egg-info", "__pycache__", "*_cache",
-                                                              "reference"))  # fmt: skip
+    shutil.copytree(
+        ROOT, root, ignore=shutil.ignore_patterns(".git", "runs", "*.egg-info", "__pycache__", "*_cache", "reference")
+    )
     return root
 
 
@@ -155,9 +157,11 @@ POSITIONAL_ENCODINGS = {"constant": ConstantPositions, ''',
     )
     assert changed(copy) <= recipe_files("A positional encoding")
 
-    check = ("from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig; "
-             "c = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64, pe='constant'); "
-             "print(c.params(), sum(p.numel() for p in Transformer(c).parameters()))")  # fmt: skip
+    check = (
+        "from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig; "
+        "c = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64, pe='constant'); "
+        "print(c.params(), sum(p.numel() for p in Transformer(c).parameters()))"
+    )
     env = {**os.environ, "PYTHONPATH": str(copy)}
     counted = subprocess.run([sys.executable, "-c", check], cwd=copy, env=env, capture_output=True, text=True)
     ours, model = counted.stdout.split()
@@ -264,12 +268,29 @@ class InlineBackend(QueueBackend):
         code = subprocess.run(train_process_command(sweep.run_options(row, seed), resolved)).returncode
         return run.read_metrics() or sweep.failed(row, seed, f"exit {code}")
 ''')
-    assert changed(copy) <= {"sweeps/backends/inline.py"} and "sweeps/backends/<name>.py" in (
-        ROOT / "ARCHITECTURE.md").read_text()  # fmt: skip
+    assert (
+        changed(copy) <= {"sweeps/backends/inline.py"}
+        and "sweeps/backends/<name>.py" in (ROOT / "ARCHITECTURE.md").read_text()
+    )
 
     out = tmp_path / "runs"
-    done = aiayn(copy, "table3", "--backend", "inline", "--rows", "base,C1", "--out", str(out), "--report", "", *FAST[:6],
-                 "--accelerator", "cpu", "--jobs", "1")  # fmt: skip
+    done = aiayn(
+        copy,
+        "table3",
+        "--backend",
+        "inline",
+        "--rows",
+        "base,C1",
+        "--out",
+        str(out),
+        "--report",
+        "",
+        *FAST[:6],
+        "--accelerator",
+        "cpu",
+        "--jobs",
+        "1",
+    )
     assert "2 completed, 0 failed" in done.stdout
     status = aiayn(copy, "status", str(out)).stdout
     assert "2 pairs (2 completed)" in status
@@ -314,8 +335,22 @@ def test_a_back_end_with_an_option_by_its_recipe(copy, tmp_path):
     (copy / "sweeps/backends/greeting.py").write_text(GREETING)
     assert changed(copy) <= {"sweeps/backends/greeting.py"}
     out = tmp_path / "runs"
-    sweep = ["table3", "--preset", "tiny", "--backend", "greeting", "--rows", "base", "--out", str(out), "--report", "",
-             *FAST[:6], "--jobs", "1"]  # fmt: skip
+    sweep = [
+        "table3",
+        "--preset",
+        "tiny",
+        "--backend",
+        "greeting",
+        "--rows",
+        "base",
+        "--out",
+        str(out),
+        "--report",
+        "",
+        *FAST[:6],
+        "--jobs",
+        "1",
+    ]
     assert "--greeting GREETING" in aiayn(copy, "table3", "--backend", "greeting", "--help").stdout
     assert "hi: 1 completed" in aiayn(copy, *sweep, "--greeting", "hi").stdout
     printed = aiayn(copy, *sweep, "--greeting", "hey", "--print-config").stdout
@@ -496,8 +531,10 @@ def cmd_rows(opts, args) -> None:""",
     assert "--rows" in aiayn(copy, "params", "--help").stdout
     config = tmp_path / "params.yaml"
     config.write_text(aiayn(copy, "params", "--preset", "small", "--rows", "C1", "--print-config").stdout)
-    assert aiayn(copy, "params", "--config", str(config)).stdout.split() == ["C1", str(resolve("C1", "small").model
-                                                                                       .params())]  # fmt: skip
+    assert aiayn(copy, "params", "--config", str(config)).stdout.split() == [
+        "C1",
+        str(resolve("C1", "small").model.params()),
+    ]
     assert "params" in aiayn(copy, "completion", "bash").stdout
     bad = aiayn(copy, "params", "--rowz", "base", code=2)
     assert bad.stderr.count("\n") == 1 and "did you mean --rows" in bad.stderr

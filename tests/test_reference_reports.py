@@ -23,11 +23,12 @@ REFERENCE = Path(__file__).resolve().parents[1] / "reports" / "reference"
 # every table3-PRESET.csv outside history/ (earlier attempts' reports, kept as they were: its README says why), and
 # the main job's other seed sets (main-job-seed-sets/first-seed-S.csv: preset quick)
 TABLES = sorted(
-    p for p in REFERENCE.rglob("*.csv")
+    p
+    for p in REFERENCE.rglob("*.csv")
     if (p.name.startswith("table3-") or p.name.startswith("first-seed-"))
     and not p.name.endswith(("-runs.csv", "-slopes.csv", "-curves.csv"))
     and not {"history", "pilots", "ct2"} & set(p.relative_to(REFERENCE).parts)
-)  # fmt: skip
+)
 
 
 def _preset(table: Path) -> str:
@@ -43,9 +44,13 @@ def _cell(runs: pd.DataFrame, preset: str) -> Cell:
     curves (ppl_75, ppl_87.5; ppl_100 too where it reads a window at the end)."""
     done = runs[runs["status"] == "completed"]
     values = {row: {"ppl": list(g["dev_ppl"]), "bleu": list(g["dev_bleu"])} for row, g in done.groupby("row")}
-    points = {f: {row: {m: list(g[f"{m}_{_suffix(f)}"].dropna()) if f"{m}_{_suffix(f)}" in g else []
-                        for m in ("ppl", "bleu")}
-                  for row, g in done.groupby("row")} for f in read_points(PRESETS[preset].stability)}  # fmt: skip
+    points = {
+        f: {
+            row: {m: list(g[f"{m}_{_suffix(f)}"].dropna()) if f"{m}_{_suffix(f)}" in g else [] for m in ("ppl", "bleu")}
+            for row, g in done.groupby("row")
+        }
+        for f in read_points(PRESETS[preset].stability)
+    }
     floors = {}
     for row in values:
         model = resolve(row, preset).model
@@ -140,8 +145,11 @@ def test_the_main_job_gives_the_same_verdict_on_each_seed_set_run_apart(referenc
     assert sorted(verdicts) == ["{0}", "{1}", "{2}"]
     first = verdicts["{0}"]
     for name, other in verdicts.items():
-        differ = {row: (first.get(row), other.get(row)) for row in set(first.index) | set(other.index)
-                  if first.get(row) != other.get(row)}  # fmt: skip
+        differ = {
+            row: (first.get(row), other.get(row))
+            for row in set(first.index) | set(other.index)
+            if first.get(row) != other.get(row)
+        }
         assert not differ, f"seed set {name} against {{0}}: {differ}"
 
 

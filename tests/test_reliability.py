@@ -94,12 +94,20 @@ def toy_fit(tmp_path, steps, val_every=None, ckpt=None, callbacks=None):
     pl.seed_everything(0, verbose=False)
     model = Toy()
     trainer = pl.Trainer(
-        max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=ckpt is None and callbacks is not None, callbacks=[RNGStates(), *(callbacks or [])],
-        val_check_interval=val_every, check_val_every_n_epoch=1 if val_every else None,
-        limit_val_batches=1 if val_every else 0, num_sanity_val_steps=0, deterministic=True,
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=ckpt is None and callbacks is not None,
+        callbacks=[RNGStates(), *(callbacks or [])],
+        val_check_interval=val_every,
+        check_val_every_n_epoch=1 if val_every else None,
+        limit_val_batches=1 if val_every else 0,
+        num_sanity_val_steps=0,
+        deterministic=True,
         default_root_dir=tmp_path,
-    )  # fmt: skip
+    )
     trainer.fit(model, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4), ckpt_path=ckpt)
     return model
 
@@ -141,8 +149,23 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     optimizer state, dev translations and dev metrics as an uninterrupted run (CPU, deterministic)."""
     seed = random.randrange(10**6)
     rng = random.Random(seed)
-    common = ["train", "--preset", "tiny", "--max-steps", "30", "--ckpt-every", "10", "--val-every", "5",
-              "--val-bleu-sentences", "2", "--eval-subset", "4", *SMALL_MODEL, *QUIET]  # fmt: skip
+    common = [
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "30",
+        "--ckpt-every",
+        "10",
+        "--val-every",
+        "5",
+        "--val-bleu-sentences",
+        "2",
+        "--eval-subset",
+        "4",
+        *SMALL_MODEL,
+        *QUIET,
+    ]
     env = dict(os.environ, AIAYN_CACHE=str(cache))
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(aiayn(*common, "--out", str(whole)), env=env, check=True, capture_output=True)
@@ -150,8 +173,9 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     # SIGKILL at a random step after the first checkpoint: the process kills itself when that step's batch
     # ends (after the checkpoint callbacks), whatever the speed of the machine
     step = rng.randint(11, 29)
-    proc = subprocess.run([sys.executable, "-c", KILL_AT_STEP, str(step), *common, "--out", str(killed)], env=env,
-                          capture_output=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AT_STEP, str(step), *common, "--out", str(killed)], env=env, capture_output=True
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     assert not (run_dir(killed) / "metrics.json").exists()
     assert (run_dir(killed) / "checkpoints" / "step0000010.ckpt").exists(), f"random seed {seed}, step {step}"
@@ -190,13 +214,29 @@ main(sys.argv[1:])
 def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_checkpoint(cache, tmp_path):
     """A kill inside the write of the first last.ckpt (issue 32): the periodic step0000010.ckpt written just before
     it holds the whole state, so the rerun resumes at step 10, not 0, and ends where an uninterrupted run does."""
-    common = ["train", "--preset", "tiny", "--max-steps", "20", "--ckpt-every", "10", "--val-every", "10",
-              "--val-bleu-sentences", "0", "--eval-subset", "4", *SMALL_MODEL, *QUIET]  # fmt: skip
+    common = [
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "20",
+        "--ckpt-every",
+        "10",
+        "--val-every",
+        "10",
+        "--val-bleu-sentences",
+        "0",
+        "--eval-subset",
+        "4",
+        *SMALL_MODEL,
+        *QUIET,
+    ]
     env = dict(os.environ, AIAYN_CACHE=str(cache))
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(aiayn(*common, "--out", str(whole)), env=env, check=True, capture_output=True)
-    proc = subprocess.run([sys.executable, "-c", KILL_IN_LAST_WRITE, *common, "--out", str(killed)], env=env,
-                          capture_output=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_IN_LAST_WRITE, *common, "--out", str(killed)], env=env, capture_output=True
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     ckpts = run_dir(killed) / "checkpoints"
     assert (ckpts / "step0000010.ckpt").exists() and not (ckpts / "last.ckpt").exists()
@@ -211,20 +251,38 @@ def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_ch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum,to,workers", [(signal.SIGTERM, "process", 0), (signal.SIGTERM, "group", 2),
-                                                (signal.SIGINT, "group", 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    "signum,to,workers", [(signal.SIGTERM, "process", 0), (signal.SIGTERM, "group", 2), (signal.SIGINT, "group", 2)]
+)
 def test_a_sigterm_stops_the_run_with_exit_143_and_the_same_command_resumes_it(cache, tmp_path, signum, to, workers):
     """SIGTERM (a driver's death, `kill`, a scheduler) is not a finished run: exit 128 + 15, no metrics.json, and the
     rerun resumes from the last checkpoint (Lightning's SIGTERMException alone exits 0). Issue 42: sent to the whole
     process group (SLURM at a time limit, `timeout`), with DataLoader workers on, it killed the workers and ended in a
     chain of tracebacks and exit 1; Ctrl-C's SIGINT to the group exited 1 without a word. Now each is one line and
     exit 128 + the signal."""
-    common = ["train", "--preset", "tiny", "--max-steps", "100000", "--ckpt-every", "5", "--val-every", "100000",
-              "--eval-subset", "4", "--num-workers", str(workers), *SMALL_MODEL, *QUIET,
-              "--out", str(tmp_path / "runs")]  # fmt: skip
+    common = [
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "100000",
+        "--ckpt-every",
+        "5",
+        "--val-every",
+        "100000",
+        "--eval-subset",
+        "4",
+        "--num-workers",
+        str(workers),
+        *SMALL_MODEL,
+        *QUIET,
+        "--out",
+        str(tmp_path / "runs"),
+    ]
     env = dict(os.environ, AIAYN_CACHE=str(cache))
-    proc = subprocess.Popen(aiayn(*common), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        aiayn(*common), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     ckpts = run_dir(tmp_path / "runs") / "checkpoints"
     deadline = time.monotonic() + 300
     while not (ckpts / "step0000005.ckpt").exists():
@@ -269,8 +327,25 @@ def test_a_ctrl_c_that_lands_inside_a_finalizer_still_stops_the_run(cache, tmp_p
     monkeypatch.setattr(TranslationModule, "training_step", signalling)
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit) as stopped:
-        main(["train", "--preset", "tiny", "--max-steps", "40", "--ckpt-every", "2", "--val-every", "100",
-              "--eval-subset", "4", *SMALL_MODEL, *QUIET, "--out", str(tmp_path / "runs")])  # fmt: skip
+        main(
+            [
+                "train",
+                "--preset",
+                "tiny",
+                "--max-steps",
+                "40",
+                "--ckpt-every",
+                "2",
+                "--val-every",
+                "100",
+                "--eval-subset",
+                "4",
+                *SMALL_MODEL,
+                *QUIET,
+                "--out",
+                str(tmp_path / "runs"),
+            ]
+        )
     assert stopped.value.code == 128 + signal.SIGINT
     assert "stopped by SIGINT at step 4" in caplog.text
     assert not (run_dir(tmp_path / "runs") / "metrics.json").exists()
@@ -282,9 +357,26 @@ def test_a_ctrl_c_that_lands_inside_a_finalizer_still_stops_the_run(cache, tmp_p
 
 def test_a_diverging_run_ends_with_status_diverged_its_step_and_a_finite_last_checkpoint(cache, tmp_path, capsys):
     out = tmp_path / "runs"
-    argv = ["train", "--preset", "tiny", "--max-steps", "20", "--ckpt-every", "1", "--val-every", "100",
-            "--val-bleu-sentences", "2", "--eval-subset", "2",
-            "--set", "N=1 d_model=32 d_ff=64 h=2 lr_factor=1e9 warmup=1", "--out", str(out), *QUIET]  # fmt: skip
+    argv = [
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "20",
+        "--ckpt-every",
+        "1",
+        "--val-every",
+        "100",
+        "--val-bleu-sentences",
+        "2",
+        "--eval-subset",
+        "2",
+        "--set",
+        "N=1 d_model=32 d_ff=64 h=2 lr_factor=1e9 warmup=1",
+        "--out",
+        str(out),
+        *QUIET,
+    ]
     assert main(argv) == 0
     metrics = json.loads((run_dir(out) / "metrics.json").read_text())
     step = metrics["diverged_at_step"]
@@ -381,8 +473,13 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
     def runner(opts, corpus, row, seed):
         calls.append((row, seed))
         if row == "A1":
-            return {"row": row, "seed": seed, "status": "diverged", "diverged_at_step": 7,
-                    "error": "loss nan at optimizer step 7"}  # fmt: skip
+            return {
+                "row": row,
+                "seed": seed,
+                "status": "diverged",
+                "diverged_at_step": 7,
+                "error": "loss nan at optimizer step 7",
+            }
         return {"row": row, "seed": seed, "status": "completed", "dev_bleu": 1.0}
 
     opts = SweepOptions(select=Selection(rows="base,A1,A2"), train=TrainOptions(out=str(tmp_path / "runs")))
@@ -464,10 +561,12 @@ def test_a_diverged_hpo_trial_is_pruned_and_the_search_goes_on(tmp_path, monkeyp
     import aiayn.lightning_modules.run.train as train_mod
     from aiayn.sweeps.hpo import HpoOptions, run_hpo
 
-    results = iter([
-        RunMetrics("base", 0, "tiny", "diverged", diverged_at_step=3, error="loss nan at optimizer step 3"),
-        RunMetrics("base", 0, "tiny", "completed", dev_ppl=9.5, dev_bleu=1.0),
-    ])  # fmt: skip
+    results = iter(
+        [
+            RunMetrics("base", 0, "tiny", "diverged", diverged_at_step=3, error="loss nan at optimizer step 3"),
+            RunMetrics("base", 0, "tiny", "completed", dev_ppl=9.5, dev_bleu=1.0),
+        ]
+    )
     monkeypatch.setattr(train_mod, "train", lambda opts, spec, hooks: next(results))
     result = run_hpo(HpoOptions(trials=2, train=TrainOptions(row="base", preset="tiny", out=str(tmp_path))))
     assert (result["trials"], result["pruned"], result["best_trial"], result["best_dev_ppl"]) == (2, 1, 1, 9.5)
@@ -486,8 +585,12 @@ def sweep_opts(tmp_path, storage, **kw):
 def claimed_trial(opts, worker="ghost:1"):
     """A trial popped by a worker that then died: RUNNING, claimed, its pair lock free."""
     (Path(opts.train.out)).mkdir(parents=True, exist_ok=True)
-    study = optuna.create_study(study_name=study_name("tiny", SYNTHETIC), storage=open_storage(opts.storage),
-                                direction="maximize", load_if_exists=True)  # fmt: skip
+    study = optuna.create_study(
+        study_name=study_name("tiny", SYNTHETIC),
+        storage=open_storage(opts.storage),
+        direction="maximize",
+        load_if_exists=True,
+    )
     study.enqueue_trial({}, user_attrs={"row": "base", "seed": 0})  # as the sweep enqueues a pair
     trial = study.ask()
     if worker:
@@ -555,8 +658,23 @@ def test_a_sweep_killed_mid_way_and_restarted_runs_every_pair_exactly_once(cache
     (Whatever the queue order and the number of pairs trained at once.)"""
     out = tmp_path / "runs"
     rows = ("base", "A1", "A2")
-    argv = aiayn("table3", "--preset", "tiny", "--rows", ",".join(rows), "--out", str(out), "--report", "",
-                 "--max-steps", "2", "--eval-subset", "2", "--accelerator", "cpu")  # fmt: skip
+    argv = aiayn(
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        ",".join(rows),
+        "--out",
+        str(out),
+        "--report",
+        "",
+        "--max-steps",
+        "2",
+        "--eval-subset",
+        "2",
+        "--accelerator",
+        "cpu",
+    )
     env = dict(os.environ, AIAYN_CACHE=str(cache))
     driver = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -693,8 +811,22 @@ def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_p
     monkeypatch.setenv("WANDB_API_KEY", KEY)
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "runs"
-    fast = ["--preset", "tiny", "--max-steps", "2", "--val-every", "100", "--val-bleu-sentences", "2",
-            "--eval-subset", "2", *SMALL_MODEL, *QUIET, "--out", str(out)]  # fmt: skip
+    fast = [
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "2",
+        "--val-every",
+        "100",
+        "--val-bleu-sentences",
+        "2",
+        "--eval-subset",
+        "2",
+        *SMALL_MODEL,
+        *QUIET,
+        "--out",
+        str(out),
+    ]
     try:
         assert main(["train", "--row", "C1", "--wandb", *fast]) == 0
     finally:
@@ -769,9 +901,25 @@ def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache
     """Issue 31: a run's data position is counted in its own split of the epoch's batches (world size x accumulated
     batches of max_tokens); resuming with another split would misplace it. Refused before anything is written: here
     the same 1024 tokens per step as one batch, then as two accumulated batches of 512 (as 2 ranks would split it)."""
-    argv = ["train", "--preset", "tiny", "--max-steps", "2", "--ckpt-every", "1", "--val-every", "100",
-            "--val-bleu-sentences", "0", "--eval-subset", "2", "--out", str(tmp_path), *SMALL_MODEL,
-            *QUIET]  # fmt: skip
+    argv = [
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "2",
+        "--ckpt-every",
+        "1",
+        "--val-every",
+        "100",
+        "--val-bleu-sentences",
+        "0",
+        "--eval-subset",
+        "2",
+        "--out",
+        str(tmp_path),
+        *SMALL_MODEL,
+        *QUIET,
+    ]
     assert main(argv) == 0
     run = run_dir(tmp_path)
     (run / "metrics.json").unlink()  # as if it had been killed: there is a checkpoint to resume from
@@ -779,8 +927,10 @@ def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache
     capsys.readouterr()
     assert main([*argv[:4], "3", *argv[5:], "--max-tokens", "512"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"aiayn: error: run directory {run} was trained with world size 1 x 1 accumulated "
-                              "batch(es) of 1024 tokens; resuming it with accumulate 1 -> 2")  # fmt: skip
+    assert err[-1].startswith(
+        f"aiayn: error: run directory {run} was trained with world size 1 x 1 accumulated "
+        "batch(es) of 1024 tokens; resuming it with accumulate 1 -> 2"
+    )
     assert "would misplace its position in the data" in err[-1]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert main([*argv[:4], "3", *argv[5:]]) == 0  # as it ran: it resumes
@@ -790,9 +940,25 @@ def test_resuming_with_static_shapes_toggled_is_refused_in_one_line(cache, tmp_p
     """Issue 38, G7: --static-shapes (batches of a fixed size per length bucket of --pad-to) makes other batches than
     the token buckets, so a resume with it toggled, or with another bucket width, would misplace the run's position
     in the data; refused before anything is written, as another batch split is."""
-    argv = ["train", "--preset", "tiny", "--max-steps", "2", "--ckpt-every", "1", "--val-every", "100",
-            "--val-bleu-sentences", "0", "--eval-subset", "2", "--out", str(tmp_path), *SMALL_MODEL,
-            *QUIET]  # fmt: skip
+    argv = [
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "2",
+        "--ckpt-every",
+        "1",
+        "--val-every",
+        "100",
+        "--val-bleu-sentences",
+        "0",
+        "--eval-subset",
+        "2",
+        "--out",
+        str(tmp_path),
+        *SMALL_MODEL,
+        *QUIET,
+    ]
     assert main(argv) == 0
     run = run_dir(tmp_path)
     (run / "metrics.json").unlink()  # as if it had been killed: there is a checkpoint to resume from
@@ -817,9 +983,28 @@ def test_a_killed_sweep_drivers_trainers_stop_with_it(cache, tmp_path):
     driver go. A trainer now closes its copy: SIGKILL the driver mid-run, and the trainer stops (SIGTERM: its
     checkpoints kept, the same command resumes it)."""
     out = tmp_path / "runs"
-    cmd = aiayn("table3", "--preset", "tiny", "--rows", "base", "--seeds", "1", "--max-steps", "100000",
-                "--ckpt-every", "50", "--val-every", "100000", "--report", "", "--out", str(out), *SMALL_MODEL,
-                "--accelerator", "cpu")  # fmt: skip
+    cmd = aiayn(
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base",
+        "--seeds",
+        "1",
+        "--max-steps",
+        "100000",
+        "--ckpt-every",
+        "50",
+        "--val-every",
+        "100000",
+        "--report",
+        "",
+        "--out",
+        str(out),
+        *SMALL_MODEL,
+        "--accelerator",
+        "cpu",
+    )
     env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = RunDir(run_dir(out))

@@ -126,8 +126,11 @@ def without_knobs_added_since(expected: str, text: str) -> str:
     ARCHITECTURE's "a knob" recipe touches no fixture)."""
     rows = list(csv.reader(io.StringIO(text)))
     header, had = rows[0], expected.split("\n", 1)[0].split(",")
-    new = {k for k in PAPER_BASE if k in header and k not in had
-           and all(r[header.index(k)] == str(PAPER_BASE[k]) for r in rows[1:])}  # fmt: skip
+    new = {
+        k
+        for k in PAPER_BASE
+        if k in header and k not in had and all(r[header.index(k)] == str(PAPER_BASE[k]) for r in rows[1:])
+    }
     if not new:
         return text
     out, keep = io.StringIO(), [i for i, column in enumerate(header) if column not in new]
@@ -170,11 +173,17 @@ def test_numbers_checked_by_hand(report):
     assert list(t.index) == ["base", "A1", "B1", "C1", "C4", "D1", "D3", "D4", "pre-ln"]  # table order, extended last
     num = lambda row, col: float(t.loc[row, col])
     assert (num("base", "ppl"), num("base", "ppl_std"), num("base", "bleu"), num("base", "bleu_std")) == (
-        5.1, 0.1, 20.3, 0.2,
-    )  # fmt: skip
+        5.1,
+        0.1,
+        20.3,
+        0.2,
+    )
     assert (num("A1", "ppl"), num("A1", "ppl_std"), num("A1", "delta_ppl_pct"), num("A1", "paper_delta_ppl_pct")) == (
-        6.1, 0.14, 19.61, 7.52,
-    )  # fmt: skip
+        6.1,
+        0.14,
+        19.61,
+        7.52,
+    )
     assert t.loc["D3", "ppl_std"] == "" and [int(t.loc[r, "n"]) for r in t.index] == [3, 2, 0, 2, 0, 1, 1, 2, 1]
     assert t.loc["B1", "ppl"] == "" and t.loc["C4", "ppl"] == "" and t.loc["base", "delta_ppl_pct"] == ""
     assert (num("C1", "delta_bleu"), num("C1", "paper_delta_bleu"), num("D4", "delta_bleu")) == (-2.8, -2.1, 0.0)
@@ -187,9 +196,16 @@ def test_numbers_checked_by_hand(report):
 def test_verdicts_checked_by_hand(report):
     t = _csv(report[0])
     assert dict(t["verdict"]) == {
-        "base": "", "A1": "significant agree", "B1": "not scored", "C1": "agree", "C4": "not run",
-        "D1": "not testable", "D3": "agree", "D4": "disagree", "pre-ln": "",
-    }  # fmt: skip
+        "base": "",
+        "A1": "significant agree",
+        "B1": "not scored",
+        "C1": "agree",
+        "C4": "not run",
+        "D1": "not testable",
+        "D3": "agree",
+        "D4": "disagree",
+        "pre-ln": "",
+    }
     assert (float(t.loc["A1", "p"]), float(t.loc["A1", "p_holm"])) == (0.01298, 0.03893)
     assert (float(t.loc["C1", "p"]), float(t.loc["C1", "p_holm"])) == (0.04748, 0.09497)
     assert (float(t.loc["D4", "p"]), float(t.loc["D4", "p_holm"])) == (0.1518, 0.1518)
@@ -255,8 +271,16 @@ SEEDS = {0: 0.98, 1: 1.0, 2: 1.02}  # each seed's spread around its row's number
 def _seeds(root: Path, row: str, at_599: float, at_699: float, final: float, odd: dict | None = None) -> list[Run]:
     """Three seeds of `row` whose curves reach `at_599`, `at_699` (the validations nearest 75% and 87.5% of 800
     steps) and `final`, each scaled by its seed's factor; `odd`: a seed's own value at 599."""
-    return [_run(root, row, s, round(final * f, 4), (9.0, 3.0, 2.5, 2.2, 2.1, round((odd or {}).get(s, at_599 * f), 4),
-                                                     round(at_699 * f, 4))) for s, f in SEEDS.items()]  # fmt: skip
+    return [
+        _run(
+            root,
+            row,
+            s,
+            round(final * f, 4),
+            (9.0, 3.0, 2.5, 2.2, 2.1, round((odd or {}).get(s, at_599 * f), 4), round(at_699 * f, 4)),
+        )
+        for s, f in SEEDS.items()
+    ]
 
 
 def test_a_verdict_that_holds_at_the_end_but_not_at_75_percent_is_refused(tmp_path):

@@ -29,16 +29,29 @@ from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps.backends import make_sweep, slurm
 from aiayn.sweeps.backends.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
 
-ARGS_CPU = ["--preset", "tiny", "--accelerator", "cpu", "--tasks-per-node", "2", "--partition", "debug", "--time",
-            "00:30:00"]  # fmt: skip
+ARGS_CPU = [
+    "--preset",
+    "tiny",
+    "--accelerator",
+    "cpu",
+    "--tasks-per-node",
+    "2",
+    "--partition",
+    "debug",
+    "--time",
+    "00:30:00",
+]
 
 
 def slurm_opts(rows=None, seeds=1, resources=None, dry_run=False, **train) -> SlurmOptions:
     return SlurmOptions(
-        select=Selection(rows=rows, seeds=seeds), resources=resources or SlurmResources(), dry_run=dry_run,
-        train=TrainOptions(**{"accelerator": "gpu", "devices": None, "num_nodes": None, "strategy": None,
-                              "progress": False, **train}),
-    )  # fmt: skip
+        select=Selection(rows=rows, seeds=seeds),
+        resources=resources or SlurmResources(),
+        dry_run=dry_run,
+        train=TrainOptions(
+            **{"accelerator": "gpu", "devices": None, "num_nodes": None, "strategy": None, "progress": False, **train}
+        ),
+    )
 
 
 def sweep_of(opts: SlurmOptions):
@@ -125,8 +138,10 @@ def test_an_out_with_a_space_is_refused_in_one_line_before_anything_is_written(t
     out = tmp_path / "my runs"
     assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(out), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"aiayn: error: --out {str(out)!r} holds a space, which would split its #SBATCH line into two "
-                   "options; pass a path without spaces (or a link to it without any)"]  # fmt: skip
+    assert err == [
+        f"aiayn: error: --out {str(out)!r} holds a space, which would split its #SBATCH line into two "
+        "options; pass a path without spaces (or a link to it without any)"
+    ]
     assert not out.exists()
 
 
@@ -150,8 +165,12 @@ def test_a_gpu_job_asks_for_cpus_for_its_loader_unless_told(tmp_path):
     opts = slurm_opts(out=str(tmp_path), resources=resources, dry_run=True)
     text = render(opts, sweep_of(opts), [("base", 0)], slurm.check(opts))
     assert "#SBATCH --cpus-per-task=5\n" in text and "srun --kill-on-bad-exit=1 --cpus-per-task=5 aiayn" in text
-    cpu = slurm_opts(out=str(tmp_path), resources=SlurmResources(tasks_per_node=1, partition="p", time="1:00:00"),
-                     dry_run=True, accelerator="cpu")  # fmt: skip
+    cpu = slurm_opts(
+        out=str(tmp_path),
+        resources=SlurmResources(tasks_per_node=1, partition="p", time="1:00:00"),
+        dry_run=True,
+        accelerator="cpu",
+    )
     assert "--cpus-per-task" not in render(cpu, sweep_of(cpu), [("base", 0)], slurm.check(cpu))  # a CPU job
 
 
@@ -187,15 +206,39 @@ def test_time_limit_formats(text, seconds):
 
 def test_dry_run_writes_and_prints_an_array_of_the_pending_pairs(tmp_path, capsys):
     out = tmp_path / "runs"
-    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base,A1", "--seeds", "2", *ARGS_CPU,
-            "--max-steps", "20", "--setup", "module load python", "--out", str(out), "--dry-run"]  # fmt: skip
+    argv = [
+        "slurm",
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base,A1",
+        "--seeds",
+        "2",
+        *ARGS_CPU,
+        "--max-steps",
+        "20",
+        "--setup",
+        "module load python",
+        "--out",
+        str(out),
+        "--dry-run",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     script = out / "slurm" / "aiayn-table3-tiny.sbatch"
     text = script.read_text()
     assert printed.startswith(text) and "dry run: nothing submitted" in printed
-    for directive in ("--array=0-3", "--nodes=1", "--ntasks-per-node=2", "--partition=debug", "--time=00:30:00",
-                      "--signal=USR1@90", "--requeue", "--open-mode=append"):  # fmt: skip
+    for directive in (
+        "--array=0-3",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+        "--partition=debug",
+        "--time=00:30:00",
+        "--signal=USR1@90",
+        "--requeue",
+        "--open-mode=append",
+    ):
         assert f"#SBATCH {directive}\n" in text, directive
     assert "--gpus-per-node" not in text
     assert "PAIRS=(base:0 base:1 A1:0 A1:1)" in text and "module load python\n" in text
@@ -214,8 +257,20 @@ def test_a_users_table_reaches_the_array_and_every_task(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     Path("my.csv").write_text("row,group,d_ff\nwide-ff,mine,4096\n")
     out = tmp_path / "runs"
-    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base,mine", *ARGS_CPU, "--table", "my.csv",
-            "--out", str(out), "--dry-run"]  # fmt: skip
+    argv = [
+        "slurm",
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base,mine",
+        *ARGS_CPU,
+        "--table",
+        "my.csv",
+        "--out",
+        str(out),
+        "--dry-run",
+    ]
     assert main(argv) == 0
     text = (out / "slurm" / "aiayn-table3-tiny.sbatch").read_text()
     assert "PAIRS=(base:0 wide-ff:0)" in text and f"--table {tmp_path / 'my.csv'}" in text
@@ -223,16 +278,26 @@ def test_a_users_table_reaches_the_array_and_every_task(tmp_path, monkeypatch, c
 
 def test_array_task_runs_its_own_pair(tmp_path):
     """Run the generated script with `srun` replaced by a recorder: task 3 trains A1 seed 1."""
-    opts = slurm_opts(rows="base,A1", seeds=2, accelerator="cpu", out=str(tmp_path / "runs"),
-                      resources=SlurmResources(tasks_per_node=2, partition="debug", time="10:00"))  # fmt: skip
+    opts = slurm_opts(
+        rows="base,A1",
+        seeds=2,
+        accelerator="cpu",
+        out=str(tmp_path / "runs"),
+        resources=SlurmResources(tasks_per_node=2, partition="debug", time="10:00"),
+    )
     script = tmp_path / "job.sbatch"
     script.write_text(render(opts, sweep_of(opts), slurm.pairs(opts), 2))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/srun-args\n')
     (bin_dir / "srun").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "3",
-           "SLURM_ARRAY_JOB_ID": "41", "SLURM_JOB_NODELIST": "node1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_ARRAY_TASK_ID": "3",
+        "SLURM_ARRAY_JOB_ID": "41",
+        "SLURM_JOB_NODELIST": "node1",
+    }
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "row A1 seed 1, attempt 1, job 41_3 on node1" in proc.stdout
@@ -243,8 +308,9 @@ def test_array_task_runs_its_own_pair(tmp_path):
 
 
 def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
-    resources = SlurmResources(nodes=2, gpus_per_node=8, cpus_per_task=8, partition="gpu", time="2-00:00:00",
-                               assume_shared=True)  # fmt: skip
+    resources = SlurmResources(
+        nodes=2, gpus_per_node=8, cpus_per_task=8, partition="gpu", time="2-00:00:00", assume_shared=True
+    )
     # a dry run: rendering the script needs no SLURM client (the README's test command passes without one)
     opts = slurm_opts(preset="paper", out=str(tmp_path), precision="bf16-mixed", resources=resources, dry_run=True)
     per_node = slurm.check(opts)
@@ -328,9 +394,17 @@ def test_requeue_handler_checkpoints_at_the_step_it_was_signalled_and_stops(tmp_
     previous = signal.getsignal(signal.SIGUSR1)
     try:
         requeue = RequeueOnSignal(tmp_path)
-        trainer = pl.Trainer(max_steps=50, accumulate_grad_batches=2, callbacks=[SignalAt(), requeue],
-                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, accelerator="cpu", devices=1)  # fmt: skip
+        trainer = pl.Trainer(
+            max_steps=50,
+            accumulate_grad_batches=2,
+            callbacks=[SignalAt(), requeue],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+        )
         trainer.fit(BoringModel())
     finally:
         signal.signal(signal.SIGUSR1, previous)
@@ -405,9 +479,31 @@ def _run(argv, out: Path, capsys) -> str:
 @pytest.mark.slow
 def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
     out, reports = tmp_path / "runs", tmp_path / "reports"
-    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base,A1", "--accelerator", "cpu",
-            "--tasks-per-node", "2", "--partition", cluster, "--time", "00:20:00", "--max-steps", "20",
-            "--eval-subset", "20", "--out", str(out), "--report", str(reports), "--wait"]  # fmt: skip
+    argv = [
+        "slurm",
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base,A1",
+        "--accelerator",
+        "cpu",
+        "--tasks-per-node",
+        "2",
+        "--partition",
+        cluster,
+        "--time",
+        "00:20:00",
+        "--max-steps",
+        "20",
+        "--eval-subset",
+        "20",
+        "--out",
+        str(out),
+        "--report",
+        str(reports),
+        "--wait",
+    ]
     printed = _run(argv, out, capsys)
     assert "2 submitted" in printed and "base seed 0: completed" in printed and "A1 seed 0: completed" in printed
     for row in ("base", "A1"):
@@ -426,9 +522,28 @@ def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
 @pytest.mark.slow
 def test_the_report_is_a_job_that_runs_after_the_array_without_waiting_here(cluster, cache, tmp_path, capsys):
     out = tmp_path / "runs"
-    argv = ["slurm", "table3", "--preset", "tiny", "--rows", "base", "--accelerator", "cpu", "--tasks-per-node", "1",
-            "--partition", cluster, "--time", "00:20:00", "--max-steps", "10", "--eval-subset", "10",
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        "slurm",
+        "table3",
+        "--preset",
+        "tiny",
+        "--rows",
+        "base",
+        "--accelerator",
+        "cpu",
+        "--tasks-per-node",
+        "1",
+        "--partition",
+        cluster,
+        "--time",
+        "00:20:00",
+        "--max-steps",
+        "10",
+        "--eval-subset",
+        "10",
+        "--out",
+        str(out),
+    ]
     printed = _run(argv, out, capsys)  # returns at once: no --wait
     array = printed.split("; job ")[1].split(",")[0]
     assert f"writes it when the array has ended (--dependency=afterany:{array})" in printed
@@ -445,9 +560,30 @@ def test_the_report_is_a_job_that_runs_after_the_array_without_waiting_here(clus
 @pytest.mark.slow
 def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cache, tmp_path, capsys):
     out, steps = tmp_path / "runs", 80
-    argv = ["slurm", "train", "--preset", "tiny", "--row", "base", "--accelerator", "cpu", "--tasks-per-node",
-            "2", "--partition", cluster, "--time", "00:20:00", "--max-steps", str(steps), "--ckpt-every", "5",
-            "--eval-subset", "20", "--out", str(out)]  # fmt: skip
+    argv = [
+        "slurm",
+        "train",
+        "--preset",
+        "tiny",
+        "--row",
+        "base",
+        "--accelerator",
+        "cpu",
+        "--tasks-per-node",
+        "2",
+        "--partition",
+        cluster,
+        "--time",
+        "00:20:00",
+        "--max-steps",
+        str(steps),
+        "--ckpt-every",
+        "5",
+        "--eval-subset",
+        "20",
+        "--out",
+        str(out),
+    ]
     assert "1 submitted" in _run(argv, out, capsys)
     run = out / "tiny" / "synthetic" / "base" / "seed0"
     job = json.loads(slurm.marker(sweep_of(slurm_opts(out=str(out))), "base", 0).read_text())["job"]
@@ -472,8 +608,25 @@ def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cac
 @pytest.mark.slow
 def test_wait_exits_1_and_names_the_log_when_a_task_fails(cluster, cache, tmp_path, capsys):
     out = tmp_path / "runs"
-    argv = ["slurm", "train", "--preset", "tiny", "--accelerator", "cpu", "--partition", cluster, "--time", "05:00",
-            "--data", "files", "--data-dir", str(tmp_path / "no-such-corpus"), "--out", str(out), "--wait"]  # fmt: skip
+    argv = [
+        "slurm",
+        "train",
+        "--preset",
+        "tiny",
+        "--accelerator",
+        "cpu",
+        "--partition",
+        cluster,
+        "--time",
+        "05:00",
+        "--data",
+        "files",
+        "--data-dir",
+        str(tmp_path / "no-such-corpus"),
+        "--out",
+        str(out),
+        "--wait",
+    ]
     assert main(argv) == 1
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("base seed 0:"))
     log_file = Path(line.split("; see ")[1])
@@ -509,8 +662,11 @@ def test_a_config_file_that_says_backend_slurm_is_the_same_sweep_either_way(tmp_
         "resources: {partition: p, time: '1:00:00', gpus_per_node: 1}\n" % (tmp_path / "runs")
     )
     scripts = []
-    for argv in (["table3", "--config", str(config)], ["slurm", "table3", "--config", str(config)],
-                 ["table3", "--backend", "slurm", "--config", str(config)]):  # fmt: skip
+    for argv in (
+        ["table3", "--config", str(config)],
+        ["slurm", "table3", "--config", str(config)],
+        ["table3", "--backend", "slurm", "--config", str(config)],
+    ):
         assert main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
         scripts.append(capsys.readouterr().out)
     assert scripts[0] == scripts[1] == scripts[2] and "#SBATCH --partition=p" in scripts[0]
@@ -544,10 +700,14 @@ def test_slurm_table3_has_the_defaults_of_table3():
     assert from_args(SlurmOptions, parse(["slurm", "train"]), kind="train").train.preset == "tiny"  # as `aiayn train`
 
 
-@pytest.mark.parametrize("flag, fix", [
-    (["--jobs", "4"], "--max-parallel"), (["--gpus-per-job", "2"], "--gpus-per-node"),
-    (["--storage", "sqlite:///x.db"], "run directories under --out"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "flag, fix",
+    [
+        (["--jobs", "4"], "--max-parallel"),
+        (["--gpus-per-job", "2"], "--gpus-per-node"),
+        (["--storage", "sqlite:///x.db"], "run directories under --out"),
+    ],
+)
 def test_a_table3_flag_slurm_cannot_honour_is_refused_with_the_reason(flag, fix, tmp_path, capsys):
     for head in (["table3", "--backend", "slurm"], ["slurm", "table3"]):
         assert main([*head, *ARGS_CPU, *flag, "--out", str(tmp_path), "--dry-run"]) == 2

@@ -36,8 +36,21 @@ def test_every_point_has_its_reading_after_the_schedule(reading):
         assert not set(scheduled(budget, every, reading)) & set(regular(budget, every))
 
 
-SMALL = ["--set", "N=1 d_model=32 d_ff=64 h=2", "--preset", "tiny", "--val-bleu-sentences", "2", "--eval-subset", "4",
-         "--no-progress", "--accelerator", "cpu", "--max-steps", "8"]  # fmt: skip
+SMALL = [
+    "--set",
+    "N=1 d_model=32 d_ff=64 h=2",
+    "--preset",
+    "tiny",
+    "--val-bleu-sentences",
+    "2",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+    "--max-steps",
+    "8",
+]
 
 
 def test_a_run_validates_at_the_points_whatever_val_every_says_and_trains_the_same(cache, tmp_path):

@@ -41,8 +41,12 @@ def test_welch_p_is_undefined_without_two_values_a_side_or_any_spread():
 def test_holm_adjusts_step_down_and_keeps_the_order():
     # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> max(0.06, 0.04) = 0.06
     adjusted = stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005, "untested": math.nan})
-    assert {k: round(v, 10) for k, v in adjusted.items() if k != "untested"} == {"a": 0.03, "b": 0.06, "c": 0.06,
-                                                                                  "d": 0.02}  # fmt: skip
+    assert {k: round(v, 10) for k, v in adjusted.items() if k != "untested"} == {
+        "a": 0.03,
+        "b": 0.06,
+        "c": 0.06,
+        "d": 0.02,
+    }
     assert math.isnan(adjusted["untested"])  # and it did not count in m = 4
     assert stats.holm({"a": 0.6, "b": 0.7}) == {"a": 1.0, "b": 1.0}  # capped at 1
 
@@ -143,12 +147,18 @@ def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkey
     assert (out["A1"].p, out["C1"].p, out["D3"].p) == (pytest.approx(p_a1), pytest.approx(p_c1), pytest.approx(p_d3))
     # Holm over the three tests made (A1, C1, D3): D4 has one seed, C4 no run
     assert [out[r].p_holm for r in ("A1", "C1", "D3")] == pytest.approx(
-        list(stats.holm({"A1": p_a1, "C1": p_c1, "D3": p_d3}).values()))  # fmt: skip
+        list(stats.holm({"A1": p_a1, "C1": p_c1, "D3": p_d3}).values())
+    )
     c1 = stats.SIGNIFICANT_AGREE if out["C1"].p_holm < stats.ALPHA else stats.AGREE
     assert {r: v.verdict for r, v in out.items()} == {
-        "A1": stats.SIGNIFICANT_AGREE, "C1": c1, "C4": stats.INCONCLUSIVE, "D3": stats.SIGNIFICANT_DISAGREE,
-        "D4": stats.AGREE, "B1": stats.NOT_SCORED, "D1": stats.NOT_TESTABLE,
-    }  # fmt: skip
+        "A1": stats.SIGNIFICANT_AGREE,
+        "C1": c1,
+        "C4": stats.INCONCLUSIVE,
+        "D3": stats.SIGNIFICANT_DISAGREE,
+        "D4": stats.AGREE,
+        "B1": stats.NOT_SCORED,
+        "D1": stats.NOT_TESTABLE,
+    }
     assert out["D4"].delta_worse == pytest.approx(20.175 - 19.0)  # BLEU points below base's mean
     assert out["A1"].delta_worse == pytest.approx(np.mean(np.log([6.0, 6.2, 6.1])) - np.mean(np.log(base["ppl"])))
     trivial = verdicts.judge_cells([verdicts.Cell("any", values, held(values))], verdicts.every_change_hurts)
@@ -181,7 +191,8 @@ def test_the_stability_rule_refuses_a_pass_that_does_not_hold_at_every_point(mon
     assert unlogged.why.startswith("not testable: no validation near 75% of the budget")
     # a miss at the end stays the miss it is, whatever it was earlier
     assert verdicts.stable_verdict([stats.SIGNIFICANT_AGREE, stats.SIGNIFICANT_AGREE, stats.DISAGREE]) == (
-        stats.DISAGREE)  # fmt: skip
+        stats.DISAGREE
+    )
 
 
 def t_cdf(t: float, df: float) -> float:
@@ -292,8 +303,9 @@ def test_a_suite_tests_its_cells_in_one_holm_family_each_against_its_own_base(mo
     p_c4 = stats.welch_p(np.log([1.4, 1.42, 1.41]), np.log([1.3, 1.31, 1.29]))
     p_d1 = stats.welch_p(np.log([2.6, 2.7, 2.65]), np.log([2.0, 2.1, 2.05]))  # against the cell's own base
     assert out[("cell", "D1")].p == pytest.approx(p_d1)
-    assert out[("main", "C4")].p_holm == pytest.approx(min(1.0, 2 * min(p_c4, p_d1)) if p_c4 < p_d1 else
-                                                       max(min(1.0, 2 * p_d1), p_c4))  # fmt: skip
+    assert out[("main", "C4")].p_holm == pytest.approx(
+        min(1.0, 2 * min(p_c4, p_d1)) if p_c4 < p_d1 else max(min(1.0, 2 * p_d1), p_c4)
+    )
 
 
 def test_label_smoothings_floor_is_a_check_never_a_score(monkeypatch):
@@ -340,7 +352,11 @@ def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
     family = verdicts.judge_cells(cells)
     baselines = verdicts.judge_baselines(cells)
     assert {k[1]: v.predicted for k, v in baselines["more_parameters_help"].items()} == {
-        "A3": "worse", "C5": "better", "C6": "worse", "E1": "better"}  # fmt: skip
+        "A3": "worse",
+        "C5": "better",
+        "C6": "worse",
+        "E1": "better",
+    }
     s = verdicts.score(family, baselines)
     assert s["passed"] == 3
     hurts, params_help = s["baselines"]["every_change_hurts"], s["baselines"]["more_parameters_help"]

@@ -60,9 +60,13 @@ class FakeRunner:
 
 def opts(tmp_path, rows=None, seeds=1, jobs=None, storage=None, gpus_per_job=None, **train):
     return SweepOptions(
-        select=Selection(rows=rows, seeds=seeds), storage=storage, report="", jobs=jobs, gpus_per_job=gpus_per_job,
+        select=Selection(rows=rows, seeds=seeds),
+        storage=storage,
+        report="",
+        jobs=jobs,
+        gpus_per_job=gpus_per_job,
         train=TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False, **train),
-    )  # fmt: skip
+    )
 
 
 def grid(opts):
@@ -90,8 +94,9 @@ def test_grid_is_the_presets_scored_rows_by_default_or_the_rows_asked_for_times_
         p = registered[row]
         return p.seeds or (preset.base_seeds if p.equivalence else preset.seeds)
 
-    assert evidence == [("base", s) for s in range(preset.base_seeds)] + [(r, s) for r in rows
-                                                                          for s in range(wanted(r))]  # fmt: skip
+    assert evidence == [("base", s) for s in range(preset.base_seeds)] + [
+        (r, s) for r in rows for s in range(wanted(r))
+    ]
     first = rows[0]
     n = preset.base_seeds
     assert Selection(seeds=2).pairs(preset)[n : n + 3] == [(first, 0), (first, 1), (rows[1], 0)]  # --seeds: each row
@@ -333,14 +338,20 @@ def test_a_wandb_sweeps_metric_is_one_its_preset_logs(preset):
     assert metric["name"] in logged and metric["goal"] == logged[metric["name"]]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["table3", "--rows", "base,Q"], "unknown row or group 'Q' in --rows"),
-    (["table3", "--preset", "huge"], "unknown preset 'huge'"),
-    (["table3", "--seeds", "0"], "argument --seeds: expected a positive integer, got 0"),
-    (["table3", "--storage", "redis://localhost/0"], "has an unknown scheme"),
-    (["table3", "--storage", "postgresql://user:hunter2@127.0.0.1:9/db"], "cannot open storage postgresql://user:***@"),
-    (["sweep", "export", "--preset", "tiny"], "sweep export needs a target; pass --wandb"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["table3", "--rows", "base,Q"], "unknown row or group 'Q' in --rows"),
+        (["table3", "--preset", "huge"], "unknown preset 'huge'"),
+        (["table3", "--seeds", "0"], "argument --seeds: expected a positive integer, got 0"),
+        (["table3", "--storage", "redis://localhost/0"], "has an unknown scheme"),
+        (
+            ["table3", "--storage", "postgresql://user:hunter2@127.0.0.1:9/db"],
+            "cannot open storage postgresql://user:***@",
+        ),
+        (["sweep", "export", "--preset", "tiny"], "sweep export needs a target; pass --wandb"),
+    ],
+)
 def test_bad_sweep_input_is_one_line_exit_2(argv, message, tmp_path, capsys):
     assert (
         main(
@@ -371,8 +382,21 @@ def test_hpo_runs_trials_and_saves_the_best(tmp_path, monkeypatch, capsys):
     (Three steps end before the first epoch-end validation, so pruning is not exercised here.)"""
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "runs"
-    argv = ["hpo", "--row", "C1", "--preset", "tiny", "--trials", "3", "--out", str(out), "--max-steps", "3",
-            "--eval-subset", "4"]  # fmt: skip
+    argv = [
+        "hpo",
+        "--row",
+        "C1",
+        "--preset",
+        "tiny",
+        "--trials",
+        "3",
+        "--out",
+        str(out),
+        "--max-steps",
+        "3",
+        "--eval-subset",
+        "4",
+    ]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     best = json.loads((out / "hpo/tiny/C1/best.json").read_text())
@@ -436,8 +460,15 @@ def test_the_gpus_handed_out_are_those_visible_to_the_sweep(monkeypatch):
 def test_a_runs_own_process_inherits_no_launchers_variables(monkeypatch):
     """Inside an sbatch allocation (or a DDP rank) the sweep's child must not pick Lightning's SLURM environment or
     meet another run on one MASTER_PORT."""
-    inherited = {"SLURM_NTASKS": "1", "SLURM_JOB_ID": "77", "MASTER_PORT": "15077", "MASTER_ADDR": "node1",
-                 "NODE_RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # fmt: skip
+    inherited = {
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_ID": "77",
+        "MASTER_PORT": "15077",
+        "MASTER_ADDR": "node1",
+        "NODE_RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
     for name, value in inherited.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("KEEP_ME", "yes")
@@ -461,14 +492,24 @@ def test_a_run_on_its_gpus_is_a_fresh_process_with_its_cuda_visible_devices(tmp_
     assert cmd2[1:4] == ["-m", "aiayn", "train"] and cmd2[cmd2.index("--row") + 1] == "base"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--jobs", "3", "--gpus-per-job", "2"], "--jobs 3 x --gpus-per-job 2 needs 6 GPUs but 4 are visible (0,1,2,3); "
-                                              "lower --jobs or --gpus-per-job"),
-    (["--gpus-per-job", "1", "--accelerator", "cpu"], "--gpus-per-job 1 hands out GPUs but --accelerator cpu trains "
-                                                       "on CPUs; drop one of them"),
-    (["--gpus-per-job", "2", "--devices", "4"], "--devices 4 and --gpus-per-job 2 disagree: each run trains on its 2 "
-                                                 "GPUs of this machine; drop --devices/--num-nodes"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--jobs", "3", "--gpus-per-job", "2"],
+            "--jobs 3 x --gpus-per-job 2 needs 6 GPUs but 4 are visible (0,1,2,3); lower --jobs or --gpus-per-job",
+        ),
+        (
+            ["--gpus-per-job", "1", "--accelerator", "cpu"],
+            "--gpus-per-job 1 hands out GPUs but --accelerator cpu trains on CPUs; drop one of them",
+        ),
+        (
+            ["--gpus-per-job", "2", "--devices", "4"],
+            "--devices 4 and --gpus-per-job 2 disagree: each run trains on its 2 "
+            "GPUs of this machine; drop --devices/--num-nodes",
+        ),
+    ],
+)
 def test_bad_gpu_requests_are_one_line_and_write_nothing(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert main(["table3", "--out", str(tmp_path / "runs"), "--rows", "base", *argv]) == 2
@@ -553,7 +594,11 @@ def test_status_lists_every_pair_completed_running_failed_and_pending(tmp_path, 
         (sweep,) = json.loads(capsys.readouterr().out)
         states = {p["row"]: p for p in sweep["pairs"]}
         assert {r: p["state"] for r, p in states.items()} == {
-            "base": "completed", "A1": "failed", "A2": "running", "A3": "pending"}  # fmt: skip
+            "base": "completed",
+            "A1": "failed",
+            "A2": "running",
+            "A3": "pending",
+        }
         assert states["base"]["dev_bleu"] == 10.0 and states["A1"]["error"] == "RuntimeError: boom"
         assert states["A2"]["holder"].endswith(f":{os.getpid()}") and states["A2"]["age_s"] >= 0
         steps = PRESETS["tiny"].train_steps
@@ -737,8 +782,9 @@ def restore_queue():
     importlib.reload(queue)
 
 
-def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(tmp_path, runner_backend, monkeypatch,
-                                                                         restore_queue):  # fmt: skip
+def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(
+    tmp_path, runner_backend, monkeypatch, restore_queue
+):
     """Issue 39: a row appended to ablations/extended.csv between two `aiayn table3` runs on one --out crashed the
     second ("CategoricalDistribution does not support dynamic value space": the row parameter's choices were the
     table's rows). Now the new row joins the study and runs alone; a row removed from the table, and a user --table
@@ -763,8 +809,14 @@ def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(tmp_pat
     assert second.calls == [("wide-ff", 0)]
 
     # rope removed from the table, and a user's own table with a new name: both join the same study
-    extended.write_text("".join(line for line in extended.read_text(encoding="utf-8").splitlines(keepends=True)
-                                if not line.startswith("rope,")), encoding="utf-8")  # fmt: skip
+    extended.write_text(
+        "".join(
+            line
+            for line in extended.read_text(encoding="utf-8").splitlines(keepends=True)
+            if not line.startswith("rope,")
+        ),
+        encoding="utf-8",
+    )
     mine = tmp_path / "mine.csv"
     mine.write_text("row,group,h\nmy-heads,mine,2\n", encoding="utf-8")
     _as_a_new_process(monkeypatch, (table.TABLE_FILES[0], extended))
@@ -821,8 +873,9 @@ def test_a_pair_a_dead_peer_left_running_mid_sweep_is_run_before_the_driver_exit
     assert main([*T3, "--out", str(out), "--rows", "base,A1,C4", "--jobs", "1"]) == 0
     assert runner.taken in runner.calls and len(runner.calls) == 3  # the dead peer's pair, run here
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=storage)
-    done = {(t.user_attrs["row"], t.user_attrs["seed"]) for t in study.trials
-            if t.state == optuna.trial.TrialState.COMPLETE}  # fmt: skip
+    done = {
+        (t.user_attrs["row"], t.user_attrs["seed"]) for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE
+    }
     assert done == {("base", 0), ("A1", 0), ("C4", 0)}
 
 
@@ -836,8 +889,9 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
 
     out = tmp_path / "runs"
     spec = resolve("C4", "tiny")
-    config = RunConfig(spec, DataIdentity(SYNTHETIC, None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
-                       options={"row": "C4"}).to_dict()  # fmt: skip
+    config = RunConfig(
+        spec, DataIdentity(SYNTHETIC, None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"), options={"row": "C4"}
+    ).to_dict()
     config["spec"]["knobs"]["d_model"] = 96  # as the table said when it ran: C4's d_model was 96, not 64
     config["spec"]["model"]["d_model"] = 96
     config["spec"]["model"]["d_k"] = config["spec"]["model"]["d_v"] = 24
@@ -845,8 +899,15 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
     run = out / "tiny" / "synthetic" / "C4" / "seed0"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(config))
-    metrics = {"row": "C4", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed", "dev_ppl": 2.0,
-               "dev_bleu": 30.0}  # fmt: skip
+    metrics = {
+        "row": "C4",
+        "seed": 0,
+        "preset": "tiny",
+        "data": "synthetic",
+        "status": "completed",
+        "dev_ppl": 2.0,
+        "dev_bleu": 30.0,
+    }
     (run / "metrics.json").write_text(json.dumps(metrics))
     books.record_sweep(SweepOut(out), "tiny", SYNTHETIC, [("C4", 0)], "local")
     text = status_text(StatusOptions(out=str(out)))
@@ -869,14 +930,25 @@ def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_stat
     table = tmp_path / "mine.csv"
     table.write_text("row,group,N,d_model,d_ff,note\nwide-ff,mine,,,4096,a wider FFN\n")
     spec = resolve("wide-ff", "tiny", tables=(str(table),))
-    config = RunConfig(spec, DataIdentity(SYNTHETIC, None, 1000), TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
-                       options={"row": "wide-ff", "table": [str(table)]}).to_dict()  # fmt: skip
+    config = RunConfig(
+        spec,
+        DataIdentity(SYNTHETIC, None, 1000),
+        TrainPlan(0, 1200, 1, 1, 1024, "32-true"),
+        options={"row": "wide-ff", "table": [str(table)]},
+    ).to_dict()
     out = tmp_path / "runs"
     run = out / "tiny" / "synthetic" / "wide-ff" / "seed0"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(config))
-    metrics = {"row": "wide-ff", "seed": 0, "preset": "tiny", "data": "synthetic", "status": "completed",
-               "dev_ppl": 2.0, "dev_bleu": 30.0}  # fmt: skip
+    metrics = {
+        "row": "wide-ff",
+        "seed": 0,
+        "preset": "tiny",
+        "data": "synthetic",
+        "status": "completed",
+        "dev_ppl": 2.0,
+        "dev_bleu": 30.0,
+    }
     (run / "metrics.json").write_text(json.dumps(metrics))
     books.record_sweep(SweepOut(out), "tiny", SYNTHETIC, [("wide-ff", 0)], "local")
     assert "changed since it ran" not in status_text(StatusOptions(out=str(out)))  # as it ran: nothing to say
@@ -904,8 +976,9 @@ def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
     assert experiment_name("evidence", ref) == f"aiayn-{key}"
     assert study_name("evidence", ref) == f"table3-{key}"
     assert books.pair_key("evidence", ref, "C1", 3) == f"{key}-C1-seed3"
-    assert report_name("evidence", corpus) == ("table3-evidence" if corpus == PRESETS["evidence"].corpus
-                                               else f"table3-{key}")  # fmt: skip
+    assert report_name("evidence", corpus) == (
+        "table3-evidence" if corpus == PRESETS["evidence"].corpus else f"table3-{key}"
+    )
     out = SweepOut(tmp_path)
     assert books.record_sweep(out, "evidence", ref, [("base", 0)], "local") == out.sweep_record(key)
     sweep = make_sweep([("base", 0)], TrainOptions(preset="evidence", data=corpus, out=str(tmp_path)))

@@ -60,8 +60,17 @@ def counted(monkeypatch):
 @pytest.mark.parametrize("accumulate_tokens", [None, 512])  # one batch per step; two accumulated batches per step
 def test_at_most_one_host_device_sync_per_optimizer_step(cache, tmp_path, counted, accumulate_tokens):
     syncs = Syncs(counted)
-    opts = T.TrainOptions(out=str(tmp_path), max_steps=STEPS, val_every=1000, ckpt_every=1000, progress=False,
-                          accelerator="cpu", overrides=SMALL, max_tokens=accumulate_tokens, eval_subset=8)  # fmt: skip
+    opts = T.TrainOptions(
+        out=str(tmp_path),
+        max_steps=STEPS,
+        val_every=1000,
+        ckpt_every=1000,
+        progress=False,
+        accelerator="cpu",
+        overrides=SMALL,
+        max_tokens=accumulate_tokens,
+        eval_subset=8,
+    )
     T.train(opts, hooks=T.Hooks(callbacks=(syncs,)))
     per_batch = syncs.per_step[1:]  # the first batch sets things up
     batches_per_step = 1 if accumulate_tokens is None else 2
@@ -119,9 +128,17 @@ def test_one_sync_on_a_log_step_and_none_between_with_the_defaults_progress_bar_
     the next step, and fused Adam skips the step's update on the device meanwhile (test_reliability's
     test_a_non_finite_step_between_log_steps_...)."""
     syncs = Syncs(device_reads)
-    opts = T.TrainOptions(out=str(tmp_path), max_steps=STEPS, val_every=1000, ckpt_every=1000, progress=True,
-                          accelerator="cpu", overrides=SMALL, eval_subset=8,
-                          trainer={"log_every_n_steps": 2})  # fmt: skip
+    opts = T.TrainOptions(
+        out=str(tmp_path),
+        max_steps=STEPS,
+        val_every=1000,
+        ckpt_every=1000,
+        progress=True,
+        accelerator="cpu",
+        overrides=SMALL,
+        eval_subset=8,
+        trainer={"log_every_n_steps": 2},
+    )
     T.train(opts, hooks=T.Hooks(callbacks=(syncs,)))
     # entry i is step i + 1; the first sets things up; a step with a validation (75%, 87.5%) after it is None
     counted = {step: n for step, n in enumerate(syncs.per_step, start=1) if step > 1 and n is not None}

@@ -49,15 +49,20 @@ class MetricsRunner:
         steps = spec.train_steps  # its whole budget: a run that stopped short would be run again (books' `short`)
         config = RunConfig(spec, DataIdentity(corpus), TrainPlan(seed, steps, 1, 1, 1024, "32-true"))
         run = OutDir(opts.train.out).run("tiny", corpus, row, seed)
-        return run.write_metrics(config, "completed", dev_bleu=20.0 + len(row), dev_ppl=5.0, steps=steps,
-                                 params=spec.model.params()).to_dict()  # fmt: skip
+        return run.write_metrics(
+            config, "completed", dev_bleu=20.0 + len(row), dev_ppl=5.0, steps=steps, params=spec.model.params()
+        ).to_dict()
 
 
 def sweep(tmp_path, storage, rows, table=()):
     url = f"sqlite:///{tmp_path}/runs/optuna.db" if storage == "sqlite" else f"journal:///{tmp_path}/runs/j.log"
     (tmp_path / "runs").mkdir(exist_ok=True)
-    return SweepOptions(select=Selection(rows=rows), storage=url, report="",
-                        train=TrainOptions(out=str(tmp_path / "runs"), table=tuple(table)))  # fmt: skip
+    return SweepOptions(
+        select=Selection(rows=rows),
+        storage=url,
+        report="",
+        train=TrainOptions(out=str(tmp_path / "runs"), table=tuple(table)),
+    )
 
 
 def trials_by_row(opts) -> dict:

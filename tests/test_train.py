@@ -38,8 +38,20 @@ def trained(cache, tmp_path_factory):
 
 def test_train_writes_config_checkpoints_and_metrics(trained):
     metrics = json.loads((trained / "metrics.json").read_text())
-    required = {"row", "seed", "preset", "data", "status", "dev_bleu", "dev_bleu_signature", "dev_ppl", "params",
-                "steps", "train_time_s", "tokens_per_s"}  # fmt: skip
+    required = {
+        "row",
+        "seed",
+        "preset",
+        "data",
+        "status",
+        "dev_bleu",
+        "dev_bleu_signature",
+        "dev_ppl",
+        "params",
+        "steps",
+        "train_time_s",
+        "tokens_per_s",
+    }
     assert required <= set(metrics)
     assert (metrics["row"], metrics["seed"], metrics["preset"], metrics["data"]) == ("base", 0, "tiny", "synthetic")
     assert metrics["status"] == "completed" and metrics["steps"] == 2 and metrics["dev_sentences"] == 4
@@ -133,16 +145,29 @@ def test_the_final_evaluation_runs_on_the_device_the_run_trained_on(cache, tmp_p
 
     def evaluate(model, dm, split):
         seen.append(next(model.parameters()).device)
-        return {"ppl": 1.0, "bleu": 0.0, "bleu_signature": "", "tok_bleu": 0.0, "tok_bleu_label": "",
-                "n_sentences": 0, "hypotheses": []}  # fmt: skip
+        return {
+            "ppl": 1.0,
+            "bleu": 0.0,
+            "bleu_signature": "",
+            "tok_bleu": 0.0,
+            "tok_bleu_label": "",
+            "n_sentences": 0,
+            "hypotheses": [],
+        }
 
     class MoveStrategy(pl.Callback):
         def on_fit_end(self, trainer, pl_module):
             trainer.strategy._root_device = torch.device("meta")
 
     monkeypatch.setattr(T, "evaluate", evaluate)
-    opts = T.TrainOptions(out=str(tmp_path), max_steps=1, val_bleu_sentences=2, progress=False, accelerator="cpu",
-                          overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2})  # fmt: skip
+    opts = T.TrainOptions(
+        out=str(tmp_path),
+        max_steps=1,
+        val_bleu_sentences=2,
+        progress=False,
+        accelerator="cpu",
+        overrides={"N": 1, "d_model": 32, "d_ff": 64, "h": 2},
+    )
     T.train(opts, hooks=T.Hooks(callbacks=(MoveStrategy(),)))
     assert seen == [torch.device("meta")]
 
@@ -151,8 +176,21 @@ def test_a_bf16_residual_stream_trains_and_is_evaluated_and_recorded(cache, tmp_
     """`--residual-dtype bf16` end to end: it trains under bf16-mixed, the final evaluation (outside autocast, in
     fp32) runs, and metrics.json says what the run trained under (it crashed after training before)."""
     out = tmp_path / "runs"
-    argv = ["train", "--row", "base", "--preset", "tiny", "--out", str(out), *FAST, *SMALL, "--precision",
-            "bf16-mixed", "--residual-dtype", "bf16"]  # fmt: skip
+    argv = [
+        "train",
+        "--row",
+        "base",
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        *FAST,
+        *SMALL,
+        "--precision",
+        "bf16-mixed",
+        "--residual-dtype",
+        "bf16",
+    ]
     assert main(argv) == 0
     metrics = json.loads((out / "tiny/synthetic/base/seed0/metrics.json").read_text())
     assert metrics["status"] == "completed" and metrics["dev_ppl"] > 1
@@ -199,9 +237,15 @@ def test_eval_and_average_a_checkpoint(trained, capsys, tmp_path):
 def _checkpoint(path: Path, step: int, seed: int, d_model: int = 16) -> dict:
     g = torch.Generator().manual_seed(seed)
     spec = resolve("base", "tiny", overrides={"N": 1, "d_model": d_model, "d_ff": 32, "h": 2}, vocab_size=50)
-    ckpt = checkpoint_of(spec, global_step=step,
-                         state_dict={"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g) * 1e3,
-                                     "count": torch.tensor([step])})  # fmt: skip
+    ckpt = checkpoint_of(
+        spec,
+        global_step=step,
+        state_dict={
+            "w": torch.randn(3, 4, generator=g),
+            "b": torch.randn(4, generator=g) * 1e3,
+            "count": torch.tensor([step]),
+        },
+    )
     torch.save(ckpt, path)
     return ckpt
 
@@ -272,12 +316,15 @@ def write_pair(d: Path, split: str, src: list[str], tgt: list[str], gz: bool = F
             (d / f"{split}.{lang}").write_bytes(data)
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing", "has no file"),
-    ("empty", "is empty"),
-    ("mismatch", "line"),
-    ("utf8", "UTF-8"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "has no file"),
+        ("empty", "is empty"),
+        ("mismatch", "line"),
+        ("utf8", "UTF-8"),
+    ],
+)
 def test_bad_corpus_is_one_line_exit_2_and_writes_no_run(case, message, tmp_path, cache, capsys):
     data = tmp_path / "corpus"
     lines = [f"sentence number {i} ." for i in range(50)]
@@ -298,11 +345,14 @@ def test_bad_corpus_is_one_line_exit_2_and_writes_no_run(case, message, tmp_path
     assert not out.exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--row", "Z1"], "unknown row 'Z1'"),
-    (["train", "--preset", "huge"], "unknown preset 'huge'"),
-    (["train", "--data", "europarl"], "europarl"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--row", "Z1"], "unknown row 'Z1'"),
+        (["train", "--preset", "huge"], "unknown preset 'huge'"),
+        (["train", "--data", "europarl"], "europarl"),
+    ],
+)
 def test_bad_flags_are_one_line_exit_2(argv, message, tmp_path, cache, capsys):
     out = tmp_path / "runs"
     assert main([*argv, "--out", str(out), *FAST]) == 2
@@ -430,8 +480,9 @@ def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
         losses, grads = [], None  # update divides by tiny second moments and would amplify it)
         for b in batches:
             memory, mask = model.encode(b["src"])
-            loss, _, _ = projected_label_smoothed_loss(model.decode(b["tgt_in"], memory, mask), model.embed.weight,
-                                                       b["tgt_out"], 0.1)  # fmt: skip
+            loss, _, _ = projected_label_smoothed_loss(
+                model.decode(b["tgt_in"], memory, mask), model.embed.weight, b["tgt_out"], 0.1
+            )
             loss.backward()
             grads = grads or {k: p.grad.clone() for k, p in model.named_parameters()}  # the first step's
             opt.step()
@@ -468,8 +519,11 @@ def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compil
 
     torch._dynamo.reset()
     counters.clear()
-    limits = {n: getattr(torch._dynamo.config, n) for n in ("recompile_limit", "cache_size_limit")
-              if hasattr(torch._dynamo.config, n)}  # fmt: skip
+    limits = {
+        n: getattr(torch._dynamo.config, n)
+        for n in ("recompile_limit", "cache_size_limit")
+        if hasattr(torch._dynamo.config, n)
+    }
     try:
         torch.manual_seed(0)
         model = Transformer(TransformerConfig(N=2, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=128, P_drop=0.1))

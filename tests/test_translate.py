@@ -15,8 +15,19 @@ from aiayn.cli import main
 from aiayn.common.files import sha256_file
 from aiayn.lightning_modules.data.corpora import CorpusRef, read_parallel, resolve_corpus
 
-FAST = ["--max-steps", "3", "--ckpt-every", "2", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
-        "--accelerator", "cpu"]  # fmt: skip
+FAST = [
+    "--max-steps",
+    "3",
+    "--ckpt-every",
+    "2",
+    "--val-bleu-sentences",
+    "4",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+]
 SENTENCES = ["The dog sees the cat.", "", "Today the small boy sleeps in the garden."]
 
 
@@ -53,8 +64,9 @@ def stdin(monkeypatch, text: bytes):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
 
 
-def test_a_copied_run_translates_and_evaluates_without_corpus_or_cache(trained, tmp_path, no_cache, monkeypatch,
-                                                                       capsys):  # fmt: skip
+def test_a_copied_run_translates_and_evaluates_without_corpus_or_cache(
+    trained, tmp_path, no_cache, monkeypatch, capsys
+):
     run, dev = trained
     copy = tmp_path / "elsewhere" / "my-model"
     shutil.copytree(run, copy)

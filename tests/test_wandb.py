@@ -23,16 +23,31 @@ from aiayn.lightning_modules.run.wandb_run import init_kwargs
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
 
 
-FAST = ["--max-steps", "2", "--ckpt-every", "1", "--val-bleu-sentences", "4", "--eval-subset", "4", "--no-progress",
-        "--accelerator", "cpu"]  # fmt: skip
+FAST = [
+    "--max-steps",
+    "2",
+    "--ckpt-every",
+    "1",
+    "--val-bleu-sentences",
+    "4",
+    "--eval-subset",
+    "4",
+    "--no-progress",
+    "--accelerator",
+    "cpu",
+]
 FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "report" / "runs"
 
 
 def records(path: Path) -> list[dict]:
     """Every record of a W&B offline `.wandb` file, in order, as W&B's own reader prints them (`wandb leet inspect
     --json`, wandb >= 0.31: one JSON object per record, its `type` and its fields)."""
-    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"wandb leet inspect {path}: {done.stderr[-2000:]}"
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
@@ -45,8 +60,13 @@ def wandb_run(run_file: Path) -> dict:
         out["kinds"].append(kind)
         if kind == "run":
             run = r["run"]
-            out.update(id=run["run_id"], name=run.get("display_name"), group=run.get("run_group"),
-                       project=run.get("project"), job_type=run.get("job_type"))  # fmt: skip
+            out.update(
+                id=run["run_id"],
+                name=run.get("display_name"),
+                group=run.get("run_group"),
+                project=run.get("project"),
+                job_type=run.get("job_type"),
+            )
             out["config"].update(run.get("config", {}).get("update", {}))
         elif kind == "config":
             out["config"].update(r["config"].get("update", {}))
@@ -54,8 +74,9 @@ def wandb_run(run_file: Path) -> dict:
             out["summary"].update(r["summary"].get("update", {}))
         elif kind == "artifact":
             a = r["artifact"]
-            out["artifacts"].append({"type": a["type"], "name": a["name"],
-                                     "files": sorted(e["path"] for e in a["manifest"]["contents"])})  # fmt: skip
+            out["artifacts"].append(
+                {"type": a["type"], "name": a["name"], "files": sorted(e["path"] for e in a["manifest"]["contents"])}
+            )
     assert "id" in out, f"no run record in {run_file} ({run_file.stat().st_size} bytes): {out['kinds']}"
     return out
 
@@ -93,8 +114,10 @@ def test_a_resumed_run_logs_its_config_summary_and_attempts(cache, tmp_path, off
     argv[argv.index("--max-steps") + 1] = "3"  # the same run directory, resumed for one more step
     assert main([*argv, "--wandb-checkpoints"]) == 0
     err = capsys.readouterr().err
-    assert (f"W&B cannot resume an offline run, so attempt 2 of {run.path} is its own W&B run {base}-a2 "
-            f"('C1-s0 attempt 2'; earlier attempts: {base})") in err  # fmt: skip
+    assert (
+        f"W&B cannot resume an offline run, so attempt 2 of {run.path} is its own W&B run {base}-a2 "
+        f"('C1-s0 attempt 2'; earlier attempts: {base})"
+    ) in err
     attempts = json.loads(run.wandb_record.read_text())["attempts"]
     assert [(a["attempt"], a["mode"], a["id"]) for a in attempts] == [
         (1, "offline", base),
@@ -144,14 +167,17 @@ def test_online_every_attempt_resumes_the_run_directorys_one_w_and_b_run(tmp_pat
 MODE = "from aiayn.common.wandb_mode import wandb_mode; print(wandb_mode()[0])"
 
 
-@pytest.mark.parametrize("env, netrc, expected", [
-    ({"WANDB_MODE": "offline", "WANDB_API_KEY": "k" * 40}, False, "offline"),  # WANDB_MODE wins over a key
-    ({"WANDB_MODE": "disabled"}, True, "disabled"),
-    ({"WANDB_MODE": "dryrun"}, False, "offline"),
-    ({"WANDB_API_KEY": "k" * 40}, False, "online"),
-    ({}, True, "online"),  # `wandb login` wrote ~/.netrc
-    ({}, False, "offline"),  # nothing to log in with
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "env, netrc, expected",
+    [
+        ({"WANDB_MODE": "offline", "WANDB_API_KEY": "k" * 40}, False, "offline"),  # WANDB_MODE wins over a key
+        ({"WANDB_MODE": "disabled"}, True, "disabled"),
+        ({"WANDB_MODE": "dryrun"}, False, "offline"),
+        ({"WANDB_API_KEY": "k" * 40}, False, "online"),
+        ({}, True, "online"),  # `wandb login` wrote ~/.netrc
+        ({}, False, "offline"),  # nothing to log in with
+    ],
+)
 def test_the_mode_follows_wandbs_conventions(env, netrc, expected, tmp_path):
     """In a fresh process each (W&B reads its settings once per process), with HOME in tmp_path."""
     home = tmp_path / "home"

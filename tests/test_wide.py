@@ -153,14 +153,31 @@ def test_the_wide_gpu_call_runs_its_pilot_rule_and_first_slice_on_a_cpu_in_its_s
     """scripts/gpu-wide.sh's stages in order, narrow and short: the pilot, rule 2's budget and power (before the
     slice), the first registered slice with its report, at most 8 files back."""
     out = tmp_path / "out"
-    env = {**os.environ, "GPU_WIDE_SMOKE": "1", "OUT": str(out), "PYTHON": sys.executable, "AIAYN_CACHE": str(cache),
-           "TMPDIR": str(tmp_path), "DEADLINE_S": "900", "MULTI30K": str(MULTI30K)}  # fmt: skip
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-wide.sh")], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1200)  # fmt: skip
+    env = {
+        **os.environ,
+        "GPU_WIDE_SMOKE": "1",
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "AIAYN_CACHE": str(cache),
+        "TMPDIR": str(tmp_path),
+        "DEADLINE_S": "900",
+        "MULTI30K": str(MULTI30K),
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-wide.sh")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["logs.tar.gz", "rule.json", "rule.md", "summary.md", "verdicts.md", "wide-curves.csv",
-                     "wide.json", "wide.md"]  # fmt: skip
+    assert files == [
+        "logs.tar.gz",
+        "rule.json",
+        "rule.md",
+        "summary.md",
+        "verdicts.md",
+        "wide-curves.csv",
+        "wide.json",
+        "wide.md",
+    ]
     summary = (out / "summary.md").read_text()
     assert "| pilot (base, seeds 100-103) | ok |" in summary, summary
     rule = json.loads((out / "rule.json").read_text())

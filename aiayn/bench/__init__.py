@@ -20,8 +20,9 @@ BENCH_SIZES = ("evidence", "tiny", "laptop", "base", "paper")
 class BenchOptions:
     """What `aiayn bench` measures (aiayn/bench/run.py): one model's training and decoding speed."""
 
-    size: str = option("tiny", "the model's size (`--config` is a YAML file of these options, as everywhere)",
-                       choices=BENCH_SIZES)  # fmt: skip
+    size: str = option(
+        "tiny", "the model's size (`--config` is a YAML file of these options, as everywhere)", choices=BENCH_SIZES
+    )
     device: str = option("auto", "auto: cuda when available", choices=("auto", "cpu", "cuda"))
     peers: bool = option(False, "also torch.nn.Transformer and transformers' MarianMTModel")
     json: str | None = option(None, "write the results here, one object per implementation (--trainer: per config)")
@@ -38,11 +39,17 @@ class BenchOptions:
     alpha: float = option(PAPER_DECODING.alpha, "length penalty (aiayn: GNMT's; Marian: score/len^alpha)")
     threads: int | None = option(None, "torch.set_num_threads (default: torch's own)", positive=True)
     padding: bool = option(False, "also the padding waste of token-bucket batches")
-    profile: bool = option(False, "also profile aiayn's training step (torch.profiler, --steps steps): launches a "
-                           "step, the top kernels, the device's idle time between them")  # fmt: skip
-    compile: str = option("none", "torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is "
-                          "fixed, so statically; graphs: as CUDA graphs on a GPU)",
-                          choices=("none", "layers", "model", "graphs"))  # fmt: skip
+    profile: bool = option(
+        False,
+        "also profile aiayn's training step (torch.profiler, --steps steps): launches a "
+        "step, the top kernels, the device's idle time between them",
+    )
+    compile: str = option(
+        "none",
+        "torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is "
+        "fixed, so statically; graphs: as CUDA graphs on a GPU)",
+        choices=("none", "layers", "model", "graphs"),
+    )
     residual_dtype: str = option(
         "fp32",
         "aiayn's residual stream under the bench's bf16 autocast (a CUDA device), as `aiayn train --residual-dtype` "
@@ -52,18 +59,24 @@ class BenchOptions:
     multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
     cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")
     trainer: bool = option(
-        False, "instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches "
+        False,
+        "instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches "
         "(tokens/s of each and their ratio, per size; aiayn/bench/trainer.py says what each side includes)",
-    )  # fmt: skip
+    )
     pack: int | None = option(
-        None, "instead: K seeds' training steps packed into one (lightning_modules/transformer/packed.py) against the "
+        None,
+        "instead: K seeds' training steps packed into one (lightning_modules/transformer/packed.py) against the "
         "K models stepped one after another, each seed its own batch (seed-steps/s of each, launches per step; "
-        "aiayn/bench/packed.py)", positive=True, metavar="K",
-    )  # fmt: skip
+        "aiayn/bench/packed.py)",
+        positive=True,
+        metavar="K",
+    )
     trainer_sizes: tuple[str, ...] = option(
-        (), "with --trainer: a model size to measure (repeatable; default: tiny and laptop)", flag="--trainer-size",
+        (),
+        "with --trainer: a model size to measure (repeatable; default: tiny and laptop)",
+        flag="--trainer-size",
         metavar="SIZE",
-    )  # fmt: skip
+    )
 
     @classmethod
     def config_layer(cls, path: str, prog: str = "aiayn bench", skip=()) -> tuple[dict, None]:

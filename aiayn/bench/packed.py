@@ -102,12 +102,23 @@ def run(opts: BenchOptions) -> dict:
     for _ in range(opts.trials):
         for name, step in steps.items():
             rounds[name].append(time_steps(step, device, opts.steps))
-    out = {"size": bc.name, "note": bc.note, "K": K, "device": device_name(device), "steps": opts.steps,
-           "trials": opts.trials, "tokens_per_side": bc.tokens_per_side, "compile": opts.compile}  # fmt: skip
+    out = {
+        "size": bc.name,
+        "note": bc.note,
+        "K": K,
+        "device": device_name(device),
+        "steps": opts.steps,
+        "trials": opts.trials,
+        "tokens_per_side": bc.tokens_per_side,
+        "compile": opts.compile,
+    }
     for name, step in steps.items():
         s = statistics.median(rounds[name])
-        out[name] = {"step_s": s, "seed_steps_per_s": K / s,
-                     "launches_per_step": profile_steps(step, device, opts.steps)["launches_per_step"]}  # fmt: skip
+        out[name] = {
+            "step_s": s,
+            "seed_steps_per_s": K / s,
+            "launches_per_step": profile_steps(step, device, opts.steps)["launches_per_step"],
+        }
     out["speedup"] = out["packed"]["seed_steps_per_s"] / out["separate"]["seed_steps_per_s"]
     if "packed, compiled" in out:
         out["compiled_speedup"] = out["packed, compiled"]["seed_steps_per_s"] / out["separate"]["seed_steps_per_s"]
@@ -115,10 +126,12 @@ def run(opts: BenchOptions) -> dict:
 
 
 def text(r: dict) -> str:
-    lines = [f"{r['K']} seeds of the {r['size']} size ({r['note']}, {r['tokens_per_side']} padded positions a side "
-             f"each) on {r['device']}, medians of {r['trials']} rounds of {r['steps']} steps",
-             "| side | seed-steps/s | one call (K seed-steps), ms | launches a call |",
-             "| --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"{r['K']} seeds of the {r['size']} size ({r['note']}, {r['tokens_per_side']} padded positions a side "
+        f"each) on {r['device']}, medians of {r['trials']} rounds of {r['steps']} steps",
+        "| side | seed-steps/s | one call (K seed-steps), ms | launches a call |",
+        "| --- | --- | --- | --- |",
+    ]
     for name in ("separate", "packed", "separate, torch's dropout", "packed, compiled"):
         if name not in r:
             continue
@@ -133,6 +146,7 @@ def text(r: dict) -> str:
 
 def main(opts: BenchOptions) -> int:
     if opts.peers or opts.padding or opts.trainer_sizes:
-        raise UserError("--pack compares a pack with its seeds stepped apart only; drop --peers, --padding and "
-                        "--trainer-size")  # fmt: skip
+        raise UserError(
+            "--pack compares a pack with its seeds stepped apart only; drop --peers, --padding and --trainer-size"
+        )
     return bench_main(opts, run, text)

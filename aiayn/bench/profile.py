@@ -89,9 +89,14 @@ def profile_steps(step: Callable[[], None], device: torch.device, steps: int) ->
 
 def profile_text(impl: str, p: dict) -> str:
     """The profile as the bench prints it, under its table."""
-    lines = [f"\nprofile of {impl}'s training step ({p['steps']} steps): {p['launches_per_step']:.0f} {p['what']} a "
-             f"step, {p['work_ms_per_step']:.2f} ms of their own time a step"
-             + (f"; the device idle {100 * p['device_idle_fraction']:.1f}% of the span between its first and last "
-                "kernel" if "device_idle_fraction" in p else "")]  # fmt: skip
+    lines = [
+        f"\nprofile of {impl}'s training step ({p['steps']} steps): {p['launches_per_step']:.0f} {p['what']} a "
+        f"step, {p['work_ms_per_step']:.2f} ms of their own time a step"
+        + (
+            f"; the device idle {100 * p['device_idle_fraction']:.1f}% of the span between its first and last kernel"
+            if "device_idle_fraction" in p
+            else ""
+        )
+    ]
     lines += [f"  {100 * t['share']:5.1f}%  {t['ms_per_step']:8.3f} ms  {t['name'][:100]}" for t in p["top"]]
     return "\n".join(lines)

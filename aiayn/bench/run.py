@@ -201,9 +201,18 @@ class TorchTransformerPeer(nn.Module):
         encoder = nn.TransformerEncoder(enc_layer, cfg.N, norm=None, enable_nested_tensor=False)
         decoder = nn.TransformerDecoder(dec_layer, cfg.N, norm=None)
         self.transformer = nn.Transformer(
-            d, cfg.h, cfg.N, cfg.N, cfg.d_ff, cfg.P_drop, "relu", custom_encoder=encoder, custom_decoder=decoder,
-            batch_first=True, norm_first=False,
-        )  # fmt: skip
+            d,
+            cfg.h,
+            cfg.N,
+            cfg.N,
+            cfg.d_ff,
+            cfg.P_drop,
+            "relu",
+            custom_encoder=encoder,
+            custom_decoder=decoder,
+            batch_first=True,
+            norm_first=False,
+        )
         for layer in [*encoder.layers, *decoder.layers]:
             layer.dropout = nn.Identity()  # FFN hidden-layer dropout: not in the paper
             for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
@@ -366,11 +375,20 @@ def decode(impl: str, model: nn.Module, sources: Tensor, batch: int, beam: int, 
             if impl == "hf_marian":
                 # aiayn decodes src_len + extra tokens then forces EOS: src_len + extra + 1 decoder steps
                 model.generate(
-                    input_ids=src, attention_mask=torch.ones_like(src), num_beams=beam, do_sample=False,
-                    max_new_tokens=src.shape[1] + extra + 1, length_penalty=alpha, early_stopping=True,
-                    num_return_sequences=1, decoder_start_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
-                    forced_eos_token_id=EOS, use_cache=True,
-                )  # fmt: skip
+                    input_ids=src,
+                    attention_mask=torch.ones_like(src),
+                    num_beams=beam,
+                    do_sample=False,
+                    max_new_tokens=src.shape[1] + extra + 1,
+                    length_penalty=alpha,
+                    early_stopping=True,
+                    num_return_sequences=1,
+                    decoder_start_token_id=BOS,
+                    eos_token_id=EOS,
+                    pad_token_id=PAD,
+                    forced_eos_token_id=EOS,
+                    use_cache=True,
+                )
             else:
                 beam_search(model, src, BOS, EOS, beam=beam, alpha=alpha, extra_len=extra)
     finally:
@@ -444,12 +462,29 @@ def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict
             frac = padding_stats(batches, s.src_lens, s.tgt_lens, pad_to, square=static)
             shapes = len(batch_shapes(batches, s.src_lens, s.tgt_lens, pad_to, square=static))
             real = sum(int(s.tgt_lens[b].sum()) + len(b) for b in batches) / len(batches)
-            out.append({"corpus": corpus, "vocab_size": vocab, "max_tokens": max_tokens, "pad_to": pad_to,
-                        "static_shapes": static, "padding_fraction": frac, "batches": len(batches),
-                        "distinct_shapes": shapes, "real_target_tokens_per_batch": real})  # fmt: skip
-            log.info("padding: %s max_tokens %d, pad to %d%s: %.2f%% padded positions, %d distinct shapes in %d "
-                     "batches", corpus, max_tokens, pad_to, ", static shapes" if static else "", 100 * frac, shapes,
-                     len(batches))  # fmt: skip
+            out.append(
+                {
+                    "corpus": corpus,
+                    "vocab_size": vocab,
+                    "max_tokens": max_tokens,
+                    "pad_to": pad_to,
+                    "static_shapes": static,
+                    "padding_fraction": frac,
+                    "batches": len(batches),
+                    "distinct_shapes": shapes,
+                    "real_target_tokens_per_batch": real,
+                }
+            )
+            log.info(
+                "padding: %s max_tokens %d, pad to %d%s: %.2f%% padded positions, %d distinct shapes in %d batches",
+                corpus,
+                max_tokens,
+                pad_to,
+                ", static shapes" if static else "",
+                100 * frac,
+                shapes,
+                len(batches),
+            )
         s.static_bucket = None
     return out
 
@@ -612,10 +647,12 @@ def table(results: list[dict]) -> str:
 
         lines.append(profile_text(r["impl"], r["profile"]))
     for p in r.get("padding", []):
-        lines.append(f"padding {p['corpus']} (max_tokens {p['max_tokens']}, lengths to a multiple of {p['pad_to']}"
-                     f"{', static shapes' if p['static_shapes'] else ''}): {100 * p['padding_fraction']:.2f}%, "
-                     f"{p['distinct_shapes']} distinct shapes in {p['batches']} batches, "
-                     f"{p['real_target_tokens_per_batch']:.0f} real target tokens a batch")  # fmt: skip
+        lines.append(
+            f"padding {p['corpus']} (max_tokens {p['max_tokens']}, lengths to a multiple of {p['pad_to']}"
+            f"{', static shapes' if p['static_shapes'] else ''}): {100 * p['padding_fraction']:.2f}%, "
+            f"{p['distinct_shapes']} distinct shapes in {p['batches']} batches, "
+            f"{p['real_target_tokens_per_batch']:.0f} real target tokens a batch"
+        )
     return "\n".join(lines)
 
 

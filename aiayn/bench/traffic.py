@@ -73,8 +73,9 @@ class CountTraffic(TorchDispatchMode):
         return out
 
 
-def loss_traffic(vocab: int, d_model: int, positions: int, *, autocast: bool = True, chunk: int | None = None,
-                 loss_fn=None) -> Traffic:  # fmt: skip
+def loss_traffic(
+    vocab: int, d_model: int, positions: int, *, autocast: bool = True, chunk: int | None = None, loss_fn=None
+) -> Traffic:
     """The traffic of one forward (with its gradients, which the fused loss computes there) of the fused projection and
     label-smoothed loss: `positions` target positions of `d_model` hidden states against a `vocab` × `d_model` fp32
     embedding, under CPU bf16 autocast (as Lightning's bf16-mixed, cast cache off) or in fp32; on fake tensors.
@@ -131,8 +132,9 @@ def step_traffic(cfg, tokens: int, seq_len: int, *, residual: str = "fp32") -> d
                 with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
                     memory, mask = model.encode(src)
                     hidden = model.decode(tgt, memory, mask)
-                    loss, _, _ = projected_label_smoothed_loss(hidden, model.embed.weight, tgt, cfg.eps_ls,
-                                                               reduction="sum")  # fmt: skip
+                    loss, _, _ = projected_label_smoothed_loss(
+                        hidden, model.embed.weight, tgt, cfg.eps_ls, reduction="sum"
+                    )
                 loss.backward()
     finally:
         M.CPU_FAST_PATHS = fast
@@ -160,17 +162,21 @@ def main(argv: list[str] | None = None) -> None:
         cfg = resolve("base", "paper").model
         kinds = step_traffic(cfg, args.positions, args.seq_len, residual=args.residual)
         total = sum(k.total_bytes for k in kinds.values())
-        print(f"paper base step, {args.positions} + {args.positions} tokens in sentences of {args.seq_len}, bf16 "
-              f"autocast, {args.residual} residual stream: {total / 1e9:.1f} GB read + written, "
-              f"{sum(k.dispatches for k in kinds.values())} ops")  # fmt: skip
+        print(
+            f"paper base step, {args.positions} + {args.positions} tokens in sentences of {args.seq_len}, bf16 "
+            f"autocast, {args.residual} residual stream: {total / 1e9:.1f} GB read + written, "
+            f"{sum(k.dispatches for k in kinds.values())} ops"
+        )
         for kind, k in kinds.items():
             top = ", ".join(f"{n} {b / 1e9:.1f}" for n, b in k.bytes.most_common(6))
             print(f"  {kind}: {k.total_bytes / 1e9:.1f} GB in {k.dispatches} ops ({top})")
         return
     t = loss_traffic(args.vocab, args.d_model, args.positions, autocast=not args.fp32)
-    print(f"fused loss, {args.positions} positions x V {args.vocab} x d_model {args.d_model}, "
-          f"{'fp32' if args.fp32 else 'bf16 autocast'}: {t.dispatches} ops, {t.total_bytes / 1e9:.2f} GB read + "
-          f"written, the weight cast {t.watched_casts} time(s)")  # fmt: skip
+    print(
+        f"fused loss, {args.positions} positions x V {args.vocab} x d_model {args.d_model}, "
+        f"{'fp32' if args.fp32 else 'bf16 autocast'}: {t.dispatches} ops, {t.total_bytes / 1e9:.2f} GB read + "
+        f"written, the weight cast {t.watched_casts} time(s)"
+    )
     for name, n in t.bytes.most_common(8):
         print(f"  {name}: {t.ops[name]} calls, {n / 1e9:.2f} GB")
 

@@ -65,16 +65,31 @@ class Parser(argparse.ArgumentParser):
 
 def _config_arguments(p, command: Command) -> None:
     """--config FILE and --print-config for `command`."""
-    p.add_argument("--config", metavar="FILE", action="append", default=None, help=command.config_help or (
-        "a YAML file of these options (what --print-config prints; nested by group or dotted, e.g. train.max_steps); "
-        "repeatable, later files over earlier ones; flags given here override them all"))  # fmt: skip
-    p.add_argument("--print-config", action="store_true", help=command.print_help or (
-        "print these options as YAML (every value, the config file included) and exit: `--config` of that file runs "
-        "the same command"))  # fmt: skip
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        action="append",
+        default=None,
+        help=command.config_help
+        or (
+            "a YAML file of these options (what --print-config prints; nested by group or dotted, e.g. "
+            "train.max_steps); repeatable, later files over earlier ones; flags given here override them all"
+        ),
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help=command.print_help
+        or (
+            "print these options as YAML (every value, the config file included) and exit: `--config` of that file "
+            "runs the same command"
+        ),
+    )
 
 
-def build_parser(commands: tuple[Command, ...], groups: dict[str, str], *, prog: str, description: str,
-                 version: str) -> argparse.ArgumentParser:  # fmt: skip
+def build_parser(
+    commands: tuple[Command, ...], groups: dict[str, str], *, prog: str, description: str, version: str
+) -> argparse.ArgumentParser:
     """The program's parser, every subcommand built from `commands` (`groups`: the help of each first word that has
     subcommands, e.g. "slurm")."""
     p = Parser(prog=prog, description=description)
@@ -156,8 +171,11 @@ def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.N
         raise UserError(f"{sub.prog} does not take {word}: {refuses[word]}; leave it out")
     flags = [f for p in (sub, parser) for a in p._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
     near = did_you_mean(word, flags) if word.startswith("--") else ""
-    raise UserError(f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {near[1:-1]}?)" if near else "")
-                    + f"; see `{sub.prog} --help`")  # fmt: skip
+    raise UserError(
+        f"unrecognized arguments: {' '.join(extra)}"
+        + (f" (did you mean {near[1:-1]}?)" if near else "")
+        + f"; see `{sub.prog} --help`"
+    )
 
 
 def print_config(opts, command: Command) -> None:

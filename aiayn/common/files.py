@@ -30,8 +30,10 @@ def check_path_length(path: str | os.PathLike, flag: str) -> None:
     raw = os.fsencode(os.fspath(path))
     longest = max((len(name) for name in raw.split(b"/")), default=0)
     if len(raw) > PATH_MAX or longest > NAME_MAX:
-        raise UserError(f"{flag}: a path of {len(raw)} bytes with a name of {longest} (at most {PATH_MAX} and "
-                        f"{NAME_MAX}); pass a shorter path")  # fmt: skip
+        raise UserError(
+            f"{flag}: a path of {len(raw)} bytes with a name of {longest} (at most {PATH_MAX} and "
+            f"{NAME_MAX}); pass a shorter path"
+        )
 
 
 def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> None:
@@ -174,12 +176,20 @@ def read_user_text(path: str | os.PathLike, what: str, limit: int, fix: str) -> 
         raise UserError(f"cannot read {what} ({e.strerror or type(e).__name__}); {fix}") from None
     if not stat.S_ISREG(st.st_mode):
         mode = st.st_mode
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")  # fmt: skip
+        kind = (
+            "a directory"
+            if stat.S_ISDIR(mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "not a regular file"
+        )
         raise UserError(f"{what} is {kind}, not a file; {fix}")
     if st.st_size > limit:
-        raise UserError(f"{what} is {st.st_size / 2**20:.1f} MB, more than such a file can be (at most "
-                        f"{limit / 2**20:g} MB); {fix}")  # fmt: skip
+        raise UserError(
+            f"{what} is {st.st_size / 2**20:.1f} MB, more than such a file can be (at most {limit / 2**20:g} MB); {fix}"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             return f.read(limit + 1)[:limit]
@@ -196,8 +206,10 @@ def check_writable_file(path: str | os.PathLike, flag: str) -> None:
         raise UserError(f"{flag} {path} is a directory; pass a file name (e.g. {path / 'out.txt'})")
     probe = nearest_existing(path.absolute().parent)
     if not probe.is_dir() or not can_create_in(probe):
-        raise UserError(f"{flag} {path} cannot be written: {probe} is not a directory you can write; pass {flag} a "
-                        "path you can write")  # fmt: skip
+        raise UserError(
+            f"{flag} {path} cannot be written: {probe} is not a directory you can write; pass {flag} a "
+            "path you can write"
+        )
 
 
 class DiskFull(UserError):
@@ -222,8 +234,10 @@ def disk_full(path: Path, error: BaseException, need: int | None, written: int |
     too_big = isinstance(error, OSError) and error.errno == errno.EFBIG
     if limit is not None and (too_big or (written or 0) >= limit or (need or 0) > limit):
         needs = f" (it needs about {_size(need)})" if need else ""
-        return DiskFull(f"cannot write {path}: larger than this process's file-size limit, {_size(limit)} (ulimit -f)"
-                        f"{needs}; raise the limit (ulimit -f unlimited) or write somewhere without one")  # fmt: skip
+        return DiskFull(
+            f"cannot write {path}: larger than this process's file-size limit, {_size(limit)} (ulimit -f)"
+            f"{needs}; raise the limit (ulimit -f unlimited) or write somewhere without one"
+        )
     if isinstance(error, OSError) and error.errno not in (errno.ENOSPC, errno.EDQUOT):
         return None
     try:
@@ -234,8 +248,10 @@ def disk_full(path: Path, error: BaseException, need: int | None, written: int |
         return None
     needs = f"about {_size(need)}" if need else "more space"
     left = f", {_size(free)} free" if free is not None else ""
-    return DiskFull(f"no space left to write {path} (it needs {needs}{left}); free space on that disk or write "
-                    "somewhere with room (e.g. --out on another disk)")  # fmt: skip
+    return DiskFull(
+        f"no space left to write {path} (it needs {needs}{left}); free space on that disk or write "
+        "somewhere with room (e.g. --out on another disk)"
+    )
 
 
 def _size(n: int) -> str:

@@ -53,17 +53,41 @@ def option(
     of a `dict` field into the dict, `render` the dict back into those strings; `cli=False` keeps a
     field off the command line; `positional` makes it an argument without a flag (`aiayn status OUT`). A field
     without a default is required: on the command line or in a --config file (checked by :func:`from_args`)."""
-    meta = {_KEY: dict(help=help, choices=choices, positive=positive, at_least=at_least, flag=flag, metavar=metavar,
-                       parse=parse, render=render, cli=cli, positional=positional)}  # fmt: skip
+    meta = {
+        _KEY: dict(
+            help=help,
+            choices=choices,
+            positive=positive,
+            at_least=at_least,
+            flag=flag,
+            metavar=metavar,
+            parse=parse,
+            render=render,
+            cli=cli,
+            positional=positional,
+        )
+    }
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
 def _meta(f: dataclasses.Field) -> dict:
-    return f.metadata.get(_KEY, {"cli": True, "help": "", "choices": None, "positive": False, "at_least": None,
-                                 "flag": None, "metavar": None, "parse": None, "render": None,
-                                 "positional": False})  # fmt: skip
+    return f.metadata.get(
+        _KEY,
+        {
+            "cli": True,
+            "help": "",
+            "choices": None,
+            "positive": False,
+            "at_least": None,
+            "flag": None,
+            "metavar": None,
+            "parse": None,
+            "render": None,
+            "positional": False,
+        },
+    )
 
 
 def _base_type(hint):
@@ -155,8 +179,14 @@ def add_options(
             continue
         own = _default(f) if instance is None else getattr(instance, f.name)
         if dataclasses.is_dataclass(base):
-            add_options(parser, base, skip=skip, defaults=defaults, prefix=f"{path}.",
-                        instance=own if dataclasses.is_dataclass(own) else None)  # fmt: skip
+            add_options(
+                parser,
+                base,
+                skip=skip,
+                defaults=defaults,
+                prefix=f"{path}.",
+                instance=own if dataclasses.is_dataclass(own) else None,
+            )
             continue
         default = defaults.get(path, own)
         kw = {"dest": _dest("", path), "help": meta["help"], "default": default}
@@ -168,8 +198,13 @@ def add_options(
             kw.update(action="append", default=None)
         else:
             least = meta.get("at_least")
-            kw["type"] = positive_int if meta["positive"] else int_at_least(least) if least is not None else (
-                finite_float if base is float else base)  # fmt: skip
+            kw["type"] = (
+                positive_int
+                if meta["positive"]
+                else int_at_least(least)
+                if least is not None
+                else (finite_float if base is float else base)
+            )
             if meta["choices"]:
                 kw["choices"] = meta["choices"]
         kw["help"] = kw["help"].replace("%", "%%")  # argparse formats help with %
@@ -191,13 +226,20 @@ def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", instance=
     (skipped ones, or ones a command decides). A field the command skips keeps its default: its group's default
     instance's (`instance`), else its class's. A required field that neither the command line nor a --config file
     gave is a UserError naming every one missing, as argparse's own."""
-    missing = [flag_of(f) if not _meta(f)["positional"] else (_meta(f)["metavar"] or f.name.upper())
-               for f in fields(cls) if f.name not in fixed and _meta(f)["cli"] and _default(f) is MISSING
-               and getattr(namespace, _dest(prefix, f.name), None) is None]  # fmt: skip
+    missing = [
+        flag_of(f) if not _meta(f)["positional"] else (_meta(f)["metavar"] or f.name.upper())
+        for f in fields(cls)
+        if f.name not in fixed
+        and _meta(f)["cli"]
+        and _default(f) is MISSING
+        and getattr(namespace, _dest(prefix, f.name), None) is None
+    ]
     if missing:
         prog = getattr(getattr(namespace, "parser_of", None), "prog", "aiayn")
-        raise UserError(f"the following arguments are required: {', '.join(missing)}; give them on the command line "
-                        f"or in a --config file, see `{prog} --help`")  # fmt: skip
+        raise UserError(
+            f"the following arguments are required: {', '.join(missing)}; give them on the command line "
+            f"or in a --config file, see `{prog} --help`"
+        )
     hints = typing.get_type_hints(cls)
     values = {}
     for f in fields(cls):
@@ -207,8 +249,9 @@ def from_args(cls, namespace: argparse.Namespace, *, prefix: str = "", instance=
         base, meta = _base_type(hints[f.name]), _meta(f)
         own = _default(f) if instance is None else getattr(instance, f.name)
         if dataclasses.is_dataclass(base):
-            values[f.name] = from_args(base, namespace, prefix=f"{prefix}{f.name}.",
-                                       instance=own if dataclasses.is_dataclass(own) else None)  # fmt: skip
+            values[f.name] = from_args(
+                base, namespace, prefix=f"{prefix}{f.name}.", instance=own if dataclasses.is_dataclass(own) else None
+            )
             continue
         dest = _dest(prefix, f.name)
         if not hasattr(namespace, dest):
@@ -297,8 +340,9 @@ def _no_alias_loader():
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
-                raise yaml.composer.ComposerError(None, None, "an alias (*name): aliases are not read in a config "
-                                                  "file", event.start_mark)  # fmt: skip
+                raise yaml.composer.ComposerError(
+                    None, None, "an alias (*name): aliases are not read in a config file", event.start_mark
+                )
             return super().compose_node(parent, index)
 
     return NoAliases
@@ -321,8 +365,9 @@ def read_mapping(path, what: str) -> dict:
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where else ""
-        raise UserError(f"config {path} is neither JSON nor YAML ({getattr(e, 'problem', None) or e}{at}); "
-                        "fix the file") from None  # fmt: skip
+        raise UserError(
+            f"config {path} is neither JSON nor YAML ({getattr(e, 'problem', None) or e}{at}); fix the file"
+        ) from None
     if not isinstance(doc, dict):
         raise UserError(f"config {path} is not a mapping of options; pass {what}")
     return doc
@@ -354,8 +399,10 @@ def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
             if dotted in groups and isinstance(value, dict):
                 walk(value, f"{dotted}.")
             elif not prefix and str(key) in LIGHTNING_BLOCKS and (dotted not in leaves or isinstance(value, dict)):
-                raise UserError(f"{where}: `{key}:` is a LightningCLI config block; {LIGHTNING_BLOCKS[str(key)]} "
-                                f"(`{command} --print-config` prints a config of its own options)")  # fmt: skip
+                raise UserError(
+                    f"{where}: `{key}:` is a LightningCLI config block; {LIGHTNING_BLOCKS[str(key)]} "
+                    f"(`{command} --print-config` prints a config of its own options)"
+                )
             elif dotted in leaves:
                 out[dotted] = value
             elif len(named := [q for q in by_name.get(str(key), ()) if q.startswith(prefix)]) == 1:
@@ -364,9 +411,11 @@ def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
                 last = dotted.rsplit(".", 1)[-1]
                 same = [q for q in leaves if q.rsplit(".", 1)[-1] == last]  # in another group than written
                 near = f"'{same[0]}'" if len(same) == 1 else did_you_mean(dotted, [*leaves, *by_name])
-                raise UserError(f"{where}: unknown option '{prefix}{key}'"
-                                + (f" (did you mean {near}?)" if near else "")
-                                + f"; use the option names of `{command} --help` (e.g. {example})")  # fmt: skip
+                raise UserError(
+                    f"{where}: unknown option '{prefix}{key}'"
+                    + (f" (did you mean {near}?)" if near else "")
+                    + f"; use the option names of `{command} --help` (e.g. {example})"
+                )
 
     walk(doc, "")
     for path, value in out.items():
@@ -415,8 +464,16 @@ def value_matches(value, hint) -> bool | None:
 
 def type_name(hint) -> str:
     """`int | None` -> 'an integer or null', for messages."""
-    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null",
-             dict: "a mapping", tuple: "a list", list: "a list"}  # fmt: skip
+    words = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        type(None): "null",
+        dict: "a mapping",
+        tuple: "a list",
+        list: "a list",
+    }
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in args if not (a is int and float in args)]  # a number covers the integers
@@ -503,8 +560,10 @@ def lightning_spellings(argv: list[str]) -> list[str]:
     dotted Trainer arguments) as `--trainer KEY=VALUE`, `--print_config` as `--print-config`; LightningCLI's `fit`
     (and `validate`, `test`, `predict`) answered with aiayn's command."""
     if argv and argv[0] in LIGHTNING_COMMANDS:
-        raise UserError(f"aiayn has no `{argv[0]}` command (LightningCLI's); `aiayn {LIGHTNING_COMMANDS[argv[0]]}` "
-                        f"does that here (`aiayn --help` lists the commands)")  # fmt: skip
+        raise UserError(
+            f"aiayn has no `{argv[0]}` command (LightningCLI's); `aiayn {LIGHTNING_COMMANDS[argv[0]]}` "
+            f"does that here (`aiayn --help` lists the commands)"
+        )
     out, words = [], iter(argv)
     for word in words:
         if word.startswith("--trainer."):

@@ -17,8 +17,14 @@ import os
 from aiayn.common.errors import UserError
 
 # WANDB_MODE values W&B accepts, and what each means here
-MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled",
-         "shared": "online"}  # fmt: skip
+MODES = {
+    "online": "online",
+    "run": "online",
+    "offline": "offline",
+    "dryrun": "offline",
+    "disabled": "disabled",
+    "shared": "online",
+}
 
 
 def check_mode() -> None:
@@ -40,8 +46,9 @@ def wandb_mode() -> tuple[str, str]:
         logged_in = wandb.login(prompt=False, verify=False)
     except Exception as e:  # a malformed key (wandb.errors.AuthenticationError) or an unreadable settings file
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"W&B credentials are unusable ({reason}); fix WANDB_API_KEY or run "
-                        f"`wandb login --relogin`") from None  # fmt: skip
+        raise UserError(
+            f"W&B credentials are unusable ({reason}); fix WANDB_API_KEY or run `wandb login --relogin`"
+        ) from None
     if logged_in:
         return "online", "W&B credentials found (WANDB_API_KEY, ~/.netrc from `wandb login`, or W&B's settings)"
     return "offline", (

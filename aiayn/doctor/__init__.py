@@ -19,17 +19,21 @@ CHECKS = ("cuda", "bf16", "sdpa", "bf16_loss", "syncs", "throughput", "ddp", "re
 class DoctorOptions:
     """What `aiayn doctor` checks and where it writes (aiayn/doctor/checks.py)."""
 
-    json: str | None = option(None, "write the environment and every check's result here (for a bug report)",
-                              metavar="FILE")  # fmt: skip
+    json: str | None = option(
+        None, "write the environment and every check's result here (for a bug report)", metavar="FILE"
+    )
     checks: tuple[str, ...] = option(
         (), f"run only this check (repeatable; default: all): {', '.join(CHECKS)}", flag="--check", metavar="NAME"
     )
     out: str | None = option(
-        None, "keep the short training runs and their logs here (default: a temporary directory, removed at the end)",
+        None,
+        "keep the short training runs and their logs here (default: a temporary directory, removed at the end)",
         metavar="DIR",
-    )  # fmt: skip
-    cache_dir: str | None = option(None, "tokenizer/corpus cache for the short runs (default: $AIAYN_CACHE or "
-                                   "~/.cache/aiayn)")  # fmt: skip
-    steps: int = option(3, "throughput: timed optimizer steps per round (3 rounds, after 2 warm-up steps)",
-                        positive=True)  # fmt: skip
+    )
+    cache_dir: str | None = option(
+        None, "tokenizer/corpus cache for the short runs (default: $AIAYN_CACHE or ~/.cache/aiayn)"
+    )
+    steps: int = option(
+        3, "throughput: timed optimizer steps per round (3 rounds, after 2 warm-up steps)", positive=True
+    )
     timeout: int = option(600, "seconds each `aiayn train` / `aiayn translate` subprocess may take", positive=True)

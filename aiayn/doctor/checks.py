@@ -62,8 +62,23 @@ CPU_TOKENS = 256  # padded positions per side of the CPU's training batches (bf1
 SDPA_ATOL = {torch.bfloat16: 5e-2, torch.float32: 2e-3}
 SENTENCES = ("The dog sees the cat.", "Today the small boy sleeps in the garden.", "A woman reads a book.")
 # `aiayn train` of a tiny model: seconds on a CPU, enough to exercise the whole recipe
-TINY_RUN = ("--preset", "tiny", "--set", "N=1", "--set", "d_model=32", "--set", "d_ff=64", "--set", "h=2",
-            "--eval-subset", "3", "--val-bleu-sentences", "0", "--no-progress")  # fmt: skip
+TINY_RUN = (
+    "--preset",
+    "tiny",
+    "--set",
+    "N=1",
+    "--set",
+    "d_model=32",
+    "--set",
+    "d_ff=64",
+    "--set",
+    "h=2",
+    "--eval-subset",
+    "3",
+    "--val-bleu-sentences",
+    "0",
+    "--no-progress",
+)
 
 
 # --- results --------------------------------------------------------------------------------------
@@ -130,8 +145,9 @@ def run_check(name: str, check: Check, ctx: Context) -> dict:
             result = check.fn(ctx)
         except (Exception, SystemExit) as e:  # noqa: BLE001 (a failed check, reported; the others still run)
             log.debug("check %s raised", name, exc_info=True)
-            result = failed("error", f"{type(e).__name__}: {_first_line(e) or 'no message'}",
-                            traceback=traceback.format_exc())  # fmt: skip
+            result = failed(
+                "error", f"{type(e).__name__}: {_first_line(e) or 'no message'}", traceback=traceback.format_exc()
+            )
         if result.status not in STATUSES:
             result = failed("error", f"check returned status {result.status!r}")
     seconds = round(time.perf_counter() - t0, 2)
@@ -157,8 +173,12 @@ def _cpu_name() -> str:
 def _driver_version() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                         text=True, timeout=20)  # fmt: skip
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     return _first_line(out.stdout) or None
 
 
@@ -172,8 +192,15 @@ def device_records(gpus: int) -> list[dict]:
     for i in range(gpus):
         p = torch.cuda.get_device_properties(i)
         memory = round(p.total_memory / 2**30, 1)
-        out.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": memory,
-                    "multiprocessors": p.multi_processor_count})  # fmt: skip
+        out.append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "memory_gib": memory,
+                "multiprocessors": p.multi_processor_count,
+            }
+        )
     return out
 
 
@@ -213,8 +240,11 @@ def check_cuda(ctx: Context) -> Result:
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         driver = _nvidia_present()
         if driver:
-            return failed("0 devices", f"an NVIDIA driver is here ({driver}) but torch {torch.__version__} "
-                          f"({build}) sees no CUDA device; check CUDA_VISIBLE_DEVICES and the torch build")  # fmt: skip
+            return failed(
+                "0 devices",
+                f"an NVIDIA driver is here ({driver}) but torch {torch.__version__} "
+                f"({build}) sees no CUDA device; check CUDA_VISIBLE_DEVICES and the torch build",
+            )
         return skipped(f"{NO_CUDA} (torch {torch.__version__}, {build})")
     devices = device_records(ctx.gpus)
     for i in range(ctx.gpus):
@@ -235,8 +265,11 @@ def check_bf16(ctx: Context) -> Result:
     works there (`torch.autocast("cpu", dtype=torch.bfloat16)`)."""
     if ctx.cuda and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name()
-        return failed("no", f"{name}: torch.cuda.is_bf16_supported() is False; train with --precision 32-true",
-                      is_bf16_supported=False)  # fmt: skip
+        return failed(
+            "no",
+            f"{name}: torch.cuda.is_bf16_supported() is False; train with --precision 32-true",
+            is_bf16_supported=False,
+        )
     x, w = torch.randn(64, 64, device=ctx.device), torch.randn(64, 64, device=ctx.device)
     with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
         y = F.linear(x, w)
@@ -247,19 +280,30 @@ def check_bf16(ctx: Context) -> Result:
     if y.dtype != torch.bfloat16 or not err < 2e-2:
         return failed("no", f"{where} bf16 autocast: F.linear gave {y.dtype}, {err:.2g} from float32", **data)
     if not ctx.cuda:
-        return passed("CPU autocast", f"{NO_CUDA}; bf16 autocast works on this CPU (torch {torch.__version__}): "
-                      f"F.linear in bfloat16, {err:.1g} from float32", **data)  # fmt: skip
+        return passed(
+            "CPU autocast",
+            f"{NO_CUDA}; bf16 autocast works on this CPU (torch {torch.__version__}): "
+            f"F.linear in bfloat16, {err:.1g} from float32",
+            **data,
+        )
     data["is_bf16_supported"] = True
-    return passed("yes", f"{torch.cuda.get_device_name()}: torch.cuda.is_bf16_supported(), bf16 autocast matmul "
-                  f"{err:.1g} from float32", **data)  # fmt: skip
+    return passed(
+        "yes",
+        f"{torch.cuda.get_device_name()}: torch.cuda.is_bf16_supported(), bf16 autocast matmul {err:.1g} from float32",
+        **data,
+    )
 
 
 # --- sdpa ------------------------------------------------------------------------------------------
 
 
 def _short(backend_name: str) -> str:
-    return {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn",
-            "MATH": "math"}.get(backend_name, backend_name.lower())  # fmt: skip
+    return {
+        "FLASH_ATTENTION": "flash",
+        "EFFICIENT_ATTENTION": "efficient",
+        "CUDNN_ATTENTION": "cudnn",
+        "MATH": "math",
+    }.get(backend_name, backend_name.lower())
 
 
 def dispatch_choice(q, k, v, mask, causal: bool) -> str:
@@ -310,8 +354,12 @@ def sdpa_case(q, k, v, mask, causal: bool, backward: bool) -> dict:
         return out.detach()
 
     alone = {}
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                    SDPBackend.MATH):  # fmt: skip
+    for backend in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.MATH,
+    ):
         with warnings.catch_warnings(record=True) as caught, sdpa_kernel(backend):
             warnings.simplefilter("always")
             try:
@@ -325,11 +373,17 @@ def sdpa_case(q, k, v, mask, causal: bool, backward: bool) -> dict:
         m = mask.float() if mask is not None and mask.dtype.is_floating_point else mask
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=m, is_causal=causal)
     return {
-        "q": list(q.shape), "kv": list(k.shape), "dtype": str(q.dtype).replace("torch.", ""),
+        "q": list(q.shape),
+        "kv": list(k.shape),
+        "dtype": str(q.dtype).replace("torch.", ""),
         "mask": None if mask is None else f"{str(mask.dtype).replace('torch.', '')} {list(mask.shape)}",
-        "causal": causal, "backward": backward, "chosen": chosen, "alone": alone,
-        "max_abs_err": float((out.float() - ref).abs().max()), "atol": SDPA_ATOL[q.dtype],
-    }  # fmt: skip
+        "causal": causal,
+        "backward": backward,
+        "chosen": chosen,
+        "alone": alone,
+        "max_abs_err": float((out.float() - ref).abs().max()),
+        "atol": SDPA_ATOL[q.dtype],
+    }
 
 
 def attention_inputs(device: torch.device, seed: int = 0) -> dict:
@@ -350,22 +404,50 @@ def attention_inputs(device: torch.device, seed: int = 0) -> dict:
     pad = (torch.arange(L)[None, :] < lens[:, None])[:, None, None, :].to(device)  # (B, 1, 1, S) True = attend
     bf16 = torch.bfloat16
     cases = {
-        "enc self, pad mask": (t(B, h, L, d, dtype=bf16), t(B, h, L, d, dtype=bf16),
-                                                 t(B, h, L, d, dtype=bf16), pad, False, True),
-        "dec self, causal": (t(B, h, L, d, dtype=bf16), t(B, h, L, d, dtype=bf16),
-                                           t(B, h, L, d, dtype=bf16), None, True, True),
-        "cross, pad mask": (t(B, h, L, d, dtype=bf16), t(B, h, L, d, dtype=bf16),
-                                          t(B, h, L, d, dtype=bf16), pad, False, True),
-    }  # fmt: skip
+        "enc self, pad mask": (
+            t(B, h, L, d, dtype=bf16),
+            t(B, h, L, d, dtype=bf16),
+            t(B, h, L, d, dtype=bf16),
+            pad,
+            False,
+            True,
+        ),
+        "dec self, causal": (
+            t(B, h, L, d, dtype=bf16),
+            t(B, h, L, d, dtype=bf16),
+            t(B, h, L, d, dtype=bf16),
+            None,
+            True,
+            True,
+        ),
+        "cross, pad mask": (
+            t(B, h, L, d, dtype=bf16),
+            t(B, h, L, d, dtype=bf16),
+            t(B, h, L, d, dtype=bf16),
+            pad,
+            False,
+            True,
+        ),
+    }
     for dtype in (bf16, torch.float32):
         name = str(dtype).replace("torch.", "")
         bias = torch.zeros(sent, 1, 1, L, dtype=dtype).masked_fill_(~pad[:sent].cpu(), float("-inf")).to(device)
         cases[f"step self, {name}"] = (
-            t(sent * K, h, 1, d, dtype=dtype), t(sent * K, h, cached, d, dtype=dtype),
-            t(sent * K, h, cached, d, dtype=dtype), None, False, False)  # fmt: skip
+            t(sent * K, h, 1, d, dtype=dtype),
+            t(sent * K, h, cached, d, dtype=dtype),
+            t(sent * K, h, cached, d, dtype=dtype),
+            None,
+            False,
+            False,
+        )
         cases[f"step cross grouped, {name}"] = (
-            t(sent, h, K, d, dtype=dtype), t(sent, h, L, d, dtype=dtype), t(sent, h, L, d, dtype=dtype), bias, False,
-            False)  # fmt: skip
+            t(sent, h, K, d, dtype=dtype),
+            t(sent, h, L, d, dtype=dtype),
+            t(sent, h, L, d, dtype=dtype),
+            bias,
+            False,
+            False,
+        )
     return cases
 
 
@@ -434,8 +516,10 @@ def check_bf16_loss(ctx: Context) -> Result:
     data = {"fp32": fp32, "bf16": bf16, "rel_diff": rel, "rtol": list(BF16_LOSS_RTOL), "device": ctx.device.type}
     value = f"{rel[0]:.1e} / {rel[1]:.1e}"
     where = "CUDA" if ctx.cuda else "CPU (autocast)"
-    text = (f"{where}: per-token loss fp32 {fp32[0]:.4f}, {fp32[1]:.4f}; bf16-mixed {bf16[0]:.4f}, {bf16[1]:.4f} "
-            f"(steps 1, 2); tolerance {BF16_LOSS_RTOL[0]:g}, {BF16_LOSS_RTOL[1]:g} relative")  # fmt: skip
+    text = (
+        f"{where}: per-token loss fp32 {fp32[0]:.4f}, {fp32[1]:.4f}; bf16-mixed {bf16[0]:.4f}, {bf16[1]:.4f} "
+        f"(steps 1, 2); tolerance {BF16_LOSS_RTOL[0]:g}, {BF16_LOSS_RTOL[1]:g} relative"
+    )
     if any(r > tol or r != r for r, tol in zip(rel, BF16_LOSS_RTOL)):
         return failed(value, text, **data)
     return passed(value, text, **data)
@@ -519,9 +603,17 @@ def sync_options(ctx: Context):
     log_every_n_steps = 10, so step 10 of the window is one) on one GPU in bf16-mixed, tiny preset."""
     from aiayn.lightning_modules.run.options import TrainOptions
 
-    return TrainOptions(preset="tiny", out=str(ctx.scratch / "syncs"), cache_dir=ctx.opts.cache_dir,
-                        accelerator="gpu", devices=1, precision="bf16-mixed",
-                        max_steps=SYNC_WARMUP + 2 * SYNC_STEPS + 1, eval_subset=3, val_bleu_sentences=0)  # fmt: skip
+    return TrainOptions(
+        preset="tiny",
+        out=str(ctx.scratch / "syncs"),
+        cache_dir=ctx.opts.cache_dir,
+        accelerator="gpu",
+        devices=1,
+        precision="bf16-mixed",
+        max_steps=SYNC_WARMUP + 2 * SYNC_STEPS + 1,
+        eval_subset=3,
+        val_bleu_sentences=0,
+    )
 
 
 def check_syncs(ctx: Context) -> Result:
@@ -544,13 +636,24 @@ def check_syncs(ctx: Context) -> Result:
         return failed("?", f"the count window (steps {warmup}..{warmup + steps}) never closed")
     per_step = counter.count / steps
     top = ", ".join(f"{src} ×{n}" for src, n in counter.sources.most_common(4))
-    prof = (f"; profiler: {', '.join(f'{k} {v}' for k, v in counter.profiled.items() if v)} in {steps} steps"
-            if counter.profiled else f"; profiler: {counter.profiler_error or 'no count'}")  # fmt: skip
-    data = {"syncs": counter.count, "steps": steps, "per_step": per_step, "budget": SYNC_BUDGET,
-            "sources": dict(counter.sources.most_common()), "profiler": counter.profiled,
-            "profiler_error": counter.profiler_error}  # fmt: skip
-    text = (f"{counter.count} syncs in {steps} optimizer steps (budget {SYNC_BUDGET:g} per step; progress bar on, log "
-            f"step(s) {', '.join(map(str, logged))} in the window): {top or 'none'}{prof}")  # fmt: skip
+    prof = (
+        f"; profiler: {', '.join(f'{k} {v}' for k, v in counter.profiled.items() if v)} in {steps} steps"
+        if counter.profiled
+        else f"; profiler: {counter.profiler_error or 'no count'}"
+    )
+    data = {
+        "syncs": counter.count,
+        "steps": steps,
+        "per_step": per_step,
+        "budget": SYNC_BUDGET,
+        "sources": dict(counter.sources.most_common()),
+        "profiler": counter.profiled,
+        "profiler_error": counter.profiler_error,
+    }
+    text = (
+        f"{counter.count} syncs in {steps} optimizer steps (budget {SYNC_BUDGET:g} per step; progress bar on, log "
+        f"step(s) {', '.join(map(str, logged))} in the window): {top or 'none'}{prof}"
+    )
     if per_step > SYNC_BUDGET:
         return failed(f"{per_step:.1f} / step", text, **data)
     return passed(f"{per_step:.1f} / step", text, **data)
@@ -581,18 +684,29 @@ def check_throughput(ctx: Context) -> Result:
     name = torch.cuda.get_device_name(device) if ctx.cuda else _cpu_name()
     stated = bench.peak_bf16_tflops(name) if ctx.cuda else None
     measured = measured_matmul_tflops(device) if ctx.cuda else None
-    data = {"config": bc.name, "config_note": bc.note, "tokens_per_s": tokens / seconds, "step_s": seconds,
-            "model_flops_real_tokens": useful, "achieved_tflops": tflops, "peak_bf16_tflops_stated": stated,
-            "peak_bf16_tflops_measured": measured, "mfu": tflops / stated if stated else None,
-            "mfu_of_measured": tflops / measured if measured else None, "device_name": name}  # fmt: skip
+    data = {
+        "config": bc.name,
+        "config_note": bc.note,
+        "tokens_per_s": tokens / seconds,
+        "step_s": seconds,
+        "model_flops_real_tokens": useful,
+        "achieved_tflops": tflops,
+        "peak_bf16_tflops_stated": stated,
+        "peak_bf16_tflops_measured": measured,
+        "mfu": tflops / stated if stated else None,
+        "mfu_of_measured": tflops / measured if measured else None,
+        "device_name": name,
+    }
     del step
     if ctx.cuda:
         torch.cuda.empty_cache()
     value = f"{tokens / seconds:,.0f} tokens/s" + (f", MFU {100 * tflops / stated:.1f}%" if stated else "")
     where = "bf16-mixed" if ctx.cuda else "fp32"
     if stated:
-        peak_text = (f"{tflops:.1f} TFLOP/s of the real tokens' model FLOPs, {100 * tflops / stated:.1f}% of the "
-                     f"stated bf16 dense peak {stated:.0f} (datasheet)")  # fmt: skip
+        peak_text = (
+            f"{tflops:.1f} TFLOP/s of the real tokens' model FLOPs, {100 * tflops / stated:.1f}% of the "
+            f"stated bf16 dense peak {stated:.0f} (datasheet)"
+        )
         if measured:
             peak_text += f", {100 * tflops / measured:.1f}% of a measured bf16 matmul's {measured:.0f}"
     else:
@@ -639,15 +753,17 @@ def aiayn(args: list[str], ctx: Context, log_name: str, env: dict | None = None)
     `srun` to have started one task per GPU."""
     cmd = [sys.executable, "-m", "aiayn", *args]
     slurm = {"SLURM_JOB_NAME": "interactive"} if "SLURM_NTASKS" in os.environ else {}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=ctx.opts.timeout,
-                          env={**os.environ, **slurm, **(env or {})})  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=ctx.opts.timeout, env={**os.environ, **slurm, **(env or {})}
+    )
     output = proc.stdout + proc.stderr
     log_file = ctx.scratch / f"{log_name}.log"
     log_file.write_text(f"$ {' '.join(cmd)}\n{output}")
     if proc.returncode != 0:
         last = [line for line in proc.stderr.splitlines() if line.strip()]
-        raise RuntimeError(f"aiayn {args[0]} exited {proc.returncode}: {last[-1] if last else 'no output'} "
-                           f"(log: {log_file})")  # fmt: skip
+        raise RuntimeError(
+            f"aiayn {args[0]} exited {proc.returncode}: {last[-1] if last else 'no output'} (log: {log_file})"
+        )
     return output
 
 
@@ -664,8 +780,27 @@ def _run_metrics(out: Path) -> dict:
 def check_ddp(ctx: Context) -> Result:
     """`aiayn train --devices 2 --strategy ddp`, bf16-mixed, 3 steps of a tiny model: completes, 3 steps, world 2."""
     out = ctx.scratch / "ddp"
-    aiayn(["train", *TINY_RUN, "--out", str(out), "--max-steps", "3", "--accelerator", "gpu", "--devices", "2",
-           "--strategy", "ddp", "--precision", "bf16-mixed", *_cache_args(ctx)], ctx, "ddp")  # fmt: skip
+    aiayn(
+        [
+            "train",
+            *TINY_RUN,
+            "--out",
+            str(out),
+            "--max-steps",
+            "3",
+            "--accelerator",
+            "gpu",
+            "--devices",
+            "2",
+            "--strategy",
+            "ddp",
+            "--precision",
+            "bf16-mixed",
+            *_cache_args(ctx),
+        ],
+        ctx,
+        "ddp",
+    )
     m = _run_metrics(out)
     ctx.shared["ddp_out"] = out
     if m.get("status") != "completed" or m.get("steps") != 3:
@@ -686,8 +821,19 @@ def check_resume(ctx: Context) -> Result:
         return skipped("needs the ddp check's run, which did not complete")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") or ""
     first = visible.split(",")[0].strip() or "0"
-    common = ["train", *TINY_RUN, "--out", str(out), "--max-steps", "5", "--accelerator", "gpu", "--precision",
-              "bf16-mixed", *_cache_args(ctx)]  # fmt: skip
+    common = [
+        "train",
+        *TINY_RUN,
+        "--out",
+        str(out),
+        "--max-steps",
+        "5",
+        "--accelerator",
+        "gpu",
+        "--precision",
+        "bf16-mixed",
+        *_cache_args(ctx),
+    ]
     try:
         aiayn([*common, "--devices", "1"], ctx, "resume-one-gpu", env={"CUDA_VISIBLE_DEVICES": first})
         refused = False
@@ -696,8 +842,10 @@ def check_resume(ctx: Context) -> Result:
     output = aiayn([*common, "--devices", "2", "--strategy", "ddp"], ctx, "resume")
     m = _run_metrics(out)
     restored = "Restored all states from the checkpoint" in output  # Lightning's own line when it resumes
-    text = (f"on 1 GPU: refused {refused}; on 2 (as it ran): restored {restored}, status {m.get('status')}, "
-            f"{m.get('steps')} steps")  # fmt: skip
+    text = (
+        f"on 1 GPU: refused {refused}; on 2 (as it ran): restored {restored}, status {m.get('status')}, "
+        f"{m.get('steps')} steps"
+    )
     if not refused or not restored or m.get("status") != "completed" or m.get("steps") != 5:
         return failed("no", text)
     return passed("yes", text)
@@ -709,33 +857,63 @@ def check_translate(ctx: Context) -> Result:
     GPU's bf16 translations (its default) are counted against them as information."""
     out = ctx.scratch / "translate"
     accelerator = "gpu" if ctx.cuda else "cpu"
-    aiayn(["train", *TINY_RUN, "--out", str(out), "--max-steps", "2", "--accelerator", accelerator,
-           *_cache_args(ctx)], ctx, "translate-train")  # fmt: skip
+    aiayn(
+        ["train", *TINY_RUN, "--out", str(out), "--max-steps", "2", "--accelerator", accelerator, *_cache_args(ctx)],
+        ctx,
+        "translate-train",
+    )
     run = out / "tiny" / "synthetic" / "base" / "seed0"
     src = ctx.scratch / "sentences.en"
     src.write_text("".join(s + "\n" for s in SENTENCES))
     outputs = {}
     for key, device, precision in TRANSLATE_RUNS if ctx.cuda else TRANSLATE_RUNS[:1]:
         hyp = ctx.scratch / f"translate-{key}.de"
-        aiayn(["translate", "--run", str(run), "--device", device, "--precision", precision, "--input", str(src),
-               "--output", str(hyp)], ctx, f"translate-{key}")  # fmt: skip
+        aiayn(
+            [
+                "translate",
+                "--run",
+                str(run),
+                "--device",
+                device,
+                "--precision",
+                precision,
+                "--input",
+                str(src),
+                "--output",
+                str(hyp),
+            ],
+            ctx,
+            f"translate-{key}",
+        )
         outputs[key] = hyp.read_text().splitlines()
         if len(outputs[key]) != len(SENTENCES):
-            return failed(f"{len(outputs[key])} lines", f"--device {device} --precision {precision}: "
-                          f"{len(outputs[key])} lines for {len(SENTENCES)} sentences", outputs=outputs)  # fmt: skip
+            return failed(
+                f"{len(outputs[key])} lines",
+                f"--device {device} --precision {precision}: {len(outputs[key])} lines for {len(SENTENCES)} sentences",
+                outputs=outputs,
+            )
     if not ctx.cuda:
-        return passed(f"{len(SENTENCES)} sentences", f"{NO_CUDA}: a 2-step run translates on the CPU; the GPU's "
-                      "output is compared with it on a GPU node", outputs=outputs)  # fmt: skip
+        return passed(
+            f"{len(SENTENCES)} sentences",
+            f"{NO_CUDA}: a 2-step run translates on the CPU; the GPU's output is compared with it on a GPU node",
+            outputs=outputs,
+        )
     # like with like: float32 on both devices (`--device cuda` alone would decode in bf16, `--precision auto`)
     differ = [i for i, (a, b) in enumerate(zip(outputs["cpu"], outputs["cuda"])) if a != b]
     same_bf16 = sum(a == b for a, b in zip(outputs["cpu"], outputs["cuda-bf16"]))
     info = f"; in bf16 (the GPU's default) {same_bf16} of {len(SENTENCES)} equal the float32 ones (information)"
     if differ:
         i = differ[0]
-        return failed(f"{len(differ)} differ", f"float32 on both, sentence {i + 1}: cpu {outputs['cpu'][i]!r}, cuda "
-                      f"{outputs['cuda'][i]!r}{info}", outputs=outputs)  # fmt: skip
-    return passed(f"{len(SENTENCES)} equal", f"a 2-step run translates on cuda as on cpu (beam 4, float32 on both)"
-                  f"{info}", outputs=outputs)  # fmt: skip
+        return failed(
+            f"{len(differ)} differ",
+            f"float32 on both, sentence {i + 1}: cpu {outputs['cpu'][i]!r}, cuda {outputs['cuda'][i]!r}{info}",
+            outputs=outputs,
+        )
+    return passed(
+        f"{len(SENTENCES)} equal",
+        f"a 2-step run translates on cuda as on cpu (beam 4, float32 on both){info}",
+        outputs=outputs,
+    )
 
 
 # (key, --device, --precision): the CPU's float32, the GPU's float32 (compared with it), the GPU's default bf16
@@ -776,8 +954,13 @@ def run_doctor(opts: DoctorOptions) -> dict:
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
     summary = {status: sum(r["status"] == status for r in records) for status in STATUSES}
-    return {"schema": 1, "command": "aiayn doctor", "environment": environment(gpus), "checks": records,
-            "summary": summary}  # fmt: skip
+    return {
+        "schema": 1,
+        "command": "aiayn doctor",
+        "environment": environment(gpus),
+        "checks": records,
+        "summary": summary,
+    }
 
 
 def table(report: dict) -> str:
@@ -792,8 +975,10 @@ def table(report: dict) -> str:
     ]
     for r in report["checks"]:
         detail = r["detail"].replace("|", "/").replace("\n", " ")
-        lines.append(f"| {r['name']} | {r['status'].upper() if r['status'] == 'fail' else r['status']} "
-                     f"| {r['value']} | {detail} |")  # fmt: skip
+        lines.append(
+            f"| {r['name']} | {r['status'].upper() if r['status'] == 'fail' else r['status']} "
+            f"| {r['value']} | {detail} |"
+        )
     s = report["summary"]
     lines.append(f"\n{s['pass']} passed, {s['fail']} failed, {s['skip']} skipped")
     return redact("\n".join(lines))

@@ -46,8 +46,13 @@ def derive_accumulation(target_tokens_per_step: int, max_tokens_per_batch: int, 
     return max(1, math.ceil(target_tokens_per_step / (max_tokens_per_batch * world_size)))
 
 
-def padding_stats(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int],
-                  pad_to: int = 1, square: bool = False) -> float:  # fmt: skip
+def padding_stats(
+    batches: Sequence[Sequence[int]],
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    pad_to: int = 1,
+    square: bool = False,
+) -> float:
     """Fraction of padded positions over ``src`` plus ``tgt_in`` tensors of ``batches`` (0 = no waste), their lengths
     rounded up to a multiple of ``pad_to`` (and made equal with ``square``) as collate does."""
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens) + 1
@@ -60,8 +65,13 @@ def padding_stats(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt
     return 1.0 - real / padded if padded else 0.0
 
 
-def batch_shapes(batches: Sequence[Sequence[int]], src_lens: Sequence[int], tgt_lens: Sequence[int],
-                 pad_to: int = 1, square: bool = False) -> set[tuple[int, int, int]]:  # fmt: skip
+def batch_shapes(
+    batches: Sequence[Sequence[int]],
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    pad_to: int = 1,
+    square: bool = False,
+) -> set[tuple[int, int, int]]:
     """The distinct (sentences, source length, target length) shapes of ``batches`` as collate pads them: what a
     compiled model or an attention plan is made for, once each."""
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens) + 1
@@ -305,8 +315,14 @@ def collate(items: Sequence[tuple[int, torch.Tensor, torch.Tensor]], pad_to: int
         empty = torch.full((1, pad_to), PAD, dtype=torch.long)
         tgt_in = empty.clone()
         tgt_in[0, 0] = BOS
-        return {"src": empty.clone(), "tgt_in": tgt_in, "tgt_out": empty.clone(),
-                "idx": torch.tensor([-1], dtype=torch.long), "n_src_tokens": 0, "n_tgt_tokens": 0}  # fmt: skip
+        return {
+            "src": empty.clone(),
+            "tgt_in": tgt_in,
+            "tgt_out": empty.clone(),
+            "idx": torch.tensor([-1], dtype=torch.long),
+            "n_src_tokens": 0,
+            "n_tgt_tokens": 0,
+        }
     b = len(items)
     src_lens, tgt_lens = [len(x[1]) for x in items], [len(x[2]) for x in items]  # host numbers: no tensor read
     src_len, tgt_len = torch.tensor(src_lens, dtype=torch.long), torch.tensor(tgt_lens, dtype=torch.long)

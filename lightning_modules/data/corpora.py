@@ -92,8 +92,9 @@ def _read_lines(path: Path) -> list[str]:
     if not out:
         raise UserError(f"{path} is empty; provide a non-empty file with one sentence per line")
     if not any(line.strip() for line in out):  # a dev set of blank lines scored BLEU 0 over empty references
-        raise UserError(f"{path} holds {len(out)} blank line(s) and no sentence; provide a file with one sentence per "
-                        "line")  # fmt: skip
+        raise UserError(
+            f"{path} holds {len(out)} blank line(s) and no sentence; provide a file with one sentence per line"
+        )
     return out
 
 
@@ -251,12 +252,17 @@ def _wmt14_from_the_hub(cache_dir: Path, src_lang: str, tgt_lang: str) -> HFText
     try:
         import datasets  # noqa: F401
     except ImportError:
-        raise UserError("corpus wmt14 without --data-dir needs the Hugging Face datasets package; pip install "
-                        "'aiayn[datasets]' or pass --data-dir with train/dev/test .en/.de files") from None  # fmt: skip
+        raise UserError(
+            "corpus wmt14 without --data-dir needs the Hugging Face datasets package; pip install "
+            "'aiayn[datasets]' or pass --data-dir with train/dev/test .en/.de files"
+        ) from None
     old = cache_dir / "corpora" / "wmt14-de-en"
     if old.is_dir():
-        log.info("%s holds the text files an earlier aiayn exported WMT14 to; they are no longer read (the Hugging "
-                 "Face cache is): delete it to free the space", old)  # fmt: skip
+        log.info(
+            "%s holds the text files an earlier aiayn exported WMT14 to; they are no longer read (the Hugging "
+            "Face cache is): delete it to free the space",
+            old,
+        )
     return open_dataset(WMT14_HF, cache_dir, src_lang, tgt_lang)
 
 
@@ -293,8 +299,9 @@ class Synthetic(Corpus):
 
         words = self.max_words or synthetic.MAX_WORDS
         suffix = "" if self.max_words is None else f"-w{words}"
-        return Path(synthetic.write_corpus(cache_dir / "corpora" / f"synthetic-seed1234{suffix}", seed=1234,
-                                           max_words=words))  # fmt: skip
+        return Path(
+            synthetic.write_corpus(cache_dir / "corpora" / f"synthetic-seed1234{suffix}", seed=1234, max_words=words)
+        )
 
 
 class Multi30k(Corpus):
@@ -406,8 +413,10 @@ class CorpusRef:
     def check_data_dir(self, data_dir: str | Path | None) -> None:
         """--data-dir is for corpora of files: with a Hugging Face dataset it is refused before any work."""
         if self.is_hf and data_dir is not None:
-            raise UserError(f"--data-dir is for corpora of files; --data {self} names its dataset (a local one as "
-                            f"hf:/path/to/it): drop --data-dir")  # fmt: skip
+            raise UserError(
+                f"--data-dir is for corpora of files; --data {self} names its dataset (a local one as "
+                f"hf:/path/to/it): drop --data-dir"
+            )
 
 
 def resolve_corpus(
@@ -425,6 +434,7 @@ def resolve_corpus(
     if corpus.is_hf:
         return open_dataset(HFRef.parse(corpus.name), cache_dir, src_lang, tgt_lang, corpus.splits)
     if corpus.source not in CORPORA:
-        raise UserError(f"corpus {corpus} is not one this aiayn knows; pass --data with one of {', '.join(CORPORA)}, "
-                        f"or {HF_CORPUS}")  # fmt: skip
+        raise UserError(
+            f"corpus {corpus} is not one this aiayn knows; pass --data with one of {', '.join(CORPORA)}, or {HF_CORPUS}"
+        )
     return CORPORA[corpus.source].directory(data_dir, cache_dir, src_lang, tgt_lang)

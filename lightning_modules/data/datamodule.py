@@ -116,15 +116,20 @@ class TranslationDataModule(pl.LightningDataModule):
         try:
             sp = load_spm(path)
         except Exception as e:  # SentencePiece raises OSError or RuntimeError on a file of another kind
-            raise UserError(f"tokenizer {path} is not a SentencePiece model ({type(e).__name__}); pass a .model "
-                            f"file") from None  # fmt: skip
+            raise UserError(
+                f"tokenizer {path} is not a SentencePiece model ({type(e).__name__}); pass a .model file"
+            ) from None
         ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
         if ids != (PAD, UNK, BOS, EOS):
-            raise UserError(f"tokenizer {path} has special ids {ids} (pad, unk, bos, eos), not ({PAD}, {UNK}, "
-                            f"{BOS}, {EOS}); use a tokenizer trained by aiayn")  # fmt: skip
+            raise UserError(
+                f"tokenizer {path} has special ids {ids} (pad, unk, bos, eos), not ({PAD}, {UNK}, "
+                f"{BOS}, {EOS}); use a tokenizer trained by aiayn"
+            )
         if sp.get_piece_size() != self.data.vocab_size:
-            raise UserError(f"tokenizer {path} has {sp.get_piece_size()} pieces but the run asks for a vocabulary "
-                            f"of {self.data.vocab_size}; pass --vocab-size {sp.get_piece_size()}")  # fmt: skip
+            raise UserError(
+                f"tokenizer {path} has {sp.get_piece_size()} pieces but the run asks for a vocabulary "
+                f"of {self.data.vocab_size}; pass --vocab-size {sp.get_piece_size()}"
+            )
         return path
 
     def _encoded_split(self, sp, corpus_dir: Path, model: Path, split: str) -> dict:
@@ -153,10 +158,18 @@ class TranslationDataModule(pl.LightningDataModule):
             ds = self._datasets[split]
             train = split == "train"
             self._samplers[split] = TokenBucketSampler(
-                ds.src_lens, ds.tgt_lens, p.max_tokens, shuffle=train, seed=p.seed,
-                num_replicas=world, rank=rank, drop_uneven=train, accumulate=p.accumulate if train else 1,
-                static_bucket=p.pad_to if p.static_shapes else None, order_seed=p.order_seed,
-            )  # fmt: skip
+                ds.src_lens,
+                ds.tgt_lens,
+                p.max_tokens,
+                shuffle=train,
+                seed=p.seed,
+                num_replicas=world,
+                rank=rank,
+                drop_uneven=train,
+                accumulate=p.accumulate if train else 1,
+                static_bucket=p.pad_to if p.static_shapes else None,
+                order_seed=p.order_seed,
+            )
 
     def _world(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
@@ -178,8 +191,9 @@ class TranslationDataModule(pl.LightningDataModule):
             n = min(n, self.plan.dev_subset)  # the first K sentences: cheap, stable validation decoding
         if split == "train" and d.train_pairs is not None:  # a data-limited regime (the tokenizer saw them all)
             if d.train_pairs > n:
-                raise UserError(f"--train-pairs {d.train_pairs} is more than the corpus's {n} training pairs; "
-                                f"pass at most {n}")  # fmt: skip
+                raise UserError(
+                    f"--train-pairs {d.train_pairs} is more than the corpus's {n} training pairs; pass at most {n}"
+                )
             n = d.train_pairs
         keep = torch.arange(n)
         if split != "train":
@@ -266,8 +280,15 @@ class TranslationDataModule(pl.LightningDataModule):
         """How many distinct (sentences, source length, target length) shapes an epoch of training batches has on this
         rank, as collate pads them: what a compiled model makes a graph for, once each."""
         s = self._samplers["train"]
-        return len(batch_shapes(s._rank_share(s.all_batches(0)), s.src_lens, s.tgt_lens, pad_to=self.plan.pad_to,
-                                square=self.plan.static_shapes))  # fmt: skip
+        return len(
+            batch_shapes(
+                s._rank_share(s.all_batches(0)),
+                s.src_lens,
+                s.tgt_lens,
+                pad_to=self.plan.pad_to,
+                square=self.plan.static_shapes,
+            )
+        )
 
     def padding_fraction(self, split: str = "train") -> float:
         """Padding waste of the current epoch's batches of ``split`` (all ranks together)."""

@@ -59,8 +59,10 @@ class HFRef:
     def parse(cls, text: str) -> HFRef:
         name, _, config = text[len(PREFIX) :].partition(":")
         if not name:
-            raise UserError(f"--data {text} names no dataset; pass --data hf:NAME[:CONFIG] (e.g. hf:wmt/wmt14:de-en) "
-                            f"or hf:/path/to/a/dataset saved with save_to_disk")  # fmt: skip
+            raise UserError(
+                f"--data {text} names no dataset; pass --data hf:NAME[:CONFIG] (e.g. hf:wmt/wmt14:de-en) "
+                f"or hf:/path/to/a/dataset saved with save_to_disk"
+            )
         if _is_path(name):
             name = str(Path(name).expanduser().resolve())
         return cls(name, config or None)
@@ -92,8 +94,10 @@ def parse_splits(text: str | None) -> dict[str, str]:
     for item in text.split(",") if text else ():
         ours, eq, theirs = item.strip().partition("=")
         if not eq or not theirs.strip() or ours.strip() not in OURS:
-            raise UserError(f"--hf-splits {text!r}: expected OURS=THEIRS for OURS in train, dev, test, "
-                            f"comma-separated; e.g. --hf-splits train=train,dev=validation,test=test")  # fmt: skip
+            raise UserError(
+                f"--hf-splits {text!r}: expected OURS=THEIRS for OURS in train, dev, test, "
+                f"comma-separated; e.g. --hf-splits train=train,dev=validation,test=test"
+            )
         out[ours.strip()] = theirs.strip()
     return out
 
@@ -102,8 +106,9 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        raise UserError("--data hf:… needs the Hugging Face datasets package, which is not installed; pip install "
-                        "'aiayn[datasets]'") from None  # fmt: skip
+        raise UserError(
+            "--data hf:… needs the Hugging Face datasets package, which is not installed; pip install 'aiayn[datasets]'"
+        ) from None
     return datasets
 
 
@@ -126,8 +131,10 @@ class ArrowText(Sequence):
         out = values.to_pylist()
         if None in out:
             row = first + out.index(None)
-            raise UserError(f"{self.where} row {row} has no {self.field or self.column!r} text; fix the dataset or "
-                            f"pass --hf-splits naming other splits")  # fmt: skip
+            raise UserError(
+                f"{self.where} row {row} has no {self.field or self.column!r} text; fix the dataset or "
+                f"pass --hf-splits naming other splits"
+            )
         return [s.replace("\n", " ") for s in out]
 
     def __getitem__(self, i):
@@ -164,8 +171,10 @@ class HFText:
     def pair(self, split: str, src_lang: str, tgt_lang: str) -> tuple[ArrowText, ArrowText]:
         for lang in (src_lang, tgt_lang):
             if lang not in self.columns:
-                raise UserError(f"Hugging Face dataset {self.ref} has no {lang!r} text (its languages: "
-                                f"{', '.join(self.columns)}); pass --src-lang/--tgt-lang among them")  # fmt: skip
+                raise UserError(
+                    f"Hugging Face dataset {self.ref} has no {lang!r} text (its languages: "
+                    f"{', '.join(self.columns)}); pass --src-lang/--tgt-lang among them"
+                )
         src, tgt = self.text(split, src_lang), self.text(split, tgt_lang)
         if not len(src):
             raise UserError(f"{src.where} is empty; pass --hf-splits naming a split with sentence pairs")
@@ -175,8 +184,9 @@ class HFText:
         """A cheap content identity of one split (cache keys): the name, size and mtime of each of its Arrow
         files, as for a corpus of files; a dataset without files (held in memory) by its fingerprint."""
         theirs, dataset = self.splits[split]
-        h = hashlib.sha1(f"{IDENTITY_VERSION}:{self.ref}:{theirs}:{self.columns[src_lang]}:"
-                         f"{self.columns[tgt_lang]};".encode())  # fmt: skip
+        h = hashlib.sha1(
+            f"{IDENTITY_VERSION}:{self.ref}:{theirs}:{self.columns[src_lang]}:{self.columns[tgt_lang]};".encode()
+        )
         files = [f["filename"] for f in dataset.cache_files]
         for name in files:
             st = os.stat(name)
@@ -196,9 +206,11 @@ def open_dataset(ref: HFRef, cache_dir: Path, src_lang: str, tgt_lang: str, spli
         wanted = (given[ours],) if ours in given else DEFAULT_SPLITS[ours]
         theirs = next((name for name in wanted if name in found), None)
         if theirs is None:
-            raise UserError(f"Hugging Face dataset {ref} has no split {' or '.join(map(repr, wanted))} for our {ours} "
-                            f"split (its splits: {', '.join(found)}); pass --hf-splits "
-                            f"{ours}=ONE_OF_THEM")  # fmt: skip
+            raise UserError(
+                f"Hugging Face dataset {ref} has no split {' or '.join(map(repr, wanted))} for our {ours} "
+                f"split (its splits: {', '.join(found)}); pass --hf-splits "
+                f"{ours}=ONE_OF_THEM"
+            )
         mapped[ours] = (theirs, found[theirs])
     return HFText(ref, mapped, _columns(ref, mapped["train"][1], src_lang, tgt_lang))
 
@@ -214,10 +226,13 @@ def _columns(ref: HFRef, dataset, src_lang: str, tgt_lang: str) -> dict:
         columns = {name: (name, None) for name in features if name in (src_lang, tgt_lang)}
     missing = [lang for lang in (src_lang, tgt_lang) if lang not in columns]
     if missing:
-        have = (f"its languages: {', '.join(columns)}" if translation is not None
-                else f"its columns: {', '.join(features)}")  # fmt: skip
-        raise UserError(f"Hugging Face dataset {ref} has no {missing[0]!r} text ({have}); pass --src-lang/--tgt-lang "
-                        f"among them, or use a dataset with a translation column")  # fmt: skip
+        have = (
+            f"its languages: {', '.join(columns)}" if translation is not None else f"its columns: {', '.join(features)}"
+        )
+        raise UserError(
+            f"Hugging Face dataset {ref} has no {missing[0]!r} text ({have}); pass --src-lang/--tgt-lang "
+            f"among them, or use a dataset with a translation column"
+        )
     return columns
 
 
@@ -235,10 +250,12 @@ def _load(ref: HFRef, cache_dir: Path) -> dict:
     except Exception as e:  # no network and not cached, no such dataset or config: the library's own words
         why = " ".join(str(e).split())[:300] or type(e).__name__
         config = f" (config {ref.config})" if ref.config else ""
-        raise UserError(f"Hugging Face dataset {ref.name}{config} cannot be loaded ({type(e).__name__}: {why}); check "
-                        f"the name and config on the Hub, and download it once where there is network (it stays in "
-                        f"the Hugging Face cache; HF_HUB_OFFLINE=1 then skips the network), or pass --data "
-                        f"hf:/path/to/a/copy saved with save_to_disk") from None  # fmt: skip
+        raise UserError(
+            f"Hugging Face dataset {ref.name}{config} cannot be loaded ({type(e).__name__}: {why}); check "
+            f"the name and config on the Hub, and download it once where there is network (it stays in "
+            f"the Hugging Face cache; HF_HUB_OFFLINE=1 then skips the network), or pass --data "
+            f"hf:/path/to/a/copy saved with save_to_disk"
+        ) from None
     files = {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
     if all(files.values()):
         atomic_write_json(pointer, {"dataset": str(ref), "splits": files})
@@ -254,27 +271,37 @@ def _from_pointer(pointer: Path, datasets) -> dict | None:
     if not all(Path(f).is_file() for names in files.values() for f in names):
         log.info("%s names Arrow files that are gone (the Hugging Face cache was cleared): loading again", pointer)
         return None
-    return {split: datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in names])
-            for split, names in files.items()}  # fmt: skip
+    return {
+        split: datasets.concatenate_datasets([datasets.Dataset.from_file(f) for f in names])
+        for split, names in files.items()
+    }
 
 
 def _load_local(ref: HFRef, datasets) -> dict:
     path = Path(ref.name)
     if not path.is_dir():
-        raise UserError(f"--data {ref}: no directory {path}; pass --data hf:PATH of a dataset saved with "
-                        f"save_to_disk, or of a directory of parquet/json/csv files")  # fmt: skip
+        raise UserError(
+            f"--data {ref}: no directory {path}; pass --data hf:PATH of a dataset saved with "
+            f"save_to_disk, or of a directory of parquet/json/csv files"
+        )
     if (path / "state.json").is_file():
-        raise UserError(f"--data {ref}: {path} holds one split (a Dataset); save a DatasetDict of train, validation "
-                        f"and test splits with save_to_disk")  # fmt: skip
+        raise UserError(
+            f"--data {ref}: {path} holds one split (a Dataset); save a DatasetDict of train, validation "
+            f"and test splits with save_to_disk"
+        )
     if (path / "dataset_dict.json").is_file() and ref.config:
-        raise UserError(f"--data {ref}: {path} is a dataset saved with save_to_disk, which has no configs; drop "
-                        f":{ref.config} (pass --data hf:{path})")  # fmt: skip
+        raise UserError(
+            f"--data {ref}: {path} is a dataset saved with save_to_disk, which has no configs; drop "
+            f":{ref.config} (pass --data hf:{path})"
+        )
     try:
         if (path / "dataset_dict.json").is_file():
             return dict(datasets.load_from_disk(str(path)))
         return dict(datasets.load_dataset(str(path), ref.config))
     except Exception as e:
         why = " ".join(str(e).split())[:300] or type(e).__name__
-        raise UserError(f"--data {ref}: {path} is not a dataset that datasets can read ({type(e).__name__}: {why}); "
-                        f"pass a DatasetDict saved with save_to_disk, or a directory of parquet/json/csv "
-                        f"files") from None  # fmt: skip
+        raise UserError(
+            f"--data {ref}: {path} is not a dataset that datasets can read ({type(e).__name__}: {why}); "
+            f"pass a DatasetDict saved with save_to_disk, or a directory of parquet/json/csv "
+            f"files"
+        ) from None

@@ -33,8 +33,9 @@ class DataIdentity:
             raise UserError(f"--train-pairs must be positive, got {self.train_pairs}; pass a positive count or omit it")
         for flag, lang in (("--src-lang", self.src_lang), ("--tgt-lang", self.tgt_lang)):
             if not is_name(lang):  # it names the tokenizer's cache file: 'd/../../x' wrote outside the cache
-                raise UserError(f"{flag} {lang!r} is not a language code ({RULE}); pass the suffix of the corpus "
-                                "files, e.g. de")  # fmt: skip
+                raise UserError(
+                    f"{flag} {lang!r} is not a language code ({RULE}); pass the suffix of the corpus files, e.g. de"
+                )
         if self.data_dir is not None:
             object.__setattr__(self, "data_dir", str(self.data_dir))
 
@@ -83,9 +84,11 @@ class DataPlan:
 
     def __post_init__(self) -> None:
         if self.max_tokens <= self.identity.max_len:
-            raise UserError(f"--max-tokens {self.max_tokens} must be larger than the preset's max_len "
-                            f"{self.identity.max_len} so that a sentence of max_len tokens plus bos/eos fits in a "
-                            "batch; raise --max-tokens")  # fmt: skip
+            raise UserError(
+                f"--max-tokens {self.max_tokens} must be larger than the preset's max_len "
+                f"{self.identity.max_len} so that a sentence of max_len tokens plus bos/eos fits in a "
+                "batch; raise --max-tokens"
+            )
         if self.dev_subset is not None and self.dev_subset <= 0:
             raise UserError(f"--dev-subset must be positive, got {self.dev_subset}; pass a positive count or omit it")
         cache = Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()

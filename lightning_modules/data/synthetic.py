@@ -124,9 +124,21 @@ _LEX = _load_lexicon(LEXICON_PATH)
 
 def _verb(d: dict) -> _Verb:
     animal = d.get("animal")
-    return _Verb(d["en"], d["en3"], d["enpp"], d["de"], d["inf"], d["pp"], d["frame"], d["subj"], d.get("obj", ""),
-                 d.get("obj2", ""), d.get("aux", "h"), d.get("prefix", ""),
-                 (animal["de"], animal["inf"], animal["pp"]) if animal else None)  # fmt: skip
+    return _Verb(
+        d["en"],
+        d["en3"],
+        d["enpp"],
+        d["de"],
+        d["inf"],
+        d["pp"],
+        d["frame"],
+        d["subj"],
+        d.get("obj", ""),
+        d.get("obj2", ""),
+        d.get("aux", "h"),
+        d.get("prefix", ""),
+        (animal["de"], animal["inf"], animal["pp"]) if animal else None,
+    )
 
 
 _NOUNS = [

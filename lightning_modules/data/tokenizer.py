@@ -38,8 +38,9 @@ SPM_SEED = 1234
 ENCODE_SLICE = 100_000  # sentences encoded at once (a Hugging Face split is read a slice at a time)
 
 
-def spm_cache_prefix(cache_dir: Path, corpus: CorpusRef, corpus_dir, src_lang: str, tgt_lang: str,
-                     vocab_size: int) -> Path:  # fmt: skip
+def spm_cache_prefix(
+    cache_dir: Path, corpus: CorpusRef, corpus_dir, src_lang: str, tgt_lang: str, vocab_size: int
+) -> Path:
     """``cache_dir/spm/CORPUS-SRCTGT-vVOCAB-HASH`` where HASH is the train split's identity (its files' stat, or its
     Arrow files' for a Hugging Face dataset)."""
     train = split_identity(corpus_dir, "train", src_lang, tgt_lang)
@@ -94,11 +95,20 @@ def train_spm(
     start = time.perf_counter()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(text), model_prefix=str(tmp_prefix), vocab_size=vocab_size,
-            model_type="bpe", character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS,
-            eos_id=EOS, input_sentence_size=SPM_INPUT_SENTENCES, shuffle_input_sentence=True,
-            num_threads=num_threads or min(os.cpu_count() or 1, 16), minloglevel=2,
-        )  # fmt: skip
+            sentence_iterator=iter(text),
+            model_prefix=str(tmp_prefix),
+            vocab_size=vocab_size,
+            model_type="bpe",
+            character_coverage=1.0,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
+            input_sentence_size=SPM_INPUT_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=num_threads or min(os.cpu_count() or 1, 16),
+            minloglevel=2,
+        )
         os.replace(tmp_prefix.with_name(prefix.name + ".vocab"), vocab)
         os.replace(tmp_prefix.with_name(prefix.name + ".model"), model)
     except RuntimeError as e:
@@ -181,8 +191,9 @@ def _read_encoded(path: Path) -> dict | None:
         why = type(e).__name__
     else:
         pairs = [data.get(side) for side in ("src", "tgt")] if isinstance(data, dict) else [None]
-        if all(isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(t, torch.Tensor) for t in p)
-               for p in pairs):  # fmt: skip
+        if all(
+            isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(t, torch.Tensor) for t in p) for p in pairs
+        ):
             return data
         why = "not an encoded split"
     log.warning("cached encoding %s is unreadable (%s); encoding the split again", path, why)

@@ -151,8 +151,12 @@ class RunFilesInCheckpoint(pl.Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         if self.files is None:
             data = Path(self._tokenizer()).read_bytes()
-            self.files = {"format": RUN_FILES_FORMAT, "config": self._config(), "tokenizer_model": data,
-                          "tokenizer_sha256": sha256_bytes(data)}  # fmt: skip
+            self.files = {
+                "format": RUN_FILES_FORMAT,
+                "config": self._config(),
+                "tokenizer_model": data,
+                "tokenizer_sha256": sha256_bytes(data),
+            }
         checkpoint[RUN_FILES] = self.files
 
 
@@ -184,9 +188,12 @@ class ScheduledValidations(pl.Callback):
         regular = getattr(loop, "_should_check_val_fx", None)
         if not self.steps or regular is None:
             if self.steps:
-                log.warning("this Lightning (%s) has no _should_check_val_fx: the validations after steps %s are not "
-                            "added; the report may call points without one not testable", pl.__version__,
-                            sorted(self.steps))  # fmt: skip
+                log.warning(
+                    "this Lightning (%s) has no _should_check_val_fx: the validations after steps %s are not "
+                    "added; the report may call points without one not testable",
+                    pl.__version__,
+                    sorted(self.steps),
+                )
             return
 
         def should_check(data_fetcher) -> bool:

@@ -56,8 +56,10 @@ def check_strategy(strategy: str) -> None:
     known = ("auto", *StrategyRegistry.available_strategies())
     if strategy not in known:
         common = [s for s in known if s in ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed", "single_device")]
-        raise UserError(f"--strategy {strategy}: not a strategy Lightning knows; use one of {', '.join(common)} "
-                        f"(or another of Lightning's StrategyRegistry)")  # fmt: skip
+        raise UserError(
+            f"--strategy {strategy}: not a strategy Lightning knows; use one of {', '.join(common)} "
+            f"(or another of Lightning's StrategyRegistry)"
+        )
 
 
 def resolve_precision(precision: str, accelerator: str) -> str:
@@ -66,12 +68,16 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     import torch
 
     if precision in REFUSED_PRECISIONS:
-        raise UserError(f"--precision {precision}: the fused loss computes its gradients in the forward pass, where "
-                        f"fp16's gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)")  # fmt: skip
+        raise UserError(
+            f"--precision {precision}: the fused loss computes its gradients in the forward pass, where "
+            f"fp16's gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)"
+        )
     known = lightning_precisions()
     if precision != "auto" and known and precision not in known:  # Lightning's ValueError came after the run dir
-        raise UserError(f"--precision {precision}: not a precision Lightning knows; use auto, 32-true, bf16-mixed, "
-                        "bf16-true or 64-true")  # fmt: skip
+        raise UserError(
+            f"--precision {precision}: not a precision Lightning knows; use auto, 32-true, bf16-mixed, "
+            "bf16-true or 64-true"
+        )
     if precision != "auto":
         return precision
     if uses_cuda(accelerator) and torch.cuda.is_bf16_supported():

@@ -54,10 +54,12 @@ class DiskEstimate:
         kind = "weights only" if self.periodic_bytes < self.full_bytes else "weights + Adam moments, fp32"
         fulls = "last.ckpt" if self.full == 1 else "last.ckpt and requeue.ckpt"
         slim = f" + {self.slim} older for averaging x {human(self.slim_bytes)} (weights only)" if self.slim else ""
-        return (f"checkpoints: about {human(self.total)} = {self.periodic} periodic x {human(self.periodic_bytes)} "
-                f"({kind}){slim} + {fulls} {self.full} x {human(self.full_bytes)} (weights + Adam moments, fp32) for "
-                f"{self.params / 1e6:.3g}M parameters; a save needs room for one more file while it "
-                f"writes")  # fmt: skip
+        return (
+            f"checkpoints: about {human(self.total)} = {self.periodic} periodic x {human(self.periodic_bytes)} "
+            f"({kind}){slim} + {fulls} {self.full} x {human(self.full_bytes)} (weights + Adam moments, fp32) for "
+            f"{self.params / 1e6:.3g}M parameters; a save needs room for one more file while it "
+            f"writes"
+        )
 
 
 def checkpoint_bytes(params: int, vocab_size: int, weights_only: bool) -> int:

@@ -98,8 +98,10 @@ def chosen(logger: str | None, wandb: bool = False) -> tuple[str, ...]:
         kind = KINDS[name]
         if not _importable(kind):
             how = f"pip install 'aiayn[{kind.extra}]'" if kind.extra else f"pip install {kind.package}"
-            raise UserError(f"--logger {name} needs the {kind.package} package, which is not installed; {how} "
-                            f"(or drop {name} from --logger)")  # fmt: skip
+            raise UserError(
+                f"--logger {name} needs the {kind.package} package, which is not installed; {how} "
+                f"(or drop {name} from --logger)"
+            )
     return names
 
 
@@ -134,8 +136,11 @@ def budget_values(metrics) -> dict:
     tracker's table of runs shows which numbers are capped."""
     if metrics.budget_steps is None:
         return {}
-    return {"budget/steps": float(metrics.steps or 0), "budget/budget_steps": float(metrics.budget_steps),
-            "budget/capped": float(metrics.capped)}  # fmt: skip
+    return {
+        "budget/steps": float(metrics.steps or 0),
+        "budget/budget_steps": float(metrics.budget_steps),
+        "budget/capped": float(metrics.capped),
+    }
 
 
 MODEL_README = """\
@@ -171,9 +176,16 @@ def log_model_files(logger, checkpoint, metrics) -> None:
             if (run / name).is_file():
                 shutil.copy2(run / name, where / name)
         capped = f" (capped: {metrics.steps} of its {metrics.budget_steps})" if metrics.capped else ""
-        text = MODEL_README.format(row=metrics.row, seed=metrics.seed, preset=metrics.preset, steps=metrics.steps,
-                                   capped=capped, bleu=metrics.dev_bleu, signature=metrics.dev_bleu_signature,
-                                   ppl=metrics.dev_ppl)  # fmt: skip
+        text = MODEL_README.format(
+            row=metrics.row,
+            seed=metrics.seed,
+            preset=metrics.preset,
+            steps=metrics.steps,
+            capped=capped,
+            bleu=metrics.dev_bleu,
+            signature=metrics.dev_bleu_signature,
+            ppl=metrics.dev_ppl,
+        )
         (where / "README.md").write_text(text, encoding="utf-8")
         logger.experiment.log_artifacts(logger.run_id, str(where), artifact_path="model")
 
@@ -236,11 +248,18 @@ def _mlflow(run, config, version: int, out_root):
     spec, seed = config.spec, config.train.seed
     uri, artifacts = mlflow_uri(out_root)
     name = f"{spec.row}-s{seed}" + (f" attempt {version + 1}" if version else "")
-    tags = {"row": spec.row, "group": spec.group, "seed": str(seed), "preset": spec.preset.name,
-            "corpus": config.data.corpus.name, "attempt": str(version + 1),
-            "run_dir": str(run.path.resolve())}  # fmt: skip
+    tags = {
+        "row": spec.row,
+        "group": spec.group,
+        "seed": str(seed),
+        "preset": spec.preset.name,
+        "corpus": config.data.corpus.name,
+        "attempt": str(version + 1),
+        "run_dir": str(run.path.resolve()),
+    }
     experiment = mlflow_experiment(spec.preset.name, config.data.corpus)
     log.info("MLflow: run %r of experiment %s at %s", name, experiment, uri)
     # tracking_uri given here: MLFlowLogger's own default reads MLFLOW_TRACKING_URI when Lightning is imported
-    return MLFlowLogger(experiment_name=experiment, run_name=name, tracking_uri=uri, tags=tags,
-                        artifact_location=artifacts)  # fmt: skip
+    return MLFlowLogger(
+        experiment_name=experiment, run_name=name, tracking_uri=uri, tags=tags, artifact_location=artifacts
+    )

@@ -122,8 +122,10 @@ class TranslationModule(pl.LightningModule):
         """Lightning's way in, as Lightning users write it: `TranslationModule.load_from_checkpoint(path)`. The module
         keeps no hyper-parameters (the checkpoint's run config is its one config), so this is `from_checkpoint`."""
         if hparams_file is not None or kwargs:
-            raise TypeError("TranslationModule.load_from_checkpoint builds the module from the run config its "
-                            "checkpoint carries; it takes no hparams_file or keyword arguments")  # fmt: skip
+            raise TypeError(
+                "TranslationModule.load_from_checkpoint builds the module from the run config its "
+                "checkpoint carries; it takes no hparams_file or keyword arguments"
+            )
         return cls.from_checkpoint(checkpoint_path, map_location)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -181,8 +183,9 @@ class TranslationModule(pl.LightningModule):
         others, self.step_flags = dict(self.step_flags), {}  # on the host
         if world > 1:  # counts and host flags through pinned memory (no wait), then one all-reduce with the device's
             cuda = self.device.type == "cuda"
-            host = torch.tensor([n_src, n_tgt, *map(float, others.values())], dtype=torch.float64, device="cpu",
-                                pin_memory=cuda)  # fmt: skip
+            host = torch.tensor(
+                [n_src, n_tgt, *map(float, others.values())], dtype=torch.float64, device="cpu", pin_memory=cuda
+            )
             packed = torch.cat([host.to(self.device, non_blocking=cuda), diverged])
             torch.distributed.all_reduce(packed, op=torch.distributed.ReduceOp.SUM)  # the step's one collective
             scale = (self.trainer.accumulate_grad_batches * world / packed[1].clamp(min=1)).float()
@@ -277,16 +280,23 @@ class TranslationModule(pl.LightningModule):
         the last log (this rank)."""
         now = time.perf_counter()
         values = {
-            "train/loss": loss_sum / n_tgt, "train/nll": nll_sum / n_tgt, "train/src_tokens_per_step": tokens[0],
-            "train/tgt_tokens_per_step": tokens[1], "lr": float(self.optimizers().param_groups[0]["lr"]),
-        }  # fmt: skip
+            "train/loss": loss_sum / n_tgt,
+            "train/nll": nll_sum / n_tgt,
+            "train/src_tokens_per_step": tokens[0],
+            "train/tgt_tokens_per_step": tokens[1],
+            "lr": float(self.optimizers().param_groups[0]["lr"]),
+        }
         if self._t_last is not None:
             values["train/tokens_per_s"] = (self.total_tokens - self._tokens_last) / (now - self._t_last)
         self._t_last, self._tokens_last = now, self.total_tokens
         for name, value in values.items():
-            self.log(name, torch.tensor(value, dtype=torch.float32, device="cpu"), batch_size=1,
-                     prog_bar=name in ("train/loss", "lr", "train/tokens_per_s"),
-                     rank_zero_only=name.startswith("train/") and "tokens_per_step" in name)  # fmt: skip
+            self.log(
+                name,
+                torch.tensor(value, dtype=torch.float32, device="cpu"),
+                batch_size=1,
+                prog_bar=name in ("train/loss", "lr", "train/tokens_per_s"),
+                rank_zero_only=name.startswith("train/") and "tokens_per_step" in name,
+            )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._settle()  # a step whose update was skipped is never saved as taken: Diverged first
@@ -301,8 +311,11 @@ class TranslationModule(pl.LightningModule):
         the end, not every step."""
         if self._trained_on_device is not None:
             src, tgt = (int(x) for x in self._trained_on_device.tolist())
-            self.trained = {**self.trained, "src_tokens": self.trained["src_tokens"] + src,
-                            "tgt_tokens": self.trained["tgt_tokens"] + tgt}  # fmt: skip
+            self.trained = {
+                **self.trained,
+                "src_tokens": self.trained["src_tokens"] + src,
+                "tgt_tokens": self.trained["tgt_tokens"] + tgt,
+            }
             self._trained_on_device = None
         return dict(self.trained)
 

@@ -24,24 +24,31 @@ class TrainOptions:
 
     row: str = option("base", "the Table 3 row (see `aiayn rows`)")
     table: tuple[str, ...] = option(
-        (), "a table file of your own rows, in the layout of ablations/extended.csv, its cells in the paper's units "
-        "(the preset scales them as it scales the paper's rows) (repeatable)", metavar="FILE",
-    )  # fmt: skip
+        (),
+        "a table file of your own rows, in the layout of ablations/extended.csv, its cells in the paper's units "
+        "(the preset scales them as it scales the paper's rows) (repeatable)",
+        metavar="FILE",
+    )
     preset: str = option("tiny", f"the scale: {', '.join(PRESETS)} (`aiayn rows --preset NAME` shows one)")
     data: str | None = option(
-        None, f"corpus: {' | '.join(CORPORA)} | hf:NAME[:CONFIG], a Hugging Face dataset on the Hub "
+        None,
+        f"corpus: {' | '.join(CORPORA)} | hf:NAME[:CONFIG], a Hugging Face dataset on the Hub "
         "(hf:wmt/wmt16:de-en) or saved on this machine (hf:/path, hf:./path) (default: the preset's)",
-    )  # fmt: skip
+    )
     data_dir: str | None = option(None, "the corpus's files (multi30k, wmt14: instead of a download; files: required)")
     hf_splits: str | None = option(
-        None, "with --data hf:…: which of the dataset's splits are train, dev and test (default: train; validation, "
-        "dev or valid; test)", metavar="train=…,dev=…,test=…",
-    )  # fmt: skip
+        None,
+        "with --data hf:…: which of the dataset's splits are train, dev and test (default: train; validation, "
+        "dev or valid; test)",
+        metavar="train=…,dev=…,test=…",
+    )
     source_eos: str | None = option(
-        None, "end every source sentence with </s>, as tensor2tensor, fairseq and Marian do (the paper's models; and "
+        None,
+        "end every source sentence with </s>, as tensor2tensor, fairseq and Marian do (the paper's models; and "
         "what MarianTokenizer's default call encodes): yes, or no (sources without it, as aiayn's runs before issue "
-        "45 and evidence v5, v6) (default: yes; a resumed run keeps its own)", choices=("yes", "no"),
-    )  # fmt: skip
+        "45 and evidence v5, v6) (default: yes; a resumed run keeps its own)",
+        choices=("yes", "no"),
+    )
     src_lang: str = option("en", "source language of the corpus (files' suffix, or a dataset's translation field)")
     tgt_lang: str = option("de", "target language of the corpus (files' suffix, or a dataset's translation field)")
     seed: int = option(0, "the run's seed (the run directory is seedN), 0 or more", at_least=0)
@@ -54,124 +61,160 @@ class TrainOptions:
     num_nodes: int = option(1, "nodes (world size = devices x nodes)", positive=True)
     strategy: str = option("auto", "Lightning strategy, e.g. ddp")
     precision: str = option(
-        "auto", "Lightning precision: auto (bf16-mixed on a GPU that supports it, else 32-true with TF32 matmuls on a "
+        "auto",
+        "Lightning precision: auto (bf16-mixed on a GPU that supports it, else 32-true with TF32 matmuls on a "
         "GPU), 32-true, bf16-mixed, ...; 16-mixed is refused (the fused loss computes its gradients in the forward)",
-    )  # fmt: skip
+    )
     max_steps: int | None = option(None, "optimizer steps (default: the preset's for the row)", positive=True)
     max_tokens: int | None = option(
         None, "real target tokens per device batch; accumulation makes up the preset's tokens per step", positive=True
     )
     vocab_size: int | None = option(None, "joint BPE vocabulary (default: the preset's)", positive=True)
     train_pairs: int | None = option(
-        None, "train on the first K training pairs only, a data-limited regime (default: the preset's)", positive=True,
+        None,
+        "train on the first K training pairs only, a data-limited regime (default: the preset's)",
+        positive=True,
         metavar="K",
-    )  # fmt: skip
+    )
     tokenizer: str | None = option(
-        None, "a SentencePiece model to use instead of training one (e.g. another run's tokenizer.model)",
+        None,
+        "a SentencePiece model to use instead of training one (e.g. another run's tokenizer.model)",
         metavar="FILE",
-    )  # fmt: skip
+    )
     val_bleu_sentences: int | None = option(
-        None, "the first K dev sentences beam-decoded for val/bleu at each validation (default: the preset's; 0: no "
-        "BLEU until the final evaluation); val/ppl is always the whole dev set's", metavar="K",
-    )  # fmt: skip
-    ckpt_every: int | None = option(None, "optimizer steps between kept checkpoints (default: the preset's)",
-                                    positive=True)  # fmt: skip
+        None,
+        "the first K dev sentences beam-decoded for val/bleu at each validation (default: the preset's; 0: no "
+        "BLEU until the final evaluation); val/ppl is always the whole dev set's",
+        metavar="K",
+    )
+    ckpt_every: int | None = option(
+        None, "optimizer steps between kept checkpoints (default: the preset's)", positive=True
+    )
     ckpt_every_minutes: float | None = option(None, "instead, wall-clock minutes between kept checkpoints")
     keep_last: int | None = option(
-        None, "periodic checkpoints (stepNNNNNNN.ckpt) kept, the newest; checkpoints/last.ckpt is kept besides "
+        None,
+        "periodic checkpoints (stepNNNNNNN.ckpt) kept, the newest; checkpoints/last.ckpt is kept besides "
         "(default: the preset's: 20, enough to average the last 20 as the paper's big model; 5 for tiny)",
-        positive=True, metavar="N",
-    )  # fmt: skip
+        positive=True,
+        metavar="N",
+    )
     keep_for_averaging: int | None = option(
-        None, "instead of --keep-last alone: the newest M periodic checkpoints kept, of which the newest --keep-last "
+        None,
+        "instead of --keep-last alone: the newest M periodic checkpoints kept, of which the newest --keep-last "
         "stay whole and the older ones are rewritten as weights only, all that averaging reads (default: as many as "
         "--keep-last, all whole); e.g. --keep-last 2 --keep-for-averaging 20 for the paper's big model",
-        positive=True, metavar="M",
-    )  # fmt: skip
+        positive=True,
+        metavar="M",
+    )
     weights_only_checkpoints: bool = option(
-        False, "periodic checkpoints without the optimizer state (a third of the size, all that averaging and "
+        False,
+        "periodic checkpoints without the optimizer state (a third of the size, all that averaging and "
         "translating read); last.ckpt keeps the whole state, so a resume is unchanged",
-    )  # fmt: skip
+    )
     val_every: int | None = option(None, "optimizer steps between validations (default: the preset's)", positive=True)
     stability_validations: bool = option(
-        True, "also validate at the steps nearest 75% and 87.5% of the budget (three around each where the preset "
+        True,
+        "also validate at the steps nearest 75% and 87.5% of the budget (three around each where the preset "
         "reads a window) where --val-every's schedule misses them: the report's stability rule reads them",
-    )  # fmt: skip
+    )
     eval_subset: int | None = option(
         None, "final evaluation on the first K dev sentences (default: all, as the paper)", positive=True
     )
     num_workers: int | None = option(None, "data loader worker processes (default: 4 on a GPU, 0 on a CPU)")
     pad_to: int | None = option(
-        None, "pad each batch's lengths up to a multiple of K (8 or 16 on a GPU), so batch shapes repeat (compiled "
+        None,
+        "pad each batch's lengths up to a multiple of K (8 or 16 on a GPU), so batch shapes repeat (compiled "
         "kernels and attention plans are made once per shape), at the cost of padding (default: 1, none)",
-        positive=True, metavar="K",
-    )  # fmt: skip
+        positive=True,
+        metavar="K",
+    )
     static_shapes: bool = option(
-        False, "batches of a few fixed shapes: each sentence's longer side rounded up to a multiple of --pad-to (its "
+        False,
+        "batches of a few fixed shapes: each sentence's longer side rounded up to a multiple of --pad-to (its "
         "bucket), a fixed number of sentences per bucket, both sides padded to it; what --compile model with fixed "
         "shapes, or a CUDA graph, needs; more padding (BENCHMARKS.md), so fewer real tokens per step",
-    )  # fmt: skip
+    )
     matmul_precision: str | None = option(
-        None, "fp32 matmuls on a GPU (torch.set_float32_matmul_precision): highest (exact fp32, what a CPU computes: "
+        None,
+        "fp32 matmuls on a GPU (torch.set_float32_matmul_precision): highest (exact fp32, what a CPU computes: "
         "with --precision 32-true, a GPU rerun of a table registered on CPUs is the same experiment), high (TF32 "
         "tensor cores; the default on a GPU), medium; a CPU run is unchanged",
         choices=("highest", "high", "medium"),
-    )  # fmt: skip
+    )
     residual_dtype: str = option(
-        "fp32", "the residual stream's dtype under bf16-mixed: fp32 (as autocast leaves it: LayerNorm returns fp32) or "
+        "fp32",
+        "the residual stream's dtype under bf16-mixed: fp32 (as autocast leaves it: LayerNorm returns fp32) or "
         "bf16 (half its elementwise bytes on a GPU; BENCHMARKS.md measures its dev PPL against fp32's); where autocast "
         "runs only: the final evaluation, translation and export run the fp32 model",
         choices=("fp32", "bf16"),
-    )  # fmt: skip
+    )
     dropout_rng: str = option(
-        "torch", "where dropout's masks come from: torch (its generator, seeded by --seed) or counter (each mask a "
+        "torch",
+        "where dropout's masks come from: torch (its generator, seeded by --seed) or counter (each mask a "
         "hash of the seed, the batch's place in the run and the position: the same masks as this seed's in a pack "
         "of seeds, and after a resume; 6-14% slower a step on a CPU, BENCHMARKS.md; compiled too)",
         choices=("torch", "counter"),
-    )  # fmt: skip
+    )
     batch_order_seed: int | None = option(
-        None, "the seed whose batch lengths and their order this run's training batches take, filled with sentences "
+        None,
+        "the seed whose batch lengths and their order this run's training batches take, filled with sentences "
         "of its own --seed's shuffle (default: its own); a pack's seeds take its first's, so that their batches span "
-        "the same lengths each step and pad little when stacked", at_least=0, metavar="S",
-    )  # fmt: skip
+        "the same lengths each step and pad little when stacked",
+        at_least=0,
+        metavar="S",
+    )
     pack_seeds: str | None = option(
-        None, "train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory, "
+        None,
+        "train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory, "
         "sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; for a GPU: "
-        "on two CPU cores a pack trains about as fast as its seeds in two processes, BENCHMARKS.md)", metavar="S,S,...",
-    )  # fmt: skip
+        "on two CPU cores a pack trains about as fast as its seeds in two processes, BENCHMARKS.md)",
+        metavar="S,S,...",
+    )
     compile: str = option(
-        "none", "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
+        "none",
+        "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
         "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
         "compiles once); graphs (model, its static shapes' steps and Adam's update replayed as CUDA graphs: needs "
         "--static-shapes; without a CUDA device, model with Adam's update compiled). Numbers equal eager's within "
         "float rounding; with dropout, masks come from inductor's RNG (the counter stream's with --dropout-rng "
         "counter, as in a pack)",
         choices=("none", "layers", "model", "graphs"),
-    )  # fmt: skip
+    )
     logger: str | None = option(
-        None, "where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each "
+        None,
+        "where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each "
         "under the run directory (default: csv,tensorboard, or csv where tensorboard is not installed)",
         metavar="NAMES",
-    )  # fmt: skip
-    wandb: bool = option(False, "also log to Weights & Biases (the same as adding wandb to --logger); online with "
-                         "WANDB_API_KEY or `wandb login`, else offline, unless WANDB_MODE says otherwise")  # fmt: skip
+    )
+    wandb: bool = option(
+        False,
+        "also log to Weights & Biases (the same as adding wandb to --logger); online with "
+        "WANDB_API_KEY or `wandb login`, else offline, unless WANDB_MODE says otherwise",
+    )
     wandb_checkpoints: bool = option(False, "with W&B: also log the final checkpoint as a W&B model artifact")
     log_model: bool = option(
-        False, "log the final checkpoint (it carries its tokenizer and config) as an artifact to every tracker that "
+        False,
+        "log the final checkpoint (it carries its tokenizer and config) as an artifact to every tracker that "
         "keeps files: MLflow (model/: the checkpoint, its config.json and tokenizer, and a README on loading it) and "
         "W&B (a model artifact)",
-    )  # fmt: skip
+    )
     progress: bool = option(True, "Lightning's progress bar")
     trainer: dict = option(
-        default_factory=dict, metavar="KEY=VALUE", parse=lambda items: parse_trainer(items),
+        default_factory=dict,
+        metavar="KEY=VALUE",
+        parse=lambda items: parse_trainer(items),
         render=lambda d: format_trainer(d),
         help="a Lightning Trainer argument aiayn does not set itself, passed through (repeatable; VALUE read as YAML), "
         "e.g. --trainer log_every_n_steps=50 --trainer gradient_clip_val=1.0; default log_every_n_steps=10",
-    )  # fmt: skip
+    )
     overrides: dict = option(
-        default_factory=dict, flag="--set", metavar="KEY=VALUE", parse=parse_overrides, render=format_overrides,
+        default_factory=dict,
+        flag="--set",
+        metavar="KEY=VALUE",
+        parse=parse_overrides,
+        render=format_overrides,
         help=set_help(),
-    )  # fmt: skip
+    )
 
     @property
     def world_size(self) -> int:
@@ -187,14 +230,23 @@ class TrainOptions:
 
 # Trainer arguments aiayn sets from its own options (or must set itself), and the option to use instead
 TRAINER_OWNED = {
-    "accelerator": "--accelerator", "devices": "--devices", "num_nodes": "--num-nodes", "strategy": "--strategy",
-    "precision": "--precision", "max_steps": "--max-steps", "accumulate_grad_batches": "--max-tokens (the preset's "
-    "tokens per step are made up by accumulation)", "val_check_interval": "--val-every",
-    "check_val_every_n_epoch": "--val-every", "callbacks": "a callback in aiayn's code", "plugins": "aiayn's code",
-    "logger": "--logger", "default_root_dir": "--out", "enable_progress_bar": "--progress/--no-progress",
+    "accelerator": "--accelerator",
+    "devices": "--devices",
+    "num_nodes": "--num-nodes",
+    "strategy": "--strategy",
+    "precision": "--precision",
+    "max_steps": "--max-steps",
+    "accumulate_grad_batches": "--max-tokens (the preset's tokens per step are made up by accumulation)",
+    "val_check_interval": "--val-every",
+    "check_val_every_n_epoch": "--val-every",
+    "callbacks": "a callback in aiayn's code",
+    "plugins": "aiayn's code",
+    "logger": "--logger",
+    "default_root_dir": "--out",
+    "enable_progress_bar": "--progress/--no-progress",
     "use_distributed_sampler": "nothing (aiayn's token-bucket sampler shards by rank itself)",
     "deterministic": "nothing (aiayn sets it on CPU, where resume is bitwise)",
-}  # fmt: skip
+}
 TRAINER_DEFAULTS = {"log_every_n_steps": 10}
 MAX_TRAINER_VALUE = 200  # characters in one --trainer value
 
@@ -223,8 +275,10 @@ def parse_trainer(items) -> dict:
                 + "; see its documentation (e.g. log_every_n_steps, gradient_clip_val, limit_val_batches)"
             )
         if len(text) > MAX_TRAINER_VALUE:  # a Trainer argument is a number, a name or a short list
-            raise UserError(f"--trainer {key}: a value of {len(text)} characters; a Trainer argument takes at most "
-                            f"{MAX_TRAINER_VALUE}, e.g. --trainer {key}=1.0")  # fmt: skip
+            raise UserError(
+                f"--trainer {key}: a value of {len(text)} characters; a Trainer argument takes at most "
+                f"{MAX_TRAINER_VALUE}, e.g. --trainer {key}=1.0"
+            )
         try:
             if any(isinstance(t, yaml.AliasToken | yaml.AnchorToken) for t in yaml.scan(text)):  # an alias bomb
                 raise UserError(f"--trainer {key}: YAML anchors and aliases (&, *) are not read; write the value out")
@@ -235,8 +289,10 @@ def parse_trainer(items) -> dict:
             raise UserError(f"--trainer {key}={text}: not a finite number; e.g. --trainer {key}=1.0")
         hint = typing.get_type_hints(Trainer.__init__).get(key)
         if hint is not None and value_matches(value, hint) is False:  # before any run directory exists
-            raise UserError(f"--trainer {item}: lightning.pytorch.Trainer's {key} must be {type_name(hint)}, not "
-                            f"{value!r}; e.g. --trainer {key}={_example(hint)}")  # fmt: skip
+            raise UserError(
+                f"--trainer {item}: lightning.pytorch.Trainer's {key} must be {type_name(hint)}, not "
+                f"{value!r}; e.g. --trainer {key}={_example(hint)}"
+            )
         out[key] = value
     return out
 
@@ -305,9 +361,11 @@ def read_config_file(path: str | Path) -> ConfigFile:
 
         schema = doc.get("schema", SCHEMA)
         if not isinstance(schema, int) or isinstance(schema, bool) or not 1 <= schema <= SCHEMA:
-            raise UserError(f"config {path} is a run config.json of schema {schema!r}, which this aiayn does not read "
-                            f"(it reads schema {SCHEMA}); use the aiayn that wrote it, or pass a YAML file of `aiayn "
-                            "train` options")  # fmt: skip
+            raise UserError(
+                f"config {path} is a run config.json of schema {schema!r}, which this aiayn does not read "
+                f"(it reads schema {SCHEMA}); use the aiayn that wrote it, or pass a YAML file of `aiayn "
+                "train` options"
+            )
     values = config_values(TrainOptions, (doc["options"] if is_run else doc) or {}, f"config {path}", "aiayn train")
     if not is_run:
         return ConfigFile(values)

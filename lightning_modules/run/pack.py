@@ -83,8 +83,9 @@ def pack_seeds(text: str) -> tuple[int, ...]:
     except ValueError:
         seeds = ()
     if len(seeds) < 2 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise UserError(f"--pack-seeds {text!r}: give two or more different seeds, 0 or more, separated by commas "
-                        "(e.g. 0,1,2)")  # fmt: skip
+        raise UserError(
+            f"--pack-seeds {text!r}: give two or more different seeds, 0 or more, separated by commas (e.g. 0,1,2)"
+        )
     return seeds
 
 
@@ -103,13 +104,17 @@ def check_packable(opts: TrainOptions, spec: RunSpec, flag: str = "--pack-seeds"
     if opts.residual_dtype != "fp32":
         raise UserError(f"{flag} keeps the residual stream in fp32; drop --residual-dtype bf16 or {flag}")
     if _val_bleu_sentences(opts, spec.preset):
-        raise UserError(f"{flag} validates perplexity only (beam search for val/bleu is per model); pass "
-                        f"--val-bleu-sentences 0 (preset {spec.preset.name} decodes "
-                        f"{spec.preset.val_bleu_sentences}), the final evaluation scores BLEU either way")  # fmt: skip
+        raise UserError(
+            f"{flag} validates perplexity only (beam search for val/bleu is per model); pass "
+            f"--val-bleu-sentences 0 (preset {spec.preset.name} decodes "
+            f"{spec.preset.val_bleu_sentences}), the final evaluation scores BLEU either way"
+        )
     other = [name for name in run_loggers.of(opts) if name not in ("csv", "tensorboard")]
     if other:
-        raise UserError(f"{flag} writes each seed's curve to its run directory's CSV; --logger {other[0]} is not "
-                        f"packed: drop it, or {flag}")  # fmt: skip
+        raise UserError(
+            f"{flag} writes each seed's curve to its run directory's CSV; --logger {other[0]} is not "
+            f"packed: drop it, or {flag}"
+        )
 
 
 class PackData(pl.LightningDataModule):
@@ -139,8 +144,15 @@ class PackModule(pl.LightningModule):
     """K Transformers of one config trained as one computation; `TranslationModule`'s loss, normalization, schedule
     and curve, per seed."""
 
-    def __init__(self, cfg: TransformerConfig, seeds: tuple[int, ...], warmup: int, lr_factor: float,
-                 val_steps: frozenset[int] = frozenset(), compiled_optimizer: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        seeds: tuple[int, ...],
+        warmup: int,
+        lr_factor: float,
+        val_steps: frozenset[int] = frozenset(),
+        compiled_optimizer: str | None = None,
+    ):
         super().__init__()
         self.cfg, self.seeds, self.warmup, self.lr_factor, self.val_steps = cfg, seeds, warmup, lr_factor, val_steps
         self.compiled_optimizer = compiled_optimizer  # torch.compile's mode for Adam's update (--compile graphs)
@@ -226,11 +238,17 @@ class PackModule(pl.LightningModule):
                 if k not in self.diverged and self.curves[k] is not None:
                     loss_sum, nll_sum = values[K + 2 * k], values[K + 2 * k + 1]
                     n = max(windows[k][1], 1)
-                    self.curves[k].log_metrics({
-                        "epoch": self.trainer.current_epoch, "lr": lr, "train/loss": loss_sum / n,
-                        "train/nll": nll_sum / n, "train/src_tokens_per_step": float(windows[k][0]),
-                        "train/tgt_tokens_per_step": float(windows[k][1]),
-                    }, step=step - 1)  # fmt: skip
+                    self.curves[k].log_metrics(
+                        {
+                            "epoch": self.trainer.current_epoch,
+                            "lr": lr,
+                            "train/loss": loss_sum / n,
+                            "train/nll": nll_sum / n,
+                            "train/src_tokens_per_step": float(windows[k][0]),
+                            "train/tgt_tokens_per_step": float(windows[k][1]),
+                        },
+                        step=step - 1,
+                    )
 
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
@@ -264,13 +282,17 @@ class PackModule(pl.LightningModule):
         self.model.train(was)
         for k, value in enumerate((nll / n.clamp(min=1)).tolist()):
             if k not in self.diverged and self.curves[k] is not None:
-                self.curves[k].log_metrics({"epoch": self.trainer.current_epoch, "val/nll": value,
-                                            "val/ppl": math.exp(value)}, step=step - 1)  # fmt: skip
+                self.curves[k].log_metrics(
+                    {"epoch": self.trainer.current_epoch, "val/nll": value, "val/ppl": math.exp(value)}, step=step - 1
+                )
                 self.curves[k].save()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint[PACK_STATE] = {"seeds": list(self.seeds), "trained": self.trained,
-                                  "diverged": {str(k): list(v) for k, v in self.diverged.items()}}  # fmt: skip
+        checkpoint[PACK_STATE] = {
+            "seeds": list(self.seeds),
+            "trained": self.trained,
+            "diverged": {str(k): list(v) for k, v in self.diverged.items()},
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint[PACK_STATE]
@@ -308,8 +330,10 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     for s in todo:  # a pack starts its seeds at step 0, or resumes them from its own checkpoint
         begun = plans[s].run.resume_checkpoint()
         if begun is not None:
-            raise UserError(f"seed {s} has a checkpoint of its own to resume ({begun}): a pack would train it again "
-                            f"from step 0; finish it alone (--seed {s}), or leave it out of --pack-seeds")  # fmt: skip
+            raise UserError(
+                f"seed {s} has a checkpoint of its own to resume ({begun}): a pack would train it again "
+                f"from step 0; finish it alone (--seed {s}), or leave it out of --pack-seeds"
+            )
     if not todo:
         return [done[s] for s in seeds]
     first = plans[todo[0]]
@@ -317,9 +341,13 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     steps = first.config.train.steps
     every, extra = validations(opts, spec.preset, steps)
     cuda = uses_cuda(opts.accelerator)
-    module = PackModule(spec.model, todo, **first.config.schedule,
-                        val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra),
-                        compiled_optimizer=optimizer_mode(opts.compile, cuda))  # fmt: skip
+    module = PackModule(
+        spec.model,
+        todo,
+        **first.config.schedule,
+        val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra),
+        compiled_optimizer=optimizer_mode(opts.compile, cuda),
+    )
     share = compile_model(module.model, opts.compile, dynamic=not first.dm.plan.static_shapes, cuda=cuda)
     where = pack_dir(first, todo)
     trainer = pack_trainer(opts, first, where, share)
@@ -329,12 +357,21 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
         p.run.write_tokenizer(p.dm.tokenizer_model)
         module.curves[k] = CSVLogger(p.run.path, name=p.run.logs.name, version=p.run.next_log_version())
     resume = where / "checkpoints" / "last.ckpt"
-    log.info("%s: seeds %s as one pack (%s)%s", spec.row, ", ".join(map(str, todo)), where,
-             f", resuming from {resume}" if resume.is_file() else "")  # fmt: skip
+    log.info(
+        "%s: seeds %s as one pack (%s)%s",
+        spec.row,
+        ", ".join(map(str, todo)),
+        where,
+        f", resuming from {resume}" if resume.is_file() else "",
+    )
     t0 = time.perf_counter()
     try:
-        trainer.fit(module, datamodule=PackData([plans[s].dm for s in todo]),
-                    ckpt_path=str(resume) if resume.is_file() else None, weights_only=True)  # fmt: skip
+        trainer.fit(
+            module,
+            datamodule=PackData([plans[s].dm for s in todo]),
+            ckpt_path=str(resume) if resume.is_file() else None,
+            weights_only=True,
+        )
     except SIGTERMException:
         _stopped(spec.row, todo, trainer, "SIGTERM")
     except SystemExit as e:
@@ -382,16 +419,27 @@ def train_runs(opts: TrainOptions, spec: RunSpec | None = None) -> list[RunMetri
 def _stopped(row: str, seeds: tuple[int, ...], trainer: pl.Trainer, name: str):
     import signal
 
-    log.warning("%s seeds %s (one pack) stopped by %s at step %d; the pack's checkpoints are kept and the same command "
-                "resumes it", row, ", ".join(map(str, seeds)), name, trainer.global_step)  # fmt: skip
+    log.warning(
+        "%s seeds %s (one pack) stopped by %s at step %d; the pack's checkpoints are kept and the same command "
+        "resumes it",
+        row,
+        ", ".join(map(str, seeds)),
+        name,
+        trainer.global_step,
+    )
     raise SystemExit(128 + signal.Signals[name]) from None
 
 
 def seed_checkpoint(p: Plan, module: TranslationModule, step: int, where: Path) -> Path:
     """A seed's checkpoints/last.ckpt in `aiayn train`'s layout, weights only (the optimizer's state is the pack's):
     its config and tokenizer embedded, so translate, export and averaging take it as any run's."""
-    ckpt = {"state_dict": module.state_dict(), "global_step": step, "epoch": 0, "aiayn_trained": module.trained,
-            PACK_STATE: {"pack": where.name}}  # fmt: skip
+    ckpt = {
+        "state_dict": module.state_dict(),
+        "global_step": step,
+        "epoch": 0,
+        "aiayn_trained": module.trained,
+        PACK_STATE: {"pack": where.name},
+    }
     RunFilesInCheckpoint(lambda: redact_obj(p.config.to_dict()), lambda: p.dm.tokenizer_model).on_save_checkpoint(
         None, module, ckpt
     )
@@ -404,9 +452,17 @@ def pack_trainer(opts: TrainOptions, first: Plan, where: Path, share: int = 0) -
     compile_model's (with static shapes, room for every shape once the data is set up)."""
     room = [RoomForShapes(share)] if share and first.dm.plan.static_shapes else []
     every_steps, every_minutes = disk.checkpoint_every(opts, first.preset)
-    ckpt = ModelCheckpoint(dirpath=where / "checkpoints", filename="step{step:07d}", auto_insert_metric_name=False,
-                           every_n_train_steps=every_steps, save_top_k=1, monitor="step", mode="max", save_last=True,
-                           train_time_interval=timedelta(minutes=every_minutes) if every_minutes else None)  # fmt: skip
+    ckpt = ModelCheckpoint(
+        dirpath=where / "checkpoints",
+        filename="step{step:07d}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=every_steps,
+        save_top_k=1,
+        monitor="step",
+        mode="max",
+        save_last=True,
+        train_time_interval=timedelta(minutes=every_minutes) if every_minutes else None,
+    )
     return pl.Trainer(
         accelerator=opts.accelerator,
         devices=1,

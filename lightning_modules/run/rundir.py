@@ -78,8 +78,14 @@ def _from_dict(cls, d: dict, what: str):
 
 
 _NUMBER = (int, float)
-_KIND_WORDS = {_NUMBER: "a number", str: "text", dict: "an object", list: "a list", bool: "true or false",
-               int: "an integer"}  # fmt: skip
+_KIND_WORDS = {
+    _NUMBER: "a number",
+    str: "text",
+    dict: "an object",
+    list: "a list",
+    bool: "true or false",
+    int: "an integer",
+}
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,11 @@ class RunMetrics:
         if self.status == "diverged":
             return f"{self.row} seed {self.seed}: diverged ({self.error}); metrics.json status diverged"
         capped = f" (capped: {self.steps} of its {self.budget_steps})" if self.capped else ""
-        return (f"{self.row} seed {self.seed}: dev BLEU {self.dev_bleu:.2f} (sacreBLEU), dev PPL {self.dev_ppl:.2f}, "
-                f"{self.params / 1e6:.2f}M params, {self.steps} steps{capped} in {self.train_time_s:.0f} s "
-                f"({self.tokens_per_s:.0f} tokens/s)")  # fmt: skip
+        return (
+            f"{self.row} seed {self.seed}: dev BLEU {self.dev_bleu:.2f} (sacreBLEU), dev PPL {self.dev_ppl:.2f}, "
+            f"{self.params / 1e6:.2f}M params, {self.steps} steps{capped} in {self.train_time_s:.0f} s "
+            f"({self.tokens_per_s:.0f} tokens/s)"
+        )
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -152,8 +160,11 @@ class RunMetrics:
             raise ValueError(f"seed {self.seed!r} is not an integer") from None
         for f in fields(self):  # a hand-edited or foreign file: each field its type, or the file is not read
             value, kind = getattr(self, f.name), _FIELD_TYPES.get(f.name)
-            if value is not None and kind is not None and (isinstance(value, bool) and kind is not bool
-                                                           or not isinstance(value, kind)):  # fmt: skip
+            if (
+                value is not None
+                and kind is not None
+                and (isinstance(value, bool) and kind is not bool or not isinstance(value, kind))
+            ):
                 raise ValueError(f"{f.name} {value!r} is not {_KIND_WORDS[kind]}")
 
     @property
@@ -176,15 +187,58 @@ class RunMetrics:
 
 # the type each field of metrics.json must have where it is given (None: any, or checked in __post_init__)
 _FIELD_TYPES = {
-    **dict.fromkeys(("row", "preset", "group", "data", "kind", "dev_bleu_signature", "dev_tok_bleu_label", "error",
-                     "host", "torch", "finished_at", "commit", "predictions_sha256"), str),
-    **dict.fromkeys(("planned_steps", "steps", "budget_steps", "params", "dev_sentences", "effective_tokens_per_step",
-                     "diverged_at_step", "schema"), int),
-    **dict.fromkeys(("train_time_s", "eval_time_s", "wall_time_s", "tokens_per_s", "dev_bleu", "dev_tok_bleu",
-                     "dev_ppl", "src_tokens_per_step", "tgt_tokens_per_step", "paper_ppl", "paper_bleu",
-                     "paper_params_m"), _NUMBER),
-    "config": dict, "deviations": list, "dirty": bool,
-}  # fmt: skip
+    **dict.fromkeys(
+        (
+            "row",
+            "preset",
+            "group",
+            "data",
+            "kind",
+            "dev_bleu_signature",
+            "dev_tok_bleu_label",
+            "error",
+            "host",
+            "torch",
+            "finished_at",
+            "commit",
+            "predictions_sha256",
+        ),
+        str,
+    ),
+    **dict.fromkeys(
+        (
+            "planned_steps",
+            "steps",
+            "budget_steps",
+            "params",
+            "dev_sentences",
+            "effective_tokens_per_step",
+            "diverged_at_step",
+            "schema",
+        ),
+        int,
+    ),
+    **dict.fromkeys(
+        (
+            "train_time_s",
+            "eval_time_s",
+            "wall_time_s",
+            "tokens_per_s",
+            "dev_bleu",
+            "dev_tok_bleu",
+            "dev_ppl",
+            "src_tokens_per_step",
+            "tgt_tokens_per_step",
+            "paper_ppl",
+            "paper_bleu",
+            "paper_params_m",
+        ),
+        _NUMBER,
+    ),
+    "config": dict,
+    "deviations": list,
+    "dirty": bool,
+}
 
 
 @dataclass(frozen=True)
@@ -228,10 +282,14 @@ class RunConfig:
         return {"model": self.model, "data": self.data.to_dict(), "schedule": self.schedule}
 
     def to_dict(self) -> dict:
-        return {"schema": self.schema, "spec": self.spec.to_dict(), "data": self.data.to_dict(),
-                "train": asdict(self.train),
-                "tokenizer": {"file": self.tokenizer_file, "sha256": self.tokenizer_sha256},
-                "options": self.options}  # fmt: skip
+        return {
+            "schema": self.schema,
+            "spec": self.spec.to_dict(),
+            "data": self.data.to_dict(),
+            "train": asdict(self.train),
+            "tokenizer": {"file": self.tokenizer_file, "sha256": self.tokenizer_sha256},
+            "options": self.options,
+        }
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> RunConfig:
@@ -252,9 +310,14 @@ class RunConfig:
             raise ValueError(f"its spec is not one aiayn wrote ({type(e).__name__}: {e})") from None
         except UserError as e:  # a recorded value this aiayn's model config refuses
             raise ValueError(str(e)) from None
-        return cls(spec=spec, data=DataIdentity.from_dict(d["data"]),
-                   train=_from_dict(TrainPlan, d["train"], "train"), tokenizer_file=tok.get("file", "tokenizer.model"),
-                   tokenizer_sha256=tok.get("sha256"), options=d.get("options") or {})  # fmt: skip
+        return cls(
+            spec=spec,
+            data=DataIdentity.from_dict(d["data"]),
+            train=_from_dict(TrainPlan, d["train"], "train"),
+            tokenizer_file=tok.get("file", "tokenizer.model"),
+            tokenizer_sha256=tok.get("sha256"),
+            options=d.get("options") or {},
+        )
 
 
 @dataclass(frozen=True)
@@ -271,8 +334,9 @@ class OutDir:
     def run(self, preset: str, corpus: CorpusRef, row: str, seed: int) -> RunDir:
         """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en); a
         name that is not one safe component is a UserError (aiayn.common.names), so no run lands outside OUT."""
-        return RunDir(under(self.root, preset, corpus.dirname, row, _seed_dir(seed),
-                            kinds=("preset", "corpus", "row", "seed")))  # fmt: skip
+        return RunDir(
+            under(self.root, preset, corpus.dirname, row, _seed_dir(seed), kinds=("preset", "corpus", "row", "seed"))
+        )
 
     def run_of(self, spec: RunSpec, seed: int) -> RunDir:
         """The run directory of a resolved run and a seed."""
@@ -342,8 +406,10 @@ class RunDir:
         return self.path.parent / f"{self.path.name}.failed.json"
 
     def write_failure(self, status: str, error: str | None) -> None:
-        atomic_write_json(self.failure_file, redact_obj({"status": status, "error": error, "at": time.time(),
-                                                         "host": platform.node()}))  # fmt: skip
+        atomic_write_json(
+            self.failure_file,
+            redact_obj({"status": status, "error": error, "at": time.time(), "host": platform.node()}),
+        )
 
     def read_failure(self) -> dict | None:
         """{"status", "error", "at"} of the pair's last failure before a metrics.json; None when there is none."""
@@ -353,8 +419,11 @@ class RunDir:
             return None
         if not isinstance(doc, dict) or doc.get("status") not in STATUSES:
             return None
-        return {"status": doc["status"], "error": None if doc.get("error") is None else str(doc["error"]),
-                "at": doc.get("at")}  # fmt: skip
+        return {
+            "status": doc["status"],
+            "error": None if doc.get("error") is None else str(doc["error"]),
+            "at": doc.get("at"),
+        }
 
     def clear_failure(self) -> None:
         self.failure_file.unlink(missing_ok=True)
@@ -459,8 +528,12 @@ class RunDir:
         n = len(record["attempts"]) + 1
         base = given_id or record["id"]
         split = mode == "offline" and n > 1 and not given_id
-        attempt = {"attempt": n, "mode": mode, "id": f"{base}-a{n}" if split else base,
-                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+        attempt = {
+            "attempt": n,
+            "mode": mode,
+            "id": f"{base}-a{n}" if split else base,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         earlier = [a["id"] for a in record["attempts"]]
         record["attempts"].append(attempt)
         atomic_write_json(self.wandb_record, record)
@@ -507,14 +580,29 @@ class RunDir:
         spec, t = config.spec, config.train
         code = provenance.source()
         metrics = RunMetrics(
-            row=spec.row, group=spec.group, seed=t.seed, preset=spec.preset.name, data=config.data.corpus.name,
-            status=status, kind=kind, planned_steps=t.steps, budget_steps=spec.train_steps, paper_ppl=spec.paper.ppl,
-            paper_bleu=spec.paper.bleu, paper_params_m=spec.paper.params_m,
-            config={k: getattr(spec.model, k) for k in MODEL_KEYS}, deviations=[d.text for d in spec.deviations],
-            effective_tokens_per_step=t.effective_tokens_per_step, host=platform.node(), torch=_torch_version(),
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=code.commit, dirty=code.dirty,
-            predictions_sha256=registration_sha256(spec.preset.name), **measured,
-        )  # fmt: skip
+            row=spec.row,
+            group=spec.group,
+            seed=t.seed,
+            preset=spec.preset.name,
+            data=config.data.corpus.name,
+            status=status,
+            kind=kind,
+            planned_steps=t.steps,
+            budget_steps=spec.train_steps,
+            paper_ppl=spec.paper.ppl,
+            paper_bleu=spec.paper.bleu,
+            paper_params_m=spec.paper.params_m,
+            config={k: getattr(spec.model, k) for k in MODEL_KEYS},
+            deviations=[d.text for d in spec.deviations],
+            effective_tokens_per_step=t.effective_tokens_per_step,
+            host=platform.node(),
+            torch=_torch_version(),
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            commit=code.commit,
+            dirty=code.dirty,
+            predictions_sha256=registration_sha256(spec.preset.name),
+            **measured,
+        )
         atomic_write_json(self.metrics_file, redact_obj(metrics.to_dict()))
         return RunMetrics.from_dict(redact_obj(metrics.to_dict()))
 
@@ -565,8 +653,10 @@ class RunDir:
         mine = _run_of(self.read_config().to_dict())
         other = _run_of(theirs)
         if other != mine:
-            raise UserError(f"checkpoint {path} is another run's (row {other[0]}, seed {other[1]}), not this one's "
-                            f"(row {mine[0]}, seed {mine[1]}); move it out of {path.parent} and run again")  # fmt: skip
+            raise UserError(
+                f"checkpoint {path} is another run's (row {other[0]}, seed {other[1]}), not this one's "
+                f"(row {mine[0]}, seed {mine[1]}); move it out of {path.parent} and run again"
+            )
 
     def packed_in(self) -> str | None:
         """The pack (ROW/pack-...) this run's last.ckpt was written by, or None: a pack's seed holds its weights,
@@ -666,12 +756,16 @@ def load_raw(path: str | Path) -> dict:
             f"checkpoint {path} is unreadable ({type(e).__name__}); it is truncated or not an aiayn checkpoint"
         ) from e
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get(RUN_FILES), dict) or "config" not in ckpt[RUN_FILES]:
-        raise UserError(f"checkpoint {path} was not written by `aiayn train` (no run config under checkpoint"
-                        f"[{RUN_FILES!r}]); pass a checkpoint from a run directory's checkpoints/")  # fmt: skip
+        raise UserError(
+            f"checkpoint {path} was not written by `aiayn train` (no run config under checkpoint"
+            f"[{RUN_FILES!r}]); pass a checkpoint from a run directory's checkpoints/"
+        )
     fmt = ckpt[RUN_FILES].get("format", RUN_FILES_FORMAT)  # none: written before the field was
     if fmt != RUN_FILES_FORMAT:
-        raise UserError(f"checkpoint {path} is of format {fmt!r}, which this aiayn does not read (it reads "
-                        f"{RUN_FILES_FORMAT}); use the aiayn that wrote it")  # fmt: skip
+        raise UserError(
+            f"checkpoint {path} is of format {fmt!r}, which this aiayn does not read (it reads "
+            f"{RUN_FILES_FORMAT}); use the aiayn that wrote it"
+        )
     return ckpt
 
 
@@ -681,8 +775,10 @@ def run_config(ckpt: dict, path: str | Path) -> RunConfig:
     try:
         return RunConfig.from_dict(run_files(ckpt).get("config"))
     except ValueError as e:
-        raise UserError(f"checkpoint {path} holds a run config this aiayn cannot use ({e}); translate it with the "
-                        f"aiayn that trained it") from None  # fmt: skip
+        raise UserError(
+            f"checkpoint {path} holds a run config this aiayn cannot use ({e}); translate it with the "
+            f"aiayn that trained it"
+        ) from None
 
 
 def run_files(ckpt: dict) -> dict:
@@ -697,6 +793,8 @@ def embedded_tokenizer(ckpt: dict, path: str | Path) -> bytes | None:
     if data is None:
         return None
     if sha256_bytes(data) != files.get("tokenizer_sha256"):
-        raise UserError(f"checkpoint {path}: its tokenizer does not match the sha256 recorded with it; the file is "
-                        f"damaged, use another checkpoint of the run")  # fmt: skip
+        raise UserError(
+            f"checkpoint {path}: its tokenizer does not match the sha256 recorded with it; the file is "
+            f"damaged, use another checkpoint of the run"
+        )
     return data

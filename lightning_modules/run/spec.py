@@ -76,17 +76,34 @@ class RunSpec:
 
     def with_overrides(self, extra: dict) -> RunSpec:
         """The same row with more `--set` values (later ones win)."""
-        return _build(self.row, self.group, self.note, self.preset, self.corpus, self.knobs,
-                      {**self.overrides, **extra}, self.paper, self.model.vocab_size)  # fmt: skip
+        return _build(
+            self.row,
+            self.group,
+            self.note,
+            self.preset,
+            self.corpus,
+            self.knobs,
+            {**self.overrides, **extra},
+            self.paper,
+            self.model.vocab_size,
+        )
 
     def to_dict(self) -> dict:
         return {
-            "row": self.row, "group": self.group, "note": self.note, "preset": asdict(self.preset),
-            "corpus": self.corpus.name, "knobs": dict(self.knobs), "overrides": dict(self.overrides),
-            "model": self.model.to_dict(), "train_steps": self.train_steps, "schedule": asdict(self.schedule),
-            "paper": asdict(self.paper), "deviations": [asdict(d) for d in self.deviations],
+            "row": self.row,
+            "group": self.group,
+            "note": self.note,
+            "preset": asdict(self.preset),
+            "corpus": self.corpus.name,
+            "knobs": dict(self.knobs),
+            "overrides": dict(self.overrides),
+            "model": self.model.to_dict(),
+            "train_steps": self.train_steps,
+            "schedule": asdict(self.schedule),
+            "paper": asdict(self.paper),
+            "deviations": [asdict(d) for d in self.deviations],
             **({"splits": self.corpus.splits} if self.corpus.splits else {}),
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> RunSpec:
@@ -97,16 +114,27 @@ class RunSpec:
         preset = replace(preset, aliases=tuple(tuple(a) for a in preset.aliases), cells=tuple(preset.cells))
         knobs = {**PAPER_BASE, **d["knobs"]}  # a knob added since the file was written: the paper's value
         corpus = CorpusRef.recorded(d["corpus"], d.get("splits"))  # a corpus since removed: the run still reads
-        spec = _build(d["row"], d["group"], d.get("note", ""), preset, corpus, knobs, d["overrides"],
-                      Paper(**d["paper"]), d["model"]["vocab_size"])  # fmt: skip
+        spec = _build(
+            d["row"],
+            d["group"],
+            d.get("note", ""),
+            preset,
+            corpus,
+            knobs,
+            d["overrides"],
+            Paper(**d["paper"]),
+            d["model"]["vocab_size"],
+        )
         # the file's model is derived from its knobs and overrides; one edited by hand (or by another aiayn) that no
         # longer follows from them is refused rather than silently replaced by what they give
         built = spec.model.to_dict()
         differ = sorted(k for k, v in d["model"].items() if k in built and built[k] != v)
         if differ:
             k = differ[0]
-            raise ValueError(f"its model's {k} is {d['model'][k]!r} where its knobs and overrides give {built[k]!r}; "
-                             "change a model value through overrides (--set), not the model section")  # fmt: skip
+            raise ValueError(
+                f"its model's {k} is {d['model'][k]!r} where its knobs and overrides give {built[k]!r}; "
+                "change a model value through overrides (--set), not the model section"
+            )
         return spec
 
 
@@ -134,8 +162,9 @@ def resolve(
     knobs = scale(r, preset)
     if tables and r.row not in load_rows():
         _say_scaled(r, knobs, preset)
-    return _build(r.row, r.group, r.note, preset, corpus, knobs, dict(overrides or {}), paper,
-                  vocab_size or preset.vocab_size)  # fmt: skip
+    return _build(
+        r.row, r.group, r.note, preset, corpus, knobs, dict(overrides or {}), paper, vocab_size or preset.vocab_size
+    )
 
 
 def _say_scaled(row, knobs: dict, preset: Preset) -> None:
@@ -145,8 +174,12 @@ def _say_scaled(row, knobs: dict, preset: Preset) -> None:
     key = (row.row, preset.name, tuple(changed))
     if changed and key not in _SAID:
         _SAID.add(key)
-        log.info("row %s (your table) is in the paper's units; preset %s scales it as the paper's rows: %s", row.row,
-                 preset.name, ", ".join(changed))  # fmt: skip
+        log.info(
+            "row %s (your table) is in the paper's units; preset %s scales it as the paper's rows: %s",
+            row.row,
+            preset.name,
+            ", ".join(changed),
+        )
 
 
 _SAID: set = set()
@@ -174,10 +207,19 @@ def _build(row, group, note, preset: Preset, corpus, knobs: dict, overrides: dic
             raise UserError(f"{e} (--set {' '.join(format_overrides(overrides))}); change the --set value") from None
         raise UserError(f"{e} (row {row} at preset {preset.name}); fix the row's line in its table") from None
     return RunSpec(
-        row=row, group=group, preset=preset, corpus=corpus, knobs=dict(knobs), overrides=dict(overrides), model=cfg,
-        train_steps=knobs["train_steps"], schedule=schedule, paper=paper, note=note,
+        row=row,
+        group=group,
+        preset=preset,
+        corpus=corpus,
+        knobs=dict(knobs),
+        overrides=dict(overrides),
+        model=cfg,
+        train_steps=knobs["train_steps"],
+        schedule=schedule,
+        paper=paper,
+        note=note,
         deviations=_deviations(cfg, overrides),
-    )  # fmt: skip
+    )
 
 
 def _deviations(cfg: TransformerConfig, overrides: dict) -> tuple[Deviation, ...]:
@@ -200,8 +242,14 @@ def spec_of(opts: TrainOptions) -> RunSpec:
     a search); `aiayn train --config` of a run's config.json passes that run's own spec instead, so the run is
     reproduced even when its table or preset changed since."""
     preset = get_preset(opts.preset)
-    return resolve(opts.row, preset, tables=opts.table, overrides=opts.overrides,
-                   corpus=run_corpus(opts.data, preset, opts.hf_splits), vocab_size=opts.vocab_size)  # fmt: skip
+    return resolve(
+        opts.row,
+        preset,
+        tables=opts.table,
+        overrides=opts.overrides,
+        corpus=run_corpus(opts.data, preset, opts.hf_splits),
+        vocab_size=opts.vocab_size,
+    )
 
 
 def spec_for(opts: TrainOptions, recorded: ConfigFile | None = None) -> RunSpec:
@@ -227,8 +275,11 @@ def spec_for(opts: TrainOptions, recorded: ConfigFile | None = None) -> RunSpec:
         now = None  # the table is not at hand: the config's row is all there is
     if now is not None and now != run.knobs:
         changed = {k: (run.knobs.get(k), v) for k, v in now.items() if run.knobs.get(k) != v}
-        log.warning("row %s of the config file differs from its table now (config, table: %s); training the config "
-                    "file's", opts.row, changed)  # fmt: skip
+        log.warning(
+            "row %s of the config file differs from its table now (config, table: %s); training the config file's",
+            opts.row,
+            changed,
+        )
     return run
 
 
@@ -238,8 +289,14 @@ def changed_since(recorded: RunSpec, tables: tuple[str, ...] = ()) -> list[str]:
     `tables`: the user's --table files the run was given (its config.json's options), read as they are now. A
     completed pair keeps its result when its row is edited; this is how status and the report say so."""
     try:
-        now = resolve(recorded.row, recorded.preset.name, tables=tuple(tables), overrides=recorded.overrides,
-                      corpus=recorded.corpus, vocab_size=recorded.model.vocab_size)  # fmt: skip
+        now = resolve(
+            recorded.row,
+            recorded.preset.name,
+            tables=tuple(tables),
+            overrides=recorded.overrides,
+            corpus=recorded.corpus,
+            vocab_size=recorded.model.vocab_size,
+        )
     except UserError:
         return []
     before, after = recorded.model.to_dict(), now.model.to_dict()

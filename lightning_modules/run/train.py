@@ -120,18 +120,36 @@ def source_eos(opts: TrainOptions, run: RunDir | None = None) -> bool:
     return saved.data.source_eos if saved is not None else True
 
 
-def build_datamodule(opts: TrainOptions, spec: RunSpec, tokenizer: Path | None = None,
-                     run: RunDir | None = None) -> TranslationDataModule:  # fmt: skip
+def build_datamodule(
+    opts: TrainOptions, spec: RunSpec, tokenizer: Path | None = None, run: RunDir | None = None
+) -> TranslationDataModule:
     preset = spec.preset
     max_tokens = opts.max_tokens or device_tokens(preset, opts.world_size)
-    identity = DataIdentity(spec.corpus, opts.data_dir, spec.model.vocab_size, opts.src_lang, opts.tgt_lang,
-                            preset.max_len, opts.train_pairs or preset.train_pairs, source_eos(opts, run))  # fmt: skip
-    return TranslationDataModule(DataPlan(
-        identity, opts.cache_dir, max_tokens, derive_accumulation(preset.tokens_per_step, max_tokens, opts.world_size),
-        opts.seed, num_workers=data_workers(opts.num_workers, opts.accelerator), pin_memory=uses_cuda(opts.accelerator),
-        pad_to=pad_multiple(opts.pad_to, opts.accelerator), static_shapes=opts.static_shapes, tokenizer=tokenizer,
-        order_seed=opts.batch_order_seed,
-    ))  # fmt: skip
+    identity = DataIdentity(
+        spec.corpus,
+        opts.data_dir,
+        spec.model.vocab_size,
+        opts.src_lang,
+        opts.tgt_lang,
+        preset.max_len,
+        opts.train_pairs or preset.train_pairs,
+        source_eos(opts, run),
+    )
+    return TranslationDataModule(
+        DataPlan(
+            identity,
+            opts.cache_dir,
+            max_tokens,
+            derive_accumulation(preset.tokens_per_step, max_tokens, opts.world_size),
+            opts.seed,
+            num_workers=data_workers(opts.num_workers, opts.accelerator),
+            pin_memory=uses_cuda(opts.accelerator),
+            pad_to=pad_multiple(opts.pad_to, opts.accelerator),
+            static_shapes=opts.static_shapes,
+            tokenizer=tokenizer,
+            order_seed=opts.batch_order_seed,
+        )
+    )
 
 
 def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
@@ -181,26 +199,37 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     check_cache_dir(opts.cache_dir)
     check_memory(spec, opts)
     if opts.compile == "graphs" and not opts.static_shapes:
-        raise UserError("--compile graphs records a CUDA graph per batch shape, and without --static-shapes every "
-                        "batch has its own; add --static-shapes (and --pad-to 8), or pass --compile model")  # fmt: skip
+        raise UserError(
+            "--compile graphs records a CUDA graph per batch shape, and without --static-shapes every "
+            "batch has its own; add --static-shapes (and --pad-to 8), or pass --compile model"
+        )
     if opts.keep_last is not None and opts.keep_last < 1:
-        raise UserError(f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
-                        f"more (last.ckpt is kept besides)")  # fmt: skip
+        raise UserError(
+            f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
+            f"more (last.ckpt is kept besides)"
+        )
     whole, kept = disk.kept_checkpoints(opts, spec.preset)
     if kept < whole:
-        raise UserError(f"--keep-for-averaging {kept} keeps fewer periodic checkpoints than --keep-last {whole}; pass "
-                        f"--keep-for-averaging {whole} or more, or a smaller --keep-last")  # fmt: skip
+        raise UserError(
+            f"--keep-for-averaging {kept} keeps fewer periodic checkpoints than --keep-last {whole}; pass "
+            f"--keep-for-averaging {whole} or more, or a smaller --keep-last"
+        )
     trains_in = resolve_precision(opts.precision, opts.accelerator)
     if opts.residual_dtype == "bf16" and not trains_in.startswith("bf16"):
-        raise UserError(f"--residual-dtype bf16 keeps the residual stream in bf16 under bf16-mixed, but this run "
-                        f"trains in {trains_in}; pass --precision bf16-mixed or drop --residual-dtype")  # fmt: skip
+        raise UserError(
+            f"--residual-dtype bf16 keeps the residual stream in bf16 under bf16-mixed, but this run "
+            f"trains in {trains_in}; pass --precision bf16-mixed or drop --residual-dtype"
+        )
     minutes = opts.ckpt_every_minutes
     if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
-        raise UserError(f"--ckpt-every-minutes must be a positive number of minutes, got {minutes}; pass e.g. "
-                        "--ckpt-every-minutes 10")  # fmt: skip
+        raise UserError(
+            f"--ckpt-every-minutes must be a positive number of minutes, got {minutes}; pass e.g. "
+            "--ckpt-every-minutes 10"
+        )
     if opts.val_bleu_sentences is not None and opts.val_bleu_sentences < 0:
-        raise UserError(f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU "
-                        "during training")  # fmt: skip
+        raise UserError(
+            f"--val-bleu-sentences must be 0 or more, got {opts.val_bleu_sentences}; pass 0 for no BLEU during training"
+        )
     run = RunDir(Path(run_dir)) if run_dir else OutDir(opts.out).run_of(spec, opts.seed)
     dm = build_datamodule(opts, spec, tokenizer_for(opts, run), run)
     steps = opts.max_steps or spec.train_steps
@@ -208,12 +237,17 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     config = RunConfig(
         spec=spec,
         data=dm.data,
-        train=TrainPlan(seed=opts.seed, steps=steps, accumulate=dm.plan.accumulate, world_size=opts.world_size,
-                        effective_tokens_per_step=dm.plan.max_tokens * opts.world_size * dm.plan.accumulate,
-                        precision=resolve_precision(opts.precision, opts.accelerator)),
+        train=TrainPlan(
+            seed=opts.seed,
+            steps=steps,
+            accumulate=dm.plan.accumulate,
+            world_size=opts.world_size,
+            effective_tokens_per_step=dm.plan.max_tokens * opts.world_size * dm.plan.accumulate,
+            precision=resolve_precision(opts.precision, opts.accelerator),
+        ),
         tokenizer_sha256=sha256_file(tokenizer) if tokenizer else None,
         options=options_record(opts),  # `aiayn train --config config.json` trains this run again
-    )  # fmt: skip
+    )
     return Plan(spec, run, dm, config)
 
 
@@ -221,13 +255,17 @@ def check_device(opts: TrainOptions) -> None:
     """A GPU asked for where none is visible, a strategy Lightning does not know, a negative worker count: one line
     now, not Lightning's or the DataLoader's exception after the run directory."""
     if opts.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise UserError(f"--accelerator {opts.accelerator}: no GPU is visible here (torch sees none); pass "
-                        "--accelerator cpu, or auto to use a GPU where there is one")  # fmt: skip
+        raise UserError(
+            f"--accelerator {opts.accelerator}: no GPU is visible here (torch sees none); pass "
+            "--accelerator cpu, or auto to use a GPU where there is one"
+        )
     if opts.strategy != "auto":
         check_strategy(opts.strategy)
     if opts.num_workers is not None and opts.num_workers < 0:
-        raise UserError(f"--num-workers {opts.num_workers}: a count of loader processes cannot be negative; pass 0 "
-                        "(load in the trainer's process) or more")  # fmt: skip
+        raise UserError(
+            f"--num-workers {opts.num_workers}: a count of loader processes cannot be negative; pass 0 "
+            "(load in the trainer's process) or more"
+        )
 
 
 def check_cache_dir(cache_dir: str | None) -> None:
@@ -240,11 +278,14 @@ def check_cache_dir(cache_dir: str | None) -> None:
     check_path_length(where, flag)
     probe = nearest_existing(where)
     if not probe.is_dir():
-        raise UserError(f"cache directory {where} cannot be used: {probe} is not a directory; point {flag} at a "
-                        "directory")  # fmt: skip
+        raise UserError(
+            f"cache directory {where} cannot be used: {probe} is not a directory; point {flag} at a directory"
+        )
     if not can_create_in(probe):
-        raise UserError(f"cache directory {where} is not writable (nearest existing: {probe}); point {flag} at a "
-                        "directory you can write")  # fmt: skip
+        raise UserError(
+            f"cache directory {where} is not writable (nearest existing: {probe}); point {flag} at a "
+            "directory you can write"
+        )
 
 
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients, and Adam's two moments
@@ -262,9 +303,11 @@ def check_memory(spec: RunSpec, opts: TrainOptions) -> None:
     except (ValueError, OSError, AttributeError):
         return
     if need > have:
-        raise UserError(f"row {spec.row} has {spec.model.params() / 1e9:.1f}B parameters: their weights, gradients and "
-                        f"Adam state take {need / 2**30:.0f} GB, more than this machine's {have / 2**30:.0f} GB; "
-                        "shrink the row (its d_model, d_ff, N or vocabulary)")  # fmt: skip
+        raise UserError(
+            f"row {spec.row} has {spec.model.params() / 1e9:.1f}B parameters: their weights, gradients and "
+            f"Adam state take {need / 2**30:.0f} GB, more than this machine's {have / 2**30:.0f} GB; "
+            "shrink the row (its d_model, d_ff, N or vocabulary)"
+        )
 
 
 def prepare(p: Plan):
@@ -283,9 +326,11 @@ def prepare(p: Plan):
             full = disk_full(p.dm.plan.cache_dir / "…", e, None)
             if full is None:
                 raise
-            raise UserError(f"no space left on the cache's disk ({p.dm.plan.cache_dir}) to prepare the corpus and "
-                            f"tokenizer; free space there or point AIAYN_CACHE (or --cache-dir) at a disk with "
-                            "room") from None  # fmt: skip
+            raise UserError(
+                f"no space left on the cache's disk ({p.dm.plan.cache_dir}) to prepare the corpus and "
+                f"tokenizer; free space there or point AIAYN_CACHE (or --cache-dir) at a disk with "
+                "room"
+            ) from None
     p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
     p.run.check_config(p.config)
     p.run.check_resume_plan(p.config)
@@ -305,8 +350,10 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     if done is not None:
         return done
     if (packed := p.run.packed_in()) is not None:
-        raise UserError(f"run directory {p.run.path} was trained in {packed}, which holds its optimizer and data "
-                        "position; extend it with the pack's --pack-seeds, or train it in another --out")  # fmt: skip
+        raise UserError(
+            f"run directory {p.run.path} was trained in {packed}, which holds its optimizer and data "
+            "position; extend it with the pack's --pack-seeds, or train it in another --out"
+        )
     prepare_matmuls(opts.accelerator, opts.matmul_precision)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(
@@ -349,15 +396,27 @@ def finished(p: Plan) -> RunMetrics | None:
         return None
     planned = p.config.train.steps
     if metrics.steps > planned:
-        raise UserError(f"run directory {p.run.path} already trained {metrics.steps} steps, and this command asks for "
-                        f"{planned} (--max-steps): a run cannot be shortened; pass another --out for a shorter look, "
-                        "or drop --max-steps")  # fmt: skip
+        raise UserError(
+            f"run directory {p.run.path} already trained {metrics.steps} steps, and this command asks for "
+            f"{planned} (--max-steps): a run cannot be shortened; pass another --out for a shorter look, "
+            "or drop --max-steps"
+        )
     if metrics.steps < planned:
-        log.info("%s seed %d completed %d of the %d steps asked now: extending it", p.spec.row, metrics.seed,
-                 metrics.steps, planned)  # fmt: skip
+        log.info(
+            "%s seed %d completed %d of the %d steps asked now: extending it",
+            p.spec.row,
+            metrics.seed,
+            metrics.steps,
+            planned,
+        )
         return None
-    log.info("%s seed %d already completed its %d steps in %s: nothing to train (delete the directory to train it "
-             "anew)", p.spec.row, metrics.seed, planned, p.run.path)  # fmt: skip
+    log.info(
+        "%s seed %d already completed its %d steps in %s: nothing to train (delete the directory to train it anew)",
+        p.spec.row,
+        metrics.seed,
+        planned,
+        p.run.path,
+    )
     return metrics
 
 
@@ -393,8 +452,12 @@ def _log_budget(p: Plan, opts: TrainOptions) -> None:
     log.info(
         "budget: %d real target tokens per optimizer step = %d per device batch x %d devices x %d accumulated "
         "(preset: %d); the tokens that arrive are logged as train/src_tokens_per_step, train/tgt_tokens_per_step",
-        t.effective_tokens_per_step, p.dm.plan.max_tokens, t.world_size, t.accumulate, p.preset.tokens_per_step,
-    )  # fmt: skip
+        t.effective_tokens_per_step,
+        p.dm.plan.max_tokens,
+        t.world_size,
+        t.accumulate,
+        p.preset.tokens_per_step,
+    )
     if t.effective_tokens_per_step > 1.1 * p.preset.tokens_per_step:
         log.warning("more tokens per step than the preset's; pass a smaller --max-tokens")
 
@@ -448,8 +511,13 @@ def _stopped(trainer: pl.Trainer, row: str, seed: int, signum: signal.Signals):
     """A run stopped by a signal (a scheduler's SIGTERM, Ctrl-C's SIGINT; to the main process or its whole group) is
     not a finished run: one line, no metrics.json, W&B told it was stopped, and exit 128 + the signal's number."""
     name = signal.Signals(signum).name
-    log.warning("%s seed %d stopped by %s at step %d; its checkpoints are kept and the same command resumes it", row,
-                seed, name, trainer.global_step)  # fmt: skip
+    log.warning(
+        "%s seed %d stopped by %s at step %d; its checkpoints are kept and the same command resumes it",
+        row,
+        seed,
+        name,
+        trainer.global_step,
+    )
     if trainer.is_global_zero:
         wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step, status="stopped")
     raise SystemExit(128 + signum) from None
@@ -462,10 +530,17 @@ def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: 
     On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU (a
     paper-scale beam decode of newstest2013 there would take hours)."""
     plan = p.dm.plan
-    full_dev = TranslationDataModule(DataPlan(
-        p.config.data, plan.cache_dir, max(plan.max_tokens, DECODE_MAX_TOKENS), dev_subset=opts.eval_subset,
-        pad_to=plan.pad_to, static_shapes=plan.static_shapes, tokenizer=p.dm.tokenizer_model,
-    ))  # fmt: skip
+    full_dev = TranslationDataModule(
+        DataPlan(
+            p.config.data,
+            plan.cache_dir,
+            max(plan.max_tokens, DECODE_MAX_TOKENS),
+            dev_subset=opts.eval_subset,
+            pad_to=plan.pad_to,
+            static_shapes=plan.static_shapes,
+            tokenizer=p.dm.tokenizer_model,
+        )
+    )
     full_dev.setup("validate")
     device = trainer.strategy.root_device
     module.to(device)
@@ -480,21 +555,33 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
     per_step = real_tokens_per_step(module)
     log.info(
         "real tokens per optimizer step (mean over %d steps): %.0f source, %.0f target (budget: %d target)",
-        module.trained["steps"], per_step["src_tokens_per_step"], per_step["tgt_tokens_per_step"],
+        module.trained["steps"],
+        per_step["src_tokens_per_step"],
+        per_step["tgt_tokens_per_step"],
         p.config.train.effective_tokens_per_step,
-    )  # fmt: skip
+    )
     train_time, world = p.train_time, opts.world_size
     metrics = p.run.write_metrics(
-        p.config, "completed", kind=hooks.kind, steps=trainer.global_step, params=p.spec.model.params(),
-        train_time_s=round(train_time, 2), tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
-        dev_bleu=round(result["bleu"], 2), dev_bleu_signature=result["bleu_signature"],
-        dev_tok_bleu=round(result["tok_bleu"], 2), dev_tok_bleu_label=result["tok_bleu_label"],
-        dev_ppl=round(result["ppl"], 4), dev_sentences=result["n_sentences"],
-        eval_time_s=round(result["eval_time_s"], 2), wall_time_s=round(result["wall_time_s"], 2), **per_step,
+        p.config,
+        "completed",
+        kind=hooks.kind,
+        steps=trainer.global_step,
+        params=p.spec.model.params(),
+        train_time_s=round(train_time, 2),
+        tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
+        dev_bleu=round(result["bleu"], 2),
+        dev_bleu_signature=result["bleu_signature"],
+        dev_tok_bleu=round(result["tok_bleu"], 2),
+        dev_tok_bleu_label=result["tok_bleu_label"],
+        dev_ppl=round(result["ppl"], 4),
+        dev_sentences=result["n_sentences"],
+        eval_time_s=round(result["eval_time_s"], 2),
+        wall_time_s=round(result["wall_time_s"], 2),
+        **per_step,
         grad_w_path=grad_w_path(trainer.strategy.root_device.type),
-        precision=trained_precision(p.config.train.precision) + (", bf16 residual stream" if opts.residual_dtype ==
-                                                                 "bf16" else ""),
-    )  # fmt: skip
+        precision=trained_precision(p.config.train.precision)
+        + (", bf16 residual stream" if opts.residual_dtype == "bf16" else ""),
+    )
     checkpoint = p.run.last_checkpoint
     run_loggers.log_final(trainer, metrics, logged_params(trainer), checkpoint if opts.log_model else None)
     wandb_run.finish(trainer, metrics, checkpoint=checkpoint if opts.wandb_checkpoints or opts.log_model else None)

@@ -31,10 +31,19 @@ from aiayn.lightning_modules.run.spec import experiment_name
 log = logging.getLogger(__name__)
 
 # metrics.json fields that go into the W&B run's summary, under W&B's slash-named metric keys
-SUMMARY = {"dev_bleu": "dev/bleu", "dev_tok_bleu": "dev/tok_bleu", "dev_ppl": "dev/ppl",
-           "dev_bleu_signature": "dev/bleu_signature", "dev_sentences": "dev/sentences", "params": "params",
-           "steps": "steps", "train_time_s": "train_time_s", "tokens_per_s": "tokens_per_s",
-           "diverged_at_step": "diverged_at_step", "error": "error"}  # fmt: skip
+SUMMARY = {
+    "dev_bleu": "dev/bleu",
+    "dev_tok_bleu": "dev/tok_bleu",
+    "dev_ppl": "dev/ppl",
+    "dev_bleu_signature": "dev/bleu_signature",
+    "dev_sentences": "dev/sentences",
+    "params": "params",
+    "steps": "steps",
+    "train_time_s": "train_time_s",
+    "tokens_per_s": "tokens_per_s",
+    "diverged_at_step": "diverged_at_step",
+    "error": "error",
+}
 
 
 def wandb_config(config: RunConfig) -> dict:
@@ -43,15 +52,29 @@ def wandb_config(config: RunConfig) -> dict:
     get the same view (callbacks.LogRunConfig)."""
     spec, train = config.spec, config.train
     return {
-        "row": spec.row, "seed": train.seed, "group": spec.group, "preset": spec.preset.name,
-        "corpus": config.data.corpus.name, **{k: getattr(spec.model, k) for k in MODEL_KEYS},
-        "train_steps": train.steps, "precision": train.precision, "accumulate": train.accumulate,
-        "world_size": train.world_size, "effective_tokens_per_step": train.effective_tokens_per_step,
-        "warmup": spec.schedule.warmup, "lr_factor": spec.schedule.lr_factor, "preset_rule": spec.preset.rule(),
-        "deviations": [str(d) for d in spec.deviations], "paper": asdict(spec.paper), "model": config.model,
-        "data": config.data.to_dict(), "train": config.to_dict()["train"], "preset_config": asdict(spec.preset),
-        "tokenizer_sha256": config.tokenizer_sha256, "options": config.options,
-    }  # fmt: skip
+        "row": spec.row,
+        "seed": train.seed,
+        "group": spec.group,
+        "preset": spec.preset.name,
+        "corpus": config.data.corpus.name,
+        **{k: getattr(spec.model, k) for k in MODEL_KEYS},
+        "train_steps": train.steps,
+        "precision": train.precision,
+        "accumulate": train.accumulate,
+        "world_size": train.world_size,
+        "effective_tokens_per_step": train.effective_tokens_per_step,
+        "warmup": spec.schedule.warmup,
+        "lr_factor": spec.schedule.lr_factor,
+        "preset_rule": spec.preset.rule(),
+        "deviations": [str(d) for d in spec.deviations],
+        "paper": asdict(spec.paper),
+        "model": config.model,
+        "data": config.data.to_dict(),
+        "train": config.to_dict()["train"],
+        "preset_config": asdict(spec.preset),
+        "tokenizer_sha256": config.tokenizer_sha256,
+        "options": config.options,
+    }
 
 
 def init_kwargs(run: RunDir, config: RunConfig, mode: str, why: str) -> dict | None:
@@ -63,21 +86,38 @@ def init_kwargs(run: RunDir, config: RunConfig, mode: str, why: str) -> dict | N
         return None
     attempt = run.wandb_attempt(mode, row, seed, given_id=os.environ.get("WANDB_RUN_ID") or None)
     if mode == "online":
-        log.info("W&B online (%s): W&B run %s, attempt %d of %s (resume=allow)", why, attempt["id"],
-                 attempt["attempt"], run.path)  # fmt: skip
+        log.info(
+            "W&B online (%s): W&B run %s, attempt %d of %s (resume=allow)",
+            why,
+            attempt["id"],
+            attempt["attempt"],
+            run.path,
+        )
     elif attempt["id"] != attempt["base_id"]:
-        log.warning("W&B offline (%s). W&B cannot resume an offline run, so attempt %d of %s is its own W&B run %s "
-                    "(%r; earlier attempts: %s); `wandb sync %s/wandb/offline-run-*` uploads each", why,
-                    attempt["attempt"], run.path, attempt["id"], attempt["name"], ", ".join(attempt["earlier"]),
-                    run.path)  # fmt: skip
+        log.warning(
+            "W&B offline (%s). W&B cannot resume an offline run, so attempt %d of %s is its own W&B run %s "
+            "(%r; earlier attempts: %s); `wandb sync %s/wandb/offline-run-*` uploads each",
+            why,
+            attempt["attempt"],
+            run.path,
+            attempt["id"],
+            attempt["name"],
+            ", ".join(attempt["earlier"]),
+            run.path,
+        )
     else:
         log.info("W&B offline (%s): W&B run %s in %s/wandb", why, attempt["id"], run.path)
     return {
-        "project": os.environ.get("WANDB_PROJECT") or experiment_name(preset, config.data.corpus), "group": row,
+        "project": os.environ.get("WANDB_PROJECT") or experiment_name(preset, config.data.corpus),
+        "group": row,
         "job_type": "train",
-        "name": attempt["name"], "id": attempt["id"], "resume": "allow", "mode": mode, "save_dir": str(run.path),
+        "name": attempt["name"],
+        "id": attempt["id"],
+        "resume": "allow",
+        "mode": mode,
+        "save_dir": str(run.path),
         "config": wandb_config(config),
-    }  # fmt: skip
+    }
 
 
 def wandb_logger(run: RunDir, config: RunConfig):

@@ -71,8 +71,14 @@ def raise_recompile_limit(graphs: int) -> int:
     return limit
 
 
-def compile_model(model: nn.Module, how: str, dynamic: bool = True, shapes: int | None = None,
-                  backend: str | None = None, cuda: bool = False) -> int:  # fmt: skip
+def compile_model(
+    model: nn.Module,
+    how: str,
+    dynamic: bool = True,
+    shapes: int | None = None,
+    backend: str | None = None,
+    cuda: bool = False,
+) -> int:
     """`--compile`: each encoder and decoder layer (`layers`: the layer's forward, as an instance attribute, so
     parameter names and checkpoints are unchanged), or the encoder and decoder whole (`model`); compiled code runs
     only in training (`training_only`). `dynamic`: shapes vary from batch to batch (without --static-shapes the
@@ -113,8 +119,10 @@ def graphs_mode(how: str, dynamic: bool, cuda: bool) -> str | None:
     if dynamic:
         raise ValueError("compile graphs needs static shapes: a CUDA graph is recorded per batch shape")
     if not cuda:
-        log.warning("--compile graphs: CUDA graphs need a CUDA device and this run has none; compiling the model "
-                    "whole without them, as --compile model")  # fmt: skip
+        log.warning(
+            "--compile graphs: CUDA graphs need a CUDA device and this run has none; compiling the model "
+            "whole without them, as --compile model"
+        )
         return None
     return GRAPHS_MODE
 

@@ -34,18 +34,24 @@ PE_KINDS = {
     p.name: p
     for p in (
         PositionalEncoding(
-            "sinusoid", True, "sines and cosines of the position (§3.5), the paper's default", marian=True,
+            "sinusoid",
+            True,
+            "sines and cosines of the position (§3.5), the paper's default",
+            marian=True,
             requires=lambda c: None if c.d_model % 2 == 0 else ("d_model", "even for the sinusoid positional encoding"),
         ),
-        PositionalEncoding("learned", True, "a learned embedding per position (Table 3 row E)",
-                           params=lambda c: c.max_len * c.d_model),
+        PositionalEncoding(
+            "learned", True, "a learned embedding per position (Table 3 row E)", params=lambda c: c.max_len * c.d_model
+        ),
         PositionalEncoding("none", False, "no positional information at all"),
         PositionalEncoding(
-            "rope", False, "rotary position embedding in self-attention (Su et al., 2021)",
+            "rope",
+            False,
+            "rotary position embedding in self-attention (Su et al., 2021)",
             requires=lambda c: None if c.d_k % 2 == 0 else ("d_k", "even for rotary positional encoding"),
         ),
     )
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)

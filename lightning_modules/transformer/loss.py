@@ -113,8 +113,12 @@ def accumulate_outer(acc: Tensor, g: Tensor, h: Tensor) -> None:
         try:
             torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
         except (RuntimeError, TypeError, NotImplementedError) as e:
-            log.info("torch %s refuses addmm(out_dtype=float32) into a float32 accumulator (%s: %s)",
-                     torch.__version__, type(e).__name__, str(e).splitlines()[0] if str(e) else "")  # fmt: skip
+            log.info(
+                "torch %s refuses addmm(out_dtype=float32) into a float32 accumulator (%s: %s)",
+                torch.__version__,
+                type(e).__name__,
+                str(e).splitlines()[0] if str(e) else "",
+            )
         else:
             _took(kind, ONE_GEMM_PATH)
             return

@@ -256,8 +256,12 @@ class RotaryPositions(Positions):
         return self.table[:length]
 
 
-POSITIONAL_ENCODINGS = {"sinusoid": SinusoidPositions, "learned": LearnedPositions, "none": Positions,
-                        "rope": RotaryPositions}  # fmt: skip
+POSITIONAL_ENCODINGS = {
+    "sinusoid": SinusoidPositions,
+    "learned": LearnedPositions,
+    "none": Positions,
+    "rope": RotaryPositions,
+}
 assert POSITIONAL_ENCODINGS.keys() == PE_KINDS.keys(), "every kind of config.PE_KINDS has its module here"
 
 

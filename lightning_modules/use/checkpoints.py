@@ -24,8 +24,16 @@ from aiayn.lightning_modules.run.rundir import (  # the readers live with the ru
 
 log = logging.getLogger(__name__)
 
-__all__ = ["average", "averaged", "embedded_tokenizer", "last_checkpoints", "load_raw", "periodic_checkpoints",
-           "run_config", "run_files"]  # fmt: skip
+__all__ = [
+    "average",
+    "averaged",
+    "embedded_tokenizer",
+    "last_checkpoints",
+    "load_raw",
+    "periodic_checkpoints",
+    "run_config",
+    "run_files",
+]
 
 # What a checkpoint for translation keeps; the rest (optimizer, loops, RNG states) is for resuming training.
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks")
@@ -73,8 +81,10 @@ def last_checkpoints(run_or_dir: str | Path, k: int, flag: str = "--last") -> li
     """The newest `k` periodic checkpoints of a run, oldest first."""
     paths = periodic_checkpoints(run_or_dir)
     if k > len(paths):
-        raise UserError(f"{flag} {k} asks for more checkpoints than the {len(paths)} kept in {run_or_dir}; "
-                        f"pass {flag} {len(paths)} or less")  # fmt: skip
+        raise UserError(
+            f"{flag} {k} asks for more checkpoints than the {len(paths)} kept in {run_or_dir}; "
+            f"pass {flag} {len(paths)} or less"
+        )
     return paths[-k:]
 
 
@@ -89,11 +99,14 @@ def averaged(paths: list[Path], flag: str = "--average") -> dict:
     first, last = ckpts[0], ckpts[-1]
     configs = [run_config(c, p) for p, c in zip(paths, ckpts)]
     for p, c, config in zip(paths[1:], ckpts[1:], configs[1:]):
-        for name, mine, theirs in (("model", config.spec.model, configs[0].spec.model),
-                                   ("data", config.data, configs[0].data)):  # fmt: skip
+        for name, mine, theirs in (
+            ("model", config.spec.model, configs[0].spec.model),
+            ("data", config.data, configs[0].data),
+        ):
             if mine != theirs:
-                raise UserError(f"checkpoint {p} has another {name} config than {paths[0]}; average checkpoints of "
-                                f"one run")  # fmt: skip
+                raise UserError(
+                    f"checkpoint {p} has another {name} config than {paths[0]}; average checkpoints of one run"
+                )
         if run_files(c).get("tokenizer_sha256") != run_files(first).get("tokenizer_sha256"):
             raise UserError(f"checkpoint {p} has another tokenizer than {paths[0]}; average checkpoints of one run")
     warning = span_warning(paths, flag)

@@ -38,15 +38,19 @@ def score_files(opts: ScoreOptions) -> dict:
 
     hyps, refs = read_sentences(opts.hyp, "--hyp"), read_sentences(opts.ref, "--ref")
     if len(hyps) != len(refs) or not refs:
-        raise UserError(f"--hyp {opts.hyp} has {len(hyps)} lines and --ref {opts.ref} has {len(refs)}; pass "
-                        "line-aligned, non-empty files (one sentence per line)")  # fmt: skip
+        raise UserError(
+            f"--hyp {opts.hyp} has {len(hyps)} lines and --ref {opts.ref} has {len(refs)}; pass "
+            "line-aligned, non-empty files (one sentence per line)"
+        )
     return {**bleu(hyps, refs, lang=opts.lang), "n_sentences": len(refs)}
 
 
 def score_text(result: dict) -> str:
     """`aiayn score`'s two lines: sacreBLEU with its signature, then the tokenized BLEU with its label."""
-    return (f"BLEU {result['bleu']:.2f} ({result['bleu_signature']})\n"
-            f"tokenized BLEU {result['tok_bleu']:.2f} ({result['tok_bleu_label']})")  # fmt: skip
+    return (
+        f"BLEU {result['bleu']:.2f} ({result['bleu_signature']})\n"
+        f"tokenized BLEU {result['tok_bleu']:.2f} ({result['tok_bleu_label']})"
+    )
 
 
 def translate_file(opts: TranslateOptions) -> None:

@@ -41,11 +41,15 @@ def read_export(path: Path, fmt: str) -> dict:
     try:
         record = json.loads((path / EXPORT_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        raise UserError(f"{path} has no readable {EXPORT_FILE}: it is not an aiayn export; write one with "
-                        f"`aiayn export --format {fmt}`") from None  # fmt: skip
+        raise UserError(
+            f"{path} has no readable {EXPORT_FILE}: it is not an aiayn export; write one with "
+            f"`aiayn export --format {fmt}`"
+        ) from None
     if record.get("format") != fmt:
-        raise UserError(f"{path} is an export of format {record.get('format')}, not {fmt}; pass one that `aiayn "
-                        f"export --format {fmt}` wrote")  # fmt: skip
+        raise UserError(
+            f"{path} is an export of format {record.get('format')}, not {fmt}; pass one that `aiayn "
+            f"export --format {fmt}` wrote"
+        )
     return record
 
 
@@ -86,15 +90,21 @@ class Ct2Translator:
         self.alpha = decoding.get("alpha", 0.6) if alpha is None else alpha
         self.extra_len = decoding.get("extra_len", 50) if extra_len is None else extra_len
         if self.beam < 1 or max_tokens < 1 or self.extra_len < 0:
-            raise UserError(f"beam {self.beam}, max_tokens {max_tokens}, extra_len {self.extra_len}: beam and "
-                            f"max_tokens must be positive, extra_len not negative")  # fmt: skip
+            raise UserError(
+                f"beam {self.beam}, max_tokens {max_tokens}, extra_len {self.extra_len}: beam and "
+                f"max_tokens must be positive, extra_len not negative"
+            )
         self.max_tokens = max_tokens
         self.device = pick_device(device)
         # as many threads as torch uses (CTranslate2's default, 4, oversubscribes a 2-core machine: OpenMP's
         # spinning threads made a busy one 100x slower)
         threads = threads or torch.get_num_threads()
-        self.model = ctranslate2.Translator(str(path), device=self.device.type, compute_type=compute_type,
-                                            intra_threads=threads if self.device.type == "cpu" else 1)  # fmt: skip
+        self.model = ctranslate2.Translator(
+            str(path),
+            device=self.device.type,
+            compute_type=compute_type,
+            intra_threads=threads if self.device.type == "cpu" else 1,
+        )
         self.data = dict(record.get("data") or {})
         self.max_len = self.data.get("max_len") or self.cfg.max_len
         # sources end with </s> where the model was trained so (its config.json's data.source_eos)
@@ -105,8 +115,15 @@ class Ct2Translator:
 
     @classmethod
     def from_options(cls, opts: ModelSource) -> Ct2Translator:
-        return cls(opts.ct2, device=opts.device, beam=opts.beam, alpha=opts.alpha, extra_len=opts.extra_len,
-                   max_tokens=opts.max_tokens, batching=opts.ct2_batching)  # fmt: skip
+        return cls(
+            opts.ct2,
+            device=opts.device,
+            beam=opts.beam,
+            alpha=opts.alpha,
+            extra_len=opts.extra_len,
+            max_tokens=opts.max_tokens,
+            batching=opts.ct2_batching,
+        )
 
     def translate(
         self, sentences: Sequence[str], *, beam: int | None = None, alpha: float | None = None, name: str = "sentence"
@@ -124,9 +141,15 @@ class Ct2Translator:
         for batch in token_batches([len(p) for p in pieces], self.max_tokens, same_length=same):
             limit = min(max(len(pieces[i]) for i in batch) + self.extra_len, self.cfg.max_len - 1)
             results = self.model.translate_batch(
-                [pieces[i] for i in batch], beam_size=beam, length_penalty=alpha, patience=1, disable_unk=True,
-                suppress_sequences=self._never, max_decoding_length=limit, max_input_length=0,
-            )  # fmt: skip
+                [pieces[i] for i in batch],
+                beam_size=beam,
+                length_penalty=alpha,
+                patience=1,
+                disable_unk=True,
+                suppress_sequences=self._never,
+                max_decoding_length=limit,
+                max_input_length=0,
+            )
             for i, result in zip(batch, results):
                 out[i] = self.sp.decode(result.hypotheses[0])
         return out

@@ -62,8 +62,10 @@ def require(package: str, extra: str, what: str):
     try:
         return importlib.import_module(package)
     except ImportError:
-        raise UserError(f"{what} needs the Python package {package}, which is not installed; install it with "
-                        f"pip install 'aiayn[{extra}]'") from None  # fmt: skip
+        raise UserError(
+            f"{what} needs the Python package {package}, which is not installed; install it with "
+            f"pip install 'aiayn[{extra}]'"
+        ) from None
 
 
 # --- what Marian can express -----------------------------------------------------------------------
@@ -76,12 +78,16 @@ def unsupported(cfg: TransformerConfig) -> list[str]:
         marian = " or ".join(k for k, v in PE_KINDS.items() if v.marian)
         reasons.append(f"pe={cfg.pe} ({PE_KINDS[cfg.pe].note}), where Marian has pe={marian} only")
     if cfg.h * cfg.d_k != cfg.d_model or cfg.h * cfg.d_v != cfg.d_model:
-        reasons.append(f"d_k={cfg.d_k} d_v={cfg.d_v} with h={cfg.h} and d_model={cfg.d_model}, where Marian's heads "
-                       f"are d_model / h = {cfg.d_model / cfg.h:g} wide")  # fmt: skip
+        reasons.append(
+            f"d_k={cfg.d_k} d_v={cfg.d_v} with h={cfg.h} and d_model={cfg.d_model}, where Marian's heads "
+            f"are d_model / h = {cfg.d_model / cfg.h:g} wide"
+        )
     for name, knob in KNOBS.items():  # a knob beyond the paper's table: Marian has the paper's value only
         if knob.kind == "model" and knob.paper is not None and getattr(cfg, name) != knob.paper:
-            reasons.append(f"{name}={knob.cell(getattr(cfg, name))} ({knob.help}), where Marian has the paper's "
-                           f"{name}={knob.cell(knob.paper)} only")  # fmt: skip
+            reasons.append(
+                f"{name}={knob.cell(getattr(cfg, name))} ({knob.help}), where Marian has the paper's "
+                f"{name}={knob.cell(knob.paper)} only"
+            )
     return reasons
 
 
@@ -92,13 +98,30 @@ def marian_config(cfg: TransformerConfig, **overrides):
     from transformers import MarianConfig
 
     values = dict(
-        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.N, decoder_layers=cfg.N, encoder_attention_heads=cfg.h, decoder_attention_heads=cfg.h,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=cfg.P_drop,
-        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=cfg.max_len, scale_embedding=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=PAD, eos_token_id=EOS,
-        bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS, init_std=cfg.d_model**-0.5,
-    )  # fmt: skip
+        vocab_size=cfg.vocab_size,
+        decoder_vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.N,
+        decoder_layers=cfg.N,
+        encoder_attention_heads=cfg.h,
+        decoder_attention_heads=cfg.h,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function="relu",
+        dropout=cfg.P_drop,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=cfg.max_len,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=EOS,
+        init_std=cfg.d_model**-0.5,
+    )
     return MarianConfig(**(values | overrides))
 
 
@@ -175,8 +198,10 @@ def to_marian(model: Transformer):
     computed = {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight", "final_logits_bias"}
     missing, unexpected = expected - set(state) - tied - computed, set(state) - expected
     if missing or unexpected:  # a transformers version that names things otherwise
-        raise ValueError(f"MarianMTModel's parameters differ from the mapping: missing {sorted(missing)[:3]}, "
-                         f"unexpected {sorted(unexpected)[:3]}")  # fmt: skip
+        raise ValueError(
+            f"MarianMTModel's parameters differ from the mapping: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}"
+        )
     with torch.no_grad():
         params = dict(hf.named_parameters(remove_duplicate=False)) | dict(hf.named_buffers())
         for name, value in state.items():
@@ -218,11 +243,18 @@ def write_marian_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, da
     sp = spm.SentencePieceProcessor(model_proto=proto)
     write_marian_files(proto, where)
     tokenizer = MarianTokenizer(
-        str(where / "source.spm"), str(where / "target.spm"), str(where / "vocab.json"),
-        source_lang=data.get("src_lang"), target_lang=data.get("tgt_lang"), unk_token=sp.id_to_piece(UNK),
-        eos_token=sp.id_to_piece(EOS), pad_token=sp.id_to_piece(PAD), bos_token=sp.id_to_piece(BOS),
-        model_max_length=cfg.max_len, clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+        str(where / "source.spm"),
+        str(where / "target.spm"),
+        str(where / "vocab.json"),
+        source_lang=data.get("src_lang"),
+        target_lang=data.get("tgt_lang"),
+        unk_token=sp.id_to_piece(UNK),
+        eos_token=sp.id_to_piece(EOS),
+        pad_token=sp.id_to_piece(PAD),
+        bos_token=sp.id_to_piece(BOS),
+        model_max_length=cfg.max_len,
+        clean_up_tokenization_spaces=False,
+    )
     tokenizer.save_pretrained(str(where))
     return tokenizer
 
@@ -245,17 +277,24 @@ def write_fast_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, sour
     built = SpmConverter.build_tokenizer_from_spm_proto(spec, vocab)
     eos = sp.id_to_piece(EOS)
     if source_eos:
-        built.post_processor = TemplateProcessing(single=f"$A {eos}", pair=f"$A {eos} $B {eos}",
-                                                  special_tokens=[(eos, EOS)])  # fmt: skip
+        built.post_processor = TemplateProcessing(
+            single=f"$A {eos}", pair=f"$A {eos} $B {eos}", special_tokens=[(eos, EOS)]
+        )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=built, unk_token=sp.id_to_piece(UNK), eos_token=sp.id_to_piece(EOS),
-        pad_token=sp.id_to_piece(PAD), bos_token=sp.id_to_piece(BOS), model_max_length=cfg.max_len,
+        tokenizer_object=built,
+        unk_token=sp.id_to_piece(UNK),
+        eos_token=sp.id_to_piece(EOS),
+        pad_token=sp.id_to_piece(PAD),
+        bos_token=sp.id_to_piece(BOS),
+        model_max_length=cfg.max_len,
         clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+    )
     probe = ["A man rides a bike.", "Ein Mann fährt Fahrrad.", "  two  spaces  "]
     if [tokenizer(x).input_ids for x in probe] != [sp.encode(x) + [EOS] * source_eos for x in probe]:
-        raise UserError("this SentencePiece model cannot be expressed as a Transformers fast tokenizer here (its "
-                        "pieces differ); export with --format ctranslate2")  # fmt: skip
+        raise UserError(
+            "this SentencePiece model cannot be expressed as a Transformers fast tokenizer here (its "
+            "pieces differ); export with --format ctranslate2"
+        )
     tokenizer.save_pretrained(str(where))
     return tokenizer
 
@@ -270,16 +309,23 @@ def generation_config(cfg: TransformerConfig, beam: int, alpha: float):
 
     search = dict(num_beams=beam, length_penalty=alpha, early_stopping=True) if beam > 1 else dict(num_beams=1)
     return GenerationConfig(
-        **search, max_length=cfg.max_len, decoder_start_token_id=BOS, bos_token_id=BOS, eos_token_id=EOS,
-        pad_token_id=PAD, forced_eos_token_id=EOS, suppress_tokens=NEVER_GENERATED,
-    )  # fmt: skip
+        **search,
+        max_length=cfg.max_len,
+        decoder_start_token_id=BOS,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        forced_eos_token_id=EOS,
+        suppress_tokens=NEVER_GENERATED,
+    )
 
 
 # --- writing --------------------------------------------------------------------------------------
 
 
-def write_hf(model: Transformer, proto: bytes, where: Path, *, data: dict, beam: int, alpha: float,
-             tokenizer: str = "fast") -> None:  # fmt: skip
+def write_hf(
+    model: Transformer, proto: bytes, where: Path, *, data: dict, beam: int, alpha: float, tokenizer: str = "fast"
+) -> None:
     """MarianMTModel (config.json, model.safetensors, generation_config.json) and its tokenizer into `where`: the
     fast tokenizer AutoTokenizer loads (`tokenizer="fast"`, what `aiayn export` publishes: tokenizer.json, with
     MarianTokenizer's source.spm, target.spm and vocab.json beside it, so that `MarianTokenizer.from_pretrained`
@@ -347,13 +393,18 @@ def _aiayn_version() -> str:
         return "0+unknown"
 
 
-def export_record(fmt: str, model: Transformer, proto: bytes, *, data, checkpoints, beam, alpha, extra_len,
-                  quantization=None) -> dict:  # fmt: skip
+def export_record(
+    fmt: str, model: Transformer, proto: bytes, *, data, checkpoints, beam, alpha, extra_len, quantization=None
+) -> dict:
     record = {
-        "format": fmt, "aiayn_version": _aiayn_version(), "model_cfg": model.cfg.to_dict(), "data": data,
-        "tokenizer_sha256": sha256_bytes(proto), "checkpoints": list(checkpoints),
+        "format": fmt,
+        "aiayn_version": _aiayn_version(),
+        "model_cfg": model.cfg.to_dict(),
+        "data": data,
+        "tokenizer_sha256": sha256_bytes(proto),
+        "checkpoints": list(checkpoints),
         "decoding": {"beam": beam, "alpha": alpha, "extra_len": extra_len},
-    }  # fmt: skip
+    }
     if quantization:
         record["quantization"] = quantization
     return record
@@ -374,8 +425,9 @@ def export(opts: ExportOptions) -> Path:
     if opts.quantization not in CT2_QUANTIZATIONS:
         raise UserError(f"--quantization {opts.quantization}: unknown; pass one of {', '.join(CT2_QUANTIZATIONS)}")
     if opts.format == "hf" and opts.quantization != "float32":
-        raise UserError("--quantization is CTranslate2's; the hf export is float32: drop it or pass --format "
-                        "ctranslate2")  # fmt: skip
+        raise UserError(
+            "--quantization is CTranslate2's; the hf export is float32: drop it or pass --format ctranslate2"
+        )
     out = Path(opts.out)
     check_new_directory(out, "--out")
     what = f"aiayn export --format {opts.format}"
@@ -387,12 +439,22 @@ def export(opts: ExportOptions) -> Path:
     model, source = translator.model, opts.model.run or opts.model.ckpt
     reasons = unsupported(model.cfg)
     if reasons:
-        raise UserError(f"the model of {source} cannot be exported to {opts.format}: {'; '.join(reasons)}; export "
-                        f"a row with the paper's sinusoids, post-LN and d_k = d_v = d_model / h")  # fmt: skip
+        raise UserError(
+            f"the model of {source} cannot be exported to {opts.format}: {'; '.join(reasons)}; export "
+            f"a row with the paper's sinusoids, post-LN and d_k = d_v = d_model / h"
+        )
     proto = translator.tokenizer_proto
-    record = export_record(opts.format, model, proto, data=translator.data, checkpoints=translator.checkpoints,
-                           beam=translator.beam, alpha=translator.alpha, extra_len=translator.extra_len,
-                           quantization=opts.quantization if opts.format == "ctranslate2" else None)  # fmt: skip
+    record = export_record(
+        opts.format,
+        model,
+        proto,
+        data=translator.data,
+        checkpoints=translator.checkpoints,
+        beam=translator.beam,
+        alpha=translator.alpha,
+        extra_len=translator.extra_len,
+        quantization=opts.quantization if opts.format == "ctranslate2" else None,
+    )
     record["run"] = run_summary(translator.run_config, opts.model.run)
     with atomic_directory(out, "--out") as tmp:
         if opts.format == "hf":
@@ -411,17 +473,26 @@ def run_summary(config: RunConfig | None, run_dir: str | None) -> dict:
     """What the model card says of the run: its Table 3 row, preset and deviations (from the config the checkpoint
     carries), and its dev results (from the run directory's metrics.json, where there is one)."""
     spec = config.spec if config is not None else None
-    out = {"row": spec and spec.row, "preset": spec and spec.preset.name, "corpus": spec and spec.corpus.name,
-           "deviations": [d.text for d in spec.deviations] if spec else [],
-           "paper": asdict(spec.paper) if spec else None}  # fmt: skip
+    out = {
+        "row": spec and spec.row,
+        "preset": spec and spec.preset.name,
+        "corpus": spec and spec.corpus.name,
+        "deviations": [d.text for d in spec.deviations] if spec else [],
+        "paper": asdict(spec.paper) if spec else None,
+    }
     if run_dir:
         from aiayn.lightning_modules.run.rundir import RunDir
 
         metrics = RunDir(Path(run_dir)).read_metrics()
         if metrics is not None and metrics.completed:
-            out.update(dev_bleu=metrics.dev_bleu, dev_bleu_signature=metrics.dev_bleu_signature,
-                       dev_ppl=metrics.dev_ppl, dev_sentences=metrics.dev_sentences, steps=metrics.steps,
-                       commit=metrics.commit)  # fmt: skip
+            out.update(
+                dev_bleu=metrics.dev_bleu,
+                dev_bleu_signature=metrics.dev_bleu_signature,
+                dev_ppl=metrics.dev_ppl,
+                dev_sentences=metrics.dev_sentences,
+                steps=metrics.steps,
+                commit=metrics.commit,
+            )
     return out
 
 
@@ -432,13 +503,16 @@ def push(folder: Path, repo: str, *, private: bool = False) -> None:
     api = hub.HfApi()
     try:
         api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
-        info = api.upload_folder(repo_id=repo, folder_path=str(folder), repo_type="model",
-                                 commit_message="aiayn export")  # fmt: skip
+        info = api.upload_folder(
+            repo_id=repo, folder_path=str(folder), repo_type="model", commit_message="aiayn export"
+        )
     except Exception as e:  # HfHubHTTPError, an OSError of the network, a missing token
         reason = redact(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-        raise UserError(f"could not push {folder} to the Hub repository {repo} ({reason}); the export is written "
-                        f"there: log in (`hf auth login` or HF_TOKEN) and push it again with huggingface_hub, or "
-                        f"rerun with a new --out") from None  # fmt: skip
+        raise UserError(
+            f"could not push {folder} to the Hub repository {repo} ({reason}); the export is written "
+            f"there: log in (`hf auth login` or HF_TOKEN) and push it again with huggingface_hub, or "
+            f"rerun with a new --out"
+        ) from None
     log.info("pushed %s to https://huggingface.co/%s (%s)", folder, repo, getattr(info, "commit_url", "") or "")
 
 
@@ -460,17 +534,30 @@ def model_card(fmt: str, record: dict, license: str = "mit") -> str:
     dataset = CorpusRef.recorded(corpus).hub_dataset if corpus else None
     results = None
     if run.get("dev_bleu") is not None:
-        results = [EvalResult(task_type="translation", task_name=f"Translation {'-'.join(langs)}",
-                              dataset_type=dataset or corpus or "unknown", dataset_name=corpus or "unknown",
-                              dataset_split="dev", metric_type="bleu", metric_value=run["dev_bleu"],
-                              metric_name="sacreBLEU (dev, beam search)",
-                              metric_config=run.get("dev_bleu_signature"))]  # fmt: skip
+        results = [
+            EvalResult(
+                task_type="translation",
+                task_name=f"Translation {'-'.join(langs)}",
+                dataset_type=dataset or corpus or "unknown",
+                dataset_name=corpus or "unknown",
+                dataset_split="dev",
+                metric_type="bleu",
+                metric_value=run["dev_bleu"],
+                metric_name="sacreBLEU (dev, beam search)",
+                metric_config=run.get("dev_bleu_signature"),
+            )
+        ]
     card = ModelCardData(
-        language=langs or None, license=license, library_name="transformers" if fmt == "hf" else "ctranslate2",
-        pipeline_tag="translation", tags=["translation", "marian", "aiayn", "attention-is-all-you-need"],
-        datasets=[dataset] if dataset else None, metrics=["bleu"], model_name=f"aiayn-{run.get('row') or 'model'}",
+        language=langs or None,
+        license=license,
+        library_name="transformers" if fmt == "hf" else "ctranslate2",
+        pipeline_tag="translation",
+        tags=["translation", "marian", "aiayn", "attention-is-all-you-need"],
+        datasets=[dataset] if dataset else None,
+        metrics=["bleu"],
+        model_name=f"aiayn-{run.get('row') or 'model'}",
         eval_results=results,
-    )  # fmt: skip
+    )
     return f"---\n{card.to_yaml()}\n---\n\n{body}"
 
 
@@ -486,25 +573,44 @@ def readme(fmt: str, record: dict) -> str:
         f"`aiayn.json` records the model config, the corpus and the decoding settings.\n\n"
     )
     if run.get("row"):
-        head += (f"**Table 3 row {run['row']}** at aiayn's preset `{run.get('preset')}` (corpus `{run.get('corpus')}`)"
-                 + (f", trained {run['steps']} steps" if run.get("steps") else "") + ". ")  # fmt: skip
+        head += (
+            f"**Table 3 row {run['row']}** at aiayn's preset `{run.get('preset')}` (corpus `{run.get('corpus')}`)"
+            + (f", trained {run['steps']} steps" if run.get("steps") else "")
+            + ". "
+        )
         if run.get("dev_bleu") is not None:
-            head += (f"Dev BLEU {run['dev_bleu']:.2f} (sacreBLEU `{run.get('dev_bleu_signature')}`, beam search, "
-                     f"{run.get('dev_sentences')} sentences), dev perplexity {run.get('dev_ppl')}"
-                     + (f"; from commit `{run['commit'][:12]}`" if run.get("commit") else "") + ". ")  # fmt: skip
+            head += (
+                f"Dev BLEU {run['dev_bleu']:.2f} (sacreBLEU `{run.get('dev_bleu_signature')}`, beam search, "
+                f"{run.get('dev_sentences')} sentences), dev perplexity {run.get('dev_ppl')}"
+                + (f"; from commit `{run['commit'][:12]}`" if run.get("commit") else "")
+                + ". "
+            )
         deviations = run.get("deviations") or []
-        head += ("Where it leaves the paper: " + "; ".join(deviations) + ".\n\n" if deviations
-                 else "It follows the paper's recipe for its row at this scale.\n\n")  # fmt: skip
+        head += (
+            "Where it leaves the paper: " + "; ".join(deviations) + ".\n\n"
+            if deviations
+            else "It follows the paper's recipe for its row at this scale.\n\n"
+        )
     eos = bool(record["data"].get("source_eos"))
     if fmt == "hf":
-        return head + _README_HF.format(beam=dec["beam"], alpha=dec["alpha"], extra=dec["extra_len"] + 2,
-                                        eos=_README_HF_EOS if eos else _README_HF_NO_EOS)  # fmt: skip
+        return head + _README_HF.format(
+            beam=dec["beam"],
+            alpha=dec["alpha"],
+            extra=dec["extra_len"] + 2,
+            eos=_README_HF_EOS if eos else _README_HF_NO_EOS,
+        )
     if not eos:
-        head += ("**The source gets no `</s>`.** The model was trained on sources without an end-of-sentence token, "
-                 "so encode sources without one, as below.\n\n")  # fmt: skip
-    return head + _README_CT2.format(beam=dec["beam"], alpha=dec["alpha"], extra=dec["extra_len"],
-                                     quantization=record.get("quantization"),
-                                     source=' + ["</s>"]' if eos else "")  # fmt: skip
+        head += (
+            "**The source gets no `</s>`.** The model was trained on sources without an end-of-sentence token, "
+            "so encode sources without one, as below.\n\n"
+        )
+    return head + _README_CT2.format(
+        beam=dec["beam"],
+        alpha=dec["alpha"],
+        extra=dec["extra_len"],
+        quantization=record.get("quantization"),
+        source=' + ["</s>"]' if eos else "",
+    )
 
 
 _README_HF = """\

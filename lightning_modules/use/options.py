@@ -16,38 +16,49 @@ class ModelSource:
     """Which trained model `aiayn translate` and `aiayn eval` use, and how it decodes (the paper's beam
     settings by default). Everything it needs travels in the checkpoint: no corpus, no cache."""
 
-    run: str | None = option(None, "a run directory: its checkpoints/last.ckpt (or the mean of the last K, --average)",
-                             metavar="DIR")  # fmt: skip
+    run: str | None = option(
+        None, "a run directory: its checkpoints/last.ckpt (or the mean of the last K, --average)", metavar="DIR"
+    )
     ckpt: str | None = option(None, "a checkpoint file instead (e.g. one written by `aiayn average`)", metavar="FILE")
-    ct2: str | None = option(None, "instead, a CTranslate2 model written by `aiayn export --format ctranslate2`",
-                             metavar="DIR")  # fmt: skip
+    ct2: str | None = option(
+        None, "instead, a CTranslate2 model written by `aiayn export --format ctranslate2`", metavar="DIR"
+    )
     average: int | None = option(
-        None, "with --run: the mean of its last K kept checkpoints (the paper's Table 2 practice)", positive=True,
+        None,
+        "with --run: the mean of its last K kept checkpoints (the paper's Table 2 practice)",
+        positive=True,
         metavar="K",
-    )  # fmt: skip
+    )
     device: str = option("auto", "auto: the GPU when one is visible", choices=("auto", "cpu", "cuda"))
-    precision: str = option("auto", "auto: bf16 on a GPU that has it (as training), else fp32; or 32-true, bf16-mixed",
-                            choices=("auto", "32-true", "bf16-mixed"))  # fmt: skip
+    precision: str = option(
+        "auto",
+        "auto: bf16 on a GPU that has it (as training), else fp32; or 32-true, bf16-mixed",
+        choices=("auto", "32-true", "bf16-mixed"),
+    )
     beam: int = option(PAPER_DECODING.beam, "beam size (1: greedy); the paper's 4", positive=True)
     alpha: float = option(PAPER_DECODING.alpha, "length penalty alpha; the paper's 0.6")
     extra_len: int = option(PAPER_DECODING.extra_len, "longest output = source length + this; the paper's 50")
     max_tokens: int = option(DECODE_MAX_TOKENS, "source tokens per batch, padding included", positive=True)
     ct2_batching: str = option(
-        "same-length", "with --ct2: CTranslate2's batches: same-length (one source length a batch: exactly aiayn's "
+        "same-length",
+        "with --ct2: CTranslate2's batches: same-length (one source length a batch: exactly aiayn's "
         "per-sentence length limits) or sorted (neighbouring lengths together, each batch limited by its longest "
         "source: 1.7-2.0x faster at d_model 256, BENCHMARKS.md; differs only for outputs that never end)",
         choices=("same-length", "sorted"),
-    )  # fmt: skip
+    )
 
     def kind(self) -> str:
         """Which model it names: "run", "ckpt" or "ct2"; a UserError unless exactly one, with what goes with it."""
         given = [name for name in ("run", "ckpt", "ct2") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise UserError("pass exactly one of --run DIR (a run directory), --ckpt FILE (a checkpoint) and --ct2 DIR "
-                            "(a CTranslate2 export)")  # fmt: skip
+            raise UserError(
+                "pass exactly one of --run DIR (a run directory), --ckpt FILE (a checkpoint) and --ct2 DIR "
+                "(a CTranslate2 export)"
+            )
         if self.average and given[0] != "run":
-            raise UserError(f"--average K takes the last K checkpoints of a run; pass --run DIR instead of "
-                            f"--{given[0]}")  # fmt: skip
+            raise UserError(
+                f"--average K takes the last K checkpoints of a run; pass --run DIR instead of --{given[0]}"
+            )
         return given[0]
 
 
@@ -68,8 +79,9 @@ class EvalOptions:
     model: ModelSource = field(default_factory=ModelSource)
     src: str | None = option(None, "source sentences, one per line", metavar="FILE")
     ref: str | None = option(None, "their reference translations, line by line", metavar="FILE")
-    split: str | None = option(None, "instead of --src/--ref: a split of the model's corpus (default: dev)",
-                               choices=("dev", "test"))  # fmt: skip
+    split: str | None = option(
+        None, "instead of --src/--ref: a split of the model's corpus (default: dev)", choices=("dev", "test")
+    )
     data_dir: str | None = option(None, "with --split: where the corpus's files are now")
     cache_dir: str | None = option(
         None, "with --split: the corpus cache (default: $AIAYN_CACHE, else $XDG_CACHE_HOME/aiayn, else ~/.cache/aiayn)"
@@ -109,14 +121,20 @@ class ExportOptions:
     model card; optionally pushed to the Hub) or CTranslate2 (lightning_modules/use/export.py)."""
 
     model: ModelSource = field(default_factory=ModelSource)
-    format: str = option("hf", "hf: a MarianMTModel + tokenizer directory with a model card; ctranslate2: a "
-                         "CTranslate2 model",
-                         choices=("hf", "ctranslate2"))  # fmt: skip
-    out: str | None = option(None, "the directory to write (required; new or empty; written whole or not at all)",
-                             metavar="DIR")  # fmt: skip
+    format: str = option(
+        "hf",
+        "hf: a MarianMTModel + tokenizer directory with a model card; ctranslate2: a CTranslate2 model",
+        choices=("hf", "ctranslate2"),
+    )
+    out: str | None = option(
+        None, "the directory to write (required; new or empty; written whole or not at all)", metavar="DIR"
+    )
     quantization: str = option("float32", "ctranslate2: the weights' type", choices=CT2_QUANTIZATIONS)
-    push_to_hub: str | None = option(None, "also upload the export to this Hugging Face Hub model repository "
-                                     "(created if need be; the token from HF_TOKEN or `hf auth login`)",
-                                     metavar="REPO")  # fmt: skip
+    push_to_hub: str | None = option(
+        None,
+        "also upload the export to this Hugging Face Hub model repository "
+        "(created if need be; the token from HF_TOKEN or `hf auth login`)",
+        metavar="REPO",
+    )
     private: bool = option(False, "with --push-to-hub: create the repository private")
     license: str = option("mit", "the model card's license (a Hub license id; the corpus's terms may restrict it)")

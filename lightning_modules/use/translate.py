@@ -60,22 +60,26 @@ def read_sentences(path: str, what: str = "input") -> list[str]:
     try:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:
-        raise UserError(f"cannot read {what} {path} ({e.strerror or e}); pass a UTF-8 text file, one sentence "
-                        f"per line") from None  # fmt: skip
+        raise UserError(
+            f"cannot read {what} {path} ({e.strerror or e}); pass a UTF-8 text file, one sentence per line"
+        ) from None
     name = "stdin" if path == "-" else path
     try:
         return utf8_lines(raw)
     except NotUTF8 as e:
-        raise UserError(f"{what} {name} line {e.line} is not valid UTF-8 ({e.reason}); re-encode it as UTF-8 "
-                        f"(e.g. iconv -t utf-8)") from None  # fmt: skip
+        raise UserError(
+            f"{what} {name} line {e.line} is not valid UTF-8 ({e.reason}); re-encode it as UTF-8 (e.g. iconv -t utf-8)"
+        ) from None
 
 
 def _tokenizer(ckpt: dict, path: Path) -> bytes:
     """The SentencePiece model a checkpoint carries (checked against its recorded sha256)."""
     data = embedded_tokenizer(ckpt, path)
     if data is None:
-        raise UserError(f"checkpoint {path} carries no tokenizer; pass a checkpoint from a run directory's "
-                        "checkpoints/ (aiayn train puts the tokenizer in each)")  # fmt: skip
+        raise UserError(
+            f"checkpoint {path} carries no tokenizer; pass a checkpoint from a run directory's "
+            "checkpoints/ (aiayn train puts the tokenizer in each)"
+        )
     return data
 
 
@@ -117,11 +121,15 @@ class Translator:
         self.model = model.to(self.device).eval()
         self.sp = spm.SentencePieceProcessor(model_proto=tokenizer)
         if self.sp.get_piece_size() != model.cfg.vocab_size:
-            raise UserError(f"the tokenizer has {self.sp.get_piece_size()} pieces but the model's vocabulary is "
-                            f"{model.cfg.vocab_size}; use the tokenizer the model was trained with")  # fmt: skip
+            raise UserError(
+                f"the tokenizer has {self.sp.get_piece_size()} pieces but the model's vocabulary is "
+                f"{model.cfg.vocab_size}; use the tokenizer the model was trained with"
+            )
         if beam < 1 or max_tokens < 1 or extra_len < 0:
-            raise UserError(f"beam {beam}, max_tokens {max_tokens}, extra_len {extra_len}: beam and max_tokens must "
-                            f"be positive, extra_len not negative")  # fmt: skip
+            raise UserError(
+                f"beam {beam}, max_tokens {max_tokens}, extra_len {extra_len}: beam and max_tokens must "
+                f"be positive, extra_len not negative"
+            )
         self.beam, self.alpha, self.extra_len, self.max_tokens = beam, alpha, extra_len, max_tokens
         self.max_len = max_len or model.cfg.max_len  # references are cut here for perplexity, as in training
         self.checkpoints = list(checkpoints)
@@ -159,8 +167,14 @@ class Translator:
         export, `--ct2 DIR`, is ct2.Ct2Translator's)."""
         if opts.kind() == "ct2":
             raise UserError("--ct2 DIR is a CTranslate2 model; load it with aiayn.Ct2Translator")
-        kw = dict(device=opts.device, beam=opts.beam, alpha=opts.alpha,
-                  extra_len=opts.extra_len, max_tokens=opts.max_tokens, precision=opts.precision)  # fmt: skip
+        kw = dict(
+            device=opts.device,
+            beam=opts.beam,
+            alpha=opts.alpha,
+            extra_len=opts.extra_len,
+            max_tokens=opts.max_tokens,
+            precision=opts.precision,
+        )
         if opts.run:
             return cls.from_run(opts.run, average=opts.average, **kw)
         return cls.from_checkpoint(opts.ckpt, **kw)
@@ -171,8 +185,15 @@ class Translator:
         config = run_config(ckpt, paths[-1])
         model = _model(ckpt, paths[-1], config)
         proto = _tokenizer(ckpt, paths[-1])
-        translator = cls(model, proto, device=device, max_len=config.data.max_len,
-                         checkpoints=[str(p) for p in paths], data=config.data.to_dict(), **kw)  # fmt: skip
+        translator = cls(
+            model,
+            proto,
+            device=device,
+            max_len=config.data.max_len,
+            checkpoints=[str(p) for p in paths],
+            data=config.data.to_dict(),
+            **kw,
+        )
         translator.run_config = config  # config.json, as the checkpoint carries it
         return translator
 
@@ -251,8 +272,9 @@ def encode_checked(sp, sentences: Sequence[str], max_len: int, eos: int, name: s
     for i, x in enumerate(tokens, start=1):
         if len(x) > cap:
             why = f"the model's {max_len} positions less the </s> it ends with" if eos else "the model's maximum"
-            raise UserError(f"{name} {i} has {len(x)} tokens, more than the {cap} of {why}; split it "
-                            f"into shorter sentences")  # fmt: skip
+            raise UserError(
+                f"{name} {i} has {len(x)} tokens, more than the {cap} of {why}; split it into shorter sentences"
+            )
     return tokens
 
 
@@ -275,17 +297,24 @@ def evaluation(translator, sources: Sequence[str], references: Sequence[str], na
     """`translator.evaluate` of either engine (Translator, ct2.Ct2Translator): both BLEUs, the perplexity of the
     references, the settings used."""
     if len(sources) != len(references):
-        raise UserError(f"{len(sources)} sources but {len(references)} references; the files must be "
-                        f"line-aligned (same number of lines)")  # fmt: skip
+        raise UserError(
+            f"{len(sources)} sources but {len(references)} references; the files must be "
+            f"line-aligned (same number of lines)"
+        )
     if not sources:
         raise UserError("no sentences to evaluate; pass non-empty --src and --ref files")
     hyps = translator.translate(sources, name=name)
     return {
         **bleu(hyps, list(references), lang=translator.data.get("tgt_lang") or "de"),
-        "ppl": translator.perplexity(sources, references), "n_sentences": len(sources), "params": params,
-        "beam": translator.beam, "alpha": translator.alpha, "extra_len": translator.extra_len,
-        "checkpoints": translator.checkpoints, "device": str(translator.device),
-    }  # fmt: skip
+        "ppl": translator.perplexity(sources, references),
+        "n_sentences": len(sources),
+        "params": params,
+        "beam": translator.beam,
+        "alpha": translator.alpha,
+        "extra_len": translator.extra_len,
+        "checkpoints": translator.checkpoints,
+        "device": str(translator.device),
+    }
 
 
 def split_of(data: dict, split: str, data_dir: str | None = None, cache_dir: str | None = None) -> tuple[list, list]:

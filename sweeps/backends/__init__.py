@@ -89,8 +89,9 @@ class Sweep:
     def states(self, claims: books.Claims, pairs: list[Pair] | None = None) -> list[PairState]:
         """Each pair's state in the books (`pairs`, default every pair), at the steps this sweep wants (a run
         completed at fewer is `short`)."""
-        return books.states(self.out, self.preset.name, self.corpus, self.pairs if pairs is None else pairs, claims,
-                            self.wanted)  # fmt: skip
+        return books.states(
+            self.out, self.preset.name, self.corpus, self.pairs if pairs is None else pairs, claims, self.wanted
+        )
 
     def check_budgets(self) -> None:
         """A pair completed at more steps than this sweep asks (a full run under a later `--max-steps 60`) cannot be
@@ -100,9 +101,11 @@ class Sweep:
         if longer:
             (row, seed), path, steps = longer[0]
             flag = f"--max-steps {self.train.max_steps}" if self.train.max_steps else f"the budget {self.wanted[row]}"
-            raise UserError(f"{row} seed {seed} already trained {steps} steps in {path}; {flag} asks for "
-                            f"{self.wanted[row]}, and a run cannot be shortened ({len(longer)} run(s) so): pass "
-                            "another --out for a shorter look, or drop --max-steps")  # fmt: skip
+            raise UserError(
+                f"{row} seed {seed} already trained {steps} steps in {path}; {flag} asks for "
+                f"{self.wanted[row]}, and a run cannot be shortened ({len(longer)} run(s) so): pass "
+                "another --out for a shorter look, or drop --max-steps"
+            )
 
     def record(self, backend: str) -> None:
         """Write the pairs this sweep owes into the books (OUT/sweeps/KEY.json), where `aiayn status` finds the sweep
@@ -110,8 +113,9 @@ class Sweep:
         books.record_sweep(self.out, self.preset.name, self.corpus, self.pairs, backend)
 
     def failed(self, row: str, seed: int, error: str) -> RunMetrics:
-        return RunMetrics(row=row, seed=seed, preset=self.preset.name, status="failed", data=self.corpus.name,
-                          error=redact(error))  # fmt: skip
+        return RunMetrics(
+            row=row, seed=seed, preset=self.preset.name, status="failed", data=self.corpus.name, error=redact(error)
+        )
 
 
 @dataclass(frozen=True)
@@ -152,8 +156,10 @@ class SweepSummary:
     @classmethod
     def total(cls, parts: list[SweepSummary]) -> SweepSummary:
         """Several sweeps' (a preset's and its cells') counts added up; the first's details."""
-        counts = {k: sum(getattr(p, k) for p in parts) for k in ("pairs", "ran", "completed", "failed", "diverged",
-                                                                  "elsewhere")}  # fmt: skip
+        counts = {
+            k: sum(getattr(p, k) for p in parts)
+            for k in ("pairs", "ran", "completed", "failed", "diverged", "elsewhere")
+        }
         results = {k: v for p in parts for k, v in p.results.items()}
         return cls(**counts, results=results, details=parts[0].details if parts else {})
 
@@ -199,9 +205,11 @@ class Backend(ABC):
     def summary_lines(self, summary: SweepSummary, sweep: Sweep) -> list[str]:
         """What the command prints when the sweep ends."""
         elsewhere = f", {summary.elsewhere} run by another driver" if summary.elsewhere else ""
-        return [f"table3 {sweep.preset.name}: {summary.completed} completed, {summary.failed} failed, "
-                f"{summary.diverged} diverged of {summary.ran} run ({summary.pairs} pairs in the table{elsewhere}); "
-                f"`aiayn status {sweep.out.root}` lists each pair"]  # fmt: skip
+        return [
+            f"table3 {sweep.preset.name}: {summary.completed} completed, {summary.failed} failed, "
+            f"{summary.diverged} diverged of {summary.ran} run ({summary.pairs} pairs in the table{elsewhere}); "
+            f"`aiayn status {sweep.out.root}` lists each pair"
+        ]
 
     def report_now(self, summary: SweepSummary) -> bool:
         """Whether the sweep's report can be written when launch returns (its runs ran here); a scheduler's back end
@@ -226,8 +234,10 @@ def make_sweep(pairs: list[Pair], train: TrainOptions, *, storage: str | None = 
     preset = get_preset(train.preset)
     loggers.of(train)  # an unknown logger or a missing package: said once, not by every run
     t, corpus = train, run_corpus(train.data, preset, train.hf_splits)
-    specs = {row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=corpus, vocab_size=t.vocab_size)
-             for row in dict.fromkeys(row for row, _ in pairs)}  # fmt: skip
+    specs = {
+        row: resolve(row, preset, tables=t.table, overrides=t.overrides, corpus=corpus, vocab_size=t.vocab_size)
+        for row in dict.fromkeys(row for row, _ in pairs)
+    }
     return Sweep(SweepOut(t.out), preset, corpus, pairs, t, specs, storage, jobs)
 
 
@@ -248,8 +258,10 @@ def register(cls: type[Backend]) -> type[Backend]:
         raise TypeError(f"{cls.__qualname__} has no name: set the class attribute `name`")
     known = BACKENDS.get(cls.name)
     if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-        raise ValueError(f"two sweep back ends are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
-                         f"{cls.__module__}.{cls.__qualname__}")  # fmt: skip
+        raise ValueError(
+            f"two sweep back ends are named {cls.name!r}: {known.__module__}.{known.__qualname__} and "
+            f"{cls.__module__}.{cls.__qualname__}"
+        )
     BACKENDS[cls.name] = cls
     return cls
 
@@ -287,8 +299,10 @@ def backend_for(name: str | None, sweep: Sweep) -> Backend:
         if not wanted:
             fits = [cls for cls in fits if cls.capabilities.default] or fits
         if not fits:
-            raise UserError(f"no sweep back end here can run this sweep (it needs {', '.join(sorted(wanted))}); pass "
-                            f"--backend with one of {', '.join(found)}")  # fmt: skip
+            raise UserError(
+                f"no sweep back end here can run this sweep (it needs {', '.join(sorted(wanted))}); pass "
+                f"--backend with one of {', '.join(found)}"
+            )
         return fits[0]()
     if name not in plain:
         other = f" (`aiayn {command_of(name)}` takes its own options)" if name in found else ""

@@ -84,8 +84,10 @@ class LocalBackend(QueueBackend):
 
     def check(self, sweep: Sweep) -> None:
         if sweep.train.world_size > 1 or sweep.gpus_per_job:
-            raise UserError("the local back end runs one process per pair; runs on several devices or GPUs of their "
-                            "own need --backend subprocess")  # fmt: skip
+            raise UserError(
+                "the local back end runs one process per pair; runs on several devices or GPUs of their "
+                "own need --backend subprocess"
+            )
 
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         run = sweep.run(row, seed)

@@ -30,8 +30,19 @@ def train_process_command(opts: TrainOptions, resolved: Path | None = None) -> l
 
 
 # concurrent DDP runs would meet on one MASTER_PORT.
-LAUNCHER_VARIABLES = ("SLURM_", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE",
-                      "RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_", "PL_")  # fmt: skip
+LAUNCHER_VARIABLES = (
+    "SLURM_",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_WORLD_SIZE",
+    "TORCHELASTIC_",
+    "PL_",
+)
 MASTER_PORT_BASE = 29500
 
 
@@ -75,18 +86,29 @@ class SubprocessBackend(QueueBackend):
         if t.accelerator == "cpu":
             raise UserError(f"--gpus-per-job {k} hands out GPUs but --accelerator cpu trains on CPUs; drop one of them")
         if t.devices not in (1, k) or t.num_nodes != 1:
-            raise UserError(f"--devices {t.devices} and --gpus-per-job {k} disagree: each run trains on its {k} "
-                            f"GPUs of this machine; drop --devices/--num-nodes")  # fmt: skip
+            raise UserError(
+                f"--devices {t.devices} and --gpus-per-job {k} disagree: each run trains on its {k} "
+                f"GPUs of this machine; drop --devices/--num-nodes"
+            )
         gpus = visible_gpus()
         if not gpus:
-            raise UserError(f"--gpus-per-job {k} hands out GPUs but none is visible; drop --gpus-per-job, or run "
-                            f"where CUDA_VISIBLE_DEVICES names some")  # fmt: skip
+            raise UserError(
+                f"--gpus-per-job {k} hands out GPUs but none is visible; drop --gpus-per-job, or run "
+                f"where CUDA_VISIBLE_DEVICES names some"
+            )
         if k > 1 and sweep.jobs * k > len(gpus):
-            raise UserError(f"--jobs {sweep.jobs} x --gpus-per-job {k} needs {sweep.jobs * k} GPUs but {len(gpus)} "
-                            f"are visible ({','.join(gpus) or 'none'}); lower --jobs or --gpus-per-job")  # fmt: skip
+            raise UserError(
+                f"--jobs {sweep.jobs} x --gpus-per-job {k} needs {sweep.jobs * k} GPUs but {len(gpus)} "
+                f"are visible ({','.join(gpus) or 'none'}); lower --jobs or --gpus-per-job"
+            )
         if sweep.jobs > len(gpus):  # one-GPU runs, more of them than GPUs: they share, round robin
-            log.info("%d runs at once on %d GPU(s): %s each; %s", sweep.jobs, len(gpus),
-                     f"{sweep.jobs / len(gpus):g} per GPU", mps_state())  # fmt: skip
+            log.info(
+                "%d runs at once on %d GPU(s): %s each; %s",
+                sweep.jobs,
+                len(gpus),
+                f"{sweep.jobs / len(gpus):g} per GPU",
+                mps_state(),
+            )
         sweep.train = replace(t, devices=k)
 
     def slots(self, sweep: Sweep) -> list[str] | None:

@@ -112,8 +112,9 @@ def done_at(trial: optuna.trial.FrozenTrial, wanted: dict[str, int] | None) -> b
     return wanted is None or pair is None or steps is None or steps >= wanted.get(pair[0], 0)
 
 
-def enqueue_pending(study: optuna.Study, pairs: list[Pair], cost: dict[str, float] | None = None,
-                    wanted: dict[str, int] | None = None) -> list[Pair]:  # fmt: skip
+def enqueue_pending(
+    study: optuna.Study, pairs: list[Pair], cost: dict[str, float] | None = None, wanted: dict[str, int] | None = None
+) -> list[Pair]:
     """Enqueue every pair that is neither done (`done_at` the steps `wanted` of its row), queued nor running; failed
     pairs and runs completed at fewer steps get a new trial. With `cost` (row -> relative cost), the longest runs
     first (workers pop in enqueue order).
@@ -174,13 +175,24 @@ class QueueBackend(Backend):
             study.set_user_attr("preset", sweep.preset.name)
             study.set_user_attr("corpus", sweep.corpus.name)
             for t in books.fail_stale_trials(study, self.pop_lock(sweep), claims, key_of):
-                log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
-                            t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
+                log.warning(
+                    "trial %d (%s seed %d) was left running by dead worker %s: failed, enqueued again",
+                    t.number,
+                    *pair_of(t),
+                    t.user_attrs.get("worker", "unknown"),
+                )
             cost = {row: spec.cost() for row, spec in sweep.specs.items()}
             pending = enqueue_pending(study, pairs, cost, sweep.wanted)
             sweep.record(self.name)
-        log.info("table3 %s on %s: %d pairs, %d to run (%s), %d at a time", sweep.preset.name, sweep.corpus,
-                 len(sweep.pairs), len(pending), name, sweep.jobs)  # fmt: skip
+        log.info(
+            "table3 %s on %s: %d pairs, %d to run (%s), %d at a time",
+            sweep.preset.name,
+            sweep.corpus,
+            len(sweep.pairs),
+            len(pending),
+            name,
+            sweep.jobs,
+        )
         slots = self.slots(sweep)
         pace = (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
 
@@ -196,33 +208,55 @@ class QueueBackend(Backend):
             done, failed, diverged = (x + sum(r[i] for r in results) for i, x in enumerate((done, failed, diverged)))
             if self.stop.signum is not None:
                 name = signal.Signals(self.stop.signum).name
-                log.warning("table3 %s stopped by %s: %d pair(s) completed in this call; the stopped ones keep their "
-                            "checkpoints and the same command resumes them", sweep.preset.name, name, done)  # fmt: skip
+                log.warning(
+                    "table3 %s stopped by %s: %d pair(s) completed in this call; the stopped ones keep their "
+                    "checkpoints and the same command resumes them",
+                    sweep.preset.name,
+                    name,
+                    done,
+                )
                 raise SystemExit(128 + self.stop.signum)
             # a peer driver that died while this one worked left its pairs running in the books: theirs are failed
             # and enqueued again, and this driver runs them (it used to exit 0 with them pending, without a word)
             with file_lock(sweep.out.lock(f"{name}.setup"), wait=True):
                 again = books.fail_stale_trials(study, self.pop_lock(sweep), claims, key_of)
                 for t in again:
-                    log.warning("trial %d (%s seed %d) was left running by dead worker %s: failed, run again here",
-                                t.number, *pair_of(t), t.user_attrs.get("worker", "unknown"))  # fmt: skip
+                    log.warning(
+                        "trial %d (%s seed %d) was left running by dead worker %s: failed, run again here",
+                        t.number,
+                        *pair_of(t),
+                        t.user_attrs.get("worker", "unknown"),
+                    )
                 enqueue_pending(study, [p for p in pairs if p in {pair_of(t) for t in again}], cost, sweep.wanted)
             if not again:
                 break
         elsewhere = self._running_elsewhere(study, sweep)
         if elsewhere:
-            log.info("%d pair(s) of this sweep are being run by another driver (%s): theirs to finish; `aiayn status "
-                     "%s` lists them", len(elsewhere), ", ".join(f"{r} seed {s}" for r, s in elsewhere[:6]),
-                     sweep.out.root)  # fmt: skip
-        return SweepSummary(pairs=len(sweep.pairs), ran=done + failed + diverged, completed=done, failed=failed,
-                            diverged=diverged, elsewhere=len(elsewhere))  # fmt: skip
+            log.info(
+                "%d pair(s) of this sweep are being run by another driver (%s): theirs to finish; `aiayn status "
+                "%s` lists them",
+                len(elsewhere),
+                ", ".join(f"{r} seed {s}" for r, s in elsewhere[:6]),
+                sweep.out.root,
+            )
+        return SweepSummary(
+            pairs=len(sweep.pairs),
+            ran=done + failed + diverged,
+            completed=done,
+            failed=failed,
+            diverged=diverged,
+            elsewhere=len(elsewhere),
+        )
 
     @staticmethod
     def _running_elsewhere(study: optuna.Study, sweep: Sweep) -> list[Pair]:
         """The sweep's pairs still RUNNING in the books after this driver's workers ended: another live driver's."""
         wanted = set(sweep.pairs)
-        return sorted(pair_of(t) for t in study.get_trials(deepcopy=False)
-                      if t.state == TrialState.RUNNING and pair_of(t) in wanted)  # fmt: skip
+        return sorted(
+            pair_of(t)
+            for t in study.get_trials(deepcopy=False)
+            if t.state == TrialState.RUNNING and pair_of(t) in wanted
+        )
 
     def pop_lock(self, sweep: Sweep) -> Path:
         return sweep.out.lock(f"{study_name(sweep.preset.name, sweep.corpus)}.pop")
@@ -269,8 +303,10 @@ class QueueBackend(Backend):
             log_file = sweep.run(row, seed).sweep_log
             log_file.parent.mkdir(parents=True, exist_ok=True)
             with open(log_file, "a") as out:
-                out.write(f"{attempt_header()}trained in one pack with seeds {', '.join(map(str, seeds))}: its output "
-                          f"is in {first.sweep_log}\n")  # fmt: skip
+                out.write(
+                    f"{attempt_header()}trained in one pack with seeds {', '.join(map(str, seeds))}: its output "
+                    f"is in {first.sweep_log}\n"
+                )
         code = self.train_process(sweep, row, sweep.pack_options(row, seeds), first, slot)
         return [_result(sweep, row, seed, code, first.sweep_log) for seed in seeds]
 
@@ -349,8 +385,16 @@ class QueueBackend(Backend):
             eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)
             packed = f" (one pack of {len(lines)})" if len(lines) > 1 else ""
             for pair, result in lines:
-                log.info("[%d/%d] %s seed %d: %s in %s%s; ETA %s", finished, len(sweep.pairs), *pair, result,
-                         _hms(elapsed), packed, _hms(eta))  # fmt: skip
+                log.info(
+                    "[%d/%d] %s seed %d: %s in %s%s; ETA %s",
+                    finished,
+                    len(sweep.pairs),
+                    *pair,
+                    result,
+                    _hms(elapsed),
+                    packed,
+                    _hms(eta),
+                )
         return done, failed, diverged
 
     def _settle(self, study: optuna.Study, trial, pair: Pair, metrics: RunMetrics, sweep: Sweep):
@@ -377,8 +421,9 @@ class QueueBackend(Backend):
     @staticmethod
     def _completed_elsewhere(study: optuna.Study, pair: Pair, number: int, wanted: dict[str, int]) -> bool:
         """The pair done at the sweep's steps by another trial (a racing driver's) meanwhile."""
-        return any(t.number != number and pair_of(t) == pair and done_at(t, wanted)
-                   for t in study.get_trials(deepcopy=False))  # fmt: skip
+        return any(
+            t.number != number and pair_of(t) == pair and done_at(t, wanted) for t in study.get_trials(deepcopy=False)
+        )
 
 
 def _threads(jobs: int) -> int | None:

@@ -76,19 +76,25 @@ class SlurmBackend(Backend):
         d, opts = summary.details, self.opts
         dry = opts.dry_run
         lines = [d["text"].rstrip("\n")] if dry and d.get("text") else []
-        lines.append(f"# slurm {opts.kind} {opts.train.preset}: {summary.pairs} pairs, {summary.completed} completed, "
-                     f"{d['in_slurm']} queued or running, {d['pending']} "
-                     f"{'to submit (dry run: nothing submitted)' if dry else 'submitted'}"
-                     + (f"; job {d['job']}, script {d['script']}" if d.get("job") else "")
-                     + (f"; script {d['script']}" if dry and d.get("script") else ""))  # fmt: skip
+        lines.append(
+            f"# slurm {opts.kind} {opts.train.preset}: {summary.pairs} pairs, {summary.completed} completed, "
+            f"{d['in_slurm']} queued or running, {d['pending']} "
+            f"{'to submit (dry run: nothing submitted)' if dry else 'submitted'}"
+            + (f"; job {d['job']}, script {d['script']}" if d.get("job") else "")
+            + (f"; script {d['script']}" if dry and d.get("script") else "")
+        )
         if d.get("disk"):
             lines.append(f"# {d['disk']}")
         if d.get("report_job"):
-            lines.append(f"# report: job {d['report_job']} writes it when the array has ended "
-                         f"(--dependency=afterany:{d['job']}); script {d['report_script']}")  # fmt: skip
+            lines.append(
+                f"# report: job {d['report_job']} writes it when the array has ended "
+                f"(--dependency=afterany:{d['job']}); script {d['report_script']}"
+            )
         elif d.get("report_script") and dry:
-            lines.append(f"# report: script {d['report_script']}, submitted after the array with "
-                         f"`sbatch --dependency=afterany:<array job> {d['report_script']}`")  # fmt: skip
+            lines.append(
+                f"# report: script {d['report_script']}, submitted after the array with "
+                f"`sbatch --dependency=afterany:<array job> {d['report_script']}`"
+            )
         lines += [f"{pair}: {status}" for pair, status in summary.results.items()]
         return lines
 

@@ -18,9 +18,26 @@ _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 # Filesystems that several machines mount as one (a run directory there is seen by every node).
 SHARED_FS = {
-    "nfs", "nfs4", "lustre", "gpfs", "beegfs", "ceph", "cifs", "smb3", "glusterfs", "fuse.glusterfs",
-    "fuse.cephfs", "fuse.sshfs", "wekafs", "panfs", "orangefs", "pvfs2", "9p", "virtiofs", "fuse.juicefs",
-}  # fmt: skip
+    "nfs",
+    "nfs4",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "cifs",
+    "smb3",
+    "glusterfs",
+    "fuse.glusterfs",
+    "fuse.cephfs",
+    "fuse.sshfs",
+    "wekafs",
+    "panfs",
+    "orangefs",
+    "pvfs2",
+    "9p",
+    "virtiofs",
+    "fuse.juicefs",
+}
 
 
 def time_limit_seconds(text: str | None) -> int:
@@ -117,23 +134,38 @@ def check_one_line(opts: SlurmOptions) -> None:
     would start a line of its own there (an #SBATCH directive or a shell command the job runs). Values inside shell
     words are quoted where the script is written (script.py); #SBATCH lines are read by sbatch, not a shell."""
     res, t = opts.resources, opts.train
-    values = {"--partition": res.partition, "--account": res.account, "--time": res.time, "--mem": res.mem,
-              "--out": t.out, "--data-dir": t.data_dir, "--data": t.data,
-              **{f"--sbatch {i + 1}": d for i, d in enumerate(res.sbatch)},
-              **{f"--setup {i + 1}": line for i, line in enumerate(res.setup)},
-              **{f"--table {i + 1}": f for i, f in enumerate(t.table)}}  # fmt: skip
+    values = {
+        "--partition": res.partition,
+        "--account": res.account,
+        "--time": res.time,
+        "--mem": res.mem,
+        "--out": t.out,
+        "--data-dir": t.data_dir,
+        "--data": t.data,
+        **{f"--sbatch {i + 1}": d for i, d in enumerate(res.sbatch)},
+        **{f"--setup {i + 1}": line for i, line in enumerate(res.setup)},
+        **{f"--table {i + 1}": f for i, f in enumerate(t.table)},
+    }
     for flag, value in values.items():
         if value is not None and any(c in str(value) for c in "\n\r\0"):
-            raise UserError(f"{flag} holds a line break, which would start a line of its own in the sbatch script; "
-                            f"pass it on one line")  # fmt: skip
+            raise UserError(
+                f"{flag} holds a line break, which would start a line of its own in the sbatch script; "
+                f"pass it on one line"
+            )
     # an #SBATCH line is split on white space by sbatch, not a shell: a space would make a second option of the rest
-    words = {"--partition": res.partition, "--account": res.account, "--time": res.time, "--mem": res.mem,
-             "--out": t.out}  # fmt: skip
+    words = {
+        "--partition": res.partition,
+        "--account": res.account,
+        "--time": res.time,
+        "--mem": res.mem,
+        "--out": t.out,
+    }
     for flag, value in words.items():
         if value is not None and any(c.isspace() for c in str(value)):
             fix = "a path without spaces (or a link to it without any)" if flag == "--out" else "it without spaces"
-            raise UserError(f"{flag} {str(value)!r} holds a space, which would split its #SBATCH line into two "
-                            f"options; pass {fix}")  # fmt: skip
+            raise UserError(
+                f"{flag} {str(value)!r} holds a space, which would split its #SBATCH line into two options; pass {fix}"
+            )
 
 
 def check(opts: SlurmOptions) -> int:

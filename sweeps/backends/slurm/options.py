@@ -39,10 +39,13 @@ class SlurmResources:
 REFUSED = (
     ("jobs", "--jobs", "SLURM runs each pair as its own array task; throttle them with --max-parallel N"),
     ("gpus_per_job", "--gpus-per-job", "SLURM gives each array task its GPUs; ask for them with --gpus-per-node G"),
-    ("storage", "--storage", "SLURM's books are its job array and the run directories under --out, not an Optuna "
-     "storage"),
+    (
+        "storage",
+        "--storage",
+        "SLURM's books are its job array and the run directories under --out, not an Optuna storage",
+    ),
     ("pack", "--pack", "SLURM trains one pair an array task (packs are the local and subprocess back ends')"),
-)  # fmt: skip
+)
 # The sweep's run options that follow the SLURM resources unless given (checked to agree where given); the
 # accelerator `auto`, as everywhere, is resolved against the resources (`with_accelerator`)
 FOLLOW_RESOURCES = {"devices": None, "num_nodes": None, "strategy": None}
@@ -58,15 +61,23 @@ class SlurmSweepOptions:
     poll_s: float = option(5.0, cli=False)
     # the sweep's options whose meaning SLURM changes (the same names: these replace the sweep's)
     report: str | None = option(
-        None, "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
+        None,
+        "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
         "ended (sbatch --dependency=afterany), or here after --wait",
-    )  # fmt: skip
+    )
     dry_run: bool = option(False, "write and print the script, submit nothing")
 
 
 # What `aiayn slurm train` (one run) does not take: the sweep's selection and report, its back end
-ONE_RUN = ("select.rows", "select.extended", "select.seeds", "select.base_seeds", "select.first_seed", "report",
-           "train.progress")  # fmt: skip
+ONE_RUN = (
+    "select.rows",
+    "select.extended",
+    "select.seeds",
+    "select.base_seeds",
+    "select.first_seed",
+    "report",
+    "train.progress",
+)
 
 
 @dataclass
@@ -79,24 +90,34 @@ class SlurmOptions:
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, **FOLLOW_RESOURCES))
     resources: SlurmResources = field(default_factory=SlurmResources)
     report: str | None = option(
-        None, "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
+        None,
+        "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
         "ended (sbatch --dependency=afterany), or here after --wait",
-    )  # fmt: skip
+    )
     dry_run: bool = option(False, "write and print the script, submit nothing")
     wait: bool = option(False, "block until the jobs end; exit 1 if any run did not complete")
     fail_on_diverged: bool = option(
-        False, "with --wait: exit 1 when a run diverged, as when one failed (default: a diverged run is a result, "
+        False,
+        "with --wait: exit 1 when a run diverged, as when one failed (default: a diverged run is a result, "
         "reported as such)",
-    )  # fmt: skip
+    )
     poll_s: float = option(5.0, cli=False)
 
 
 def slurm_options(sweep) -> SlurmOptions:
     """The SLURM options of `aiayn table3 --backend slurm` (the sweep's options with SlurmSweepOptions'): what the
     array's script, books and checks read."""
-    return SlurmOptions(kind="table3", select=sweep.select, train=sweep.train, resources=sweep.resources,
-                        report=sweep.report, dry_run=sweep.dry_run, wait=sweep.wait,
-                        fail_on_diverged=sweep.fail_on_diverged, poll_s=sweep.poll_s)  # fmt: skip
+    return SlurmOptions(
+        kind="table3",
+        select=sweep.select,
+        train=sweep.train,
+        resources=sweep.resources,
+        report=sweep.report,
+        dry_run=sweep.dry_run,
+        wait=sweep.wait,
+        fail_on_diverged=sweep.fail_on_diverged,
+        poll_s=sweep.poll_s,
+    )
 
 
 def with_accelerator(opts: SlurmOptions) -> SlurmOptions:

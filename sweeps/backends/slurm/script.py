@@ -33,12 +33,18 @@ def train_command(opts: SlurmOptions, sweep: Sweep, per_node: int) -> list[str]:
     world = per_node * opts.resources.nodes
     t = sweep.train
     fixed = replace(
-        t, row=TrainOptions.row, seed=TrainOptions.seed, out=str(Path(t.out).resolve()),
-        data_dir=str(Path(t.data_dir).resolve()) if t.data_dir else None, devices=per_node,
+        t,
+        row=TrainOptions.row,
+        seed=TrainOptions.seed,
+        out=str(Path(t.out).resolve()),
+        data_dir=str(Path(t.data_dir).resolve()) if t.data_dir else None,
+        devices=per_node,
         data=sweep.corpus.name if t.data else None,  # hf:./local made absolute: the task runs elsewhere
         table=tuple(str(Path(f).resolve()) for f in t.table),
-        num_nodes=opts.resources.nodes, strategy=t.strategy or ("ddp" if world > 1 else "auto"), progress=False,
-    )  # fmt: skip
+        num_nodes=opts.resources.nodes,
+        strategy=t.strategy or ("ddp" if world > 1 else "auto"),
+        progress=False,
+    )
     argv = to_argv(fixed, always=("preset", "out", "accelerator", "devices", "num_nodes", "strategy"))
     # the user's path quoted as a shell word, then the array's $ROW expanded: `$(...)` in --out stays text
     options = [f'--config {shlex.quote(str(resolved_dir(opts)))}"/$ROW.json"', '--row "$ROW"', '--seed "$SEED"']
@@ -133,8 +139,10 @@ def disk_line(sweep: Sweep, todo: list[tuple[str, int]]) -> str:
     each = {row: disk.estimate(sweep.train, sweep.specs[row], slurm=True) for row in rows}
     total = sum(each[row].total for row, _ in todo)
     big = max(each, key=lambda row: each[row].total)
-    return (f"disk: checkpoints of the {len(todo)} runs: about {disk.human(total)} in all (the largest, {big}: "
-            f"{each[big].describe()})")  # fmt: skip
+    return (
+        f"disk: checkpoints of the {len(todo)} runs: about {disk.human(total)} in all (the largest, {big}: "
+        f"{each[big].describe()})"
+    )
 
 
 def script_path(opts: SlurmOptions) -> Path:
@@ -150,10 +158,16 @@ def render_report(opts: SlurmOptions, sweep: Sweep, report: Path) -> str:
     task of the array has ended, however (a failed run is reported as failed), and nothing waits on the login node."""
     out, res, name = Path(opts.train.out).resolve(), opts.resources, f"{job_name(opts)}-report"
     directives = [
-        f"--job-name={name}", f"--partition={res.partition}", *([f"--account={res.account}"] if res.account else []),
-        "--time=00:30:00", "--nodes=1", "--ntasks=1", "--cpus-per-task=1", f"--output={out}/slurm/logs/{name}-%j.out",
+        f"--job-name={name}",
+        f"--partition={res.partition}",
+        *([f"--account={res.account}"] if res.account else []),
+        "--time=00:30:00",
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=1",
+        f"--output={out}/slurm/logs/{name}-%j.out",
         *(d if d.startswith("--") else f"--{d}" for d in res.sbatch if not d.lstrip("-").startswith("array")),
-    ]  # fmt: skip
+    ]
     command = ["aiayn", "report", "--runs", str(out), "--out", str(report.resolve()), "--preset", sweep.preset.name]
     lines = [
         "#!/bin/bash",

@@ -103,8 +103,13 @@ def submit(opts: SlurmOptions, sweep: Sweep, todo: list[tuple[str, int]] | None 
                 try:
                     summary["report_job"] = sbatch(report_script, f"--dependency=afterany:{job}")
                 except UserError as e:  # the array is submitted and recorded: say how to get the report instead
-                    log.warning("the report job was not submitted (%s); when the array ends, run `aiayn report "
-                                "--runs %s --out %s`", e, opts.train.out, report)  # fmt: skip
+                    log.warning(
+                        "the report job was not submitted (%s); when the array ends, run `aiayn report "
+                        "--runs %s --out %s`",
+                        e,
+                        opts.train.out,
+                        report,
+                    )
     if opts.wait and not opts.dry_run:
         watched = {job_of(sweep, r, s) for r, s in pending + held["in_slurm"]} - {None}
         wait_for(watched, opts.poll_s)
