@@ -1,12 +1,15 @@
 """Batches as the paper makes them (§5.1: "sentence pairs were batched together by approximate sequence length"):
 `TokenBucketSampler` groups sentences of similar length into batches of at most `max_tokens` real target tokens,
 shards them over DDP ranks and resumes mid-epoch; `ResumableDataLoader` saves its position in checkpoints;
-`collate` pads a batch into the `src` / `tgt_in` / `tgt_out` tensors the model consumes.
+`collate` pads a batch into the `src` / `tgt_in` / `tgt_out` tensors the model consumes; `release_workers` shuts
+every loader's worker processes down (at the end of a run, and at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import math
+import weakref
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -252,6 +255,7 @@ class ResumableDataLoader(DataLoader):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._consumed = 0
+        _LOADERS.add(self)
 
     def __iter__(self):
         # Lazy: Lightning calls iter() before set_epoch() at the start of a fit, so the real iterator
@@ -269,6 +273,28 @@ class ResumableDataLoader(DataLoader):
     def load_state_dict(self, state: dict) -> None:
         self.batch_sampler.load_state_dict(state)
         self._consumed, self._epoch = int(state["yielded"]), int(state["epoch"])
+
+
+_LOADERS: weakref.WeakSet[ResumableDataLoader] = weakref.WeakSet()
+
+
+def release_workers() -> None:
+    """Shut down the worker processes of every loader made in this process, now.
+
+    Persistent workers live as long as their loader, and torch stops them at exit only where memory is pinned; the
+    rest it leaves to multiprocessing's exit handler, which sends each worker one SIGTERM and joins it without a
+    timeout. A worker ignores its first SIGTERM (data/datamodule.py `worker_signals`: a signal to the process group
+    is the trainer's to act on), so that join would wait forever. Here each worker is told to stop through its index
+    queue, as torch does when an iterator is deleted, and joined; called at the end of every run and, registered
+    after torch's own exit hooks, before them at exit."""
+    for loader in list(_LOADERS):
+        iterator = loader.__dict__.get("_iterator")
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        loader._iterator = None
+
+
+atexit.register(release_workers)  # runs before torch's and multiprocessing's exit hooks (registered earlier)
 
 
 class _CountingIter:

@@ -58,8 +58,9 @@ def worker_signals(worker_id: int) -> None:
     - The first SIGTERM or SIGINT, ignored: sent to the whole process group (a scheduler's time limit or
       preemption, `timeout`, Ctrl-C) it killed the workers too, and torch's SIGCHLD handler raised "DataLoader
       worker (pid ...) is killed by signal" wherever the trainer was, so a run the signal should have stopped in
-      one line ended in a chain of tracebacks (issue 42). The trainer stops on its own copy and shuts its workers
-      down; a second one ends the worker as before."""
+      one line ended in a chain of tracebacks. The trainer stops on its own copy and shuts its workers down through
+      their queues (batching.release_workers, at the end of a run and at exit: multiprocessing's exit handler sends
+      only one SIGTERM); a second signal ends the worker."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop_on_the_second)

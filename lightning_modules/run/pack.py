@@ -49,6 +49,7 @@ from aiayn.ablations import stability
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_torch_save
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules.data.batching import release_workers
 from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run import loggers as run_loggers
 from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO, RoomForShapes, RunFilesInCheckpoint, progress_bar
@@ -411,7 +412,10 @@ def train_runs(opts: TrainOptions, spec: RunSpec | None = None) -> list[RunMetri
     """What `aiayn train` trains: the pack of --pack-seeds, else the one run (nothing on a DDP rank other than 0,
     or when the run was checkpointed for a SLURM requeue)."""
     if opts.pack_seeds:
-        return train_pack(opts, spec)
+        try:
+            return train_pack(opts, spec)
+        finally:
+            release_workers()  # the K seeds' loaders and the dev loader
     metrics = train(opts, spec)
     return [metrics] if metrics is not None else []
 

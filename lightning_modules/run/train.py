@@ -44,6 +44,7 @@ from aiayn.common.files import (
 )
 from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
+from aiayn.lightning_modules.data.batching import release_workers
 from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule, derive_accumulation
 from aiayn.lightning_modules.run import disk, wandb_run
 from aiayn.lightning_modules.run import loggers as run_loggers
@@ -373,14 +374,17 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
         p.run.write_config(p.config)
         p.run.write_tokenizer(p.dm.tokenizer_model)
         _log_budget(p, opts)
-    ended = fit(trainer, module, p, opts, hooks)
-    if ended is not None or not trainer.is_global_zero:
-        return ended if isinstance(ended, RunMetrics) else None
-    evaluating = time.perf_counter()
-    result = evaluate_run(trainer, module, p, opts)
-    result["eval_time_s"] = time.perf_counter() - evaluating
-    result["wall_time_s"] = time.perf_counter() - started
-    return record(trainer, module, p, opts, hooks, result)
+    try:
+        ended = fit(trainer, module, p, opts, hooks)
+        if ended is not None or not trainer.is_global_zero:
+            return ended if isinstance(ended, RunMetrics) else None
+        evaluating = time.perf_counter()
+        result = evaluate_run(trainer, module, p, opts)
+        result["eval_time_s"] = time.perf_counter() - evaluating
+        result["wall_time_s"] = time.perf_counter() - started
+        return record(trainer, module, p, opts, hooks, result)
+    finally:
+        release_workers()  # the run's loader workers end with it, however it ended (hpo trains many in one process)
 
 
 def finished(p: Plan) -> RunMetrics | None:

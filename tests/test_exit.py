@@ -1,0 +1,85 @@
+"""Every process exits when its work is done or it is told to stop, with DataLoader workers on: alone, packed, and
+stopped by a signal to its process group right after a validation. A worker ignores its first SIGTERM or SIGINT
+(data/datamodule.py `worker_signals`), and multiprocessing's exit handler sends it only one before joining it
+without a timeout, so a loader still holding workers at exit used to hang the process forever.
+
+Each test trains a 1-layer, 32-wide model for a few steps in a child process and gives it a deadline."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SMALL = ["--preset", "tiny", "--set", "N=1 d_model=32 d_ff=64 h=2", "--no-progress", "--accelerator", "cpu"]
+QUICK = ["--val-bleu-sentences", "0", "--eval-subset", "5", "--logger", "csv", "--num-workers", "2"]
+EXIT_WITHIN_S = 60  # a run this small evaluates and exits in seconds; a hang is forever
+
+
+def aiayn(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "aiayn", *argv]
+
+
+def children_of(pid: int) -> list[int]:
+    found = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in found.read_text().split()] if found.exists() else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", [False, True], ids=["alone", "packed"])
+def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, pack):
+    seeds = ["--pack-seeds", "0,1"] if pack else []
+    argv = ["train", "--row", "base", *SMALL, *QUICK, "--max-steps", "2", "--val-every", "2", "--ckpt-every", "2"]
+    proc = subprocess.Popen(
+        aiayn(*argv, *seeds, "--out", str(tmp_path / "o")),
+        env=dict(os.environ, AIAYN_CACHE=str(cache)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        err = proc.communicate(timeout=EXIT_WITHIN_S * 3)[1]
+    except subprocess.TimeoutExpired:
+        left = children_of(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the process did not exit after its run (loader workers left: {left})")
+    assert proc.returncode == 0, err[-2000:]
+    runs = tmp_path / "o" / "tiny" / "synthetic" / "base"
+    assert all((runs / f"seed{s}" / "metrics.json").is_file() for s in ([0, 1] if pack else [0]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_run_stopped_by_a_signal_to_its_group_right_after_a_validation_exits_within_seconds(cache, tmp_path, signum):
+    out = tmp_path / "o"
+    argv = ["train", "--row", "base", *SMALL, *QUICK, "--max-steps", "100000", "--val-every", "4"]
+    proc = subprocess.Popen(
+        aiayn(*argv, "--ckpt-every", "4", "--out", str(out)),
+        env=dict(os.environ, AIAYN_CACHE=str(cache)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    ckpt = out / "tiny" / "synthetic" / "base" / "seed0" / "checkpoints" / "step0000004.ckpt"
+    deadline = time.monotonic() + 300
+    while not ckpt.exists():  # saved right after step 4's validation
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signum)
+    stopped = time.monotonic()
+    try:
+        err = proc.communicate(timeout=EXIT_WITHIN_S)[1]
+    except subprocess.TimeoutExpired:
+        left = children_of(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"still running {EXIT_WITHIN_S} s after {signum.name} (loader workers left: {left})")
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert f"stopped by {signum.name} at step" in err
+    assert time.monotonic() - stopped < EXIT_WITHIN_S
