@@ -278,7 +278,8 @@ def _verdict_notes(
             f"Score: {s['passed']} of {s['scored']} pre-registered tests pass ({c[stats.SIGNIFICANT_AGREE]} "
             f"significant in the predicted direction, {c[stats.EQUIVALENT]} equivalent); {c[stats.AGREE]} more agree "
             f"in sign without significance, {c[stats.DISAGREE] + c[stats.SIGNIFICANT_DISAGREE]} disagree "
-            f"({c[stats.SIGNIFICANT_DISAGREE]} significantly), {c[stats.INCONCLUSIVE]} inconclusive, "
+            f"({c[stats.SIGNIFICANT_DISAGREE]} significantly), {c[stats.NOT_EQUIVALENT]} not equivalent, "
+            f"{c[stats.INCONCLUSIVE]} inconclusive, "
             f"{c[stats.EQUIVALENT_UNASSAYED]} equivalent without assay sensitivity (not counted), "
             f"{c[stats.NOT_STABLE]} not stable. {_baselines_text(s)}" + _not_run_text(s),
             [f"{v.row}{where(v)} ({v.metric}, predicted {v.predicted}): {v.verdict}" + _p_text(v) for v in scored],
@@ -401,7 +402,8 @@ def _baselines_note(scored: list, s: dict, where) -> tuple[str, list[str]]:
     return (
         f"The naive baselines on {where_text} (each judged like the registration: every point of the stability "
         'rule, one Holm family; "more parameters help" by each row\'s parameter count at this preset against '
-        "base's, as many or fewer predicted worse):",
+        'base\'s, as many or fewer predicted worse; "the parameter count alone" the same, but a row within 1% of '
+        "base's count predicted equivalent, within the test's margin or its preset's):",
         items,
     )
 

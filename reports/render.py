@@ -143,7 +143,8 @@ def key(table: pd.DataFrame) -> str:
         f"`{stats.AGREE}`: the predicted sign at every point, without significance"
         + (" (one seed a side: a sign, not a test)" if single.any() else "")
         + f". `{stats.NOT_STABLE}`: passed at the end but not at an earlier point, a miss. `{stats.DISAGREE}` / "
-        f"`{stats.SIGNIFICANT_DISAGREE}`: the opposite sign. `{stats.INCONCLUSIVE}`: neither shown. "
+        f"`{stats.SIGNIFICANT_DISAGREE}`: the opposite sign. `{stats.NOT_EQUIVALENT}`: an equivalence whose 90% "
+        f"interval lies wholly outside its margin. `{stats.INCONCLUSIVE}`: neither shown. "
         f"`{stats.CHECK_PASSED}`: label smoothing's arithmetic floor, an implementation check, not a finding. "
         f"`{stats.NOT_SCORED}` / `{stats.NOT_TESTABLE}`: as registered, each with its reason in the notes."
         + (
@@ -198,6 +199,7 @@ VERDICT_COLOURS = {
     stats.NOT_STABLE: "#ffe0b2",
     stats.DISAGREE: "#ffcdd2",
     stats.SIGNIFICANT_DISAGREE: "#ef9a9a",
+    stats.NOT_EQUIVALENT: "#ef9a9a",
     stats.INCONCLUSIVE: "#eeeeee",
     stats.EQUIVALENT_UNASSAYED: "#eeeeee",
     stats.NOT_RUN: "#eeeeee",

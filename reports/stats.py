@@ -35,6 +35,7 @@ EQUIVALENT_UNASSAYED = (
 )
 DISAGREE = "disagree"
 SIGNIFICANT_DISAGREE = "significant disagree"
+NOT_EQUIVALENT = "not equivalent"  # an equivalence whose 90% interval lies wholly outside its margin: a sharp miss
 # passed at the end (100% of the budget) but not at an earlier point of the stability rule (reports/verdicts.py): a miss
 NOT_STABLE = "not stable"
 NOT_TESTABLE = "not testable"
@@ -51,6 +52,7 @@ VERDICTS = (
     NOT_STABLE,
     DISAGREE,
     SIGNIFICANT_DISAGREE,
+    NOT_EQUIVALENT,
     NOT_TESTABLE,
 )
 PASSING = (SIGNIFICANT_AGREE, EQUIVALENT)  # what counts as a pre-registered test passed
@@ -130,13 +132,19 @@ def slope(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> tuple[
     return b, b - half, b + half
 
 
-def equivalence_verdict(p_tost_adjusted: float, p_diff_adjusted: float, delta_worse: float, assay: bool) -> str:
+def equivalence_verdict(
+    p_tost_adjusted: float, p_diff_adjusted: float, delta_worse: float, assay: bool, outside: bool = False
+) -> str:
     """The verdict on a row predicted equivalent to base: `equivalent` when its Holm-adjusted TOST p < ALPHA and the
     table is assay-sensitive (`assay`: a row predicted worse is significantly worse in the same table, so the seeds
-    can see a difference), `equivalent, assay not sensitive` (not counted) without that; `significant disagree`
-    when the two-sided difference test is significant instead; otherwise `inconclusive` (neither shown)."""
+    can see a difference), `equivalent, assay not sensitive` (not counted) without that; `not equivalent` when its
+    90% interval (TOST's) lies wholly outside the margin (`outside`): the data show a difference larger than the
+    margin; `significant disagree` when the two-sided difference test is significant instead; otherwise
+    `inconclusive` (neither shown)."""
     if not math.isnan(p_tost_adjusted) and p_tost_adjusted < ALPHA:
         return EQUIVALENT if assay else EQUIVALENT_UNASSAYED
+    if outside:
+        return NOT_EQUIVALENT
     if not math.isnan(p_diff_adjusted) and p_diff_adjusted < ALPHA and not math.isnan(delta_worse):
         return SIGNIFICANT_DISAGREE
     return INCONCLUSIVE

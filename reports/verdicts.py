@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from aiayn.ablations.predictions import SCORED, Prediction, predictions
+from aiayn.ablations.predictions import MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL, SCORED, Prediction, predictions
 from aiayn.ablations.stability import READINGS, STABILITY, WINDOW, point_steps, point_value  # noqa: F401
 from aiayn.ablations.table import load_rows
 from aiayn.reports import stats
@@ -296,11 +296,45 @@ def more_parameters_help(pred: Prediction, cell: Cell) -> Prediction:
     return Prediction(pred.row, pred.metric, "better" if mine > base else "worse", "more parameters help")
 
 
+# Within this fraction of base's parameter count, "the parameter count alone" predicts no difference.
+SAME_COUNT = 0.01
+
+
+def _count_margin(pred: Prediction, cell: Cell) -> float:
+    """The equivalence margin "the parameter count alone" tests a row of base's count within: the test's own where it
+    registered one; else the smallest its preset registers for an equivalence on the same metric; else the
+    registration rules' own bound on the paper's noise in that metric (ablations/predictions.py: 1.5% of dev PPL,
+    0.5 BLEU)."""
+    if pred.margin is not None:
+        return pred.margin
+    registered = predictions(cell.preset) if cell.registration is None else predictions(cell.preset, cell.registration)
+    same = [p.margin for p in registered.values() if p.equivalence and p.metric == pred.metric and p.margin]
+    if same:
+        return min(same)
+    return MIN_PAPER_DELTA_PPL if pred.metric == "ppl" else MIN_PAPER_DELTA_BLEU
+
+
+def parameter_count_alone(pred: Prediction, cell: Cell) -> Prediction:
+    """The capacity guess taken at its word: a row with more parameters than base is better, one with fewer worse,
+    and one within SAME_COUNT of base's count equivalent to base (within `_count_margin`). Where either count is
+    unknown it makes no prediction."""
+    if not pred.scored:
+        return pred
+    mine, base = cell.params.get(pred.row), cell.params.get("base")
+    if mine is None or base is None:
+        return Prediction(pred.row, None, "not scored", "parameter count unknown")
+    if abs(mine / base - 1) <= SAME_COUNT:
+        margin = _count_margin(pred, cell)
+        return Prediction(pred.row, pred.metric, "equivalent", "the parameter count alone", margin=margin)
+    return Prediction(pred.row, pred.metric, "better" if mine > base else "worse", "the parameter count alone")
+
+
 # The naive baselines every report judges on the same numbers by the same rules as the registered predictions:
 # name (the JSON's key) -> (what the reports call it, the predictor)
 BASELINES = {
     "every_change_hurts": ("every change hurts", every_change_hurts),
     "more_parameters_help": ("more parameters help, every other change hurts", more_parameters_help),
+    "parameter_count_alone": ("the parameter count alone", parameter_count_alone),
 }
 
 
@@ -334,9 +368,18 @@ def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, st
     for key, t in tests.items():
         if t.pred.equivalence:
             refuted = min(1.0, t.p_diff * family) if not math.isnan(t.p_diff) else math.nan
-            label = stats.equivalence_verdict(adjusted[key], refuted, t.worse, key[0] in sensitive)
+            label = stats.equivalence_verdict(adjusted[key], refuted, t.worse, key[0] in sensitive, _outside(t))
             out[key] = (t, adjusted[key], label)
     return out
+
+
+def _outside(t: _Test) -> bool:
+    """An equivalence's 90% interval (TOST's) wholly outside its registered band, center ± margin."""
+    low, high = t.tost_ci
+    if t.margin is None or math.isnan(low) or math.isnan(high):
+        return False
+    center = _metric_center(t.pred)
+    return low > center + t.margin or high < center - t.margin
 
 
 def stable_verdict(labels: list[str]) -> str:

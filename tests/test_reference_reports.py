@@ -31,6 +31,23 @@ TABLES = sorted(
 )
 
 
+# Labels a committed report was written before: (table, row) -> {column: (committed label, today's)}. Evidence v6's
+# A3 was reported `inconclusive` before an equivalence whose 90% interval lies wholly outside its margin was called
+# `not equivalent`; its numbers, and so its miss, are unchanged (docs/tables.md).
+RELABELLED = {
+    ("table3-evidence.csv", "A3"): {
+        "verdict": ("inconclusive", "not equivalent"),
+        "verdict_75": ("inconclusive", "not equivalent"),
+    },
+}
+
+
+def _label(table: Path, row: str, column: str, committed: str) -> str:
+    """The committed label as today's rules name it (RELABELLED), else as committed."""
+    before, now = RELABELLED.get((table.name, row), {}).get(column, (None, None))
+    return now if committed == before else committed
+
+
 def _preset(table: Path) -> str:
     return "quick" if table.name.startswith("first-seed-") else table.stem.removeprefix("table3-")
 
@@ -105,9 +122,11 @@ def test_reference_verdicts_reproduce(table):
     assert scored.index.tolist(), f"{table.name} has no verdicts"
     for row, line in scored.iterrows():
         v = again[row]
-        assert v.verdict == line["verdict"], f"{table.name} {row}: committed {line['verdict']!r}, now {v.verdict!r}"
+        committed_verdict = _label(table, row, "verdict", line["verdict"])
+        assert v.verdict == committed_verdict, f"{table.name} {row}: committed {line['verdict']!r}, now {v.verdict!r}"
         if v.points:  # the stability rule's earlier points, as committed
-            assert [p.verdict for p in v.points[:-1]] == [line[f"verdict_{s}"] for s in EARLY.values()], row
+            early = [_label(table, row, f"verdict_{s}", line[f"verdict_{s}"]) for s in EARLY.values()]
+            assert [p.verdict for p in v.points[:-1]] == early, row
         assert (v.metric, v.predicted) == (line["metric"], line["predicted"]), (
             f"{table.name} {row}: predicted differently"
         )

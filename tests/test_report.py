@@ -157,7 +157,7 @@ def test_provenance_beside_the_csvs(report):
     assert (doc["score"]["scored"], doc["score"]["agree"], doc["score"]["significant_agree"]) == (4, 3, 1)
     assert doc["score"]["not_run"] == ["C4"]
     baselines = doc["score"]["baselines"]
-    assert sorted(baselines) == ["every_change_hurts", "more_parameters_help"]  # clearly named, one score each
+    assert sorted(baselines) == ["every_change_hurts", "more_parameters_help", "parameter_count_alone"]  # one each
     hurts = baselines["every_change_hurts"]
     assert (hurts["passed"], hurts["agree"], hurts["differs_on"]) == (1, 2, ["D3"])
     assert doc["score"]["random_signs"] == {"directional_tests": 4, "expected_agree": 2.0, "p_at_least_as_many": 0.3125}
@@ -222,10 +222,12 @@ def test_notes(report):
     md = (report[0] / "out" / "table3-tiny.md").read_text(encoding="utf-8")
     assert (
         "- Score: 1 of 4 pre-registered tests pass (1 significant in the predicted direction, 0 equivalent); 2 more "
-        "agree in sign without significance, 1 disagree (0 significantly), 0 inconclusive, 0 equivalent without assay "
-        'sensitivity (not counted), 0 not stable. Judged on the same numbers by the same rules, "every change hurts" '
-        'passes 1 of 4 and agrees in sign on 2 and "more parameters help, every other change hurts" passes 1 of 4 and '
-        "agrees in sign on 2; on the 4 directional tests random signs agree on 2 on average, and on 3 or more with "
+        "agree in sign without significance, 1 disagree (0 significantly), 0 not equivalent, 0 inconclusive, 0 "
+        "equivalent without assay sensitivity (not counted), 0 not stable. Judged on the same numbers by the same "
+        'rules, "every change hurts" passes 1 of 4 and agrees in sign on 2 and "more parameters help, every other '
+        'change hurts" passes 1 of 4 and agrees in sign on 2 and "the parameter count alone" passes 0 of 4 and agrees '
+        "in sign on 1; "
+        "on the 4 directional tests random signs agree on 2 on average, and on 3 or more with "
         "probability 0.312. Not run here, so not in the score: C4"
     ) in md
     # the report's first lines: the score and both baselines beside it

@@ -261,6 +261,30 @@ def test_each_equivalence_verdict(p_tost, p_diff, assay, expected):
     assert stats.equivalence_verdict(p_tost, p_diff, 0.01, assay) == expected
 
 
+@pytest.mark.parametrize("p_diff", [0.001, 0.4], ids=["significant", "not significant"])
+def test_an_equivalence_whose_interval_lies_outside_its_margin_is_not_equivalent(p_diff):
+    """The data show a difference larger than the margin: a sharper miss than `inconclusive` or a difference alone."""
+    assert stats.equivalence_verdict(0.3, p_diff, 0.05, True, outside=True) == stats.NOT_EQUIVALENT
+    assert stats.equivalence_verdict(0.01, p_diff, 0.05, True, outside=True) == stats.EQUIVALENT  # TOST decides first
+
+
+def test_an_interval_beyond_the_margin_at_every_point_is_judged_not_equivalent(monkeypatch):
+    """Through the report's own judging: a row 3% worse with seeds 0.2% apart has its 90% interval wholly above a
+    1.25% margin; one 1% worse with seeds 2% apart straddles the margin and stays inconclusive."""
+    _preds(monkeypatch, {"x": {"A3": ("ppl", "equivalent", "", 0.0125), "E1": ("ppl", "equivalent", "", 0.0125)}})
+    base = [5.00, 5.01, 4.99, 5.00, 5.005, 4.995]
+    values = {
+        "base": {"ppl": base},
+        "A3": {"ppl": [x * 1.03 for x in base]},
+        "E1": {"ppl": [5.05 * f for f in (0.98, 1.02, 1.0, 0.97, 1.03, 1.0)]},
+    }
+    family = verdicts.judge_cells([verdicts.Cell("x", values, held(values))])
+    a3, e1 = family[("x", "A3")], family[("x", "E1")]
+    assert a3.tost_low > math.log1p(0.0125) and a3.verdict == stats.NOT_EQUIVALENT
+    assert [p.verdict for p in a3.points] == [stats.NOT_EQUIVALENT] * 3
+    assert e1.tost_low < math.log1p(0.0125) < e1.tost_high and e1.verdict == stats.INCONCLUSIVE
+
+
 def _preds(monkeypatch, table: dict):
     from aiayn.ablations import predictions as P
 
@@ -370,3 +394,46 @@ def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
     # a row whose parameter count is unknown gets no prediction from it (not scored for it)
     unknown = verdicts.judge_baselines([verdicts.Cell("any", values, held(values), params={"base": 1000})])
     assert all(v.predicted == "not scored" for v in unknown["more_parameters_help"].values())
+
+
+def test_the_parameter_count_alone_on_a_hand_made_table(monkeypatch):
+    """The third naive predictor: more parameters better, fewer worse, within 1% of base's count equivalent within
+    the test's margin (a directional test's: its preset's equivalence margin on that metric). The table: A1 (base's
+    count, registered worse) is 10% worse; A3 (base's count) as good as base; C5 (more) better; C6 (fewer) worse; E1
+    (10% more: a learned table) as good as base. The registration passes all five; the count alone predicts A1
+    equivalent (within A3's 5%) and E1 better: it passes A3, C5, C6, and misses A1 (not equivalent) and E1."""
+    from aiayn.ablations import predictions as P
+
+    preds = {
+        "A1": P.Prediction("A1", "ppl", "worse", ""),
+        "A3": P.Prediction("A3", "ppl", "equivalent", "", margin=0.05),
+        "C5": P.Prediction("C5", "ppl", "better", ""),
+        "C6": P.Prediction("C6", "ppl", "worse", ""),
+        "E1": P.Prediction("E1", "ppl", "equivalent", "", margin=0.05),
+    }
+    monkeypatch.setattr(verdicts, "predictions", lambda preset: preds)
+    base = [5.00, 5.02, 4.98, 5.01, 4.99, 5.00]
+    near = [5.01, 5.00, 4.99, 5.02, 4.98, 5.00]  # within 0.5%
+    values = {
+        "base": {"ppl": base},
+        "A1": {"ppl": [x * 1.10 for x in base]},
+        "A3": {"ppl": near},
+        "C5": {"ppl": [x * 0.80 for x in base]},
+        "C6": {"ppl": [x * 1.20 for x in base]},
+        "E1": {"ppl": near},
+    }
+    params = {"base": 1000, "A1": 1000, "A3": 1005, "C5": 2000, "C6": 800, "E1": 1100}
+    cells = [verdicts.Cell("any", values, held(values), params=params)]
+    judged = verdicts.judge_baselines(cells)["parameter_count_alone"]
+    assert {k[1]: (v.predicted, v.margin) for k, v in judged.items()} == {
+        "A1": ("equivalent", pytest.approx(math.log1p(0.05))),
+        "A3": ("equivalent", pytest.approx(math.log1p(0.05))),
+        "C5": ("better", None),
+        "C6": ("worse", None),
+        "E1": ("better", None),
+    }
+    s = verdicts.score(verdicts.judge_cells(cells), verdicts.judge_baselines(cells))
+    count = s["baselines"]["parameter_count_alone"]
+    assert (s["passed"], count["passed"], count["label"]) == (5, 3, "the parameter count alone")
+    assert count["verdicts"]["A1"] == stats.NOT_EQUIVALENT
+    assert count["differs_on"] == ["A1", "E1"] and count["registered_passed_where_it_did_not"] == ["A1", "E1"]
