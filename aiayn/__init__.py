@@ -1,4 +1,4 @@
-"""aiayn: Table 3 of "Attention Is All You Need", reproduced as sweeps and generated reports.
+"""aiayn: Table 3 of "Attention Is All You Need", run as sweeps with generated reports.
 
 Layers, bottom to top (each imports only those below it; tests/test_layers.py checks this):
 

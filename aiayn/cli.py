@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         GROUPS,
         prog="aiayn",
         version=__version__,
-        description="Table 3 of 'Attention Is All You Need', reproduced.",
+        description="Table 3 of 'Attention Is All You Need', as experiments.",
     )
 
 
