@@ -142,8 +142,8 @@ _EVIDENCE = Preset(
     "width (d_model 32, 4 heads of 8), a third of its depth, on the synthetic grammar's sentences of 5-20 "
     "words (attempt 4's regime R2, its learning rate: half the paper's); every row, big too, trains the same 4500 "
     "steps and is compared at the end, as in the paper, each test held at 75%, 87.5% and 100% of the budget, each "
-    "seed read there as the median of its three nearest validations (evidence v6: v5's regime and budget, seeds per "
-    "row from v5's curves, BENCHMARKS.md)",
+    "seed read there as the median of its three nearest validations (seeds per row from an earlier run's curves, "
+    "BENCHMARKS.md)",
 )
 
 # The main job (`aiayn table3`, the README's first line): the evidence regime at a fixed budget, one seed a row,
@@ -165,7 +165,7 @@ _QUICK = replace(
 )
 MAIN_PRESET = _QUICK.name  # what `aiayn table3` runs without --preset
 
-# The wide table (issue 43, item 3), registered for one GPU: the paper's width on real language, where capacity no
+# The wide table, registered for one GPU: the paper's width on real language, where capacity no
 # longer explains the table. Its budget is the pilot rule's (scripts/wide_pilot.py, committed before any wide run):
 # train_steps is the most the rule may choose, and `scripts/gpu-wide.sh` runs the table at the chosen --max-steps.
 _WIDE = Preset(

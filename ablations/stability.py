@@ -17,10 +17,10 @@ import statistics
 STABILITY = (0.75, 0.875, 1.0)
 
 # How a run's number at each point is read from its curve (a preset's `stability`, fixed before its runs):
-# - "nearest": the one validation nearest the point (100%: the final evaluation); evidence v5, the main job;
+# - "nearest": the one validation nearest the point (100%: the final evaluation); the main job;
 # - "median3": the median of the three validations nearest the point (100%: the last three, the final evaluation
-#   among them), so that one bad validation of one seed cannot decide a point (evidence v6: v5's C7 was `not stable`
-#   on one validation 6.5% above its neighbours).
+#   among them), so that one bad validation of one seed cannot decide a point (an earlier table's C7 was `not
+#   stable` on one validation 6.5% above its neighbours).
 READINGS = ("nearest", "median3")
 WINDOW = 3  # validations a "median3" point reads
 

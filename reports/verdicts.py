@@ -285,7 +285,7 @@ def every_change_hurts(pred: Prediction, cell: Cell | None = None) -> Prediction
 
 
 def more_parameters_help(pred: Prediction, cell: Cell) -> Prediction:
-    """The sharper naive guess a reviewer proposes first (issue 43): a row with more parameters than base is better,
+    """The sharper naive guess a reviewer proposes first: a row with more parameters than base is better,
     every other change (as many parameters or fewer) worse, by its parameter count at the preset against base's
     (`Cell.params`). Where either count is unknown it makes no prediction (the test is not scored for it)."""
     if not pred.scored:

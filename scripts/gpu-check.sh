@@ -27,7 +27,7 @@
 #              kernels, static-shape training compiled without hitting the recompile limit (dynamo's tracing) <= 40 s
 #   bench      `aiayn bench --size paper --profile` eager, --compile model, --compile graphs (CUDA graphs): tokens/s,
 #              MFU, graphs, launches a step, device idle, top kernels                           <= 45 + 70 + 70 s
-#   pack       `aiayn bench --pack 16 --size evidence`: 16 seeds as one pack against the 16 stepped apart (issue 42):
+#   pack       `aiayn bench --pack 16 --size evidence`: 16 seeds as one pack against the 16 stepped apart:
 #              seed-steps/s and launches a step of each                                                  <= 30 s
 #   pack-graphs  the same with a fourth side, the pack compiled with --compile graphs: its step and Adam's update
 #              replayed as CUDA graphs (the packed static-shape step captured), compiled in the warm-up      <= 45 s
@@ -114,7 +114,7 @@ note "| --- | --- | --- |"
 
 if [ "$MODE" = check ]; then  # `table` runs the last two stages alone
 stage paths 40 "$PY" - "$DEVICE" "$WORK/paths.json" <<'EOF'
-# The three GPU-only defects of issue 38 that a GPU decides: which grad_w path ran, whether beam search keeps an
+# The three GPU-only defects that only a GPU decides: which grad_w path ran, whether beam search keeps an
 # empty source finite on this GPU's fused attention kernels, and whether an epoch of static shapes compiles
 # without hitting dynamo's recompile limit (and evaluation compiles nothing).
 import json, sys, time
@@ -140,7 +140,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 shapes = [(max(1, 2048 // n), n) for n in range(8, 96, 8)]
 out["static_shapes_compiled"] = {}
-for how in ("layers", "model"):  # issue 42: `model` hit the recompile limit on the H200 (a graph break per block)
+for how in ("layers", "model"):  # `model` hit the recompile limit on the H200 (a graph break per block)
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
@@ -169,7 +169,7 @@ for how in ("layers", "model"):  # issue 42: `model` hit the recompile limit on 
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(out))
 EOF
-for how in none model graphs; do  # eager, compiled, graphed (issue 42: --compile layers measured 14.2%, model 21.3%)
+for how in none model graphs; do  # eager, compiled, graphed (--compile layers measured 14.2%, model 21.3%)
   limit=70; [ "$how" = none ] && limit=45  # eager took 28 s on the first H200
   stage "bench-$how" "$limit" "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" --profile \
       --json "$WORK/bench-$how.json"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-wide.sh: the wide table (issue 43, item 3; BENCHMARKS.md, "The wide table") on ONE GPU, in one call of
+# scripts/gpu-wide.sh: the wide table (BENCHMARKS.md, "The wide table") on ONE GPU, in one call of
 # at most 8 minutes, on a machine with no network.
 #
 #   bash scripts/gpu-wide.sh prep                          # 1. beside ../shared: stage Multi30k and the wheels

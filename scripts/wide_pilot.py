@@ -1,4 +1,4 @@
-"""The wide table's pilot rules (issue 43, item 3; BENCHMARKS.md, "The wide table"), committed before any pilot they
+"""The wide table's pilot rules (BENCHMARKS.md, "The wide table"), committed before any pilot they
 read: what a pilot on pilot seeds may choose for the `wide` preset, and nothing else.
 
     python scripts/wide_pilot.py lr PILOT_RUN         # 1. the CPU pilot: keep the schedule's peak, or halve it

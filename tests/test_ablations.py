@@ -194,7 +194,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 def test_a_row_of_your_own_table_is_in_the_papers_units_and_the_run_says_how_it_was_scaled(
     tmp_path, caplog, monkeypatch
 ):
-    """Issue 45: an own row's cells are the paper's units, which the preset scales (d_ff 256 became 64 at tiny
+    """An own row's cells are the paper's units, which the preset scales (d_ff 256 became 64 at tiny
     without a word); the resolved run says so, once per row and preset, naming each scaled cell."""
     from aiayn.lightning_modules.run import spec as spec_module
     from aiayn.lightning_modules.run.spec import resolve

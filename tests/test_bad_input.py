@@ -487,7 +487,7 @@ CASES = {
         table("row,group,N\nx,mine,two\n"),
         "table {tmp}/t.csv line 2: N must be an integer, got 'two'; fix that cell",
     ),
-    # names are data, never paths (issue 32): a row or group name that would leave --out, on every command that
+    # names are data, never paths: a row or group name that would leave --out, on every command that
     # reads a table (each would train or write where it must not if the check were missing)
     **{
         f"{what} row name through {cmd[0]}{' --print-config' if '--print-config' in cmd else ''}": (
@@ -527,7 +527,7 @@ CASES = {
         "table {tmp}/none.csv does not exist; pass --table with a UTF-8 CSV file in the layout of "
         "ablations/extended.csv",
     ),
-    # --- round 6 (issue 45): files that never end, names that mean something else
+    # --- round 6: files that never end, names that mean something else
     "a device as the config": (
         TRAIN + ["--config", "/dev/zero"],
         None,
@@ -677,7 +677,7 @@ CASES = {
         None,
         "runs directory '{tmp}/runs' does not exist; train some rows first (`aiayn train`) or pass --runs DIR",
     ),
-    # --- issue 39: the last bad inputs, each a traceback or accepted though wrong before
+    # --- the last bad inputs of an earlier round, each a traceback or accepted though wrong before
     "a cache directory under a file": (
         TRAIN + ["--cache-dir", "{tmp}/afile/cache"],
         regular_file,
@@ -690,7 +690,7 @@ CASES = {
         "--accelerator gpu: no GPU is visible here (torch sees none); pass "
         "--accelerator cpu, or auto to use a GPU where there is one",
     ),
-    # --- values that reach Lightning or the DataLoader (issue 45, round 6): its ValueError came after the run dir
+    # --- values that reach Lightning or the DataLoader (round 6): its ValueError came after the run dir
     "an unknown precision": (
         TRAIN + ["--precision", "bogus"],
         None,
@@ -1004,7 +1004,7 @@ def test_runs_that_recorded_no_corpus_are_reported_beside_the_others_not_over_th
 
 
 def test_a_line_separator_inside_a_note_is_text_not_a_second_row(tmp_path, capsys):
-    """Issue 45: a table was split with str.splitlines(), which also breaks at U+2028, so a note holding one made a
+    """A table was split with str.splitlines(), which also breaks at U+2028, so a note holding one made a
     phantom row of its second half."""
     header = (Path(__file__).resolve().parents[1] / "ablations" / "extended.csv").read_text().splitlines()[0]
     columns = header.split(",")
@@ -1021,7 +1021,7 @@ def test_a_line_separator_inside_a_note_is_text_not_a_second_row(tmp_path, capsy
 
 @pytest.mark.parametrize("url", ["postgresql://aiayn@127.0.0.1:1/db", "mysql://aiayn@127.0.0.1:1/db"])
 def test_a_storage_server_that_cannot_be_opened_leaves_no_setup_lock_behind(url, tmp_path, capsys):
-    """Issue 45: the storage is opened under the sweep's setup lock, so its one-line error left `.locks/*setup.lock`
+    """The storage is opened under the sweep's setup lock, so its one-line error left `.locks/*setup.lock`
     (and the folders made for it) under --out. Whether the driver is missing or the server does not answer (port 1),
     the line names the storage and nothing is left."""
     before = tree(tmp_path)
@@ -1035,7 +1035,7 @@ def test_a_storage_server_that_cannot_be_opened_leaves_no_setup_lock_behind(url,
 
 
 def test_a_sweeps_sqlite_books_with_a_hot_journal_are_read_not_refused(tmp_path):
-    """Issue 45: a writer killed mid-transaction leaves a hot journal, which SQLite rolls back on a normal open; the
+    """A writer killed mid-transaction leaves a hot journal, which SQLite rolls back on a normal open; the
     read-only pre-check refused that healthy database and advised deleting it (a sweep's whole history)."""
     import subprocess
     import sys
@@ -1082,7 +1082,7 @@ def test_the_storage_check_knows_every_table_optuna_makes():
 
 
 def test_a_storage_on_a_read_only_mount_is_one_line_before_the_setup_lock(tmp_path, monkeypatch, capsys):
-    """Issue 45: an existing study on a read-only mount went to Optuna's first write (a traceback under the setup
+    """An existing study on a read-only mount went to Optuna's first write (a traceback under the setup
     lock). As root a read-only mount cannot be told by permission bits; the probe creates a file beside the storage,
     stood in here by a folder where nothing can be created."""
     import optuna

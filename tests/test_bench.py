@@ -287,7 +287,7 @@ def test_bench_trainer_config_is_checked():
 
 
 def test_bench_residual_dtype_keeps_aiayns_stream_in_bf16_and_says_so(monkeypatch):
-    """`aiayn bench --residual-dtype bf16` (issue 42: the bf16 stream's step on a GPU, the 31% MFU row of
+    """`aiayn bench --residual-dtype bf16` (the bf16 stream's step on a GPU, the 31% MFU row of
     BENCHMARKS): aiayn's model gets `residual_stream(model, bf16)` before it is compiled or timed, and the result
     says which stream it timed. Called past the device check (a CPU bench has no autocast: refused below)."""
     from aiayn.bench import BenchOptions
@@ -321,7 +321,7 @@ def test_bench_residual_dtype_where_it_changes_nothing_is_one_line_and_exit_2(ar
 
 
 def test_the_fused_loss_casts_the_weight_once_per_call_under_autocast():
-    """Issue 31: under bf16 autocast (Lightning's bf16-mixed keeps autocast's cast cache off) the fp32 embedding was
+    """Under bf16 autocast (Lightning's bf16-mixed keeps autocast's cast cache off) the fp32 embedding was
     cast to bf16 for every chunk's logits and again for its gradient, 2 casts per chunk (56 a step at the paper's
     shapes); once per call now. Counted on fake tensors (aiayn.bench.traffic), 4 chunks here; and in fp32 (a CPU
     run) the weight is never cast."""
@@ -333,7 +333,7 @@ def test_the_fused_loss_casts_the_weight_once_per_call_under_autocast():
 
 
 def test_decode_sources_land_on_the_models_device():
-    """The bench decodes sources on the model's device (issue 31: the old check accepted sources made on the CPU):
+    """The bench decodes sources on the model's device (the old check accepted sources made on the CPU):
     on the meta device, which any device="cpu" left in the path would not give."""
     from aiayn.bench.run import decode_sources
     from aiayn.lightning_modules.transformer.model import TransformerConfig
@@ -345,7 +345,7 @@ def test_decode_sources_land_on_the_models_device():
 
 
 def test_the_grad_w_path_is_found_once_logged_once_and_said(monkeypatch, caplog):
-    """Issue 38, G2: with bf16 chunks on a GPU, grad_w tries one GEMM that accumulates in float32 (addmm's out_dtype
+    """With bf16 chunks on a GPU, grad_w tries one GEMM that accumulates in float32 (addmm's out_dtype
     into a float32 accumulator); a torch that refuses it (before pytorch/pytorch#167931) used to fall back silently
     on every chunk. The path is found once per process, logged once, and said (`grad_w_path`, metrics.json's)."""
     import logging
@@ -390,7 +390,7 @@ def test_the_grad_w_path_is_found_once_logged_once_and_said(monkeypatch, caplog)
     assert L.grad_w_path("cpu") == L.ONE_GEMM_PATH
 
 
-# --- --profile: where a step's time goes (issue 42) ---------------------------------------------
+# --- --profile: where a step's time goes ---------------------------------------------
 
 
 def test_idle_fraction_is_the_share_of_the_span_no_kernel_covers():

@@ -1,4 +1,4 @@
-"""Budgets are part of a result (issue 45): a run records the budget its row has at its preset and the steps it
+"""Budgets are part of a result: a run records the budget its row has at its preset and the steps it
 trained; a look capped by `--max-steps` is marked capped in status, reports and trackers; a later sweep at the full
 budget extends it (and an extended run is the uninterrupted one, bit for bit), a shorter one is refused; a report of
 capped runs gives no verdict, and a row trained to another share of its budget than base's is not compared with it;

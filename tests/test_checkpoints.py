@@ -295,7 +295,7 @@ def test_keep_last_0_is_one_line(tmp_path, capsys):
 
 
 def test_the_paper_preset_checkpoints_every_ten_minutes_weights_only(tmp_path):
-    """Issue 38, G9: the paper preset wrote a full synchronous checkpoint (model and Adam: about 0.76 GB) every 1000
+    """The paper preset wrote a full synchronous checkpoint (model and Adam: about 0.76 GB) every 1000
     steps, every 30 s on an H100. It checkpoints as the paper did, every 10 minutes ("the last 5 checkpoints, which
     were written at 10-minute intervals"), its periodic files weights only; --ckpt-every still asks for steps, and the
     tiny preset keeps its steps."""
@@ -315,7 +315,7 @@ def test_the_paper_preset_checkpoints_every_ten_minutes_weights_only(tmp_path):
 
 
 def test_a_checkpoint_loads_as_lightning_users_expect(tmp_path):
-    """Issue 37: the run config a checkpoint carries is read on the type (`RunConfig.from_checkpoint`, as litgpt's
+    """The run config a checkpoint carries is read on the type (`RunConfig.from_checkpoint`, as litgpt's
     `Config.from_checkpoint`), and the module builds itself from it: `TranslationModule.from_checkpoint(path)`, and
     Lightning's own `load_from_checkpoint(path)`, which failed (the module keeps no hyper-parameters)."""
     from conftest import checkpoint_of
@@ -340,7 +340,7 @@ def test_a_checkpoint_loads_as_lightning_users_expect(tmp_path):
 
 
 def test_averaging_checkpoints_far_from_the_end_is_said(tmp_path, caplog):
-    """Issue 45: `--average 5` of the tiny preset averaged steps 250-1200 (most of its run) without a word; the paper's
+    """`--average 5` of the tiny preset averaged steps 250-1200 (most of its run) without a word; the paper's
     last 5 lay in its last 7%. A span over a tenth of the run is a warning naming it; the paper's span is not."""
     from aiayn.lightning_modules.use.checkpoints import last_checkpoints, span_warning
 
@@ -372,7 +372,7 @@ def test_averaging_checkpoints_far_from_the_end_is_said(tmp_path, caplog):
 
 
 def test_another_runs_checkpoint_in_a_run_directory_is_refused_in_one_line_not_resumed(tmp_path):
-    """Issue 45: another row's last.ckpt put in a run directory went to Lightning's state-dict load (a traceback),
+    """Another row's last.ckpt put in a run directory went to Lightning's state-dict load (a traceback),
     or, with the same shapes, would have continued that run under this one's name. A run resumes only its own."""
     from conftest import checkpoint_of
 

@@ -646,7 +646,7 @@ def test_a_record_of_a_corpus_this_aiayn_does_not_know_still_reads(tmp_path):
 
 
 def test_the_data_module_is_built_from_one_plan_whose_identity_the_run_records(tmp_path):
-    """Issue 44: one typed value builds the data module (DataPlan: the identity a run records, then how it loads);
+    """One typed value builds the data module (DataPlan: the identity a run records, then how it loads);
     the run's config.json records that identity itself, and the final evaluation's module, built from the recorded
     identity, reads the same tokens."""
     import inspect
@@ -751,9 +751,9 @@ def _a_worker(init, ready, done):  # a loader worker as a spawned process starts
 
 
 def test_the_requeue_signal_and_the_groups_first_sigterm_or_sigint_never_kill_a_loader_worker():
-    """Issue 31: SLURM's USR1 (sent without B: to every process of the step) reaches the loader's workers too; a
+    """SLURM's USR1 (sent without B: to every process of the step) reaches the loader's workers too; a
     spawned or forkserver worker has the default action, terminate, unless its init function ignores the signal.
-    Issue 42: so do a SIGTERM or SIGINT sent to the process group; the worker outlives the first of each (its trainer
+    So do a SIGTERM or SIGINT sent to the process group; the worker outlives the first of each (its trainer
     stops on its own and shuts it down) and a second SIGTERM ends it. The data module's loaders pass that function."""
     import multiprocessing
     import signal
@@ -781,7 +781,7 @@ def test_the_requeue_signal_and_the_groups_first_sigterm_or_sigint_never_kill_a_
 
 
 def test_length_buckets_pad_to_a_multiple_and_change_no_number(both_paths):
-    """--pad-to K (issue 31): a batch's lengths rounded up to a multiple of K, the added positions padding like any
+    """--pad-to K: a batch's lengths rounded up to a multiple of K, the added positions padding like any
     other; the model's logits at the real positions and the loss are those of the unbucketed batch (dropout off)."""
     from aiayn.lightning_modules.data.batching import collate
     from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
@@ -821,7 +821,7 @@ def test_padding_and_distinct_shapes_with_length_buckets_by_hand():
 
 
 def test_static_shapes_give_a_few_fixed_batch_shapes_and_every_sentence_once():
-    """--static-shapes (issue 31): each sentence's longer side rounded up to a multiple of K is its bucket; a bucket's
+    """--static-shapes: each sentence's longer side rounded up to a multiple of K is its bucket; a bucket's
     batches hold max_tokens // bucket sentences (the last fewer), and collate pads both sides to the bucket: at most
     two shapes per bucket, every sentence in one batch (a dev split's sampler drops nothing)."""
     from aiayn.lightning_modules.data.batching import TokenBucketSampler, batch_shapes, collate
@@ -844,7 +844,7 @@ def test_static_shapes_give_a_few_fixed_batch_shapes_and_every_sentence_once():
 
 
 def test_with_two_ranks_the_dev_split_is_shared_whole_and_training_is_cut_even(cache):
-    """The DataModule's wiring under DDP (issue 31: no test failed when it was reverted): with 2 ranks each gets its
+    """The DataModule's wiring under DDP (no test failed when it was reverted): with 2 ranks each gets its
     share of the dev batches, together every dev sentence once (nothing dropped or repeated: perplexity counts each
     once); the training shares are cut to equal counts. A fake trainer stands for Lightning's (world 2, rank r)."""
 
@@ -869,7 +869,7 @@ def test_with_two_ranks_the_dev_split_is_shared_whole_and_training_is_cut_even(c
 
 
 def test_every_rank_gets_a_dev_batch_even_when_the_dev_set_has_fewer_batches_than_ranks():
-    """Issue 38, G8: a dev set of one batch on two ranks left rank 1 with none (DDP then crashed at the first
+    """A dev set of one batch on two ranks left rank 1 with none (DDP then crashed at the first
     validation). Rank 1 gets a filler batch: one row of padding, index -1, that counts no token."""
     import torch
 
@@ -894,7 +894,7 @@ def test_every_rank_gets_a_dev_batch_even_when_the_dev_set_has_fewer_batches_tha
 
 
 def test_a_source_ends_with_eos_as_in_tensor2tensor_fairseq_and_marian():
-    """Issue 45: every source ends with </s> (EOS), counted in its length, as the paper's toolkits and MarianTokenizer
+    """Every source ends with </s> (EOS), counted in its length, as the paper's toolkits and MarianTokenizer
     encode a source; without `source_eos` (earlier runs, `--source-eos no`) the source is its pieces alone."""
     from aiayn.lightning_modules.data.tokenizer import EncodedPairs
     from aiayn.lightning_modules.transformer.config import EOS

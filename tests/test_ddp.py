@@ -240,9 +240,9 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.slow
 def test_two_processes_sync_on_log_steps_only_with_one_collective_a_step(cache, tmp_path):
-    """Issue 31: under DDP (2 processes, gloo) with the progress bar on and log steps in the window, each rank calls
+    """Under DDP (2 processes, gloo) with the progress bar on and log steps in the window, each rank calls
     one collective per optimizer step (the packed counts and flags; Lightning's strategy.reduce would add a barrier
-    to it) and reads the device once on a log step. Issue 42: and not at all between log steps (the reduced flags
+    to it) and reads the device once on a log step. And not at all between log steps (the reduced flags
     are read at the next step, fused Adam skipping a non-finite update on the device meanwhile)."""
     script = tmp_path / "count_syncs.py"
     script.write_text(COUNT_SYNCS)
@@ -312,7 +312,7 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.slow
 @pytest.mark.parametrize("log_every", [100, 5], ids=["read a step late", "read at its log step"])
 def test_a_loss_not_finite_on_one_rank_stops_every_rank_with_that_step_never_saved(cache, tmp_path, log_every):
-    """Issue 42: the non-finite flag is reduced over the ranks, so one rank's NaN stops them all at the same step:
+    """The non-finite flag is reduced over the ranks, so one rank's NaN stops them all at the same step:
     read a step late between log steps (fused Adam skipped the step's update on every rank meanwhile, so the
     checkpoint saved after it is refused: last.ckpt holds step 4, finite), or at once on a log step. The
     message says the loss was not finite on another rank (rank 0's own was)."""
@@ -338,7 +338,7 @@ def test_a_loss_not_finite_on_one_rank_stops_every_rank_with_that_step_never_sav
 
 @pytest.mark.slow
 def test_a_ddp_checkpoint_holds_each_ranks_own_rng_states(cache, tmp_path):
-    """RNGStates under two processes (issue 31: no test failed when its gather was reverted): the checkpoint rank 0
+    """RNGStates under two processes (no test failed when its gather was reverted): the checkpoint rank 0
     writes holds both ranks' states, gathered, and they differ (rank 1 draws from seed + 1)."""
     import torch
 
@@ -431,7 +431,7 @@ def test_a_sigterm_to_either_rank_stops_every_rank_at_the_same_step(cache, tmp_p
 
 @pytest.mark.slow
 def test_a_dev_set_of_fewer_batches_than_ranks_validates_under_ddp(cache, tmp_path):
-    """Issue 38, G8: one dev sentence is one batch, and rank 1 had none: it skipped validation while rank 0 waited
+    """One dev sentence is one batch, and rank 1 had none: it skipped validation while rank 0 waited
     for it in the epoch's gather, and the run crashed at its first validation. Every rank now gets a batch (a filler
     row of padding that counts no token), and the validation's perplexity is the one sentence's."""
     cmd = [

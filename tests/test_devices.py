@@ -44,7 +44,7 @@ def test_loader_workers_and_pinned_memory_follow_the_trainers_accelerator(gpu):
 
 
 def test_loader_workers_fit_the_cpus_the_job_was_given_not_the_machines(gpu, monkeypatch):
-    """Issue 38, G6: a SLURM task given 4 CPUs of a 64-core node (its affinity, a cgroup) gets 3 workers beside its
+    """A SLURM task given 4 CPUs of a 64-core node (its affinity, a cgroup) gets 3 workers beside its
     own process, not min(4, os.cpu_count()) = 4; with 1 CPU, none."""
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {8, 9, 10, 11}, raising=False)
@@ -54,7 +54,7 @@ def test_loader_workers_fit_the_cpus_the_job_was_given_not_the_machines(gpu, mon
 
 
 def test_matmul_precision_is_the_users_and_a_runs_precision_is_recorded(gpu, monkeypatch):
-    """Issue 38, G5: `--matmul-precision highest` with `--precision 32-true` reruns a CPU-registered table exactly
+    """`--matmul-precision highest` with `--precision 32-true` reruns a CPU-registered table exactly
     on a GPU; the default stays TF32 ("high")."""
     calls = []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)

@@ -149,7 +149,7 @@ def _ctx(tmp_path, gpus=0):
 
 
 def test_the_sync_check_counts_the_defaults_with_a_log_step_in_its_window(tmp_path, monkeypatch):
-    """Issue 31: the window (after step 3, 10 steps) holds log step 10, and the run has `aiayn train`'s defaults (the
+    """The window (after step 3, 10 steps) holds log step 10, and the run has `aiayn train`'s defaults (the
     progress bar on, log_every_n_steps not overridden), so a healthy node is judged on what users run."""
     from aiayn.lightning_modules.run import train as T
 

@@ -1,4 +1,4 @@
-"""Evidence v6's registration re-derived from the repository (issue 43): what BENCHMARKS.md quotes of v5's committed
+"""Evidence v6's registration re-derived from the repository: what BENCHMARKS.md quotes of v5's committed
 curves under v6's rules, each number recomputed here from reports/reference/history/evidence-v5/ and v5's own
 registration (ablations/predictions.csv as committed at e85980a), so that a figure the registration rests on cannot
 drift from the files it came from."""
@@ -48,7 +48,7 @@ def _cells(v5, reading: str, registration: str) -> list[verdicts.Cell]:
 
 def test_v5_judged_again_by_its_own_registration_and_both_baselines(v5):
     """v5's committed score (9 of 12) comes back from its curves; "every change hurts" 9, "more parameters help,
-    every other change hurts" 11 (issue 43's reading); under v6's median-of-three reading C7 passes (10 of 12)."""
+    every other change hurts" 11 (its own reading); under v6's median-of-three reading C7 passes (10 of 12)."""
     registration = _git_show("ablations/predictions.csv")
     scores = {}
     for reading in ("nearest", "median3"):

@@ -191,7 +191,7 @@ def test_the_hf_export_loads_with_transformers_and_computes_aiayns_logits(traine
     )
     assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()  # one matrix, as ours
 
-    # our token ids with the tokenizer's defaults: </s> appended, as aiayn trains since issue 45 (and as
+    # our token ids with the tokenizer's defaults: </s> appended, as aiayn trains (and as
     # MarianTokenizer does), on sources and references alike; decoded as SentencePiece decodes
     assert tokenizer(src).input_ids == ours.encode(src) and tokenizer(ref).input_ids == ours.encode(ref)
     assert all(x[-1] == EOS for x in ours.encode(src))
@@ -250,8 +250,8 @@ def test_the_hf_export_translates_as_aiayn(trained, hf_dir):
 
 
 def test_marian_tokenizer_loads_the_export_as_it_loads_helsinki_nlps(trained, hf_dir):
-    """Issue 39: the export is a Marian model, so MarianTokenizer must load it (it raised TypeError: no source.spm).
-    Issue 45: aiayn trains sources ending with </s>, as Marian does, so MarianTokenizer's default call encodes
+    """The export is a Marian model, so MarianTokenizer must load it (it raised TypeError: no source.spm).
+    Aiayn trains sources ending with </s>, as Marian does, so MarianTokenizer's default call encodes
     exactly aiayn's source ids and gives aiayn's greedy translations; the README says so."""
     from transformers import AutoModelForSeq2SeqLM, MarianTokenizer
 
@@ -597,9 +597,9 @@ def test_bad_ct2_input_is_one_line_exit_2(trained, hf_dir, tmp_path, capsys):
 
 
 def test_a_model_trained_without_a_source_eos_exports_a_tokenizer_without_one(trained, tmp_path):
-    """Runs before issue 45 (and evidence v5, v6) trained sources without </s> and record none (`data.source_eos`
-    absent): aiayn encodes their sources without it, the fast tokenizer appends none, and the card tells
-    MarianTokenizer's users the flag that drops its </s>."""
+    """Older runs (the committed evidence tables among them) trained sources without </s> and record none
+    (`data.source_eos` absent): aiayn encodes their sources without it, the fast tokenizer appends none, and the card
+    tells MarianTokenizer's users the flag that drops its </s>."""
     from transformers import AutoTokenizer, MarianTokenizer
 
     from aiayn import Translator

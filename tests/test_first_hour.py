@@ -1,4 +1,4 @@
-"""The README's first hour, executed (issue 45): its commands in the order it gives them, each as a user types it, in
+"""The README's first hour, executed: its commands in the order it gives them, each as a user types it, in
 a fresh folder, with cheap flags appended where they train; then every run directory and report it names must be
 there. A path, flag or name that drifts from what the code does fails here (the README's translate and export used a
 run directory no earlier step created). The install lines' `pip` parts are not run; their `aiayn` parts are."""

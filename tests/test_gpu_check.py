@@ -1,4 +1,4 @@
-"""scripts/gpu-check.sh, the one prepared call a lent GPU runs with no network (issue 38, item 4): it stages what the
+"""scripts/gpu-check.sh, the one prepared call a lent GPU runs with no network: it stages what the
 GPU image lacks (fast: the staged list covers every package `aiayn` imports at start beyond the image's), and it runs
 end to end on a CPU in its smoke mode, writing at most 8 files (slow)."""
 
@@ -109,7 +109,7 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     results = json.loads((out / "results.json").read_text())
     paths = results["paths"]
     assert paths["grad_w_path"] and not paths["empty_source_beam"]["to_the_limit"]
-    for how in ("layers", "model"):  # the paper's dropout on, as training runs it (issue 42)
+    for how in ("layers", "model"):  # the paper's dropout on, as training runs it
         compiled = paths["static_shapes_compiled"][how]
         assert compiled["recompile_limit_hit"] == compiled["graph_breaks"] == 0, compiled
         assert compiled["graphs_added_by_decoding"] == 0

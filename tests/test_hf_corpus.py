@@ -90,7 +90,7 @@ def test_a_relative_path_is_recorded_as_an_absolute_one(saved, monkeypatch):
 
 
 def test_the_corpus_is_parsed_once_and_its_splits_travel_with_it_to_the_data_and_the_records(saved, tmp_path):
-    """Issue 44: the corpus is one typed value (name, folder name, source, splits): --data and --hf-splits parsed
+    """The corpus is one typed value (name, folder name, source, splits): --data and --hf-splits parsed
     once, carried by the spec to the data module, recorded in config.json (its name and splits, as before) and read
     back to the same value; a sweep's key and a model card's dataset are read from it, not from its spelling."""
     from aiayn.lightning_modules.run.options import TrainOptions
@@ -213,7 +213,7 @@ def test_a_missing_text_is_one_line(tmp_path):
             "and test splits with save_to_disk",
         ),
         (
-            ["--data", "hf:{saved}:de-en"],  # a config it cannot have: it was ignored before (issue 32)
+            ["--data", "hf:{saved}:de-en"],  # a config it cannot have: it was ignored before
             "--data hf:{saved}:de-en: {saved} is a dataset saved with save_to_disk, which has no configs; drop :de-en "
             "(pass --data hf:{saved})",
         ),

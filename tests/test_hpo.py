@@ -230,13 +230,13 @@ def test_a_search_whose_every_trial_is_pruned_exits_1_not_the_usage_code(tmp_pat
         assert main(["hpo", "--trials", "2", "--out", str(tmp_path)]) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["best_trial"] is None and (result["pruned"], result["completed"]) == (2, 0)
-    # issue 45: a pruned trial gets its line, as a completed one does (it printed nothing)
+    # A pruned trial gets its line, as a completed one does (it printed nothing)
     lines = [r.getMessage() for r in caplog.records if "pruned at step" in r.getMessage()]
     assert len(lines) == 2 and lines[0].startswith("trial 0: pruned at step 1: val/ppl 45.2, with {")
 
 
 def test_trials_validate_every_val_every_steps_and_report_each_validation_by_global_step(tmp_path, trains):
-    """Issue 39: the pruner gets an intermediate value at every validation (`--val-every`), by global step, and the
+    """The pruner gets an intermediate value at every validation (`--val-every`), by global step, and the
     study names its metric. Before, trials validated at epoch ends only and reported by epoch, so a short run gave
     the pruner nothing."""
     import torch

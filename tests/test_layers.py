@@ -273,7 +273,7 @@ def test_the_model_room_imports_no_other_room_and_no_lightning():
             assert not {n for n in imports_all(path) if n.split(".")[0] in ("lightning", "pytorch_lightning")}, module
 
 
-# The rooms of the one-run layer, bottom to top: each imports only the rooms below it (issue 37: run/ imported
+# The rooms of the one-run layer, bottom to top: each imports only the rooms below it (run/ imported
 # use/evaluate.py while use/ imported run/ ten times: two rooms pointing both ways)
 ROOMS = ("transformer", "data", "run", "use")
 
@@ -311,7 +311,7 @@ def test_the_room_checker_catches_two_rooms_that_point_both_ways():
     assert any(";" in line for line in found)  # the pair named both ways
 
 
-# what reads a corpus name's spelling: data/'s alone (issue 44: the corpus is one typed value, CorpusRef, parsed once)
+# what reads a corpus name's spelling: data/'s alone (the corpus is one typed value, CorpusRef, parsed once)
 CORPUS_PARSERS = {"is_hf", "HFRef", "parse_splits", "hf_corpus"}
 
 
@@ -349,7 +349,7 @@ def test_the_corpus_parsing_checker_sees_a_prefix_test_and_a_parser(tmp_path):
 
 
 def test_the_one_run_layer_lays_out_run_directories_and_the_sweeps_their_own_folders():
-    """Issue 44: OutDir (lightning_modules/run/rundir.py) knows OUT/PRESET/CORPUS/ROW/seedS; the sweeps' folders
+    """OutDir (lightning_modules/run/rundir.py) knows OUT/PRESET/CORPUS/ROW/seedS; the sweeps' folders
     (locks, studies, HPO trials, a back end's folder, sweep records, reports) are sweeps/folders.py's SweepOut."""
     from aiayn.lightning_modules.run.rundir import OutDir
     from aiayn.sweeps.folders import SweepOut

@@ -83,7 +83,7 @@ def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experim
     out = two_attempts.parents[3]  # OUT/tiny/synthetic/base/seed0
     uri, artifacts = loggers.mlflow_uri(out)
     assert uri == f"sqlite:///{out.resolve()}/mlflow.db" and (out / "mlflow.db").is_file()
-    assert not (two_attempts / "mlflow.db").exists()  # not one store per run directory (issue 32)
+    assert not (two_attempts / "mlflow.db").exists()  # not one store per run directory
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("aiayn-tiny-synthetic")
     assert experiment.artifact_location == artifacts == (out.resolve() / "mlartifacts").as_uri()
@@ -102,7 +102,7 @@ def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experim
 
 
 def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
-    """Issue 39: the final dev BLEU, tokenized BLEU and PPL reached W&B's summary only. TensorBoard now has them in
+    """The final dev BLEU, tokenized BLEU and PPL reached W&B's summary only. TensorBoard now has them in
     its HParams (the run's config beside its final metrics, so rows compare in its table) and as scalars at the last
     step; MLflow as metrics at the last step, and with --log-model the final checkpoint as an artifact; the MLflow
     experiment and the W&B project have one name."""

@@ -266,7 +266,7 @@ def test_an_empty_source_gives_a_finite_perplexity_and_a_translation():
 
 
 def test_a_query_with_no_key_gets_zeros_on_the_fused_path_whatever_the_kernel(monkeypatch):
-    """Issue 31: some CUDA attention kernels return NaN for a query whose keys are all masked (an empty source),
+    """Some CUDA attention kernels return NaN for a query whose keys are all masked (an empty source),
     CPU's return zeros. The fused path no longer leaves it to the kernel: with a kernel that gives NaN there (as
     those CUDA ones), rows with keys are unchanged and the empty row is zeros."""
     from aiayn.lightning_modules.transformer import model as M
@@ -291,7 +291,7 @@ def test_a_query_with_no_key_gets_zeros_on_the_fused_path_whatever_the_kernel(mo
 
 
 def test_beam_search_guards_an_empty_source_on_the_fused_path_whatever_the_kernel(monkeypatch):
-    """Issue 38, G3: beam search's cache made the source mask an additive -inf mask that went straight to the fused
+    """Beam search's cache made the source mask an additive -inf mask that went straight to the fused
     kernel, so a kernel that gives NaN for an all-masked row (some CUDA ones) decoded an empty sentence to the
     length limit. The cache keeps the boolean mask now, which `attention` guards: on the code a GPU takes, with such
     a kernel, beam search gives what the plain path (zeros for the empty row) gives."""

@@ -1,4 +1,4 @@
-"""examples/tour.ipynb runs from top to bottom (issue 39, item 8): a tiny row trained, a translation, the HF export
+"""examples/tour.ipynb runs from top to bottom: a tiny row trained, a translation, the HF export
 loaded with AutoModelForSeq2SeqLM giving aiayn's greedy translations, and our Δ plotted beside the paper's. Its code
 cells are executed in order in one namespace, as a kernel would (no Jupyter needed)."""
 

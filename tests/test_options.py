@@ -190,8 +190,8 @@ CONFIGURED = {
 
 
 def test_every_command_is_one_entry_built_from_its_options_with_config_files():
-    """Issue 30: every subcommand is one (name, options dataclass, function) entry of COMMANDS, and every one takes
-    --config and --print-config (issue 39: bench's --config was a model size; it is --size now);
+    """Every subcommand is one (name, options dataclass, function) entry of COMMANDS, and every one takes
+    --config and --print-config (bench's --config was a model size; it is --size now);
     CONFIGURED round-trips each of them."""
     leaves = {
         name.removeprefix("aiayn "): parser
@@ -368,7 +368,7 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
 
     assert complete("tab") == ["table3"] and complete("sta") == ["status"]
     assert complete("table3", "--max-s") == ["--max-steps"] and complete("hpo", "--spa") == ["--space"]
-    # values (issue 32): rows and groups, presets, loggers, corpora, and file names where a file is asked for
+    # values: rows and groups, presets, loggers, corpora, and file names where a file is asked for
     assert complete("train", "--row", "C") == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C"]
     assert complete("table3", "--preset", "ti") == ["tiny", "tiny-2k"] and complete("train", "--logger", "ml") == [
         "mlflow"
@@ -379,7 +379,7 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
 
 
 def test_lightning_users_spellings_are_accepted_or_answered_with_aiayns(capsys):
-    """Issue 39: `--trainer.gradient_clip_val 1.0` (LightningCLI's dotted Trainer arguments), `--print_config` and
+    """`--trainer.gradient_clip_val 1.0` (LightningCLI's dotted Trainer arguments), `--print_config` and
     `aiayn fit` were refused without a hint; the first two are accepted as aiayn's forms, the last is answered with
     aiayn's command. bench's old `--config SIZE` is answered with `--size`."""
     from aiayn.cli import main, parse
@@ -410,7 +410,7 @@ def test_lightning_users_spellings_are_accepted_or_answered_with_aiayns(capsys):
     ],
 )
 def test_a_lightningcli_config_block_is_answered_not_taken_for_a_typo(tmp_path, capsys, block, said):
-    """Issue 45: a LightningCLI `model:` block got "did you mean 'log_model'"; each of its blocks is named as
+    """A LightningCLI `model:` block got "did you mean 'log_model'"; each of its blocks is named as
     LightningCLI's, with aiayn's way of saying the same, for train and for a sweep."""
     from aiayn.cli import main
 

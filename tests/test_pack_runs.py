@@ -1,4 +1,4 @@
-"""Packs as runs (issue 42, lightning_modules/run/pack.py): `aiayn train --pack-seeds` leaves each seed a run of its
+"""Packs as runs (lightning_modules/run/pack.py): `aiayn train --pack-seeds` leaves each seed a run of its
 own (config.json, curve, last.ckpt, metrics.json), trains each as `aiayn train` trains it alone with its recorded
 config, keeps a diverged seed to itself, and resumes after a kill."""
 
@@ -123,7 +123,7 @@ def test_a_packs_stacked_batches_pad_little(cache, static):
 
 
 def test_a_pack_compiled_as_graphs_trains_to_the_eager_packs_numbers(cache, tmp_path, monkeypatch, caplog):
-    """`--pack-seeds 0,1 --compile graphs --static-shapes` (issue 42, item 2): the packed static-shape step compiled
+    """`--pack-seeds 0,1 --compile graphs --static-shapes`: the packed static-shape step compiled
     whole and Adam's update compiled (CUDA graphs on a CUDA device; here dynamo's tracing with the eager backend,
     the fallback said once): each seed's curve is the eager pack's, and no function hit the recompile limit."""
     import torch._dynamo

@@ -1,4 +1,4 @@
-"""Packed runs (issue 42): K seeds in one computation are K seeds, each as it would train alone, in the launches
+"""Packed runs: K seeds in one computation are K seeds, each as it would train alone, in the launches
 of one."""
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def dynamo():
 
 
 def test_a_compiled_pack_draws_the_counter_streams_masks_in_one_graph_for_every_step(dynamo):
-    """The counter stream's keys are a tensor filled each step (issue 42, item 2): a pack compiled whole (dynamo's
+    """The counter stream's keys are a tensor filled each step: a pack compiled whole (dynamo's
     tracing, the eager backend) makes its graphs at the first step and none at the next five, whose masks change,
     and its losses are the eager pack's step by step (the same masks)."""
     from aiayn.lightning_modules.transformer.compiled import compile_model

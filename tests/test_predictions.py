@@ -61,11 +61,11 @@ def test_every_line_keeps_the_rules(preset):
 
 
 def test_the_scored_sets():
-    # v3 of the main job: label smoothing's rows are arithmetic at tiny's floor, so not scored (issue 29)
+    # v3 of the main job: label smoothing's rows are arithmetic at tiny's floor, so not scored
     assert P.scored_rows("tiny") == ["A1", "C1", "C4"]
-    # v4 and v5: issue 29's twelve tests, eleven here and D1 in its data-limited cell tiny-2k; v5 spends label
-    # smoothing's checks on A1's and B2's seeds (issue 36)
-    # v6 (issue 43): v5's tests but E1 (undecidable at this width) and A1 and tiny-2k's D1 (left out by the time
+    # v4 and v5: the twelve tests of that design, eleven here and D1 in its data-limited cell tiny-2k; v5 spends label
+    # smoothing's checks on A1's and B2's seeds
+    # v6: v5's tests but E1 (undecidable at this width) and A1 and tiny-2k's D1 (left out by the time
     # rule: all three predictors call them worse), and big (better, at base's budget); seeds from v5's curves
     assert P.scored_rows("evidence") == ["A3", "A4", "B1", "B2", "C1", "C4", "C5", "C6", "C7", "big"]
     assert PRESETS["evidence"].cells == ()
@@ -93,7 +93,7 @@ def test_the_scored_sets():
         "C7": 4,
         "big": 3,
     }
-    # the main job v4 (issue 36): a row predicted better, which "every change hurts" cannot pass
+    # the main job v4: a row predicted better, which "every change hurts" cannot pass
     assert P.scored_rows("quick") == ["C1", "C4", "C5"]
     assert {r: p.predicted for r, p in P.predictions("quick").items() if p.scored} == {
         "C1": "worse",

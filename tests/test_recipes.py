@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md's "How to extend" recipes, tried (issue 30): in a copy of the repository, a knob, a positional
+"""ARCHITECTURE.md's "How to extend" recipes, tried: in a copy of the repository, a knob, a positional
 encoding, a corpus, a report column and a sweep back end are each added by editing only the files its recipe
 lists, and then used from the command line as a user would. A recipe that needs another file, or a registry that
 does not reach a place that needs it (the deviations, the parameter count, export's refusals, `--data`'s
@@ -330,7 +330,7 @@ class GreetingBackend(LocalBackend):
 
 @pytest.mark.slow
 def test_a_back_end_with_an_option_by_its_recipe(copy, tmp_path):
-    """Issue 44: a back end with options of its own is one file; `aiayn table3 --backend NAME` takes the sweep's
+    """A back end with options of its own is one file; `aiayn table3 --backend NAME` takes the sweep's
     options and its own (--help, --config, --print-config and its refusals), with no edit to aiayn/cli.py."""
     (copy / "sweeps/backends/greeting.py").write_text(GREETING)
     assert changed(copy) <= {"sweeps/backends/greeting.py"}

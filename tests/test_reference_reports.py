@@ -93,7 +93,7 @@ def test_every_reference_table_has_its_runs_and_their_curves():
 
 @pytest.mark.parametrize("table", TABLES, ids=[str(t.relative_to(REFERENCE)) for t in TABLES])
 def test_the_falls_and_the_stability_points_recompute_from_the_committed_curves(table):
-    """Issue 36: a reader re-derives every run's last-quarter fall (by the preset's rule) and its dev PPL at each
+    """A reader re-derives every run's last-quarter fall (by the preset's rule) and its dev PPL at each
     point of the stability rule, by the preset's reading (the validation nearest 75% and 87.5% of its budget, or the
     median of the three nearest, at 100% too), from the committed curves alone, and gets the per-run CSV."""
     runs = pd.read_csv(table.with_name(f"{table.stem}-runs.csv"))
@@ -158,7 +158,7 @@ def _main_job_verdicts(reference: Path) -> dict[str, pd.Series]:
 
 
 def test_the_main_job_gives_the_same_verdict_on_each_seed_set_run_apart(reference=REFERENCE):
-    """Issues 19 and 36: seed sets {0}, {1} and {2} of the main job (`quick`), each a separate `aiayn table3
+    """Seed sets {0}, {1} and {2} of the main job (`quick`), each a separate `aiayn table3
     --first-seed S`, give every scored row the same verdict."""
     verdicts = _main_job_verdicts(reference)
     assert sorted(verdicts) == ["{0}", "{1}", "{2}"]

@@ -212,7 +212,7 @@ main(sys.argv[1:])
 
 @pytest.mark.slow
 def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_checkpoint(cache, tmp_path):
-    """A kill inside the write of the first last.ckpt (issue 32): the periodic step0000010.ckpt written just before
+    """A kill inside the write of the first last.ckpt: the periodic step0000010.ckpt written just before
     it holds the whole state, so the rerun resumes at step 10, not 0, and ends where an uninterrupted run does."""
     common = [
         "train",
@@ -256,7 +256,7 @@ def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_ch
 )
 def test_a_sigterm_stops_the_run_with_exit_143_and_the_same_command_resumes_it(cache, tmp_path, signum, to, workers):
     """SIGTERM (a driver's death, `kill`, a scheduler) is not a finished run: exit 128 + 15, no metrics.json, and the
-    rerun resumes from the last checkpoint (Lightning's SIGTERMException alone exits 0). Issue 42: sent to the whole
+    rerun resumes from the last checkpoint (Lightning's SIGTERMException alone exits 0). Sent to the whole
     process group (SLURM at a time limit, `timeout`), with DataLoader workers on, it killed the workers and ended in a
     chain of tracebacks and exit 1; Ctrl-C's SIGINT to the group exited 1 without a word. Now each is one line and
     exit 128 + the signal."""
@@ -311,7 +311,7 @@ class _SignalsInItsFinalizer:
 
 
 def test_a_ctrl_c_that_lands_inside_a_finalizer_still_stops_the_run(cache, tmp_path, monkeypatch, caplog):
-    """Issue 42's flake: Python raises KeyboardInterrupt wherever the main thread is, and inside a finalizer it is
+    """A flake: Python raises KeyboardInterrupt wherever the main thread is, and inside a finalizer it is
     printed and dropped, so the run trained on to its budget (a Ctrl-C to the group left a trainer training 22
     minutes). Ctrl-C is a flag now, read at the step's end: the run stops at the step it landed in, one line, exit
     130, no metrics.json, and the SIGINT handler is the one it found."""
@@ -422,7 +422,7 @@ class _StateAfterEachStep(pl.Callback):
 def test_a_non_finite_step_between_log_steps_changes_no_weight_and_is_named_at_the_next_step(
     cache, tmp_path, monkeypatch, val_every
 ):
-    """Issue 42: on one device with fused Adam, a step between log steps does not read its non-finite flag at once
+    """On one device with fused Adam, a step between log steps does not read its non-finite flag at once
     (no host-device sync); the step's update is skipped on the device (fused Adam's found_inf) and the run stops at
     the next step with the step it diverged at. Step 5's loss is made NaN: after step 5 the weights, Adam's moments
     and its step count are step 4's, the next step began but took no update, and metrics.json names step 5. With a
@@ -499,7 +499,7 @@ def test_a_diverged_pair_fails_its_trial_and_the_sweep_carries_on(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_a_sweep_in_one_line_and_the_same_command_runs_what_it_stopped(tmp_path, caplog, signum):
-    """Issue 42: a SIGTERM (a scheduler, `timeout`) or SIGINT (Ctrl-C) to a sweep's driver killed it at once, without
+    """A SIGTERM (a scheduler, `timeout`) or SIGINT (Ctrl-C) to a sweep's driver killed it at once, without
     a word, its pairs left running in the books. Now the pair under way is told and ends, no new pair starts, the
     driver says so in one line and exits 128 + the signal, the stopped pair is not booked as failed, and the same
     command runs the stopped pair and the rest."""
@@ -898,7 +898,7 @@ def test_each_rank_restores_its_own_rng_states_and_draws_from_its_own_seed(monke
 
 
 def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache, tmp_path, capsys):
-    """Issue 31: a run's data position is counted in its own split of the epoch's batches (world size x accumulated
+    """A run's data position is counted in its own split of the epoch's batches (world size x accumulated
     batches of max_tokens); resuming with another split would misplace it. Refused before anything is written: here
     the same 1024 tokens per step as one batch, then as two accumulated batches of 512 (as 2 ranks would split it)."""
     argv = [
@@ -937,7 +937,7 @@ def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache
 
 
 def test_resuming_with_static_shapes_toggled_is_refused_in_one_line(cache, tmp_path, capsys):
-    """Issue 38, G7: --static-shapes (batches of a fixed size per length bucket of --pad-to) makes other batches than
+    """--static-shapes (batches of a fixed size per length bucket of --pad-to) makes other batches than
     the token buckets, so a resume with it toggled, or with another bucket width, would misplace the run's position
     in the data; refused before anything is written, as another batch split is."""
     argv = [
@@ -977,7 +977,7 @@ def test_resuming_with_static_shapes_toggled_is_refused_in_one_line(cache, tmp_p
 
 @pytest.mark.slow
 def test_a_killed_sweep_drivers_trainers_stop_with_it(cache, tmp_path):
-    """Issue 39: killing only the `aiayn table3` driver left its trainers training to their end. Each trainer is
+    """Killing only the `aiayn table3` driver left its trainers training to their end. Each trainer is
     forked from a forkserver that exits when its driver does (and the trainer with it: die_with_parent), but CPython
     handed every forked child the write end of the forkserver's keep-alive pipe, so the forkserver never saw its
     driver go. A trainer now closes its copy: SIGKILL the driver mid-run, and the trainer stops (SIGTERM: its

@@ -122,8 +122,8 @@ def test_matches_expected(report, name):
 def without_knobs_added_since(expected: str, text: str) -> str:
     """A generated CSV without the columns of knobs added since its fixture was written: knobs of ablations/knobs.py
     with the paper's value (`paper=`) that the fixture has no column for, at that value in every row. A new knob at
-    the paper's value changes no other number, so the fixtures follow the registry instead of copying it (issue 44:
-    ARCHITECTURE's "a knob" recipe touches no fixture)."""
+    the paper's value changes no other number, so the fixtures follow the registry instead of copying it
+    (ARCHITECTURE's "a knob" recipe touches no fixture)."""
     rows = list(csv.reader(io.StringIO(text)))
     header, had = rows[0], expected.split("\n", 1)[0].split(",")
     new = {
@@ -286,7 +286,7 @@ def _seeds(root: Path, row: str, at_599: float, at_699: float, final: float, odd
 
 
 def test_a_verdict_that_holds_at_the_end_but_not_at_75_percent_is_refused(tmp_path):
-    """The stability rule on hand-made curves (issue 36): A1 is clearly worse than base at 100% (final PPL 2.0
+    """The stability rule on hand-made curves: A1 is clearly worse than base at 100% (final PPL 2.0
     against 1.5) and at 87.5% (step 699), but at 75% (step 599) its seeds straddle base's 1.55, so the test is not
     significant there: `not stable`, a miss. The same runs with a 75% point as clear as the others pass."""
     base = _seeds(tmp_path, "base", 1.55, 1.52, 1.5)
@@ -347,7 +347,7 @@ def test_generated_notice_first(report):
 
 
 def test_plots_are_pngs_linked_from_md_and_inlined_in_the_html(report):
-    """The Markdown links the plots beside it; the HTML page carries them inline (issue 45: it linked them by a
+    """The Markdown links the plots beside it; the HTML page carries them inline (it linked them by a
     relative path, so the page alone, mailed or uploaded, showed none)."""
     import base64
 

@@ -100,7 +100,7 @@ BAD = [
     ("unknown preset", ["table3", *ARGS_CPU, "--preset", "huge"], "unknown preset 'huge'"),
     ("local run dir, 2 nodes", ["table3", *ARGS_CPU, "--nodes", "2"], "needs a run directory every node sees"),
     ("no sbatch on PATH", ["table3", *ARGS_CPU], "sbatch is not on PATH"),
-    # issue 39: a line break would start a line of its own in the script (an #SBATCH directive, a command)
+    # A line break would start a line of its own in the script (an #SBATCH directive, a command)
     (
         "a line break in --partition",
         ["table3", "--accelerator", "cpu", "--partition", "debug\n#SBATCH --qos=high", "--time", "00:30:00"],
@@ -111,7 +111,7 @@ BAD = [
         ["table3", *ARGS_CPU, "--sbatch", "--qos=high\nrm -rf ~"],
         "--sbatch 1 holds a line break",
     ),
-    # issue 45: a space would make a second option of the rest of an #SBATCH line
+    # A space would make a second option of the rest of an #SBATCH line
     (
         "a space in --partition",
         ["table3", "--accelerator", "cpu", "--partition", "debug --qos=high", "--time", "00:30:00"],
@@ -133,7 +133,7 @@ def test_bad_input_one_line_exit_2_nothing_written(what, argv, message, tmp_path
 
 
 def test_an_out_with_a_space_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys):
-    """Issue 45: a space in --out split `#SBATCH --output=` (sbatch reads the rest as another option)."""
+    """A space in --out split `#SBATCH --output=` (sbatch reads the rest as another option)."""
     monkeypatch.setenv("PATH", _no_sbatch_path(tmp_path))
     out = tmp_path / "my runs"
     assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(out), "--dry-run"]) == 2
@@ -146,7 +146,7 @@ def test_an_out_with_a_space_is_refused_in_one_line_before_anything_is_written(t
 
 
 def test_the_script_quotes_the_users_out_so_that_the_job_runs_none_of_it(tmp_path, capsys):
-    """Issue 39: --out was written inside double quotes in the srun line, so `$(...)` in it ran when the job did. The
+    """--out was written inside double quotes in the srun line, so `$(...)` in it ran when the job did. The
     word is quoted for the shell now: evaluated as the job's bash would, with $ROW set, it is the literal path."""
     out = tmp_path / "a$(touch${IFS}pwned)b"  # ${IFS}: a space once a shell evaluates it (a literal one is refused)
     assert main(["slurm", "table3", *ARGS_CPU, "--rows", "base", "--out", str(out), "--dry-run"]) == 0
@@ -159,7 +159,7 @@ def test_the_script_quotes_the_users_out_so_that_the_job_runs_none_of_it(tmp_pat
 
 
 def test_a_gpu_job_asks_for_cpus_for_its_loader_unless_told(tmp_path):
-    """Issue 38, G6: a GPU job got SLURM's one CPU a task unless --cpus-per-task was given, so its data loader had
+    """A GPU job got SLURM's one CPU a task unless --cpus-per-task was given, so its data loader had
     none; it asks for the training process and its workers now (--cpus-per-task still wins)."""
     resources = SlurmResources(gpus_per_node=1, partition="gpu", time="1:00:00")
     opts = slurm_opts(out=str(tmp_path), resources=resources, dry_run=True)
@@ -322,7 +322,7 @@ def test_paper_on_gpu_nodes_matches_trainer_settings(tmp_path):
 
 
 def test_the_array_is_the_sweep_it_is_handed_not_one_derived_again_from_its_options(tmp_path, monkeypatch):
-    """Issue 44: SLURM works on the Sweep its driver resolved once (its out, preset, corpus, options and each row's
+    """SLURM works on the Sweep its driver resolved once (its out, preset, corpus, options and each row's
     spec); it re-derives nothing from its own options. Handed a sweep that says otherwise than SLURM's options (another
     corpus, another budget), the script, the books' record and the rows each task trains follow the sweep, with no
     preset looked up or row resolved again."""
@@ -636,7 +636,7 @@ def test_wait_exits_1_and_names_the_log_when_a_task_fails(cluster, cache, tmp_pa
 
 def test_a_secret_in_setup_is_never_printed_and_its_script_is_private(tmp_path, capsys):
     """A key in --setup must reach the job verbatim, so the .sbatch keeps it but only its owner can read it; the dry
-    run's printout and --print-config mask it (issue 32)."""
+    run's printout and --print-config mask it."""
     out = tmp_path / "runs"
     setup = "export HF_TOKEN=hf_abcdefghijklmnop; source venv/bin/activate"
     argv = ["slurm", "table3", *ARGS_CPU, "--rows", "base", "--setup", setup, "--out", str(out), "--dry-run"]
@@ -653,7 +653,7 @@ def test_a_secret_in_setup_is_never_printed_and_its_script_is_private(tmp_path, 
 
 
 def test_a_config_file_that_says_backend_slurm_is_the_same_sweep_either_way(tmp_path, capsys):
-    """Issue 44: `backend: slurm` in a --config file of `aiayn table3` failed ("unknown back end"), and the YAML that
+    """`backend: slurm` in a --config file of `aiayn table3` failed ("unknown back end"), and the YAML that
     `aiayn slurm table3 --print-config` prints was refused by `aiayn table3 --config` ("unknown option 'resources'").
     Now the file routes the command, reads back to the same options, and both spellings write the same script."""
     config = tmp_path / "sweep.yaml"
@@ -728,7 +728,7 @@ def test_fail_on_diverged_reaches_slurms_exit_status(tmp_path, monkeypatch):
 
 
 def test_table3_with_backend_slurm_is_slurm_table3(tmp_path, capsys):
-    """Issue 37: SLURM is reached as a back end like the others: `aiayn table3 --backend slurm` takes SLURM's
+    """SLURM is reached as a back end like the others: `aiayn table3 --backend slurm` takes SLURM's
     options (its --help lists them) and does what `aiayn slurm table3` does, to the byte."""
     with pytest.raises(SystemExit) as shown:  # argparse's --help
         main(["table3", "--backend", "slurm", "--help"])

@@ -1,4 +1,4 @@
-"""The stability rule's validations are the run's to schedule (issue 42): whatever --val-every says, a run validates
+"""The stability rule's validations are the run's to schedule: whatever --val-every says, a run validates
 near 75% and 87.5% of its budget (and, where its preset reads a window, three times near each point), so that a
 report never finds a point without its reading because of the schedule."""
 
@@ -13,7 +13,7 @@ from aiayn.reports.runs import read_curve
 
 
 def test_a_schedule_that_misses_the_points_gets_the_validations_nearest_them():
-    assert scheduled(1000, 500, "nearest") == (750, 875)  # issue 42's run: --max-steps 1000 --val-every 500
+    assert scheduled(1000, 500, "nearest") == (750, 875)  # a run seen so: --max-steps 1000 --val-every 500
     assert scheduled(1000, 500, "median3") == (735, 750, 765, 860, 875, 890, 970, 985)
     assert scheduled(8, 8, "nearest") == (6, 7)
 

@@ -175,7 +175,7 @@ def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkey
 def test_the_stability_rule_refuses_a_pass_that_does_not_hold_at_every_point(monkeypatch):
     """A1 is significantly worse at the end; at 75% its seeds are within base's: `not stable`, and its `why` says
     where. Without a validation at a point (a run that logged none there) the rule cannot be applied: `not testable`,
-    naming the point, never `not stable` (issue 42), and not a pass either."""
+    naming the point, never `not stable`, and not a pass either."""
     from aiayn.ablations import predictions as P
 
     monkeypatch.setattr(verdicts, "predictions", lambda preset: {"A1": P.Prediction("A1", "ppl", "worse", "")})
@@ -349,7 +349,7 @@ def test_label_smoothings_floor_is_a_check_never_a_score(monkeypatch):
 
 
 def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
-    """Issue 43: "every change hurts" and "more parameters help, every other change hurts" judged on the same numbers
+    """ "every change hurts" and "more parameters help, every other change hurts" judged on the same numbers
     by the same rules as the registration. The table: C5 (more parameters) is better, C6 (fewer) worse, A3 (as many)
     worse, E1 (more: a learned table) as good as base. The registration predicts C5 better, C6 worse, A3 and E1
     equivalent: it passes C5, C6, E1; "every change hurts" passes C6 and A3 (significantly worse) and fails C5 and E1;

@@ -330,7 +330,7 @@ def test_wandb_command_runs_aiayn_train_with_row_and_seed():
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_a_wandb_sweeps_metric_is_one_its_preset_logs(preset):
-    """Issue 39: the sweep file optimized val/bleu, which presets with val_bleu_sentences 0 (tiny, evidence) never
+    """The sweep file optimized val/bleu, which presets with val_bleu_sentences 0 (tiny, evidence) never
     log, so W&B's sweep had no metric to read."""
     p = PRESETS[preset]
     logged = {"val/ppl": "minimize", **({"val/bleu": "maximize"} if p.val_bleu_sentences else {})}
@@ -451,7 +451,7 @@ def test_the_gpus_handed_out_are_those_visible_to_the_sweep(monkeypatch):
     assert slots(4, 1) == (["4", "5", "6", "7"], 1)
     assert slots(2, 2) == (["4,5", "6,7"], 2)
     assert slots(4, None) == (["4", "5", "6", "7"], 1)  # without --gpus-per-job: one each, there are enough
-    # issue 38: more one-GPU runs than GPUs share them, round robin (small runs use a few percent of a GPU each);
+    # More one-GPU runs than GPUs share them, round robin (small runs use a few percent of a GPU each);
     # before, nothing was handed out and every run landed on the first GPU
     assert slots(6, None) == (["4", "5", "6", "7", "4", "5"], 1)
     assert slots(8, 1) == (["4", "5", "6", "7"] * 2, 1)
@@ -621,7 +621,7 @@ def test_status_of_a_directory_that_is_not_a_sweep_is_one_line_and_exit_2(tmp_pa
 
 
 def test_a_pair_that_fails_before_training_is_failed_in_status_and_report_alike(tmp_path, runner_backend, capsys):
-    """One truth (issue 32): a pair whose run never wrote a metrics.json (its directory holds another config, say)
+    """One truth: a pair whose run never wrote a metrics.json (its directory holds another config, say)
     is `failed` with its reason in `aiayn status` and in the report, not `pending` and "none"; `aiayn status`
     writes nothing (no lock files); a later completion clears the failure."""
     from aiayn.common.files import atomic_write_json
@@ -785,7 +785,7 @@ def restore_queue():
 def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(
     tmp_path, runner_backend, monkeypatch, restore_queue
 ):
-    """Issue 39: a row appended to ablations/extended.csv between two `aiayn table3` runs on one --out crashed the
+    """A row appended to ablations/extended.csv between two `aiayn table3` runs on one --out crashed the
     second ("CategoricalDistribution does not support dynamic value space": the row parameter's choices were the
     table's rows). Now the new row joins the study and runs alone; a row removed from the table, and a user --table
     with new names, join it too."""
@@ -853,7 +853,7 @@ def test_back_ends_are_found_without_an_import_and_a_second_of_one_name_is_refus
 
 
 def test_a_pair_a_dead_peer_left_running_mid_sweep_is_run_before_the_driver_exits(tmp_path, runner_backend):
-    """Issue 39: a second driver on one --out exited 0 while a pair a dead peer had taken was still RUNNING in the
+    """A second driver on one --out exited 0 while a pair a dead peer had taken was still RUNNING in the
     books, without a word (the peer died after this driver's setup, which is where stale pairs were found). The
     driver looks again when its queue is empty, fails the dead peer's pair and runs it."""
     out = tmp_path / "runs"
@@ -880,7 +880,7 @@ def test_a_pair_a_dead_peer_left_running_mid_sweep_is_run_before_the_driver_exit
 
 
 def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report(tmp_path, capsys):
-    """Issue 39: a row edited in the table after its pair completed kept its old result with no word. `aiayn status`
+    """A row edited in the table after its pair completed kept its old result with no word. `aiayn status`
     and the report name it now, with what changed, and say that the result is the old row's."""
     from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
     from aiayn.reports.build import write_reports
@@ -920,7 +920,7 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
 
 
 def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_status_and_the_report(tmp_path):
-    """Issue 45: the warning covered the rows of ablations/ only; a row of the user's --table edited after its pair
+    """The warning covered the rows of ablations/ only; a row of the user's --table edited after its pair
     completed was named nowhere. The run's config.json records its tables, read again as they are now."""
     from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
     from aiayn.reports.build import write_reports
@@ -986,7 +986,7 @@ def test_every_name_of_a_sweep_is_built_from_its_one_key(corpus, tmp_path):
 
 
 def test_every_capability_is_read_when_a_sweep_is_given_its_back_end(tmp_path):
-    """Capabilities are data the choice reads (issue 44: two of five were never read, and are gone): each field is a
+    """Capabilities are data the choice reads (two of five were never read, and are gone): each field is a
     need of a sweep, the default, or how a back end runs `aiayn hpo`'s trials (and why it cannot), and a sweep (or a
     search) that needs one gets a back end that has it, or is told why not."""
     from aiayn.sweeps.backends import Capabilities, backend_for, make_sweep, needs

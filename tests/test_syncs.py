@@ -1,4 +1,4 @@
-"""At most one host-device synchronization per optimizer step in the training loop (issue 21).
+"""At most one host-device synchronization per optimizer step in the training loop.
 
 On a GPU every `.item()`, `.tolist()`, `bool()`, `int()` or `float()` of a tensor, or a Python number logged from the
 step, waits for the device to
@@ -119,11 +119,11 @@ def device_reads(monkeypatch):
 def test_one_sync_on_a_log_step_and_none_between_with_the_defaults_progress_bar_included(
     cache, tmp_path, device_reads, both_paths
 ):
-    """Issue 31: with the progress bar on (the default) and log steps inside the window (every 2 steps here), a log
+    """With the progress bar on (the default) and log steps inside the window (every 2 steps here), a log
     step reads the device once. Before, the bar read the logged loss at every batch end and a log step read every
     logged value: about 1.2 reads per step at the default log_every_n_steps 10, and 2-5 on a log step.
 
-    Issue 42: a step between log steps reads it not at all. Its non-finite flag went to the host at every step
+    A step between log steps reads it not at all. Its non-finite flag went to the host at every step
     (the GPU idle while the host queued Adam and the next forward); now it is copied behind the step's work, read at
     the next step, and fused Adam skips the step's update on the device meanwhile (test_reliability's
     test_a_non_finite_step_between_log_steps_...)."""

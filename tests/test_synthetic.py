@@ -377,7 +377,7 @@ def test_write_corpus_into_existing_empty_dir(tmp_path):
 
 
 def test_the_lexicon_file_gives_the_corpus_the_lexicon_in_code_gave():
-    """The lexicon moved from Python literals to synthetic_lexicon.json (issue 20); the sha256 was taken from the
+    """The lexicon moved from Python literals to synthetic_lexicon.json; the sha256 was taken from the
     code before the move (566b6cd) and matches the default corpus's first 3000 long-sentence pairs after it."""
     c = syn.generate(seed=7, n_train=3000, n_dev=100, n_test=100, max_words=40)
     digest = hashlib.sha256(json.dumps(c, ensure_ascii=False).encode()).hexdigest()

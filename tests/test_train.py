@@ -57,7 +57,7 @@ def test_train_writes_config_checkpoints_and_metrics(trained):
     assert metrics["status"] == "completed" and metrics["steps"] == 2 and metrics["dev_sentences"] == 4
     assert metrics["dev_bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     assert metrics["dev_ppl"] > 1 and metrics["params"] > 1e6
-    # what it trained under, and how grad_w was accumulated (issue 38, G2 and G5): fp32 on a CPU
+    # what it trained under, and how grad_w was accumulated: fp32 on a CPU
     assert (metrics["precision"], metrics["grad_w_path"]) == ("32-true", "float32: the product, then the add")
     config = json.loads((trained / "config.json").read_text())
     assert config["spec"]["model"]["d_model"] == 128 and config["spec"]["model"]["vocab_size"] == 1000
@@ -405,7 +405,7 @@ def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
 
 
 def test_compile_graphs_is_cuda_graphs_on_a_cuda_device_and_the_whole_model_elsewhere_saying_why(monkeypatch, caplog):
-    """Issue 42 item 2: --compile graphs compiles the encoder and decoder whole in torch.compile's reduce-overhead
+    """--compile graphs compiles the encoder and decoder whole in torch.compile's reduce-overhead
     mode (each static shape's step replayed as CUDA graphs) where the run has a CUDA device; on any other device it is
     --compile model, with one warning saying why; graphs of dynamic shapes are a caller's mistake."""
     from aiayn.lightning_modules.transformer import compiled
@@ -428,7 +428,7 @@ def test_compile_graphs_is_cuda_graphs_on_a_cuda_device_and_the_whole_model_else
 def test_a_run_compiled_as_graphs_with_the_counter_stream_trains_to_the_eager_runs_numbers(
     cache, tmp_path, monkeypatch
 ):
-    """`aiayn train --compile graphs --static-shapes --dropout-rng counter` (issue 42, item 2), through Lightning:
+    """`aiayn train --compile graphs --static-shapes --dropout-rng counter`, through Lightning:
     the model compiled whole and Adam's update compiled (compiled.GraphedAdam; CUDA graphs on a CUDA device, here
     dynamo's tracing with the eager backend), the counter stream's masks drawn inside the compiled step: the curve
     is the eager run's within float rounding."""
@@ -456,7 +456,7 @@ def test_a_run_compiled_as_graphs_with_the_counter_stream_trains_to_the_eager_ru
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["layers", "model", "graphs"])
 def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
-    """--compile layers|model (issue 31) on CPU, through inductor: three optimizer steps on fixed batches, with
+    """--compile layers|model on CPU, through inductor: three optimizer steps on fixed batches, with
     length buckets (--pad-to 8, as a GPU run has them: one compile per shape), give eager's losses and weights within
     float rounding (dropout off: inductor draws its own masks). Tolerance: 1e-4 relative, loose against fp32 sums
     reordered by fusion, tight against a wrong kernel (a missing residual or norm moves the loss by 10% and more)."""
@@ -502,11 +502,11 @@ def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
 
 @pytest.mark.parametrize("how", ["layers", "model"])
 def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compile_nothing(how):
-    """Issue 38, G1 and G4, counted with the eager backend (what dynamo traces, without inductor's codegen): with
+    """Counted with the eager backend (what dynamo traces, without inductor's codegen): with
     static shapes every training shape of an epoch (11 here, Multi30k's count at --pad-to 8) gets its graph without
     hitting dynamo's recompile limit (8 per function: it then ran the rest eager for good), and validation under
     inference mode, teacher-forced evaluation and beam search (a KV cache that grows every step) add no graph: the
-    compiled code runs only in training. With the paper's dropout (issue 42): the CPU dropout's in-place random_
+    compiled code runs only in training. With the paper's dropout: the CPU dropout's in-place random_
     broke the graph, so each residual block became a compiled function of its own, guarded on the sublayer it wraps
     (attention or FFN), and `--compile model --static-shapes` hit the limit at shapes x sublayer kinds; no break now."""
     import torch._dynamo
@@ -552,7 +552,7 @@ def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compil
 
 
 def test_the_progress_bar_names_the_steps_not_epoch_minus_two():
-    """Issue 45: Lightning 2.6's Rich bar read "Epoch 0/-2" for a run bounded by steps (#21925); ours names the epoch
+    """Lightning 2.6's Rich bar read "Epoch 0/-2" for a run bounded by steps (#21925); ours names the epoch
     and the step the run trains to."""
     from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""The wide table (issue 43, item 3; BENCHMARKS.md, "The wide table"): the regime the registration claims (the paper's
+"""The wide table (BENCHMARKS.md, "The wide table"): the regime the registration claims (the paper's
 width and heads, a learned positional table under 1% of the parameters, every row its own config), the tests where
 the paper differs from both naive baselines, and the pilot rules of scripts/wide_pilot.py on curves made by hand."""
 

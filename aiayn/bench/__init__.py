@@ -81,7 +81,7 @@ class BenchOptions:
     @classmethod
     def config_layer(cls, path: str, prog: str = "aiayn bench", skip=()) -> tuple[dict, None]:
         """One `--config FILE` (aiayn.common.commands): a YAML file of these options. A size given there (the
-        model's size was bench's --config before issue 39) is answered with --size."""
+        model's size was bench's --config in older releases) is answered with --size."""
         if path in BENCH_SIZES:
             raise UserError(f"--config {path}: --config is a YAML file of options; the model's size is --size {path}")
         return yaml_values(cls, path, prog, skip=skip), None

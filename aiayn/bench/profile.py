@@ -2,7 +2,7 @@
 
 - **Launches per step**: on CUDA, the kernels (and memory copies/sets) the device ran; on a CPU, the ATen operators
   that did the work (leaf ops: `aten::linear` counts once, as the `aten::addmm` under it). A small model's step is
-  launch-bound (issue 42: about 375 launches for microseconds of arithmetic), so this count, not FLOPs, sets its pace.
+  launch-bound (about 375 launches for microseconds of arithmetic), so this count, not FLOPs, sets its pace.
 - **Top kernels**: each kernel (CPU: leaf operator) by its own time per step, and its share of the step's total.
 - **Device idle** (CUDA): the fraction of the span from the first kernel's start to the last one's end in which no
   kernel ran, the gaps the host's launches leave.

@@ -524,7 +524,7 @@ def run(args: BenchOptions) -> list[dict]:
         from aiayn.lightning_modules.transformer.compiled import compile_model
 
         # the training batch has one shape; decoding runs eager (compiled code runs only where autograd records:
-        # a growing KV cache under dynamic=False recompiled the decoder at every step, issue 38 G4)
+        # a growing KV cache under dynamic=False recompiled the decoder at every step)
         compile_model(models["aiayn"], args.compile, dynamic=False, shapes=1, cuda=device.type == "cuda")
     graphed = optimizer_mode(args.compile, device.type == "cuda")  # --compile graphs: Adam's update compiled too
     trainers = {i: Trainer(i, models[i], cfg, batch, device, graphed if i == "aiayn" else None) for i in impls}

@@ -1,7 +1,7 @@
 """`aiayn bench --trainer`: Lightning's training loop beside the bare training step, on the same batches.
 
 What it answers: how much of the bare step's speed survives when the same step runs inside `pl.Trainer.fit` with
-`TranslationModule`, as every `aiayn train` does (issue 21's target: the Trainer at 85% or more of the bare step
+`TranslationModule`, as every `aiayn train` does (the target: the Trainer at 85% or more of the bare step
 at the tiny and laptop configs). Both sides train a model of the same config, with the same initial weights, on the
 same pre-built batch (`run.training_batch`), already on the device for both: the host-to-device copy of a real
 run's batches is in neither side.
@@ -50,7 +50,7 @@ from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_lo
 log = logging.getLogger(__name__)
 
 TRAINER_CONFIGS = ("tiny", "laptop")
-TARGET_RATIO = 0.85  # issue 21: the Trainer at 85% of the bare step or better, at tiny and laptop
+TARGET_RATIO = 0.85  # the Trainer at 85% of the bare step or better, at tiny and laptop
 
 
 def on_device(batch: dict, device: torch.device) -> dict:

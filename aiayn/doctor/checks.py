@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 STATUSES = ("pass", "fail", "skip")
 NO_CUDA = "no CUDA device visible"
-SYNC_BUDGET = 1.0  # host-device syncs per optimizer step the project allows itself (issue 21)
+SYNC_BUDGET = 1.0  # host-device syncs per optimizer step the project allows itself
 # bf16-mixed against 32-true, relative difference of the per-token training loss: at step 1 (same weights: only
 # bf16 rounding) and at step 2 (after one Adam step at lr 1e-3 from each one's own gradients). Measured with CPU
 # autocast (the tiny model, 256 positions per side): 2.3e-5 and 4.5e-5; the bounds are about 40x those, room for

@@ -205,7 +205,7 @@ class EncodedPairs(Dataset):
 
     ``source_eos``: each source ends with ``</s>`` (EOS), as tensor2tensor, fairseq and Marian feed their encoders
     and as MarianTokenizer encodes every source (the paper's models; `--source-eos`); the length of a source counts
-    it. Without it (aiayn before issue 45, and runs that record none), the source is its pieces alone."""
+    it. Without it (older aiayn's runs, which record none), the source is its pieces alone."""
 
     def __init__(self, data: dict, keep: torch.Tensor, max_len: int | None = None, source_eos: bool = False) -> None:
         (self.src_flat, src_off), (self.tgt_flat, tgt_off) = data["src"], data["tgt"]

@@ -278,7 +278,7 @@ class StepCheckpoints(ModelCheckpoint):
         """Lightning's periodic saves, and the final step's checkpoint at the same point of the loop: after the
         step, mid-epoch. Saved at on_train_end instead (after Lightning has closed the epoch that max_steps cut
         short), a later, longer budget resumed from it in a new epoch, on other batches than an uninterrupted run's
-        (issue 45: 20 steps extended to 40 ended at dev PPL 187.6 against 170.6). Saved here, extending a run is
+        (20 steps extended to 40 ended at dev PPL 187.6 against 170.6). Saved here, extending a run is
         resuming it, as after a kill."""
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
         if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
@@ -434,7 +434,7 @@ class CtrlCAtTheStep(pl.Callback):
 
     Python's own answer, KeyboardInterrupt raised wherever the main thread is, can land inside a finalizer (a
     DataLoader iterator's `__del__` joining its workers at an epoch's end, slow under load); Python prints it and
-    drops it there, and the run trained on (issue 42: a Ctrl-C to the group left a trainer training for 22
+    drops it there, and the run trained on (a Ctrl-C to the group left a trainer training for 22
     minutes). Active while fit runs, where Lightning's SIGTERM handler is installed (the main thread); the previous
     SIGINT handler is back at teardown."""
 

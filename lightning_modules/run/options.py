@@ -45,8 +45,8 @@ class TrainOptions:
     source_eos: str | None = option(
         None,
         "end every source sentence with </s>, as tensor2tensor, fairseq and Marian do (the paper's models; and "
-        "what MarianTokenizer's default call encodes): yes, or no (sources without it, as aiayn's runs before issue "
-        "45 and evidence v5, v6) (default: yes; a resumed run keeps its own)",
+        "what MarianTokenizer's default call encodes): yes, or no (sources without it, as older aiayn's runs, the "
+        "committed evidence table among them) (default: yes; a resumed run keeps its own)",
         choices=("yes", "no"),
     )
     src_lang: str = option("en", "source language of the corpus (files' suffix, or a dataset's translation field)")

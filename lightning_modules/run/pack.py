@@ -1,4 +1,4 @@
-"""K seeds of one row trained as one pack (issue 42): one process, one optimizer step for K models whose weights are
+"""K seeds of one row trained as one pack: one process, one optimizer step for K models whose weights are
 stacked (transformer/packed.py), each seed a run of its own on disk. `aiayn train --pack-seeds 0,1,2`.
 
 What each seed keeps, as it would alone:

@@ -1,6 +1,6 @@
 """`--compile`: torch.compile for training only, with room for every shape a run's batches take.
 
-Two defects of compiling the modules whole (issue 38, G1 and G4), both visible on a CPU with the eager backend:
+Two defects of compiling the modules whole, both visible on a CPU with the eager backend:
 
 - **The recompile limit.** Dynamo keeps `torch._dynamo.config.recompile_limit` graphs per function (8) and then runs
   that function eager for good, with one log line. With static shapes (`--static-shapes`: a fixed batch per length
@@ -13,7 +13,7 @@ Two defects of compiling the modules whole (issue 38, G1 and G4), both visible o
   functions too, each adding its own graphs and hitting the same limit. Compiled code now runs only where autograd
   records (`torch.is_grad_enabled()`: the training step); everything else runs the eager module, the same weights.
 
-`--compile graphs` (issue 42, item 2) compiles the model whole, as `model`, in torch.compile's reduce-overhead mode:
+`--compile graphs` compiles the model whole, as `model`, in torch.compile's reduce-overhead mode:
 each static training shape's forward and backward replayed as CUDA graphs (cudagraph trees), so a small model's
 step costs a few graph launches instead of hundreds of kernel launches. It needs --static-shapes (a graph per shape)
 and a CUDA device; on any other device the run compiles as `model` and says why. The optimizer's update is compiled

@@ -75,7 +75,7 @@ def compute_dtype(hidden: Tensor) -> torch.dtype:
 
 
 # How grad_w (the projection's gradient, V × d_model) is accumulated, per device type, as this process found it:
-# logged once and recorded in metrics.json (`grad_w_path`), so that a GPU run says which path ran (issue 38, G2).
+# logged once and recorded in metrics.json (`grad_w_path`), so that a GPU run says which path ran.
 FP32_PATH = "float32: the product, then the add"
 ONE_GEMM_PATH = "one GEMM: the compute dtype's product accumulated in float32 (addmm out_dtype)"
 THREE_PASS_PATH = "three passes: the product in the compute dtype, cast to float32, then the add"

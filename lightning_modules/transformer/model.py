@@ -29,7 +29,7 @@ __all__ = ["BOS", "EOS", "PAD", "UNK", "TransformerConfig", "Transformer"]
 # --- §3.2 Attention ---------------------------------------------------------------------------
 
 
-# On CPU, Eq. 1 as plain ops when the keys or the queries are few (docs/history/benchmarks.md, issue 11)
+# On CPU, Eq. 1 as plain ops when the keys or the queries are few (docs/history/benchmarks.md)
 PLAIN_ATTENTION_MAX_KEYS, PLAIN_ATTENTION_MAX_QUERIES = 64, 16
 # The CPU fast paths (plain-ops attention, the bit-mask dropout) on or off. Off, a CPU runs exactly the code a GPU
 # runs (scaled_dot_product_attention, F.dropout): how CI, which has no GPU, covers the CUDA paths
@@ -364,7 +364,7 @@ class Dropout(nn.Dropout):
         if self.stream is not None and self.training and self.p > 0.0:
             return x * self.stream.keep(x, self.site, self.p)
         # under torch.compile, F.dropout: dynamo cannot trace the in-place random_ and broke the graph here, which
-        # made each Residual.forward its own compiled frame, guarded on the sublayer it wraps (issue 42)
+        # made each Residual.forward its own compiled frame, guarded on the sublayer it wraps
         if not self.training or self.p == 0.0 or not cpu_fast_path(x) or torch.compiler.is_compiling():
             return super().forward(x)
         bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()  # uniform over [0, 2^31)

@@ -1,4 +1,4 @@
-"""K Transformers of one configuration trained as one computation: a pack (issue 42).
+"""K Transformers of one configuration trained as one computation: a pack.
 
 A small model's training step is hundreds of kernel launches for microseconds of arithmetic each; on a GPU the
 launches, not the arithmetic, set the pace. Packing K seeds (or rows of one shape) makes the step's arithmetic K

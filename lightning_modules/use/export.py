@@ -232,8 +232,8 @@ def write_marian_tokenizer(proto: bytes, where: Path, cfg: TransformerConfig, da
     """MarianTokenizer's files (`write_marian_files`) and its config; returns the tokenizer.
 
     MarianTokenizer appends </s> to every source (Marian's models were trained so; transformers has no setting that
-    turns it off): what aiayn trains with (`--source-eos`, the default since issue 45), so its default call gives
-    aiayn's translations; a model trained without it (`data.source_eos` false: evidence v5, v6 and earlier runs) is
+    turns it off): what aiayn trains with (`--source-eos`, the default), so its default call gives
+    aiayn's translations; a model trained without it (`data.source_eos` false: older runs) is
     encoded with `add_special_tokens=False`.
     `clean_up_tokenization_spaces` is off: aiayn's output is SentencePiece's decoding as it is (it would join " ."
     to ".")."""

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 class Stop:
     """A sweep driver stopped by a signal (SIGTERM: a scheduler, `timeout`, `kill`; SIGINT: Ctrl-C), to the driver
-    or its whole process group (issue 42). It used to die at once by SIGTERM's default action, silently, its pairs
+    or its whole process group. It used to die at once by SIGTERM's default action, silently, its pairs
     left `running` in the books. Now its workers claim no new pair, its trainers are told (a SIGTERM each, so that
     one sent to the driver alone reaches them: each stops in one line and keeps its checkpoints), and once they have
     ended the driver says in one line what stopped and exits 128 + the signal; the same command resumes the pairs."""
