@@ -425,6 +425,60 @@ def test_compile_graphs_is_cuda_graphs_on_a_cuda_device_and_the_whole_model_else
         compiled.compile_model(Transformer(small), "graphs", dynamic=True, cuda=True)
 
 
+def test_compile_auto_is_the_default_compiling_the_model_on_cuda_and_nothing_on_a_cpu(monkeypatch):
+    """A GPU user gets the compiled model without knowing the flag (the first H200: 45.3 ms a paper step compiled
+    against 74.2 eager); a CPU run stays eager, where compiling costs more than it saves."""
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.transformer import compiled
+    from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+
+    assert TrainOptions().compile == "auto"
+    asked = []
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: asked.append(kw.get("mode")) or fn)
+    small = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=64)
+    cpu = Transformer(small)
+    assert compiled.compile_model(cpu, "auto", cuda=False) == 0 and not asked
+    assert not hasattr(cpu.encode, "aiayn_compiled")
+    gpu = Transformer(small)
+    assert compiled.compile_model(gpu, "auto", cuda=True) == 1 and asked == [None, None]  # encoder and decoder whole
+    assert hasattr(gpu.encode, "aiayn_compiled")
+    assert compiled.optimizer_mode("auto", cuda=True) is None  # fused Adam, as with --compile model
+
+
+def test_a_compile_that_fails_under_auto_trains_eager_saying_why_in_one_line(caplog):
+    """`--compile auto` falls back to eager on a compile error (one warning, the same numbers as eager); a
+    `--compile` the user chose fails as it is."""
+    import torch._dynamo
+
+    from aiayn.lightning_modules.transformer import compiled
+    from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    small = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=64)
+    src = torch.tensor([[5, 6, 7, 3]])
+    eager = Transformer(small).eval()  # no dropout: eager's numbers exactly
+    expected = eager.encode(src)
+    torch._dynamo.reset()
+    auto = Transformer(small).eval()
+    auto.load_state_dict(eager.state_dict())
+    compiled.compile_model(auto, "auto", cuda=True, backend=broken)
+    with caplog.at_level(logging.WARNING, logger=compiled.__name__):
+        first, again = auto.encode(src), auto.encode(src)
+    same = torch.utils._pytree.tree_leaves
+    assert all(torch.equal(a, b) for out in (first, again) for a, b in zip(same(out), same(expected)))
+    said = [r for r in caplog.records if "--compile auto" in r.getMessage()]
+    assert len(said) == 1 and "training eager from here" in said[0].getMessage()
+    assert "\n" not in said[0].getMessage()
+    torch._dynamo.reset()
+    chosen = Transformer(small)
+    compiled.compile_model(chosen, "model", cuda=True, backend=broken)
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException):
+        chosen.encode(src)
+    torch._dynamo.reset()
+
+
 def test_a_run_compiled_as_graphs_with_the_counter_stream_trains_to_the_eager_runs_numbers(
     cache, tmp_path, monkeypatch
 ):

@@ -171,14 +171,15 @@ class TrainOptions:
         metavar="S,S,...",
     )
     compile: str = option(
-        "none",
-        "torch.compile: none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm "
-        "fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
+        "auto",
+        "torch.compile: auto (the model whole on a CUDA device, where it pays; eager on a CPU; a compile that fails "
+        "trains eager, said in one line); none; layers (each encoder and decoder layer: dropout, residual add and "
+        "LayerNorm fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
         "compiles once); graphs (model, its static shapes' steps and Adam's update replayed as CUDA graphs: needs "
-        "--static-shapes; without a CUDA device, model with Adam's update compiled). Numbers equal eager's within "
-        "float rounding; with dropout, masks come from inductor's RNG (the counter stream's with --dropout-rng "
-        "counter, as in a pack)",
-        choices=("none", "layers", "model", "graphs"),
+        "--static-shapes; without a CUDA device, model with Adam's update compiled). Numbers equal eager's within float"
+        " rounding; with dropout, masks come from inductor's RNG (the counter stream's with --dropout-rng counter, as "
+        "in a pack)",
+        choices=("auto", "none", "layers", "model", "graphs"),
     )
     logger: str | None = option(
         None,

@@ -34,21 +34,48 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-COMPILE_HOWS = ("none", "layers", "model", "graphs")
+COMPILE_HOWS = ("auto", "none", "layers", "model", "graphs")
+# `--compile auto` (the default): the model compiled whole where it pays, on a CUDA device (the first H200: the
+# paper's base step 45.3 ms compiled as `model` against 74.2 eager, BENCHMARKS.md), eager on a CPU, where compiling
+# costs more time than it saves at these sizes
+AUTO = {True: "model", False: "none"}
 GRAPHS_MODE = "reduce-overhead"  # torch.compile's mode of CUDA graphs (its docs: "reduces the overhead of python")
 DEFAULT_RECOMPILE_LIMIT = 8  # dynamo's own default (torch.compile's docs, "recompile_limit")
 
 
-def training_only(compiled, eager):
+def training_only(compiled, eager, fallback: bool = False):
     """A callable that runs `compiled` while autograd records (training) and `eager` otherwise (validation,
-    evaluation, decoding): graphs are made for the training step's shapes only."""
+    evaluation, decoding): graphs are made for the training step's shapes only. `fallback` (`--compile auto`): a
+    compile that fails (dynamo's or the backend's error, raised at the first call of a shape) is said in one line and
+    the function runs eager from then on; a chosen `--compile` fails as it is."""
+    failed: list[str] = []
 
     @functools.wraps(eager)
     def call(*args, **kwargs):
-        return compiled(*args, **kwargs) if torch.is_grad_enabled() else eager(*args, **kwargs)
+        if not torch.is_grad_enabled() or failed:
+            return eager(*args, **kwargs)
+        if not fallback:
+            return compiled(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            failed.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+            log.warning(
+                "--compile auto: compiling %s failed (%s: %s); training eager from here (--compile none skips the "
+                "attempt)",
+                getattr(eager, "__name__", "the model"),
+                type(e).__name__,
+                failed[0][:200],
+            )
+            return eager(*args, **kwargs)
 
     call.aiayn_compiled = compiled
     return call
+
+
+def resolve_compile(how: str, cuda: bool) -> str:
+    """What `--compile HOW` compiles on this device: `auto` is AUTO's choice, any other HOW itself."""
+    return AUTO[cuda] if how == "auto" else how
 
 
 def _limit_names() -> list[str]:
@@ -91,19 +118,23 @@ def compile_model(
     backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
     if how not in COMPILE_HOWS:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_HOWS)}, got {how!r}")
+    fallback, how = how == "auto", resolve_compile(how, cuda)
     if how == "none":
         return 0
+    if fallback:
+        log.info("--compile auto: compiling the model whole on the GPU (--compile none trains eager)")
     mode = graphs_mode(how, dynamic, cuda)
     compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend, **({"mode": mode} if mode else {}))
     if how == "layers":
         layers = [*model.encoder, *model.decoder]
         for layer in layers:
-            layer.forward = training_only(compile_(layer.forward), layer.forward)
+            layer.forward = training_only(compile_(layer.forward), layer.forward, fallback)
         # layers of one kind share a function; each may specialize on its module and each shape: room for all
         share = max(len(model.encoder), len(model.decoder))
     else:
-        model.encode = training_only(compile_(model.encode), model.encode)  # instance attributes: the state dict
-        model.decode = training_only(compile_(model.decode), model.decode)  # is unchanged
+        # instance attributes: the state dict is unchanged
+        model.encode = training_only(compile_(model.encode), model.encode, fallback)
+        model.decode = training_only(compile_(model.decode), model.decode, fallback)
         share = 1
     if shapes:
         room_for(shapes, share)
@@ -131,7 +162,7 @@ def optimizer_mode(how: str, cuda: bool) -> str | None:
     """torch.compile's mode for Adam's update under `--compile HOW` (paper_optimizer's `compiled`): reduce-overhead
     (a CUDA graph) for `graphs` on a CUDA device, default elsewhere (compiled, no graph: graphs_mode says why once);
     None (eager, fused Adam) for every other HOW."""
-    if how != "graphs":
+    if resolve_compile(how, cuda) != "graphs":
         return None
     return GRAPHS_MODE if cuda else "default"
 
