@@ -137,11 +137,13 @@ def write_report(
     judged = {row: v for (cell, row), v in family.items() if cell == preset}
     set_verdicts(table, judged)
     title = f"Table 3 at preset {preset} ({data or 'unknown corpus'})"
+    # every plot pasted alone says it is a look: the capped runs' numbers are no result
+    look = f"{title}\na look: {len(capped)} run(s) capped by --max-steps, no verdict" if capped else title
     plot_dir = out_dir / f"{name}-plots"
     written = [
-        plots.bleu_vs_params(table, plot_dir / "bleu_vs_params.png", title),
-        plots.delta_vs_paper(table, plot_dir / "delta_vs_paper.png", title),
-        plots.forest(table, plot_dir / "forest.png", title),
+        plots.bleu_vs_params(table, plot_dir / "bleu_vs_params.png", look),
+        plots.delta_vs_paper(table, plot_dir / "delta_vs_paper.png", look),
+        plots.forest(table, plot_dir / "forest.png", look),
         plots.curves(
             _curves(runs),
             plot_dir / "curves.png",
@@ -295,7 +297,8 @@ def _curves(runs: list[Run]) -> dict[tuple[str, int], pd.DataFrame]:
     order = {row: i for i, row in enumerate(row_order({r.row for r in runs}))}
     for run in sorted(runs, key=lambda r: (order[r.row], r.seed)):
         frames = [read_curve(run.dir, m).set_index("step") for m in CURVES]
-        df = pd.concat(frames, axis=1).reset_index() if any(len(f) for f in frames) else pd.DataFrame()
+        # the union of the metrics' steps, in step order (concat appends the steps one metric alone logged at the end)
+        df = pd.concat(frames, axis=1).sort_index().reset_index() if any(len(f) for f in frames) else pd.DataFrame()
         if not df.empty:
             out[(run.row, run.seed)] = df
     return out

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from aiayn.common.files import atomic_open  # noqa: E402
 
@@ -53,8 +53,10 @@ def bleu_vs_params(table: pd.DataFrame, path: Path, title: str) -> Path:
         _no_data(ax, "no completed runs yet")
     else:
         ax.set_xscale("log")
+        # labels at 1, 2 and 5 of each decade only: a label on every minor tick overlaps its neighbours
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.legend(fontsize=8, title="group", title_fontsize=8)
     ax.set_xlabel("parameters (M, log scale)")
     ax.set_ylabel("dev BLEU (sacreBLEU)")

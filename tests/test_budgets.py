@@ -125,6 +125,32 @@ def test_a_report_of_capped_runs_says_so_first_and_gives_no_verdict(tmp_path):
     assert all(line.split(",")[verdict] == "" for line in table[1:])  # no row judged
 
 
+@pytest.mark.parametrize("capped", [False, True], ids=["the table", "a look"])
+def test_every_plot_of_a_look_says_so_in_its_title(tmp_path, monkeypatch, capped):
+    """A plot pasted alone must not read as a result: forest, delta_vs_paper and bleu_vs_params name the look as
+    curves.png does."""
+    from aiayn.reports import plots
+
+    titles = {}
+    for name in ("bleu_vs_params", "delta_vs_paper", "forest", "curves"):
+        draw = getattr(plots, name)
+        monkeypatch.setattr(
+            plots,
+            name,
+            lambda *a, _n=name, _d=draw, **k: titles.setdefault(_n, (a[2], k.get("capped"))) and _d(*a, **k),
+        )
+
+    def edit(row, m):
+        if capped:
+            m["budget_steps"] = 1200
+
+    _report_of(tmp_path, edit)
+    assert set(titles) == {"bleu_vs_params", "delta_vs_paper", "forest", "curves"}
+    for name, (title, curve_capped) in titles.items():
+        says = "capped by --max-steps" in title or bool(curve_capped)
+        assert says == capped, f"{name}: {title!r}"
+
+
 def test_a_row_trained_to_another_share_of_its_budget_is_not_compared_with_base(tmp_path):
     def mixed(row, m):  # C1 looked at 400 steps, every other run at 800, of an 800-step budget
         m["budget_steps"] = 800

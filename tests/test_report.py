@@ -571,3 +571,20 @@ def test_against_a_folder_of_another_presets_report_says_so_and_writes_the_repor
     assert (tmp_path / "out" / "table3-tiny.md").is_file()
     assert not list((tmp_path / "out").glob("*against*"))
     assert "holds no table3-tiny.csv (it holds table3-quick.csv): table3-tiny not compared" in caplog.text
+
+
+def test_a_runs_curves_are_in_step_order_whatever_steps_each_metric_logged(tmp_path):
+    """The dev-PPL panel drew validations out of step order (crossing lines): the metrics' steps were joined and the
+    steps one metric alone logged came last."""
+    from aiayn.lightning_modules.run.rundir import RunMetrics
+    from aiayn.reports.build import _curves
+    from aiayn.reports.runs import Run
+
+    version = tmp_path / "run" / "logs" / "version_0"
+    version.mkdir(parents=True)
+    lines = ["step,train/loss,val/ppl"] + [f"{s},{5 - s / 100}," for s in range(0, 201, 10)]
+    lines += [f"{s},,{20 - s / 20}" for s in (25, 50, 75, 100, 125)]  # 50 and 100 also logged a loss
+    (version / "metrics.csv").write_text("\n".join(lines) + "\n")
+    df = _curves([Run(tmp_path / "run", RunMetrics("base", 0, "tiny", "completed"))])[("base", 0)]
+    assert df["step"].is_monotonic_increasing
+    assert list(df.dropna(subset=["val/ppl"])["step"]) == [25, 50, 75, 100, 125]
