@@ -241,16 +241,21 @@ def _ci_pct(ppls: list[float], base: list[float]) -> tuple[float, float]:
     return 100 * (np.exp(low) - 1), 100 * (np.exp(high) - 1)
 
 
-def series_slopes(runs: list[Run]) -> pd.DataFrame:
+def series_slopes(runs: list[Run], left_out: frozenset = frozenset()) -> pd.DataFrame:
     """One line per Table 3 series (ablations.table.SERIES) with runs at two knob values or more: the slope of dev
     log-PPL against log2 of the knob, fitted through every completed run of base and the series' rows, as percent of
-    dev PPL per doubling, with its 95% interval (stats.slope: the seeds' spread is the residual's)."""
+    dev PPL per doubling, with its 95% interval (stats.slope: the seeds' spread is the residual's). `left_out`: rows
+    not comparable with base (trained to another share of their budget), in no slope."""
     lines = []
     for name, knob, members in SERIES:
         points = [
             (float(r.metrics.config[knob]), float(r.metrics.dev_ppl), r.row)
             for r in runs
-            if r.completed and r.row in ("base", *members) and r.metrics.dev_ppl and (r.metrics.config or {}).get(knob)
+            if r.completed
+            and r.row in ("base", *members)
+            and r.row not in left_out
+            and r.metrics.dev_ppl
+            and (r.metrics.config or {}).get(knob)
         ]
         xs = sorted({x for x, _, _ in points})
         if len(xs) < 2:
@@ -452,7 +457,7 @@ def build_table(
         runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
     runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
     runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")
-    return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs), mismatched)
+    return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs, frozenset(mismatched)), mismatched)
 
 
 def set_verdicts(df: pd.DataFrame, judged: dict) -> None:

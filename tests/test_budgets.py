@@ -161,6 +161,8 @@ def test_a_row_trained_to_another_share_of_its_budget_is_not_compared_with_base(
     assert "Not comparable with base" in md and "C1: 400 of 800 steps against base's 800 of 800 steps" in md
     line = next(x for x in md.splitlines() if x.startswith("| C ") or "| C1 " in x)
     assert "+29.41" not in line  # its Δ is left blank (the fixture's C1 is +29.41% at equal budgets)
+    slopes = (tmp_path / "out" / "table3-tiny-slopes.csv").read_text()
+    assert "C1" not in slopes  # nor does it join the depth series' slope
 
 
 def test_trackers_get_the_budget_beside_the_final_numbers():
