@@ -17,9 +17,10 @@ from aiayn.common.secrets import redact
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
 
 
-def check_url(url: str) -> str:
-    """The URL's scheme, or a UserError for an unknown scheme or a journal in a missing directory
-    (checked before anything is created)."""
+def check_url(url: str, creates: Path | None = None) -> str:
+    """The URL's scheme, or a UserError for an unknown scheme, an in-memory SQLite database (no books across the
+    runs' processes) or a journal in a missing directory (checked before anything is created); with `creates` (the
+    folder a sweep makes before it opens its storage: its --out), a SQLite file in a missing directory elsewhere."""
     scheme = url.split(":", 1)[0].split("+", 1)[0] if ":" in url else ""
     if scheme == "journal":
         path = Path(url.split(":", 1)[1].removeprefix("//"))
@@ -32,6 +33,18 @@ def check_url(url: str) -> str:
             f"storage URL {redact(url)!r} has an unknown scheme; use sqlite:///PATH, journal:///PATH, "
             f"postgresql://USER@HOST/DB or mysql://USER@HOST/DB"
         )
+    elif scheme == "sqlite":
+        path = url.split(":", 1)[1].removeprefix("///")
+        if path in ("", "//", ":memory:") or not url.split(":", 1)[1].startswith("///"):
+            raise UserError(
+                f"storage {redact(url)}: an in-memory database keeps no books for the runs' processes or a rerun; "
+                "pass sqlite:///PATH (a file)"
+            )
+        parent = Path(path).parent
+        if creates is not None and not parent.is_dir() and parent.resolve() != Path(creates).resolve():
+            raise UserError(
+                f"sqlite storage {redact(url)}: directory {parent} does not exist; create it or pick another path"
+            )
     return scheme
 
 

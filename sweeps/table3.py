@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field, make_dataclass, replace
+from pathlib import Path
 
 from aiayn.ablations.presets import MAIN_PRESET, get_preset
 from aiayn.ablations.selection import Selection
@@ -296,10 +297,11 @@ def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None
     from aiayn.common.files import check_writable_dir
     from aiayn.sweeps.storage import check_url
 
-    if opts.dry_run:
+    if opts.dry_run:  # the real run's checks (storage, budgets, what the back end cannot do), then what it would do
+        if opts.storage:
+            check_url(opts.storage, creates=Path(opts.train.out))
         pairs = launches(opts, backend)
-        for _, sweep in pairs:
-            sweep.check_budgets()
+        check_launches(pairs)
         print(dry_run_text(pairs), end="")
         return 0
     check_writable_dir(opts.train.out, "--out")
@@ -307,6 +309,6 @@ def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None
     if report:
         check_writable_dir(report, "--report")
     if opts.storage:
-        check_url(opts.storage)  # before the sweep takes its setup lock under --out
+        check_url(opts.storage, creates=Path(opts.train.out))  # before the sweep takes its setup lock under --out
     writer = (lambda: write_report(opts.train.out, report, opts.train.preset)) if report and write_report else None
     return run_and_report(launches(opts, backend), write_report=writer, fail_on_diverged=opts.fail_on_diverged)

@@ -109,6 +109,27 @@ def _report_of(tmp_path, edit) -> str:
     return (tmp_path / "out" / "table3-tiny.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--preset", "paper", "--jobs", "8", "--gpus-per-job", "1"], "hands out GPUs but none is visible"),
+        (["--storage", "sqlite:////no/such/dir/x.db"], "directory /no/such/dir does not exist"),
+        (["--storage", "sqlite://"], "an in-memory database keeps no books"),
+    ],
+    ids=["GPUs where none is visible", "storage in a missing folder", "storage in memory"],
+)
+def test_a_dry_run_refuses_what_the_real_run_refuses_in_the_same_line(tmp_path, capsys, monkeypatch, flags, says):
+    """`--dry-run` says "run" only where the real command would run: it makes the real run's checks first."""
+    monkeypatch.setattr("aiayn.sweeps.backends.processes.visible_gpus", lambda: [])
+    lines = []
+    for dry in (["--dry-run"], []):
+        assert main(["table3", *flags, "--out", str(tmp_path / "o"), *dry]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+        lines.append(err[0])
+    assert lines[0] == lines[1] and not (tmp_path / "o").exists()
+
+
 def test_a_report_of_capped_runs_says_so_first_and_gives_no_verdict(tmp_path):
     def capped(row, m):  # every run trained 800 of a 1200-step budget
         m["budget_steps"] = 1200
