@@ -82,6 +82,12 @@ class SweepOptions:
         "exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as "
         "such, and the exit status is 0)",
     )
+    log_interval: float = option(
+        60.0,
+        "seconds between the sweep's lines on its pairs under way, one per pair: its step of its budget, its last "
+        "training loss, its pace and the training left at it (fairseq's --log-interval); 0: none",
+        metavar="S",
+    )
     dry_run: bool = option(
         False,
         "list every pair of the sweep and what this command would do with it (run, extend a run capped by "
@@ -160,6 +166,9 @@ def build_sweep(opts: SweepOptions) -> Sweep:
         raise UserError(f"--jobs must be at least 1, got {jobs}; pass --jobs 1 or more")
     sweep = make_sweep(opts.select.pairs(preset, opts.train.table), opts.train, storage=opts.storage, jobs=jobs)
     sweep.gpus_per_job = gpus_per_job(opts, jobs)
+    if opts.log_interval < 0:
+        raise UserError(f"--log-interval {opts.log_interval:g}: pass a number of seconds, or 0 for no progress lines")
+    sweep.log_interval = opts.log_interval
     return sweep
 
 

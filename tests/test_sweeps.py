@@ -1003,3 +1003,49 @@ def test_every_capability_is_read_when_a_sweep_is_given_its_back_end(tmp_path):
     assert backend_for(None, sweep).capabilities.own_gpus
     ddp = make_sweep([("base", 0)], TrainOptions(out=str(tmp_path), preset="tiny", devices=2))
     assert backend_for(None, ddp).capabilities.ddp
+
+
+def test_a_sweep_says_where_each_pair_under_way_is_at_its_log_interval(tmp_path, caplog):
+    """A paper-scale pair trains for hours: between "N pairs, N to run" and its end, the driver prints a line per
+    pair under way every --log-interval seconds (its step of its budget, its loss, its pace), read from the run's
+    own curve as it grows."""
+
+    def slow_runner(sweep, corpus, row, seed):
+        version = sweep.run(row, seed).logs / "version_0"
+        version.mkdir(parents=True, exist_ok=True)
+        lines = ["step,train/loss"]
+        for step in range(0, 600, 100):  # a curve that grows while the driver watches
+            lines.append(f"{step - 1 if step else 0},{6 - step / 200}")
+            (version / "metrics.csv").write_text("\n".join(lines) + "\n")
+            time.sleep(0.15)
+        steps = sweep.wanted[row]
+        return {
+            "row": row,
+            "seed": seed,
+            "status": "completed",
+            "steps": steps,
+            "planned_steps": steps,
+            "dev_bleu": 1.0,
+        }
+
+    opts = SweepOptions(
+        select=Selection(rows="base", seeds=1),
+        report="",
+        jobs=1,
+        log_interval=0.2,
+        train=TrainOptions(preset="tiny", out=str(tmp_path / "runs"), progress=False),
+    )
+    with caplog.at_level(logging.INFO, logger="aiayn.sweeps.backends.queue"):
+        run_table3(opts, backend=RunnerBackend(slow_runner))
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("under way")]
+    assert len(said) >= 2, [r.getMessage() for r in caplog.records]
+    assert all("base seed 0: step" in s and "of 1200" in s for s in said)
+    assert any("steps/s" in s and "of training left" in s and "loss" in s for s in said)
+    final = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[1/1]")]
+    assert final and "ETA" in final[0]
+
+
+def test_a_negative_log_interval_is_one_line(tmp_path):
+    opts = SweepOptions(log_interval=-1, train=TrainOptions(preset="tiny", out=str(tmp_path / "runs")))
+    with pytest.raises(UserError, match="--log-interval -1: pass a number of seconds"):
+        build_sweep(opts)

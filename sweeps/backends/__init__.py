@@ -62,6 +62,7 @@ class Sweep:
     jobs: int = 1  # pairs at once (queue back ends)
     gpus_per_job: int | None = None
     pack: int = 1  # the most seeds of one row a worker trains as one pack (lightning_modules/run/pack.py); 1: none
+    log_interval: float = 60.0  # seconds between the driver's lines on the pairs under way (queue back ends; 0: none)
 
     @property
     def key(self) -> str:

@@ -31,6 +31,7 @@ from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, SweepSummary
+from aiayn.sweeps.backends.progress import Progress
 from aiayn.sweeps.books import Pair
 from aiayn.sweeps.storage import check_readable, open_storage
 
@@ -161,6 +162,11 @@ class QueueBackend(Backend):
         other)."""
         return Stop()
 
+    def progress(self, sweep: Sweep) -> Progress:
+        """This driver's lines on its pairs under way (progress.py), every `sweep.log_interval` seconds."""
+        self.under_way = Progress(sweep.log_interval)
+        return self.under_way
+
     def launch(self, sweep: Sweep, pairs: list[Pair]) -> SweepSummary:
         name = study_name(sweep.preset.name, sweep.corpus)
         url = sweep.storage or sweep.out.study_url("table3")
@@ -203,7 +209,7 @@ class QueueBackend(Backend):
 
         done = failed = diverged = 0
         while True:
-            with self.stop.handling(), ThreadPoolExecutor(sweep.jobs) as pool:
+            with self.stop.handling(), self.progress(sweep), ThreadPoolExecutor(sweep.jobs) as pool:
                 results = [f.result() for f in [pool.submit(worker, i) for i in range(sweep.jobs)]]
             done, failed, diverged = (x + sum(r[i] for r in results) for i, x in enumerate((done, failed, diverged)))
             if self.stop.signum is not None:
@@ -367,10 +373,17 @@ class QueueBackend(Backend):
                     continue
                 t0 = time.perf_counter()
                 row, seeds = claimed[0][1][0], [pair[1] for _, pair in claimed]
-                if len(claimed) > 1:
-                    results = self.run_pack(sweep, row, seeds, slot)
-                else:
-                    results = [self.run_one(sweep, row, seeds[0], slot)]
+                under_way = getattr(self, "under_way", None) or Progress(0)
+                for seed in seeds:
+                    under_way.start(row, seed, sweep.run(row, seed), sweep.wanted[row])
+                try:
+                    if len(claimed) > 1:
+                        results = self.run_pack(sweep, row, seeds, slot)
+                    else:
+                        results = [self.run_one(sweep, row, seeds[0], slot)]
+                finally:
+                    for seed in seeds:
+                        under_way.end(row, seed)
                 elapsed = time.perf_counter() - t0
                 lines = []
                 for (trial, pair), metrics in zip(claimed, results):  # each told while its claim is held
@@ -384,16 +397,18 @@ class QueueBackend(Backend):
             ran = max(_n_finished(trials) - finished_before, 1)
             eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)
             packed = f" (one pack of {len(lines)})" if len(lines) > 1 else ""
+            # a stopped sweep starts nothing more: no time is left to estimate, only the command that resumes it
+            left = f"ETA {_hms(eta)}" if self.stop.signum is None else "stopped: the same command resumes the rest"
             for pair, result in lines:
                 log.info(
-                    "[%d/%d] %s seed %d: %s in %s%s; ETA %s",
+                    "[%d/%d] %s seed %d: %s in %s%s; %s",
                     finished,
                     len(sweep.pairs),
                     *pair,
                     result,
                     _hms(elapsed),
                     packed,
-                    _hms(eta),
+                    left,
                 )
         return done, failed, diverged
 
