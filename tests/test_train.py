@@ -234,6 +234,23 @@ def test_eval_and_average_a_checkpoint(trained, capsys, tmp_path):
     assert result["split"] == "test" and result["n_sentences"] == 1000 and result["ppl"] > 1
 
 
+def test_the_final_evaluation_says_how_far_its_beam_search_got(cache, tmp_path, monkeypatch, caplog):
+    """A dev set's beam search runs a minute or more with nothing on the screen: it says how far it got."""
+    from aiayn.lightning_modules.run import evaluate
+
+    monkeypatch.setattr(evaluate, "SAY_EVERY_S", 0.0)
+    argv = ["train", "--row", "base", "--preset", "tiny", *SMALL, "--max-steps", "2", "--eval-subset", "40"]
+    argv += ["--val-bleu-sentences", "0", "--accelerator", "cpu", "--no-progress", "--out", str(tmp_path)]
+    with caplog.at_level(logging.INFO, logger=evaluate.__name__):
+        assert main(argv) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == evaluate.__name__]
+    assert said and all("sentences" in s and "\n" not in s for s in said)
+    import re
+
+    assert re.fullmatch(r"evaluating on dev: \d+ sentences decoded so far \(beam 4\)", said[0]), said
+    assert re.fullmatch(r"evaluated on dev: \d+ sentences in \d+ s", said[-1]), said
+
+
 def _checkpoint(path: Path, step: int, seed: int, d_model: int = 16) -> dict:
     g = torch.Generator().manual_seed(seed)
     spec = resolve("base", "tiny", overrides={"N": 1, "d_model": d_model, "d_ff": 32, "h": 2}, vocab_size=50)

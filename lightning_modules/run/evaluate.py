@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 
 import torch
 from torch import Tensor
@@ -20,6 +22,9 @@ from aiayn.lightning_modules.transformer.loss import nll_sum_of_hidden
 from aiayn.lightning_modules.transformer.model import Transformer
 
 __all__ = ["bleu", "evaluate", "nll_sum"]
+
+log = logging.getLogger(__name__)
+SAY_EVERY_S = 15.0  # a line on the beam search's progress at most this often (a dev set decodes for about a minute)
 
 
 def nll_sum(model: Transformer, batch: dict) -> tuple[Tensor, int]:
@@ -39,6 +44,7 @@ def evaluate(model: Transformer, datamodule, split: str = "dev", decoding: Decod
     loader = datamodule.val_dataloader() if split == "dev" else datamodule.test_dataloader()
     hyps: dict[int, str] = {}
     total_nll, total_tokens = 0.0, 0
+    started = said = time.monotonic()
     for batch in loader:
         batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
         nll, n = nll_sum(model, batch)
@@ -46,6 +52,11 @@ def evaluate(model: Transformer, datamodule, split: str = "dev", decoding: Decod
         out = translate_batch(model, batch["src"], datamodule.bos_id, datamodule.eos_id, decoding)
         for i, ids in zip(batch["idx"].tolist(), out):
             hyps[i] = datamodule.decode(ids)
+        if time.monotonic() - said >= SAY_EVERY_S:
+            said = time.monotonic()
+            log.info("evaluating on %s: %d sentences decoded so far (beam %d)", split, len(hyps), decoding.beam)
+    if time.monotonic() - started >= SAY_EVERY_S:
+        log.info("evaluated on %s: %d sentences in %.0f s", split, len(hyps), time.monotonic() - started)
     model.train(was_training)
     refs = datamodule.references(split)
     ordered = [hyps[i] for i in range(len(refs))]
