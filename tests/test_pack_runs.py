@@ -240,6 +240,10 @@ def test_a_seed_trained_in_a_pack_is_not_extended_alone(cache, tmp_path, capsys)
         (["--pack-seeds", "0,1", "--devices", "2"], "one device"),
         (["--pack-seeds", "0,1", "--val-bleu-sentences", "5"], "--val-bleu-sentences 0"),
         (["--pack-seeds", "0,1", "--logger", "wandb"], "--logger wandb"),
+        (["--pack-seeds", "0,18446744073709551616"], "seeds from 0 to 9999"),
+        (["--pack-seeds", ",".join(map(str, range(40)))], "a pack trains at most 16"),
+        (["--pack-seeds", "0,1", "--seed", "5"], "--seed 5 beside --pack-seeds"),
+        (["--pack-seeds", "0,1", "--trainer", "gradient_clip_val=1.0"], "coupling them"),
     ],
 )
 def test_what_a_pack_cannot_do_is_one_line_and_writes_nothing(tmp_path, capsys, flags, says):

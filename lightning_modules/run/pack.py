@@ -46,6 +46,7 @@ from lightning.pytorch.utilities import CombinedLoader
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from aiayn.ablations import stability
+from aiayn.ablations.table import MAX_SEED
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_torch_save
 from aiayn.common.secrets import redact_obj
@@ -77,16 +78,23 @@ from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_
 log = logging.getLogger(__name__)
 
 
+MAX_PACK = 16  # seeds one pack trains at most (its folder is named by them: within a file name's 255 bytes)
+
+
 def pack_seeds(text: str) -> tuple[int, ...]:
-    """--pack-seeds "0,1,2" as seeds, or one line naming what is wrong."""
+    """--pack-seeds "0,1,2" as seeds, or one line naming what is wrong: each seed as --seed takes it (0 to MAX_SEED),
+    at most MAX_PACK of them."""
     try:
         seeds = tuple(int(s) for s in text.split(","))
     except ValueError:
         seeds = ()
-    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds) or min(seeds) < 0 or max(seeds) > MAX_SEED:
         raise UserError(
-            f"--pack-seeds {text!r}: give two or more different seeds, 0 or more, separated by commas (e.g. 0,1,2)"
+            f"--pack-seeds {text[:80]!r}: give two or more different seeds from 0 to {MAX_SEED}, separated by commas "
+            "(e.g. 0,1,2)"
         )
+    if len(seeds) > MAX_PACK:
+        raise UserError(f"--pack-seeds names {len(seeds)} seeds; a pack trains at most {MAX_PACK}: split them")
     return seeds
 
 
@@ -100,6 +108,11 @@ def seed_options(opts: TrainOptions, seed: int, seeds: tuple[int, ...]) -> Train
 
 def check_packable(opts: TrainOptions, spec: RunSpec, flag: str = "--pack-seeds") -> None:
     """What a pack cannot do, in one line each, before anything is prepared (`flag`: the option that asked)."""
+    if (opts.trainer or {}).get("gradient_clip_val"):
+        raise UserError(
+            f"{flag} with --trainer gradient_clip_val: clipping would take the norm of the pack's seeds together, "
+            "coupling them; drop gradient_clip_val (the paper clips nothing), or train the seeds apart"
+        )
     if opts.world_size > 1:
         raise UserError(f"{flag} trains its seeds on one device; drop --devices/--num-nodes, or {flag}")
     if opts.residual_dtype != "fp32":
@@ -322,6 +335,8 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     started, hooks = time.perf_counter(), hooks or Hooks()
     spec = spec or spec_of(opts)
     seeds = pack_seeds(opts.pack_seeds)
+    if opts.seed not in (0, seeds[0]):  # a sweep's pack carries its first seed; another is a seed said twice
+        raise UserError(f"--seed {opts.seed} beside --pack-seeds: the pack's seeds are --pack-seeds'; drop --seed")
     check_packable(opts, spec)
     each = {s: seed_options(opts, s, seeds) for s in seeds}
     plans = {s: plan(each[s], spec) for s in seeds}
