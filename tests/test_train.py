@@ -251,6 +251,18 @@ def test_the_final_evaluation_says_how_far_its_beam_search_got(cache, tmp_path, 
     assert re.fullmatch(r"evaluated on dev: \d+ sentences in \d+ s", said[-1]), said
 
 
+def test_a_run_prints_none_of_lightnings_start_up_noise(cache, tmp_path, capfd):
+    """ "GPU available: False", "TPU available", the litlogger tip and torch's LeafSpec deprecation (from Lightning's
+    pytree helper) on every run said nothing aiayn had not decided; the run's own lines stay."""
+    argv = ["train", "--row", "base", "--preset", "tiny", *SMALL, "--max-steps", "2", "--eval-subset", "5"]
+    argv += ["--val-bleu-sentences", "0", "--accelerator", "cpu", "--no-progress", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out, err = capfd.readouterr()
+    for noise in ("GPU available", "TPU available", "litlogger", "LeafSpec"):
+        assert noise not in out + err, noise
+    assert "base seed 0: dev BLEU" in out
+
+
 def _checkpoint(path: Path, step: int, seed: int, d_model: int = 16) -> dict:
     g = torch.Generator().manual_seed(seed)
     spec = resolve("base", "tiny", overrides={"N": 1, "d_model": d_model, "d_ff": 32, "h": 2}, vocab_size=50)

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 from aiayn.common.secrets import RedactFilter
+
+# Lightning's start-up lines on settings aiayn decides itself (the accelerator is the run's --accelerator, recorded in
+# its config.json; the loggers are --logger's) and an advertisement: noise on every run
+LIGHTNING_NOISE = ("GPU available:", "TPU available:", "HPU available:", "💡 Tip:")
+LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
+class _Quiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(LIGHTNING_NOISE)
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -16,3 +27,11 @@ def configure_logging(level: int = logging.INFO) -> None:
     logger = logging.getLogger("aiayn")
     logger.handlers[:] = [handler]
     logger.setLevel(level)
+    for name in LIGHTNING_LOGGERS:
+        noisy = logging.getLogger(name)
+        if not any(isinstance(f, _Quiet) for f in noisy.filters):
+            noisy.addFilter(_Quiet())
+    # Lightning's own pytree helper builds torch's deprecated LeafSpec on every step's outputs: not ours to change
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
