@@ -750,6 +750,7 @@ def _a_worker(init, ready, done):  # a loader worker as a spawned process starts
     done.wait(30)
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_the_requeue_signal_and_the_groups_first_sigterm_or_sigint_never_kill_a_loader_worker():
     """SLURM's USR1 (sent without B: to every process of the step) reaches the loader's workers too; a
     spawned or forkserver worker has the default action, terminate, unless its init function ignores the signal.

@@ -25,6 +25,7 @@ def test_every_check_has_its_function():
 
 
 @no_cuda
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_doctor_on_cpu_passes_what_applies_and_skips_the_gpu_checks(cache, tmp_path, capsys):
     out = tmp_path / "doctor.json"
     assert main(["doctor", "--json", str(out), "--out", str(tmp_path / "scratch")]) == 0

@@ -49,6 +49,7 @@ def weights(run) -> dict:
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_each_seed_of_a_packed_run_is_a_run_that_trains_as_it_would_alone(cache, tmp_path, capsys):
     """Two seeds packed: each has its run directory (config.json recording the seed alone with the counter stream,
     metrics.json, a curve with train/loss and the scheduled val/ppl, a last.ckpt that translate and export read); the
@@ -122,6 +123,7 @@ def test_a_packs_stacked_batches_pad_little(cache, static):
     assert stacked >= 1.25 * own  # measured 1.62x (1.30x with static shapes)
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_a_pack_compiled_as_graphs_trains_to_the_eager_packs_numbers(cache, tmp_path, monkeypatch, caplog):
     """`--pack-seeds 0,1 --compile graphs --static-shapes`: the packed static-shape step compiled
     whole and Adam's update compiled (CUDA graphs on a CUDA device; here dynamo's tracing with the eager backend,
@@ -188,6 +190,7 @@ def test_a_seed_that_diverges_in_a_pack_is_reported_alone(cache, tmp_path, monke
     assert curve(base / "seed1", "train/loss").index.max() < 3 <= curve(base / "seed0", "train/loss").index.max()
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_a_killed_pack_resumes_to_the_numbers_of_one_that_was_not(cache, tmp_path):
     """A pack killed (SIGKILL) after its step-10 checkpoint, run again with the same command, ends with each seed's
     weights and final curve bit-equal to a pack that ran through."""
@@ -257,6 +260,7 @@ def test_what_a_pack_cannot_do_is_one_line_and_writes_nothing(tmp_path, capsys, 
 # ---- the sweep's packs (aiayn table3 --pack)
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_a_sweep_packs_a_rows_seeds_and_its_books_hold_each_pair(cache, tmp_path):
     """`aiayn table3 --pack 2` over 3 seeds of base and C4: in each row seeds 0 and 1 train as one pack (its
     checkpoint folder beside them) and seed 2 alone, never with the other row's seeds; every pair completed in the
@@ -382,6 +386,7 @@ def test_slurm_refuses_pack_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_a_seed_begun_alone_is_not_restarted_by_a_pack(cache, tmp_path, capsys):
     """A seed with a checkpoint of its own (trained alone, capped at 4 steps): `--pack-seeds` naming it is refused in
     one line (a pack would train it again from step 0); the sweep's worker runs it on alone, packing only the rest."""

@@ -53,6 +53,7 @@ SMALL = [
 ]
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_a_run_validates_at_the_points_whatever_val_every_says_and_trains_the_same(cache, tmp_path):
     """8 steps validated every 100 (capped at 8): today's schedule validates once, after step 8; the run adds steps 6
     and 7 (75% and 87.5%). Validation leaves training as it was: the losses equal those of a run validating every

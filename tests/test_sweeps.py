@@ -229,6 +229,7 @@ def test_a_run_whose_process_dies_before_its_log_exists_fails_with_a_line_not_a_
     assert result.status == "failed" and "no log" in result.error and "exit 1" in result.error
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_the_package_imports_from_a_checkout_without_an_install_mapping_its_subpackages():
     """A sweep's forkserver (and `python -m aiayn`) started in a checkout finds the checkout's aiayn/ first on
     sys.path, ahead of any regular install; the subpackages beside it must still import (they crashed every pair

@@ -583,6 +583,7 @@ def test_a_compiled_model_trains_to_eagers_numbers(how, tmp_path):
         torch.testing.assert_close(state[k], eager_state[k], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 @pytest.mark.parametrize("how", ["layers", "model"])
 def test_compiled_training_covers_every_shape_and_evaluation_and_decoding_compile_nothing(how):
     """Counted with the eager backend (what dynamo traces, without inductor's codegen): with

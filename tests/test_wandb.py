@@ -103,6 +103,7 @@ def offline(monkeypatch):
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_a_resumed_run_logs_its_config_summary_and_attempts(cache, tmp_path, offline, capsys):
     out = tmp_path / "runs"
     argv = ["train", "--row", "C1", "--preset", "tiny", "--out", str(out), "--wandb", *FAST]
