@@ -243,7 +243,10 @@ def test_notes(report):
     assert "- Code: the runs ran from commit(s) not recorded; 13 run(s) recorded no commit" in md
     # the series as slopes: heads h 1 (A1: 6.0, 6.2) and 4 (base: 5.0, 5.1, 5.2), log PPL on log2 h = 0 and 2
     assert "  - heads h (h 1 4; rows base A1; 5 runs): -8.56% per doubling (95% interval -11.29 to -5.75)" in md
-    assert "  - A1 (ppl, predicted worse): significant agree (2 vs 3 seeds: p = 0.013, Holm-adjusted 0.039)" in md
+    assert (
+        "  - A1 (ppl, predicted worse): significant agree (2 vs 3 seeds: p = 0.013, Holm-adjusted 0.039; Δ tested "
+        "+19.61% PPL, 95% interval +9.59 to +30.54)"
+    ) in md  # the difference the verdict tested, beside the table's
     assert "  - C4 (ppl, predicted worse): not run (no run of C4 among these runs)" in md
     assert "- One seed on a side (D3): no seed-level test" in md
     assert "  - B1 seed 0: failed: RuntimeError: loss is NaN at step 312" in md  # the error's first line only
