@@ -15,6 +15,7 @@ from aiayn.common.files import can_create_in
 from aiayn.common.secrets import redact
 
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
+DRIVER_EXTRAS = {"postgresql": "postgres", "postgres": "postgres", "mysql": "mysql"}  # pyproject.toml's extras
 
 
 def check_url(url: str, creates: Path | None = None) -> str:
@@ -136,6 +137,11 @@ def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.Ba
         return RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
     except Exception as e:  # driver missing, host unreachable, bad credentials, malformed URL
         reason = redact(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
+        extra = DRIVER_EXTRAS.get(scheme)
+        if extra and "import" in reason.lower():  # Optuna's "Failed to import DB access module"
+            raise UserError(
+                f"storage {redact(url)} needs its database driver, which is not installed; pip install 'aiayn[{extra}]'"
+            ) from e
         raise UserError(
             f"cannot open storage {redact(url)} ({reason}); check the URL, the server and its driver"
         ) from e

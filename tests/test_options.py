@@ -378,6 +378,24 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
     assert complete("train", "--table", str(tmp_path / "ro")) == [str(tmp_path / "rows.csv")]
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--model.d_model", "64"], "--model.d_model is LightningCLI's spelling; aiayn's model is a Table 3 row"),
+        (["--seed_everything", "3"], "--seed_everything is LightningCLI's spelling; aiayn's is `seed:`"),
+        (["--data.data_dir=x"], "--data.data_dir is LightningCLI's spelling; aiayn's data is a corpus name"),
+        (["--print_config=comments"], "--print_config=comments: aiayn's --print-config takes no value"),
+    ],
+)
+def test_lightningclis_flag_spellings_get_the_hint_their_yaml_spellings_get(capsys, argv, says):
+    from aiayn.cli import main
+
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert main(["train", "--data", "synthetic", "--print-config"]) == 0  # aiayn's own --data is not LightningCLI's
+
+
 def test_lightning_users_spellings_are_accepted_or_answered_with_aiayns(capsys):
     """`--trainer.gradient_clip_val 1.0` (LightningCLI's dotted Trainer arguments), `--print_config` and
     `aiayn fit` were refused without a hint; the first two are accepted as aiayn's forms, the last is answered with

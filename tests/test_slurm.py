@@ -201,6 +201,12 @@ def test_time_limit_formats(text, seconds):
     assert time_limit_seconds(text) == seconds
 
 
+@pytest.mark.parametrize("text, says", [(None, "--time is missing"), ("", "--time is missing"), ("soon", "'soon'")])
+def test_a_missing_or_bad_time_limit_is_named_as_such(text, says):
+    with pytest.raises(UserError, match=says):
+        time_limit_seconds(text)
+
+
 # ---- the script
 
 

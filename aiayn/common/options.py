@@ -555,6 +555,14 @@ LIGHTNING_BLOCKS = {
 LIGHTNING_COMMANDS = {"fit": "train", "validate": "eval", "test": "eval", "predict": "translate"}
 
 
+def _lightning_block(word: str) -> str | None:
+    """The LightningCLI block a flag spells (`--model.KEY`, `--data.KEY`, `--seed_everything`), or None; aiayn's own
+    `--data` is not one."""
+    name = word.removeprefix("--").split("=")[0] if word.startswith("--") else ""
+    block = name.split(".")[0]
+    return block if block in LIGHTNING_BLOCKS and ("." in name or "_" in block) else None
+
+
 def lightning_spellings(argv: list[str]) -> list[str]:
     """A Lightning user's spellings in aiayn's: `--trainer.KEY VALUE` and `--trainer.KEY=VALUE` (LightningCLI's
     dotted Trainer arguments) as `--trainer KEY=VALUE`, `--print_config` as `--print-config`; LightningCLI's `fit`
@@ -575,6 +583,15 @@ def lightning_spellings(argv: list[str]) -> list[str]:
             out += ["--trainer", f"{key}={value}"]
         elif word == "--print_config":
             out.append("--print-config")
+        elif word.startswith("--print_config=") or word.startswith("--print-config="):
+            raise UserError(
+                f"{word}: aiayn's --print-config takes no value (LightningCLI's comments and skip_null are not "
+                "kept: its YAML has every value, and --help says what each means); pass --print-config"
+            )
+        elif _lightning_block(word):  # `--model.d_model 64`, `--seed_everything 3`: its config blocks as flags
+            raise UserError(
+                f"{word.split('=')[0]} is LightningCLI's spelling; {LIGHTNING_BLOCKS[_lightning_block(word)]}"
+            )
         else:
             out.append(word)
     return out

@@ -42,7 +42,9 @@ SHARED_FS = {
 
 def time_limit_seconds(text: str | None) -> int:
     """SLURM's --time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds."""
-    m = _TIME.match(text or "")
+    if not text:
+        raise UserError("--time is missing: a SLURM job needs its time limit; pass --time HH:MM:SS (or D-HH:MM:SS)")
+    m = _TIME.match(text)
     if not m:
         raise UserError(f"--time {text!r} is not a SLURM time limit; pass --time HH:MM:SS (or D-HH:MM:SS)")
     days, a, b, c = (int(x) if x else None for x in m.groups())
