@@ -1035,8 +1035,8 @@ def test_a_storage_server_that_cannot_be_opened_leaves_no_setup_lock_behind(url,
         __import__("psycopg2" if extra == "postgres" else "pymysql")
     except ImportError:  # the driver missing: its extra named
         assert (
-            err[0]
-            == f"aiayn: error: storage {url} needs its database driver, which is not installed; pip install 'aiayn[{extra}]'"
+            err[0] == f"aiayn: error: storage {url} needs its database driver, which is not installed; "
+            f"pip install 'aiayn[{extra}]'"
         )
     else:  # the server does not answer
         assert err[0].startswith(f"aiayn: error: cannot open storage {url} (")
