@@ -16,7 +16,19 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-RANK = {"common": 0, "ablations": 1, "lightning_modules": 2, "sweeps": 3, "reports": 3, "cli": 4}
+# bench (speed, over one run's pieces), completion (shell completion, from the registries) and doctor (which runs
+# bench's steps) are ranked as their imports put them: above the one-run layer, below the command line
+RANK = {
+    "common": 0,
+    "ablations": 1,
+    "lightning_modules": 2,
+    "sweeps": 3,
+    "reports": 3,
+    "bench": 3,
+    "completion": 3,
+    "doctor": 3.5,
+    "cli": 4,
+}
 
 
 def package_dirs() -> dict[str, Path]:

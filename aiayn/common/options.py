@@ -17,7 +17,7 @@ Written here rather than taken from jsonargparse (on which LightningCLI is built
 behaviour users and scripts rely on would change with any of them: the flat flags (`--max-steps`, not
 `--train.max_steps` only), `--set KEY=VALUE` typed per knob, `--no-…` booleans, one-line errors with exit 2,
 a run's own config.json as a config file, and `to_argv`, which DDP ranks, `srun` and `wandb agent` need to
-rebuild the same options in another process. It covers exactly the types our options use (about 300 lines).
+rebuild the same options in another process. It covers exactly the types our options use.
 """
 
 from __future__ import annotations
