@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -427,3 +428,51 @@ def test_a_seed_begun_alone_is_not_restarted_by_a_pack(cache, tmp_path, capsys):
     assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["pack-seed1-seed2", "seed0", "seed1", "seed2"]
     assert [json.loads((base / f"seed{s}/metrics.json").read_text())["steps"] for s in (0, 1, 2)] == [6, 6, 6]
     assert json.loads((base / "seed0/config.json").read_text())["options"]["dropout_rng"] == "torch"  # resumed alone
+
+
+class Foreign:
+    """Not a tensor, a number or a container: a checkpoint holding one is a pickle that runs code."""
+
+
+@pytest.mark.slow
+def test_a_packs_checkpoint_is_read_with_a_runs_checks_in_one_line_each(cache, tmp_path, capsys):
+    """A shorter budget than the pack trained, a truncated or pickled or foreign checkpoint, a pack folder that is a
+    file: each one line and exit 2 (a shorter budget was recorded as done, the rest were tracebacks that marked the
+    seeds failed); a kill's temporary file in the pack's checkpoints is removed at the restart."""
+    out = tmp_path / "o"
+    argv = ["train", *SMALL, "--pack-seeds", "0,1", "--out", str(out)]
+    assert main([*argv, "--max-steps", "4"]) == 0
+    pack = out / "tiny" / "synthetic" / "base" / "pack-seed0-seed1"
+    last = pack / "checkpoints" / "last.ckpt"
+    good = last.read_bytes()
+    capsys.readouterr()
+
+    def refused(says: str) -> None:
+        assert main([*argv, "--max-steps", "6"] if "shortened" not in says else [*argv, "--max-steps", "2"]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(("INFO ", "WARNING "))]
+        assert len(err) == 1 and says in err[0], err
+
+    refused("a run cannot be shortened")
+    for s in (0, 1):  # the seeds' records lost: the pack's checkpoint alone says how far it trained
+        (out / "tiny" / "synthetic" / "base" / f"seed{s}" / "metrics.json").unlink()
+    refused("a run cannot be shortened")
+    last.write_bytes(good[: len(good) // 2])
+    refused("is unreadable")
+    torch.save({"global_step": 4, "x": Foreign()}, last)  # a pickle that would run code on load
+    refused("cannot resume the pack from checkpoint")
+    last.write_bytes(good)
+    state = torch.load(last, weights_only=False)
+    state["aiayn_pack"] = {**state["aiayn_pack"], "seeds": [0, 7]}
+    torch.save(state, last)
+    refused("holds the pack of seeds [0, 7]")
+    last.write_bytes(good)
+    stale = pack / "checkpoints" / ".last.ckpt.abc123.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    assert main([*argv, "--max-steps", "6"]) == 0 and not stale.exists()
+    shutil.rmtree(pack)
+    pack.write_text("not a folder")
+    for s in (0, 1):
+        (out / "tiny" / "synthetic" / "base" / f"seed{s}" / "metrics.json").unlink()
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "8"]) == 2
+    assert "is not a folder" in capsys.readouterr().err

@@ -48,7 +48,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from aiayn.ablations import stability
 from aiayn.ablations.table import MAX_SEED
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_torch_save
+from aiayn.common.files import UnsafeFile, atomic_torch_save, load_torch_file, remove_stale_temps
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.data.batching import release_workers
 from aiayn.lightning_modules.run import disk
@@ -324,6 +324,48 @@ class PackModule(pl.LightningModule):
         return paper_optimizer(self.parameters(), cfg.d_model, self.warmup, self.lr_factor, self.compiled_optimizer)
 
 
+def pack_resume(where: Path, seeds: tuple[int, ...], steps: int) -> Path | None:
+    """The pack's last.ckpt to resume from, read with a run's checks (one line each, nothing half-done): a pack folder
+    that is a file, a pickled checkpoint (no code runs), an unreadable or truncated one, one that is not a pack's or
+    another pack's, one that trained more steps than asked (a run cannot be shortened). The temporary files a kill
+    left in its checkpoints are removed first; None where it has none."""
+    if where.exists() and not where.is_dir():
+        raise UserError(f"pack folder {where} is not a folder; move it away and run again")
+    checkpoints = where / "checkpoints"
+    if checkpoints.is_dir():
+        remove_stale_temps(checkpoints)
+    last = checkpoints / "last.ckpt"
+    if not last.is_file():
+        return None
+    try:
+        state = load_torch_file(last, map_location="cpu", mmap=True)
+    except UnsafeFile as e:
+        raise UserError(f"cannot resume the pack from checkpoint {e}") from None
+    except Exception as e:
+        raise UserError(
+            f"the pack's checkpoint {last} is unreadable ({type(e).__name__}); move it out of {checkpoints} to train "
+            "the pack from step 0"
+        ) from None
+    pack = state.get(PACK_STATE) if isinstance(state, dict) else None
+    if not isinstance(pack, dict) or "seeds" not in pack or "optimizer_states" not in state:
+        raise UserError(
+            f"{last} is not a pack's whole checkpoint (a run's, or weights only); move it out of {checkpoints} to "
+            "train the pack from step 0"
+        )
+    if list(pack["seeds"]) != list(seeds):
+        raise UserError(
+            f"{last} holds the pack of seeds {pack['seeds']}, not {list(seeds)}; pass --pack-seeds "
+            f"{','.join(map(str, pack['seeds']))}, or move it away"
+        )
+    trained = int(state.get("global_step", 0))
+    if trained > steps:
+        raise UserError(
+            f"the pack in {where} already trained {trained} steps, and this command asks for {steps} (--max-steps): "
+            "a run cannot be shortened; pass another --out for a shorter look, or drop --max-steps"
+        )
+    return last
+
+
 def pack_dir(p: Plan, seeds: tuple[int, ...]) -> Path:
     """ROW/pack-seedA-seedB-...: beside the seeds' run directories, which `OutDir.run_dirs` (seed*) does not list."""
     return p.run.path.parent / ("pack-" + "-".join(f"seed{s}" for s in seeds))
@@ -366,26 +408,26 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     )
     share = compile_model(module.model, opts.compile, dynamic=not first.dm.plan.static_shapes, cuda=cuda)
     where = pack_dir(first, todo)
+    resume = pack_resume(where, todo, steps)  # before anything is made in it
     trainer = pack_trainer(opts, first, where, share)
     for k, s in enumerate(todo):
         p = plans[s]
         p.run.write_config(p.config)
         p.run.write_tokenizer(p.dm.tokenizer_model)
         module.curves[k] = CSVLogger(p.run.path, name=p.run.logs.name, version=p.run.next_log_version())
-    resume = where / "checkpoints" / "last.ckpt"
     log.info(
         "%s: seeds %s as one pack (%s)%s",
         spec.row,
         ", ".join(map(str, todo)),
         where,
-        f", resuming from {resume}" if resume.is_file() else "",
+        f", resuming from {resume}" if resume else "",
     )
     t0 = time.perf_counter()
     try:
         trainer.fit(
             module,
             datamodule=PackData([plans[s].dm for s in todo]),
-            ckpt_path=str(resume) if resume.is_file() else None,
+            ckpt_path=str(resume) if resume else None,
             weights_only=True,
         )
     except SIGTERMException:
