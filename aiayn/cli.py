@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         return print_error(e)
     except BrokenPipeError:  # `aiayn rows | head`: the reader left; what it read is all it wanted
         return commands.closed_stdout()
+    except OSError as e:  # stdout on a full disk (`aiayn completion bash > /dev/full`): one line, exit 2
+        return commands.unwritable_stdout(e)
 
 
 if __name__ == "__main__":

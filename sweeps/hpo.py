@@ -71,7 +71,8 @@ class HpoOptions:
         None,
         "a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with "
         "optional `log: true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop around "
-        "the paper's values; label smoothing only by this file, as the module docstring says)",
+        "the paper's values; label smoothing only by this file: its dev perplexity moves by smoothing's arithmetic, so "
+        "tuning on val/ppl would choose it by its floor)",
         metavar="FILE",
     )
     storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/hpo.db)")

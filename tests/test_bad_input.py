@@ -1115,3 +1115,19 @@ def test_a_storage_on_a_read_only_mount_is_one_line_before_the_setup_lock(tmp_pa
         ],
     )
     assert tree(tmp_path) == before
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+def test_output_to_a_full_disk_is_one_line_and_exit_2():
+    """`aiayn completion bash > /dev/full` was a traceback."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "aiayn", "completion", "bash"], stdout=full, stderr=subprocess.PIPE, text=True
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "aiayn: error: cannot write the output: No space left on device; write it elsewhere"
+    ]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiayn.common.errors import UserError
+from aiayn.common.errors import UserError, print_error
 from aiayn.common.options import (
     HelpFormatter,
     add_options,
@@ -256,3 +256,17 @@ def closed_stdout() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     return 141
+
+
+def unwritable_stdout(e: OSError) -> int:
+    """An OSError that reached the command line: where standard output refuses what is written to it (a full disk),
+    one line and exit 2, stdout pointed at /dev/null so that Python's flush at exit does not fail again; any other
+    OSError is raised again."""
+    try:
+        sys.stdout.write("")
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return print_error(UserError(f"cannot write the output: {e.strerror}; write it elsewhere"))
+    raise e
