@@ -100,9 +100,15 @@ def pack_seeds(text: str) -> tuple[int, ...]:
 
 def seed_options(opts: TrainOptions, seed: int, seeds: tuple[int, ...]) -> TrainOptions:
     """One seed of the pack `seeds`, its options as its config.json records them: the seed alone with the counter
-    stream and the pack's batch order (its first seed's, or --batch-order-seed), which train it to the numbers it
-    has in the pack."""
-    order = seeds[0] if opts.batch_order_seed is None else opts.batch_order_seed
+    stream and its batch order, which train it to the numbers it has in the pack. Each seed takes its own order, as
+    separate runs do, so that the pack's replicates share no random factor (the report's tests rest on their spread);
+    with --static-shapes, or --batch-order-seed, they share one (the first seed's, or that seed's): every seed's batch
+    of a step then has one shape, which a compiled or graphed step needs (a shape per step, not one per mix of
+    buckets), at the price of a shared length schedule."""
+    if opts.batch_order_seed is not None:
+        order = opts.batch_order_seed
+    else:
+        order = seeds[0] if opts.static_shapes else seed
     return replace(opts, seed=seed, pack_seeds=None, dropout_rng="counter", batch_order_seed=order)
 
 
