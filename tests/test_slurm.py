@@ -89,7 +89,7 @@ BAD = [
     ),
     ("spawning strategy", ["table3", *ARGS_CPU, "--strategy", "ddp_spawn"], "pass --strategy ddp"),
     ("bad time", ["table3", "--accelerator", "cpu", "--partition", "p", "--time", "soon"], "is not a SLURM time"),
-    ("no time", ["table3", "--accelerator", "cpu", "--partition", "p"], "is not a SLURM time"),
+    ("no time", ["table3", "--accelerator", "cpu", "--partition", "p"], "--time is missing"),
     (
         "time under the warning",
         ["table3", "--accelerator", "cpu", "--partition", "p", "--time", "1"],
