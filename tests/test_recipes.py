@@ -216,8 +216,8 @@ def test_a_report_column_by_its_recipe(copy, tmp_path):
     edit(
         copy,
         "reports/table.py",
-        '"n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m",',
-        '"n", "ppl", "ppl_std", "bleu", "bleu_std", "params_m", "tokens_per_s",',
+        '    "params_m",\n    "paper_ppl",\n',
+        '    "params_m",\n    "tokens_per_s",\n    "paper_ppl",\n',
     )
     edit(
         copy,
