@@ -375,13 +375,11 @@ def _p_text(v) -> str:
 def _tested_delta(v) -> str:
     """The difference the verdict tested at the end and its interval (the table's Δ is the final evaluation's; a
     preset that reads each point as a median of validations tests that median): in percent of dev PPL, or BLEU."""
-    if v.metric == "ppl":
-        pct = lambda x: f"{100 * math.expm1(x):+.2f}"  # noqa: E731
-        low, high = (v.tost_low, v.tost_high) if v.predicted == "equivalent" else (v.ci_low, v.ci_high)
-        level = "90%" if v.predicted == "equivalent" else "95%"
-        return f"Δ tested {pct(v.delta_worse)}% PPL, {level} interval {pct(low)} to {pct(high)}"
     low, high = (v.tost_low, v.tost_high) if v.predicted == "equivalent" else (v.ci_low, v.ci_high)
     level = "90%" if v.predicted == "equivalent" else "95%"
+    if v.metric == "ppl":
+        pct = lambda x: f"{100 * math.expm1(x):+.2f}"  # noqa: E731
+        return f"Δ tested {pct(v.delta_worse)}% PPL, {level} interval {pct(low)} to {pct(high)}"
     return f"Δ tested {-v.delta_worse:+.2f} BLEU, {level} interval {-high:+.2f} to {-low:+.2f}"
 
 

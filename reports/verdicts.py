@@ -307,8 +307,9 @@ def _count_margin(pred: Prediction, cell: Cell) -> float:
     0.5 BLEU)."""
     if pred.margin is not None:
         return pred.margin
-    registered = predictions(cell.preset) if cell.registration is None else predictions(cell.preset, cell.registration)
-    same = [p.margin for p in registered.values() if p.equivalence and p.metric == pred.metric and p.margin]
+    same = [
+        p.margin for p in _registered(cell, None).values() if p.equivalence and p.metric == pred.metric and p.margin
+    ]
     if same:
         return min(same)
     return MIN_PAPER_DELTA_PPL if pred.metric == "ppl" else MIN_PAPER_DELTA_BLEU

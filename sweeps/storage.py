@@ -35,8 +35,9 @@ def check_url(url: str, creates: Path | None = None) -> str:
             f"postgresql://USER@HOST/DB or mysql://USER@HOST/DB"
         )
     elif scheme == "sqlite":
-        path = url.split(":", 1)[1].removeprefix("///")
-        if path in ("", "//", ":memory:") or not url.split(":", 1)[1].startswith("///"):
+        rest = url.split(":", 1)[1]
+        path = rest.removeprefix("///")
+        if not rest.startswith("///") or path in ("", ":memory:"):
             raise UserError(
                 f"storage {redact(url)}: an in-memory database keeps no books for the runs' processes or a rerun; "
                 "pass sqlite:///PATH (a file)"
