@@ -3,7 +3,9 @@
 One line per (preset, row) that a preset scores, checks or declares not testable:
 
 - `metric`: `bleu` (dev BLEU) or `ppl` (dev perplexity) — the one number the row's verdict is on;
-- `predicted`: `worse` or `better` than base in that metric; `equivalent` to base within `margin`; `check`, an
+- `predicted`: `worse` or `better` than base in that metric; `equivalent` to base within `margin`; `control`, a
+  row beyond the paper's claims predicted worse and never scored, registered only so that an equivalence of its
+  knob can count (assay sensitivity: no-pe for E1, whose knob no other row of the paper's table varies); `check`, an
   implementation check reported beside the table and never scored (label smoothing's perplexity floor: a row
   whose difference from base is fixed by arithmetic cannot test the paper); `not testable` in that preset's
   regime; or `not scored` there though testable (e.g. an effect one seed cannot resolve, in a single-seed preset);
@@ -52,7 +54,8 @@ MIN_PAPER_DELTA_BLEU = 0.5
 MIN_PAPER_DELTA_PPL = 0.015  # relative to base's paper PPL
 METRICS = ("bleu", "ppl")
 SCORED = ("worse", "better", "equivalent")  # a pre-registered test, counted in the table's score
-PREDICTIONS = (*SCORED, "check", "not scored", "not testable")
+CONTROL = "control"  # tested as `worse`, never scored: the seeds' sensitivity to an equivalence's knob
+PREDICTIONS = (*SCORED, CONTROL, "check", "not scored", "not testable")
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,17 @@ class Prediction:
         return self.predicted in SCORED
 
     @property
+    def control(self) -> bool:
+        return self.predicted == CONTROL
+
+    @property
+    def tested(self) -> bool:
+        """Tested against base in the table's family: a scored row or a control."""
+        return self.scored or self.control
+
+    @property
     def worse(self) -> bool:
-        return self.predicted == "worse"
+        return self.predicted in ("worse", CONTROL)
 
     @property
     def equivalence(self) -> bool:
@@ -178,7 +190,7 @@ def _read(path: Path, text: str | None = None) -> dict[str, dict[str, Prediction
             where = f"{path} line {line}"
             if predicted not in PREDICTIONS:
                 raise UserError(f"{where}: predicted must be one of {', '.join(PREDICTIONS)}, got {predicted!r}")
-            measured = predicted in (*SCORED, "check")
+            measured = predicted in (*SCORED, CONTROL, "check")
             if (metric is None) == measured or (metric and metric not in METRICS):
                 raise UserError(
                     f"{where}: a scored or checked row names its metric ({' or '.join(METRICS)}), a row "

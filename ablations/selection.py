@@ -39,9 +39,9 @@ class Selection:
         """The rows to train, in table order; a row the preset's rule maps onto another (`Preset.aliases`) is
         trained once, under that row's name."""
         spec = self.rows if self.rows is not None else preset.rows
-        if spec == "scored":  # the pre-registered tests, base, and the rows reported as checks (label smoothing's)
-            checks = [r for r, p in predictions(preset.name).items() if p.check]
-            rows = ["base", *scored_rows(preset.name), *checks]
+        if spec == "scored":  # the pre-registered tests, base, their controls and the checks (label smoothing's)
+            beside = [r for r, p in predictions(preset.name).items() if p.check or p.control]
+            rows = ["base", *scored_rows(preset.name), *beside]
         else:
             rows = select_rows(spec, self.extended, tables)
         same = dict(preset.aliases)

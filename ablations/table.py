@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from aiayn.ablations.knobs import PAPER_BASE, TABLE_KNOBS, parse_value
+from aiayn.ablations.knobs import MODEL_KEYS, PAPER_BASE, TABLE_KNOBS, parse_value
 from aiayn.common.errors import UserError
 from aiayn.common.files import read_user_text
 from aiayn.common.names import check_name
@@ -180,6 +180,16 @@ def _load_rows(tables: tuple[str, ...], stamps: tuple) -> dict[str, Row]:
             note=r["note"],
         )
     return rows
+
+
+def varied(name: str, tables: tuple[str, ...] = ()) -> frozenset[str]:
+    """The model knobs row `name` sets otherwise than base (its training budget aside): what the row varies; empty
+    for base and for a row no table defines."""
+    rows = load_rows(tuple(tables))
+    if name not in rows:
+        return frozenset()
+    base = rows["base"].knobs
+    return frozenset(k for k, v in rows[name].knobs.items() if k in MODEL_KEYS and v != base[k])
 
 
 def get_row(name: str, tables: tuple[str, ...] = ()) -> Row:

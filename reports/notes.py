@@ -296,8 +296,9 @@ def _verdict_notes(
                 'Equivalence: TOST\'s p is the larger of the two one-sided p-values of "worse by the margin or more" '
                 'and "better by the margin or more" (equivalently, the 90% interval of the difference lies inside '
                 "± the margin, around the registered center where one is registered, else around 0). An equivalence "
-                "counts only where the same cell also shows a row predicted worse "
-                "significantly worse (assay sensitivity: the seeds can see a difference), and is refuted where Welch's "
+                "counts only where the same cell also shows a row of the same knob (one that varies only knobs the "
+                "equivalence varies: A1 or B1 for A3, no-pe for E1) significantly different as predicted (assay "
+                "sensitivity: the seeds can see a difference that knob makes), and is refuted where Welch's "
                 "two-sided test, Bonferroni-adjusted over the family, finds a difference.",
                 [
                     f"{v.row}{where(v)}: margin ±{100 * math.expm1(v.margin):.2f}% of dev PPL"

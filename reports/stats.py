@@ -31,7 +31,7 @@ AGREE = "agree"
 INCONCLUSIVE = "inconclusive"
 EQUIVALENT = "equivalent"  # TOST significant, and the table shows it can see a difference (assay sensitivity)
 EQUIVALENT_UNASSAYED = (
-    "equivalent, assay not sensitive"  # TOST significant, but no capacity row significant: not counted
+    "equivalent, assay not sensitive"  # TOST significant, but no row of its knob significant: not counted
 )
 DISAGREE = "disagree"
 SIGNIFICANT_DISAGREE = "significant disagree"
@@ -136,11 +136,11 @@ def equivalence_verdict(
     p_tost_adjusted: float, p_diff_adjusted: float, delta_worse: float, assay: bool, outside: bool = False
 ) -> str:
     """The verdict on a row predicted equivalent to base: `equivalent` when its Holm-adjusted TOST p < ALPHA and the
-    table is assay-sensitive (`assay`: a row predicted worse is significantly worse in the same table, so the seeds
-    can see a difference), `equivalent, assay not sensitive` (not counted) without that; `not equivalent` when its
-    90% interval (TOST's) lies wholly outside the margin (`outside`): the data show a difference larger than the
-    margin; `significant disagree` when the two-sided difference test is significant instead; otherwise
-    `inconclusive` (neither shown)."""
+    table is assay-sensitive (`assay`: a row of the same knob is significantly different as predicted in the same
+    table, so the seeds can see a difference that knob makes), `equivalent, assay not sensitive` (not counted)
+    without that; `not equivalent` when its 90% interval (TOST's) lies wholly outside the margin (`outside`): the
+    data show a difference larger than the margin; `significant disagree` when the two-sided difference test is
+    significant instead; otherwise `inconclusive` (neither shown)."""
     if not math.isnan(p_tost_adjusted) and p_tost_adjusted < ALPHA:
         return EQUIVALENT if assay else EQUIVALENT_UNASSAYED
     if outside:

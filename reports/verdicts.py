@@ -31,7 +31,7 @@ import pandas as pd
 
 from aiayn.ablations.predictions import MIN_PAPER_DELTA_BLEU, MIN_PAPER_DELTA_PPL, SCORED, Prediction, predictions
 from aiayn.ablations.stability import READINGS, STABILITY, WINDOW, point_steps, point_value  # noqa: F401
-from aiayn.ablations.table import load_rows
+from aiayn.ablations.table import load_rows, varied
 from aiayn.reports import stats
 
 
@@ -356,7 +356,7 @@ def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, st
     for cell in cells:
         values = cell.at(fraction)
         for row, pred in _registered(cell, predict).items():
-            if pred.scored and row not in cell.absent:
+            if pred.tested and row not in cell.absent:
                 mine = values.get(row, {}).get(pred.metric, [])
                 tests[(cell.preset, row)] = _test(pred, mine, values.get("base", {}).get(pred.metric, []))
     adjusted = stats.holm({key: t.p for key, t in tests.items()})
@@ -365,13 +365,25 @@ def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, st
     for key, t in tests.items():
         if not t.pred.equivalence:
             out[key] = (t, adjusted[key], stats.verdict(t.worse, t.pred.worse, adjusted[key], t.n_row, t.n_base))
-    sensitive = {key[0] for key, (t, _, label) in out.items() if t.pred.worse and label == stats.SIGNIFICANT_AGREE}
+    # assay sensitivity is the registration's: its rows of a knob, significant as it predicted them, whoever predicts
+    registered = out if predict is None else _judge_at(cells, fraction, None)
+    seen = [key for key, (_, _, label) in registered.items() if label == stats.SIGNIFICANT_AGREE]
     for key, t in tests.items():
         if t.pred.equivalence:
             refuted = min(1.0, t.p_diff * family) if not math.isnan(t.p_diff) else math.nan
-            label = stats.equivalence_verdict(adjusted[key], refuted, t.worse, key[0] in sensitive, _outside(t))
+            assay = any(other[0] == key[0] and _same_knob(other[1], key[1]) for other in seen)
+            label = stats.equivalence_verdict(adjusted[key], refuted, t.worse, assay, _outside(t))
             out[key] = (t, adjusted[key], label)
     return out
+
+
+def _same_knob(row: str, equivalent: str) -> bool:
+    """Whether `row` varies only knobs that the row predicted `equivalent` varies (B1's d_k, A1's heads for A3; no-pe
+    for E1): a difference it shows is one the equivalence's own knob can make, so the seeds can see one there. A
+    naive predictor's equivalence is judged by the same registered rows, so that it wins or loses on its own
+    prediction only."""
+    mine = varied(row)
+    return bool(mine) and mine <= varied(equivalent)
 
 
 def _outside(t: _Test) -> bool:
@@ -399,8 +411,9 @@ def stable_verdict(labels: list[str]) -> str:
 def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdict]:
     """(preset, row) -> Verdict for every row the cells' predictions name, the scored ones tested together: one Holm
     family over every cell's pre-registered tests (a suite such as `evidence` with its data-limited cell), at each
-    point of the stability rule. An equivalence counts only where its own cell shows a row predicted worse
-    significantly worse at the same point (assay sensitivity); it is refuted when Welch's difference test,
+    point of the stability rule. An equivalence counts only where its own cell shows a row of the same knob (one
+    that varies only knobs the equivalence varies) significantly different as predicted at the same point (assay
+    sensitivity); it is refuted when Welch's difference test,
     Bonferroni-adjusted over the family, is significant. `predict(prediction, cell)`: another predictor's predictions
     instead of the registered ones (BASELINES), judged on the same numbers by the same rules."""
     out: dict[tuple[str, str], Verdict] = {}
@@ -408,7 +421,7 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
         for row, pred in _registered(cell, predict).items():
             if pred.check:
                 out[(cell.preset, row)] = _check(row, pred, cell)
-            elif not pred.scored:
+            elif not pred.tested:
                 label = stats.NOT_TESTABLE if pred.predicted == "not testable" else stats.NOT_SCORED
                 out[(cell.preset, row)] = Verdict(
                     row, None, pred.predicted, math.nan, math.nan, math.nan, label, cell=cell.preset

@@ -5,7 +5,7 @@ import pytest
 
 from aiayn.ablations import predictions as P
 from aiayn.ablations.presets import PRESETS
-from aiayn.ablations.table import load_rows
+from aiayn.ablations.table import load_rows, varied
 from aiayn.common.errors import UserError
 
 
@@ -55,6 +55,9 @@ def test_every_line_keeps_the_rules(preset):
             assert pred.metric in P.candidates().get(row, ()), f"{preset} {row}: not beyond the paper's noise"
             # a prediction against the paper's sign would have to say so; none does today
             assert pred.predicted == P.paper_direction(row, pred.metric), f"{preset} {row}: not the paper's sign"
+        if pred.control:  # a row beyond the paper's claims, beside an equivalence of its own knob
+            mine = P.predictions(preset)
+            assert any(varied(row) <= varied(r) for r, p in mine.items() if p.equivalence), f"{preset} {row}"
         if pred.check:  # label smoothing's floor: a row that changes eps_ls alone, checked on perplexity
             changed = {k for k, v in rows[row].knobs.items() if v != rows["base"].knobs[k]}
             assert changed == {"eps_ls"} and pred.metric == "ppl", f"{preset} {row}: a check is smoothing's floor"

@@ -294,23 +294,27 @@ def _preds(monkeypatch, table: dict):
     monkeypatch.setattr(verdicts, "predictions", lines)
 
 
-def test_an_equivalence_counts_only_where_its_cell_shows_a_capacity_row_significantly_worse(monkeypatch):
+def test_an_equivalence_counts_only_where_its_cell_shows_a_row_of_its_own_knob_significantly_worse(monkeypatch):
     m = 0.0125
-    _preds(monkeypatch, {"x": {"A3": ("ppl", "equivalent", "", m), "C4": ("ppl", "worse", "")}})
+    lines = {"A3": ("ppl", "equivalent", "", m), "A1": ("ppl", "worse", ""), "C4": ("ppl", "worse", "")}
+    _preds(monkeypatch, {"x": lines})
     base = [1.300, 1.305, 1.310, 1.302, 1.308, 1.297, 1.303, 1.306]
     same = [1.301, 1.306, 1.303, 1.299, 1.309, 1.304, 1.300, 1.307]  # within 0.1% of base, spread alike
     worse = [1.45, 1.46, 1.44, 1.455]
-    values = {"base": {"ppl": base}, "A3": {"ppl": same}, "C4": {"ppl": worse}}
+    flat = [1.30, 1.31, 1.29, 1.305]  # a row the seeds cannot tell from base
+    # A1 varies the heads as A3 does: its difference shows the seeds can see what that knob does
+    values = {"base": {"ppl": base}, "A3": {"ppl": same}, "A1": {"ppl": worse}, "C4": {"ppl": flat}}
     sensitive = verdicts.judge("x", values, held(values))
-    assert sensitive["C4"].verdict == stats.SIGNIFICANT_AGREE and sensitive["A3"].verdict == stats.EQUIVALENT
+    assert sensitive["A1"].verdict == stats.SIGNIFICANT_AGREE and sensitive["A3"].verdict == stats.EQUIVALENT
     assert sensitive["A3"].margin == pytest.approx(math.log1p(m))
-    # the same A3 beside a capacity row the seeds cannot tell from base: equivalent, but not counted
-    flat = [1.30, 1.31, 1.29, 1.305]
-    values = {"base": {"ppl": base}, "A3": {"ppl": same}, "C4": {"ppl": flat}}
+    # the same A3 beside a capacity row (C4: d_model) significantly worse and its own knob's row flat: equivalent,
+    # but not counted, for a difference in width says nothing of whether the seeds can see one in the heads
+    values = {"base": {"ppl": base}, "A3": {"ppl": same}, "A1": {"ppl": flat}, "C4": {"ppl": worse}}
     blind = verdicts.judge("x", values, held(values))
+    assert blind["C4"].verdict == stats.SIGNIFICANT_AGREE
     assert blind["A3"].verdict == stats.EQUIVALENT_UNASSAYED and not blind["A3"].passed
     s = verdicts.score(sensitive)
-    assert (s["scored"], s["passed"], s["equivalent"]) == (2, 2, 1)
+    assert (s["scored"], s["passed"], s["equivalent"]) == (3, 2, 1)
     # TOST's own 90% interval is the one inside the margin; it is printed (it was blank where no test was made)
     a3 = sensitive["A3"]
     assert -a3.margin < a3.tost_low < a3.tost_high < a3.margin and a3.ci_low < a3.tost_low
@@ -351,9 +355,10 @@ def test_label_smoothings_floor_is_a_check_never_a_score(monkeypatch):
 def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
     """ "every change hurts" and "more parameters help, every other change hurts" judged on the same numbers
     by the same rules as the registration. The table: C5 (more parameters) is better, C6 (fewer) worse, A3 (as many)
-    worse, E1 (more: a learned table) as good as base. The registration predicts C5 better, C6 worse, A3 and E1
-    equivalent: it passes C5, C6, E1; "every change hurts" passes C6 and A3 (significantly worse) and fails C5 and E1;
-    "more parameters help" passes C5, C6, A3 and fails E1 (not significantly better)."""
+    worse, E1 (more: a learned table) as good as base, no-pe (a control, never scored) worse. The registration
+    predicts C5 better, C6 worse, A3 and E1 equivalent: it passes C5, C6 and E1 (no-pe, of its knob, shows the seeds
+    see a difference there); "every change hurts" passes C6 and A3 (significantly worse) and fails C5 and E1; "more
+    parameters help" passes C5, C6, A3 and fails E1 (not significantly better)."""
     from aiayn.ablations import predictions as P
 
     preds = {
@@ -361,6 +366,7 @@ def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
         "C5": P.Prediction("C5", "ppl", "better", ""),
         "C6": P.Prediction("C6", "ppl", "worse", ""),
         "E1": P.Prediction("E1", "ppl", "equivalent", "", margin=0.05),
+        "no-pe": P.Prediction("no-pe", "ppl", "control", ""),
     }
     monkeypatch.setattr(verdicts, "predictions", lambda preset: preds)
     base = [5.00, 5.02, 4.98, 5.01, 4.99, 5.00]
@@ -370,8 +376,9 @@ def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
         "C5": {"ppl": [x * 0.80 for x in base]},
         "C6": {"ppl": [x * 1.20 for x in base]},
         "E1": {"ppl": [5.01, 5.00, 4.99, 5.02, 4.98, 5.00]},  # within 0.5%: equivalent
+        "no-pe": {"ppl": [x * 1.30 for x in base]},
     }
-    params = {"base": 1000, "A3": 1000, "C5": 2000, "C6": 800, "E1": 1100}
+    params = {"base": 1000, "A3": 1000, "C5": 2000, "C6": 800, "E1": 1100, "no-pe": 1000}
     cells = [verdicts.Cell("any", values, held(values), params=params)]
     family = verdicts.judge_cells(cells)
     baselines = verdicts.judge_baselines(cells)
@@ -380,9 +387,11 @@ def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
         "C5": "better",
         "C6": "worse",
         "E1": "better",
+        "no-pe": "control",
     }
     s = verdicts.score(family, baselines)
-    assert s["passed"] == 3
+    assert (s["scored"], s["passed"]) == (4, 3)
+    assert family[("any", "no-pe")].verdict == stats.SIGNIFICANT_AGREE and family[("any", "E1")].passed
     hurts, params_help = s["baselines"]["every_change_hurts"], s["baselines"]["more_parameters_help"]
     assert (hurts["passed"], params_help["passed"]) == (2, 3)
     assert hurts["differs_on"] == ["A3", "C5", "E1"]
@@ -393,15 +402,18 @@ def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
     assert params_help["registered_passed_where_it_did_not"] == ["E1"]
     # a row whose parameter count is unknown gets no prediction from it (not scored for it)
     unknown = verdicts.judge_baselines([verdicts.Cell("any", values, held(values), params={"base": 1000})])
-    assert all(v.predicted == "not scored" for v in unknown["more_parameters_help"].values())
+    judged = unknown["more_parameters_help"].values()
+    assert all(v.predicted == "not scored" for v in judged if v.row != "no-pe")  # a control stays as registered
 
 
 def test_the_parameter_count_alone_on_a_hand_made_table(monkeypatch):
     """The third naive predictor: more parameters better, fewer worse, within 1% of base's count equivalent within
     the test's margin (a directional test's: its preset's equivalence margin on that metric). The table: A1 (base's
     count, registered worse) is 10% worse; A3 (base's count) as good as base; C5 (more) better; C6 (fewer) worse; E1
-    (10% more: a learned table) as good as base. The registration passes all five; the count alone predicts A1
-    equivalent (within A3's 5%) and E1 better: it passes A3, C5, C6, and misses A1 (not equivalent) and E1."""
+    (10% more: a learned table) as good as base; the control no-pe 30% worse. The registration passes all five (A1
+    and no-pe show the seeds see what the heads and the encoding do); the count alone predicts A1 equivalent (within
+    A3's 5%) and E1 better: it passes A3, C5, C6, and misses A1 (not equivalent) and E1; a control it leaves as
+    registered."""
     from aiayn.ablations import predictions as P
 
     preds = {
@@ -410,6 +422,7 @@ def test_the_parameter_count_alone_on_a_hand_made_table(monkeypatch):
         "C5": P.Prediction("C5", "ppl", "better", ""),
         "C6": P.Prediction("C6", "ppl", "worse", ""),
         "E1": P.Prediction("E1", "ppl", "equivalent", "", margin=0.05),
+        "no-pe": P.Prediction("no-pe", "ppl", "control", ""),
     }
     monkeypatch.setattr(verdicts, "predictions", lambda preset: preds)
     base = [5.00, 5.02, 4.98, 5.01, 4.99, 5.00]
@@ -421,8 +434,9 @@ def test_the_parameter_count_alone_on_a_hand_made_table(monkeypatch):
         "C5": {"ppl": [x * 0.80 for x in base]},
         "C6": {"ppl": [x * 1.20 for x in base]},
         "E1": {"ppl": near},
+        "no-pe": {"ppl": [x * 1.30 for x in base]},
     }
-    params = {"base": 1000, "A1": 1000, "A3": 1005, "C5": 2000, "C6": 800, "E1": 1100}
+    params = {"base": 1000, "A1": 1000, "A3": 1005, "C5": 2000, "C6": 800, "E1": 1100, "no-pe": 1000}
     cells = [verdicts.Cell("any", values, held(values), params=params)]
     judged = verdicts.judge_baselines(cells)["parameter_count_alone"]
     assert {k[1]: (v.predicted, v.margin) for k, v in judged.items()} == {
@@ -431,9 +445,10 @@ def test_the_parameter_count_alone_on_a_hand_made_table(monkeypatch):
         "C5": ("better", None),
         "C6": ("worse", None),
         "E1": ("better", None),
+        "no-pe": ("control", None),
     }
     s = verdicts.score(verdicts.judge_cells(cells), verdicts.judge_baselines(cells))
     count = s["baselines"]["parameter_count_alone"]
     assert (s["passed"], count["passed"], count["label"]) == (5, 3, "the parameter count alone")
     assert count["verdicts"]["A1"] == stats.NOT_EQUIVALENT
-    assert count["differs_on"] == ["A1", "E1"] and count["registered_passed_where_it_did_not"] == ["A1", "E1"]
+    assert count["differs_on"] == count["registered_passed_where_it_did_not"] == ["A1", "E1"]

@@ -17,6 +17,7 @@ import pytest
 
 from aiayn.ablations.predictions import predictions, scored_rows
 from aiayn.ablations.presets import get_preset
+from aiayn.ablations.table import varied
 from aiayn.lightning_modules.run.spec import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,11 +63,16 @@ def test_the_first_slice_holds_exactly_the_tests_where_the_paper_differs_from_bo
     both = [r for r in scored if registered[r].predicted not in ("worse", _more_parameters_help(r))]
     one = [r for r in scored if registered[r].predicted != "worse" and r not in both]
     assert sorted(both) == ["A3", "C3", "D2", "E1"]  # the rows where the paper differs from both
-    assert [sorted(rows) for _, rows in rules.SLICES[:3]] == [["A3", "C1", "E1"], ["C3", "D2"], sorted(one)]
-    assert sorted(set(rules.SLICES[0][1] + rules.SLICES[1][1]) - {"C1"}) == sorted(both)
-    # an equivalence needs a row predicted worse beside it (assay sensitivity): the first slice carries one
-    assert any(registered[r].worse for r in rules.SLICES[0][1])
-    assert sorted(r for _, rows in rules.SLICES for r in rows) == sorted(scored)  # every test, once
+    slices = [sorted(rows) for _, rows in rules.SLICES]
+    assert slices[:3] == [["A1", "A3", "E1", "no-pe"], ["C1", "C3", "D1", "D2"], sorted(one)]
+    assert sorted(r for r in slices[0] + slices[1] if registered[r].equivalence) == sorted(both)
+    # an equivalence counts only beside a registered row of its own knob (assay sensitivity): its slice carries one
+    for rows in slices:
+        for eq in (r for r in rows if registered[r].equivalence):
+            assert any(r != eq and registered[r].worse and varied(r) <= varied(eq) for r in rows), eq
+    assert registered["no-pe"].control and not registered["no-pe"].scored
+    every = sorted(r for rows in slices for r in rows)
+    assert every == sorted([*scored, "no-pe"])  # every test and the control, once
     assert {r: registered[r].seeds for r in both} == dict.fromkeys(both, 8)
 
 
@@ -183,12 +189,13 @@ def test_the_wide_gpu_call_runs_its_pilot_rule_and_first_slice_on_a_cpu_in_its_s
     rule = json.loads((out / "rule.json").read_text())
     assert rule["budget"] in (32, 40) and rule["pilot_seeds"] == [100, 101, 102, 103] and rule["val_every"] == 1
     assert f"| rule 2 | budget {rule['budget']} steps, a validation every 1" in summary
-    assert "| slice 1 (paper v both baselines: heads, positions; C1 for sensitivity: A3,E1,C1) | ok |" in summary
+    slice1 = "paper v both baselines: heads, positions; A1 and no-pe for their sensitivity: A3,E1,A1,no-pe"
+    assert f"| slice 1 ({slice1}) | ok |" in summary
     curves = pd.read_csv(out / "wide-curves.csv")
-    assert set(curves["row"]) == {"base", "A3", "E1", "C1"} and curves["step"].max() == rule["budget"] - 1
+    assert set(curves["row"]) == {"base", "A3", "E1", "A1", "no-pe"} and curves["step"].max() == rule["budget"] - 1
     judged = (out / "verdicts.md").read_text()
     assert judged.startswith(f"# The wide table at the pilot's budget ({rule['budget']} steps), judged as registered")
-    assert "| A3 | equivalent |" in judged and "| C1 | worse |" in judged and "every change hurts" in judged
+    assert "| A3 | equivalent |" in judged and "| A1 | worse |" in judged and "| no-pe | control |" in judged
     assert "| C5 |" not in judged  # a slice not run is not scored
     assert "Scored 3 of the 17 registered" in judged
 
