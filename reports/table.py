@@ -76,6 +76,7 @@ RUN_COLUMNS = [
     "commit",
     "dirty",
     "predictions_sha256",
+    "experiment_sha256",
 ]
 # The stability rule's earlier points (verdicts.STABILITY without 100%) as column suffixes: 75, 87.5
 EARLY = {f: f"{100 * f:g}" for f in verdicts.STABILITY[:-1]}
@@ -436,6 +437,7 @@ def build_table(
                 "commit": r.metrics.commit,
                 "dirty": r.metrics.dirty,
                 "predictions_sha256": r.metrics.predictions_sha256,
+                "experiment_sha256": r.config.experiment_sha256() if r.config is not None else None,
             }
             for row in row_order(set(by_row))
             for r in sorted(by_row[row], key=lambda r: r.seed)

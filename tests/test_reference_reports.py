@@ -9,6 +9,8 @@ or a curve that does not say what the table says shows here rather than passing 
 """
 
 import math
+import re
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -219,3 +221,69 @@ def test_a_reference_reports_predictions_were_committed_before_its_results(table
     assert set(runs["predictions_sha256"].dropna()) == {registration_sha256(preset)}, (
         f"{table.name}: the pre-registration changed after its runs"
     )
+
+
+# The command each reference table's runs were trained by, as BENCHMARKS.md quotes it (reports/reference/commands.csv),
+# with every flag whose default changed since it ran (evidence v6: `--source-eos no`)
+COMMANDS = pd.read_csv(REFERENCE / "commands.csv")
+
+
+def test_every_reference_table_has_its_command_quoted_in_benchmarks():
+    runs = {str(t.relative_to(REFERENCE)).removesuffix(".csv") + "-runs.csv" for t in TABLES}
+    assert set(COMMANDS["runs"]) == runs
+    quoted = (REFERENCE.parents[1] / "BENCHMARKS.md").read_text(encoding="utf-8")
+    for command in COMMANDS["command"]:
+        # the main job's seed sets are quoted once, `aiayn table3 --first-seed S`, S = 0, 1, 2
+        spelled = (command, re.sub(r"--first-seed \d+", "--first-seed S", command))
+        assert any(c in quoted for c in spelled), f"{command!r} is not quoted in BENCHMARKS.md"
+
+
+def resolved_runs(command: str, out: Path) -> dict:
+    """(row, seed) -> (steps, parameters, experiment fingerprint) of every run `command` (`aiayn table3 ...`) trains
+    today, each resolved as the sweep resolves it (its RunConfig, before any data is prepared), nothing trained."""
+    from aiayn.cli import parse
+    from aiayn.common.options import from_args
+    from aiayn.lightning_modules.run.train import plan
+    from aiayn.sweeps.table3 import launches
+
+    argv = shlex.split(command)
+    assert argv[:2] == ["aiayn", "table3"], command
+    args = parse([*argv[1:], "--out", str(out)])
+    opts = from_args(args.command_of.options, args, **dict(args.command_of.fixed))
+    out = {}
+    for _, sweep in launches(opts):
+        for row, seed in sweep.pairs:
+            config = plan(sweep.run_options(row, seed), sweep.specs[row]).config
+            out[(row, seed)] = (config.train.steps, sweep.specs[row].model.params(), config.experiment_sha256())
+    return out
+
+
+@pytest.mark.parametrize("runs_csv, command", COMMANDS.itertuples(index=False), ids=list(COMMANDS["runs"]))
+def test_a_quoted_command_resolves_today_to_the_runs_its_report_recorded(runs_csv, command, tmp_path, monkeypatch):
+    """The command quoted beside a reference table trains, today, the runs its report recorded: the same (row, seed)
+    pairs, each at the steps and parameter count recorded, and, where the report recorded each run's experiment
+    fingerprint (its model, data, schedule, budget, tokens a step, precision), the same experiment. A default changed
+    since (sources ending in `</s>`) changes the fingerprint, so the quote must name the flag that keeps the old."""
+    monkeypatch.chdir(REFERENCE.parents[1])  # a quoted --data-dir is relative to the checkout
+    runs = pd.read_csv(REFERENCE / runs_csv)
+    recorded = {(r.row, int(r.seed)): r for r in runs.itertuples(index=False)}
+    resolved = resolved_runs(command, tmp_path / "out")
+    assert sorted(resolved) == sorted(recorded)
+    for key, (steps, params, experiment) in resolved.items():
+        run = recorded[key]
+        assert (int(run.steps), int(run.params)) == (steps, params), key
+        if "experiment_sha256" in runs.columns:
+            assert run.experiment_sha256 == experiment, f"{key}: {command!r} resolves to another experiment"
+
+
+def test_the_experiment_fingerprint_sees_a_changed_default_and_not_the_machine(tmp_path, monkeypatch):
+    """Evidence v6's runs predate sources ending in `</s>`: its command without `--source-eos no` is another
+    experiment for every run, and the fingerprint says so; where the runs are written is not the experiment."""
+    monkeypatch.chdir(REFERENCE.parents[1])
+    command = "aiayn table3 --preset evidence --rows base,A3 --seeds 1 --base-seeds 1 --first-seed 120"
+    today = resolved_runs(command, tmp_path / "a")
+    then = resolved_runs(command + " --source-eos no", tmp_path / "b")
+    assert sorted(today) == sorted(then) == [("A3", 120), ("base", 120)]
+    assert all(today[k][2] != then[k][2] and today[k][:2] == then[k][:2] for k in today)
+    elsewhere = resolved_runs(command + " --source-eos no", tmp_path / "c")
+    assert elsewhere == then

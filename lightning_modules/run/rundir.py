@@ -281,6 +281,21 @@ class RunConfig:
         """What must match for a rerun to resume a run directory."""
         return {"model": self.model, "data": self.data.to_dict(), "schedule": self.schedule}
 
+    def experiment_sha256(self) -> str:
+        """A fingerprint of the experiment the run is, wherever it ran: its model, data (not the folder it was read
+        from), schedule, budget, tokens a step and precision; the seed aside. Two runs of one row and seed with the
+        same fingerprint trained the same experiment; a report records it for each run, so that a command quoted
+        beside the report can be resolved again and compared (tests/test_reference_reports.py)."""
+        data = {k: v for k, v in self.data.to_dict().items() if k != "data_dir"}
+        t = self.train
+        what = {
+            "model": self.model,
+            "data": data,
+            "schedule": self.schedule,
+            "train": [t.steps, t.effective_tokens_per_step, t.precision],
+        }
+        return sha256_bytes(json.dumps(what, sort_keys=True).encode("utf-8"))
+
     def to_dict(self) -> dict:
         return {
             "schema": self.schema,
