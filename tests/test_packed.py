@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from aiayn.lightning_modules.transformer.config import BOS, PAD, TransformerConfig
+from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
 from aiayn.lightning_modules.transformer.loss import label_smoothed_loss, projected_label_smoothed_loss
-from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
+from aiayn.lightning_modules.transformer.model import Transformer
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
 
 CFG = TransformerConfig(N=2, d_model=16, d_ff=32, h=4, vocab_size=40, max_len=64)

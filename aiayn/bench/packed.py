@@ -29,8 +29,9 @@ from aiayn.bench.profile import profile_steps
 from aiayn.bench.run import bench_config, bench_main, device_name, time_steps, training_batch
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.transformer.compiled import GraphedAdam, compile_model, optimizer_mode
+from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
-from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, counter_dropout
+from aiayn.lightning_modules.transformer.model import Transformer
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches
 
 

@@ -25,8 +25,9 @@ from aiayn.lightning_modules.run.evaluate import bleu, nll_sum
 from aiayn.lightning_modules.transformer.compiled import GraphedAdam
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.transformer.decoding import translate_batch
+from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
-from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, TransformerConfig, counter_dropout
+from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

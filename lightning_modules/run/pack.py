@@ -72,7 +72,8 @@ from aiayn.lightning_modules.run.train import (
     validations,
 )
 from aiayn.lightning_modules.transformer.compiled import compile_model, optimizer_mode
-from aiayn.lightning_modules.transformer.model import DropoutStream, Transformer, TransformerConfig, counter_dropout
+from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
+from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ looks block k's tokens up in table k. Everything between them (attention, residu
 
 Each seed keeps its own initialization (the pack is made of K models built as each would be alone), sentences
 (`stack_batches` pads the K batches to one shape; padding changes no real position's numbers), dropout masks
-(`DropoutStream`: counter-based, the same as the seed trained alone with that stream), loss normalization and Adam
-state (Adam is elementwise: its state for packed_param[k] is model k's). A seed whose numbers go non-finite
-does not touch the others' (tests/test_packed.py). The launches of a step do not grow with K (counted there).
-No Lightning here.
+(dropout_stream.py's `DropoutStream`: counter-based, the same as the seed trained alone with that stream), loss
+normalization and Adam state (Adam is elementwise: its state for packed_param[k] is model k's). A seed whose numbers
+go non-finite does not touch the others' (tests/test_packed.py). The launches of a step do not grow with K (counted
+there). No Lightning here.
 """
 
 from __future__ import annotations
