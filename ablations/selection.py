@@ -4,6 +4,7 @@ or its pre-registered scored rows and base), each with its seeds; base may have 
 from __future__ import annotations
 
 import logging
+import typing
 from dataclasses import dataclass
 
 from aiayn.ablations.predictions import predictions, scored_rows
@@ -20,6 +21,8 @@ class Selection:
     """The rows × seeds of a sweep (`aiayn table3`, `aiayn slurm`): each row `seeds`, base `base_seeds`, and so does
     a row the preset predicts equivalent to base; a row it reports as a check, one; a row whose registration names
     its seeds (ablations/predictions.csv), that many (unless --seeds is given)."""
+
+    OPTION_GROUPS: typing.ClassVar = (("the sweep", ("rows", "seeds", "base_seeds", "first_seed", "extended")),)
 
     rows: str | None = option(
         None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import typing
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 
@@ -53,6 +54,12 @@ SWEEP_SETS = (
 class SweepOptions:
     """`aiayn table3`: which pairs (`select`), how each trains (`train`: every `aiayn train` option but
     the row and seed, which the sweep sets), where the books and the report go, how many at once."""
+
+    # --help's sections (the run options' own follow, from TrainOptions)
+    OPTION_GROUPS: typing.ClassVar = (
+        ("the sweep", ("storage", "report", "fail_on_diverged", "log_interval", "dry_run")),
+        ("back end", ("backend", "jobs", "gpus_per_job", "pack")),
+    )
 
     select: Selection = field(default_factory=Selection)
     storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/optuna.db)")

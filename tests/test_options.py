@@ -6,11 +6,13 @@ import argparse
 import dataclasses
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
 
 from aiayn import __version__
+from aiayn.ablations.selection import Selection
 from aiayn.bench import BenchOptions
 from aiayn.cli import COMMANDS, build_parser
 from aiayn.common.errors import UserError
@@ -101,6 +103,35 @@ def _subparser(command: str):
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     return sub.choices[command]
+
+
+@pytest.mark.parametrize("cls", [TrainOptions, SweepOptions, Selection])
+def test_every_option_is_in_one_help_section(cls):
+    """`--help` in sections (the run, data, training, ...; the sweep, back end): each command-line field of the class
+    in exactly one, and every name a section lists is a field (a new option, or a renamed one, must be placed). The
+    nested option classes (a sweep's `select` and `train`) list their own."""
+    listed = [name for _, names in cls.OPTION_GROUPS for name in names]
+    hints = typing.get_type_hints(cls)
+    options = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("aiayn.option", {}).get("cli", True) and not dataclasses.is_dataclass(hints[f.name])
+    ]
+    assert len(listed) == len(set(listed)), "an option in two sections"
+    assert sorted(listed) == sorted(options)
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ("train", ["the run", "data", "training", "validation", "checkpoints", "compile and packing", "logging"]),
+        ("table3", ["the sweep", "back end", "the run", "data", "training", "validation", "checkpoints"]),
+    ],
+)
+def test_train_and_table3_help_are_in_sections(command, expected):
+    out = subprocess.run([sys.executable, "-m", "aiayn", command, "--help"], capture_output=True, text=True)
+    sections = [line[:-1] for line in out.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert sections[0] == "options" and sections[1 : 1 + len(expected)] == expected, sections
 
 
 def test_help_shows_defaults_and_allowed_values():

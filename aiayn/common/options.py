@@ -164,14 +164,34 @@ def _dest(prefix: str, name: str) -> str:
     return f"{prefix}{name}".replace(".", "__")
 
 
+def groups_of(cls) -> dict[str, str]:
+    """field name -> the title of the --help section it is listed in, from the class's `OPTION_GROUPS` ((title,
+    (field, ...)), ...); a field of none is listed under the parser's own "options"."""
+    return {name: title for title, names in getattr(cls, "OPTION_GROUPS", ()) for name in names}
+
+
+def _section(parser: argparse.ArgumentParser, title: str | None):
+    """The parser's --help section `title` (made once, in the order first asked for), or the parser itself."""
+    if title is None:
+        return parser
+    made = parser.__dict__.setdefault("_aiayn_sections", {})
+    if title not in made:
+        made[title] = parser.add_argument_group(title)
+    return made[title]
+
+
 def add_options(
     parser: argparse.ArgumentParser, cls, *, skip=(), defaults=None, prefix: str = "", instance=None
 ) -> None:
-    """Add `cls`'s option fields to `parser`. `skip` and `defaults` name fields by their dotted path
-    from `cls` (e.g. "train.row"); `defaults` replaces a field's default for this parser only. A group's defaults
-    are its default instance's (a sweep's `train` defaults to `TrainOptions(progress=False)`, so its flags do too)."""
+    """Add `cls`'s option fields to `parser`, each in its --help section (`OPTION_GROUPS`). `skip` and `defaults`
+    name fields by their dotted path from `cls` (e.g. "train.row"); `defaults` replaces a field's default for this
+    parser only. A group's defaults are its default instance's (a sweep's `train` defaults to
+    `TrainOptions(progress=False)`, so its flags do too)."""
     hints = typing.get_type_hints(cls)
     defaults = defaults or {}
+    sections = groups_of(cls)
+    for title in dict.fromkeys(sections.values()):  # in OPTION_GROUPS' order
+        _section(parser, title)
     for f in fields(cls):
         path, meta = f"{prefix}{f.name}", _meta(f)
         base = _base_type(hints[f.name])
@@ -215,7 +235,7 @@ def add_options(
             kw["nargs"] = "?"  # a --config file may give it; from_args says when nothing did
             parser.add_argument(kw.pop("dest"), **kw)
             continue
-        parser.add_argument(flag_of(f), **kw)
+        _section(parser, sections.get(f.name)).add_argument(flag_of(f), **kw)
         if prefix:  # the dotted path too (`--train.max_steps`), kept out of --help: the same option
             alias = {k: v for k, v in kw.items() if k != "required"}
             parser.add_argument(f"--{path}", **{**alias, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS})

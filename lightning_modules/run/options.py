@@ -22,6 +22,51 @@ from aiayn.lightning_modules.data.corpora import CORPORA
 class TrainOptions:
     """What `aiayn train` takes: which run, where its data and results live, and the Trainer's settings."""
 
+    # --help's sections, in this order (every option is in one: tests/test_options.py)
+    OPTION_GROUPS: typing.ClassVar = (
+        ("the run", ("row", "table", "preset", "overrides", "seed", "out")),
+        (
+            "data",
+            (
+                "data",
+                "data_dir",
+                "hf_splits",
+                "source_eos",
+                "src_lang",
+                "tgt_lang",
+                "cache_dir",
+                "vocab_size",
+                "train_pairs",
+                "tokenizer",
+                "num_workers",
+            ),
+        ),
+        (
+            "training",
+            (
+                "max_steps",
+                "max_tokens",
+                "accelerator",
+                "devices",
+                "num_nodes",
+                "strategy",
+                "precision",
+                "matmul_precision",
+                "residual_dtype",
+                "dropout_rng",
+                "batch_order_seed",
+                "trainer",
+            ),
+        ),
+        ("validation", ("val_bleu_sentences", "val_every", "stability_validations", "eval_subset")),
+        (
+            "checkpoints",
+            ("ckpt_every", "ckpt_every_minutes", "keep_last", "keep_for_averaging", "weights_only_checkpoints"),
+        ),
+        ("compile and packing", ("compile", "static_shapes", "pad_to", "pack_seeds")),
+        ("logging", ("logger", "wandb", "wandb_checkpoints", "log_model", "progress")),
+    )
+
     row: str = option("base", "the Table 3 row (see `aiayn rows`)")
     table: tuple[str, ...] = option(
         (),
