@@ -4,6 +4,9 @@ and the verdicts; `headline` and `lead`, the sentences a reader sees first. Buil
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -69,54 +72,290 @@ def _rule(runs: list[Run], preset: str) -> str:
     return known.rule() if known else "unknown preset (not in ablations/presets.py)"
 
 
-def report_notes(
-    table,
-    runs,
-    preset,
-    data,
-    skipped,
-    family,
-    baselines,
-    scored_preset,
-    convergence,
-    slopes,
-    reading="nearest",
-    mismatched=None,
-) -> list[tuple[str, list[str]]]:
-    """(text, sub-items) pairs; `code` spans are the only markup."""
-    done = [r for r in runs if r.completed]
-    notes = [(f"Preset `{preset}`, corpus `{data}`; scaling rule: {_rule(runs, preset)}.", [])]
-    notes.append(_code_note(runs, scored_preset))
+class Note(NamedTuple):
+    """One note under a report's table: its text and its sub-items; `code` spans are the only markup. The renderers
+    (reports/render.py: Markdown, HTML, LaTeX) lay every note out alike."""
+
+    text: str
+    items: list[str] | tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a report's notes are written from: its table, runs and verdicts, as reports/build.py made them."""
+
+    table: pd.DataFrame
+    runs: list[Run]
+    preset: str
+    data: str
+    skipped: list  # (path, why) of unreadable metrics.json files
+    family: dict  # (cell, row) -> Verdict of the registration
+    baselines: dict  # baseline name -> its verdicts on the same numbers
+    scored_preset: str | None  # the preset whose registration scores these runs (None: no verdict)
+    convergence: str
+    slopes: pd.DataFrame | None = None
+    reading: str = "nearest"
+    mismatched: dict = field(default_factory=dict)  # row -> why its Δ is left blank
+
+    @cached_property
+    def done(self) -> list[Run]:
+        return [r for r in self.runs if r.completed]
+
+    @cached_property
+    def score(self) -> dict:
+        return verdicts.score(self.family, self.baselines)
+
+    @cached_property
+    def scored(self) -> list:
+        return [v for v in self.family.values() if v.predicted in SCORED]
+
+    @cached_property
+    def cells(self) -> list[str]:
+        return list(dict.fromkeys(v.cell for v in self.family.values()))
+
+    def where(self, v) -> str:
+        """A verdict's cell, where the report has more than one."""
+        return f" [{v.cell}]" if len(self.cells) > 1 else ""
+
+
+def report_notes(facts: Facts) -> list[Note]:
+    """Every note, in the order a reader meets them: each of NOTES' writers gives none, one or more."""
+    return [note for write in NOTES for note in write(facts)]
+
+
+def _setting(f: Facts) -> list[Note]:
+    done = f.done
     signatures = sorted({str(r.metrics.dev_bleu_signature) for r in done if r.metrics.dev_bleu_signature})
     sentences = sorted({int(r.metrics.dev_sentences) for r in done if r.metrics.dev_sentences})
     sig_text = ", ".join(f"`{s}`" for s in signatures) or "(none recorded)"
     mixed = " (mixed signatures: the rows are not comparable)" if len(signatures) > 1 else ""
     on = f" on {'/'.join(map(str, sentences))} dev sentences" if sentences else ""
-    notes.append(
-        (
+    return [
+        Note(f"Preset `{f.preset}`, corpus `{f.data}`; scaling rule: {_rule(f.runs, f.preset)}.", []),
+        _code_note(f.runs, f.scored_preset),
+        Note(
             f"BLEU: sacreBLEU of the final model's beam search on detokenized output{on}, signature {sig_text}{mixed}; "
             "PPL: dev perplexity per target token, teacher-forced. Ours: mean ± sample std (n − 1) over the n "
             "completed seeds (std blank for n = 1); steps: optimizer steps trained (the plan where no run completed). "
             "Δ: the row against base, ours (means over seeds) and the paper's; Δ PPL in percent of base's.",
             [],
+        ),
+    ]
+
+
+def _mismatched(f: Facts) -> list[Note]:
+    if not f.mismatched:
+        return []
+    return [
+        Note(
+            "Not comparable with base: trained to another share of their budget than base's runs (a look "
+            "that mixes --max-steps); their Δ is left blank and they are not tested:",
+            [f"{row}: {why}" for row, why in f.mismatched.items()],
         )
-    )
-    if mismatched:
-        notes.append(
-            (
-                "Not comparable with base: trained to another share of their budget than base's runs (a look "
-                "that mixes --max-steps); their Δ is left blank and they are not tested:",
-                [f"{row}: {why}" for row, why in mismatched.items()],
+    ]
+
+
+def _unjudged(f: Facts) -> list[Note]:
+    """Why a report gives no verdict: no registration of its preset applies, or it scores nothing."""
+    if not f.scored_preset:
+        preset, data = f.preset, f.data
+        why = (
+            f"corpus `{data}` is not the preset's own"
+            if preset in PRESETS and data != PRESETS[preset].corpus
+            else "runs stopped short of their budget (`--max-steps`)"
+            if preset in PRESETS
+            else "the preset is not aiayn's"
+        )
+        return [
+            Note(
+                f"No pre-registered verdicts: {why}, and `ablations/{PREDICTIONS_FILE.name}` is about the "
+                "presets' own regimes.",
+                [],
             )
+        ]
+    if not f.scored:
+        return [Note(f"Preset `{f.preset}` has no pre-registered scored rows (`ablations/{PREDICTIONS_FILE.name}`).")]
+    return []
+
+
+def _judged(f: Facts) -> bool:
+    return bool(f.scored_preset and f.scored)
+
+
+def _protocol(f: Facts) -> list[Note]:
+    if not _judged(f):
+        return []
+    suite = (
+        f" The tests of cell(s) {', '.join(f'`{x}`' for x in f.cells[1:])} (run by the same command, each against "
+        "its own base) are in the same family and the same score."
+        if len(f.cells) > 1
+        else ""
+    )
+    return [
+        Note(
+            f"Pre-registered (`ablations/{PREDICTIONS_FILE.name}`, committed before these runs): which rows are "
+            f"scored, on which metric, and the prediction, each with its reason; a row may be predicted worse or "
+            f"better only where the paper's Δ is beyond its own noise (|Δ BLEU| ≥ {MIN_PAPER_DELTA_BLEU:g} or |Δ PPL| "
+            f"≥ {MIN_PAPER_DELTA_PPL:.1%}), and equivalent only where it is under both. Each scored row is tested "
+            f"against base over seeds on per-seed dev log-perplexity (PPL rows) or dev BLEU (BLEU rows): a "
+            f"predicted difference by Welch's t-test, two-sided; a predicted equivalence by two one-sided Welch tests "
+            f"(TOST) against its registered margin. The p-values are Holm-adjusted together; significant at α = "
+            f"{stats.ALPHA:g}.{suite} Every row trains the same budget and is compared at the end, as in the paper; "
+            f"{verdicts.stability_text(f.reading)}.",
+            [],
         )
-    notes += _verdict_notes(family, baselines, scored_preset, preset, data, reading)
-    notes.append(_convergence_note(table, convergence))
-    if slopes is not None and len(slopes):
-        notes.append(_slopes_note(slopes))
-    tested = table[table["bootstrap_p"].notna()]
+    ]
+
+
+def _score(f: Facts) -> list[Note]:
+    if not _judged(f):
+        return []
+    s, c = f.score, f.score["counts"]
+    return [
+        Note(
+            f"Score: {s['passed']} of {s['scored']} pre-registered tests pass ({c[stats.SIGNIFICANT_AGREE]} "
+            f"significant in the predicted direction, {c[stats.EQUIVALENT]} equivalent); {c[stats.AGREE]} more agree "
+            f"in sign without significance, {c[stats.DISAGREE] + c[stats.SIGNIFICANT_DISAGREE]} disagree "
+            f"({c[stats.SIGNIFICANT_DISAGREE]} significantly), {c[stats.NOT_EQUIVALENT]} not equivalent, "
+            f"{c[stats.INCONCLUSIVE]} inconclusive, "
+            f"{c[stats.EQUIVALENT_UNASSAYED]} equivalent without assay sensitivity (not counted), "
+            f"{c[stats.NOT_STABLE]} not stable. {_baselines_text(s)}" + _not_run_text(s),
+            [f"{v.row}{f.where(v)} ({v.metric}, predicted {v.predicted}): {v.verdict}" + _p_text(v) for v in f.scored],
+        ),
+        _baselines_note(f.scored, s, f.where),
+        Note(
+            "Why each test passed or failed, point by point (the stability rule):",
+            [f"{v.row}{f.where(v)}: {v.why}" for v in f.scored],
+        ),
+    ]
+
+
+def _equivalences(f: Facts) -> list[Note]:
+    equiv = [v for v in f.scored if v.predicted == "equivalent"] if _judged(f) else []
+    if not equiv:
+        return []
+    return [
+        Note(
+            'Equivalence: TOST\'s p is the larger of the two one-sided p-values of "worse by the margin or more" '
+            'and "better by the margin or more" (equivalently, the 90% interval of the difference lies inside '
+            "± the margin, around the registered center where one is registered, else around 0). An equivalence "
+            "counts only where the same cell also shows a row of the same knob (one that varies only knobs the "
+            "equivalence varies: A1 or B1 for A3, no-pe for E1) significantly different as predicted (assay "
+            "sensitivity: the seeds can see a difference that knob makes), and is refuted where Welch's "
+            "two-sided test, Bonferroni-adjusted over the family, finds a difference.",
+            [f"{v.row}{f.where(v)}: {_margin_text(v)}" for v in equiv if v.margin],
+        )
+    ]
+
+
+def _margin_text(v) -> str:
+    """An equivalence's margin, center, Δ and intervals."""
+    center = f" around {_pct(v.center)} (its registered center: the difference the regime predicts)" if v.center else ""
+    interval = (
+        f"(90% interval {_pct(v.tost_low)} to {_pct(v.tost_high)}, TOST's; 95% {_pct(v.ci_low)} to {_pct(v.ci_high)})"
+        if not pd.isna(v.tost_low)
+        else "(no interval: fewer than two seeds on a side)"
+    )
+    return f"margin ±{100 * math.expm1(v.margin):.2f}% of dev PPL{center}; Δ {_pct(v.delta_worse)} {interval}"
+
+
+def _controls(f: Facts) -> list[Note]:
+    controls = [v for v in f.family.values() if v.predicted == "control" and v.verdict != stats.NOT_RUN]
+    if not _judged(f) or not controls:
+        return []
+    return [
+        Note(
+            "Controls, never scored: rows beyond the paper's claims, predicted worse and tested in the same family, "
+            "so that an equivalence of their knob can count (a significant difference shows the seeds can see what "
+            "that knob does):",
+            [f"{v.row}{f.where(v)} ({v.metric}): {v.verdict}" + _p_text(v) for v in controls],
+        )
+    ]
+
+
+def _checks(f: Facts) -> list[Note]:
+    checks = [v for v in f.family.values() if v.predicted == "check"] if _judged(f) else []
+    if not checks:
+        return []
+    return [
+        Note(
+            "Checks, not findings: label smoothing ε over V classes leaves a model that learns its smoothed "
+            "target exactly a dev perplexity of 1/(1 − ε + ε/V) against one-hot references, so where a model is "
+            "near that floor, no smoothing must read better and more smoothing worse by arithmetic. These rows "
+            "are reported against their floors (a smoothed model cannot go below its own) and never scored.",
+            [
+                f"{v.row}{f.where(v)}: dev PPL {fmt_number(v.ppl, '.3f') or 'none'} against its floor "
+                f"{fmt_number(v.floor, '.3f') or 'unknown'}: {v.verdict}"
+                for v in checks
+            ],
+        )
+    ]
+
+
+def _unscored(f: Facts) -> list[Note]:
+    out = []
+    for cell in f.cells if _judged(f) else []:
+        unscored = [p for p in predictions(cell).values() if p.predicted in ("not scored", "not testable")]
+        if unscored:
+            out.append(
+                Note(
+                    f"Not scored in `{cell}`, as pre-registered (the rows a reader might expect, and why not):",
+                    [f"{p.row} ({p.predicted}): {p.reason}" for p in unscored],
+                )
+            )
+    return out
+
+
+def _single(f: Facts) -> list[Note]:
+    single = [v.row for v in f.scored if min(v.n_row, v.n_base) == 1] if _judged(f) else []
+    if not single:
+        return []
+    return [
+        Note(
+            f"One seed on a side ({', '.join(single)}): no seed-level test, so the verdict is the sign of one run "
+            "against another, an anecdote. Single runs can show an effect that is large against the spread "
+            "between seeds (the same command with `--first-seed 1`, `2` then gives the same signs), not a "
+            "smaller one: that takes seeds (`--seeds`, `--base-seeds`, the `evidence` preset, or seed sets run "
+            "apart and pooled: `aiayn report --runs A --runs B ...`).",
+            [],
+        )
+    ]
+
+
+def _convergence(f: Facts) -> list[Note]:
+    rule = verdicts.rule_text(f.convergence)
+    falls = [f"{r} {100 * d:.1f}%" for r, d in zip(f.table["row"], f.table["last_drop"]) if pd.notna(d)]
+    text = (
+        f"{rule[0].upper()}{rule[1:]} (`last_drop` in the CSVs; each run's in the -runs.csv, its curve in the "
+        "-curves.csv)."
+    )
+    return [Note(text, [", ".join(falls)] if falls else [])]
+
+
+def _slopes(f: Facts) -> list[Note]:
+    if f.slopes is None or not len(f.slopes):
+        return []
+    items = [
+        f"{r.series} ({r.knob} {r.values}; rows {r.rows}; {r.n} runs): {r.slope_pct:+.2f}% per doubling"
+        + ("" if pd.isna(r.ci_low_pct) else f" (95% interval {r.ci_low_pct:+.2f} to {r.ci_high_pct:+.2f})")
+        for r in f.slopes.itertuples()
+    ]
+    return [
+        Note(
+            "Series: each of Table 3's series as a trend, the least-squares slope of dev log-PPL against log2 of the "
+            "knob through every completed run of base and the series' rows, as percent of dev PPL per doubling of the "
+            "knob (negative: more is better), with its 95% interval (the seeds' spread is the residual's). "
+            "Descriptive: the pre-registered tests are the pairwise ones. In the -slopes.csv.",
+            items,
+        )
+    ]
+
+
+def _bootstrap(f: Facts) -> list[Note]:
+    tested = f.table[f.table["bootstrap_p"].notna()]
     seeds = sorted(set(tested["bootstrap_seed"].astype(int)))
-    notes.append(
-        (
+    return [
+        Note(
             f"`{significance.MARK}` (secondary): p < {significance.ALPHA:g} in sacreBLEU's paired bootstrap resampling "
             f"({significance.N_SAMPLES} resamples, seed {significance.bootstrap_seed()}) of the row's dev "
             "hypotheses against base's of the same seed (seed 0, else the first common seed), on the same "
@@ -126,46 +365,72 @@ def report_notes(
             "several times larger: the verdicts rest on seeds, not on it. p-values are in the CSV.",
             [],
         )
-    )
+    ]
+
+
+def _deviations(f: Facts) -> list[Note]:
     deviations = list(GLOBAL_DEVIATIONS)
-    if preset != "paper":
-        deviations.append(f"scaled down by the preset's rule, corpus `{data}` (paper: WMT14 En-De, newstest2013)")
+    if f.preset != "paper":
+        deviations.append(f"scaled down by the preset's rule, corpus `{f.data}` (paper: WMT14 En-De, newstest2013)")
     per_dev: dict[str, list[str]] = {}
-    for run in runs:
+    for run in f.runs:
         for d in run.metrics.deviations:
             rows = per_dev.setdefault(str(d), [])
             if run.row not in rows:
                 rows.append(run.row)
     deviations += [f"{d} (rows: {', '.join(rows)})" for d, rows in per_dev.items()]
-    notes.append(("Deviations from the paper:", deviations))
-    total = sum(float(r.metrics.train_time_s or 0) for r in runs)
-    notes.append(
-        (f"Compute: {_hours(total)} of training ({total:.0f} s summed over {len(done)} completed run(s)).", [])
-    )
-    changed = _changed_rows(done)
+    return [Note("Deviations from the paper:", deviations)]
+
+
+def _books(f: Facts) -> list[Note]:
+    """Compute, rows changed since they ran, runs that did not complete, files skipped."""
+    total = sum(float(r.metrics.train_time_s or 0) for r in f.runs)
+    out = [Note(f"Compute: {_hours(total)} of training ({total:.0f} s summed over {len(f.done)} completed run(s)).")]
+    changed = _changed_rows(f.done)
     if changed:
-        notes.append(
-            (
+        out.append(
+            Note(
                 "Rows that resolve otherwise now than when they ran (edited in ablations/, or the preset's rule "
                 "changed): their numbers here are the old rows'; delete their run directories and sweep again "
                 "to train them anew:",
                 changed,
             )
         )
-    failed = sorted((r for r in runs if not r.completed), key=lambda r: (r.row, r.seed))
-    notes.append(
-        (
+    failed = sorted((r for r in f.runs if not r.completed), key=lambda r: (r.row, r.seed))
+    out.append(
+        Note(
             f"Runs that did not complete ({len(failed)}):" if failed else "Runs that did not complete: none.",
             [f"{r.row} seed {r.seed}: {r.metrics.status}: {_one_line(r.metrics.error)}" for r in failed],
         )
     )
-    notes.append(
-        (
+    skipped = f.skipped
+    out.append(
+        Note(
             f"Skipped files, unreadable metrics.json ({len(skipped)}):" if skipped else "Skipped files: none.",
             [f"`{p.as_posix()}`: {why}" for p, why in skipped],
         )
     )
-    return notes
+    return out
+
+
+# The notes in the order a reader meets them
+NOTES = (
+    _setting,
+    _mismatched,
+    _unjudged,
+    _protocol,
+    _score,
+    _equivalences,
+    _controls,
+    _checks,
+    _unscored,
+    _single,
+    _convergence,
+    _slopes,
+    _bootstrap,
+    _deviations,
+    _books,
+)
 
 
 def _changed_rows(runs: list[Run]) -> list[str]:
@@ -187,7 +452,7 @@ def _changed_rows(runs: list[Run]) -> list[str]:
     ]
 
 
-def _code_note(runs: list[Run], scored_preset: str | None) -> tuple[str, list[str]]:
+def _code_note(runs: list[Run], scored_preset: str | None) -> Note:
     """Which commit the runs ran from, and which pre-registration they recorded against the one scored here."""
     src = runs_recorded(runs)
     commits = ", ".join(f"`{c[:12]}`" for c in src["commits"]) or "not recorded"
@@ -210,151 +475,7 @@ def _code_note(runs: list[Run], scored_preset: str | None) -> tuple[str, list[st
                 f" Pre-registration: the runs recorded sha256 {held}, but this report scores with "
                 f"`{(now or 'none')[:16]}`: the predictions changed after the runs."
             )
-    return text, []
-
-
-def _slopes_note(slopes: pd.DataFrame) -> tuple[str, list[str]]:
-    items = [
-        f"{r.series} ({r.knob} {r.values}; rows {r.rows}; {r.n} runs): {r.slope_pct:+.2f}% per doubling"
-        + ("" if pd.isna(r.ci_low_pct) else f" (95% interval {r.ci_low_pct:+.2f} to {r.ci_high_pct:+.2f})")
-        for r in slopes.itertuples()
-    ]
-    return (
-        "Series: each of Table 3's series as a trend, the least-squares slope of dev log-PPL against log2 of the knob "
-        "through every completed run of base and the series' rows, as percent of dev PPL per doubling of the knob "
-        "(negative: more is better), with its 95% interval (the seeds' spread is the residual's). Descriptive: the "
-        "pre-registered tests are the pairwise ones. In the -slopes.csv.",
-        items,
-    )
-
-
-def _verdict_notes(
-    family: dict, baselines: dict, scored_preset: str | None, preset: str, data: str, reading: str = "nearest"
-) -> list[tuple[str, list[str]]]:
-    if not scored_preset:
-        why = (
-            f"corpus `{data}` is not the preset's own"
-            if preset in PRESETS and data != PRESETS[preset].corpus
-            else "runs stopped short of their budget (`--max-steps`)"
-            if preset in PRESETS
-            else "the preset is not aiayn's"
-        )
-        return [
-            (
-                f"No pre-registered verdicts: {why}, and `ablations/{PREDICTIONS_FILE.name}` is about the "
-                "presets' own regimes.",
-                [],
-            )
-        ]
-    s = verdicts.score(family, baselines)
-    scored = [v for v in family.values() if v.predicted in SCORED]
-    if not scored:
-        return [(f"Preset `{preset}` has no pre-registered scored rows (`ablations/{PREDICTIONS_FILE.name}`).", [])]
-    c = s["counts"]
-    cells = list(dict.fromkeys(v.cell for v in family.values()))
-    where = lambda v: f" [{v.cell}]" if len(cells) > 1 else ""  # noqa: E731
-    single = [v.row for v in scored if min(v.n_row, v.n_base) == 1]
-    suite = (
-        f" The tests of cell(s) {', '.join(f'`{x}`' for x in cells[1:])} (run by the same command, each against "
-        "its own base) are in the same family and the same score."
-        if len(cells) > 1
-        else ""
-    )
-    equiv = [v for v in scored if v.predicted == "equivalent"]
-    out = [
-        (
-            f"Pre-registered (`ablations/{PREDICTIONS_FILE.name}`, committed before these runs): which rows are "
-            f"scored, on which metric, and the prediction, each with its reason; a row may be predicted worse or "
-            f"better only where the paper's Δ is beyond its own noise (|Δ BLEU| ≥ {MIN_PAPER_DELTA_BLEU:g} or |Δ PPL| "
-            f"≥ {MIN_PAPER_DELTA_PPL:.1%}), and equivalent only where it is under both. Each scored row is tested "
-            f"against base over seeds on per-seed dev log-perplexity (PPL rows) or dev BLEU (BLEU rows): a "
-            f"predicted difference by Welch's t-test, two-sided; a predicted equivalence by two one-sided Welch tests "
-            f"(TOST) against its registered margin. The p-values are Holm-adjusted together; significant at α = "
-            f"{stats.ALPHA:g}.{suite} Every row trains the same budget and is compared at the end, as in the paper; "
-            f"{verdicts.stability_text(reading)}.",
-            [],
-        ),
-        (
-            f"Score: {s['passed']} of {s['scored']} pre-registered tests pass ({c[stats.SIGNIFICANT_AGREE]} "
-            f"significant in the predicted direction, {c[stats.EQUIVALENT]} equivalent); {c[stats.AGREE]} more agree "
-            f"in sign without significance, {c[stats.DISAGREE] + c[stats.SIGNIFICANT_DISAGREE]} disagree "
-            f"({c[stats.SIGNIFICANT_DISAGREE]} significantly), {c[stats.NOT_EQUIVALENT]} not equivalent, "
-            f"{c[stats.INCONCLUSIVE]} inconclusive, "
-            f"{c[stats.EQUIVALENT_UNASSAYED]} equivalent without assay sensitivity (not counted), "
-            f"{c[stats.NOT_STABLE]} not stable. {_baselines_text(s)}" + _not_run_text(s),
-            [f"{v.row}{where(v)} ({v.metric}, predicted {v.predicted}): {v.verdict}" + _p_text(v) for v in scored],
-        ),
-        _baselines_note(scored, s, where),
-        (
-            "Why each test passed or failed, point by point (the stability rule):",
-            [f"{v.row}{where(v)}: {v.why}" for v in scored],
-        ),
-    ]
-    if equiv:
-        out.append(
-            (
-                'Equivalence: TOST\'s p is the larger of the two one-sided p-values of "worse by the margin or more" '
-                'and "better by the margin or more" (equivalently, the 90% interval of the difference lies inside '
-                "± the margin, around the registered center where one is registered, else around 0). An equivalence "
-                "counts only where the same cell also shows a row of the same knob (one that varies only knobs the "
-                "equivalence varies: A1 or B1 for A3, no-pe for E1) significantly different as predicted (assay "
-                "sensitivity: the seeds can see a difference that knob makes), and is refuted where Welch's "
-                "two-sided test, Bonferroni-adjusted over the family, finds a difference.",
-                [
-                    f"{v.row}{where(v)}: margin ±{100 * math.expm1(v.margin):.2f}% of dev PPL"
-                    + (
-                        f" around {_pct(v.center)} (its registered center: the difference the regime predicts)"
-                        if v.center
-                        else ""
-                    )
-                    + f"; Δ {_pct(v.delta_worse)} "
-                    + (
-                        f"(90% interval {_pct(v.tost_low)} to {_pct(v.tost_high)}, TOST's; 95% {_pct(v.ci_low)} to "
-                        f"{_pct(v.ci_high)})"
-                        if not pd.isna(v.tost_low)
-                        else "(no interval: fewer than two seeds on a side)"
-                    )
-                    for v in equiv
-                    if v.margin
-                ],
-            )
-        )
-    checks = [v for v in family.values() if v.predicted == "check"]
-    if checks:
-        out.append(
-            (
-                "Checks, not findings: label smoothing ε over V classes leaves a model that learns its smoothed "
-                "target exactly a dev perplexity of 1/(1 − ε + ε/V) against one-hot references, so where a model is "
-                "near that floor, no smoothing must read better and more smoothing worse by arithmetic. These rows "
-                "are reported against their floors (a smoothed model cannot go below its own) and never scored.",
-                [
-                    f"{v.row}{where(v)}: dev PPL {fmt_number(v.ppl, '.3f') or 'none'} against its floor "
-                    f"{fmt_number(v.floor, '.3f') or 'unknown'}: {v.verdict}"
-                    for v in checks
-                ],
-            )
-        )
-    for cell in cells:
-        unscored = [p for p in predictions(cell).values() if p.predicted in ("not scored", "not testable")]
-        if unscored:
-            out.append(
-                (
-                    f"Not scored in `{cell}`, as pre-registered (the rows a reader might expect, and why not):",
-                    [f"{p.row} ({p.predicted}): {p.reason}" for p in unscored],
-                )
-            )
-    if single:
-        out.append(
-            (
-                f"One seed on a side ({', '.join(single)}): no seed-level test, so the verdict is the sign of one run "
-                "against another, an anecdote. Single runs can show an effect that is large against the spread "
-                "between seeds (the same command with `--first-seed 1`, `2` then gives the same signs), not a "
-                "smaller one: that takes seeds (`--seeds`, `--base-seeds`, the `evidence` preset, or seed sets run "
-                "apart and pooled: `aiayn report --runs A --runs B ...`).",
-                [],
-            )
-        )
-    return out
+    return Note(text, [])
 
 
 def _pct(log_diff: float) -> str:
@@ -398,7 +519,7 @@ def _baselines_text(s: dict) -> str:
     )
 
 
-def _baselines_note(scored: list, s: dict, where) -> tuple[str, list[str]]:
+def _baselines_note(scored: list, s: dict, where) -> Note:
     """Test by test, wherever a naive baseline predicts otherwise than the registration: each one's prediction and
     its verdict on the same numbers."""
     items = []
@@ -411,7 +532,7 @@ def _baselines_note(scored: list, s: dict, where) -> tuple[str, list[str]]:
                 + "; ".join(f'"{label}" {p}: {verdict}' for label, p, verdict in others if p is not None)
             )
     where_text = "every registered prediction" if not items else "the tests where they predict otherwise"
-    return (
+    return Note(
         f"The naive baselines on {where_text} (each judged like the registration: every point of the stability "
         'rule, one Holm family; "more parameters help" by each row\'s parameter count at this preset against '
         'base\'s, as many or fewer predicted worse; "the parameter count alone" the same, but a row within 1% of '
@@ -510,16 +631,6 @@ def headline(table: pd.DataFrame, family: dict, baselines: dict | None = None) -
     else:
         parts.append("no pre-registered verdict")
     return "; ".join(parts)
-
-
-def _convergence_note(table: pd.DataFrame, convergence: str) -> tuple[str, list[str]]:
-    rule = verdicts.rule_text(convergence)
-    falls = [f"{r} {100 * d:.1f}%" for r, d in zip(table["row"], table["last_drop"]) if pd.notna(d)]
-    text = (
-        f"{rule[0].upper()}{rule[1:]} (`last_drop` in the CSVs; each run's in the -runs.csv, its curve in the "
-        "-curves.csv)."
-    )
-    return text, ([", ".join(falls)] if falls else [])
 
 
 def _one_line(text) -> str:

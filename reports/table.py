@@ -343,12 +343,10 @@ def build_table(
     drops = {(r.row, r.seed): run_convergence(r, convergence) for r in runs if r.completed}
     early = {(r.row, r.seed): run_points(r, stability) for r in runs if r.completed}
     taken = read_points(stability)
-    files = _Files()
-    tested = _bootstrap(completed, files)
+    tested = _bootstrap(completed, _Files())
     records, values, floors = [], {}, {}
     points: dict[float, dict] = {f: {} for f in taken}
     for row in row_order(set(by_row)):
-        rs = by_row[row]
         done = sorted(completed[row].values(), key=lambda r: r.seed)
         ppls = [float(r.metrics.dev_ppl) for r in done if r.metrics.dev_ppl is not None]
         bleus = [float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None]
@@ -357,52 +355,14 @@ def build_table(
             points[f][row] = {
                 m: [early[(row, r.seed)][(m, f)] for r in done if (m, f) in early[(row, r.seed)]] for m in CURVE_OF
             }
-        ppl, ppl_std = _mean_std(ppls)
-        bleu, bleu_std = _mean_std(bleus)
-        params, _ = _mean_std([r.metrics.params for r in done])
-        paper_ppl, paper_bleu, paper_params = _paper(rs) if rs else _paper_of(row)
-        seed, p = tested.get(row, (None, None))
         row_drops = [drops[(row, r.seed)] for r in done]
         drop = np.nan if not row_drops or any(pd.isna(d) for d in row_drops) else max(row_drops)
         floors[row] = _floor(done)
-        records.append(
-            {
-                "group": str(rs[0].metrics.group or "other") if rs else load_rows()[row].group,
-                "row": row,
-                **(_settings(rs) if rs else _planned_settings(row, preset)),
-                "steps": _steps(rs, done),
-                "n": len(done),
-                "ppl": ppl,
-                "ppl_std": ppl_std,
-                "bleu": bleu,
-                "bleu_std": bleu_std,
-                "params_m": params / 1e6,
-                "paper_ppl": _num(paper_ppl),
-                "paper_bleu": _num(paper_bleu),
-                "paper_params_m": _num(paper_params),
-                "bootstrap_seed": seed,
-                "bootstrap_p": _num(p),
-                "last_drop": drop,
-            }
-        )
+        records.append(_row_record(row, by_row[row], done, preset, tested.get(row, (None, None)), drop))
     df = pd.DataFrame.from_records(records)
     df["steps"] = pd.Series([r["steps"] for r in records], dtype=object)  # ints, "a/b" or blank: never floats
-    base = df[df["row"] == "base"]
-    first = lambda col: base[col].iloc[0] if len(base) else np.nan
-    not_base = df["row"] != "base"
-    df["delta_bleu"] = (df["bleu"] - first("bleu")).where(not_base)
-    df["delta_ppl_pct"] = (100 * (df["ppl"] / first("ppl") - 1)).where(not_base)
-    # the paper's BLEUs have one decimal: round away float noise (25.5 - 25.8 = -0.3000000000000007)
-    df["paper_delta_bleu"] = (df["paper_bleu"] - first("paper_bleu")).round(6).where(not_base)
-    df["paper_delta_ppl_pct"] = (100 * (df["paper_ppl"] / first("paper_ppl") - 1)).where(not_base)
-    base_ppls = values.get("base", {}).get("ppl", [])
-    cis = [_ci_pct(values[r]["ppl"], base_ppls) if r != "base" else (np.nan, np.nan) for r in df["row"]]
-    df["delta_ppl_ci_low"] = [c[0] for c in cis]
-    df["delta_ppl_ci_high"] = [c[1] for c in cis]
     mismatched = budget_mismatch(runs)  # trained to another share of its budget than base: no Δ, no test
-    blank = df["row"].isin(list(mismatched))
-    for col in ("delta_bleu", "delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high"):
-        df[col] = df[col].where(~blank)
+    _deltas(df, values, mismatched)
     for row in mismatched:
         values.pop(row, None)
         for f in points:
@@ -413,36 +373,63 @@ def build_table(
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
     for k in ("bootstrap_seed", "n", *(k for k in MODEL_KEYS if KNOBS[k].type is int)):
         df[k] = df[k].astype("Int64")
-    runs_df = pd.DataFrame.from_records(
-        [
-            {
-                "row": r.row,
-                "seed": r.seed,
-                "status": r.metrics.status,
-                "steps": r.metrics.steps,
-                "dev_ppl": r.metrics.dev_ppl,
-                "dev_bleu": r.metrics.dev_bleu,
-                "dev_tok_bleu": r.metrics.dev_tok_bleu,
-                **{
-                    f"{m}_{suffix}": early.get((r.row, r.seed), {}).get((m, f), np.nan)
-                    for m in CURVE_OF
-                    for f, suffix in EARLY.items()
-                },
-                "ppl_100": early.get((r.row, r.seed), {}).get(
-                    ("ppl", 1.0), r.metrics.dev_ppl if r.completed else np.nan
-                ),
-                "params": r.metrics.params,
-                "train_time_s": r.metrics.train_time_s,
-                "last_drop": drops.get((r.row, r.seed), np.nan),
-                "commit": r.metrics.commit,
-                "dirty": r.metrics.dirty,
-                "predictions_sha256": r.metrics.predictions_sha256,
-                "experiment_sha256": r.config.experiment_sha256() if r.config is not None else None,
-            }
-            for row in row_order(set(by_row))
-            for r in sorted(by_row[row], key=lambda r: r.seed)
-        ],
-        columns=RUN_COLUMNS,
+    runs_df = _runs_frame(
+        [r for row in row_order(set(by_row)) for r in sorted(by_row[row], key=lambda r: r.seed)], early, drops
+    )
+    return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs, frozenset(mismatched)), mismatched)
+
+
+def _row_record(row: str, rs: list[Run], done: list[Run], preset: str | None, tested: tuple, drop: float) -> dict:
+    """One line of the table: the row's settings, its completed seeds' means and spreads, the paper's numbers."""
+    ppl, ppl_std = _mean_std([float(r.metrics.dev_ppl) for r in done if r.metrics.dev_ppl is not None])
+    bleu, bleu_std = _mean_std([float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None])
+    params, _ = _mean_std([r.metrics.params for r in done])
+    paper_ppl, paper_bleu, paper_params = _paper(rs) if rs else _paper_of(row)
+    seed, p = tested
+    return {
+        "group": str(rs[0].metrics.group or "other") if rs else load_rows()[row].group,
+        "row": row,
+        **(_settings(rs) if rs else _planned_settings(row, preset)),
+        "steps": _steps(rs, done),
+        "n": len(done),
+        "ppl": ppl,
+        "ppl_std": ppl_std,
+        "bleu": bleu,
+        "bleu_std": bleu_std,
+        "params_m": params / 1e6,
+        "paper_ppl": _num(paper_ppl),
+        "paper_bleu": _num(paper_bleu),
+        "paper_params_m": _num(paper_params),
+        "bootstrap_seed": seed,
+        "bootstrap_p": _num(p),
+        "last_drop": drop,
+    }
+
+
+def _deltas(df: pd.DataFrame, values: dict, mismatched: dict) -> None:
+    """Each row's Δ against base, ours and the paper's, and our Δ PPL's interval; blank for a row `mismatched`."""
+    base = df[df["row"] == "base"]
+    first = lambda col: base[col].iloc[0] if len(base) else np.nan  # noqa: E731
+    not_base = df["row"] != "base"
+    df["delta_bleu"] = (df["bleu"] - first("bleu")).where(not_base)
+    df["delta_ppl_pct"] = (100 * (df["ppl"] / first("ppl") - 1)).where(not_base)
+    # the paper's BLEUs have one decimal: round away float noise (25.5 - 25.8 = -0.3000000000000007)
+    df["paper_delta_bleu"] = (df["paper_bleu"] - first("paper_bleu")).round(6).where(not_base)
+    df["paper_delta_ppl_pct"] = (100 * (df["paper_ppl"] / first("paper_ppl") - 1)).where(not_base)
+    base_ppls = values.get("base", {}).get("ppl", [])
+    cis = [_ci_pct(values[r]["ppl"], base_ppls) if r != "base" else (np.nan, np.nan) for r in df["row"]]
+    df["delta_ppl_ci_low"] = [c[0] for c in cis]
+    df["delta_ppl_ci_high"] = [c[1] for c in cis]
+    blank = df["row"].isin(list(mismatched))
+    for col in ("delta_bleu", "delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high"):
+        df[col] = df[col].where(~blank)
+
+
+def _runs_frame(runs: list[Run], early: dict, drops: dict) -> pd.DataFrame:
+    """One line per run (RUN_COLUMNS): its final numbers, its numbers at the stability rule's points, its fall and
+    its provenance."""
+    frame = pd.DataFrame.from_records(
+        [_run_record(r, early.get((r.row, r.seed), {}), drops) for r in runs], columns=RUN_COLUMNS
     )
     for k in (
         "dev_ppl",
@@ -456,10 +443,31 @@ def build_table(
         "bleu_75",
         "bleu_87.5",
     ):
-        runs_df[k] = pd.to_numeric(runs_df[k]).astype("float64")
-    runs_df["steps"] = pd.to_numeric(runs_df["steps"]).astype("Int64")
-    runs_df["params"] = pd.to_numeric(runs_df["params"]).astype("Int64")
-    return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs, frozenset(mismatched)), mismatched)
+        frame[k] = pd.to_numeric(frame[k]).astype("float64")
+    frame["steps"] = pd.to_numeric(frame["steps"]).astype("Int64")
+    frame["params"] = pd.to_numeric(frame["params"]).astype("Int64")
+    return frame
+
+
+def _run_record(r: Run, early: dict, drops: dict) -> dict:
+    return {
+        "row": r.row,
+        "seed": r.seed,
+        "status": r.metrics.status,
+        "steps": r.metrics.steps,
+        "dev_ppl": r.metrics.dev_ppl,
+        "dev_bleu": r.metrics.dev_bleu,
+        "dev_tok_bleu": r.metrics.dev_tok_bleu,
+        **{f"{m}_{suffix}": early.get((m, f), np.nan) for m in CURVE_OF for f, suffix in EARLY.items()},
+        "ppl_100": early.get(("ppl", 1.0), r.metrics.dev_ppl if r.completed else np.nan),
+        "params": r.metrics.params,
+        "train_time_s": r.metrics.train_time_s,
+        "last_drop": drops.get((r.row, r.seed), np.nan),
+        "commit": r.metrics.commit,
+        "dirty": r.metrics.dirty,
+        "predictions_sha256": r.metrics.predictions_sha256,
+        "experiment_sha256": r.config.experiment_sha256() if r.config is not None else None,
+    }
 
 
 def set_verdicts(df: pd.DataFrame, judged: dict) -> None:

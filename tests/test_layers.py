@@ -176,6 +176,17 @@ def test_the_command_line_is_a_table_of_commands_in_at_most_300_lines():
     assert len((ROOT / "aiayn" / "cli.py").read_text().splitlines()) <= 300
 
 
+def test_no_function_of_the_reports_is_longer_than_60_lines():
+    """reports/ says one thing a function: its notes are typed notes from one writer each (reports/notes.py, NOTES),
+    the table a line a row and a line a run. Counted as the formatter lays them out, decorators aside."""
+    long = []
+    for path in sorted((ROOT / "reports").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
+
+
 def test_the_one_run_layer_imports_no_optuna():
     """HPO is a caller's concern (sweeps/hpo.py hands train() its hooks): the one-run layer knows nothing of Optuna."""
     for module, path in modules().items():
