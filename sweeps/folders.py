@@ -9,6 +9,8 @@
         slurm/                     a back end's own folder (OUT/NAME): SLURM's sbatch scripts, logs/, pairs/
         sweeps/PRESET-CORPUS.json  the pairs a sweep owes (every pair its commands asked for): `aiayn status` reads it
         reports/                   a sweep's reports, unless --report says otherwise
+        PRESET/CORPUS/ROW/seedS.log        beside a run a sweep trains: its process's output (`sweep_log`)
+        PRESET/CORPUS/ROW/seedS.spec.json  beside it too: the run as the sweep's driver resolved it
 
 Their top-level names are `OutDir.RESERVED`: never a preset's.
 """
@@ -19,6 +21,16 @@ from pathlib import Path
 
 from aiayn.common.names import under
 from aiayn.lightning_modules.run.rundir import OutDir, RunDir
+
+
+def resolved_file(run: RunDir) -> Path:
+    """Beside a run a sweep trains: the run as the sweep's driver resolved it, for the run's own process."""
+    return run.path.parent / f"{run.path.name}.spec.json"
+
+
+def sweep_log(run: RunDir) -> Path:
+    """Beside a run a sweep trains: its process's output, every attempt appended under a header line."""
+    return run.path.parent / f"{run.path.name}.log"
 
 
 class SweepOut(OutDir):

@@ -256,6 +256,7 @@ import subprocess
 from aiayn.sweeps.backends import register, write_resolved
 from aiayn.sweeps.backends.processes import train_process_command
 from aiayn.sweeps.backends.queue import QueueBackend
+from aiayn.sweeps.folders import resolved_file
 
 
 @register
@@ -264,7 +265,7 @@ class InlineBackend(QueueBackend):
 
     def run_one(self, sweep, row, seed, slot):
         run = sweep.run(row, seed)
-        resolved = write_resolved(run.resolved_file, sweep.specs[row], "inline")
+        resolved = write_resolved(resolved_file(run), sweep.specs[row], "inline")
         code = subprocess.run(train_process_command(sweep.run_options(row, seed), resolved)).returncode
         return run.read_metrics() or sweep.failed(row, seed, f"exit {code}")
 ''')
@@ -374,6 +375,7 @@ from aiayn.common.files import atomic_write_json
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, SweepSummary, register, write_resolved
 from aiayn.sweeps.backends.processes import train_process_command
+from aiayn.sweeps.folders import resolved_file
 
 
 class PidClaims(books.Claims):
@@ -411,7 +413,7 @@ class DetachedBackend(Backend):
             if state.state in ("completed", "running"):
                 continue
             run = sweep.run(state.row, state.seed)
-            resolved = write_resolved(run.resolved_file, sweep.specs[state.row], "detached")
+            resolved = write_resolved(resolved_file(run), sweep.specs[state.row], "detached")
             command = train_process_command(sweep.run_options(state.row, state.seed), resolved)
             proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)

@@ -33,7 +33,7 @@ from aiayn.lightning_modules.run.spec import experiment_name, resolve, sweep_key
 from aiayn.sweeps.backends.local import LocalBackend
 from aiayn.sweeps.backends.processes import SubprocessBackend, child_environment
 from aiayn.sweeps.export import wandb_sweep, wandb_yaml
-from aiayn.sweeps.folders import SweepOut
+from aiayn.sweeps.folders import SweepOut, sweep_log
 from aiayn.sweeps.table3 import SweepOptions, build_sweep, run_table3
 
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
@@ -684,7 +684,7 @@ def test_a_rerun_appends_to_the_pairs_log_under_a_header_per_attempt(tmp_path, m
     sweep = build_sweep(opts(tmp_path))
     for _ in range(2):
         LocalBackend().run_one(sweep, "base", 0, None)
-    log_text = sweep.out.run("tiny", SYNTHETIC, "base", 0).sweep_log.read_text()
+    log_text = sweep_log(sweep.out.run("tiny", SYNTHETIC, "base", 0)).read_text()
     assert log_text.count("===== aiayn: attempt started") == 2 and log_text.count("training output") == 2
     # and the real child opens it for appending, never truncating
     source = inspect.getsource(backends._train_in_child)

@@ -13,7 +13,7 @@ A run's directory depends only on (preset, corpus, row, seed), so rerunning the 
             metrics.json           the result (`RunMetrics`), written last
             wandb-run.json, wandb/ the run directory's W&B run id and attempts, W&B's own files (with W&B)
             .lock                  held by the one process that trains the run
-        PRESET/CORPUS/ROW/seedS.log        the training process's output when a sweep ran it
+        PRESET/CORPUS/ROW/seedS.log, .spec.json   a sweep's, beside a run it trains (sweeps/folders.py)
         mlflow.db, mlartifacts/    the MLflow runs of every run, one per attempt (--logger mlflow; MLFLOW_TRACKING_URI)
         hpo/, slurm/, sweeps/, reports/, .locks/, optuna.db, hpo.db: the sweeps' own (sweeps/folders.py)
 
@@ -403,16 +403,6 @@ class RunDir:
     @property
     def dev_ref(self) -> Path:
         return self.path / "dev.ref"
-
-    @property
-    def resolved_file(self) -> Path:
-        """Beside the run directory: the run as a sweep's driver resolved it, for the run's own process."""
-        return self.path.parent / f"{self.path.name}.spec.json"
-
-    @property
-    def sweep_log(self) -> Path:
-        """The training process's output when a sweep ran it, every attempt appended under a header line."""
-        return self.path.parent / f"{self.path.name}.log"
 
     @property
     def failure_file(self) -> Path:

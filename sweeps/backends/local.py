@@ -14,6 +14,7 @@ from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.lightning_modules.run.spec import RunSpec
 from aiayn.sweeps.backends import Capabilities, Sweep, register
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
+from aiayn.sweeps.folders import sweep_log
 
 
 def _forkserver():
@@ -96,9 +97,9 @@ class LocalBackend(QueueBackend):
     def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
         if self.stop.signum is not None:  # stopped while this pair was claimed: not started (told at once if later)
             return None
-        run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
+        sweep_log(run).parent.mkdir(parents=True, exist_ok=True)
         child = _forkserver().Process(
-            target=_train_in_child, args=(opts, sweep.specs[row], str(run.sweep_log), _threads(sweep.jobs))
+            target=_train_in_child, args=(opts, sweep.specs[row], str(sweep_log(run)), _threads(sweep.jobs))
         )
         child.start()
         with self.stop.child(child.pid):

@@ -17,6 +17,7 @@ from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
 from aiayn.sweeps.backends import Capabilities, Sweep, register, write_resolved
 from aiayn.sweeps.backends.queue import QueueBackend, _result, _threads, attempt_header
+from aiayn.sweeps.folders import resolved_file, sweep_log
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +135,14 @@ class SubprocessBackend(QueueBackend):
         sweep 10 s on): it is not started, or told at once."""
         if self.stop.signum is not None:
             return None
-        run.sweep_log.parent.mkdir(parents=True, exist_ok=True)
+        sweep_log(run).parent.mkdir(parents=True, exist_ok=True)
         slots = self.slots(sweep) or []
         index = slots.index(slot) if slot in slots else 0
         env = child_environment(index, slot, _threads(sweep.jobs))
-        with open(run.sweep_log, "a") as out:
+        with open(sweep_log(run), "a") as out:
             out.write(attempt_header())
             out.flush()
-            resolved = write_resolved(run.resolved_file, sweep.specs[row], f"aiayn table3 --backend {self.name}")
+            resolved = write_resolved(resolved_file(run), sweep.specs[row], f"aiayn table3 --backend {self.name}")
             cmd = train_process_command(opts, resolved)
             trainer = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
             if self.stop.signum is not None:  # the stop came while it started: before it joined the group's signal

@@ -33,6 +33,7 @@ from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, SweepSummary
 from aiayn.sweeps.backends.progress import Progress
 from aiayn.sweeps.books import Pair
+from aiayn.sweeps.folders import sweep_log
 from aiayn.sweeps.storage import check_readable, open_storage
 
 log = logging.getLogger(__name__)
@@ -287,7 +288,7 @@ class QueueBackend(Backend):
 
     def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
         """Train `opts` (one run, or a pack: --pack-seeds) in a process of this back end's, its output appended to
-        `run.sweep_log`; its exit status. A back end that packs (`Capabilities.packs`) has one."""
+        `sweeps.folders.sweep_log`; its exit status. A back end that packs (`Capabilities.packs`) has one."""
         raise NotImplementedError(f"the {self.name} back end trains one pair a process (no packs)")
 
     def run_pack(self, sweep: Sweep, row: str, seeds: list[int], slot: str | None) -> list[RunMetrics]:
@@ -306,15 +307,15 @@ class QueueBackend(Backend):
     def _run_packed(self, sweep: Sweep, row: str, seeds: list[int], slot: str | None) -> list[RunMetrics]:
         first = sweep.run(row, seeds[0])
         for seed in seeds[1:]:
-            log_file = sweep.run(row, seed).sweep_log
+            log_file = sweep_log(sweep.run(row, seed))
             log_file.parent.mkdir(parents=True, exist_ok=True)
             with open(log_file, "a") as out:
                 out.write(
                     f"{attempt_header()}trained in one pack with seeds {', '.join(map(str, seeds))}: its output "
-                    f"is in {first.sweep_log}\n"
+                    f"is in {sweep_log(first)}\n"
                 )
         code = self.train_process(sweep, row, sweep.pack_options(row, seeds), first, slot)
-        return [_result(sweep, row, seed, code, first.sweep_log) for seed in seeds]
+        return [_result(sweep, row, seed, code, sweep_log(first)) for seed in seeds]
 
     def _claim_pack(self, study, sweep: Sweep, claims, key_of, ask, held_by) -> tuple[list, bool]:
         """Claim the next trials while they are seeds of one row, up to `sweep.pack` (one trial without packs), under
@@ -459,7 +460,7 @@ def _result(sweep: Sweep, row: str, seed: int, returncode: int | None, log_file:
     if returncode == 0 and metrics is not None:
         return metrics
     try:
-        tail = (log_file or run.sweep_log).read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        tail = (log_file or sweep_log(run)).read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
     except FileNotFoundError:  # the process died before it opened its log; the driver's stderr has why
         tail = ["no log: the run's process died before it started (its error is in the sweep's own output)"]
     return sweep.failed(row, seed, f"exit {returncode}: {tail[0][:300]}")
