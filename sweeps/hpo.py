@@ -137,6 +137,11 @@ def read_space(path: str) -> dict[str, BaseDistribution]:
             if "choices" in spec and set(spec) == {"choices"}:
                 space[key] = CategoricalDistribution([parse_value(key, str(c)) for c in spec["choices"]])
             elif {"low", "high"} <= set(spec) <= {"low", "high", "log", "step"}:
+                if KNOBS[key].type not in (int, float):  # pe, norm_first: named values, no range between them
+                    raise UserError(
+                        f"--space {path}: {key} takes named values, not a range; give them as {{choices: [...]}} "
+                        f"(see `aiayn hpo --help`)"
+                    )
                 kind = IntDistribution if KNOBS[key].type is int else FloatDistribution
                 cast = int if kind is IntDistribution else float
                 step = spec.get("step")

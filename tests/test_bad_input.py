@@ -558,6 +558,22 @@ CASES = {
         "--space {tmp}/s.yaml: N must be {low: L, high: H} (optionally log: true, "
         "step: S) or {choices: [...]} (N must be a positive integer)",
     ),
+    "a numeric range for the positional encoding": (
+        ["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
+        garbled("s.yaml", b"pe: {low: 1, high: 2}\n"),
+        "--space {tmp}/s.yaml: pe takes named values, not a range; give them as {choices: [...]} (see `aiayn hpo "
+        "--help`)",
+    ),
+    "a config nested 100,000 deep": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table("[" * 100_000),
+        "config {tmp}/t.csv is neither JSON nor YAML (nested more than 32 levels deep at line 1); fix the file",
+    ),
+    "a table3 config nested 100,000 deep": (
+        T3 + ["--config", "{tmp}/t.csv"],
+        table('{"a": ' * 100_000),
+        "config {tmp}/t.csv is neither JSON nor YAML (nested more than 32 levels deep at line 1); fix the file",
+    ),
     "a search space with a NaN end": (
         ["hpo", "--out", "{tmp}/o", "--space", "{tmp}/s.yaml"],
         garbled("s.yaml", b"P_drop: {low: .nan, high: 0.3}\n"),

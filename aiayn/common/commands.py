@@ -243,7 +243,7 @@ def _named_in(paths: list[str], key: str) -> str | None:
         try:
             with open(path, encoding="utf-8") as f:
                 doc = yaml.safe_load(f)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):  # the parser says what is wrong
             continue
         if isinstance(doc, dict) and isinstance(doc.get(key), str):
             found = doc[key]

@@ -349,21 +349,33 @@ def _hints(cls, prefix: str = "", skip=(), instance=None):
 
 
 CONFIG_MAX_BYTES = 1 << 20  # a config file of options is a few KB; a run's config.json about 10
+CONFIG_MAX_DEPTH = 32  # a config nests by group at most 3 deep (train: {trainer: {...}}); a run's config.json 4
 
 
 def _no_alias_loader():
-    """PyYAML's SafeLoader without aliases: a config file of options needs none, and a few nested aliases (a
-    "billion laughs" of 1 KB) expand to gigabytes and hang the reader."""
+    """PyYAML's SafeLoader without aliases, nested at most CONFIG_MAX_DEPTH deep: a config file of options needs
+    neither, a few nested aliases (a "billion laughs" of 1 KB) expand to gigabytes and hang the reader, and 100,000
+    nested `[` exhaust Python's recursion in the composer."""
     import yaml
 
     class NoAliases(yaml.SafeLoader):
+        depth = 0
+
         def compose_node(self, parent, index):
+            event = self.peek_event()
             if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
                 raise yaml.composer.ComposerError(
                     None, None, "an alias (*name): aliases are not read in a config file", event.start_mark
                 )
-            return super().compose_node(parent, index)
+            if self.depth >= CONFIG_MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {CONFIG_MAX_DEPTH} levels deep", event.start_mark
+                )
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
     return NoAliases
 
