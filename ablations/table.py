@@ -94,6 +94,9 @@ def read_table(path: str | Path) -> list[tuple[int, dict]]:
     unknown = [c for c in header if c not in COLUMNS]
     if unknown:
         raise UserError(f"table {path} line 1: unknown column {unknown[0]!r}; the columns are {', '.join(COLUMNS)}")
+    twice = next((c for i, c in enumerate(header) if c in header[:i]), None)
+    if twice is not None:  # the csv module keeps the last of two: a cell the user wrote would be read as another
+        raise UserError(f"table {path} line 1: column {twice!r} appears twice; keep one")
     if "row" not in header:
         raise UserError(
             f"table {path} line 1: no 'row' column; the first column names the row (see ablations/extended.csv)"

@@ -7,6 +7,7 @@ but INFO log lines of the work done before the mistake was found (e.g. tokenizer
 path under a regular file: CI runs as root, where permission bits do not stop a write.
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -64,6 +65,9 @@ def checkpoint(tmp: Path, kind: str) -> None:
         ckpt["planted"] = Smuggled()
     if kind == "format 99":  # written by a later aiayn whose checkpoint layout this one does not know
         ckpt["aiayn"]["format"] = 99
+    if kind == "random tokenizer":  # bytes that match the sha256 recorded with them, but no SentencePiece model
+        junk = bytes(range(256)) * 8
+        ckpt["aiayn"].update(tokenizer_model=junk, tokenizer_sha256=hashlib.sha256(junk).hexdigest())
     if kind == "other-config":  # weights of d_ff=32 under a config that says d_ff=64
         other = resolve("base", "tiny", overrides={"N": 1, "d_model": 16, "d_ff": 64, "h": 2}, vocab_size=50)
         ckpt["aiayn"] = checkpoint_of(other, state_dict={})["aiayn"]
@@ -321,6 +325,12 @@ CASES = {
         lambda t: checkpoint(t, "truncated"),
         "checkpoint {tmp}/model.ckpt is unreadable (RuntimeError); it is truncated or not an aiayn checkpoint",
     ),
+    "a checkpoint carrying a random tokenizer": (
+        ["translate", "--ckpt", "{tmp}/model.ckpt", "--input", "{tmp}/in.txt"],
+        lambda t: (checkpoint(t, "random tokenizer"), (t / "in.txt").write_text("a man\n")),
+        "checkpoint {tmp}/model.ckpt: the tokenizer it carries is not a SentencePiece model (RuntimeError); the "
+        "file is damaged, use another checkpoint of the run",
+    ),
     "checkpoint smuggling a callable": (
         ["eval", "--ckpt", "{tmp}/model.ckpt"],
         lambda t: checkpoint(t, "smuggled"),
@@ -563,6 +573,11 @@ CASES = {
         garbled("s.yaml", b"pe: {low: 1, high: 2}\n"),
         "--space {tmp}/s.yaml: pe takes named values, not a range; give them as {choices: [...]} (see `aiayn hpo "
         "--help`)",
+    ),
+    "a table with a column twice": (
+        TRAIN + ["--table", "{tmp}/t.csv", "--row", "mine"],
+        table("row,d_model,d_model\nmine,64,128\n"),
+        "table {tmp}/t.csv line 1: column 'd_model' appears twice; keep one",
     ),
     "a config nested 100,000 deep": (
         TRAIN + ["--config", "{tmp}/t.csv"],

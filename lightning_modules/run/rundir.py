@@ -802,4 +802,13 @@ def embedded_tokenizer(ckpt: dict, path: str | Path) -> bytes | None:
             f"checkpoint {path}: its tokenizer does not match the sha256 recorded with it; the file is "
             f"damaged, use another checkpoint of the run"
         )
+    import sentencepiece as spm
+
+    try:  # bytes that match their own sha256 may still be no model (written so by hand, or by another program)
+        spm.SentencePieceProcessor(model_proto=data)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise UserError(
+            f"checkpoint {path}: the tokenizer it carries is not a SentencePiece model ({type(e).__name__}); "
+            "the file is damaged, use another checkpoint of the run"
+        ) from None
     return data
