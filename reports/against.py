@@ -8,6 +8,7 @@ Both sides are read from their written files, not from runs: a reference is what
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -16,31 +17,54 @@ import pandas as pd
 
 from aiayn.ablations.predictions import SCORED
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_text
+from aiayn.common.files import atomic_write_text, read_user_text
 from aiayn.reports import stats
 from aiayn.reports.render import delta_ci, fmt_number
 
 log = logging.getLogger(__name__)
+COLUMNS = ("delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "n")
+
+
+FIX = "name a report folder, e.g. reports/reference/evidence"
+TABLE_MAX_BYTES = 1 << 20  # a report's table is a line a row: a few KB
 
 
 def reference_dir(path: str) -> Path:
-    """The folder `--against` names, checked before anything is read or written: it must hold a report's table."""
+    """The folder `--against` names, checked before anything is read or written: it must hold a report's table,
+    and every table in it must read as one (`_side`)."""
     folder = Path(path)
-    if not folder.is_dir() or not any(folder.glob("table3-*.csv")):
-        raise UserError(
-            f"--against {path}: not a folder holding a report's table3-PRESET.csv; name a report folder, e.g. "
-            "reports/reference/evidence"
-        )
+    tables = _tables(folder) if folder.is_dir() else []
+    if not tables:
+        raise UserError(f"--against {path}: not a folder holding a report's table3-PRESET.csv; {FIX}")
+    for csv in tables:
+        _side(csv)
     return folder
 
 
+def _tables(folder: Path) -> list[Path]:
+    """A report folder's tables (table3-PRESET.csv), not the files beside them."""
+    beside = ("-runs.csv", "-slopes.csv", "-curves.csv", "-against.csv")
+    return sorted(p for p in folder.glob("table3-*.csv") if not p.name.endswith(beside))
+
+
 def _side(csv: Path) -> pd.DataFrame:
-    """A report's scored rows: row -> predicted, verdict, Δ PPL % and its interval, seeds."""
-    table = pd.read_csv(csv, dtype={"row": str})
+    """A report's scored rows: row -> predicted, verdict, Δ PPL % and its interval, seeds; a file that is not a
+    report's table (empty, another CSV, not UTF-8, too large, no file) is one line."""
+    text = read_user_text(csv, f"--against table {csv}", TABLE_MAX_BYTES, FIX)
+    try:
+        table = pd.read_csv(io.StringIO(text), dtype={"row": str, "predicted": str, "verdict": str})
+    except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+        raise UserError(f"--against table {csv} is not a report's table ({type(e).__name__}); {FIX}") from None
+    missing = [c for c in ("row", "predicted", "verdict", *COLUMNS) if c not in table.columns]
+    if missing:
+        raise UserError(f"--against table {csv} has no column {missing[0]!r}: not a report's table; {FIX}")
+    try:
+        for col in COLUMNS:
+            table[col] = pd.to_numeric(table[col]).astype("Int64" if col == "n" else float)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"--against table {csv}: its {col!r} column is not numbers ({e}); {FIX}") from None
     scored = table[table["predicted"].isin(SCORED) & table["verdict"].notna()]
-    return scored.set_index("row")[
-        ["predicted", "verdict", "delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "n"]
-    ]
+    return scored.set_index("row")[["predicted", "verdict", *COLUMNS]]
 
 
 def _commits(csv: Path) -> list[str]:
@@ -50,9 +74,6 @@ def _commits(csv: Path) -> list[str]:
     except (OSError, ValueError):
         return []
     return doc.get("runs_recorded", {}).get("commits", [])
-
-
-COLUMNS = ("delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "n")
 
 
 def _scored(verdicts: pd.Series) -> pd.Series:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -12,9 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.run.rundir import OutDir, RunConfig, RunDir, RunMetrics
+from aiayn.common.files import read_record
+from aiayn.lightning_modules.run.rundir import RECORD_MAX_BYTES, OutDir, RunConfig, RunDir, RunMetrics
 
 log = logging.getLogger(__name__)
+CURVE_MAX_BYTES = 1 << 26  # a paper-scale run's curve (100,000 steps, a line each 10) or dev.hyp: a few MB
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,7 @@ class Scan:
 def _load(path: Path) -> RunMetrics:
     """One metrics.json; ValueError (with a short reason) when it cannot be used."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"unreadable ({type(e).__name__})") from e
+        data = json.loads(read_record(path, RECORD_MAX_BYTES))
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from e
     try:
@@ -151,8 +152,8 @@ def _failed_before_training(runs_dir: Path) -> list[tuple[Path, dict]]:
 def read_text_lines(path: Path) -> list[str] | None:
     """Lines of a dev.hyp / dev.ref (without the final newline), or None when missing or unreadable."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_record(path, CURVE_MAX_BYTES)
+    except ValueError:
         return None
     # only the one final newline goes: an empty last hypothesis is still a line
     return (text[:-1] if text.endswith("\n") else text).split("\n") if text else []
@@ -168,7 +169,7 @@ def read_curve(run_dir: Path, metric: str = "val/bleu") -> pd.DataFrame:
     frames = []
     for i, path in enumerate(sorted(RunDir(run_dir).logs.glob("version_*/metrics.csv"), key=_version)):
         try:
-            df = pd.read_csv(path)
+            df = pd.read_csv(io.StringIO(read_record(path, CURVE_MAX_BYTES)))
         except (OSError, ValueError, pd.errors.ParserError) as e:
             log.warning("skipping curve %s: %s", path, e)
             continue

@@ -562,6 +562,47 @@ def test_against_a_folder_without_a_report_is_one_line_and_writes_nothing(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "what, content, says",
+    [
+        ("empty", b"", "is not a report's table (EmptyDataError)"),
+        ("without predicted", b"row,verdict,n\nbase,,3\n", "has no column 'predicted': not a report's table"),
+        ("UTF-16", "row,predicted\nbase,\n".encode("utf-16"), "cannot read --against table"),
+        (
+            "of other numbers",
+            b"row,predicted,verdict,delta_ppl_pct,delta_ppl_ci_low,delta_ppl_ci_high,n\nA1,worse,agree,x,1,2,3\n",
+            "its 'delta_ppl_pct' column is not numbers",
+        ),
+    ],
+)
+def test_against_a_table_that_is_not_a_reports_is_one_line_before_the_report_is_written(
+    tmp_path, capsys, what, content, says
+):
+    folder = tmp_path / "ref"
+    folder.mkdir()
+    (folder / "table3-tiny.csv").write_bytes(content)
+    argv = ["report", "--runs", str(FIXTURES / "runs"), "--out", str(tmp_path / "out"), "--against", str(folder)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and err.startswith("aiayn: error: ") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_curve_that_is_no_file_is_skipped_with_a_line_not_read_forever(tmp_path, caplog):
+    """A run's metrics.csv linked to /dev/zero was read until memory ran out: a record that is no regular file (or
+    is too large) is skipped and named; the report is written from the rest."""
+    runs = tmp_path / "runs"
+    shutil.copytree(FIXTURES / "runs", runs)
+    curve = next(runs.glob("*/*/*/seed*/logs/version_*/metrics.csv"))
+    curve.unlink()
+    curve.symlink_to("/dev/zero")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SACREBLEU_SEED", raising=False)
+        paths = write_reports(runs, tmp_path / "out")
+    assert any(p.name == "table3-tiny.md" for p in map(Path, paths))
+    assert f"skipping curve {curve}: metrics.csv is a device, not a file" in caplog.text
+
+
 def test_against_a_folder_of_another_presets_report_says_so_and_writes_the_report(report, tmp_path, caplog):
     root, _ = report
     reference = tmp_path / "reference"

@@ -197,6 +197,16 @@ def read_user_text(path: str | os.PathLike, what: str, limit: int, fix: str) -> 
         raise UserError(f"cannot read {what} ({getattr(e, 'strerror', None) or type(e).__name__}); {fix}") from None
 
 
+def read_record(path: str | os.PathLike, limit: int) -> str:
+    """The UTF-8 text of a file a run or a report left (metrics.json, a curve, dev.hyp), read as `read_user_text`
+    reads a user's: a ValueError with the one-line reason when it is not a regular file (a link to /dev/zero was read
+    forever), is larger than `limit` bytes or cannot be read, so that its reader skips it and says why."""
+    try:
+        return read_user_text(path, Path(path).name, limit, "skipped")
+    except UserError as e:
+        raise ValueError(str(e).removesuffix("; skipped")) from None
+
+
 def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     """A UserError unless `path` can be written as a file: its directory exists or can be created, and it is not a
     directory itself (checked before any work, so a command does not compute everything and then fail to write)."""

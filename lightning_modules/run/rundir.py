@@ -43,6 +43,7 @@ from aiayn.common.files import (
     atomic_write_json,
     atomic_write_text,
     load_torch_file,
+    read_record,
     remove_stale_temps,
     sha256_bytes,
     sha256_file,
@@ -61,6 +62,9 @@ REQUEUE_CHECKPOINT = "requeue.ckpt"
 STATUSES = ("completed", "failed", "diverged", "pruned")
 
 _STEP_CKPT = re.compile(r"step(\d+)\.ckpt$")
+
+
+RECORD_MAX_BYTES = 1 << 20  # a config.json or metrics.json is a few KB: larger, or no regular file, is no record
 
 
 def _from_dict(cls, d: dict, what: str):
@@ -419,7 +423,7 @@ class RunDir:
     def read_failure(self) -> dict | None:
         """{"status", "error", "at"} of the pair's last failure before a metrics.json; None when there is none."""
         try:
-            doc = json.loads(self.failure_file.read_text(encoding="utf-8"))
+            doc = json.loads(read_record(self.failure_file, RECORD_MAX_BYTES))
         except (OSError, ValueError):
             return None
         if not isinstance(doc, dict) or doc.get("status") not in STATUSES:
@@ -444,7 +448,7 @@ class RunDir:
         if not self.config_file.exists():
             return None
         try:
-            return RunConfig.from_dict(json.loads(self.config_file.read_text(encoding="utf-8")))
+            return RunConfig.from_dict(json.loads(read_record(self.config_file, RECORD_MAX_BYTES)))
         except (OSError, ValueError, TypeError) as e:
             raise UserError(
                 f"cannot read {self.config_file} ({e}); delete the run directory {self.path} to start over"
@@ -547,7 +551,7 @@ class RunDir:
 
     def read_wandb_record(self) -> dict | None:
         try:
-            return json.loads(self.wandb_record.read_text(encoding="utf-8"))
+            return json.loads(read_record(self.wandb_record, RECORD_MAX_BYTES))
         except (OSError, ValueError):
             return None
 
@@ -556,19 +560,17 @@ class RunDir:
     def read_metrics(self) -> RunMetrics | None:
         """metrics.json, or None when there is none (or it is unreadable: `metrics_problem` says why)."""
         try:
-            return RunMetrics.from_dict(json.loads(self.metrics_file.read_text(encoding="utf-8")))
+            return RunMetrics.from_dict(json.loads(read_record(self.metrics_file, RECORD_MAX_BYTES)))
         except (OSError, ValueError, TypeError):
             return None
 
     def metrics_problem(self) -> str | None:
         """Why a metrics.json that exists cannot be read (one line); None when it reads, or there is none."""
-        try:
-            RunMetrics.from_dict(json.loads(self.metrics_file.read_text(encoding="utf-8")))
-        except FileNotFoundError:
+        if not self.metrics_file.exists():
             return None
-        except (OSError, UnicodeDecodeError) as e:
-            return f"unreadable metrics.json ({type(e).__name__})"
-        except ValueError as e:  # json.JSONDecodeError is one too
+        try:
+            RunMetrics.from_dict(json.loads(read_record(self.metrics_file, RECORD_MAX_BYTES)))
+        except ValueError as e:  # json.JSONDecodeError is one too, and so is a file that is no regular one
             return f"unreadable metrics.json ({str(e).splitlines()[0][:200]})"
         except TypeError as e:
             return f"unreadable metrics.json ({e})"
