@@ -313,17 +313,17 @@ def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None
     from aiayn.common.files import check_writable_dir
     from aiayn.sweeps.storage import check_url
 
-    if opts.dry_run:  # the real run's checks (storage, budgets, what the back end cannot do), then what it would do
+    check_writable_dir(opts.train.out, "--out")
+    report = report_dir(opts.report, opts.train.out)
+    if report:
+        check_writable_dir(report, "--report")
+    if opts.dry_run:  # the real run's checks (folders, storage, budgets, what the back end cannot do), then its plan
         if opts.storage:
             check_url(opts.storage, creates=Path(opts.train.out))
         pairs = launches(opts, backend)
         check_launches(pairs)
         print(dry_run_text(pairs), end="")
         return 0
-    check_writable_dir(opts.train.out, "--out")
-    report = report_dir(opts.report, opts.train.out)
-    if report:
-        check_writable_dir(report, "--report")
     if opts.storage:
         check_url(opts.storage, creates=Path(opts.train.out))  # before the sweep takes its setup lock under --out
     writer = (lambda: write_report(opts.train.out, report, opts.train.preset)) if report and write_report else None

@@ -579,6 +579,23 @@ CASES = {
         table("row,d_model,d_model\nmine,64,128\n"),
         "table {tmp}/t.csv line 1: column 'd_model' appears twice; keep one",
     ),
+    "an --out that is a link to nowhere": (
+        TRAIN + ["--out", "{tmp}/dl"],
+        lambda t: (t / "dl").symlink_to(t / "nowhere"),
+        "--out {tmp}/dl: {tmp}/dl is a symbolic link to {tmp}/nowhere, which does not exist; create it or pass "
+        "another --out",
+    ),
+    "a sweep's --out that is a link around a loop": (
+        T3 + ["--out", "{tmp}/loop/runs", "--dry-run"],
+        lambda t: (t / "loop").symlink_to(t / "loop"),
+        "--out {tmp}/loop/runs: {tmp}/loop is a symbolic link that loops; remove it or pass another --out",
+    ),
+    "a --cache-dir that is a link to nowhere": (
+        TRAIN + ["--cache-dir", "{tmp}/dl"],
+        lambda t: (t / "dl").symlink_to(t / "nowhere"),
+        "--cache-dir {tmp}/dl: {tmp}/dl is a symbolic link to {tmp}/nowhere, which does not exist; create it or "
+        "pass another --cache-dir",
+    ),
     "a config nested 100,000 deep": (
         TRAIN + ["--config", "{tmp}/t.csv"],
         table("[" * 100_000),

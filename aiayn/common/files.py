@@ -36,11 +36,33 @@ def check_path_length(path: str | os.PathLike, flag: str) -> None:
         )
 
 
+def check_links(path: str | os.PathLike, flag: str) -> None:
+    """A UserError when `path` or a folder above it is a symbolic link that leads nowhere (to a path that does not
+    exist, or around a loop): making the folder would fail with a traceback (FileExistsError, ELOOP)."""
+    import errno
+
+    for p in (Path(path).absolute(), *Path(path).absolute().parents):
+        if not p.is_symlink():
+            continue
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UserError(
+                    f"{flag} {path}: {p} is a symbolic link that loops; remove it or pass another {flag}"
+                ) from None
+            raise UserError(
+                f"{flag} {path}: {p} is a symbolic link to {os.readlink(p)}, which does not exist; create it or "
+                f"pass another {flag}"
+            ) from None
+
+
 def check_writable_dir(directory: str | os.PathLike, flag: str = "--out") -> None:
     """A UserError unless `directory` exists as a writable directory or can be created (checked on the
     nearest existing ancestor, so nothing is created here). A regular file in the path is caught even
-    as root, where permission bits do not stop writes."""
+    as root, where permission bits do not stop writes; so is a symbolic link that leads nowhere."""
     check_path_length(directory, flag)
+    check_links(directory, flag)
     directory = Path(directory)
     probe = nearest_existing(directory)
     if not probe.is_dir():

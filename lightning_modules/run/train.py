@@ -36,6 +36,7 @@ from aiayn.ablations.presets import Preset
 from aiayn.common.errors import UserError
 from aiayn.common.files import (
     can_create_in,
+    check_links,
     check_path_length,
     check_writable_dir,
     disk_full,
@@ -197,6 +198,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     spec.corpus.check_data_dir(opts.data_dir)
     check_device(opts)
     check_path_length(opts.out, "--out")  # before the run's folder under it is looked at
+    check_links(opts.out, "--out")
     check_cache_dir(opts.cache_dir)
     check_memory(spec, opts)
     if opts.compile == "graphs" and not opts.static_shapes:
@@ -277,6 +279,7 @@ def check_cache_dir(cache_dir: str | None) -> None:
     where = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     flag = "--cache-dir" if cache_dir else "AIAYN_CACHE (or --cache-dir)"
     check_path_length(where, flag)
+    check_links(where, flag)
     probe = nearest_existing(where)
     if not probe.is_dir():
         raise UserError(
