@@ -395,7 +395,13 @@ def test_another_runs_checkpoint_in_a_run_directory_is_refused_in_one_line_not_r
     torch.save(checkpoint_of(other, global_step=5, optimizer_states=[]), run.checkpoints / "last.ckpt")
     with pytest.raises(
         UserError,
-        match=r"last.ckpt is another run's \(row A1, seed 0\), not this one's \(row base, "
-        r"seed 0\); move it out of .*checkpoints and run again",
+        match=r"last.ckpt is another run's \(row A1, seed 0, preset tiny\), not this one's \(row base, "
+        r"seed 0, preset tiny\); move it out of .*checkpoints and run again",
     ):
+        run.resume_checkpoint()
+    # the same row, seed and model under another preset (another budget, schedule or data): another run too
+    elsewhere = resolve("base", "tiny-2k", overrides=small, vocab_size=50)
+    assert elsewhere.model == mine.model and elsewhere.preset.name != mine.preset.name
+    torch.save(checkpoint_of(elsewhere, global_step=5, optimizer_states=[]), run.checkpoints / "last.ckpt")
+    with pytest.raises(UserError, match=r"\(row base, seed 0, preset tiny-2k\), not this one's \(row base, seed 0, "):
         run.resume_checkpoint()

@@ -661,8 +661,8 @@ class RunDir:
         other = _run_of(theirs)
         if other != mine:
             raise UserError(
-                f"checkpoint {path} is another run's (row {other[0]}, seed {other[1]}), not this one's "
-                f"(row {mine[0]}, seed {mine[1]}); move it out of {path.parent} and run again"
+                f"checkpoint {path} is another run's (row {other[0]}, seed {other[1]}, preset {other[3]}), not this "
+                f"one's (row {mine[0]}, seed {mine[1]}, preset {mine[3]}); move it out of {path.parent} and run again"
             )
 
     def packed_in(self) -> str | None:
@@ -706,9 +706,16 @@ class RunDir:
 
 
 def _run_of(config: dict) -> tuple:
-    """(row, seed, model) of a run config as a dict (config.json's layout); None where a part is missing."""
+    """(row, seed, model, preset) of a run config as a dict (config.json's layout); None where a part is missing.
+    The preset too: two presets may share a model and differ in budget, schedule or data (quick and evidence)."""
     spec, train = config.get("spec") or {}, config.get("train") or {}
-    return spec.get("row"), train.get("seed"), spec.get("model")
+    preset = spec.get("preset")
+    return (
+        spec.get("row"),
+        train.get("seed"),
+        spec.get("model"),
+        preset.get("name") if isinstance(preset, dict) else preset,
+    )
 
 
 def _seed_dir(seed: int) -> str:
