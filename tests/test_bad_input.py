@@ -596,6 +596,12 @@ CASES = {
         "--cache-dir {tmp}/dl: {tmp}/dl is a symbolic link to {tmp}/nowhere, which does not exist; create it or "
         "pass another --cache-dir",
     ),
+    "a config key of control characters": (
+        TRAIN + ["--config", "{tmp}/t.csv"],
+        table('"a\\x1b[31mb\\0c\\nd": 1\n'),
+        "config {tmp}/t.csv: unknown option 'a\\x1b[31mb\\x00c\\nd'; use the option names of `aiayn train --help` "
+        "(e.g. max_steps, set)",
+    ),
     "a config nested 100,000 deep": (
         TRAIN + ["--config", "{tmp}/t.csv"],
         table("[" * 100_000),
