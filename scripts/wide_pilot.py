@@ -243,8 +243,11 @@ def judge(report: Path) -> str:
 
     from aiayn.reports import rejudge, verdicts
 
-    runs = pd.read_csv(report / f"table3-{PRESET}-runs.csv")
-    curves = pd.read_csv(report / f"table3-{PRESET}-curves.csv")
+    needed = [report / f"table3-{PRESET}-{kind}.csv" for kind in ("runs", "curves")]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        raise SystemExit(f"{missing[0]} does not exist: pass the report folder of a wide sweep (aiayn report --out)")
+    runs, curves = (pd.read_csv(p) for p in needed)
     cells = [rejudge.cell(runs, curves, PRESET, params={row: params(row) for row in runs["row"].unique()})]
     done = runs[runs["status"] == "completed"]
     ran = set(done["row"]) - {"base"}

@@ -596,6 +596,12 @@ CASES = {
         "--cache-dir {tmp}/dl: {tmp}/dl is a symbolic link to {tmp}/nowhere, which does not exist; create it or "
         "pass another --cache-dir",
     ),
+    "a key the command does not take, in its config": (
+        ["slurm", "table3", "--out", "{tmp}/runs", "--config", "{tmp}/t.csv"],
+        table("jobs: 2\n"),
+        "config {tmp}/t.csv: unknown option 'jobs'; use the option names of `aiayn slurm table3 --help` (e.g. "
+        "max_steps, set or train.max_steps)",
+    ),
     "a config key of control characters": (
         TRAIN + ["--config", "{tmp}/t.csv"],
         table('"a\\x1b[31mb\\0c\\nd": 1\n'),

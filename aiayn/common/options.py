@@ -422,7 +422,8 @@ def config_values(cls, doc: dict, where: str, command: str, *, skip=()) -> dict:
     for path, f in leaves.items():
         for name in {f.name, flag_of(f)[2:], flag_of(f)[2:].replace("-", "_")}:
             by_name.setdefault(name, []).append(path)
-    example = "max_steps, set" if not groups else "jobs, max_steps or train.max_steps"
+    present = [name for name in ("jobs", "max_steps", "set") if name in by_name]  # names this command takes
+    example = ", ".join(present[:2]) + (" or train.max_steps" if "train.max_steps" in leaves else "")
     out = {}
 
     def walk(mapping: dict, prefix: str) -> None:
