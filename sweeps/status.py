@@ -42,10 +42,14 @@ def sweep_status(out: str | Path) -> list[dict]:
         raise UserError(f"{out} does not exist; pass the --out of an `aiayn table3` or `aiayn slurm` sweep")
     sweeps = books.recorded_sweeps(root)
     if not sweeps:
-        raise UserError(
-            f"{out} holds no sweep (no sweeps/*.json and no PRESET/CORPUS/ROW/seedN run directories); "
-            "pass the --out of an `aiayn table3` or `aiayn slurm` sweep"
+        records = root.sweep_records()
+        what = (
+            f"its sweep record{'s' if len(records) > 1 else ''} ({', '.join(p.name for p in records[:3])}) "
+            "cannot be read and there are no PRESET/CORPUS/ROW/seedN run directories"
+            if records
+            else "no sweeps/*.json and no PRESET/CORPUS/ROW/seedN run directories"
         )
+        raise UserError(f"{out} holds no sweep ({what}); pass the --out of an `aiayn table3` or `aiayn slurm` sweep")
     claims = backends.status_claims(root)  # every registered back end's books
     found = []
     for sweep in sweeps:
