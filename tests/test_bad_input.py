@@ -884,7 +884,11 @@ def test_bad_input_is_one_exact_line_exit_2_and_writes_nothing(case, tmp_path, c
 @pytest.mark.parametrize(
     "record, metrics, expected",
     [
-        ({"preset": "../../..", "corpus": "synthetic", "pairs": [["base", 0]]}, None, "no sweep (its sweep record (x.json) cannot"),
+        (
+            {"preset": "../../..", "corpus": "synthetic", "pairs": [["base", 0]]},
+            None,
+            "no sweep (its sweep record (x.json) cannot",
+        ),
         ({"preset": "tiny", "corpus": "synthetic", "pairs": [["base"]]}, None, "holds no sweep"),
         ({"preset": "tiny", "corpus": "synthetic", "pairs": [[1, 2]]}, None, "holds no sweep"),
         ({"preset": "tiny", "corpus": "../x", "pairs": [["base", 0]]}, None, "holds no sweep"),
