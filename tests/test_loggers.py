@@ -140,21 +140,40 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
     for tag, value in final.items():
         history = client.get_metric_history(run.info.run_id, tag)
         assert (history[-1].step, history[-1].value) == (3, pytest.approx(value, rel=1e-6))
-    files = [a.path for a in client.list_artifacts(run.info.run_id, "model")]
-    assert files == [
-        "model/README.md",
-        "model/config.json",
-        "model/last.ckpt",
-        "model/metrics.json",
-        "model/tokenizer.model",
-    ]
+    files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"model/MLmodel", "model/mlflow_model.py", "model/artifacts", "model/README.md"} <= files
+    assert {"model/config.json", "model/metrics.json", "model/tokenizer.model"} <= files
     assert client.get_run(run.info.run_id).data.tags["capped"] == "true"  # 3 steps of the tiny preset's 1200
     readme = Path(client.download_artifacts(run.info.run_id, "model/README.md", str(out / "dl"))).read_text()
     assert "Translator.from_checkpoint('last.ckpt')" in readme and "capped: 3 of its 1200" in readme
+    assert "pip install aiayn" not in readme  # no index has it: the README says to install from the repository
 
     config = RunDir(two_attempts).read_config()
     kwargs = wandb_run.init_kwargs(RunDir(two_attempts), config, "offline", "test")
     assert kwargs["project"] == experiment.name == loggers.experiment_name("tiny", SYNTHETIC)
+
+
+def test_the_logged_model_is_an_mlflow_model_that_translates(two_attempts, monkeypatch):
+    """--log-model's `model/` was a folder of files, not an MLflow Model (`mlflow.pyfunc.load_model` found no
+    MLmodel): it is a pyfunc model whose predictions are the run's own translations (`aiayn translate`'s)."""
+    import mlflow
+    import pandas as pd
+
+    from aiayn.lightning_modules.use.translate import Translator
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri, _ = loggers.mlflow_uri(two_attempts.parents[3])
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.get_experiment_by_name("aiayn-tiny-synthetic")
+    runs = mlflow.search_runs([experiment.experiment_id], output_format="list")
+    run = next(r for r in runs if r.info.run_name == "base-s0 attempt 2")
+    model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    sentences = ["der hund sieht die katze", "ein mann"]
+    got = model.predict(pd.DataFrame({"text": sentences}))
+    assert list(got) == Translator.from_run(two_attempts, device="cpu").translate(sentences)
+    assert list(model.predict(pd.DataFrame({"text": sentences}), params={"beam": 1})) == Translator.from_run(
+        two_attempts, device="cpu"
+    ).translate(sentences, beam=1)
 
 
 def test_mlflow_tracking_uri_wins_over_the_run_directory(tmp_path, monkeypatch):

@@ -146,32 +146,50 @@ def budget_values(metrics) -> dict:
 MODEL_README = """\
 # aiayn model: {row} seed {seed} at preset {preset}, {steps} steps{capped}
 
-`last.ckpt` is the run's final checkpoint: it carries its config and its SentencePiece tokenizer, and loads
+An MLflow Model (pyfunc): `mlflow.pyfunc.load_model(URI).predict(pandas.DataFrame({{"text": ["A man."]}}))` returns
+the translations (beam search as the paper decodes; `params={{"beam": 1}}` for greedy). Its code is
+`mlflow_model.py`; loading it needs aiayn importable: `pip install -e .` in a checkout of its repository.
+
+`artifacts/last.ckpt` is the run's final checkpoint: it carries its config and its SentencePiece tokenizer, and loads
 without running code (weights only). `config.json` and `tokenizer.model` are the same files, beside it to read.
 
-    pip install aiayn
+    cd artifacts
     aiayn translate --ckpt last.ckpt < sentences.en > sentences.de        # or, in Python:
     python -c "from aiayn import Translator; print(Translator.from_checkpoint('last.ckpt').translate(['A man.']))"
     aiayn export --ckpt last.ckpt --format hf --out hf-model               # MarianMTModel + its tokenizer
 
 dev BLEU {bleu} (sacreBLEU `{signature}`), dev perplexity {ppl}.
 """
+# the pyfunc model's code (MLflow's models from code): a file the logged model carries, not an import of this layer
+MODEL_CODE = Path(__file__).resolve().parents[1] / "use" / "mlflow_model.py"
 
 
 def log_model_files(logger, checkpoint, metrics) -> None:
-    """With --log-model, MLflow's artifact `model/`: the final checkpoint with the run's config.json and tokenizer
-    beside it and a README saying how to load, translate and export it (a raw checkpoint alone said nothing of
-    what it is or what reads it)."""
+    """With --log-model, MLflow's artifact `model/`: an MLflow Model (pyfunc, `MODEL_CODE`) of the final checkpoint,
+    with the run's config.json and tokenizer beside it and a README saying how to load, translate and export it."""
     import shutil
     import tempfile
-    from pathlib import Path
+
+    import mlflow
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     checkpoint = Path(checkpoint)
     run = checkpoint.parent.parent
+    signature = ModelSignature(
+        inputs=Schema([ColSpec("string", "text")]),
+        outputs=Schema([ColSpec("string")]),
+        params=ParamSchema([ParamSpec("beam", "long", None)]),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp) / "model"
-        where.mkdir()
-        shutil.copy2(checkpoint, where / "last.ckpt")
+        mlflow.pyfunc.save_model(
+            path=str(where),
+            python_model=str(MODEL_CODE),
+            artifacts={"checkpoint": str(checkpoint)},
+            signature=signature,
+            pip_requirements=["torch", "sentencepiece", "sacrebleu", "mlflow"],
+        )
         for name in ("config.json", "tokenizer.model", "metrics.json"):
             if (run / name).is_file():
                 shutil.copy2(run / name, where / name)
