@@ -521,7 +521,27 @@ def test_a_signal_stops_a_sweep_in_one_line_and_the_same_command_runs_what_it_st
     name = signal.Signals(signum).name
     assert len(calls) == 1 and f"table3 tiny stopped by {name}: 0 pair(s) completed in this call" in caplog.text
     assert not list((tmp_path / "runs").rglob("*.failed.json")), "a stopped pair was booked as failed"
+    # in the study (optuna-dashboard) the stopped attempt ended as Optuna ends an interrupted trial, and its pair
+    # waits to be resumed, as aiayn's books say: one WAITING trial, no new one beside it when the sweep resumes
+    study = optuna.load_study(
+        study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
+    )
+    stopped_trial = next(t for t in study.trials if t.user_attrs.get("stopped") == name)
+    waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    pair = (stopped_trial.user_attrs["row"], stopped_trial.user_attrs["seed"])
+    assert [
+        (t.user_attrs["row"], t.user_attrs["seed"]) for t in waiting if t.user_attrs.get("resumes") is not None
+    ] == [pair]
     assert run_table3(opts, backend=RunnerBackend(runner)).counts()["completed"] == 3
+    assert (
+        sum(
+            t.state == optuna.trial.TrialState.COMPLETE
+            for t in optuna.load_study(
+                study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
+            ).trials
+        )
+        == 3
+    )
     assert sorted(calls[1:]) == [("A1", 0), ("A2", 0), ("base", 0)]
 
 

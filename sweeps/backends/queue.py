@@ -426,9 +426,13 @@ class QueueBackend(Backend):
         if metrics.completed:  # told while holding the claim: no duplicate can start
             study.tell(trial, metrics.dev_bleu)
             return f"BLEU {metrics.dev_bleu:.2f}", (1, 0, 0)
-        if self.stop.signum is not None:  # stopped with the sweep: not a failure; enqueued again
+        if self.stop.signum is not None:  # stopped with the sweep: not a failure; queued again at once
+            # Optuna ends an interrupted trial as FAIL (as its heartbeat does); the pair itself is pending, as the
+            # books say, so a WAITING trial holds it in the study (optuna-dashboard) until a driver resumes it
             trial.set_user_attr("stopped", signal.Signals(self.stop.signum).name)
             study.tell(trial, state=TrialState.FAIL)
+            row, seed = pair
+            study.enqueue_trial({"seed": seed}, user_attrs={"row": row, "seed": seed, "resumes": trial.number})
             return f"stopped by {signal.Signals(self.stop.signum).name}", (0, 0, 0)
         study.tell(trial, state=TrialState.FAIL)
         is_diverged = metrics.status == "diverged"
