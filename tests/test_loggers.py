@@ -94,7 +94,10 @@ def test_mlflow_keeps_one_run_per_attempt_in_one_store_under_out_and_one_experim
         assert run.info.status == "FINISHED"
         assert (run.data.tags["row"], run.data.tags["seed"], run.data.tags["corpus"]) == ("base", "0", "synthetic")
         assert [m.step for m in client.get_metric_history(run.info.run_id, "val/ppl")] == steps
-        assert run.data.params["model/d_model"] == "32"  # the run's config (LogRunConfig), as W&B's config has it
+        assert run.data.params["d_model"] == "32"  # the run's config (LogRunConfig), as W&B's config has it
+        # one key a value: no knob both at the top and in a section (TensorBoard's hparams showed d_model twice)
+        tops = {k for k in run.data.params if "/" not in k}
+        assert not [k for k in run.data.params if "/" in k and k.rsplit("/", 1)[1] in tops]
         assert (run.data.params["row"], run.data.params["train_steps"]) == ("base", str(len(steps) + steps[0]))
     csv = (two_attempts / "logs" / "version_1" / "metrics.csv").read_text().splitlines()
     last = client.get_metric_history(runs["base-s0 attempt 2"].info.run_id, "val/ppl")[-1].value
@@ -128,7 +131,8 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
         "budget/capped",
     }
     session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
-    assert session.hparams["row"].string_value == "base" and session.hparams["model/d_model"].number_value == 32
+    assert session.hparams["row"].string_value == "base" and session.hparams["d_model"].number_value == 32
+    assert "model/d_model" not in session.hparams and "train/seed" not in session.hparams
     for tag, value in final.items():
         assert events.Scalars(tag)[-1].value == pytest.approx(value, rel=1e-6) and events.Scalars(tag)[-1].step == 3
 

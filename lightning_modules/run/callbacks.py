@@ -204,9 +204,10 @@ class ScheduledValidations(pl.Callback):
 
 
 class LogRunConfig(pl.Callback):
-    """The loggers' hyper-parameters: the run's config (secrets masked), as one flat view (row, seed, the knobs,
-    `model/d_model`, `data/corpus`, `train/steps`…: wandb_run.wandb_config), logged once when fit starts. Lightning
-    would log the modules' hyper-parameters instead; they hold none (the checkpoint keeps the config once, typed).
+    """The loggers' hyper-parameters: the run's config (secrets masked), as one flat view with one key a value (row,
+    seed, the knobs, `train_steps`, `data/source_eos`…: wandb_run.tracker_params), logged once when fit starts.
+    Lightning would log the modules' hyper-parameters instead; they hold none (the checkpoint keeps the config once,
+    typed).
     W&B gets the same view at init, so not again here."""
 
     def __init__(self, params: dict) -> None:

@@ -625,7 +625,7 @@ def integrations(opts: TrainOptions, p: Plan) -> Integrations:
     config = RunConfig.from_dict(redact_obj(p.config.to_dict()))
     loggers = run_loggers.build(run_loggers.of(opts), p.run, config, rank_zero=is_launch_rank_zero(), out_root=opts.out)
     plugins, callbacks = slurm_parts(p.run.checkpoints, opts.world_size)
-    return Integrations(loggers, [LogRunConfig(wandb_run.wandb_config(config)), *callbacks], plugins)
+    return Integrations(loggers, [LogRunConfig(wandb_run.tracker_params(config)), *callbacks], plugins)
 
 
 def strategy(opts: TrainOptions):

@@ -77,6 +77,18 @@ def wandb_config(config: RunConfig) -> dict:
     }
 
 
+def tracker_params(config: RunConfig) -> dict:
+    """`wandb_config`'s view with one key per value, for TensorBoard and MLflow, which flatten its sections into keys
+    beside the top-level ones (`d_model` and `model/d_model`, `seed` and `train/seed`, `row` and `options/row`): the
+    knobs and the training plan once, at the top, the data and the paper's numbers as sections."""
+    view = wandb_config(config)
+    for section in ("model", "train", "preset_config", "options"):  # each repeats what the top holds
+        view.pop(section)
+    view.update({k: v for k, v in config.model.items() if k not in view})  # vocab_size, max_len
+    view["data"] = {k: v for k, v in view["data"].items() if k not in view}  # corpus, vocab_size, max_len: above
+    return view
+
+
 def init_kwargs(run: RunDir, config: RunConfig, mode: str, why: str) -> dict | None:
     """The arguments of this attempt's WandbLogger (and so of wandb.init), or None when W&B is
     disabled. Records the attempt in the run directory and says in the log where it goes."""
