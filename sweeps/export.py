@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from aiayn.ablations.presets import get_preset
+from aiayn.ablations.presets import MAIN_PRESET, get_preset
 from aiayn.ablations.table import RowChoice, select_rows
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
@@ -26,7 +26,7 @@ class SweepExportOptions:
     """`aiayn sweep export`: which sweep definition, over which rows and seeds, written where."""
 
     wandb: bool = option(False, "a W&B sweep YAML (grid over row x seed)")
-    preset: str = option("tiny", "the scale each run of the sweep trains at")
+    preset: str = option(MAIN_PRESET, "the scale each run of the sweep trains at (as `aiayn table3`'s)")
     select: RowChoice = field(default_factory=RowChoice)
     seeds: int = option(1, "seeds 0..N-1 per row", positive=True)
     out: str | None = option(None, "the file to write (default: stdout)")
