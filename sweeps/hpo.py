@@ -100,6 +100,17 @@ def default_space(preset) -> dict[str, BaseDistribution]:
 OBJECTIVE = "dev PPL"  # the study's metric name (optuna-dashboard shows it instead of "Objective 0")
 
 
+def objective_sentences(t) -> str:
+    """What a trial's objective is measured on: the final evaluation's dev set, which --eval-subset cuts, while the
+    values pruning compares (val/ppl at each validation) are the whole dev set's."""
+    if t.eval_subset is None:
+        return "final dev perplexity on the whole dev set, as pruning reads it at every validation"
+    return (
+        f"final dev perplexity on the first {t.eval_subset} dev sentences (--eval-subset); pruning read the whole "
+        "dev set's at every validation: compare trials by their objectives, not with their pruning curves"
+    )
+
+
 class StepPruning:
     """A Lightning callback: after every validation (not the sanity check), report `monitor` to the trial at the
     global step and raise optuna.TrialPruned when the pruner says so. Built lazily (`StepPruning.make`) so that
@@ -277,6 +288,8 @@ def run_hpo(opts: HpoOptions) -> dict:
             f"aiayn hpo trains each trial in its own process on one device, not {t.world_size}; drop "
             f"--devices/--num-nodes (Optuna cannot run inside DDP ranks)"
         )
+    if t.eval_subset is not None:  # the objective and the pruned values are then numbers of other sentences
+        log.warning("%s", objective_sentences(t))
     spec = spec_of(t)  # the row, resolved once for every trial; unknown row or preset: before any study exists
     space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
@@ -335,6 +348,7 @@ def run_hpo(opts: HpoOptions) -> dict:
         "study": study.study_name,
         "best_trial": best.number,
         "best_dev_ppl": best.value,
+        "objective": objective_sentences(t),
         "best_params": best.params,
         "dev_bleu": best.user_attrs.get("dev_bleu"),
         **counts,

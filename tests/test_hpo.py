@@ -364,3 +364,5 @@ def test_trials_train_in_processes_of_their_own_two_at_once(cache, tmp_path):
     assert [p.name for p in logs] == ["trial0000.log", "trial0001.log", "trial0002.log"]
     best = json.loads((out / "hpo" / "tiny" / "C1" / "best.json").read_text())
     assert best["best_trial"] in {t.number for t in trials if t.state.name == "COMPLETE"}
+    # its objective was measured on 4 dev sentences, its pruned values on all of them: the result says so
+    assert best["objective"].startswith("final dev perplexity on the first 4 dev sentences (--eval-subset)")
