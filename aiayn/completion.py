@@ -20,7 +20,8 @@ class CompletionOptions:
 
 
 # what an option's value completes to: names (rows, presets, loggers, corpora) or paths
-NAME_OPTIONS = {"--row": "rows", "--rows": "rows", "--preset": "presets", "--logger": "loggers", "--data": "corpora"}
+# (`--row` takes one row; `--rows` rows, groups, all and scored, as `aiayn table3` reads them)
+NAME_OPTIONS = {"--row": "row", "--rows": "rows", "--preset": "presets", "--logger": "loggers", "--data": "corpora"}
 FILE_OPTIONS = (
     "--table",
     "--config",
@@ -35,6 +36,7 @@ FILE_OPTIONS = (
     "--json",
 )
 DIR_OPTIONS = ("--out", "--runs", "--run", "--data-dir", "--cache-dir", "--ct2", "--report")
+POSITIONAL_DIRS = ("out",)  # an argument without a flag that names a folder
 
 
 def _completion_names() -> dict[str, list[str]]:
@@ -45,6 +47,7 @@ def _completion_names() -> dict[str, list[str]]:
 
     rows = load_rows()
     return {
+        "row": list(rows),
         "rows": [*rows, *sorted({r.group for r in rows.values()} - set(rows)), "all", "scored"],
         "presets": list(PRESETS),
         "loggers": list(KINDS),
@@ -61,6 +64,9 @@ def _mark_completions(parser: argparse.ArgumentParser, shtab, names: dict[str, l
                 _mark_completions(sub, shtab, names)
             continue
         flags = set(action.option_strings)
+        if not flags and action.dest in POSITIONAL_DIRS:  # `aiayn status OUT`
+            action.complete = shtab.DIRECTORY
+            continue
         kind = next((NAME_OPTIONS[f] for f in flags if f in NAME_OPTIONS), None)
         if kind is not None:
             action.complete = {"bash": f"_aiayn_{kind}", "zsh": "(" + " ".join(names[kind]) + ")"}

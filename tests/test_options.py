@@ -400,7 +400,11 @@ def test_shell_completion_completes_commands_and_their_flags(shell, tmp_path, ca
     assert complete("tab") == ["table3"] and complete("sta") == ["status"]
     assert complete("table3", "--max-s") == ["--max-steps"] and complete("hpo", "--spa") == ["--space"]
     # values: rows and groups, presets, loggers, corpora, and file names where a file is asked for
-    assert complete("train", "--row", "C") == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C"]
+    # one row for --row (train refuses a group), rows and groups for --rows
+    assert complete("train", "--row", "C") == ["C1", "C2", "C3", "C4", "C5", "C6", "C7"]
+    assert complete("table3", "--rows", "C") == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C"]
+    (tmp_path / "runs").mkdir()
+    assert complete("status", str(tmp_path / "ru")) == [str(tmp_path / "runs")]
     assert complete("table3", "--preset", "ti") == ["tiny", "tiny-2k"] and complete("train", "--logger", "ml") == [
         "mlflow"
     ]
