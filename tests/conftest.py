@@ -1,9 +1,23 @@
 """Fixtures shared by the test modules."""
 
 import os
+import signal
 import threading
 
 import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """One Ctrl-C ends the test session with its summary. A test that trains in-process (a run, a sweep's driver)
+    takes the first Ctrl-C as aiayn takes it, a stop at the step: the run ends with SystemExit(128 + SIGINT), which
+    pytest would count as that test's failure and go on. Such an exit escaping a test is the user's Ctrl-C."""
+    try:
+        return (yield)
+    except SystemExit as e:
+        if e.code == 128 + signal.SIGINT:
+            raise KeyboardInterrupt from e
+        raise
 
 
 @pytest.fixture(scope="module")

@@ -1042,3 +1042,22 @@ def test_a_killed_sweep_drivers_trainers_stop_with_it(cache, tmp_path):
             time.sleep(0.5)
     finally:
         subprocess.run(["pkill", "-KILL", "-f", str(out)], check=False)  # a survivor must not train on in CI
+
+
+def test_one_ctrl_c_during_a_test_that_trains_ends_the_session(tmp_path):
+    """A run or a sweep trained in-process takes the first Ctrl-C as a stop at the step and ends with
+    SystemExit(128 + SIGINT): pytest counted that test failed and went on, so a second Ctrl-C was needed. The
+    suite's conftest turns that exit into the KeyboardInterrupt it is: the session ends, with its summary."""
+    (tmp_path / "test_x.py").write_text(
+        "import signal\n\ndef test_trains():\n    raise SystemExit(128 + signal.SIGINT)\n\ndef test_next():\n    pass\n"
+    )
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider", "test_x.py"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(tests)),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "KeyboardInterrupt" in done.stdout, done.stdout
+    assert "1 passed" not in done.stdout  # test_next never ran
