@@ -480,3 +480,55 @@ def test_a_packs_checkpoint_is_read_with_a_runs_checks_in_one_line_each(cache, t
     capsys.readouterr()
     assert main([*argv, "--max-steps", "8"]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def _training_step():
+    from aiayn.lightning_modules.run.pack import PackModule
+
+    return PackModule.training_step
+
+
+TRAINING_STEP = _training_step()
+
+
+def operators_of_a_trainers_step(cache, tmp_path, monkeypatch, seeds: str) -> list[int]:
+    """The ATen operators each `training_step` of a pack ran through the Trainer (a CPU counts them as a GPU would
+    launch them): the step's forward, from the batch Lightning hands it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from aiayn.lightning_modules.run.pack import PackModule
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    counts, step = [], TRAINING_STEP
+
+    def counted(self, batch, batch_idx):
+        Count.n = 0
+        with Count():
+            out = step(self, batch, batch_idx)
+        counts.append(Count.n)
+        return out
+
+    monkeypatch.setattr(PackModule, "training_step", counted)
+    monkeypatch.setenv("AIAYN_CACHE", str(cache))
+    argv = ["train", *SMALL, "--out", str(tmp_path / seeds.replace(",", "-")), "--max-steps", "3"]
+    assert main([*argv, "--pack-seeds", seeds, "--batch-order-seed", "0"]) == 0
+    return counts
+
+
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
+def test_a_packs_step_through_the_trainer_launches_as_many_operators_for_any_number_of_seeds(
+    cache, tmp_path, monkeypatch
+):
+    """The K seeds' batches were moved to the device one by one and stacked there (K copies, K pads and a
+    concatenation of each tensor, every step: about 4K launches): they are stacked on the host before Lightning
+    moves them, so a step's operators through the Trainer are the same for 2 seeds and for 4."""
+    two = operators_of_a_trainers_step(cache, tmp_path, monkeypatch, "0,1")
+    four = operators_of_a_trainers_step(cache, tmp_path, monkeypatch, "0,1,2,3")
+    assert len(two) == len(four) == 3 and two[0] > 100  # a whole forward was counted
+    assert two == four

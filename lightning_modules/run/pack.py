@@ -15,13 +15,16 @@ What each seed keeps, as it would alone:
 - its divergence: a seed whose loss goes non-finite is that seed's result (metrics.json "diverged" at that step; its
   last.ckpt holds its weights from before the step) and the others train on; no operation mixes seeds.
 
-What the seeds share: the batch order (`--batch-order-seed`, the first seed's: at each step every seed's batch spans
-the same lengths, filled with sentences of its own, so the stacked step pads little; with each seed's own order a
-pack of 4 computed 1.6x its seeds' positions, tests/test_pack_runs.py), the learning-rate schedule and step count,
-the validation steps, the epoch's length (the K loaders advance together), the wall time, and the pack's checkpoint
+What the seeds share: the learning-rate schedule and step count, the validation steps, the epoch's length (the K
+loaders advance together), the wall time, one host-to-device copy a step (the K batches are stacked on the host,
+`PackData.on_before_batch_transfer`), and the pack's checkpoint
 (ROW/pack-seedA-seedB-.../checkpoints: what a killed pack resumes from; at the end each seed's checkpoints/last.ckpt
-holds its own weights and config, for translate, export and averaging). Not packed (refused in one line): val/bleu
-during training, several devices, loggers other than csv and tensorboard.
+holds its own weights and config, for translate, export and averaging). Each seed draws its own batch order, as
+separate runs do, so the replicates share no random factor; `--batch-order-seed S` (or `--static-shapes`) gives every
+seed one order instead (each step's batches then span the same lengths, filled with each seed's own sentences, so the
+stacked step pads little: each seed's own order computes about 1.6x the positions, tests/test_pack_runs.py).
+
+Not packed (refused in one line): val/bleu during training, several devices, loggers other than csv and tensorboard.
 
 `--compile` compiles the packed model as a run alone's (transformer/compiled.py; the counter stream's keys are a
 tensor filled each step, so a step is not a new graph); with `--static-shapes` every seed's batch of a step has one
@@ -150,6 +153,17 @@ class PackData(pl.LightningDataModule):
         for dm in self.dms:
             dm.setup(stage)
 
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        """The K seeds' training batches stacked on the host, before Lightning moves them: one copy of each stacked
+        tensor to the device a step, not K (and K pads and a concatenation there); the token counts stay host
+        numbers, as collate counted them."""
+        if not isinstance(batch, list):  # a dev batch: one seed's
+            return batch
+        src, tgt_in = stack_batches([(b["src"], b["tgt_in"]) for b in batch])
+        _, tgt_out = stack_batches([(b["src"], b["tgt_out"]) for b in batch])
+        counts = [(b["n_src_tokens"], b["n_tgt_tokens"]) for b in batch]
+        return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "counts": counts}
+
     def train_dataloader(self) -> CombinedLoader:
         # each loader is resumable (its position is in the pack's checkpoint); min_size: an epoch ends with the
         # shortest seed's, and every seed's sampler starts its next epoch
@@ -202,17 +216,15 @@ class PackModule(pl.LightningModule):
             self._alive = torch.tensor([k not in self.diverged for k in range(len(self.seeds))], device=self.device)
         return self._alive
 
-    def training_step(self, batch: list[dict], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         t = self.trainer  # the batch's place in the run, as TranslationModule counts it for the counter stream
         self.stream.to(self.device).step = t.global_step * t.accumulate_grad_batches + self._micro
         self._micro += 1
-        src, tgt_in = stack_batches([(b["src"], b["tgt_in"]) for b in batch])
-        _, tgt_out = stack_batches([(b["src"], b["tgt_out"]) for b in batch])
-        loss, nll, _ = packed_loss(self.model, src, tgt_in, tgt_out, self.cfg.eps_ls)
-        for k, b in enumerate(batch):  # counted by collate, on the host
-            self._window[k][0] += b["n_src_tokens"]
-            self._window[k][1] += b["n_tgt_tokens"]
-            self.total_tokens[k] += b["n_src_tokens"] + b["n_tgt_tokens"]
+        loss, nll, _ = packed_loss(self.model, batch["src"], batch["tgt_in"], batch["tgt_out"], self.cfg.eps_ls)
+        for k, (n_src, n_tgt) in enumerate(batch["counts"]):  # counted by collate, on the host
+            self._window[k][0] += n_src
+            self._window[k][1] += n_tgt
+            self.total_tokens[k] += n_src + n_tgt
         sums = torch.stack([loss.detach(), nll.detach()], 1)
         self._sums = sums if self._sums is None else self._sums + sums
         return torch.where(self.alive(), loss, 0.0).sum()  # seeds' parameters are apart: each gets its own gradient
