@@ -360,3 +360,28 @@ def test_graphed_adam_is_the_papers_adam_in_one_compiled_update_for_every_step(d
     for name, value in fused.items():
         if not name.endswith("w_k.bias"):  # an exact gradient of 0: Adam turns rounding into steps (as above)
             torch.testing.assert_close(graphed[name], value, rtol=1e-4, atol=1e-4, msg=name)  # a step moves 1e-2
+
+
+def test_a_packs_loaders_share_its_workers(monkeypatch):
+    """Each seed of a pack had a loader with the run's --num-workers (a GPU's default 4): a pack of 8 ran 32 loader
+    processes. The pack's workers are shared among its seeds' loaders, at least one each where any are asked for."""
+    from aiayn.lightning_modules.run import pack as P
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.spec import spec_of
+
+    assert [P.pack_workers(4, k) for k in (1, 2, 3, 8, 16)] == [4, 2, 2, 1, 1]
+    assert P.pack_workers(0, 8) == 0
+    seen = []
+
+    class Planned(Exception):
+        pass
+
+    def plan(opts, spec):
+        seen.append(opts.num_workers)
+        raise Planned
+
+    monkeypatch.setattr(P, "plan", plan)
+    opts = TrainOptions(pack_seeds="0,1,2,3,4,5,6,7", num_workers=4, accelerator="cpu", progress=False)
+    with pytest.raises(Planned):
+        P.train_pack(opts, spec_of(opts))
+    assert seen == [1]  # the first seed's plan: 8 loaders of one worker each, not of 4
