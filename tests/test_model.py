@@ -347,3 +347,27 @@ def test_a_bf16_residual_stream_is_bf16_under_autocast_and_leaves_fp32_code_unch
     assert dtypes and set(dtypes) == {torch.bfloat16}  # every residual block's output, in the encoder and decoder
     assert len(dtypes) == 2 * 2 + 2 * 3  # N 2: two blocks an encoder layer, three a decoder layer
     torch.testing.assert_close(logits.float(), reference.float(), atol=0.1, rtol=0.05)
+
+
+def test_training_attention_gives_the_kernel_its_mask_unguarded(monkeypatch):
+    """The empty-row guard (an any, an or and a fill around every masked attention call on the fused path) ran in
+    training too, where no row is empty: a query that requires grad reaches scaled_dot_product_attention with its
+    padding mask as it is; evaluation and decoding keep the guard."""
+    from aiayn.lightning_modules.transformer import model as M
+
+    real, seen = torch.nn.functional.scaled_dot_product_attention, []
+
+    def recording(q, k, v, attn_mask=None, is_causal=False):
+        seen.append(attn_mask)
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+    monkeypatch.setattr(M, "CPU_FAST_PATHS", False)  # the code a GPU takes
+    monkeypatch.setattr(M.F, "scaled_dot_product_attention", recording)
+    q, k, v = (torch.randn(2, 2, n, 8) for n in (5, 70, 70))
+    mask = torch.ones(2, 1, 1, 70, dtype=torch.bool)
+    mask[1, ..., 60:] = False  # padding
+    M.attention(q.requires_grad_(), k, v, mask).sum().backward()
+    assert seen[-1] is mask
+    with torch.no_grad():
+        M.attention(q.detach(), k, v, mask)
+    assert seen[-1] is not mask and torch.equal(seen[-1], mask)  # mask | (no empty row): the guard ran

@@ -53,11 +53,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     at those sizes is small. A query whose keys are all masked (an empty source sentence) attends to nothing and
     gets zeros, on both paths: explicitly on the fused one, whose kernels disagree there (CPU's and some CUDA
     kernels give zeros, others NaN), by letting such a row attend to every key and zeroing its output afterwards
-    (elementwise work on the mask, no branch and so no host sync; training pairs are never empty).
+    (elementwise work on the mask, no branch and so no host sync). Not in training, where no row is empty (the data
+    module drops empty pairs, a pack's filler rows hold one EOS): a query that requires grad goes to the kernel with
+    its mask as it is.
     """
     T, S = q.shape[-2], k.shape[-2]
     if not cpu_fast_path(q) or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):
-        if mask is None or mask.dtype != torch.bool:
+        if mask is None or mask.dtype != torch.bool or q.requires_grad:  # training: no row is empty (below)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         empty = ~mask.any(-1, keepdim=True)  # (B, 1 or h, 1 or T, 1): queries with no key to attend
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, is_causal=causal)
