@@ -159,6 +159,7 @@ def test_marian_peer_sizes():
     assert marian.get_input_embeddings().weight is marian.get_output_embeddings().weight  # tied
 
 
+@pytest.mark.slow  # trains end to end (seconds): the slow tier
 def test_bench_cli_writes_json(tmp_path):
     pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[test]')")
     out = tmp_path / "bench.json"

@@ -52,6 +52,7 @@ def weights_only(cache, tmp_path_factory):
     return run_of(out)
 
 
+@pytest.mark.slow  # trains end to end (seconds): the slow tier
 def test_keep_last_keeps_the_newest_periodic_checkpoints_and_last(weights_only):
     names = sorted(p.name for p in (weights_only / "checkpoints").iterdir())
     assert names == ["last.ckpt", "step0000003.ckpt", "step0000004.ckpt"]

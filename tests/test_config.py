@@ -41,6 +41,7 @@ def tree(root):
     return sorted(p.relative_to(root) for p in root.rglob("*"))
 
 
+@pytest.mark.slow  # trains end to end (seconds): the slow tier
 def test_a_runs_config_json_trains_that_run_again_exactly(trained, tmp_path):
     other = tmp_path / "again"
     assert main(["train", "--config", str(trained / "config.json"), "--out", str(other)]) == 0

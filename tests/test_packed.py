@@ -319,6 +319,7 @@ def test_a_compiled_pack_draws_the_counter_streams_masks_in_one_graph_for_every_
     assert losses("model") == pytest.approx(eager, rel=1e-6)
 
 
+@pytest.mark.slow  # trains end to end (seconds): the slow tier
 def test_graphed_adam_is_the_papers_adam_in_one_compiled_update_for_every_step(dynamo):
     """--compile graphs' optimizer (compiled.GraphedAdam, eager backend here): six steps of the paper's Adam and
     schedule give the fused Adam's weights within float rounding (Adam amplifies it to 1e-5 here; a step moves a

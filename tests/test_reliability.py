@@ -754,6 +754,7 @@ KILL_MID_WRITE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # kills a training process mid-write (seconds each): the slow tier
 @pytest.mark.parametrize("name", ["last.ckpt", "metrics.json"])
 def test_a_kill_during_a_write_leaves_the_old_file_and_a_restart_clears_the_temp(tmp_path, name):
     from aiayn.common.files import remove_stale_temps
