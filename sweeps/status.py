@@ -103,6 +103,6 @@ def render(found: list[dict]) -> str:
                 "completed": done,
                 "short": done + (f"; a sweep that wants {p['wanted']} steps extends it" if p.get("wanted") else ""),
                 "running": f"{p['holder']}, for {_age(p['age_s'])}{_step(p)}",
-            }.get(p["state"], (p["error"] or "") + _step(p))
+            }.get(p["state"], (p["error"] or "") + _step(p)).removeprefix(", ")  # a pending pair's own words first
             lines.append(f"  {p['row']:<{width}}  seed {p['seed']:<3} {p['state']:<9}  {what}".rstrip())
     return "\n".join(lines) + "\n"

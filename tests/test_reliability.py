@@ -532,7 +532,10 @@ def test_a_signal_stops_a_sweep_in_one_line_and_the_same_command_runs_what_it_st
     assert [
         (t.user_attrs["row"], t.user_attrs["seed"]) for t in waiting if t.user_attrs.get("resumes") is not None
     ] == [pair]
-    assert run_table3(opts, backend=RunnerBackend(runner)).counts()["completed"] == 3
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert run_table3(opts, backend=RunnerBackend(runner)).counts()["completed"] == 3
+    assert "3 pairs, 3 to run" in caplog.text  # the queued pairs counted too, not only those enqueued now (0)
     assert (
         sum(
             t.state == optuna.trial.TrialState.COMPLETE

@@ -1055,3 +1055,12 @@ def test_a_negative_log_interval_is_one_line(tmp_path):
     opts = SweepOptions(log_interval=-1, train=TrainOptions(preset="tiny", out=str(tmp_path / "runs")))
     with pytest.raises(UserError, match="--log-interval -1: pass a number of seconds"):
         build_sweep(opts)
+
+
+def test_a_pending_pair_with_a_checkpoint_reads_as_one_phrase():
+    """status printed "pending    , checkpointed at step 2000 of 4000" for a stopped pair: the phrase alone."""
+    from aiayn.sweeps.status import render
+
+    pair = {"row": "E1", "seed": 4, "state": "pending", "error": None, "step": 2000, "steps": 4000, "dev_bleu": None}
+    text = render([{"preset": "real", "corpus": "multi30k", "counts": {"pending": 1}, "pairs": [pair]}])
+    assert text.splitlines()[1] == "  E1  seed 4   pending    checkpointed at step 2000 of 4000"

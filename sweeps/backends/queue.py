@@ -189,14 +189,16 @@ class QueueBackend(Backend):
                     t.user_attrs.get("worker", "unknown"),
                 )
             cost = {row: spec.cost() for row, spec in sweep.specs.items()}
-            pending = enqueue_pending(study, pairs, cost, sweep.wanted)
+            enqueue_pending(study, pairs, cost, sweep.wanted)
             sweep.record(self.name)
+        # to run: every pair of this sweep queued, those enqueued now and those a stopped call left queued
+        queued = {pair_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
         log.info(
             "table3 %s on %s: %d pairs, %d to run (%s), %d at a time",
             sweep.preset.name,
             sweep.corpus,
             len(sweep.pairs),
-            len(pending),
+            len(queued & set(pairs)),
             name,
             sweep.jobs,
         )
