@@ -1062,5 +1062,6 @@ def test_a_pending_pair_with_a_checkpoint_reads_as_one_phrase():
     from aiayn.sweeps.status import render
 
     pair = {"row": "E1", "seed": 4, "state": "pending", "error": None, "step": 2000, "steps": 4000, "dev_bleu": None}
+    pair.update(holder=None, age_s=None)
     text = render([{"preset": "real", "corpus": "multi30k", "counts": {"pending": 1}, "pairs": [pair]}])
     assert text.splitlines()[1] == "  E1  seed 4   pending    checkpointed at step 2000 of 4000"
