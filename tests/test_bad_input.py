@@ -1195,3 +1195,47 @@ def test_output_to_a_full_disk_is_one_line_and_exit_2():
     assert done.stderr.strip().splitlines() == [
         "aiayn: error: cannot write the output: No space left on device; write it elsewhere"
     ]
+
+
+def _numeric_flags(command: str) -> list[str]:
+    """Every flag of `aiayn COMMAND` that takes a number (its argparse type an int or float parser)."""
+    import argparse
+
+    from aiayn.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    numeric = []
+    for action in sub._actions:
+        kind = getattr(action.type, "__name__", "") if action.type is not None else ""
+        if action.option_strings and action.help != argparse.SUPPRESS and kind in NUMERIC_TYPES:
+            numeric.append(action.option_strings[0])
+    return numeric
+
+
+NUMERIC_TYPES = ("int", "float", "positive_int", "finite_float", "parse")  # parse: int_at_least's
+# what each command is asked to do with the number: resolve it and stop (nothing trained or written)
+RESOLVE = {"train": ["--print-config"], "table3": ["--dry-run"]}
+
+
+@pytest.mark.slow  # about 200 commands resolved (seconds in all): the slow tier
+@pytest.mark.parametrize("command", list(RESOLVE))
+def test_every_numeric_flag_takes_any_number_with_a_result_or_one_line(command, tmp_path, capsys):
+    """The harness's sweep of every numeric flag with -1, 0, 10^30 and 2^64: each resolves (exit 0) or is refused
+    in one line (exit 2), never a traceback, and nothing is written."""
+    flags = _numeric_flags(command)
+    assert "--max-steps" in flags and len(flags) > 8, flags
+    out = tmp_path / "out"
+    bad = []
+    for flag in flags:
+        for value in ("-1", "0", "1e30", str(2**64)):
+            try:
+                code = main([command, flag, value, "--out", str(out), *RESOLVE[command]])
+            except SystemExit as e:  # argparse's own refusal goes through main as exit 2
+                code = e.code
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if not line.startswith(("INFO ", "WARNING "))]
+            one_line = code == 0 or (code == 2 and len(lines) == 1 and lines[0].startswith("aiayn: error: "))
+            if not one_line or "Traceback" in err:
+                bad.append(f"{flag} {value}: exit {code}: {err.strip()[-300:]}")
+    assert not bad, "\n".join(bad)
+    assert not out.exists()
