@@ -223,3 +223,14 @@ def test_report_logs_the_table_and_the_report_files(tmp_path, offline, capsys):
     )
     assert logged["summary"]["runs._type"] == "table-file"  # and the per-run table beside it
     assert logged["summary"]["curves._type"] == "table-file"  # and every run's curve, in the same W&B run
+
+
+@pytest.mark.slow  # trains a step in a process of its own (seconds): the slow tier
+def test_a_wandb_run_starts_without_the_anonymous_warning(cache, tmp_path):
+    """W&B warned on every run that "the anonymous setting has no effect": Lightning passes wandb.init anonymous=None
+    whatever it is given. A fresh process (W&B says it once a process) prints no such line."""
+    argv = [sys.executable, "-m", "aiayn", "train", "--out", str(tmp_path / "runs"), "--wandb", *FAST]
+    env = dict(os.environ, WANDB_MODE="offline", AIAYN_CACHE=str(cache))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Tracking run with wandb" in done.stderr and "anonymous setting" not in done.stderr

@@ -140,6 +140,9 @@ def wandb_logger(run: RunDir, config: RunConfig):
     from lightning.pytorch.loggers import WandbLogger
 
     logger = WandbLogger(**kwargs)
+    # Lightning passes wandb.init anonymous=None whatever it is given, and W&B warns on every run that the setting has
+    # no effect: the key is dropped before the run starts (WandbLogger keeps wandb.init's arguments in _wandb_init)
+    getattr(logger, "_wandb_init", {}).pop("anonymous", None)
     logger.aiayn_base_id = run.read_wandb_record()["id"]  # the model artifact's name
     return logger
 
