@@ -379,8 +379,11 @@ def test_pack_auto_packs_on_a_gpu_only_and_where_every_run_can_be_packed(tmp_pat
         pack_size("many", sweep)
     sweep.train = replace(sweep.train, val_bleu_sentences=5)
     assert pack_size("auto", sweep) == 1
-    with pytest.raises(UserError, match="--pack 4 validates perplexity only"):
+    with pytest.raises(UserError, match=r"--pack 4 validates perplexity only.*--val-bleu-sentences 5 was asked"):
         pack_size("4", sweep)
+    sweep.train = replace(sweep.train, val_bleu_sentences=None, preset="laptop")
+    with pytest.raises(UserError, match=r"preset laptop decodes 200\)"):
+        pack_size("4", build_sweep(SweepOptions(train=sweep.train)))
 
 
 def test_slurm_refuses_pack_in_one_line(tmp_path, capsys):

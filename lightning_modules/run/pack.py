@@ -134,11 +134,15 @@ def check_packable(opts: TrainOptions, spec: RunSpec, flag: str = "--pack-seeds"
         raise UserError(f"{flag} trains its seeds on one device; drop --devices/--num-nodes, or {flag}")
     if opts.residual_dtype != "fp32":
         raise UserError(f"{flag} keeps the residual stream in fp32; drop --residual-dtype bf16 or {flag}")
-    if _val_bleu_sentences(opts, spec.preset):
+    if n := _val_bleu_sentences(opts, spec.preset):
+        asked = (
+            f"preset {spec.preset.name} decodes {n}"
+            if opts.val_bleu_sentences is None
+            else f"--val-bleu-sentences {n} was asked"
+        )
         raise UserError(
             f"{flag} validates perplexity only (beam search for val/bleu is per model); pass "
-            f"--val-bleu-sentences 0 (preset {spec.preset.name} decodes "
-            f"{spec.preset.val_bleu_sentences}), the final evaluation scores BLEU either way"
+            f"--val-bleu-sentences 0 ({asked}), the final evaluation scores BLEU either way"
         )
     other = [name for name in run_loggers.of(opts) if name not in ("csv", "tensorboard")]
     if other:
