@@ -320,17 +320,19 @@ def run_hpo(opts: HpoOptions) -> dict:
     done = sum(x.state in (TrialState.COMPLETE, TrialState.PRUNED) for x in study.get_trials(deepcopy=False))
     if done < opts.trials:
         log.info("hpo %s: %d of %d trials done, running %d", study.study_name, done, opts.trials, opts.trials - done)
+    failed_here = 0
     if how == "here":
         for _ in range(opts.trials - done):
             _run_trial(study, opts, spec, claims, pop_lock, lambda trial: objective(opts, trial, spec))
     else:
-        in_processes(opts, spec, study.study_name, opts.trials - done, claims, pop_lock, t.seed + done)
+        failed_here = in_processes(opts, spec, study.study_name, opts.trials - done, claims, pop_lock, t.seed + done)
     complete = [trial for trial in study.trials if trial.state == optuna.trial.TrialState.COMPLETE]
     counts = {
         "trials": len(study.trials),
         "completed": len(complete),
         "pruned": sum(x.state.name == "PRUNED" for x in study.trials),
         "failed": sum(x.state.name == "FAIL" for x in study.trials),
+        "failed_here": failed_here,
     }
     if not complete:  # an outcome of the search, not a usage error: the caller exits 1
         log.error(
@@ -358,14 +360,19 @@ def run_hpo(opts: HpoOptions) -> dict:
 
 
 def hpo_exit_status(result: dict) -> int:
-    """1 when every trial was pruned or failed (a result of the search, not a usage error, which is 2); else 0 (a
-    trial's own process: 0 once its outcome is in the study, pruned or not)."""
-    return 0 if "trial" in result else int(result["best_trial"] is None)
+    """1 when every trial was pruned or failed, or a trial of this search's own processes failed (results of the
+    search, not usage errors, which are 2); else 0 (a trial's own process: 0 once its outcome is in the study,
+    pruned or not)."""
+    return 0 if "trial" in result else int(result["best_trial"] is None or result["failed_here"] > 0)
 
 
-def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop_lock, train_trial) -> None:
+class TrialFailed(Exception):
+    """A trial's own process ended without an outcome: the trial is FAIL and the search goes on."""
+
+
+def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop_lock, train_trial) -> bool:
     """Ask one trial (a queued retry first) and claim it under the pop lock, train it (`train_trial(trial)`: its
-    objective value, or optuna.TrialPruned), tell its outcome."""
+    objective value, optuna.TrialPruned, or TrialFailed), tell its outcome; False when it failed."""
     with books.pop_and_claim(study, pop_lock, claims, _key, study.ask) as (trial, _, held):
         try:
             value = train_trial(trial)
@@ -373,6 +380,11 @@ def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop
             trial.set_user_attr("pruned", str(e))
             study.tell(trial, state=TrialState.PRUNED)
             log.info("trial %d: %s, with %s", trial.number, str(e) or "pruned", trial.params)
+        except TrialFailed as e:
+            trial.set_user_attr("failed", str(e))
+            study.tell(trial, state=TrialState.FAIL)
+            log.error("%s", e)
+            return False
         except BaseException:
             study.tell(trial, state=TrialState.FAIL)
             raise
@@ -381,19 +393,20 @@ def _run_trial(study: optuna.Study, opts: HpoOptions, spec: RunSpec, claims, pop
         finally:
             if held is not None:
                 held.close()
+    return True
 
 
 # --- trials in processes of their own (--backend subprocess) -----------------------------------------------------
 
 
-def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, pop_lock, seed: int) -> None:
+def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, pop_lock, seed: int) -> int:
     """`todo` trials, `opts.jobs` at once, each trained by a fresh `aiayn hpo` process (`trial_process`); each worker
     asks and tells through a study object of its own (Optuna caches per storage object, as separate searches would)
-    with a sampler seeded apart."""
+    with a sampler seeded apart. Returns how many of them failed."""
     from concurrent.futures import ThreadPoolExecutor
 
     url = storage_url(opts)
-    left, lock = [todo], threading.Lock()
+    left, failed, lock = [todo], [0], threading.Lock()
 
     def worker(slot: int) -> None:
         study = optuna.load_study(
@@ -404,11 +417,14 @@ def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, 
                 if left[0] == 0:
                     return
                 left[0] -= 1
-            _run_trial(study, opts, spec, claims, pop_lock, lambda trial: trial_process(opts, spec, trial, url, slot))
+            if not _run_trial(study, opts, spec, claims, pop_lock, lambda t: trial_process(opts, spec, t, url, slot)):
+                with lock:
+                    failed[0] += 1
 
     with ThreadPoolExecutor(opts.jobs) as pool:
         for future in [pool.submit(worker, slot) for slot in range(opts.jobs)]:
             future.result()
+    return failed[0]
 
 
 def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str, slot: int) -> float:
@@ -440,8 +456,8 @@ def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str
     storage = open_storage(url)  # a fresh one: what the child wrote, not a cached copy
     outcome = storage.get_trial(_trial_id(storage, trial.study.study_name, trial.number)).user_attrs.get("outcome")
     if code != 0 or not isinstance(outcome, dict):
-        raise RuntimeError(
-            f"trial {trial.number}'s process ended with exit code {code} and no outcome; its log: "
+        raise TrialFailed(
+            f"trial {trial.number} failed: its process ended with exit code {code} and no outcome; its log: "
             f"{stem.with_suffix('.log')}"
         )
     if "pruned" in outcome:

@@ -320,6 +320,32 @@ def test_a_trial_in_a_process_of_its_own_is_found_by_number_and_its_pruning_reac
     assert "AIAYN_HPO_STORAGE" not in os.environ  # the child's environment stayed the child's
 
 
+def test_a_trial_whose_process_fails_is_one_line_and_the_search_goes_on(tmp_path, monkeypatch, capsys):
+    """`--backend subprocess`: a trial's process that ends without an outcome (exit 1, its traceback in its own log)
+    is a FAIL trial named in one line with its log, not a traceback of the search; the next trial still trains, and
+    the search exits 1."""
+    import subprocess
+
+    calls = []
+
+    def child(cmd, stdout, stderr, env):
+        calls.append(env["AIAYN_HPO_TRIAL"])
+        stdout.write("Traceback (most recent call last):\nRuntimeError: CUDA error\n")
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(subprocess, "run", child)
+    argv = ["hpo", "--backend", "subprocess", "--trials", "2", "--row", "C1", "--out", str(tmp_path)]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and calls == ["0", "1"]
+    assert json.loads(captured.out)["failed_here"] == 2
+    study = optuna.load_study(study_name="hpo-tiny-C1", storage=f"sqlite:///{tmp_path}/hpo.db")
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL"]
+    log = tmp_path / "subprocess" / "hpo" / "hpo-tiny-C1" / "trial0000.log"
+    assert study.trials[0].user_attrs["failed"].endswith(f"exit code 1 and no outcome; its log: {log}")
+    assert "CUDA error" in log.read_text()
+
+
 def test_a_back_end_that_cannot_run_trials_is_refused_with_its_reason(tmp_path, trains, capsys):
     assert main(["hpo", "--backend", "slurm", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
