@@ -87,6 +87,52 @@ def test_the_readmes_presets_table_is_the_presets_numbers():
         }[p.corpus] in corpus, name
 
 
+def _registries() -> dict[str, set[str]]:
+    """What each name-taking flag accepts, read from the registries the code reads (a placeholder in capitals, a
+    shell variable or a path is not a name)."""
+    from aiayn.ablations.table import SELECTION_WORDS, load_rows
+    from aiayn.lightning_modules.run.loggers import KINDS
+    from aiayn.sweeps.backends import load
+
+    rows = load_rows()
+    row_names = {*rows, *(r.group for r in rows.values()), *SELECTION_WORDS}
+    return {
+        "--preset": set(PRESETS),
+        "--row": set(rows),
+        "--rows": row_names,
+        "--backend": set(load()),
+        "--logger": set(KINDS),
+    }
+
+
+def _named_values(text: str):
+    """(flag, value) for each name-taking flag the page shows with a value: in its command lines and in its prose's
+    code spans (`--preset quick`, `--rows base,A`)."""
+    spans = [" ".join(w) for w in command_lines(text)] + re.findall(r"`([^`\n]*--[a-z][^`\n]*)`", text)
+    for span in spans:
+        words = span.split()
+        own_rows = "--table" in words  # the user's own table names rows of its own
+        pairs = [(f.partition("=")[0], f.partition("=")[2] or v) for f, v in zip(words, words[1:])]
+        pairs += [tuple(w.split("=", 1)) for w in words[-1:] if w.startswith("--") and "=" in w]
+        yield from ((f, v) for f, v in pairs if not (own_rows and f in ("--row", "--rows")))
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=[p.name for p in COMMAND_PAGES])
+def test_every_name_a_page_passes_to_a_flag_is_in_its_registry(page):
+    """A preset, row, group, back end or logger a page shows (`--preset quick`, `--rows base,A`, `--backend
+    slurm`) is one the code has today: renaming or dropping one in the code without the docs fails here."""
+    registries, wrong, seen = _registries(), [], 0
+    for flag, value in _named_values(page.read_text(encoding="utf-8")):
+        seen += flag in registries
+        if flag not in registries or not re.fullmatch(r"[a-z0-9][\w,.-]*", value) or value.isupper():
+            continue  # not a name-taking flag, or a placeholder (ROW, $rows, "$x"), a path, a glob
+        names = value.split(",") if flag in ("--rows", "--logger") else [value]
+        wrong += [f"{flag} {value}" for n in names if n and n not in registries[flag]]
+    assert not wrong, f"{page.name} passes names the code does not have: {sorted(set(wrong))}"
+    if page.name in ("README.md", "sweeps.md", "training.md"):
+        assert seen >= 10, f"{page.name}: found only {seen} named values; the parser of this test is wrong"
+
+
 # flags of other tools that the pages show (sbatch/srun directives, pip, tensorboard, mlflow)
 FOREIGN = {
     "--dependency",
