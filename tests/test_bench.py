@@ -196,6 +196,20 @@ def test_bench_cli_writes_json(tmp_path):
         assert r["model"]["d_model"] == 128 and r["model"]["vocab_size"] == 1000 and r["device"] == "cpu"
 
 
+def test_the_bench_and_the_doctor_count_mfu_on_the_same_real_tokens(tmp_path, monkeypatch):
+    """One MFU definition: the bench's achieved TFLOP/s (and so its MFU) are model FLOPs on the batch's real tokens,
+    `model_flops`, the doctor's numerator; the FLOPs the padding costs are recorded beside them, larger."""
+    out = tmp_path / "bench.json"
+    argv = ["--size", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1"]
+    argv += ["--decode-sentences", "2", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu"]
+    assert main(["bench", *argv, "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())
+    bc = bench.bench_config("tiny", "cpu", None, 128)
+    batch = bench.training_batch(bc.model, bc.tokens_per_side, bc.seq_len)
+    assert r["model_flops_per_step"] == bench.model_flops(bc.model, batch) < r["padded_flops_per_step"]
+    assert r["achieved_tflops"] == pytest.approx(r["model_flops_per_step"] / r["train_step_s"] / 1e12)
+
+
 def test_bench_pack_times_a_pack_beside_its_seeds_stepped_apart(tmp_path, capsys):
     """`aiayn bench --pack K`: the three sides timed, the pack's launches a call those of one model's step, not K
     times them, as the separate sides' are."""

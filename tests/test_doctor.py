@@ -192,7 +192,7 @@ def test_mfu_counts_the_real_tokens_not_the_padding():
     cfg = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=50, max_len=64)
     batch = bench.training_batch(cfg, 64, 8)  # 8 sentences padded to 8 tokens: about 10% padding
     B, S = batch["src"].shape
-    real = doctor.real_token_flops(cfg, batch)
+    real = bench.model_flops(cfg, batch)
     padded = bench.flops_per_step(cfg, B * S, B * batch["tgt_in"].shape[1], S, batch["tgt_in"].shape[1])
     n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]
     assert n_src < B * S and real < padded

@@ -17,8 +17,9 @@ For one set of model dimensions, vocabulary, token batch and precision it measur
 
 Implementations are measured round-robin (aiayn, torch, marian, aiayn, ...) over `--trials` rounds
 and medians are reported, so a noisy machine slows them alike. On CUDA the step runs under bf16
-autocast with no host synchronization inside the timed steps, and the model FLOPs of a step
-(`flops_per_step`, counted analytically) give TFLOP/s and MFU against the device's bf16 dense peak.
+autocast with no host synchronization inside the timed steps, and the model FLOPs of a step on its real tokens
+(`model_flops`: `flops_per_step` counted analytically, padding excluded, as `aiayn doctor` counts them) give TFLOP/s
+and MFU against the device's bf16 dense peak; the FLOPs computed on the padded positions are recorded beside them.
 `--padding` adds the padding waste of the token-bucket batches on the synthetic corpus and, with
 `--multi30k-dir`, on Multi30k.
 """
@@ -166,6 +167,15 @@ def flops_per_step(cfg: TransformerConfig, src_tokens: int, tgt_tokens: int, src
     dec = N * (tgt_tokens * (qo + kv + attn(tgt_len) + qo + attn(src_len) + ffn) + src_tokens * kv)
     out = tgt_tokens * 2 * d * V
     return 3.0 * (enc + dec + out)
+
+
+def model_flops(cfg: TransformerConfig, batch: dict) -> float:
+    """Model FLOPs of one training step on a batch's real tokens (padding excluded, as MFU counts useful work): the
+    one definition of MFU's numerator, for the bench and `aiayn doctor` alike. `flops_per_step` with the real source
+    and target tokens as positions, each attending over its side's mean real length."""
+    B = batch["src"].shape[0]
+    n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]
+    return flops_per_step(cfg, n_src, n_tgt, n_src / B, n_tgt / B)
 
 
 def peak_bf16_tflops(device_name: str) -> float | None:
@@ -512,7 +522,7 @@ def run(args: BenchOptions) -> list[dict]:
     sources = decode_sources(cfg, args.decode_sentences, args.decode_src_len, device)
     B, S = batch["src"].shape
     T = batch["tgt_in"].shape[1]
-    flops = flops_per_step(cfg, B * S, B * T, S, T)
+    flops, computed = model_flops(cfg, batch), flops_per_step(cfg, B * S, B * T, S, T)
     label = device_name(device)
     peak = peak_bf16_tflops(label) if device.type == "cuda" else None
     log.info("config %s: %s; batch %d×%d, %s, %d threads", bc.name, bc.note, B, S, label, torch.get_num_threads())
@@ -586,7 +596,8 @@ def run(args: BenchOptions) -> list[dict]:
             "beam": args.beam,
             "alpha": args.alpha,
             "decode_sentences_per_s": len(sources) / d,
-            "flops_per_step": flops,
+            "model_flops_per_step": flops,
+            "padded_flops_per_step": computed,
             "achieved_tflops": flops / s / 1e12,
             "compile": args.compile if impl == "aiayn" else "none",
         }
@@ -638,7 +649,8 @@ def table(results: list[dict]) -> str:
         )
     r = base
     lines.append(
-        f"\nmodel FLOPs per training step {r['flops_per_step'] / 1e9:.1f} GFLOP; "
+        f"\nmodel FLOPs per training step {r['model_flops_per_step'] / 1e9:.1f} GFLOP on its real tokens "
+        f"({r['padded_flops_per_step'] / 1e9:.1f} computed with the padding); "
         f"aiayn {r['achieved_tflops'] * 1e3:.1f} "
         f"GFLOP/s" + (f", MFU {100 * r['mfu']:.1f}% of {r['peak_bf16_tflops']:.0f} TFLOP/s bf16" if "mfu" in r else "")
     )

@@ -665,8 +665,9 @@ def check_syncs(ctx: Context) -> Result:
 def check_throughput(ctx: Context) -> Result:
     """Training tokens/s of the bench's aiayn step (forward, fused loss, backward, fused Adam; bf16 autocast on
     CUDA): the paper's base row at 37000 vocabulary and 25k+25k padded positions on CUDA, with MFU against the
-    device's bf16 dense peak (aiayn.bench.run's FLOP count and peak table); on CPU the tiny preset's model on a batch
-    of CPU_TOKENS padded positions per side (a quarter of its real batch: seconds, not minutes, on 2 busy cores).
+    device's bf16 dense peak (aiayn.bench.run's `model_flops` on the real tokens, the bench's MFU, and its peak
+    table); on CPU the tiny preset's model on a batch of CPU_TOKENS padded positions per side (a quarter of its real
+    batch: seconds, not minutes, on 2 busy cores).
     Median of 3 rounds of --steps steps after 2 warm-up steps. Information: passes when it runs."""
     from aiayn.bench import run as bench
 
@@ -679,7 +680,7 @@ def check_throughput(ctx: Context) -> Result:
     seconds = statistics.median(step.timed(ctx.opts.steps) for _ in range(3))
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     B, S = batch["src"].shape
-    useful = real_token_flops(bc.model, batch)
+    useful = bench.model_flops(bc.model, batch)
     tflops = useful / seconds / 1e12
     name = torch.cuda.get_device_name(device) if ctx.cuda else _cpu_name()
     stated = bench.peak_bf16_tflops(name) if ctx.cuda else None
@@ -689,7 +690,7 @@ def check_throughput(ctx: Context) -> Result:
         "config_note": bc.note,
         "tokens_per_s": tokens / seconds,
         "step_s": seconds,
-        "model_flops_real_tokens": useful,
+        "model_flops_per_step": useful,
         "achieved_tflops": tflops,
         "peak_bf16_tflops_stated": stated,
         "peak_bf16_tflops_measured": measured,
@@ -713,17 +714,6 @@ def check_throughput(ctx: Context) -> Result:
         peak_text = f"{tflops * 1e3:.1f} GFLOP/s" + ("; no bf16 peak known for this device" if ctx.cuda else "")
     text = f"{name}, {bc.note}, batch {B}×{S}, {where}: {seconds * 1e3:.1f} ms/step, {peak_text}"
     return passed(value, text, **data)
-
-
-def real_token_flops(cfg, batch: dict) -> float:
-    """Model FLOPs of one training step on a batch's real tokens (padding excluded, as MFU counts useful work):
-    bench.flops_per_step with the real source and target tokens as positions, each attending over its side's mean
-    real length."""
-    from aiayn.bench import run as bench
-
-    B = batch["src"].shape[0]
-    n_src, n_tgt = batch["n_src_tokens"], batch["n_tgt_tokens"]
-    return bench.flops_per_step(cfg, n_src, n_tgt, n_src / B, n_tgt / B)
 
 
 def measured_matmul_tflops(device: torch.device, n: int = 8192, repeats: int = 20) -> float:
