@@ -52,6 +52,28 @@ def test_projected_loss_equals_straightforward_loss_and_gradients(chunk):
     torch.testing.assert_close(weight.grad, 2.0 * ref_gw, atol=1e-5, rtol=1e-5)
 
 
+def test_loss_chunks_are_sized_for_the_device(monkeypatch):
+    """The fused loss's chunk: 128 MB of float32 logits on a CPU (906 positions at the paper's V 37000, as every CPU
+    figure was measured), 512 MB on a GPU that can hold it (3627 on an 80 GB card: a quarter of the read-modify-writes
+    of grad_w), a 64th of a smaller card's memory, never below a CPU's; the loss takes it where no chunk is given."""
+    import types
+
+    from aiayn.lightning_modules.transformer import loss
+
+    assert loss.default_chunk(torch.device("cpu"), 37000) == 906
+    for gb, positions in ((80, 3627), (16, 1689), (4, 906)):
+        loss.chunk_bytes.cache_clear()
+        props = types.SimpleNamespace(total_memory=gb * 10**9)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, p=props: p)
+        assert loss.default_chunk(torch.device("cuda"), 37000) == positions, gb
+    loss.chunk_bytes.cache_clear()
+    seen = []
+    monkeypatch.setattr(loss, "default_chunk", lambda device, vocab: seen.append((device.type, vocab)) or 3)
+    hidden, weight = torch.randn(2, 5, 8), torch.randn(30, 8)
+    projected_label_smoothed_loss(hidden, weight, torch.randint(1, 30, (2, 5)), eps=0.1)
+    assert seen == [("cpu", 30)]
+
+
 def test_training_step_loss_equals_module_loss_on_the_model():
     """The module's training path (fused loss on the decoder's hidden states, tied weight) equals the loss of
     the model's logits, and so gives the model's parameters the same gradients."""
