@@ -262,6 +262,36 @@ def test_what_a_pack_cannot_do_is_one_line_and_writes_nothing(tmp_path, capsys, 
     assert not (tmp_path / "o").exists()
 
 
+def test_a_pack_under_bf16_mixed_keeps_its_residual_stream_in_bf16_by_default(cache, tmp_path, monkeypatch):
+    """A pack takes the residual stream's dtype as a run alone does: bf16 under bf16-mixed by default (auto), fp32
+    with --residual-dtype fp32; set on the packed model before it is compiled or trained."""
+    from aiayn.lightning_modules.run import pack as P
+    from aiayn.lightning_modules.run.options import TrainOptions
+
+    class Built(Exception):
+        pass
+
+    def seen(model, dtype):
+        raise Built(dtype, type(model).__name__, model.encoder[0].self_attn.w_q.weight.dim())
+
+    monkeypatch.setattr(P, "residual_stream", seen)
+    for flag, dtype in (("auto", torch.bfloat16), ("fp32", None)):
+        opts = TrainOptions(
+            row="base",
+            preset="tiny",
+            out=str(tmp_path / flag),
+            pack_seeds="0,1",
+            precision="bf16-mixed",
+            residual_dtype=flag,
+            accelerator="cpu",
+            progress=False,
+            val_bleu_sentences=0,
+        )
+        with pytest.raises(Built) as built:
+            P.train_pack(opts)
+        assert built.value.args == (dtype, "Transformer", 3)  # the packed model: its weights (K, out, in)
+
+
 # ---- the sweep's packs (aiayn table3 --pack)
 
 

@@ -115,6 +115,29 @@ def test_each_seed_of_a_pack_trains_as_it_would_alone(cfg):
     assert len({tuple(x) for x in packed_losses}) == len(seeds)  # not one seed's numbers three times
 
 
+def test_a_packs_bf16_residual_stream_is_each_seeds_own():
+    """Under bf16 autocast with a bf16 residual stream (`--residual-dtype`, a GPU's default under bf16-mixed), a
+    pack's every residual block hands on bf16 and each seed's loss is the loss of that seed alone with the same
+    stream."""
+    from aiayn.lightning_modules.transformer.model import Residual, residual_stream
+
+    seeds = [0, 1]
+    datas = [batches_of(seed, 1)[0] for seed in seeds]
+    alone, packed = [model_of(s).eval() for s in seeds], pack([model_of(s) for s in seeds]).eval()
+    for model in (*alone, packed):
+        residual_stream(model, torch.bfloat16)
+    dtypes = set()
+    for module in packed.modules():
+        if isinstance(module, Residual):
+            module.register_forward_hook(lambda m, i, out: dtypes.add(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        src, tgt = stack_batches(datas)
+        loss, _, n = packed_loss(packed, src, tgt[:, :-1], tgt[:, 1:], CFG.eps_ls)
+        own = [label_smoothed_loss(m(s, t[:, :-1]), t[:, 1:], CFG.eps_ls)[0] for m, (s, t) in zip(alone, datas)]
+    assert dtypes == {torch.bfloat16}
+    assert (loss / n).tolist() == pytest.approx([float(x) for x in own], rel=1e-3)
+
+
 def test_a_seed_gone_non_finite_leaves_the_others_numbers_alone():
     """A seed that diverges is that seed's: NaN weights in seed 1 change nothing of seeds 0 and 2 (no operation
     mixes blocks of rows), so the pack can report it alone and go on."""

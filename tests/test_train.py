@@ -172,9 +172,11 @@ def test_the_final_evaluation_runs_on_the_device_the_run_trained_on(cache, tmp_p
     assert seen == [torch.device("meta")]
 
 
-def test_a_bf16_residual_stream_trains_and_is_evaluated_and_recorded(cache, tmp_path):
-    """`--residual-dtype bf16` end to end: it trains under bf16-mixed, the final evaluation (outside autocast, in
-    fp32) runs, and metrics.json says what the run trained under (it crashed after training before)."""
+@pytest.mark.parametrize("residual", [["--residual-dtype", "bf16"], []], ids=["bf16", "default"])
+def test_a_bf16_residual_stream_trains_and_is_evaluated_and_recorded(cache, tmp_path, residual):
+    """`--residual-dtype bf16`, and the default (auto) under bf16-mixed, end to end: it trains under bf16-mixed with
+    the stream in bf16, the final evaluation (outside autocast, in fp32) runs, and metrics.json says what the run
+    trained under."""
     out = tmp_path / "runs"
     argv = [
         "train",
@@ -188,13 +190,26 @@ def test_a_bf16_residual_stream_trains_and_is_evaluated_and_recorded(cache, tmp_
         *SMALL,
         "--precision",
         "bf16-mixed",
-        "--residual-dtype",
-        "bf16",
+        *residual,
     ]
     assert main(argv) == 0
     metrics = json.loads((out / "tiny/synthetic/base/seed0/metrics.json").read_text())
     assert metrics["status"] == "completed" and metrics["dev_ppl"] > 1
     assert metrics["precision"] == "bf16-mixed, bf16 residual stream"
+
+
+def test_the_residual_streams_dtype_is_bf16_by_default_only_under_bf16_mixed():
+    """`--residual-dtype auto` (the default): bf16 where the run trains in bf16-mixed (a GPU's default precision),
+    fp32 (None) under 32-true, a CPU's default, and under bf16-true (whose weights are bf16 already); fp32 and bf16
+    as said."""
+    from aiayn.lightning_modules.run.devices import residual_stream_dtype
+    from aiayn.lightning_modules.run.options import TrainOptions
+
+    assert residual_stream_dtype("auto", "bf16-mixed") == torch.bfloat16
+    assert residual_stream_dtype("auto", "32-true") is None and residual_stream_dtype("auto", "bf16-true") is None
+    assert residual_stream_dtype("fp32", "bf16-mixed") is None
+    assert residual_stream_dtype("bf16", "bf16-mixed") == torch.bfloat16
+    assert TrainOptions().residual_dtype == "auto"
 
 
 def test_rerun_of_a_finished_run_resumes_instead_of_restarting(trained, capsys):

@@ -85,6 +85,17 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     return "32-true"
 
 
+def residual_stream_dtype(residual_dtype: str, precision: str):
+    """The residual stream's dtype for `--residual-dtype` in a run that trains in `precision` (resolved): bf16 for
+    bf16, and for auto under bf16-mixed (where BENCHMARKS' numerics check passed); None (fp32, as autocast leaves
+    it) otherwise."""
+    import torch
+
+    if residual_dtype == "bf16" or (residual_dtype == "auto" and precision == "bf16-mixed"):
+        return torch.bfloat16
+    return None
+
+
 MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's
 
 

@@ -187,11 +187,12 @@ class TrainOptions:
         choices=("highest", "high", "medium"),
     )
     residual_dtype: str = option(
-        "fp32",
-        "the residual stream's dtype under bf16-mixed: fp32 (as autocast leaves it: LayerNorm returns fp32) or "
-        "bf16 (half its elementwise bytes on a GPU; BENCHMARKS.md measures its dev PPL against fp32's); where autocast "
-        "runs only: the final evaluation, translation and export run the fp32 model",
-        choices=("fp32", "bf16"),
+        "auto",
+        "the residual stream's dtype under bf16-mixed: auto (bf16 where the run trains in bf16-mixed, a GPU's "
+        "default; fp32 otherwise), fp32 (as autocast leaves it: LayerNorm returns fp32) or bf16 (half its elementwise "
+        "bytes on a GPU; its dev PPL within 3% of fp32's, BENCHMARKS.md); where autocast runs only: the final "
+        "evaluation, translation and export run the fp32 model",
+        choices=("auto", "fp32", "bf16"),
     )
     dropout_rng: str = option(
         "torch",

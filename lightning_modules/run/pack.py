@@ -57,7 +57,7 @@ from aiayn.lightning_modules.data.batching import release_workers
 from aiayn.lightning_modules.run import disk
 from aiayn.lightning_modules.run import loggers as run_loggers
 from aiayn.lightning_modules.run.callbacks import AtomicCheckpointIO, RoomForShapes, RunFilesInCheckpoint, progress_bar
-from aiayn.lightning_modules.run.devices import data_workers, prepare_matmuls, uses_cuda
+from aiayn.lightning_modules.run.devices import data_workers, prepare_matmuls, residual_stream_dtype, uses_cuda
 from aiayn.lightning_modules.run.module import TranslationModule, paper_optimizer
 from aiayn.lightning_modules.run.options import TRAINER_DEFAULTS, TrainOptions
 from aiayn.lightning_modules.run.rundir import PACK_STATE, RunMetrics
@@ -76,7 +76,7 @@ from aiayn.lightning_modules.run.train import (
 )
 from aiayn.lightning_modules.transformer.compiled import compile_model, optimizer_mode
 from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
-from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
+from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig, residual_stream
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,6 @@ def check_packable(opts: TrainOptions, spec: RunSpec, flag: str = "--pack-seeds"
         )
     if opts.world_size > 1:
         raise UserError(f"{flag} trains its seeds on one device; drop --devices/--num-nodes, or {flag}")
-    if opts.residual_dtype != "fp32":
-        raise UserError(f"{flag} keeps the residual stream in fp32; drop --residual-dtype bf16 or {flag}")
     if n := _val_bleu_sentences(opts, spec.preset):
         asked = (
             f"preset {spec.preset.name} decodes {n}"
@@ -437,6 +435,7 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
         val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra),
         compiled_optimizer=optimizer_mode(opts.compile, cuda),
     )
+    residual_stream(module.model, residual_stream_dtype(opts.residual_dtype, first.config.train.precision))
     share = compile_model(module.model, opts.compile, dynamic=not first.dm.plan.static_shapes, cuda=cuda)
     where = pack_dir(first, todo)
     resume = pack_resume(where, todo, steps)  # before anything is made in it

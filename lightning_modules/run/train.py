@@ -68,6 +68,7 @@ from aiayn.lightning_modules.run.devices import (
     data_workers,
     pad_multiple,
     prepare_matmuls,
+    residual_stream_dtype,
     resolve_precision,
     trained_precision,
     uses_cuda,
@@ -363,8 +364,7 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     module = TranslationModule(
         p.spec.model, **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset)
     )
-    if opts.residual_dtype == "bf16":
-        residual_stream(module.model, torch.bfloat16)
+    residual_stream(module.model, residual_stream_dtype(opts.residual_dtype, p.config.train.precision))
     if opts.dropout_rng == "counter":
         module.use_counter_dropout(opts.seed)
     cuda = uses_cuda(opts.accelerator)
@@ -587,7 +587,7 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
         **per_step,
         grad_w_path=grad_w_path(trainer.strategy.root_device.type),
         precision=trained_precision(p.config.train.precision)
-        + (", bf16 residual stream" if opts.residual_dtype == "bf16" else ""),
+        + (", bf16 residual stream" if residual_stream_dtype(opts.residual_dtype, p.config.train.precision) else ""),
     )
     checkpoint = p.run.last_checkpoint
     run_loggers.log_final(trainer, metrics, logged_params(trainer), checkpoint if opts.log_model else None)
