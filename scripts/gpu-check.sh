@@ -55,6 +55,17 @@ if [ "${1:-}" = prep ]; then
   exit 0
 fi
 
+# every value read from the environment checked before anything is written: a number is digits (passed on as data,
+# never as code), a flag 0 or 1, the scratch folder made
+whole() {
+  [[ $2 =~ ^[0-9]{1,9}$ ]] && [ "$2" -ge 1 ] \
+    || { echo "$1=$2 is not a whole number from 1 to 999999999; set $1=N" >&2; exit 2; }
+}
+flag() { [[ $2 =~ ^[01]$ ]] || { echo "$1=$2 is not 0 or 1; set $1=0 or $1=1" >&2; exit 2; }; }
+scratch() {  # scratch NAME: a fresh folder under $TMPDIR (or /tmp), or one line and exit 2
+  mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX" 2>/dev/null \
+    || { echo "cannot make a scratch folder under ${TMPDIR:-/tmp}; set TMPDIR to a writable folder" >&2; exit 2; }
+}
 MODE=${1:-check}
 case "$MODE" in check|table) ;; *) echo "usage: bash scripts/gpu-check.sh [prep|check|table]"; exit 2 ;; esac
 OUT=${OUT:?OUT must be set: the folder for the results}
@@ -63,9 +74,15 @@ if [ "$MODE" = table ]; then  # the whole table alone: most of the 8 minutes, it
 else
   TABLE_S=${GPU_CHECK_TABLE_S:-160}; TABLE_COMPILE=${GPU_CHECK_TABLE_COMPILE-}
 fi
+whole GPU_CHECK_TABLE_S "$TABLE_S"
+whole GPU_CHECK_TABLE_STEPS "${GPU_CHECK_TABLE_STEPS:-40}"
 SMOKE=${GPU_CHECK_SMOKE:-0}
+flag GPU_CHECK_SMOKE "$SMOKE"
+set -f  # the compile flags split into words, never globbed
+read -r -a COMPILE_FLAGS <<< "$TABLE_COMPILE"
+set +f
 PY=${PYTHON:-python3}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/aiayn-gpu-check.XXXXXX")
+WORK=$(scratch aiayn-gpu-check) || exit 2
 mkdir -p "$OUT" "$WORK/logs"
 SUM="$OUT/summary.md"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
@@ -181,8 +198,7 @@ fi
 # 8 trainers compiling at once: inductor's worker pool is as many processes as cores in each (8 x 16 on the H200's
 # machine); two each share the cores instead (the benches above compile alone, with the whole pool)
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
-# shellcheck disable=SC2086
-stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" $TABLE_COMPILE \
+stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" "${COMPILE_FLAGS[@]}" \
     --accelerator "$ACCEL" --out "$WORK/table" --report ""
 "$PY" -m aiayn status --json "$WORK/table" > "$WORK/table-status.json" 2> "$WORK/logs/table-status.log"
 if find "$WORK/table" -name metrics.json 2>/dev/null | grep -q .; then

@@ -33,13 +33,29 @@ if [ "${1:-}" = prep ]; then
   exit 0
 fi
 
+# every value read from the environment checked before anything is written: a number is digits (passed on as data,
+# never as code), a flag 0 or 1, the scratch folder made
+whole() {
+  [[ $2 =~ ^[0-9]{1,9}$ ]] && [ "$2" -ge 1 ] \
+    || { echo "$1=$2 is not a whole number from 1 to 999999999; set $1=N" >&2; exit 2; }
+}
+flag() { [[ $2 =~ ^[01]$ ]] || { echo "$1=$2 is not 0 or 1; set $1=0 or $1=1" >&2; exit 2; }; }
+scratch() {  # scratch NAME: a fresh folder under $TMPDIR (or /tmp), or one line and exit 2
+  mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX" 2>/dev/null \
+    || { echo "cannot make a scratch folder under ${TMPDIR:-/tmp}; set TMPDIR to a writable folder" >&2; exit 2; }
+}
 OUT=${OUT:?OUT must be set: the folder for the results}
 SMOKE=${GPU_WIDE_SMOKE:-0}
+flag GPU_WIDE_SMOKE "$SMOKE"
 PY=${PYTHON:-python3}
 DEADLINE=${DEADLINE_S:-470}
+whole DEADLINE_S "$DEADLINE"
+FIRST_SLICE=${FIRST_SLICE:-1}
+whole FIRST_SLICE "$FIRST_SLICE"
+[ -z "${BUDGET:-}" ] || whole BUDGET "$BUDGET"
 DATA=${MULTI30K:-.gpucheck/multi30k}
 [ -d "$DATA" ] || DATA=../shared/data/multi30k
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/aiayn-gpu-wide.XXXXXX")
+WORK=$(scratch aiayn-gpu-wide) || exit 2
 mkdir -p "$OUT" "$WORK/logs"
 SUM="$OUT/summary.md"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
@@ -75,9 +91,8 @@ note ""
 note "| stage | result | wall |"
 note "| --- | --- | --- |"
 
-FIRST_SLICE=${FIRST_SLICE:-1}
 if [ -n "${BUDGET:-}" ]; then  # a later call: the budget an earlier call's pilot chose (its rule.md), no pilot
-  VAL=$("$PY" -c "import sys; sys.path.insert(0, 'scripts'); import wide_pilot; print(wide_pilot.val_every($BUDGET))")
+  VAL=$("$PY" -c "import sys; sys.path.insert(0, 'scripts'); import wide_pilot; print(wide_pilot.val_every(int(sys.argv[1])))" "$BUDGET")
   note "| pilot | not run: BUDGET=$BUDGET given (an earlier call's rule 2; its rule.md states the power) | |"
 else
   t0=$(date +%s)

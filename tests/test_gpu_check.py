@@ -79,6 +79,52 @@ def test_the_prep_step_stages_every_package_aiayn_imports_at_start_that_the_gpu_
     assert not missing, f"imported at start, missing from the GPU image and not staged by prep: {missing}"
 
 
+@pytest.mark.parametrize(
+    "script, env, says",
+    [
+        ("gpu-check.sh", {"GPU_CHECK_TABLE_S": "abc"}, "GPU_CHECK_TABLE_S=abc is not a whole number"),
+        ("gpu-check.sh", {"GPU_CHECK_TABLE_STEPS": "-4"}, "GPU_CHECK_TABLE_STEPS=-4 is not a whole number"),
+        ("gpu-check.sh", {"GPU_CHECK_SMOKE": "yes"}, "GPU_CHECK_SMOKE=yes is not 0 or 1"),
+        ("gpu-check.sh", {"TMPDIR": "/nonexistent/x"}, "cannot make a scratch folder under /nonexistent/x"),
+        ("gpu-wide.sh", {"BUDGET": '__import__("os").system("touch PWNED")'}, "BUDGET=__import__"),
+        ("gpu-wide.sh", {"BUDGET": "abc"}, "BUDGET=abc is not a whole number"),
+        ("gpu-wide.sh", {"DEADLINE_S": "18446744073709551616"}, "DEADLINE_S=18446744073709551616 is not a whole"),
+        ("gpu-wide.sh", {"FIRST_SLICE": "0"}, "FIRST_SLICE=0 is not a whole number from 1"),
+        ("gpu-wide.sh", {"TMPDIR": "/nonexistent/x"}, "cannot make a scratch folder under /nonexistent/x"),
+    ],
+)
+def test_every_value_a_gpu_call_reads_from_its_environment_is_checked_before_it_writes(tmp_path, script, env, says):
+    """A number is digits, passed on as data (a BUDGET of Python code is refused, never run), a flag 0 or 1, the
+    scratch folder made: one line, exit 2, before anything is written (no OUT, no file made by the value)."""
+    out = tmp_path / "out"
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts" / script)],
+        cwd=tmp_path,
+        env={**os.environ, "OUT": str(out), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not out.exists() and not (tmp_path / "PWNED").exists()
+
+
+def test_the_table_calls_compile_flags_are_words_never_globs(tmp_path):
+    """GPU_CHECK_TABLE_COMPILE is split into words with globbing off: a `*` reaches `aiayn table3` as a `*`, not as
+    the names of the folder's files (the Python the script runs stood in by one that records its arguments)."""
+    stub = tmp_path / "python"
+    stub.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$(dirname "$0")/args-$$"\ncat > /dev/null\n')
+    stub.chmod(0o755)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "a-file").write_text("")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(stub)}
+    env["GPU_CHECK_TABLE_COMPILE"], env["GPU_CHECK_TABLE_S"] = "--compile  *", "5"
+    subprocess.run(["bash", str(SCRIPT), "table"], cwd=tmp_path / "work", env=env, capture_output=True, timeout=60)
+    calls = [p.read_text().splitlines() for p in tmp_path.glob("args-*")]
+    (table,) = [c for c in calls if c[:3] == ["-m", "aiayn", "table3"]]
+    assert table[table.index("--compile") + 1] == "*" and "a-file" not in table
+
+
 @pytest.mark.slow
 def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_most_8_files(cache, tmp_path):
     out = tmp_path / "out"
