@@ -189,15 +189,18 @@ class TokenBucketSampler(Sampler[list[int]]):
 
     def _static_cuts(self, key, order) -> list[tuple[int, int]]:
         """Static shapes (`static_bucket` K): each sentence's longer side, rounded up to a multiple of K, is its
-        bucket L; a bucket's batches hold max_tokens // L sentences each (its last one fewer), and collate pads both
+        bucket L; a bucket's batches hold a fixed count of sentences (its last one fewer), and collate pads both
         sides to L (`collate(..., square_to=K)`), so an epoch has at most two shapes per bucket: a compiled model, or
-        a CUDA graph, is made for each once. The budget then bounds padded positions, so a step carries fewer real
-        tokens than max_tokens by the padding (BENCHMARKS.md measures it)."""
+        a CUDA graph, is made for each once. The count fills the budget with real tokens, as the dynamic batches do:
+        max_tokens over the bucket's mean real target tokens (EOS included), so a step carries the experiment's
+        tokens whatever the padding costs; at most PADDED_LIMIT x max_tokens padded positions, as theirs."""
         bucket = (-(-key // self.static_bucket) * self.static_bucket)[order]
+        real = (self.tgt_lens + 1)[order]
         cuts = []
         for length in np.unique(bucket).tolist():
             first, last = np.searchsorted(bucket, length, "left"), np.searchsorted(bucket, length, "right")
-            size = max(1, self.max_tokens // length)
+            fill = self.max_tokens / float(real[first:last].mean())
+            size = max(1, min(int(fill), int(PADDED_LIMIT * self.max_tokens) // length))
             cuts += [(a, min(a + size, last)) for a in range(int(first), int(last), size)]
         return cuts
 

@@ -176,8 +176,9 @@ class TrainOptions:
     static_shapes: bool = option(
         False,
         "batches of a few fixed shapes: each sentence's longer side rounded up to a multiple of --pad-to (its "
-        "bucket), a fixed number of sentences per bucket, both sides padded to it; what --compile model with fixed "
-        "shapes, or a CUDA graph, needs; more padding (BENCHMARKS.md), so fewer real tokens per step",
+        "bucket), a fixed number of sentences per bucket (filling the step's budget with real tokens, as the dynamic "
+        "batches do), both sides padded to it; what --compile model with fixed shapes, or a CUDA graph, needs; the "
+        "padding costs extra positions, not tokens",
     )
     matmul_precision: str | None = option(
         None,
