@@ -14,7 +14,8 @@
 #
 # `prep` downloads into .gpucheck/whl/ (git-ignored; carry it to the GPU machine with the checkout) the wheels of the
 # packages aiayn imports at start that the GPU image lacks (STAGED below, for CPython 3.12 on x86-64); the check
-# installs them from there, with no index, when they are missing. It runs the project as it stands in this checkout
+# installs them from there, with no index, when they are missing. It also records the checkout's commit in
+# .gpucheck/source, which every run of a copy made without .git records as its commit. It runs the project as it stands in this checkout
 # (python -m aiayn from the root) and writes at most 8 files under $OUT, whatever the stages do:
 #   summary.md         each stage's result and time, and the figures that go into BENCHMARKS.md
 #   results.json       every figure, by stage
@@ -46,6 +47,9 @@ if [ "${1:-}" = prep ]; then
   mkdir -p .gpucheck/whl
   grep -qxF '/.gpucheck/' .git/info/exclude 2>/dev/null || echo '/.gpucheck/' >> .git/info/exclude
   rm -f .gpucheck/whl/*.whl
+  # the commit a copy without .git records (AIAYN_SOURCE, aiayn/common/provenance.py): prep again after a commit
+  echo "$(git rev-parse HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo +dirty)" \
+    > .gpucheck/source
   # shellcheck disable=SC2086
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -124,7 +128,10 @@ if ! "$PY" -c "import optuna, sacremoses, shtab" 2>/dev/null; then
     note "optuna, sacremoses or shtab missing and no .gpucheck/whl: run \`bash scripts/gpu-check.sh prep\` first"
   fi
 fi
-note "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown); $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1)"
+if ! git rev-parse HEAD > /dev/null 2>&1 && [ -z "${AIAYN_SOURCE:-}" ] && [ -f .gpucheck/source ]; then
+  export AIAYN_SOURCE=$(head -c 64 .gpucheck/source)  # a copy without .git: the commit prep recorded, for every run
+fi
+note "commit $(git rev-parse --short HEAD 2>/dev/null || echo "${AIAYN_SOURCE:-unknown} (no .git; from .gpucheck/source)"); $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1)"
 note ""
 note "| stage | result | time |"
 note "| --- | --- | --- |"

@@ -86,7 +86,10 @@ if ! "$PY" -c "import optuna, sacremoses, shtab" 2>/dev/null; then
     note "optuna, sacremoses or shtab missing and no .gpucheck/whl: run \`bash scripts/gpu-wide.sh prep\` first"
   fi
 fi
-note "machine: $("$PY" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' 2>&1 | tail -1); $(git rev-parse --short HEAD 2>/dev/null || echo 'no git commit'); data $DATA"
+if ! git rev-parse HEAD > /dev/null 2>&1 && [ -z "${AIAYN_SOURCE:-}" ] && [ -f .gpucheck/source ]; then
+  export AIAYN_SOURCE=$(head -c 64 .gpucheck/source)  # a copy without .git: the commit prep recorded, for every run
+fi
+note "machine: $("$PY" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")' 2>&1 | tail -1); $(git rev-parse --short HEAD 2>/dev/null || echo "${AIAYN_SOURCE:-no git commit} (no .git)"); data $DATA"
 note ""
 note "| stage | result | wall |"
 note "| --- | --- | --- |"

@@ -109,20 +109,27 @@ def test_every_value_a_gpu_call_reads_from_its_environment_is_checked_before_it_
     assert not out.exists() and not (tmp_path / "PWNED").exists()
 
 
-def test_the_table_calls_compile_flags_are_words_never_globs(tmp_path):
+def test_the_table_call_passes_its_flags_as_words_and_a_copy_without_git_the_commit_prep_recorded(tmp_path):
     """GPU_CHECK_TABLE_COMPILE is split into words with globbing off: a `*` reaches `aiayn table3` as a `*`, not as
-    the names of the folder's files (the Python the script runs stood in by one that records its arguments)."""
+    the names of the folder's files; and in a copy made without .git every run is told the commit `prep` recorded
+    (.gpucheck/source, as $AIAYN_SOURCE), which the summary names (the Python the script runs stood in by one that
+    records its arguments and that variable)."""
     stub = tmp_path / "python"
-    stub.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$(dirname "$0")/args-$$"\ncat > /dev/null\n')
+    stub.write_text('#!/bin/bash\nprintf "%s\\n" "$AIAYN_SOURCE" "$@" > "$(dirname "$0")/args-$$"\ncat > /dev/null\n')
     stub.chmod(0o755)
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "a-file").write_text("")
+    work = tmp_path / "work"  # under the temporary folder: no git checkout
+    (work / ".gpucheck").mkdir(parents=True)
+    (work / ".gpucheck" / "source").write_text("3ad99c2" + "0" * 33 + "\n")
+    (work / "a-file").write_text("")
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(stub)}
     env["GPU_CHECK_TABLE_COMPILE"], env["GPU_CHECK_TABLE_S"] = "--compile  *", "5"
-    subprocess.run(["bash", str(SCRIPT), "table"], cwd=tmp_path / "work", env=env, capture_output=True, timeout=60)
+    env.pop("AIAYN_SOURCE", None)
+    subprocess.run(["bash", str(SCRIPT), "table"], cwd=work, env=env, capture_output=True, timeout=60)
     calls = [p.read_text().splitlines() for p in tmp_path.glob("args-*")]
-    (table,) = [c for c in calls if c[:3] == ["-m", "aiayn", "table3"]]
+    (table,) = [c for c in calls if c[1:4] == ["-m", "aiayn", "table3"]]
     assert table[table.index("--compile") + 1] == "*" and "a-file" not in table
+    assert table[0] == "3ad99c2" + "0" * 33
+    assert "commit 3ad99c2" in (tmp_path / "out" / "summary.md").read_text()
 
 
 @pytest.mark.slow
