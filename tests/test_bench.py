@@ -468,6 +468,26 @@ def test_the_profile_counts_a_steps_launches_per_step_and_more_layers_launch_mor
     assert "aten::linear" not in {t["name"] for t in one["top"]}  # the addmm under it did the work
 
 
+def test_the_benchs_timed_figures_are_written_before_its_profile_runs(tmp_path, monkeypatch):
+    """`aiayn bench --profile --json F`: F holds the timed figures before the profiler starts, so a limit that stops
+    the call during the profile (the first H200's bench stages) loses only the profile."""
+    from aiayn.bench import profile
+
+    out, seen = tmp_path / "bench.json", []
+
+    def stopped(step, device, steps):
+        seen.append(json.loads(out.read_text()))
+        raise KeyboardInterrupt  # the call's limit, mid-profile
+
+    monkeypatch.setattr(profile, "profile_steps", stopped)
+    argv = ["--size", "tiny", "--tokens", "128", "--steps", "1", "--warmup", "1", "--trials", "1"]
+    argv += ["--decode-sentences", "1", "--decode-src-len", "4", "--decode-extra", "2", "--device", "cpu"]
+    with pytest.raises(KeyboardInterrupt):
+        main(["bench", *argv, "--profile", "--json", str(out)])
+    ((written,),) = seen
+    assert written["train_step_s"] > 0 and "profile" not in written
+
+
 def test_bench_profile_prints_and_records_the_profile(tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = [
