@@ -13,7 +13,7 @@
 # with the smoke, GPU_CHECK_TABLE_STEPS its steps (40).
 #
 # `prep` downloads into .gpucheck/whl/ (git-ignored; carry it to the GPU machine with the checkout) the wheels of the
-# packages aiayn imports at start that the GPU image lacks (STAGED below, for CPython 3.12 on x86-64); the check
+# packages aiayn imports at start that the GPU image lacks (STAGED below, pinned, for CPython 3.11-3.13 on x86-64); the check
 # installs them from there, with no index, when they are missing. It also records the checkout's commit in
 # .gpucheck/source, which every run of a copy made without .git records as its commit. It runs the project as it stands in this checkout
 # (python -m aiayn from the root) and writes at most 8 files under $OUT, whatever the stages do:
@@ -40,7 +40,8 @@
 #              (`aiayn report --against`)                                                                    <= 20 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
 set -u
-STAGED="optuna alembic SQLAlchemy greenlet Mako colorlog sacremoses shtab"
+# pinned: the versions this project's tests ran with (SQLAlchemy 2.1 needs no greenlet)
+STAGED="optuna==5.0.0 alembic==1.20.1 SQLAlchemy==2.1.9 Mako==1.4.3 colorlog==6.12.0 sacremoses==0.2.0 shtab==1.13.0"
 if [ "${1:-}" = prep ]; then
   set -e
   [ -d .git ] || { echo "run this in the repository's root"; exit 2; }
@@ -50,10 +51,12 @@ if [ "${1:-}" = prep ]; then
   # the commit a copy without .git records (AIAYN_SOURCE, aiayn/common/provenance.py): prep again after a commit
   echo "$(git rev-parse HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo +dirty)" \
     > .gpucheck/source
-  # shellcheck disable=SC2086
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .gpucheck/whl $STAGED
+  for version in 3.11 3.12 3.13; do  # the GPU image's Python (3.12 so far), and its neighbours
+    # shellcheck disable=SC2086
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$version" --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d .gpucheck/whl $STAGED
+  done
   ls .gpucheck/whl
   echo "staged $(ls .gpucheck/whl | wc -l) wheels; next, on the GPU machine: OUT=<dir> bash scripts/gpu-check.sh"
   exit 0

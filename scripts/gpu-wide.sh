@@ -79,8 +79,10 @@ note "# aiayn's wide table on one GPU ($(date -u +%FT%TZ), smoke=$SMOKE, deadlin
 note ""
 if ! "$PY" -c "import optuna, sacremoses, shtab" 2>/dev/null; then
   if [ -d .gpucheck/whl ]; then
-    "$PY" -m pip install -q --no-index --find-links .gpucheck/whl optuna alembic SQLAlchemy greenlet Mako colorlog \
-      sacremoses shtab > "$WORK/logs/install.log" 2>&1 && note "installed from .gpucheck/whl" \
+    STAGED=$(sed -n 's/^STAGED="\(.*\)"$/\1/p' scripts/gpu-check.sh)  # the pinned wheels gpu-check.sh prep staged
+    # shellcheck disable=SC2086
+    "$PY" -m pip install -q --no-index --find-links .gpucheck/whl $STAGED > "$WORK/logs/install.log" 2>&1 \
+      && note "installed from .gpucheck/whl" \
       || note "install from .gpucheck/whl FAILED (logs/install.log)"
   else
     note "optuna, sacremoses or shtab missing and no .gpucheck/whl: run \`bash scripts/gpu-wide.sh prep\` first"
