@@ -5,10 +5,22 @@
 #   OUT=/tmp/gpu-check bash scripts/gpu-check.sh          # 2. on the GPU machine, from the repository's root
 #   GPU_CHECK_SMOKE=1 OUT=/tmp/gc bash scripts/gpu-check.sh   # the same stages on a CPU, small (a few minutes)
 #   OUT=/tmp/gpu-table bash scripts/gpu-check.sh table    # one call for the whole table: its last two stages alone
+#   OUT=/tmp/gpu-first bash scripts/gpu-check.sh first    # a new machine's first call: what a GPU decides, in 6 min
 #
-# `table` gives the table stage 420 s (of the 8 minutes) and compiles each pack's static-shape step and Adam's update
-# as CUDA graphs (--static-shapes --pad-to 8 --compile graphs); the check's table runs eager for 160 s, so that a
-# first call on a new GPU measures the eager packs and the graphs apart before one call bets on them.
+# Every mode starts with a gate of GATE_S (5) seconds: torch imports, sees CUDA and its driver (nvidia-smi). A gate
+# that answers "no CUDA" (or fails to import torch) stops the call there; one that does not answer in time (a cold
+# disk) is noted and the call goes on, since a stage would then tell.
+# `first` learns the most per second on a machine the project has not run on, each stage's JSON written before
+# anything optional in it: sdpa (`aiayn doctor --check sdpa`: the kernel each attention call gets) <= 40 s; the
+# paper's base step compiled (`aiayn bench --size paper --compile model --profile`: MFU, then launches, idle time and
+# top kernels) <= 140 s (the first H200: eager 28 s, --compile layers 44 s, model over 70 s, cold); the graphed pack
+# of 16 evidence-size seeds (`aiayn bench --pack 16 --compile graphs`) <= 80 s. At most 5 minutes with the gate and kill margins,
+# a minute to spare of the 6 for the install and the summary.
+#
+# `table` gives the table stage 420 s (of the 8 minutes), every pack at once (--jobs the table's pack count: one
+# wave), and compiles each pack's static-shape step and Adam's update as CUDA graphs (--static-shapes --pad-to 8
+# --compile graphs); the check's table runs eager for 160 s, so that a first call on a new GPU measures the eager
+# packs and the graphs apart before one call bets on them.
 # GPU_CHECK_TABLE_S=N overrides the table's limit, GPU_CHECK_TABLE_COMPILE="FLAGS" its compile flags ("": eager);
 # with the smoke, GPU_CHECK_TABLE_STEPS its steps (40).
 #
@@ -74,7 +86,9 @@ scratch() {  # scratch NAME: a fresh folder under $TMPDIR (or /tmp), or one line
     || { echo "cannot make a scratch folder under ${TMPDIR:-/tmp}; set TMPDIR to a writable folder" >&2; exit 2; }
 }
 MODE=${1:-check}
-case "$MODE" in check|table) ;; *) echo "usage: bash scripts/gpu-check.sh [prep|check|table]"; exit 2 ;; esac
+case "$MODE" in check|table|first) ;; *) echo "usage: bash scripts/gpu-check.sh [prep|check|table|first]"; exit 2 ;; esac
+GATE_S=${GATE_S:-5}
+whole GATE_S "$GATE_S"
 OUT=${OUT:?OUT must be set: the folder for the results}
 if [ "$MODE" = table ]; then  # the whole table alone: most of the 8 minutes, its packs' steps as CUDA graphs
   TABLE_S=${GPU_CHECK_TABLE_S:-420}; TABLE_COMPILE=${GPU_CHECK_TABLE_COMPILE---static-shapes --pad-to 8 --compile graphs}
@@ -115,12 +129,44 @@ if [ "$SMOKE" = 1 ]; then
 else
   DEVICE=cuda; ACCEL=gpu; BENCH=(--size paper --steps 3 --trials 3)
   PACK=(--pack 16 --steps 5 --trials 3)
-  TABLE=(--jobs 8 --pack auto)  # the preset's rows, seeds and budget: the table reports/reference/evidence holds
+  # the preset's rows, seeds and budget (the table reports/reference/evidence holds), every pack at once: one wave
+  PACKS=$("$PY" -c 'import sys
+from aiayn.lightning_modules.run.options import TrainOptions
+from aiayn.sweeps.table3 import SweepOptions, build_sweep, pack_count
+print(pack_count(build_sweep(SweepOptions(train=TrainOptions(preset="evidence", out=sys.argv[1])))))' "$WORK/table" \
+    2> "$WORK/logs/packs.log")
+  [[ $PACKS =~ ^[0-9]+$ ]] || PACKS=8
+  TABLE=(--jobs "$PACKS" --pack auto)
 fi
 
 : > "$SUM"
 note "# aiayn GPU check: $MODE ($(date -u +%FT%TZ), smoke=$SMOKE; the table: ${TABLE_COMPILE:-eager}, limit $TABLE_S s)"
 note ""
+# the gate, before anything else: torch, CUDA and the driver (the smoke on a CPU needs torch alone)
+timeout --kill-after=2 "$GATE_S" "$PY" - "$SMOKE" "$WORK/gate.json" > "$WORK/logs/gate.log" 2>&1 <<'EOF'
+import json, subprocess, sys
+import torch
+g = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}
+if g["available"]:
+    g["device"] = torch.cuda.get_device_name(0)
+    try:
+        smi = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        g["driver"] = subprocess.run(smi, capture_output=True, text=True, timeout=3).stdout.split()[0]
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        g["driver"] = None
+json.dump(g, open(sys.argv[2], "w"))
+sys.exit(0 if g["available"] or sys.argv[1] == "1" else 3)
+EOF
+rc=$?
+if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  note "gate: torch did not answer in $GATE_S s (a cold start?); going on"
+elif [ $rc -ne 0 ]; then
+  note "gate FAILED (exit $rc: $([ $rc -eq 3 ] && echo 'torch sees no CUDA device' || echo 'torch did not import')):" \
+    "$(tail -1 "$WORK/logs/gate.log")"
+  tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
+  rm -rf "$WORK"
+  exit 1
+fi
 # the packages the image lacks, from the staged wheels (no index: this machine may have no network)
 if ! "$PY" -c "import optuna, sacremoses, shtab" 2>/dev/null; then
   if [ -d .gpucheck/whl ]; then
@@ -139,6 +185,13 @@ note ""
 note "| stage | result | time |"
 note "| --- | --- | --- |"
 
+if [ "$MODE" = first ]; then  # a new machine's first call: what only a GPU decides, most per second first
+  stage sdpa 40 "$PY" -m aiayn doctor --check sdpa --json "$WORK/sdpa.json"
+  stage bench-model 140 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile model --profile \
+      --json "$WORK/bench-model.json"
+  stage pack-graphs 80 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
+      --json "$WORK/pack-graphs.json"
+fi
 if [ "$MODE" = check ]; then  # `table` runs the last two stages alone
 stage paths 40 "$PY" - "$DEVICE" "$WORK/paths.json" <<'EOF'
 # The three GPU-only defects that only a GPU decides: which grad_w path ran, whether beam search keeps an
@@ -205,21 +258,23 @@ stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]
 stage pack-graphs 45 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
     --json "$WORK/pack-graphs.json"
 fi
-# 8 trainers compiling at once: inductor's worker pool is as many processes as cores in each (8 x 16 on the H200's
-# machine); two each share the cores instead (the benches above compile alone, with the whole pool)
-export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
-stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" "${COMPILE_FLAGS[@]}" \
-    --accelerator "$ACCEL" --out "$WORK/table" --report ""
-"$PY" -m aiayn status --json "$WORK/table" > "$WORK/table-status.json" 2> "$WORK/logs/table-status.log"
-if find "$WORK/table" -name metrics.json 2>/dev/null | grep -q .; then
-  stage report 20 "$PY" -m aiayn report --runs "$WORK/table" --out "$WORK/reports" --preset evidence \
-      --against reports/reference/evidence
-  cp "$WORK/reports/table3-evidence.md" "$OUT/evidence.md" 2>/dev/null || note "no evidence report"
-  cp "$WORK/reports/table3-evidence-against.md" "$OUT/evidence-against.md" 2>/dev/null || note "no comparison"
-  # every file of the report (its runs' curves among them), to commit beside reports/reference/evidence
-  [ -d "$WORK/reports" ] && tar czf "$OUT/evidence-report.tar.gz" -C "$WORK" reports
-else
-  note "| report | not run: no run of the table finished | |"
+if [ "$MODE" != first ]; then  # the evidence table and its report: `check` and `table`
+  # 8 trainers compiling at once: inductor's worker pool is as many processes as cores in each (8 x 16 on the H200's
+  # machine); two each share the cores instead (the benches above compile alone, with the whole pool)
+  export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
+  stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" "${COMPILE_FLAGS[@]}" \
+      --accelerator "$ACCEL" --out "$WORK/table" --report ""
+  "$PY" -m aiayn status --json "$WORK/table" > "$WORK/table-status.json" 2> "$WORK/logs/table-status.log"
+  if find "$WORK/table" -name metrics.json 2>/dev/null | grep -q .; then
+    stage report 20 "$PY" -m aiayn report --runs "$WORK/table" --out "$WORK/reports" --preset evidence \
+        --against reports/reference/evidence
+    cp "$WORK/reports/table3-evidence.md" "$OUT/evidence.md" 2>/dev/null || note "no evidence report"
+    cp "$WORK/reports/table3-evidence-against.md" "$OUT/evidence-against.md" 2>/dev/null || note "no comparison"
+    # every file of the report (its runs' curves among them), to commit beside reports/reference/evidence
+    [ -d "$WORK/reports" ] && tar czf "$OUT/evidence-report.tar.gz" -C "$WORK" reports
+  else
+    note "| report | not run: no run of the table finished | |"
+  fi
 fi
 
 note ""
@@ -232,6 +287,12 @@ def read(name):
         return json.loads((work / name).read_text())
     except (OSError, ValueError):
         return None
+results["gate"] = g = read("gate.json")
+if g:
+    print(f"- gate: torch {g['torch']} (CUDA {g['cuda']}), {g.get('device', 'no GPU')}, driver {g.get('driver')}")
+results["sdpa"] = d = read("sdpa.json")
+for c in (d or {}).get("checks", []):  # aiayn doctor --check sdpa: each attention call's kernel
+    print(f"- sdpa: {c['status']}, {c['value']}: {c['detail']}")
 results["paths"] = read("paths.json")
 if results["paths"]:
     p = results["paths"]

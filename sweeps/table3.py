@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import typing
+from collections import Counter
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 
@@ -226,6 +227,13 @@ def launches(opts: SweepOptions, backend: Backend | None = None) -> list[tuple[B
 
 
 AUTO_PACK = 8  # seeds a pack holds at most with --pack auto on a GPU (the pack bench's launches are flat to 16)
+
+
+def pack_count(sweep: Sweep, k: int = AUTO_PACK) -> int:
+    """How many packs of at most `k` seeds the sweep's pairs make (a row's seeds, `k` at a time): the --jobs that
+    trains a packed table in one wave."""
+    seeds = Counter(row for row, _ in sweep.pairs)
+    return sum(-(-n // k) for n in seeds.values())
 
 
 def pack_size(asked: str, sweep: Sweep) -> int:

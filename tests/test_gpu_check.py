@@ -188,6 +188,60 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
 
 
 @pytest.mark.slow
+def test_the_first_call_gates_then_runs_sdpa_the_compiled_step_and_the_graphed_pack_on_a_cpu_in_its_smoke(
+    cache, tmp_path
+):
+    """`gpu-check.sh first` (smoke, on a CPU): the gate's figures, then each stage's JSON read into the summary:
+    the kernel of every attention call, the compiled step with its profile, the graphed pack; no table."""
+    out = tmp_path / "out"
+    env = {**os.environ, "GPU_CHECK_SMOKE": "1", "OUT": str(out), "PYTHON": sys.executable}
+    env.update({"AIAYN_CACHE": str(cache), "TMPDIR": str(tmp_path), "GATE_S": "60"})  # a busy CPU imports slowly
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "first"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "results.json", "summary.md"]
+    summary = (out / "summary.md").read_text()
+    for stage in ("sdpa", "bench-model", "pack-graphs"):
+        assert f"| {stage} | ok |" in summary, summary
+    assert "| table |" not in summary and "- gate: torch " in summary and "- sdpa: " in summary
+    results = json.loads((out / "results.json").read_text())
+    assert results["gate"]["torch"] and results["bench-model"][0]["compile"] == "model"
+    assert results["bench-model"][0]["profile"]["launches_per_step"] > 0
+    assert results["pack-graphs"]["packed, compiled"]["seed_steps_per_s"] > 0
+
+
+def test_the_first_calls_stage_limits_and_gate_fit_in_six_minutes_with_a_minute_to_spare():
+    """`first`'s stages run one after another, each under its limit (SIGKILL 10 s after it): their limits, the
+    kill margins and the gate are at most 5 minutes, leaving a minute of a 6-minute call for the install and the
+    summary."""
+    text = SCRIPT.read_text()
+    block = text[text.index('if [ "$MODE" = first ]; then') :]
+    block = block[: block.index("\nfi\n")]
+    limits = [int(n) for n in re.findall(r"^\s*stage [\w-]+ (\d+) ", block, re.M)]
+    gate = int(re.search(r"^GATE_S=\$\{GATE_S:-(\d+)\}", text, re.M).group(1))
+    assert len(limits) == 3 and gate == 5
+    assert sum(limits) + 10 * len(limits) + gate <= 300, limits
+
+
+def test_a_gate_that_finds_no_cuda_stops_the_call_before_any_stage(tmp_path):
+    """Not in the smoke, on a machine whose torch sees no CUDA device: the gate stops the call in seconds, with its
+    reason, before any stage, and leaves its log."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "GATE_S": "60"}
+    env.pop("GPU_CHECK_SMOKE", None)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no device, on any machine
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "first"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = (out / "summary.md").read_text()
+    assert "gate FAILED (exit 3: torch sees no CUDA device)" in summary and "| stage |" not in summary
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "summary.md"]
+    assert not list(tmp_path.glob("aiayn-gpu-check.*")), "the scratch folder was left behind"
+
+
+@pytest.mark.slow
 def test_the_table_call_stopped_at_its_limit_counts_the_seed_steps_its_runs_trained(cache, tmp_path):
     """`gpu-check.sh table`, the whole table in one call: its two stages alone, the packs compiled as --compile graphs
     compiles them, here cut by the stage's limit (as on a GPU where the whole table takes longer): the sweep stops

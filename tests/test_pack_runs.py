@@ -416,6 +416,17 @@ def test_pack_auto_packs_on_a_gpu_only_and_where_every_run_can_be_packed(tmp_pat
         pack_size("4", build_sweep(SweepOptions(train=sweep.train)))
 
 
+def test_the_evidence_tables_packs_are_counted_for_one_wave(tmp_path):
+    """`pack_count`: a row's seeds make ceil(seeds / K) packs; the evidence table's 43 runs are 11 packs at K 8, the
+    --jobs that gpu-check.sh gives its whole-table stage so that every pack trains at once."""
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.sweeps.table3 import SweepOptions, build_sweep, pack_count
+
+    sweep = build_sweep(SweepOptions(train=TrainOptions(preset="evidence", out=str(tmp_path))))
+    assert (len(sweep.pairs), pack_count(sweep), pack_count(sweep, 2)) == (43, 11, 25)
+    assert "pack_count(build_sweep(" in (ROOT / "scripts" / "gpu-check.sh").read_text()
+
+
 def test_slurm_refuses_pack_in_one_line(tmp_path, capsys):
     """The SLURM array trains one pair a task: `aiayn table3 --backend slurm --pack 4` is refused, with the reason."""
     assert main(["table3", "--backend", "slurm", "--pack", "4", "--out", str(tmp_path / "o")]) == 2
