@@ -123,6 +123,9 @@ def test_reference_verdicts_reproduce(table):
     scored = committed[committed["verdict"].notna()]
     assert scored.index.tolist(), f"{table.name} has no verdicts"
     for row, line in scored.iterrows():
+        if line["verdict"] == "not run":  # a table cut at a slice: scored by the registration, no run of it here
+            assert not ((runs["row"] == row) & (runs["status"] == "completed")).any(), f"{table.name} {row}: it ran"
+            continue
         v = again[row]
         committed_verdict = _label(table, row, "verdict", line["verdict"])
         assert v.verdict == committed_verdict, f"{table.name} {row}: committed {line['verdict']!r}, now {v.verdict!r}"
