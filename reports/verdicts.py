@@ -498,8 +498,10 @@ def why(v: Verdict) -> str:
     if not v.points:
         return v.verdict
     held = [p for p in v.points if p.verdict == v.points[-1].verdict]
+    # an equivalence's p is TOST's; its `significant disagree` is the two-sided test's refutation, not that p
+    label = "TOST Holm p" if v.predicted == "equivalent" else "Holm p"
     each = "; ".join(
-        f"{_pct(p.fraction)}: {p.verdict}" + (f" (Holm p {_p(p.p_holm)})" if not math.isnan(p.p_holm) else "")
+        f"{_pct(p.fraction)}: {p.verdict}" + (f" ({label} {_p(p.p_holm)})" if not math.isnan(p.p_holm) else "")
         for p in v.points
     )
     if v.verdict == stats.NOT_TESTABLE:

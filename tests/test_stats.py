@@ -452,3 +452,18 @@ def test_the_parameter_count_alone_on_a_hand_made_table(monkeypatch):
     assert (s["passed"], count["passed"], count["label"]) == (5, 3, "the parameter count alone")
     assert count["verdicts"]["A1"] == stats.NOT_EQUIVALENT
     assert count["differs_on"] == count["registered_passed_where_it_did_not"] == ["A1", "E1"]
+
+
+def test_an_equivalences_point_by_point_line_names_its_p_as_tosts():
+    """An equivalence's p at each point is TOST's, and its `significant disagree` the two-sided test's refutation:
+    the line says `TOST Holm p`, so a `significant disagree (Holm p 0.83)` does not read as a contradiction; a
+    difference test's line keeps `Holm p`."""
+    points = (
+        verdicts.Point(0.75, 0.01, 0.38, stats.INCONCLUSIVE, 8, 8),
+        verdicts.Point(0.875, 0.02, 0.83, stats.SIGNIFICANT_DISAGREE, 8, 8),
+        verdicts.Point(1.0, 0.022, 0.96, stats.NOT_EQUIVALENT, 8, 8),
+    )
+    v = verdicts.Verdict("E1", "ppl", "equivalent", 0.022, 0.96, 0.96, stats.NOT_EQUIVALENT, 8, 8, points=points)
+    assert "87.5%: significant disagree (TOST Holm p 0.83)" in v.why and "(Holm p" not in v.why
+    worse = verdicts.Verdict("C1", "ppl", "worse", 0.2, 0.001, 0.002, stats.SIGNIFICANT_AGREE, 3, 8, points=points)
+    assert "(Holm p 0.83)" in worse.why and "TOST" not in worse.why
