@@ -74,17 +74,7 @@ if [ "${1:-}" = prep ]; then
   exit 0
 fi
 
-# every value read from the environment checked before anything is written: a number is digits (passed on as data,
-# never as code), a flag 0 or 1, the scratch folder made
-whole() {
-  [[ $2 =~ ^[0-9]{1,9}$ ]] && [ "$2" -ge 1 ] \
-    || { echo "$1=$2 is not a whole number from 1 to 999999999; set $1=N" >&2; exit 2; }
-}
-flag() { [[ $2 =~ ^[01]$ ]] || { echo "$1=$2 is not 0 or 1; set $1=0 or $1=1" >&2; exit 2; }; }
-scratch() {  # scratch NAME: a fresh folder under $TMPDIR (or /tmp), or one line and exit 2
-  mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX" 2>/dev/null \
-    || { echo "cannot make a scratch folder under ${TMPDIR:-/tmp}; set TMPDIR to a writable folder" >&2; exit 2; }
-}
+source "$(dirname "$0")/gpu-env.sh"  # whole, flag, scratch, named_source
 MODE=${1:-check}
 case "$MODE" in check|table|first) ;; *) echo "usage: bash scripts/gpu-check.sh [prep|check|table|first]"; exit 2 ;; esac
 GATE_S=${GATE_S:-5}
@@ -177,9 +167,7 @@ if ! "$PY" -c "import optuna, sacremoses, shtab" 2>/dev/null; then
     note "optuna, sacremoses or shtab missing and no .gpucheck/whl: run \`bash scripts/gpu-check.sh prep\` first"
   fi
 fi
-if ! git rev-parse HEAD > /dev/null 2>&1 && [ -z "${AIAYN_SOURCE:-}" ] && [ -f .gpucheck/source ]; then
-  export AIAYN_SOURCE=$(head -c 64 .gpucheck/source)  # a copy without .git: the commit prep recorded, for every run
-fi
+named_source
 note "commit $(git rev-parse --short HEAD 2>/dev/null || echo "${AIAYN_SOURCE:-unknown} (no .git; from .gpucheck/source)"); $("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1)"
 note ""
 note "| stage | result | time |"
