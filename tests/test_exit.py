@@ -29,6 +29,7 @@ def children_of(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("pack", [False, True], ids=["alone", "packed"])
 def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, pack):
     seeds = ["--pack-seeds", "0,1"] if pack else []
@@ -54,6 +55,7 @@ def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_run_stopped_by_a_signal_to_its_group_right_after_a_validation_exits_within_seconds(cache, tmp_path, signum):
     out = tmp_path / "o"

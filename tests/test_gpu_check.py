@@ -133,6 +133,7 @@ def test_the_table_call_passes_its_flags_as_words_and_a_copy_without_git_the_com
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_most_8_files(cache, tmp_path):
     out = tmp_path / "out"
     env = {
@@ -188,6 +189,7 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_first_call_gates_then_runs_sdpa_the_compiled_step_and_the_graphed_pack_on_a_cpu_in_its_smoke(
     cache, tmp_path
 ):
@@ -242,6 +244,7 @@ def test_a_gate_that_finds_no_cuda_stops_the_call_before_any_stage(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_table_call_stopped_at_its_limit_counts_the_seed_steps_its_runs_trained(cache, tmp_path):
     """`gpu-check.sh table`, the whole table in one call: its two stages alone, the packs compiled as --compile graphs
     compiles them, here cut by the stage's limit (as on a GPU where the whole table takes longer): the sweep stops

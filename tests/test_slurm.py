@@ -483,6 +483,7 @@ def _run(argv, out: Path, capsys) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
     out, reports = tmp_path / "runs", tmp_path / "reports"
     argv = [
@@ -526,6 +527,7 @@ def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_the_report_is_a_job_that_runs_after_the_array_without_waiting_here(cluster, cache, tmp_path, capsys):
     out = tmp_path / "runs"
     argv = [
@@ -564,6 +566,7 @@ def test_the_report_is_a_job_that_runs_after_the_array_without_waiting_here(clus
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cache, tmp_path, capsys):
     out, steps = tmp_path / "runs", 80
     argv = [
@@ -612,6 +615,7 @@ def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cac
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_wait_exits_1_and_names_the_log_when_a_task_fails(cluster, cache, tmp_path, capsys):
     out = tmp_path / "runs"
     argv = [
