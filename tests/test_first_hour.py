@@ -57,11 +57,11 @@ def cheap(command: str) -> str:
         return command
     quiet = ["--no-progress"] if words[1] == "train" else []  # a sweep's runs print no bars anyway
     preset = words[words.index("--preset") + 1] if "--preset" in words else None
-    if preset and get_preset(preset).val_bleu_sentences > BLEU_SENTENCES:  # the path, not 200 untrained decodes
-        quiet += ["--val-bleu-sentences", str(BLEU_SENTENCES)]
+    few = preset and get_preset(preset).val_bleu_sentences > BLEU_SENTENCES  # the path, not 200 untrained decodes
+    bleu = ["--val-bleu-sentences", str(BLEU_SENTENCES)] if few else []
     if "--max-steps" in words:
-        return re.sub(r"--max-steps \d+", f"--max-steps {LOOK}", command) + " " + " ".join([*CHEAP, *quiet])
-    return command + " " + " ".join(["--max-steps", STEPS, *CHEAP, *quiet])
+        return re.sub(r"--max-steps \d+", f"--max-steps {LOOK}", command) + " " + " ".join([*CHEAP, *quiet, *bleu])
+    return command + " " + " ".join(["--max-steps", STEPS, *CHEAP, *quiet, *bleu])
 
 
 def test_the_first_hour_is_read_in_order():
