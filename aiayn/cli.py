@@ -54,11 +54,12 @@ def cmd_rows(opts, args) -> None:
 
 
 def cmd_train(opts, args) -> None:
-    from aiayn.lightning_modules.run.pack import train_runs
     from aiayn.lightning_modules.run.spec import spec_for
+
+    spec = spec_for(opts, args.recorded)  # a row or table mistake is told before lightning's import (seconds)
+    from aiayn.lightning_modules.run.pack import train_runs
     from aiayn.lightning_modules.run.train import print_plan, with_recorded_tokenizer
 
-    spec = spec_for(opts, args.recorded)
     opts = with_recorded_tokenizer(opts, spec, args.recorded)
     if args.print_config:
         return print_plan(opts, spec)
