@@ -1239,3 +1239,19 @@ def test_every_numeric_flag_takes_any_number_with_a_result_or_one_line(command, 
                 bad.append(f"{flag} {value}: exit {code}: {err.strip()[-300:]}")
     assert not bad, "\n".join(bad)
     assert not out.exists()
+
+
+def test_a_mistyped_row_is_told_before_lightning_is_imported(tmp_path):
+    """`aiayn train --row A7` answers from the table, in a process that never imports lightning (its import was
+    most of the 13 s such a mistake took on a slow CPU)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nfrom aiayn.cli import main\n"
+        "try:\n    code = main(['train', '--row', 'A7'])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, 'lightning' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr[-2000:]
+    assert "unknown row 'A7'" in done.stderr
