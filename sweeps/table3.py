@@ -239,8 +239,6 @@ def pack_count(sweep: Sweep, k: int = AUTO_PACK) -> int:
 def pack_size(asked: str, sweep: Sweep) -> int:
     """--pack as the most seeds one pack holds (1: none). auto: AUTO_PACK where the runs train on one GPU each and
     every row can be packed, else 1; a number: that, or one line saying why it cannot be."""
-    from aiayn.lightning_modules.run.pack import check_packable
-
     t = sweep.train
     if asked == "off":
         return 1
@@ -248,6 +246,8 @@ def pack_size(asked: str, sweep: Sweep) -> int:
         on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and bool(visible_gpus()))
         if not on_gpu or t.world_size > 1:
             return 1
+        from aiayn.lightning_modules.run.pack import check_packable  # the trainer's import (seconds): only here
+
         try:
             for spec in sweep.specs.values():
                 check_packable(t, spec, "--pack")
@@ -261,8 +261,11 @@ def pack_size(asked: str, sweep: Sweep) -> int:
         k = 0
     if k < 1:
         raise UserError(f"--pack {asked!r}: pass auto, off, or the most seeds of a row one pack trains (e.g. 4)")
-    for spec in sweep.specs.values() if k > 1 else ():
-        check_packable(t, spec, f"--pack {k}")
+    if k > 1:
+        from aiayn.lightning_modules.run.pack import check_packable
+
+        for spec in sweep.specs.values():
+            check_packable(t, spec, f"--pack {k}")
     return k
 
 
