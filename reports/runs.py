@@ -165,11 +165,13 @@ def _version(p: Path) -> int:
 
 
 def read_curve(run_dir: Path, metric: str = "val/bleu") -> pd.DataFrame:
-    """`step` and `metric` over all attempts (logs/version_N, by N); a step logged twice keeps the later attempt."""
+    """`step` and `metric` over all attempts (logs/version_N, by N); a step logged twice keeps the later attempt. Only
+    whole lines: a run that is training may be writing its last one."""
     frames = []
     for i, path in enumerate(sorted(RunDir(run_dir).logs.glob("version_*/metrics.csv"), key=_version)):
         try:
-            df = pd.read_csv(io.StringIO(read_record(path, CURVE_MAX_BYTES)))
+            text = read_record(path, CURVE_MAX_BYTES)
+            df = pd.read_csv(io.StringIO(text[: text.rfind("\n") + 1]))
         except (OSError, ValueError, pd.errors.ParserError) as e:
             log.warning("skipping curve %s: %s", path, e)
             continue

@@ -246,8 +246,8 @@ def build(names: tuple[str, ...], run, config, *, rank_zero: bool, out_root=None
         (run.logs / f"version_{version}").mkdir(parents=True, exist_ok=True)
     out = []
     for name in names:
-        if name == "csv":
-            out.append(CSVLogger(run.path, name=run.logs.name, version=version))
+        if name == "csv":  # each line on disk when logged, for a reader while it trains (wide_pilot.py watch)
+            out.append(CSVLogger(run.path, name=run.logs.name, version=version, flush_logs_every_n_steps=1))
         elif name == "tensorboard":  # no hp_metric placeholder: our metrics are named train/…, val/…
             out.append(TensorBoardLogger(run.path, name=run.logs.name, version=version, default_hp_metric=False))
         elif name == "mlflow" and rank_zero:
