@@ -10,8 +10,9 @@
 # `prep` copies Multi30k (../shared/data/multi30k, or $MULTI30K) into .gpucheck/multi30k/ and stages the wheels the
 # GPU image lacks (scripts/gpu-check.sh prep); carry .gpucheck to the GPU machine with the checkout. The call runs the
 # registered rules of scripts/wide_pilot.py and nothing else, within DEADLINE_S (470 s) in all:
-#   pilot   base on pilot seeds 100-103, the preset's 1600 steps, 4 at once; then rule 2 chooses the budget B and
-#           states the noise and each test's power (rule.md, rule.json) before any scored run
+#   pilot   base on pilot seeds 100-103, at most the preset's 1600 steps, 4 at once, stopped (SIGTERM) as soon as
+#           rule 2's budget is settled (`wide_pilot.py watch` reads its curves as they are written); then rule 2
+#           chooses the budget B and states the noise and each test's power (rule.md, rule.json) before any scored run
 #   slices  the registered slices in order (`wide_pilot.py slices`), each `aiayn table3 --preset wide` over base and
 #           every slice so far, fresh seeds from 200, --max-steps B, 8 runs at once; the sweep is stopped by SIGTERM
 #           at the deadline (it stops cleanly; its finished runs stay), and a slice cut there is named as not run
@@ -58,10 +59,12 @@ left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 if [ "$SMOKE" = 1 ]; then  # the paths, not the numbers: a narrow model, a few steps, one seed, the first slice
   COMMON=(--accelerator cpu --set d_model=32 --set d_ff=64 --set h=4 --vocab-size 1000 --val-every 1 --eval-subset 8
     --jobs 2)
-  PILOT=(--max-steps 40); RULE=(--budgets 32:40:8); SEEDS=(--seeds 1 --base-seeds 1); SLICES=1
+  # the pilot's 400 steps are stopped soon after 32, the budget a margin of 1000% admits at once (the stop's path)
+  PILOT=(--max-steps 400 --jobs 4); RULE=(--budgets 32:400:8 --margin 10); WATCH=(--every 1)
+  SEEDS=(--seeds 1 --base-seeds 1); SLICES=1
 else
   COMMON=(--accelerator gpu --precision bf16-mixed --eval-subset 64 --num-workers 1)
-  PILOT=(--jobs 4); RULE=(); SEEDS=(--jobs 8); SLICES=99
+  PILOT=(--jobs 4); RULE=(); WATCH=(--every 5); SEEDS=(--jobs 8); SLICES=99
 fi
 
 : > "$SUM"
@@ -91,9 +94,24 @@ else
   t0=$(date +%s)
   timeout --kill-after=20 "$(left)" "$PY" -m aiayn table3 --preset wide --rows base --seeds 4 --base-seeds 4 \
     --first-seed 100 --out "$WORK/pilot" --report '' --data-dir "$DATA" "${COMMON[@]}" "${PILOT[@]}" \
-    > "$WORK/logs/pilot.log" 2>&1
+    > "$WORK/logs/pilot.log" 2>&1 &
+  PILOT_PID=$!
+  # rule 2 while the pilot trains: its sweep is stopped once the budget is settled (wide_pilot.py, rule 2)
+  "$PY" scripts/wide_pilot.py watch "$WORK/pilot" --pid "$PILOT_PID" "${WATCH[@]}" "${RULE[@]}" \
+    > "$WORK/logs/watch.log" 2>&1 &
+  WATCH_PID=$!
+  wait "$PILOT_PID"
   rc=$?
-  note "| pilot (base, seeds 100-103) | $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)") | $(( $(date +%s) - t0 )) s |"
+  wait "$WATCH_PID"
+  SETTLED=$(grep -m1 '^settled: ' "$WORK/logs/watch.log")
+  if [ -n "$SETTLED" ]; then
+    PILOT_RESULT="stopped once rule 2's budget was settled (${SETTLED#settled: })"
+  elif [ $rc -eq 0 ]; then
+    PILOT_RESULT=ok
+  else
+    PILOT_RESULT="FAILED (exit $rc)"
+  fi
+  note "| pilot (base, seeds 100-103) | $PILOT_RESULT | $(( $(date +%s) - t0 )) s |"
   "$PY" scripts/wide_pilot.py budget "$WORK/pilot" --json "$OUT/rule.json" "${RULE[@]}" > "$OUT/rule.md" 2>&1
   BUDGET=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['budget'])" "$OUT/rule.json" 2>/dev/null)
   VAL=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['val_every'])" "$OUT/rule.json" 2>/dev/null)

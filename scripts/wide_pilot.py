@@ -3,6 +3,7 @@ read: what a pilot on pilot seeds may choose for the `wide` preset, and nothing 
 
     python scripts/wide_pilot.py lr PILOT_RUN         # 1. the CPU pilot: keep the schedule's peak, or halve it
     python scripts/wide_pilot.py budget PILOT_OUT     # 2. the GPU pilot: the budget, and the power it leaves
+    python scripts/wide_pilot.py watch PILOT_OUT --pid PID  # 2. stop the pilot (PID) once rule 2's budget is settled
     python scripts/wide_pilot.py slices               # 3. the order a GPU call runs the registered tests in
 
 1. **The learning rate, on 2 CPU cores** (a 30-epoch run of this regime is about 8 s a step here, 3.6 hours, so a
@@ -26,6 +27,13 @@ read: what a pilot on pilot seeds may choose for the `wide` preset, and nothing 
    difference as the truth (normal approximation, one point: Welch two-sided at 0.05 for `worse`/`better`, TOST at
    0.05 for `equivalent`; the report's three-point stability rule and Holm's correction make the real power lower),
    and the expected scores of the registration and of both naive baselines.
+   **The pilot stops once the rule's answer is settled** (amended before any GPU pilot ran): B's fall reads only
+   the validations up to step B - 1, and the budgets below B were refused on their own validations, so B is final
+   once every pilot run has logged them; the noise at B reads the three validations nearest B, final once a run has
+   logged a step farther past B than the farthest of them. `watch` reads the pilot's curves as they are written and
+   stops its sweep (SIGTERM; the runs stop cleanly, curves kept) at that point: the rule then reads the same
+   validations it would read from the whole 1600-step pilot, and gives the same budget, SD and power. Where no
+   budget is admitted yet, nothing is settled and the pilot trains its 1600 steps.
 
 3. **The slices** (SLICES): one GPU call of 8 minutes cannot train the whole table (17 tests and a control, 108
    runs), so it runs the registered tests slice by slice in a fixed order, the tests where the paper differs from
@@ -43,7 +51,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +65,7 @@ from aiayn.ablations.presets import get_preset, scale
 from aiayn.ablations.table import load_rows
 from aiayn.lightning_modules.transformer.config import TransformerConfig
 from aiayn.reports.runs import read_curve
-from aiayn.reports.verdicts import convergence_drop, point_value
+from aiayn.reports.verdicts import convergence_drop, point_steps, point_value
 
 PRESET = "wide"
 ALPHA = 0.05
@@ -65,6 +76,7 @@ BUDGETS = tuple(range(400, 1601, 100))
 MARGIN = 0.035
 RULE = "line"
 BASE_SEEDS = 8  # the preset's base_seeds, against which each row is tested
+PILOT_SEEDS = (100, 101, 102, 103)
 # 3. the order a GPU call runs the registered tests in (scripts/gpu-wide.sh), each slice whole or reported as not run:
 # first the tests where the paper differs from both naive baselines, then those where it differs from "every change
 # hurts", then those where all three predict the same; within a slice, the registration's order
@@ -124,17 +136,19 @@ def lr_rule(run: Path) -> dict:
 
 
 def _pilot_curves(out: Path) -> dict[int, dict[int, float]]:
-    """Seed -> {logged step: dev PPL} for every base run under a pilot's --out."""
+    """Seed -> {logged step: dev PPL} for every base run under a pilot's --out, finished or stopped (a run stopped by
+    `watch` has its curve and no metrics.json)."""
     curves = {}
-    for metrics in sorted(out.glob("*/*/base/seed*/metrics.json")):
-        curve = read_curve(metrics.parent, "val/ppl")
+    for logs in sorted(out.glob("*/*/base/seed*/logs")):
+        curve = read_curve(logs.parent, "val/ppl")
         if not curve.empty:
-            curves[int(metrics.parent.name[4:])] = dict(zip(curve.step, curve["val/ppl"], strict=True))
+            curves[int(logs.parent.name[4:])] = dict(zip(curve.step, curve["val/ppl"], strict=True))
     return curves
 
 
-def choose_budget(curves: dict[int, dict[int, float]], budgets=BUDGETS) -> tuple[int, bool, dict]:
-    """(B, whether the rule admitted it, each budget's largest last-quarter fall) over the pilot's runs."""
+def choose_budget(curves: dict[int, dict[int, float]], budgets=BUDGETS, margin=MARGIN) -> tuple[int, bool, dict]:
+    """(B, whether the rule admitted it, each budget's largest last-quarter fall) over the pilot's runs; a budget some
+    run has not reached yet has no fall (NaN) and is not admitted."""
     import pandas as pd
 
     falls = {}
@@ -142,8 +156,40 @@ def choose_budget(curves: dict[int, dict[int, float]], budgets=BUDGETS) -> tuple
         runs = [pd.DataFrame({"step": list(c), "val/ppl": list(c.values())}) for c in curves.values()]
         cut = [r[r.step <= b - 1] for r in runs if r.step.max() >= b - 1]
         falls[b] = max(convergence_drop(r, RULE) for r in cut) if len(cut) == len(runs) and cut else math.nan
-    admitted = [b for b in budgets if falls[b] <= MARGIN]
+    admitted = [b for b in budgets if falls[b] <= margin]
     return (admitted[0], True, falls) if admitted else (budgets[-1], False, falls)
+
+
+def settled(curves: dict[int, dict[int, float]], seeds, budgets=BUDGETS, margin=MARGIN) -> int | None:
+    """The budget rule 2 chooses from `curves` (the pilot's runs so far, `seeds` all of them) once no later validation
+    can change it or the noise it reads there (the module's docstring, rule 2); None until then."""
+    if set(curves) != set(seeds):
+        return None
+    budget, admitted, _ = choose_budget(curves, budgets, margin)
+    if not admitted:
+        return None
+    reading = get_preset(PRESET).stability
+    for c in curves.values():
+        read = point_steps(c, budget, 1.0, reading)
+        # a later step (past the last logged) is farther from B than every step read: none can displace them
+        if point_value(c, budget, 1.0, reading) is None or max(c) + 1 - budget < max(abs(s + 1 - budget) for s in read):
+            return None
+    return budget
+
+
+def watch(out: Path, pid: int, seeds, budgets=BUDGETS, margin=MARGIN, every: float = 5.0) -> int | None:
+    """Read the pilot's curves under `out` every `every` seconds while process `pid` (its sweep) runs; once rule 2's
+    budget is settled, SIGTERM `pid` and return the budget (None: the pilot ended first)."""
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        budget = settled(_pilot_curves(out), seeds, budgets, margin)
+        if budget is not None:
+            os.kill(pid, signal.SIGTERM)
+            return budget
+        time.sleep(every)
 
 
 def val_every(budget: int) -> int:
@@ -183,13 +229,13 @@ def power(pred, sd: float) -> dict:
     return {"pass": passes, "worse": worse, "better": better}
 
 
-def budget_rule(out: Path, budgets=BUDGETS) -> dict:
+def budget_rule(out: Path, budgets=BUDGETS, margin=MARGIN) -> dict:
     """Rule 2 on a GPU pilot's --out: the budget, the noise at it, each test's power and the expected scores
-    (`budgets`: BUDGETS; another only for the smoke run of scripts/gpu-wide.sh)."""
+    (`budgets`, `margin`: the rule's; others only for the smoke run of scripts/gpu-wide.sh)."""
     curves = _pilot_curves(out)
     if len(curves) < 2:
         raise SystemExit(f"{out}: {len(curves)} pilot run(s) with validations; the rule needs the 4 pilot seeds")
-    budget, admitted, falls = choose_budget(curves, budgets)
+    budget, admitted, falls = choose_budget(curves, budgets, margin)
     reading = get_preset(PRESET).stability
     at_b = [point_value(c, budget, 1.0, reading) for c in curves.values()]
     logs = np.log([v for v in at_b if v is not None])
@@ -224,6 +270,7 @@ def budget_rule(out: Path, budgets=BUDGETS) -> dict:
         "budget": budget,
         "val_every": val_every(budget),
         "admitted": admitted,
+        "margin": margin,
         "falls": falls,
         "pilot_seeds": sorted(curves),
         "dev_ppl_at_budget": at_b,
@@ -283,9 +330,12 @@ def scored_rows() -> list[str]:
 
 
 def _print_budget(r: dict) -> None:
-    falls = ", ".join(f"{b}: {100 * f:.1f}%" for b, f in r["falls"].items())
+    reached = {b: f for b, f in r["falls"].items() if not math.isnan(f)}
+    falls = ", ".join(f"{b}: {100 * f:.1f}%" for b, f in reached.items())
+    if len(reached) < len(r["falls"]):
+        falls += f"; {len(r['falls']) - len(reached)} longer budgets not reached (the pilot stopped there)"
     print(f"largest last-quarter fall of dev PPL over the pilot runs ({RULE} rule), by budget: {falls}")
-    how = "admitted" if r["admitted"] else f"NOT admitted: no budget converges within {MARGIN:.1%}; the longest"
+    how = "admitted" if r["admitted"] else f"NOT admitted: no budget converges within {r['margin']:.1%}; the longest"
     print(f"budget: {r['budget']} steps ({how}); the scored runs validate every {r['val_every']} steps")
     values = ", ".join("none" if v is None else f"{v:.3f}" for v in r["dev_ppl_at_budget"])
     print(f"pilot seeds {r['pilot_seeds']}: dev PPL at the budget {values}")
@@ -313,7 +363,13 @@ def main(argv: list[str] | None = None) -> None:
     bud = sub.add_parser("budget", help="rule 2, the GPU pilot: the budget and the power it leaves")
     bud.add_argument("out", type=Path, help="the pilot sweep's --out")
     bud.add_argument("--json", type=Path, help="also write the result here")
-    bud.add_argument("--budgets", help="FIRST:LAST:STEP instead of the rule's (the smoke run only)")
+    see = sub.add_parser("watch", help="rule 2 while the pilot trains: stop it (SIGTERM) once the budget is settled")
+    see.add_argument("out", type=Path, help="the pilot sweep's --out")
+    see.add_argument("--pid", type=int, required=True, help="the pilot sweep's process")
+    see.add_argument("--every", type=float, default=5.0, help="seconds between reads of the curves")
+    for p in (bud, see):
+        p.add_argument("--budgets", help="FIRST:LAST:STEP instead of the rule's (the smoke run only)")
+        p.add_argument("--margin", type=float, default=MARGIN, help="instead of the rule's (the smoke run only)")
     sub.add_parser("slices", help="the registered slices, one line each: NAME<TAB>ROW,ROW,...")
     jud = sub.add_parser("judge", help="the registered verdicts of a report's runs at the pilot's budget")
     jud.add_argument("report", type=Path, help="the report folder of a wide sweep (table3-wide-runs.csv, -curves.csv)")
@@ -336,7 +392,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.budgets:
         first, last, step = (int(x) for x in args.budgets.split(":"))
         budgets = tuple(range(first, last + 1, step))
-    r = budget_rule(args.out, budgets)
+    if args.rule == "watch":
+        budget = watch(args.out, args.pid, PILOT_SEEDS, budgets, args.margin, args.every)
+        steps = {seed: max(c) + 1 for seed, c in sorted(_pilot_curves(args.out).items())}
+        print(f"settled: budget {budget} at steps {steps}" if budget else "not settled before the pilot ended")
+        return
+    r = budget_rule(args.out, budgets, args.margin)
     _print_budget(r)
     if args.json:
         args.json.write_text(json.dumps(r, indent=1, default=float))

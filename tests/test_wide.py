@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,10 +102,10 @@ def test_the_learning_rate_rule_keeps_a_schedule_that_still_learns_past_its_peak
     assert not rules.lr_rule(_run(tmp_path, "dev", {s: 8 - s / 100 for s in steps}, worse_dev))["keep"]
 
 
-def _curve(knee: int, last: int = 1600, noise: float = 0.0, seed: int = 0) -> dict[int, float]:
-    """Dev PPL every 50 steps, falling fast until `knee` and flat after it (logged steps, as read_curve gives)."""
-    jitter = [((seed * 7 + i * 13) % 5 - 2) * noise for i in range(last // 50)]
-    steps = enumerate(range(50, last + 1, 50))
+def _curve(knee: int, last: int = 1600, noise: float = 0.0, seed: int = 0, every: int = 50) -> dict[int, float]:
+    """Dev PPL every `every` steps, falling fast until `knee` and flat after it (logged steps, as read_curve gives)."""
+    jitter = [((seed * 7 + i * 13) % 5 - 2) * noise for i in range(last // every)]
+    steps = enumerate(range(every, last + 1, every))
     return {s - 1: (3.0 + 30 * max(0, knee - s) / knee) * math.exp(jitter[i]) for i, s in steps}
 
 
@@ -114,6 +115,44 @@ def test_the_budget_rule_takes_the_smallest_budget_at_which_every_pilot_run_has_
     assert all(falls[b] > rules.MARGIN for b in rules.BUDGETS if b < budget)
     budget, admitted, _ = rules.choose_budget({100: _curve(500), 101: _curve(3000)})
     assert (budget, admitted) == (1600, False)  # one run still falling at the longest budget: said, not hidden
+
+
+@pytest.mark.parametrize(
+    "every, last, knees, budgets",
+    [(50, 1600, (500, 600, 650, 700), rules.BUDGETS), (1, 200, (40, 50, 55, 60), tuple(range(32, 201, 8)))],
+    ids=["the rule's budgets, a validation every 50", "a validation every step, as the smoke run"],
+)
+def test_the_pilot_stops_where_its_curves_so_far_give_the_whole_pilots_budget_and_noise(
+    tmp_path, every, last, knees, budgets
+):
+    """Rule 2's early stop: at the first logged step where `settled` names a budget, the rule read from the curves
+    cut there gives the budget, falls up to it, noise and power of the whole pilot; one validation earlier it names
+    none (the noise at B reads the validation after B); a pilot whose runs never flatten is never stopped."""
+    seeds = rules.PILOT_SEEDS
+    whole = {seed: _curve(knee, last, 0.004, seed, every) for seed, knee in zip(seeds, knees, strict=True)}
+
+    def cut(upto: int) -> dict:
+        return {seed: {s: v for s, v in c.items() if s <= upto} for seed, c in whole.items()}
+
+    stop = next(s for s in sorted(whole[100]) if rules.settled(cut(s), seeds, budgets) is not None)
+    budget, admitted, falls = rules.choose_budget(whole, budgets)
+    assert admitted and rules.settled(cut(stop), seeds, budgets) == budget and stop == budget + every - 1 < last - 1
+    assert rules.settled(cut(stop - every), seeds, budgets) is None
+    early_falls = rules.choose_budget(cut(stop), budgets)[2]
+    assert {b: f for b, f in early_falls.items() if b <= budget} == {b: f for b, f in falls.items() if b <= budget}
+
+    def rule(curves: dict, folder: Path) -> dict:
+        for seed, c in curves.items():
+            version = folder / "wide" / "multi30k" / "base" / f"seed{seed}" / "logs" / "version_0"
+            version.mkdir(parents=True)
+            pd.DataFrame({"step": list(c), "val/ppl": list(c.values())}).to_csv(version / "metrics.csv", index=False)
+        return rules.budget_rule(folder, budgets)
+
+    early, full = rule(cut(stop), tmp_path / "early"), rule(whole, tmp_path / "full")
+    assert early["budget"] == full["budget"] and early["dev_ppl_at_budget"] == full["dev_ppl_at_budget"]
+    assert early["sd_log_ppl"] == full["sd_log_ppl"] and early["tests"] == full["tests"]
+    assert rules.settled({**whole, 103: _curve(2 * last, last, every=every)}, seeds, budgets) is None  # still falling
+    assert rules.settled({s: c for s, c in whole.items() if s != 103}, seeds, budgets) is None  # a seed not begun
 
 
 def test_at_every_budget_the_rule_may_choose_each_stability_point_has_its_three_validations():
@@ -196,9 +235,17 @@ def test_the_wide_gpu_call_runs_its_pilot_rule_and_first_slice_on_a_cpu_in_its_s
         "wide.md",
     ]
     summary = (out / "summary.md").read_text()
-    assert "| pilot (base, seeds 100-103) | ok |" in summary, summary
+    # the smoke's margin admits its first budget, 32: the pilot is stopped once every run has logged past it, well
+    # short of its 400 steps, and rule 2 reads the stopped runs' curves
+    stopped = re.search(
+        r"\| pilot \(base, seeds 100-103\) \| stopped once rule 2's budget was settled \(budget 32 at "
+        r"steps (\{.*?\})\) \|",
+        summary,
+    )
+    assert stopped, summary
+    assert all(33 <= steps < 400 for steps in json.loads(re.sub(r"(\d+):", r'"\1":', stopped[1])).values()), summary
     rule = json.loads((out / "rule.json").read_text())
-    assert rule["budget"] in (32, 40) and rule["pilot_seeds"] == [100, 101, 102, 103] and rule["val_every"] == 1
+    assert rule["budget"] == 32 and rule["pilot_seeds"] == [100, 101, 102, 103] and rule["val_every"] == 1
     assert f"| rule 2 | budget {rule['budget']} steps, a validation every 1" in summary
     slice1 = "paper v both baselines: heads, positions; A1 and no-pe for their sensitivity: A3,E1,A1,no-pe"
     assert f"| slice 1 ({slice1}) | ok |" in summary
