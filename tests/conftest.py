@@ -7,6 +7,24 @@ import threading
 import pytest
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n N`), each worker on cores of its own: worker i of N takes every N-th of this process's
+    CPUs, and the processes its tests start inherit them (torch, OpenMP and a sweep's thread shares count the
+    affinity: lightning_modules/run/devices.py). Two tests at a time on 2 cores each sized their threads for both
+    cores, so each ran beside four busy threads; a neighbour then slowed a test by more than running alone would."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return  # fewer cores than workers: nothing to give each its own
+    share = set(cpus[int(worker.removeprefix("gw")) % count :: count])
+    os.sched_setaffinity(0, share)
+    import torch
+
+    torch.set_num_threads(len(share))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """One Ctrl-C ends the test session with its summary. A test that trains in-process (a run, a sweep's driver)

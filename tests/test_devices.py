@@ -118,3 +118,24 @@ def test_a_few_bf16_mixed_steps_of_the_tiny_row_train_on_cpu_through_lightning(c
     )
     metrics = train(opts)
     assert metrics.completed and metrics.steps == 3 and metrics.dev_ppl == metrics.dev_ppl < float("inf")
+
+
+def test_each_test_worker_trains_on_cores_of_its_own_and_its_processes_count_only_those():
+    """tests/conftest.py: under `-n N` each pytest-xdist worker takes its share of the cores, and a process it starts
+    (a run, a sweep) sizes torch's threads and a sweep's shares by that share, not by the whole machine."""
+    import os
+    import subprocess
+    import sys
+
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if "PYTEST_XDIST_WORKER" not in os.environ or count < 2:
+        pytest.skip("one test at a time (-n0): nothing shared out")
+    cpus = os.cpu_count() or 1
+    if cpus < count:
+        pytest.skip(f"{count} workers on {cpus} cores: none has a core of its own")
+    share = os.sched_getaffinity(0)
+    assert len(share) == len(range(int(os.environ["PYTEST_XDIST_WORKER"][2:]) % count, cpus, count))
+    assert torch.get_num_threads() == len(share) == devices.usable_cpus()
+    probe = "import os, torch; print(len(os.sched_getaffinity(0)), torch.get_num_threads())"
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert child.stdout.split() == [str(len(share))] * 2

@@ -133,9 +133,10 @@ def test_every_name_a_page_passes_to_a_flag_is_in_its_registry(page):
         assert seen >= 10, f"{page.name}: found only {seen} named values; the parser of this test is wrong"
 
 
-# flags of other tools that the pages show (sbatch/srun directives, pip, tensorboard, mlflow, pytest-xdist)
+# flags of other tools that the pages show (sbatch/srun directives, pip, tensorboard, mlflow, pytest, pytest-xdist)
 FOREIGN = {
     "--dist",
+    "--pdb",
     "--dependency",
     "--logdir",
     "--index-url",
