@@ -416,7 +416,6 @@ def test_curve_of_a_resumed_run_keeps_the_later_attempt():
     assert curve["val/ppl"].tolist()[3:] == [5.8, 5.5, 5.3, 5.2, 5.1]
 
 
-
 def test_a_curve_being_written_is_read_to_its_last_whole_line(tmp_path):
     """A run that is training appends its curve as it logs (a watcher reads it then: scripts/wide_pilot.py watch): a
     last line cut mid-number is not read as a value."""
@@ -425,6 +424,7 @@ def test_a_curve_being_written_is_read_to_its_last_whole_line(tmp_path):
     (version / "metrics.csv").write_text("step,val/ppl\r\n49,20.5\r\n99,12.25\r\n149,1")  # 149's 10.75, cut
     curve = read_curve(tmp_path / "run", "val/ppl")
     assert curve["step"].tolist() == [49, 99] and curve["val/ppl"].tolist() == [20.5, 12.25]
+
 
 @pytest.mark.parametrize(
     "setup, preset, message",
