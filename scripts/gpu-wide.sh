@@ -57,8 +57,8 @@ note() { echo "$*" | tee -a "$SUM"; }
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 
 if [ "$SMOKE" = 1 ]; then  # the paths, not the numbers: a narrow model, a few steps, one seed, the first slice
-  COMMON=(--accelerator cpu --set d_model=32 --set d_ff=64 --set h=4 --vocab-size 1000 --val-every 1 --eval-subset 8
-    --jobs 2)
+  COMMON=(--accelerator cpu --set d_model=32 --set d_ff=64 --set h=4 --vocab-size 1000 --max-tokens 1024
+    --val-every 1 --eval-subset 8 --jobs 2)
   # the pilot's 400 steps are stopped soon after 32, the budget a margin of 1000% admits at once (the stop's path)
   PILOT=(--max-steps 400 --jobs 4); RULE=(--budgets 32:400:8 --margin 10); WATCH=(--every 1)
   SEEDS=(--seeds 1 --base-seeds 1); SLICES=1
@@ -103,6 +103,7 @@ else
   wait "$PILOT_PID"
   rc=$?
   wait "$WATCH_PID"
+  watched=$?
   SETTLED=$(grep -m1 '^settled: ' "$WORK/logs/watch.log")
   if [ -n "$SETTLED" ]; then
     PILOT_RESULT="stopped once rule 2's budget was settled (${SETTLED#settled: })"
@@ -111,6 +112,7 @@ else
   else
     PILOT_RESULT="FAILED (exit $rc)"
   fi
+  [ $watched -eq 0 ] || PILOT_RESULT="$PILOT_RESULT; its watcher FAILED (exit $watched, logs/watch.log): not stopped early"
   note "| pilot (base, seeds 100-103) | $PILOT_RESULT | $(( $(date +%s) - t0 )) s |"
   "$PY" scripts/wide_pilot.py budget "$WORK/pilot" --json "$OUT/rule.json" "${RULE[@]}" > "$OUT/rule.md" 2>&1
   BUDGET=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['budget'])" "$OUT/rule.json" 2>/dev/null)
