@@ -177,18 +177,20 @@ def settled(curves: dict[int, dict[int, float]], seeds, budgets=BUDGETS, margin=
     return budget
 
 
-def watch(out: Path, pid: int, seeds, budgets=BUDGETS, margin=MARGIN, every: float = 5.0) -> int | None:
+def watch(out: Path, pid: int, seeds, budgets=BUDGETS, margin=MARGIN, every: float = 5.0) -> tuple[int | None, dict]:
     """Read the pilot's curves under `out` every `every` seconds while process `pid` (its sweep) runs; once rule 2's
-    budget is settled, SIGTERM `pid` and return the budget (None: the pilot ended first)."""
+    budget is settled, SIGTERM `pid`. (The budget, None where the pilot ended first; the curves last read.)"""
+    curves: dict = {}
     while True:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return None
-        budget = settled(_pilot_curves(out), seeds, budgets, margin)
+            return None, curves
+        curves = _pilot_curves(out)
+        budget = settled(curves, seeds, budgets, margin)
         if budget is not None:
             os.kill(pid, signal.SIGTERM)
-            return budget
+            return budget, curves
         time.sleep(every)
 
 
@@ -393,8 +395,8 @@ def main(argv: list[str] | None = None) -> None:
         first, last, step = (int(x) for x in args.budgets.split(":"))
         budgets = tuple(range(first, last + 1, step))
     if args.rule == "watch":
-        budget = watch(args.out, args.pid, PILOT_SEEDS, budgets, args.margin, args.every)
-        steps = {seed: max(c) + 1 for seed, c in sorted(_pilot_curves(args.out).items())}
+        budget, curves = watch(args.out, args.pid, PILOT_SEEDS, budgets, args.margin, args.every)
+        steps = {seed: max(c) + 1 for seed, c in sorted(curves.items())}
         print(f"settled: budget {budget} at steps {steps}" if budget else "not settled before the pilot ended")
         return
     r = budget_rule(args.out, budgets, args.margin)
