@@ -18,7 +18,7 @@
 # a minute to spare of the 6 for the install and the summary.
 #
 # `table` gives the table stage 420 s (of the 8 minutes), every pack at once (--jobs the table's pack count: one
-# wave), and compiles each pack's static-shape step and Adam's update as CUDA graphs (--static-shapes --pad-to 8
+# wave), and compiles each pack's static-shape step once and replays it as CUDA graphs (--static-shapes --pad-to 8
 # --compile graphs); the check's table runs eager for 160 s, so that a first call on a new GPU measures the eager
 # packs and the graphs apart before one call bets on them.
 # GPU_CHECK_TABLE_S=N overrides the table's limit, GPU_CHECK_TABLE_COMPILE="FLAGS" its compile flags ("": eager);
@@ -42,7 +42,7 @@
 #              MFU, graphs, launches a step, device idle, top kernels                           <= 45 + 70 + 70 s
 #   pack       `aiayn bench --pack 16 --size evidence`: 16 seeds as one pack against the 16 stepped apart:
 #              seed-steps/s and launches a step of each                                                  <= 30 s
-#   pack-graphs  the same with a fourth side, the pack compiled with --compile graphs: its step and Adam's update
+#   pack-graphs  the same with a fourth side, the pack compiled with --compile graphs: its step
 #              replayed as CUDA graphs (the packed static-shape step captured), compiled in the warm-up      <= 45 s
 #   table      the whole evidence table, `aiayn table3 --preset evidence` (every scored row, its seeds, 4500 steps;
 #              each row's seeds one pack, --pack auto, 8 packs at once), stopped at the limit if it has not finished:
@@ -311,7 +311,7 @@ if r:  # aiayn bench --pack (aiayn/bench/packed.py)
                       "launches a call)" for side in ("packed", "separate", "separate, torch's dropout"))
     print(f"- a pack of {r['K']} evidence-size seeds: {sides}; packed / separate {r['speedup']:.2f}x")
 results["pack-graphs"] = r = read("pack-graphs.json")
-if r:  # aiayn bench --pack --compile graphs: the packed static-shape step and Adam's update as CUDA graphs
+if r:  # aiayn bench --pack --compile graphs: the packed static-shape step as CUDA graphs
     c = r["packed, compiled"]
     print(f"- the pack of {r['K']} compiled (--compile graphs): {c['seed_steps_per_s']:.1f} seed-steps/s "
           f"({c['launches_per_step']:.0f} launches a call); / separate {r['compiled_speedup']:.2f}x")

@@ -131,8 +131,8 @@ def test_a_packs_stacked_batches_pad_little(cache, static):
 @pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
 def test_a_pack_compiled_as_graphs_trains_to_the_eager_packs_numbers(cache, tmp_path, monkeypatch, caplog):
     """`--pack-seeds 0,1 --compile graphs --static-shapes`: the packed static-shape step compiled
-    whole and Adam's update compiled (CUDA graphs on a CUDA device; here dynamo's tracing with the eager backend,
-    the fallback said once): each seed's curve is the eager pack's, and no function hit the recompile limit."""
+    whole (CUDA graphs on a CUDA device; here dynamo's tracing with the eager backend, the fallback said once): each
+    seed's curve is the eager pack's, and no function hit the recompile limit."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 

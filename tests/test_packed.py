@@ -342,50 +342,6 @@ def test_a_compiled_pack_draws_the_counter_streams_masks_in_one_graph_for_every_
     assert losses("model") == pytest.approx(eager, rel=1e-6)
 
 
-@pytest.mark.slow  # trains end to end (seconds): the slow tier
-def test_graphed_adam_is_the_papers_adam_in_one_compiled_update_for_every_step(dynamo):
-    """--compile graphs' optimizer (compiled.GraphedAdam, eager backend here): six steps of the paper's Adam and
-    schedule on the same gradients (random, one set a step) give the fused Adam's weights within float rounding (a
-    step moves a weight by about the rate, 1e-2), its learning rate a tensor the schedule fills, and its update one
-    graph made at the first step (no new graph as the rate changes). The same gradients, not a model trained by each:
-    a weight whose gradient is nearly 0 (cross-attention's keys) turns the updates' rounding into steps of the rate
-    (1e-4 apart after six steps on an AMD EPYC), a test of the CPU's rounding instead of the update."""
-    from aiayn.lightning_modules.run.module import noam_lr, paper_optimizer
-
-    g = torch.Generator().manual_seed(0)
-    grads = [[torch.randn(p.shape, generator=g) for p in model_of(0).parameters()] for _ in range(6)]
-
-    def train(compiled: str | None):
-        model = model_of(0)
-        params = list(model.parameters())
-        setup = paper_optimizer(params, CFG.d_model, 4, 1.0, compiled)
-        opt, sched = setup["optimizer"], setup["lr_scheduler"]["scheduler"]
-        for step, step_grads in enumerate(grads):
-            for p, grad in zip(params, step_grads, strict=True):
-                p.grad = grad.clone()
-            opt.step()
-            sched.step()
-            if step == 0:
-                graphs = dynamo["stats"]["unique_graphs"]
-            assert float(opt.param_groups[0]["lr"]) == pytest.approx(noam_lr(step + 2, CFG.d_model, 4))
-        if compiled:
-            assert graphs == 1 and dynamo["stats"]["unique_graphs"] == 1, "the update recompiled"
-            assert torch.is_tensor(opt.param_groups[0]["lr"])
-        if compiled:  # a resumed run's state, its own or an eager run's (the rate a number): the rate a tensor again
-            eager = paper_optimizer(params, CFG.d_model, 4, 1.0)["optimizer"]
-            for state in (opt.state_dict(), eager.state_dict()):
-                again = paper_optimizer(params, CFG.d_model, 4, 1.0, compiled)["optimizer"]
-                again.load_state_dict(state)
-                assert torch.is_tensor(again.param_groups[0]["lr"])
-                assert float(again.param_groups[0]["lr"]) == float(state["param_groups"][0]["lr"])
-        return model.state_dict()
-
-    fused, graphed = train(None), train("default")
-    assert fused.keys() == graphed.keys()
-    for name, value in fused.items():
-        torch.testing.assert_close(graphed[name], value, rtol=1e-5, atol=1e-6, msg=name)
-
-
 def test_a_packs_loaders_share_its_workers(monkeypatch):
     """Each seed of a pack had a loader with the run's --num-workers (a GPU's default 4): a pack of 8 ran 32 loader
     processes. The pack's workers are shared among its seeds' loaders, at least one each where any are asked for."""

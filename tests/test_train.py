@@ -450,23 +450,63 @@ def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
 
 def test_compile_graphs_is_cuda_graphs_on_a_cuda_device_and_the_whole_model_elsewhere_saying_why(monkeypatch, caplog):
     """--compile graphs compiles the encoder and decoder whole in torch.compile's reduce-overhead
-    mode (each static shape's step replayed as CUDA graphs) where the run has a CUDA device; on any other device it is
-    --compile model, with one warning saying why; graphs of dynamic shapes are a caller's mistake."""
+    mode (each static shape's step replayed as CUDA graphs) where the run has a CUDA device, with symbolic shapes
+    (one compile for all the static shapes, where --compile model compiles each); on any other device it is the same
+    compile without CUDA graphs, with one warning saying why; graphs without static shapes are a caller's mistake."""
     from aiayn.lightning_modules.transformer import compiled
     from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
     asked = []
-    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: asked.append(kw.get("mode")) or fn)
+    monkeypatch.setattr(compiled.torch, "compile", lambda fn, **kw: asked.append((kw.get("mode"), kw["dynamic"])) or fn)
     small = TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=64)
     assert compiled.compile_model(Transformer(small), "graphs", dynamic=False, cuda=True) == 1
-    assert asked == ["reduce-overhead", "reduce-overhead"]  # the encoder and the decoder
+    assert asked == [("reduce-overhead", True)] * 2  # the encoder and the decoder
     asked.clear()
     with caplog.at_level(logging.WARNING, logger=compiled.__name__):
         compiled.compile_model(Transformer(small), "graphs", dynamic=False, cuda=False)
         compiled.compile_model(Transformer(small), "model", dynamic=False, cuda=True)
-    assert asked == [None] * 4 and caplog.text.count("CUDA graphs need a CUDA device") == 1
+    assert asked == [(None, True)] * 2 + [(None, False)] * 2
+    assert caplog.text.count("CUDA graphs need a CUDA device") == 1
     with pytest.raises(ValueError, match="static shapes"):
         compiled.compile_model(Transformer(small), "graphs", dynamic=True, cuda=True)
+
+
+def test_compile_graphs_compiles_once_for_all_static_shapes_where_model_compiles_each(monkeypatch):
+    """An epoch's static shapes (11 here: Multi30k's count at --pad-to 8; WMT14 has about 60) under --compile graphs
+    are one compile of each function (symbolic shapes; CUDA graphs are then recorded a shape each), and at most two
+    more whatever the count: a batch of one sentence (dynamo specializes a size of 1) and a first batch whose
+    sentence count equals its length (8 x 8 here). --compile model compiles each shape. Counted with the eager
+    backend on the code a GPU runs (the CPU's plain attention branches on the key count)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from aiayn.lightning_modules.transformer import model as M
+    from aiayn.lightning_modules.transformer.compiled import compile_model
+    from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
+
+    monkeypatch.setattr(M, "CPU_FAST_PATHS", False)
+    shapes = [(max(1, 64 // n), n) for n in range(8, 96, 8)] + [(3, 8), (2, 88)]  # (sentences, length)
+
+    def compiles(how: str) -> int:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = M.Transformer(M.TransformerConfig(N=1, d_model=16, d_ff=32, h=2, vocab_size=40, max_len=128))
+        compile_model(model, how, dynamic=False, shapes=len(shapes), backend="eager")
+        for b, n in shapes:
+            src, tgt = torch.randint(4, 40, (b, n)), torch.randint(4, 40, (b, n))
+            src[0, -2:] = M.PAD
+            memory, mask = model.encode(src)
+            loss, _, _ = projected_label_smoothed_loss(model.decode(tgt, memory, mask), model.embed.weight, tgt, 0.1)
+            loss.backward()
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        return counters["stats"]["unique_graphs"]
+
+    try:
+        assert compiles("graphs") <= 2 * 3  # encode and decode: one compile each, and at most two more
+        assert compiles("model") >= len({s for s in shapes})  # a compile a shape
+    finally:
+        torch._dynamo.reset()
 
 
 def test_compile_auto_is_the_default_compiling_the_model_on_cuda_and_nothing_on_a_cpu(monkeypatch):
@@ -486,7 +526,6 @@ def test_compile_auto_is_the_default_compiling_the_model_on_cuda_and_nothing_on_
     gpu = Transformer(small)
     assert compiled.compile_model(gpu, "auto", cuda=True) == 1 and asked == [None, None]  # encoder and decoder whole
     assert hasattr(gpu.encode, "aiayn_compiled")
-    assert compiled.optimizer_mode("auto", cuda=True) is None  # fused Adam, as with --compile model
 
 
 def test_a_compile_that_fails_under_auto_trains_eager_saying_why_in_one_line(caplog):
@@ -527,9 +566,8 @@ def test_a_run_compiled_as_graphs_with_the_counter_stream_trains_to_the_eager_ru
     cache, tmp_path, monkeypatch
 ):
     """`aiayn train --compile graphs --static-shapes --dropout-rng counter`, through Lightning:
-    the model compiled whole and Adam's update compiled (compiled.GraphedAdam; CUDA graphs on a CUDA device, here
-    dynamo's tracing with the eager backend), the counter stream's masks drawn inside the compiled step: the curve
-    is the eager run's within float rounding."""
+    the model compiled whole (CUDA graphs on a CUDA device, here dynamo's tracing with the eager backend), the counter
+    stream's masks drawn inside the compiled step: the curve is the eager run's within float rounding."""
     import pandas as pd
     import torch._dynamo
 

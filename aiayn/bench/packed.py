@@ -13,8 +13,8 @@ reported, as seed-steps per second (one call of any side is K seed-steps). Launc
 
 With `--compile HOW` a fourth side, "packed, compiled": the same pack compiled as `aiayn train --pack-seeds ...
 --compile HOW --static-shapes` compiles it (transformer/compiled.py; the bench's batches have one shape), with
-`graphs` its step and Adam's update (compiled.GraphedAdam) replayed as CUDA graphs on a CUDA device: what the
-packed static-shape step costs captured. Its compilation falls in the untimed warm-up steps.
+`graphs` its step replayed as CUDA graphs on a CUDA device (Adam fused, as training has it): what the packed
+static-shape step costs captured. Its compilation falls in the untimed warm-up steps.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from aiayn.bench import BenchOptions
 from aiayn.bench.profile import profile_steps
 from aiayn.bench.run import bench_config, bench_main, device_name, time_steps, training_batch
 from aiayn.common.errors import UserError
-from aiayn.lightning_modules.transformer.compiled import GraphedAdam, compile_model, optimizer_mode
+from aiayn.lightning_modules.transformer.compiled import compile_model
 from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import Transformer
@@ -82,8 +82,7 @@ def sides(cfg, batches: list[dict], device: torch.device, how: str = "none"):
         counter_dropout(compiled, DropoutStream(list(range(K))).to(device))
         cuda = device.type == "cuda"
         compile_model(compiled, how, dynamic=False, cuda=cuda)
-        params, mode = list(compiled.parameters()), optimizer_mode(how, cuda)
-        opt = GraphedAdam(params, 1e-4, betas=(0.9, 0.98), eps=1e-9, mode=mode) if mode else adam(params)
+        opt = adam(compiled.parameters())
         out["packed, compiled"] = lambda: packed_step(compiled, opt)
     return out
 

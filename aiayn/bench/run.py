@@ -48,7 +48,6 @@ from torch import Tensor, nn
 from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
-from aiayn.lightning_modules.transformer.compiled import GraphedAdam, optimizer_mode
 from aiayn.lightning_modules.transformer.decoding import beam_search
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import (
@@ -317,9 +316,7 @@ class Trainer:
     """One implementation's training step: forward, label-smoothed loss (ε_ls of the config), backward, Adam.
 
     Every implementation gets the same optimizer, Adam with `fused=True`: what aiayn trains with and what
-    Hugging Face's Trainer defaults to on torch >= 2.8 (`adamw_torch_fused`; AdamW at weight decay 0 is Adam).
-    `compiled`: Adam's update compiled in that mode instead (aiayn under `--compile graphs`, as its training
-    compiles it: compiled.GraphedAdam)."""
+    Hugging Face's Trainer defaults to on torch >= 2.8 (`adamw_torch_fused`; AdamW at weight decay 0 is Adam)."""
 
     def __init__(
         self,
@@ -328,15 +325,11 @@ class Trainer:
         cfg: TransformerConfig,
         batch: dict,
         device: torch.device,
-        compiled: str | None = None,
     ):
         self.impl, self.model, self.cfg, self.device = impl, model, cfg, device
         self.batch = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
         params = [p for p in model.parameters() if p.requires_grad]
-        if compiled is not None:
-            self.opt = GraphedAdam(params, 1e-4, betas=(0.9, 0.98), eps=1e-9, mode=compiled)
-        else:
-            self.opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+        self.opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step(self) -> None:
@@ -536,8 +529,7 @@ def run(args: BenchOptions) -> list[dict]:
         # the training batch has one shape; decoding runs eager (compiled code runs only where autograd records:
         # a growing KV cache under dynamic=False recompiled the decoder at every step)
         compile_model(models["aiayn"], args.compile, dynamic=False, shapes=1, cuda=device.type == "cuda")
-    graphed = optimizer_mode(args.compile, device.type == "cuda")  # --compile graphs: Adam's update compiled too
-    trainers = {i: Trainer(i, models[i], cfg, batch, device, graphed if i == "aiayn" else None) for i in impls}
+    trainers = {i: Trainer(i, models[i], cfg, batch, device) for i in impls}
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     step_s: dict[str, list[float]] = {impl: [] for impl in impls}
     dec_s: dict[str, list[float]] = {impl: [] for impl in impls}

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from aiayn.lightning_modules.run.evaluate import bleu, nll_sum
-from aiayn.lightning_modules.transformer.compiled import GraphedAdam
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.transformer.decoding import translate_batch
 from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
@@ -93,7 +92,6 @@ class TranslationModule(pl.LightningModule):
         self.step_decisions: dict = {}  # the flags of the step, reduced over the ranks
         self._val: dict = {}
         self.dropout_stream: DropoutStream | None = None  # masks by counter (`use_counter_dropout`), else torch's
-        self.compiled_optimizer: str | None = None  # torch.compile's mode for Adam's update (--compile graphs)
         self._micro = 0  # this rank's batches since the last optimizer step
         self._pending: tuple | None = None  # a step whose non-finite flag is on its way to the host (`_defer`)
         self._flag_host: Tensor | None = None  # where it lands (pinned memory on a GPU's host)
@@ -232,7 +230,7 @@ class TranslationModule(pl.LightningModule):
         Adam skips its update where `found_inf` is 1 (torch.optim.Adam reads the attribute at each step, as
         GradScaler sets it), and the flags are copied to pinned host memory behind the step's work (no wait), for
         `_settle` to read. False (the flags read now) where the update cannot be skipped on the device: another
-        optimizer (GraphedAdam's single-tensor update, foreach Adam), or a gradient scaler that owns `found_inf`."""
+        optimizer (foreach Adam), or a gradient scaler that owns `found_inf`."""
         if not (isinstance(optimizer, torch.optim.Adam) and optimizer.defaults.get("fused")):
             return False
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
@@ -352,23 +350,17 @@ class TranslationModule(pl.LightningModule):
             self.log("val/bleu", score["bleu"], prog_bar=True, rank_zero_only=True)
 
     def configure_optimizers(self):
-        return paper_optimizer(
-            self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor, self.compiled_optimizer
-        )
+        return paper_optimizer(self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor)
 
 
-def paper_optimizer(params, d_model: int, warmup: int, factor: float, compiled: str | None = None) -> dict:
+def paper_optimizer(params, d_model: int, warmup: int, factor: float) -> dict:
     """§5.3's Adam and schedule, stepped per optimizer step, as Lightning's configure_optimizers returns them (a
-    module alone and a pack: Adam is elementwise, so a pack's stacked parameters are each seed's). `compiled`: the
-    update compiled in that torch.compile mode (`--compile graphs`: compiled.optimizer_mode, GraphedAdam)."""
+    module alone and a pack: Adam is elementwise, so a pack's stacked parameters are each seed's)."""
     params = list(params)
-    if compiled is not None:
-        opt = GraphedAdam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, mode=compiled)
-    else:
-        # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset
-        # step, BENCHMARKS.md); the same update as the loop's up to float rounding
-        fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
-        opt = torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
+    # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset step,
+    # BENCHMARKS.md; on a GPU a few launches a step, graphed model or not); the loop's update up to float rounding
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    opt = torch.optim.Adam(params, lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
     # LambdaLR counts scheduler steps from 0; the paper's step number is that + 1.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: noam_lr(s + 1, d_model, warmup, factor))
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

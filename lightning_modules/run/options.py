@@ -223,10 +223,10 @@ class TrainOptions:
         "torch.compile: auto (the model whole on a CUDA device, where it pays; eager on a CPU; a compile that fails "
         "trains eager, said in one line); none; layers (each encoder and decoder layer: dropout, residual add and "
         "LayerNorm fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape "
-        "compiles once); graphs (model, its static shapes' steps and Adam's update replayed as CUDA graphs: needs "
-        "--static-shapes; without a CUDA device, model with Adam's update compiled). Numbers equal eager's within float"
-        " rounding; with dropout, masks come from inductor's RNG (the counter stream's with --dropout-rng counter, as "
-        "in a pack)",
+        "compiles once); graphs (the model whole, compiled once for all static shapes, each shape's step replayed as "
+        "CUDA graphs: needs --static-shapes; without a CUDA device, the same compile without graphs). Numbers equal "
+        "eager's within float rounding; with dropout, masks come from inductor's RNG (the counter stream's with "
+        "--dropout-rng counter, as in a pack)",
         choices=("auto", "none", "layers", "model", "graphs"),
     )
     logger: str | None = option(

@@ -74,7 +74,7 @@ from aiayn.lightning_modules.run.train import (
     train,
     validations,
 )
-from aiayn.lightning_modules.transformer.compiled import compile_model, optimizer_mode
+from aiayn.lightning_modules.transformer.compiled import compile_model
 from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
 from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig, residual_stream
 from aiayn.lightning_modules.transformer.packed import pack, packed_loss, stack_batches, unpack
@@ -195,11 +195,9 @@ class PackModule(pl.LightningModule):
         warmup: int,
         lr_factor: float,
         val_steps: frozenset[int] = frozenset(),
-        compiled_optimizer: str | None = None,
     ):
         super().__init__()
         self.cfg, self.seeds, self.warmup, self.lr_factor, self.val_steps = cfg, seeds, warmup, lr_factor, val_steps
-        self.compiled_optimizer = compiled_optimizer  # torch.compile's mode for Adam's update (--compile graphs)
         models = []
         for seed in seeds:  # each seed's initialization, drawn as `aiayn train --seed S` draws it
             pl.seed_everything(seed, workers=True, verbose=False)
@@ -348,8 +346,7 @@ class PackModule(pl.LightningModule):
         self._alive = None
 
     def configure_optimizers(self):
-        cfg = self.cfg
-        return paper_optimizer(self.parameters(), cfg.d_model, self.warmup, self.lr_factor, self.compiled_optimizer)
+        return paper_optimizer(self.parameters(), self.cfg.d_model, self.warmup, self.lr_factor)
 
 
 def pack_resume(where: Path, seeds: tuple[int, ...], steps: int) -> Path | None:
@@ -433,7 +430,6 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
         todo,
         **first.config.schedule,
         val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra),
-        compiled_optimizer=optimizer_mode(opts.compile, cuda),
     )
     residual_stream(module.model, residual_stream_dtype(opts.residual_dtype, first.config.train.precision))
     share = compile_model(module.model, opts.compile, dynamic=not first.dm.plan.static_shapes, cuda=cuda)

@@ -84,7 +84,7 @@ from aiayn.lightning_modules.run.options import (
 )
 from aiayn.lightning_modules.run.rundir import OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
-from aiayn.lightning_modules.transformer.compiled import compile_model, optimizer_mode
+from aiayn.lightning_modules.transformer.compiled import compile_model
 from aiayn.lightning_modules.transformer.loss import grad_w_path
 from aiayn.lightning_modules.transformer.model import residual_stream
 
@@ -369,7 +369,6 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
         module.use_counter_dropout(opts.seed)
     cuda = uses_cuda(opts.accelerator)
     share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes, cuda=cuda)
-    module.compiled_optimizer = optimizer_mode(opts.compile, cuda)
     if share and p.dm.plan.static_shapes:  # room for every training shape, counted once the data is set up
         hooks = replace(hooks, callbacks=(*hooks.callbacks, RoomForShapes(share)))
     trainer = build_trainer(opts, p, hooks)

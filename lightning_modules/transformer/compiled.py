@@ -13,12 +13,15 @@ Two defects of compiling the modules whole, both visible on a CPU with the eager
   functions too, each adding its own graphs and hitting the same limit. Compiled code now runs only where autograd
   records (`torch.is_grad_enabled()`: the training step); everything else runs the eager module, the same weights.
 
-`--compile graphs` compiles the model whole, as `model`, in torch.compile's reduce-overhead mode:
-each static training shape's forward and backward replayed as CUDA graphs (cudagraph trees), so a small model's
-step costs a few graph launches instead of hundreds of kernel launches. It needs --static-shapes (a graph per shape)
-and a CUDA device; on any other device the run compiles as `model` and says why. The optimizer's update is compiled
-too (`GraphedAdam`, in the same mode: on a CUDA device a CUDA graph of its own, replayed after the backward's), so a
-step is the model's graphs, the loss and one graph for Adam.
+`--compile graphs` compiles the model whole in torch.compile's reduce-overhead mode, once for all the static shapes
+(symbolic shapes: the first compile serves every shape; dynamo adds at most two, for a batch of one sentence, whose
+size it specializes, and after a first batch whose sentence count equals its length), and records each static
+training shape's forward and backward as CUDA graphs (cudagraph trees, a graph a shape), replayed at every step of
+that shape: a small model's step costs a few graph launches instead of hundreds of kernel launches. It needs
+--static-shapes (a bounded set of shapes) and a CUDA device; on any other device the run compiles as `model` does,
+with the same symbolic shapes, and says why. Adam stays fused (one multi-tensor kernel a chunk of parameters: a few
+launches a step), which skips a non-finite step's update on the device, so a graphed step needs no host-device sync
+between log steps either.
 
 No Lightning here: the transformer room's plain PyTorch.
 """
@@ -113,8 +116,9 @@ def compile_model(
     per shape; `shapes`: how many distinct training batch shapes an epoch has (static shapes), which sets the
     recompile limit now (or later, once the data is set up: `room_for`). `backend`: torch.compile's, default
     AIAYN_COMPILE_BACKEND or inductor (tests and the GPU check's CPU smoke count graphs with "eager": dynamo's tracing
-    without code generation). `graphs`: `model` as CUDA graphs where `cuda` (static shapes only), else `model`, said
-    once. Returns how many modules share each compiled function (0: nothing compiled)."""
+    without code generation). `graphs` (static shapes only): the model whole, compiled once with symbolic shapes for
+    every static shape, as CUDA graphs where `cuda` (one recorded per shape), else without them, said once. Returns
+    how many modules share each compiled function (0: nothing compiled)."""
     backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
     if how not in COMPILE_HOWS:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_HOWS)}, got {how!r}")
@@ -124,6 +128,8 @@ def compile_model(
     if fallback:
         log.info("--compile auto: compiling the model whole on the GPU (--compile none trains eager)")
     mode = graphs_mode(how, dynamic, cuda)
+    if how == "graphs":  # one compile for every static shape; cudagraph trees record a graph per shape
+        dynamic = True
     compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend, **({"mode": mode} if mode else {}))
     if how == "layers":
         layers = [*model.encoder, *model.decoder]
@@ -158,55 +164,15 @@ def graphs_mode(how: str, dynamic: bool, cuda: bool) -> str | None:
     return GRAPHS_MODE
 
 
-def optimizer_mode(how: str, cuda: bool) -> str | None:
-    """torch.compile's mode for Adam's update under `--compile HOW` (paper_optimizer's `compiled`): reduce-overhead
-    (a CUDA graph) for `graphs` on a CUDA device, default elsewhere (compiled, no graph: graphs_mode says why once);
-    None (eager, fused Adam) for every other HOW."""
-    if resolve_compile(how, cuda) != "graphs":
-        return None
-    return GRAPHS_MODE if cuda else "default"
-
-
 def room_for(shapes: int, share: int) -> int:
     """Raise the recompile limit for `shapes` training batch shapes, each compiled function shared by `share`
-    modules (compile_model's return), and two more (a last, shorter batch); returns the limit."""
+    modules (compile_model's return), and two more (a last, shorter batch); returns the limit. The same room for
+    `--compile graphs`' CUDA graphs: cudagraph trees record one a shape and warn past a count of their own."""
     limit = raise_recompile_limit(shapes * share + 2)
+    import torch._inductor.config  # imported with torch.compile's backend; here before the first compile
+
+    triton = torch._inductor.config.triton
+    if getattr(triton, "cudagraph_dynamic_shape_warn_limit", None) is not None:
+        triton.cudagraph_dynamic_shape_warn_limit = max(triton.cudagraph_dynamic_shape_warn_limit, shapes + 2)
     log.info("compiled training: %d batch shapes, recompile limit %d per function", shapes, limit)
     return limit
-
-
-class GraphedAdam(torch.optim.Adam):
-    """`torch.optim.Adam` whose update is one compiled function (`--compile graphs`): in reduce-overhead mode on a
-    CUDA device a CUDA graph, replayed each step after the model's. As PyTorch's compiled-optimizer recipe has it,
-    the learning rate is a tensor on the parameters' device that the schedule fills in place (its base rate kept a
-    Python number, so the fill needs no read back), so the graph made at the first step serves every step. A
-    closure (Lightning's: forward, backward and the gradients' hooks) runs eagerly before the update; the update is
-    Adam's own (single-tensor) code, equal to the fused kernel's within float rounding."""
-
-    def __init__(self, params, lr: float = 1e-3, *, backend: str | None = None, mode: str | None = None, **kwargs):
-        params = list(params)
-        device = params[0]["params"][0].device if isinstance(params[0], dict) else params[0].device
-        super().__init__(params, lr=torch.tensor(float(lr), device=device), **kwargs)
-        for group in self.param_groups:
-            group["initial_lr"] = float(lr)  # an LR scheduler's base rate: filled into the tensor as a host number
-        backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
-        self._update = torch.compile(self._adam, backend=backend, mode=mode)  # "default" or reduce-overhead
-
-    def _adam(self) -> None:
-        torch.optim.Adam.step(self)
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """A checkpoint's state (a resumed run's: its learning rate saved as a tensor, maybe loaded to the host, or
-        as a number by an eager run's Adam), the rate a tensor on the parameters' device again."""
-        super().load_state_dict(state_dict)
-        for group in self.param_groups:
-            device = group["params"][0].device
-            group["lr"] = torch.as_tensor(group["lr"], dtype=torch.float32, device=device).clone()
-
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._update()
-        return loss
