@@ -98,6 +98,15 @@ def test_dispatch_choice_follows_the_enabled_backends():
     assert doctor.dispatch_choice(q, k, v, None, False) != "MATH"  # torch 2.13 CPU: its flash kernel
 
 
+def test_dispatch_order_is_the_order_the_dispatcher_tries_the_backends():
+    """The sdpa check reports the dispatcher's order (on an H100 with a recent cuDNN, PyTorch puts cuDNN first,
+    which serves the padding masks flash cannot); a priority set by the caller is the one reported."""
+    assert doctor.dispatch_order()[:3] == ["flash", "efficient", "math"]  # torch's default order on a CPU build
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH], set_priority=True):
+        assert doctor.dispatch_order()[:2] == ["cudnn", "math"]
+    assert "overrideable" not in doctor.dispatch_order()
+
+
 def test_reason_picks_the_backends_own_lines_from_atens_warnings():
     """select_sdp_backend's warnings when nothing fits: a header per backend, then that backend's reasons."""
     messages = [

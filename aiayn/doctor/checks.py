@@ -319,6 +319,18 @@ def dispatch_choice(q, k, v, mask, causal: bool) -> str:
     return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal)).name
 
 
+def dispatch_order() -> list[str]:
+    """The order in which the dispatcher tries the SDPA backends (`torch._C._get_sdp_priority_order()`, what
+    `select_sdp_backend` walks): on CUDA PyTorch puts cuDNN first on SM 9.0 and 10.x with a runtime cuDNN newer than
+    9.15 (its `check_prefer_cudnn_attention`), where cuDNN serves the padding masks that rule out flash; the order is
+    set at the first dispatch, so read it after one."""
+    from torch.nn.attention import SDPBackend
+
+    return [
+        _short(SDPBackend(i).name) for i in torch._C._get_sdp_priority_order() if SDPBackend(i).name != "OVERRIDEABLE"
+    ]
+
+
 # ATen's select_sdp_backend, when no enabled backend fits, warns "<backend> kernel not used because:" for each
 # backend, each followed by its reasons, then raises "No available kernel"
 _REASON_HEADERS = {"efficient": "memory efficient", "flash": "flash attention", "cudnn": "cudnn attention"}
@@ -452,9 +464,11 @@ def attention_inputs(device: torch.device, seed: int = 0) -> dict:
 
 
 def check_sdpa(ctx: Context) -> Result:
-    """Which SDPA kernel serves each attention call of training and decoding (see `attention_inputs`); fail when
-    one falls to the math backend (it materializes the T×S weights: slow and memory-hungry) or is inaccurate."""
+    """Which SDPA kernel serves each attention call of training and decoding (see `attention_inputs`), and the
+    dispatcher's order of backends; fail when one falls to the math backend (it materializes the T×S weights: slow
+    and memory-hungry) or is inaccurate."""
     cases = {name: sdpa_case(*args) for name, args in attention_inputs(ctx.device).items()}
+    order = dispatch_order()
     problems = []
     for name, c in cases.items():
         if c["chosen"] == "math":
@@ -467,8 +481,9 @@ def check_sdpa(ctx: Context) -> Result:
     value = ", ".join(f"{b} {n}" for b, n in picked.most_common())
     detail = "; ".join(f"{name}: {c['chosen']}" for name, c in cases.items())
     if problems:
-        return failed(value, "; ".join(problems), cases=cases)
-    return passed(value, f"all fused, within tolerance of float32 math ({detail})", cases=cases)
+        return failed(value, "; ".join(problems), cases=cases, order=order)
+    detail = f"all fused, within tolerance of float32 math ({detail}; tried in the order {', '.join(order)})"
+    return passed(value, detail, cases=cases, order=order)
 
 
 # --- bf16 against fp32 ----------------------------------------------------------------------------
