@@ -61,6 +61,16 @@ def test_every_aiayn_command_shown_uses_flags_that_exist(page):
         assert seen >= 5, f"{page.name}: found only {seen} aiayn command lines; the parser of this test is wrong"
 
 
+def test_the_readmes_excerpt_of_the_main_jobs_report_is_in_the_committed_report():
+    """The README shows what the main job writes by quoting the committed report; a regenerated report that changes
+    those lines makes the quote stale, and this fails."""
+    readme = (ROOT / "README.md").read_text()
+    source, excerpt = re.search(r"<!-- excerpt: (\S+) -->\n(.*?)<!-- end excerpt -->", readme, re.S).groups()
+    report = (ROOT / source).read_text().splitlines()
+    lines = [line for line in excerpt.splitlines() if line]
+    assert len(lines) >= 5 and all(line in report for line in lines)
+
+
 def test_the_readmes_presets_table_is_the_presets_numbers():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     rows = {
