@@ -277,19 +277,15 @@ class TranslationDataModule(pl.LightningDataModule):
     def test_dataloader(self) -> ResumableDataLoader:
         return self._loader("test")
 
-    def train_shape_count(self) -> int:
-        """How many distinct (sentences, source length, target length) shapes an epoch of training batches has on this
+    def train_shapes(self) -> set[tuple[int, int, int]]:
+        """The distinct (sentences, source length, target length) shapes an epoch of training batches has on this
         rank, as collate pads them: what a compiled model makes a graph for, once each."""
         s = self._samplers["train"]
-        return len(
-            batch_shapes(
-                s._rank_share(s.all_batches(0)),
-                s.src_lens,
-                s.tgt_lens,
-                pad_to=self.plan.pad_to,
-                square=self.plan.static_shapes,
-            )
-        )
+        batches = s._rank_share(s.all_batches(0))
+        return batch_shapes(batches, s.src_lens, s.tgt_lens, pad_to=self.plan.pad_to, square=self.plan.static_shapes)
+
+    def train_shape_count(self) -> int:
+        return len(self.train_shapes())
 
     def padding_fraction(self, split: str = "train") -> float:
         """Padding waste of the current epoch's batches of ``split`` (all ranks together)."""

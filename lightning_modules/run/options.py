@@ -205,9 +205,8 @@ class TrainOptions:
     batch_order_seed: int | None = option(
         None,
         "the seed whose batch lengths and their order this run's training batches take, filled with sentences "
-        "of its own --seed's shuffle (default: its own; a pack's seeds each their own, or with --static-shapes its "
-        "first's, so that a step's batches have one shape); given, a pack's seeds share it and pad little when "
-        "stacked, at the price of a shared length schedule",
+        "of its own --seed's shuffle (default: its own, a pack's seeds each theirs); given, a pack's seeds share it "
+        "and pad little when stacked, at the price of a shared length schedule",
         at_least=0,
         metavar="S",
     )

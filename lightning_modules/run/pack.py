@@ -20,16 +20,19 @@ loaders advance together), the wall time, one host-to-device copy a step (the K 
 `PackData.on_before_batch_transfer`), and the pack's checkpoint
 (ROW/pack-seedA-seedB-.../checkpoints: what a killed pack resumes from; at the end each seed's checkpoints/last.ckpt
 holds its own weights and config, for translate, export and averaging). Each seed draws its own batch order, as
-separate runs do, so the replicates share no random factor; `--batch-order-seed S` (or `--static-shapes`) gives every
-seed one order instead (each step's batches then span the same lengths, filled with each seed's own sentences, so the
-stacked step pads little: each seed's own order computes about 1.6x the positions, tests/test_pack_runs.py).
+separate runs do, static shapes or not, so the replicates share no random factor; `--batch-order-seed S` gives every
+seed one order instead, a named deviation (each step's batches then span the same lengths, filled with each seed's
+own sentences, so the stacked step pads little: each seed's own order computes about 1.6x the positions, 1.3x with
+static shapes, tests/test_pack_runs.py; the seeds then share their length schedule, whose effect on their spread
+no test has measured).
 
 Not packed (refused in one line): val/bleu during training, several devices, loggers other than csv and tensorboard.
 
 `--compile` compiles the packed model as a run alone's (transformer/compiled.py; the counter stream's keys are a
-tensor filled each step, so a step is not a new graph); with `--static-shapes` every seed's batch of a step has one
-shape (the shared batch order), so an epoch compiles each shape once, and `--compile graphs` replays them and Adam's
-update as CUDA graphs: the packed static-shape step captured, for a GPU whose small steps are launch-bound.
+tensor filled each step, so a step is not a new graph); with `--static-shapes` a step's stacked shape is the largest
+sentence count and length among its seeds' static batches (a bounded set), and `--compile graphs` compiles the pack
+once for all of them and replays each as CUDA graphs: the packed static-shape step captured, for a GPU whose small
+steps are launch-bound.
 """
 
 from __future__ import annotations
@@ -105,14 +108,9 @@ def pack_seeds(text: str) -> tuple[int, ...]:
 def seed_options(opts: TrainOptions, seed: int, seeds: tuple[int, ...]) -> TrainOptions:
     """One seed of the pack `seeds`, its options as its config.json records them: the seed alone with the counter
     stream and its batch order, which train it to the numbers it has in the pack. Each seed takes its own order, as
-    separate runs do, so that the pack's replicates share no random factor (the report's tests rest on their spread);
-    with --static-shapes, or --batch-order-seed, they share one (the first seed's, or that seed's): every seed's batch
-    of a step then has one shape, which a compiled or graphed step needs (a shape per step, not one per mix of
-    buckets), at the price of a shared length schedule."""
-    if opts.batch_order_seed is not None:
-        order = opts.batch_order_seed
-    else:
-        order = seeds[0] if opts.static_shapes else seed
+    separate runs do, static shapes or not, so that the pack's replicates share no random factor (the report's tests
+    rest on their spread); with --batch-order-seed they share that seed's (less padding, a shared length schedule)."""
+    order = seed if opts.batch_order_seed is None else opts.batch_order_seed
     return replace(opts, seed=seed, pack_seeds=None, dropout_rng="counter", batch_order_seed=order)
 
 
@@ -179,9 +177,15 @@ class PackData(pl.LightningDataModule):
         return CombinedLoader([dm.train_dataloader() for dm in self.dms], mode="min_size")
 
     def train_shape_count(self) -> int:
-        """The stacked batches' shapes an epoch has: the first seed's (with static shapes every seed's batch of a
-        step has its shape: the shared batch order)."""
-        return self.dms[0].train_shape_count()
+        """How many stacked batch shapes training can have: a step's is the largest sentence count and lengths among
+        its seeds' batches, so where the seeds draw their own orders, any of their sentence counts with any of their
+        lengths (a bound: with static shapes a few buckets' worth); where they share one order, their shapes."""
+        shapes = set().union(*(dm.train_shapes() for dm in self.dms))
+        if len({dm.plan.order_seed for dm in self.dms}) == 1:
+            return len(shapes)
+        counts, sources, targets = ({shape[i] for shape in shapes} for i in range(3))
+        lengths = len(sources) if self.dms[0].plan.static_shapes else len(sources) * len(targets)  # square: S = T
+        return len(counts) * lengths
 
 
 class PackModule(pl.LightningModule):
