@@ -85,3 +85,69 @@ def test_a_run_stopped_by_a_signal_to_its_group_right_after_a_validation_exits_w
     assert proc.returncode == 128 + signum, err[-2000:]
     assert f"stopped by {signum.name} at step" in err
     assert time.monotonic() - stopped < EXIT_WITHIN_S
+
+
+SWEEP = ["table3", "--rows", "base", "--seeds", "2", "--jobs", "1", "--pack", "2", "--report", "", *QUICK]
+SWEEP += [a for a in SMALL if a != "--no-progress"]  # a sweep sets it for its runs
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+def test_a_packed_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp_path):
+    """`aiayn table3 --pack 2 --num-workers 2`: the pack's trainer exits when its seeds are done, so the driver books
+    both completed (it waited on a trainer that never exited, then booked finished seeds as stopped, FAIL in Optuna)."""
+    import optuna
+
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        aiayn(*SWEEP, "--max-steps", "2", "--val-every", "2", "--out", str(out)),
+        env=dict(os.environ, AIAYN_CACHE=str(cache)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        err = proc.communicate(timeout=EXIT_WITHIN_S * 5)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the sweep did not end after its pack's runs")
+    assert proc.returncode == 0, err[-2000:]
+    assert (out / "tiny" / "synthetic" / "base" / "pack-seed0-seed1").is_dir()
+    study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out}/optuna.db")
+    states = sorted((t.user_attrs["seed"], t.state.name) for t in study.trials)
+    assert states == [(0, "COMPLETE"), (1, "COMPLETE")], states
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+def test_a_killed_sweep_driver_leaves_no_trainer_or_loader_worker_behind(cache, tmp_path):
+    """SIGKILL to the driver of a packed sweep with loader workers, mid-training: its trainer and the trainer's loader
+    workers end with it (the trainer asked the kernel to be told of its parent's death), so no orphan goes on
+    holding the pack's run locks and a rerun trains the pairs."""
+    out = tmp_path / "o"
+    proc = subprocess.Popen(
+        aiayn(*SWEEP, "--max-steps", "100000", "--val-every", "4", "--ckpt-every", "4", "--out", str(out)),
+        env=dict(os.environ, AIAYN_CACHE=str(cache)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    ckpts = out / "tiny" / "synthetic" / "base" / "pack-seed0-seed1" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (ckpts.is_dir() and any(ckpts.glob("*.ckpt"))):
+        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before the pack's checkpoint"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+    while time.monotonic() - killed < EXIT_WITHIN_S:
+        try:
+            os.killpg(proc.pid, 0)  # anything left in the sweep's process group
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the driver's trainer or loader workers outlived it by {EXIT_WITHIN_S} s")
