@@ -256,6 +256,25 @@ def test_a_killed_pack_resumes_to_the_numbers_of_one_that_was_not(cache, tmp_pat
         )
 
 
+@pytest.mark.slow  # trains end to end (seconds to tens of seconds): the slow tier
+def test_a_seed_of_a_pack_left_unrecorded_resumes_with_its_pack_not_from_step_0(cache, tmp_path, capsys):
+    """One seed of a completed pack loses its metrics.json (as a kill between the seeds' evaluations leaves it): the
+    same command resumes the whole pack from its checkpoint and records that seed from the pack's weights (its
+    numbers the same), not a pack of one from step 0 in a folder of its own; the done seed is not recorded again."""
+    argv = ["train", *SMALL, "--pack-seeds", "0,1", "--max-steps", "4", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    base = tmp_path / "tiny" / "synthetic" / "base"
+    before = json.loads((base / "seed1" / "metrics.json").read_text())
+    (base / "seed1" / "metrics.json").unlink()
+    stamp = (base / "seed0" / "metrics.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["pack-seed0-seed1", "seed0", "seed1"]
+    after = json.loads((base / "seed1" / "metrics.json").read_text())
+    assert (after["status"], after["steps"], after["dev_ppl"]) == ("completed", 4, before["dev_ppl"])
+    assert (base / "seed0" / "metrics.json").stat().st_mtime_ns == stamp
+
+
 def test_a_seed_trained_in_a_pack_is_not_extended_alone(cache, tmp_path, capsys):
     """`aiayn train` asked for more steps of a seed whose last.ckpt a pack wrote: one line naming the pack (its
     optimizer state is the pack's), not a silent start from step 0."""

@@ -425,47 +425,52 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     if not todo:
         return [done[s] for s in seeds]
     first = plans[todo[0]]
+    # a seed of a pack already begun (its record lost, or a kill between the seeds' evaluations) resumes with its
+    # whole pack from the pack's checkpoint, not from step 0 in a pack of its own; the done seeds are not recorded again
+    members = seeds if done and (pack_dir(first, seeds) / "checkpoints" / "last.ckpt").exists() else todo
     prepare_matmuls(opts.accelerator, opts.matmul_precision)
     steps = first.config.train.steps
     every, extra = validations(opts, spec.preset, steps)
     cuda = uses_cuda(opts.accelerator)
     module = PackModule(
         spec.model,
-        todo,
+        members,
         **first.config.schedule,
         val_steps=frozenset(stability.regular(steps, every)) | frozenset(extra),
     )
     residual_stream(module.model, residual_stream_dtype(opts.residual_dtype, first.config.train.precision))
     share = compile_model(module.model, opts.compile, dynamic=not first.dm.plan.static_shapes, cuda=cuda)
-    where = pack_dir(first, todo)
-    resume = pack_resume(where, todo, steps)  # before anything is made in it
+    where = pack_dir(first, members)
+    resume = pack_resume(where, members, steps)  # before anything is made in it
     trainer = pack_trainer(opts, first, where, share)
-    for k, s in enumerate(todo):
-        p = plans[s]
-        p.run.write_config(p.config)
-        p.run.write_tokenizer(p.dm.tokenizer_model)
-        module.curves[k] = CSVLogger(p.run.path, name=p.run.logs.name, version=p.run.next_log_version())
+    for k, s in enumerate(members):
+        if s in todo:
+            p = plans[s]
+            p.run.write_config(p.config)
+            p.run.write_tokenizer(p.dm.tokenizer_model)
+            module.curves[k] = CSVLogger(p.run.path, name=p.run.logs.name, version=p.run.next_log_version())
     log.info(
-        "%s: seeds %s as one pack (%s)%s",
+        "%s: seeds %s as one pack (%s)%s%s",
         spec.row,
-        ", ".join(map(str, todo)),
+        ", ".join(map(str, members)),
         where,
         f", resuming from {resume}" if resume else "",
+        f"; seeds {', '.join(map(str, done))} done, not recorded again" if members != todo else "",
     )
     t0 = time.perf_counter()
     try:
         trainer.fit(
             module,
-            datamodule=PackData([plans[s].dm for s in todo]),
+            datamodule=PackData([plans[s].dm for s in members]),
             ckpt_path=str(resume) if resume else None,
             weights_only=True,
         )
     except SIGTERMException:
-        _stopped(spec.row, todo, trainer, "SIGTERM")
+        _stopped(spec.row, members, trainer, "SIGTERM")
     except SystemExit as e:
         if e.code != 1:
             raise
-        _stopped(spec.row, todo, trainer, "SIGINT")
+        _stopped(spec.row, members, trainer, "SIGINT")
     except Exception as e:
         for s in todo:
             plans[s].run.write_metrics(plans[s].config, "failed", kind=hooks.kind, error=f"{type(e).__name__}: {e}")
@@ -473,7 +478,9 @@ def train_pack(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks | N
     train_time = time.perf_counter() - t0
     states = unpack(module.model)
     results = dict(done)
-    for k, s in enumerate(todo):
+    for k, s in enumerate(members):
+        if s not in todo:
+            continue
         p, curve = plans[s], module.curves[k]
         curve.save()
         curve.finalize("success")
