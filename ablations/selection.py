@@ -26,17 +26,17 @@ class Selection:
 
     rows: str | None = option(
         None,
-        "row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the "
-        "preset's pre-registered rows (ablations/predictions.csv) and base (default: the preset's choice)",
     )
-    extended: bool = option(False, "include the extended rows beyond the paper (ablations/extended.csv)")
-    seeds: int | None = option(None, "seeds per row (default: the preset's; tiny: 1)", positive=True)
-    base_seeds: int | None = option(
-        None, "seeds for base, when more than --seeds (default: the preset's)", positive=True
-    )
-    first_seed: int = option(
-        0, "seeds are FIRST, FIRST+1, ...: a second sweep with --first-seed 1 repeats the first one on other seeds"
-    )
+    """row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the preset's
+    pre-registered rows (ablations/predictions.csv) and base (default: the preset's choice)"""
+    extended: bool = option(False)
+    """include the extended rows beyond the paper (ablations/extended.csv)"""
+    seeds: int | None = option(None, positive=True)
+    """seeds per row (default: the preset's; tiny: 1)"""
+    base_seeds: int | None = option(None, positive=True)
+    """seeds for base, when more than --seeds (default: the preset's)"""
+    first_seed: int = option(0)
+    """seeds are FIRST, FIRST+1, ...: a second sweep with --first-seed 1 repeats the first one on other seeds"""
 
     def row_names(self, preset: Preset, tables: tuple[str, ...] = ()) -> list[str]:
         """The rows to train, in table order; a row the preset's rule maps onto another (`Preset.aliases`) is

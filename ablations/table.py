@@ -230,14 +230,16 @@ class RowChoice:
     """Rows of the table by name (`aiayn rows`, `aiayn sweep export`): ids and groups, the extended rows, and the
     rows of a user's own table files."""
 
-    rows: str | None = option(None, "row ids and/or groups, comma-separated (default: all paper rows)")
-    extended: bool = option(False, "include the extended rows beyond the paper")
+    rows: str | None = option(None)
+    """row ids and/or groups, comma-separated (default: all paper rows)"""
+    extended: bool = option(False)
+    """include the extended rows beyond the paper"""
     table: tuple[str, ...] = option(
         (),
-        "a table file of your own rows, in the layout of ablations/extended.csv, its cells in the paper's units "
-        "(the preset scales them as it scales the paper's rows) (repeatable)",
         metavar="FILE",
     )
+    """a table file of your own rows, in the layout of ablations/extended.csv, its cells in the paper's units (the
+    preset scales them as it scales the paper's rows) (repeatable)"""
 
     def names(self) -> list[str]:
         """The chosen row ids, in table order."""

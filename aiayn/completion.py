@@ -16,7 +16,8 @@ SHELLS = ("bash", "zsh", "tcsh")
 class CompletionOptions:
     """`aiayn completion SHELL`: the completion script of which shell."""
 
-    shell: str = option(help="the shell the script is for", positional=True, choices=SHELLS)
+    shell: str = option(positional=True, choices=SHELLS)
+    """the shell the script is for"""
 
 
 # what an option's value completes to: names (rows, presets, loggers, corpora) or paths

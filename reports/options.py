@@ -16,18 +16,21 @@ class ReportOptions:
 
     runs: tuple[str, ...] = option(
         (),
-        "the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run into "
-        "separate directories into one table (default: runs)",
     )
-    out: str | None = option(None, "report directory (default: the first RUNS/reports)")
-    preset: str | None = option(None, "only this preset (default: every preset found)")
-    wandb: bool = option(False, "also log each report to W&B: the table as a wandb.Table, the files as an artifact")
+    """the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run into separate
+    directories into one table (default: runs)"""
+    out: str | None = option(None)
+    """report directory (default: the first RUNS/reports)"""
+    preset: str | None = option(None)
+    """only this preset (default: every preset found)"""
+    wandb: bool = option(False)
+    """also log each report to W&B: the table as a wandb.Table, the files as an artifact"""
     against: str | None = option(
         None,
-        "a report folder to compare with, verdict by verdict (e.g. reports/reference/evidence): writes "
-        "table3-PRESET-against.md and .csv beside each report whose table3-PRESET.csv it holds",
         metavar="DIR",
     )
+    """a report folder to compare with, verdict by verdict (e.g. reports/reference/evidence): writes
+    table3-PRESET-against.md and .csv beside each report whose table3-PRESET.csv it holds"""
 
 
 def report_command(opts: ReportOptions) -> list[Path]:

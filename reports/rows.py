@@ -18,8 +18,10 @@ class RowsOptions:
     """`aiayn rows`: which rows, resolved at which preset, printed how."""
 
     select: RowChoice = field(default_factory=RowChoice)
-    preset: str = option("paper", "the scale whose rule resolves the rows (`aiayn train --help` lists the presets)")
-    format: str = option("table", "a table for reading or JSON", choices=("table", "json"))
+    preset: str = option("paper")
+    """the scale whose rule resolves the rows (`aiayn train --help` lists the presets)"""
+    format: str = option("table", choices=("table", "json"))
+    """a table for reading or JSON"""
 
 
 def show_rows(opts: RowsOptions) -> str:

@@ -25,11 +25,15 @@ from aiayn.lightning_modules.run.spec import experiment_name, run_corpus
 class SweepExportOptions:
     """`aiayn sweep export`: which sweep definition, over which rows and seeds, written where."""
 
-    wandb: bool = option(False, "a W&B sweep YAML (grid over row x seed)")
-    preset: str = option(MAIN_PRESET, "the scale each run of the sweep trains at (as `aiayn table3`'s)")
+    wandb: bool = option(False)
+    """a W&B sweep YAML (grid over row x seed)"""
+    preset: str = option(MAIN_PRESET)
+    """the scale each run of the sweep trains at (as `aiayn table3`'s)"""
     select: RowChoice = field(default_factory=RowChoice)
-    seeds: int = option(1, "seeds 0..N-1 per row", positive=True)
-    out: str | None = option(None, "the file to write (default: stdout)")
+    seeds: int = option(1, positive=True)
+    """seeds 0..N-1 per row"""
+    out: str | None = option(None)
+    """the file to write (default: stdout)"""
 
 
 def export_sweep(opts: SweepExportOptions) -> str | None:

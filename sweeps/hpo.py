@@ -66,24 +66,27 @@ class HpoOptions:
     """`aiayn hpo`: how many trials, where Optuna keeps the study, and how each trial trains (`train`:
     every `aiayn train` option; the searched knobs are set per trial on top of its `--set`)."""
 
-    trials: int = option(10, "trials in the search; a rerun runs the missing ones (an interrupted one resumes)")
+    trials: int = option(10)
+    """trials in the search; a rerun runs the missing ones (an interrupted one resumes)"""
     space: str | None = option(
         None,
-        "a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with "
-        "optional `log: true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop around "
-        "the paper's values; label smoothing only by this file: its dev perplexity moves by smoothing's arithmetic, so "
-        "tuning on val/ppl would choose it by its floor)",
         metavar="FILE",
     )
-    storage: str | None = option(None, "Optuna storage URL (default: sqlite:///OUT/hpo.db)")
+    """a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with optional `log:
+    true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop around the paper's values; label
+    smoothing only by this file: its dev perplexity moves by smoothing's arithmetic, so tuning on val/ppl would choose
+    it by its floor)"""
+    storage: str | None = option(None)
+    """Optuna storage URL (default: sqlite:///OUT/hpo.db)"""
     backend: str = option(
         "local",
-        "where trials train: local (one after another in this process) or subprocess (each in a fresh "
-        "`aiayn hpo` process, --jobs at once, its pruning reports going to the study's storage); a back end that "
-        "cannot run trials (slurm) is refused with its reason",
         choices=BackendNames(),
     )
-    jobs: int = option(1, "trials at once (--backend subprocess)", positive=True)
+    """where trials train: local (one after another in this process) or subprocess (each in a fresh `aiayn hpo` process,
+    --jobs at once, its pruning reports going to the study's storage); a back end that cannot run trials (slurm) is
+    refused with its reason"""
+    jobs: int = option(1, positive=True)
+    """trials at once (--backend subprocess)"""
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
 

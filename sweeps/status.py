@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 class StatusOptions:
     """`aiayn status OUT`: the sweeps under OUT, as text or JSON."""
 
-    out: str = option(help="the --out of an `aiayn table3` or `aiayn slurm` sweep", positional=True, metavar="OUT")
-    json: bool = option(False, "print every sweep and pair as JSON, for scripts")
+    out: str = option(positional=True, metavar="OUT")
+    """the --out of an `aiayn table3` or `aiayn slurm` sweep"""
+    json: bool = option(False)
+    """print every sweep and pair as JSON, for scripts"""
 
 
 def status_text(opts: StatusOptions) -> str:

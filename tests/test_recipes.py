@@ -310,7 +310,8 @@ from aiayn.sweeps.backends.local import LocalBackend
 
 @dataclass
 class GreetingOptions:
-    greeting: str = option("hello", "the first word of the sweep's summary")
+    greeting: str = option("hello")
+    """the first word of the sweep's summary"""
 
 
 @register
@@ -482,8 +483,10 @@ from aiayn.common.options import option
 class ParamsOptions:
     """What `aiayn params` counts."""
 
-    preset: str = option("tiny", "the preset whose widths count")
-    rows: str = option("base,big", "comma-separated rows")
+    preset: str = option("tiny")
+    """the preset whose widths count"""
+    rows: str = option("base,big")
+    """comma-separated rows"""
 
 
 def params_lines(opts: ParamsOptions) -> list[str]:

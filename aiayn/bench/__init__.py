@@ -20,63 +20,80 @@ BENCH_SIZES = ("evidence", "tiny", "laptop", "base", "paper")
 class BenchOptions:
     """What `aiayn bench` measures (aiayn/bench/run.py): one model's training and decoding speed."""
 
-    size: str = option(
-        "tiny", "the model's size (`--config` is a YAML file of these options, as everywhere)", choices=BENCH_SIZES
-    )
-    device: str = option("auto", "auto: cuda when available", choices=("auto", "cpu", "cuda"))
-    peers: bool = option(False, "also torch.nn.Transformer and transformers' MarianMTModel")
-    json: str | None = option(None, "write the results here, one object per implementation (--trainer: per config)")
-    layers: int | None = option(None, "override N (layers per stack)", positive=True)
-    tokens: int | None = option(None, "padded positions per side in the training batch", positive=True)
-    steps: int = option(3, "timed optimizer steps per trial", positive=True)
-    warmup: int = option(2, "untimed steps before the first trial")
-    trials: int = option(5, "round-robin rounds; medians are reported", positive=True)
-    decode_sentences: int = option(32, "sentences decoded per trial", positive=True)
-    decode_batch: int = option(16, "sentences per beam-search batch", positive=True)
-    decode_src_len: int = option(20, "source length of the decoded sentences", positive=True)
-    decode_extra: int = option(20, "maximum output length = source length + this")
-    beam: int = option(PAPER_DECODING.beam, "beam size", positive=True)
-    alpha: float = option(PAPER_DECODING.alpha, "length penalty (aiayn: GNMT's; Marian: score/len^alpha)")
-    threads: int | None = option(None, "torch.set_num_threads (default: torch's own)", positive=True)
-    padding: bool = option(False, "also the padding waste of token-bucket batches")
+    size: str = option("tiny", choices=BENCH_SIZES)
+    """the model's size (`--config` is a YAML file of these options, as everywhere)"""
+    device: str = option("auto", choices=("auto", "cpu", "cuda"))
+    """auto: cuda when available"""
+    peers: bool = option(False)
+    """also torch.nn.Transformer and transformers' MarianMTModel"""
+    json: str | None = option(None)
+    """write the results here, one object per implementation (--trainer: per config)"""
+    layers: int | None = option(None, positive=True)
+    """override N (layers per stack)"""
+    tokens: int | None = option(None, positive=True)
+    """padded positions per side in the training batch"""
+    steps: int = option(3, positive=True)
+    """timed optimizer steps per trial"""
+    warmup: int = option(2)
+    """untimed steps before the first trial"""
+    trials: int = option(5, positive=True)
+    """round-robin rounds; medians are reported"""
+    decode_sentences: int = option(32, positive=True)
+    """sentences decoded per trial"""
+    decode_batch: int = option(16, positive=True)
+    """sentences per beam-search batch"""
+    decode_src_len: int = option(20, positive=True)
+    """source length of the decoded sentences"""
+    decode_extra: int = option(20)
+    """maximum output length = source length + this"""
+    beam: int = option(PAPER_DECODING.beam, positive=True)
+    """beam size"""
+    alpha: float = option(PAPER_DECODING.alpha)
+    """length penalty (aiayn: GNMT's; Marian: score/len^alpha)"""
+    threads: int | None = option(None, positive=True)
+    """torch.set_num_threads (default: torch's own)"""
+    padding: bool = option(False)
+    """also the padding waste of token-bucket batches"""
     profile: bool = option(
         False,
-        "also profile aiayn's training step (torch.profiler, --steps steps): launches a "
-        "step, the top kernels, the device's idle time between them",
     )
+    """also profile aiayn's training step (torch.profiler, --steps steps): launches a step, the top kernels, the
+    device's idle time between them"""
     compile: str = option(
         "none",
-        "torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is "
-        "fixed, so statically; graphs: as CUDA graphs on a GPU)",
         choices=("none", "layers", "model", "graphs"),
     )
+    """torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is fixed, so statically; graphs:
+    as CUDA graphs on a GPU)"""
     residual_dtype: str = option(
         "fp32",
-        "aiayn's residual stream under the bench's bf16 autocast (a CUDA device), as `aiayn train --residual-dtype` "
-        "keeps it: fp32 (autocast's) or bf16",
         choices=("fp32", "bf16"),
     )
-    multi30k_dir: str | None = option(None, "Multi30k files for --padding (train.en.gz, ...)")
-    cache_dir: str | None = option(None, "tokenizer/encoded-data cache for --padding")
+    """aiayn's residual stream under the bench's bf16 autocast (a CUDA device), as `aiayn train --residual-dtype` keeps
+    it: fp32 (autocast's) or bf16"""
+    multi30k_dir: str | None = option(None)
+    """Multi30k files for --padding (train.en.gz, ...)"""
+    cache_dir: str | None = option(None)
+    """tokenizer/encoded-data cache for --padding"""
     trainer: bool = option(
         False,
-        "instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches "
-        "(tokens/s of each and their ratio, per size; aiayn/bench/trainer.py says what each side includes)",
     )
+    """instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches (tokens/s of
+    each and their ratio, per size; aiayn/bench/trainer.py says what each side includes)"""
     pack: int | None = option(
         None,
-        "instead: K seeds' training steps packed into one (lightning_modules/transformer/packed.py) against the "
-        "K models stepped one after another, each seed its own batch (seed-steps/s of each, launches per step; "
-        "aiayn/bench/packed.py)",
         positive=True,
         metavar="K",
     )
+    """instead: K seeds' training steps packed into one (lightning_modules/transformer/packed.py) against the K
+    models stepped one after another, each seed its own batch (seed-steps/s of each, launches per step;
+    aiayn/bench/packed.py)"""
     trainer_sizes: tuple[str, ...] = option(
         (),
-        "with --trainer: a model size to measure (repeatable; default: tiny and laptop)",
         flag="--trainer-size",
         metavar="SIZE",
     )
+    """with --trainer: a model size to measure (repeatable; default: tiny and laptop)"""
 
     @classmethod
     def config_layer(cls, path: str, prog: str = "aiayn bench", skip=()) -> tuple[dict, None]:

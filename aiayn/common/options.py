@@ -1,7 +1,8 @@
 """Options are dataclasses; the command line is generated from them, so a default lives in one place.
 
-A field made with :func:`option` carries its help text (and, where the type does not say it, its
-choices or a positivity check). :func:`add_options` turns a dataclass into argparse arguments
+A field made with :func:`option` is documented by the string literal under it, as an attribute's docstring (its
+--help text; `help=` only where the text is computed, e.g. from a registry's names), and carries, where the type does
+not say it, its choices or a positivity check. :func:`add_options` turns a dataclass into argparse arguments
 (`--max-steps` for `max_steps`; booleans that default to True get `--no-…`; a field whose type is
 itself an options dataclass, e.g. a sweep's `train: TrainOptions`, adds that class's options too);
 :func:`from_args` builds the dataclass back from the parsed namespace; :func:`to_argv` writes an
@@ -23,8 +24,12 @@ rebuild the same options in another process. It covers exactly the types our opt
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
 import math
+import textwrap
 import types
 import typing
 from dataclasses import MISSING, field, fields
@@ -49,8 +54,9 @@ def option(
     cli: bool = True,
     positional: bool = False,
 ):
-    """A dataclass field that is also a command-line option. `parse` turns the repeated string values
-    of a `dict` field into the dict, `render` the dict back into those strings; `cli=False` keeps a
+    """A dataclass field that is also a command-line option, its help text the docstring under it (`help`: a text
+    computed where the field is made, instead). `parse` turns the repeated string values of a `dict` field into the
+    dict, `render` the dict back into those strings; `cli=False` keeps a
     field off the command line; `positional` makes it an argument without a flag (`aiayn status OUT`). A field
     without a default is required: on the command line or in a --config file (checked by :func:`from_args`)."""
     meta = {
@@ -88,6 +94,29 @@ def _meta(f: dataclasses.Field) -> dict:
             "positional": False,
         },
     )
+
+
+@functools.cache
+def attribute_docs(cls) -> dict[str, str]:
+    """field name -> the string literal right under the field in its class body (an attribute docstring, as Sphinx
+    and PEP 257 read them), whitespace folded as --help folds it; fields of base classes too."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):  # no source (a class made at run time): no docstrings
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:]):
+            doc = after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else None
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(doc, str):
+                docs[node.target.id] = " ".join(doc.split())
+    return docs
+
+
+def help_of(cls, f: dataclasses.Field) -> str:
+    """An option's --help text: its `help=`, else its attribute docstring."""
+    return _meta(f)["help"] or attribute_docs(cls).get(f.name, "")
 
 
 def _base_type(hint):
@@ -209,7 +238,7 @@ def add_options(
             )
             continue
         default = defaults.get(path, own)
-        kw = {"dest": _dest("", path), "help": meta["help"], "default": default}
+        kw = {"dest": _dest("", path), "help": help_of(cls, f), "default": default}
         if base is not bool and not meta["choices"]:
             kw["metavar"] = meta["metavar"] or f.name.upper()
         if base is bool:

@@ -19,21 +19,19 @@ CHECKS = ("cuda", "bf16", "sdpa", "bf16_loss", "syncs", "throughput", "ddp", "re
 class DoctorOptions:
     """What `aiayn doctor` checks and where it writes (aiayn/doctor/checks.py)."""
 
-    json: str | None = option(
-        None, "write the environment and every check's result here (for a bug report)", metavar="FILE"
-    )
+    json: str | None = option(None, metavar="FILE")
+    """write the environment and every check's result here (for a bug report)"""
     checks: tuple[str, ...] = option(
-        (), f"run only this check (repeatable; default: all): {', '.join(CHECKS)}", flag="--check", metavar="NAME"
+        (), help=f"run only this check (repeatable; default: all): {', '.join(CHECKS)}", flag="--check", metavar="NAME"
     )
     out: str | None = option(
         None,
-        "keep the short training runs and their logs here (default: a temporary directory, removed at the end)",
         metavar="DIR",
     )
-    cache_dir: str | None = option(
-        None, "tokenizer/corpus cache for the short runs (default: $AIAYN_CACHE or ~/.cache/aiayn)"
-    )
-    steps: int = option(
-        3, "throughput: timed optimizer steps per round (3 rounds, after 2 warm-up steps)", positive=True
-    )
-    timeout: int = option(600, "seconds each `aiayn train` / `aiayn translate` subprocess may take", positive=True)
+    """keep the short training runs and their logs here (default: a temporary directory, removed at the end)"""
+    cache_dir: str | None = option(None)
+    """tokenizer/corpus cache for the short runs (default: $AIAYN_CACHE or ~/.cache/aiayn)"""
+    steps: int = option(3, positive=True)
+    """throughput: timed optimizer steps per round (3 rounds, after 2 warm-up steps)"""
+    timeout: int = option(600, positive=True)
+    """seconds each `aiayn train` / `aiayn translate` subprocess may take"""

@@ -19,19 +19,32 @@ TRAIN = "aiayn train"
 class SlurmResources:
     """What to ask SLURM for, per array task (one run)."""
 
-    partition: str | None = option(None, "the partition (see `sinfo -s` for the cluster's)")
-    account: str | None = option(None, "the account to charge")
-    time: str | None = option(None, "time limit per attempt, HH:MM:SS or D-HH:MM:SS (SLURM's formats)")
-    nodes: int = option(1, "nodes per run (the Trainer's num_nodes)", positive=True)
-    gpus_per_node: int | None = option(None, "GPUs per node = srun tasks per node", positive=True)
-    tasks_per_node: int | None = option(None, "srun tasks per node, with --accelerator cpu", positive=True)
-    cpus_per_task: int | None = option(None, "CPU cores per srun task (OMP_NUM_THREADS follows)", positive=True)
-    mem: str | None = option(None, "memory per node, e.g. 64G (default: the partition's)")
-    signal_lead: int = option(90, "seconds between the warning signal (USR1) and the time limit", positive=True)
-    max_parallel: int | None = option(None, "array tasks running at once (default: no throttle)", positive=True)
-    setup: tuple[str, ...] = option((), "a shell line before srun, e.g. 'source venv/bin/activate' (repeatable)")
-    sbatch: tuple[str, ...] = option((), "another #SBATCH option, e.g. --qos=high (repeatable)")
-    assume_shared: bool = option(False, "--out is on a shared filesystem though /proc/mounts says not")
+    partition: str | None = option(None)
+    """the partition (see `sinfo -s` for the cluster's)"""
+    account: str | None = option(None)
+    """the account to charge"""
+    time: str | None = option(None)
+    """time limit per attempt, HH:MM:SS or D-HH:MM:SS (SLURM's formats)"""
+    nodes: int = option(1, positive=True)
+    """nodes per run (the Trainer's num_nodes)"""
+    gpus_per_node: int | None = option(None, positive=True)
+    """GPUs per node = srun tasks per node"""
+    tasks_per_node: int | None = option(None, positive=True)
+    """srun tasks per node, with --accelerator cpu"""
+    cpus_per_task: int | None = option(None, positive=True)
+    """CPU cores per srun task (OMP_NUM_THREADS follows)"""
+    mem: str | None = option(None)
+    """memory per node, e.g. 64G (default: the partition's)"""
+    signal_lead: int = option(90, positive=True)
+    """seconds between the warning signal (USR1) and the time limit"""
+    max_parallel: int | None = option(None, positive=True)
+    """array tasks running at once (default: no throttle)"""
+    setup: tuple[str, ...] = option(())
+    """a shell line before srun, e.g. 'source venv/bin/activate' (repeatable)"""
+    sbatch: tuple[str, ...] = option(())
+    """another #SBATCH option, e.g. --qos=high (repeatable)"""
+    assume_shared: bool = option(False)
+    """--out is on a shared filesystem though /proc/mounts says not"""
 
 
 # The options of `aiayn table3` that the SLURM back end cannot honour, each (option, flag, what it does instead):
@@ -57,15 +70,17 @@ class SlurmSweepOptions:
     and whether to wait for the array."""
 
     resources: SlurmResources = field(default_factory=SlurmResources)
-    wait: bool = option(False, "block until the jobs end; exit 1 if any run did not complete")
+    wait: bool = option(False)
+    """block until the jobs end; exit 1 if any run did not complete"""
     poll_s: float = option(5.0, cli=False)
     # the sweep's options whose meaning SLURM changes (the same names: these replace the sweep's)
     report: str | None = option(
         None,
-        "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
-        "ended (sbatch --dependency=afterany), or here after --wait",
     )
-    dry_run: bool = option(False, "write and print the script, submit nothing")
+    """report directory (default: OUT/reports; '' for none): written by a job that runs when the array has ended (sbatch
+    --dependency=afterany), or here after --wait"""
+    dry_run: bool = option(False)
+    """write and print the script, submit nothing"""
 
 
 # What `aiayn slurm train` (one run) does not take: the sweep's selection and report, its back end
@@ -91,16 +106,18 @@ class SlurmOptions:
     resources: SlurmResources = field(default_factory=SlurmResources)
     report: str | None = option(
         None,
-        "report directory (default: OUT/reports; '' for none): written by a job that runs when the array has "
-        "ended (sbatch --dependency=afterany), or here after --wait",
     )
-    dry_run: bool = option(False, "write and print the script, submit nothing")
-    wait: bool = option(False, "block until the jobs end; exit 1 if any run did not complete")
+    """report directory (default: OUT/reports; '' for none): written by a job that runs when the array has ended (sbatch
+    --dependency=afterany), or here after --wait"""
+    dry_run: bool = option(False)
+    """write and print the script, submit nothing"""
+    wait: bool = option(False)
+    """block until the jobs end; exit 1 if any run did not complete"""
     fail_on_diverged: bool = option(
         False,
-        "with --wait: exit 1 when a run diverged, as when one failed (default: a diverged run is a result, "
-        "reported as such)",
     )
+    """with --wait: exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as
+    such)"""
     poll_s: float = option(5.0, cli=False)
 
 
