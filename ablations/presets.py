@@ -229,7 +229,7 @@ _LAPTOP = Preset(
 
 # Table 3 on real language on 2 CPU cores: the laptop model on Multi30k, every family the user named registered
 # (ablations/predictions.csv), its seeds chosen from a noise pilot by a rule committed before it was read
-# (scripts/real_pilot.py; BENCHMARKS.md, "Table 3 on real language").
+# (BENCHMARKS.md, "Table 3 on real language").
 _REAL = replace(
     _LAPTOP,
     name="real",
