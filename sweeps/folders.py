@@ -6,7 +6,8 @@
         hpo/PRESET/ROW/best.json   the search's result
         .locks/                    one lock per claimed pair or trial, per queue pop, per driver setup
         optuna.db, hpo.db          the Optuna studies of `aiayn table3` and `aiayn hpo` (SQLite by default)
-        slurm/                     a back end's own folder (OUT/NAME): SLURM's sbatch scripts, logs/, pairs/
+        slurm/, subprocess/        a back end's own folder (OUT/NAME): SLURM's sbatch scripts, logs/, pairs/;
+                                   `aiayn hpo --backend subprocess`'s trial logs
         sweeps/PRESET-CORPUS.json  the pairs a sweep owes (every pair its commands asked for): `aiayn status` reads it
         reports/                   a sweep's reports, unless --report says otherwise
         PRESET/CORPUS/ROW/seedS.log        beside a run a sweep trains: its process's output (`sweep_log`)

@@ -1065,3 +1065,21 @@ def test_a_pending_pair_with_a_checkpoint_reads_as_one_phrase():
     pair.update(holder=None, age_s=None)
     text = render([{"preset": "real", "corpus": "multi30k", "counts": {"pending": 1}, "pairs": [pair]}])
     assert text.splitlines()[1] == "  E1  seed 4   pending    checkpointed at step 2000 of 4000"
+
+
+def test_every_folder_a_sweep_or_back_end_keeps_under_out_is_reserved_and_no_presets_name(tmp_path):
+    """The one-run layer lists the top-level names under --out that are not presets (`OutDir.RESERVED`: a run
+    directory is never looked for there); every registered back end's own folder (OUT/NAME: `aiayn hpo --backend
+    subprocess` keeps its trials' logs in OUT/subprocess) and the sweeps' folders must be among them, and no preset
+    may take one of those names."""
+    from aiayn.ablations.presets import PRESETS
+    from aiayn.lightning_modules.run.rundir import OutDir
+    from aiayn.sweeps.backends import load
+    from aiayn.sweeps.folders import SweepOut
+
+    out = SweepOut(tmp_path)
+    kept = {out.backend(name).name for name in load()}
+    kept |= {out.reports.name, out.lock("x").parent.name, out.sweep_record("k").parent.name}
+    kept |= {out.hpo_best("tiny", "base").relative_to(tmp_path).parts[0]}
+    assert kept <= set(OutDir.RESERVED), kept - set(OutDir.RESERVED)
+    assert not set(PRESETS) & set(OutDir.RESERVED)

@@ -348,7 +348,8 @@ class OutDir:
     def __init__(self, root: str | Path):
         object.__setattr__(self, "root", Path(root))
 
-    RESERVED = ("hpo", "slurm", "reports", "sweeps", ".locks")  # the sweeps' folders (sweeps/folders.py): no preset
+    # the sweeps' folders (sweeps/folders.py) and each back end's own (OUT/NAME): never a preset's, never a run's
+    RESERVED = ("hpo", "reports", "sweeps", ".locks", "local", "subprocess", "slurm")
 
     def run(self, preset: str, corpus: CorpusRef, row: str, seed: int) -> RunDir:
         """OUT/PRESET/CORPUS/ROW/seedS, CORPUS as one path component (hf:wmt/wmt14:de-en: hf-wmt--wmt14-de-en); a
