@@ -212,3 +212,19 @@ def test_a_row_of_your_own_table_is_in_the_papers_units_and_the_run_says_how_it_
     assert spec.model.d_ff == 1024
     said = [r.getMessage() for r in caplog.records if "wide-ff" in r.getMessage()]
     assert len(said) == 1 and "paper's units" in said[0] and "d_ff 4096 -> 1024" in said[0]
+
+
+def test_the_pe_knob_and_the_fidelity_page_name_the_positional_encodings_the_model_has():
+    """The `pe` knob's help (ablations cannot import the model's registry, a layer above) and docs/fidelity.md's
+    line on what goes beyond the paper list the encodings by name: each is read here against `PE_KINDS`, so an
+    encoding added to the model and not to them (or removed) fails."""
+    import re
+
+    from aiayn.ablations.knobs import KNOBS
+    from aiayn.lightning_modules.transformer.config import PE_KINDS
+
+    named = KNOBS["pe"].help.split(":", 1)[1]
+    assert [k.strip() for k in named.split(",")] == list(PE_KINDS)
+    fidelity = (Path(__file__).resolve().parents[1] / "docs" / "fidelity.md").read_text()
+    beyond = re.search(r"Beyond the paper, each one named flag: .*`pe` = (.*)\.", fidelity).group(1)
+    assert set(re.findall(r"`(\w+)`", beyond)) == {name for name, kind in PE_KINDS.items() if not kind.paper}
