@@ -487,7 +487,7 @@ def test_compile_graphs_compiles_once_for_all_static_shapes_where_model_compiles
     monkeypatch.setattr(M, "CPU_FAST_PATHS", False)
     shapes = [(max(1, 64 // n), n) for n in range(8, 96, 8)] + [(3, 8), (2, 88)]  # (sentences, length)
 
-    def compiles(how: str) -> int:
+    def compiles(how: str, shapes: list) -> int:
         torch._dynamo.reset()
         counters.clear()
         torch.manual_seed(0)
@@ -503,8 +503,8 @@ def test_compile_graphs_compiles_once_for_all_static_shapes_where_model_compiles
         return counters["stats"]["unique_graphs"]
 
     try:
-        assert compiles("graphs") <= 2 * 3  # encode and decode: one compile each, and at most two more
-        assert compiles("model") >= len({s for s in shapes})  # a compile a shape
+        assert compiles("graphs", shapes) <= 2 * 3  # encode and decode: one compile each, and at most two more
+        assert compiles("model", shapes[1:5]) >= 2 * 4  # a compile a shape (4 here: the count is the point)
     finally:
         torch._dynamo.reset()
 
