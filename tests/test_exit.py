@@ -29,7 +29,6 @@ def children_of(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 @pytest.mark.parametrize("pack", [False, True], ids=["alone", "packed"])
 def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, pack):
     seeds = ["--pack-seeds", "0,1"] if pack else []
@@ -55,7 +54,6 @@ def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_run_stopped_by_a_signal_to_its_group_right_after_a_validation_exits_within_seconds(cache, tmp_path, signum):
     out = tmp_path / "o"
@@ -92,7 +90,6 @@ SWEEP += [a for a in SMALL if a != "--no-progress"]  # a sweep sets it for its r
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_a_packed_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp_path):
     """`aiayn table3 --pack 2 --num-workers 2`: the pack's trainer exits when its seeds are done, so the driver books
     both completed (it waited on a trainer that never exited, then booked finished seeds as stopped, FAIL in Optuna)."""
@@ -121,7 +118,6 @@ def test_a_packed_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_a_killed_sweep_driver_leaves_no_trainer_or_loader_worker_behind(cache, tmp_path):
     """SIGKILL to the driver of a packed sweep with loader workers, mid-training: its trainer and the trainer's loader
     workers end with it (the trainer asked the kernel to be told of its parent's death), so no orphan goes on

@@ -81,7 +81,7 @@ def sides(cfg, batches: list[dict], device: torch.device, how: str = "none"):
         compiled = pack(models).train()
         counter_dropout(compiled, DropoutStream(list(range(K))).to(device))
         cuda = device.type == "cuda"
-        compile_model(compiled, how, dynamic=False, cuda=cuda)
+        compile_model(compiled, how, dynamic=False, shapes=1, cuda=cuda)  # the bench's one shape
         opt = adam(compiled.parameters())
         out["packed, compiled"] = lambda: packed_step(compiled, opt)
     return out

@@ -117,7 +117,8 @@ def compile_model(
     recompile limit now (or later, once the data is set up: `room_for`). `backend`: torch.compile's, default
     AIAYN_COMPILE_BACKEND or inductor (tests and the GPU check's CPU smoke count graphs with "eager": dynamo's tracing
     without code generation). `graphs` (static shapes only): the model whole, compiled once with symbolic shapes for
-    every static shape, as CUDA graphs where `cuda` (one recorded per shape), else without them, said once. Returns
+    every static shape (static where `shapes` is 1), as CUDA graphs where `cuda` (one recorded per shape), else
+    without them, said once. Returns
     how many modules share each compiled function (0: nothing compiled)."""
     backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
     if how not in COMPILE_HOWS:
@@ -128,8 +129,8 @@ def compile_model(
     if fallback:
         log.info("--compile auto: compiling the model whole on the GPU (--compile none trains eager)")
     mode = graphs_mode(how, dynamic, cuda)
-    if how == "graphs":  # one compile for every static shape; cudagraph trees record a graph per shape
-        dynamic = True
+    if how == "graphs" and shapes != 1:  # one compile for every static shape; a CUDA graph recorded per shape
+        dynamic = True  # (one shape, as a bench's: static, whose symbolic tracing would cost more and buy nothing)
     compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend, **({"mode": mode} if mode else {}))
     if how == "layers":
         layers = [*model.encoder, *model.decoder]
