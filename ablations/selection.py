@@ -24,9 +24,7 @@ class Selection:
 
     OPTION_GROUPS: typing.ClassVar = (("the sweep", ("rows", "seeds", "base_seeds", "first_seed", "extended")),)
 
-    rows: str | None = option(
-        None,
-    )
+    rows: str | None = option(None)
     """row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the preset's
     pre-registered rows (ablations/predictions.csv) and base (default: the preset's choice)"""
     extended: bool = option(False)

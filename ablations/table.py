@@ -234,10 +234,7 @@ class RowChoice:
     """row ids and/or groups, comma-separated (default: all paper rows)"""
     extended: bool = option(False)
     """include the extended rows beyond the paper"""
-    table: tuple[str, ...] = option(
-        (),
-        metavar="FILE",
-    )
+    table: tuple[str, ...] = option((), metavar="FILE")
     """a table file of your own rows, in the layout of ablations/extended.csv, its cells in the paper's units (the
     preset scales them as it scales the paper's rows) (repeatable)"""
 

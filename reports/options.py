@@ -14,9 +14,7 @@ from aiayn.common.options import option
 class ReportOptions:
     """`aiayn report`: which runs, reported where, for which preset, and whether to W&B too."""
 
-    runs: tuple[str, ...] = option(
-        (),
-    )
+    runs: tuple[str, ...] = option(())
     """the --out of the runs to report (every metrics.json under it); repeat it to pool seed sets run into separate
     directories into one table (default: runs)"""
     out: str | None = option(None)
@@ -25,10 +23,7 @@ class ReportOptions:
     """only this preset (default: every preset found)"""
     wandb: bool = option(False)
     """also log each report to W&B: the table as a wandb.Table, the files as an artifact"""
-    against: str | None = option(
-        None,
-        metavar="DIR",
-    )
+    against: str | None = option(None, metavar="DIR")
     """a report folder to compare with, verdict by verdict (e.g. reports/reference/evidence): writes
     table3-PRESET-against.md and .csv beside each report whose table3-PRESET.csv it holds"""
 

@@ -68,20 +68,14 @@ class HpoOptions:
 
     trials: int = option(10)
     """trials in the search; a rerun runs the missing ones (an interrupted one resumes)"""
-    space: str | None = option(
-        None,
-        metavar="FILE",
-    )
+    space: str | None = option(None, metavar="FILE")
     """a YAML file of the search space, one entry per knob (any `--set` key): `{low: L, high: H}` with optional `log:
     true` and `step: S`, or `{choices: [...]}` (default: lr_factor, warmup, P_drop around the paper's values; label
     smoothing only by this file: its dev perplexity moves by smoothing's arithmetic, so tuning on val/ppl would choose
     it by its floor)"""
     storage: str | None = option(None)
     """Optuna storage URL (default: sqlite:///OUT/hpo.db)"""
-    backend: str = option(
-        "local",
-        choices=BackendNames(),
-    )
+    backend: str = option("local", choices=BackendNames())
     """where trials train: local (one after another in this process) or subprocess (each in a fresh `aiayn hpo` process,
     --jobs at once, its pruning reports going to the study's storage); a back end that cannot run trials (slurm) is
     refused with its reason"""

@@ -69,37 +69,23 @@ class SweepOptions:
     """report directory (default: OUT/reports; '' for none)"""
     jobs: int | None = option(None, positive=True)
     """training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)"""
-    gpus_per_job: int | None = option(
-        None,
-        positive=True,
-        metavar="K",
-    )
+    gpus_per_job: int | None = option(None, positive=True, metavar="K")
     """GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices (default: 1 each
     when a GPU is visible for each run)"""
     # the registry's back ends, with their help (one with options of its own, slurm, takes them too: `aiayn table3
     # --backend slurm` is `aiayn slurm table3`, whose --help lists them: `options_for`)
     backend: str | None = option(None, help=backend_help(), choices=BackendNames())
-    pack: str = option(
-        "auto",
-        metavar="auto|off|K",
-    )
+    pack: str = option("auto", metavar="auto|off|K")
     """seeds of one row a worker trains as one pack, one process and one step for all (docs/training.md): auto (up to 8
     where the runs train on a GPU, whose launches a pack shares; none on a CPU, where a pack trains about as fast as its
     seeds apart: BENCHMARKS.md), off, or the most seeds in a pack"""
-    fail_on_diverged: bool = option(
-        False,
-    )
+    fail_on_diverged: bool = option(False)
     """exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as such, and the
     exit status is 0)"""
-    log_interval: float = option(
-        60.0,
-        metavar="S",
-    )
+    log_interval: float = option(60.0, metavar="S")
     """seconds between the sweep's lines on its pairs under way, one per pair: its step of its budget, its last training
     loss, its pace and the training left at it (fairseq's --log-interval); 0: none"""
-    dry_run: bool = option(
-        False,
-    )
+    dry_run: bool = option(False)
     """list every pair of the sweep and what this command would do with it (run, extend a run capped by an earlier
     --max-steps, leave a done one, wait for a running one), then stop: nothing is trained or written"""
     # the main job without --preset: the evidence regime at a fixed budget, one seed (ablations/presets.py, `quick`)

@@ -54,45 +54,27 @@ class BenchOptions:
     """torch.set_num_threads (default: torch's own)"""
     padding: bool = option(False)
     """also the padding waste of token-bucket batches"""
-    profile: bool = option(
-        False,
-    )
+    profile: bool = option(False)
     """also profile aiayn's training step (torch.profiler, --steps steps): launches a step, the top kernels, the
     device's idle time between them"""
-    compile: str = option(
-        "none",
-        choices=("none", "layers", "model", "graphs"),
-    )
+    compile: str = option("none", choices=("none", "layers", "model", "graphs"))
     """torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is fixed, so statically; graphs:
     as CUDA graphs on a GPU)"""
-    residual_dtype: str = option(
-        "fp32",
-        choices=("fp32", "bf16"),
-    )
+    residual_dtype: str = option("fp32", choices=("fp32", "bf16"))
     """aiayn's residual stream under the bench's bf16 autocast (a CUDA device), as `aiayn train --residual-dtype` keeps
     it: fp32 (autocast's) or bf16"""
     multi30k_dir: str | None = option(None)
     """Multi30k files for --padding (train.en.gz, ...)"""
     cache_dir: str | None = option(None)
     """tokenizer/encoded-data cache for --padding"""
-    trainer: bool = option(
-        False,
-    )
+    trainer: bool = option(False)
     """instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches (tokens/s of
     each and their ratio, per size; aiayn/bench/trainer.py says what each side includes)"""
-    pack: int | None = option(
-        None,
-        positive=True,
-        metavar="K",
-    )
+    pack: int | None = option(None, positive=True, metavar="K")
     """instead: K seeds' training steps packed into one (lightning_modules/transformer/packed.py) against the K
     models stepped one after another, each seed its own batch (seed-steps/s of each, launches per step;
     aiayn/bench/packed.py)"""
-    trainer_sizes: tuple[str, ...] = option(
-        (),
-        flag="--trainer-size",
-        metavar="SIZE",
-    )
+    trainer_sizes: tuple[str, ...] = option((), flag="--trainer-size", metavar="SIZE")
     """with --trainer: a model size to measure (repeatable; default: tiny and laptop)"""
 
     @classmethod

@@ -24,10 +24,7 @@ class DoctorOptions:
     checks: tuple[str, ...] = option(
         (), help=f"run only this check (repeatable; default: all): {', '.join(CHECKS)}", flag="--check", metavar="NAME"
     )
-    out: str | None = option(
-        None,
-        metavar="DIR",
-    )
+    out: str | None = option(None, metavar="DIR")
     """keep the short training runs and their logs here (default: a temporary directory, removed at the end)"""
     cache_dir: str | None = option(None)
     """tokenizer/corpus cache for the short runs (default: $AIAYN_CACHE or ~/.cache/aiayn)"""

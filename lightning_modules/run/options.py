@@ -69,10 +69,7 @@ class TrainOptions:
 
     row: str = option("base")
     """the Table 3 row (see `aiayn rows`)"""
-    table: tuple[str, ...] = option(
-        (),
-        metavar="FILE",
-    )
+    table: tuple[str, ...] = option((), metavar="FILE")
     """a table file of your own rows, in the layout of ablations/extended.csv, its cells in the paper's units (the
     preset scales them as it scales the paper's rows) (repeatable)"""
     preset: str = option("tiny", help=f"the scale: {', '.join(PRESETS)} (`aiayn rows --preset NAME` shows one)")
@@ -83,16 +80,10 @@ class TrainOptions:
     )
     data_dir: str | None = option(None)
     """the corpus's files (multi30k, wmt14: instead of a download; files: required)"""
-    hf_splits: str | None = option(
-        None,
-        metavar="train=…,dev=…,test=…",
-    )
+    hf_splits: str | None = option(None, metavar="train=…,dev=…,test=…")
     """with --data hf:…: which of the dataset's splits are train, dev and test (default: train; validation, dev or
     valid; test)"""
-    source_eos: str | None = option(
-        None,
-        choices=("yes", "no"),
-    )
+    source_eos: str | None = option(None, choices=("yes", "no"))
     """end every source sentence with </s>, as tensor2tensor, fairseq and Marian do (the paper's models; and what
     MarianTokenizer's default call encodes): yes, or no (sources without it, as older aiayn's runs, the committed
     evidence table among them) (default: yes; a resumed run keeps its own)"""
@@ -114,9 +105,7 @@ class TrainOptions:
     """nodes (world size = devices x nodes)"""
     strategy: str = option("auto")
     """Lightning strategy, e.g. ddp"""
-    precision: str = option(
-        "auto",
-    )
+    precision: str = option("auto")
     """Lightning precision: auto (bf16-mixed on a GPU that supports it, else 32-true with TF32 matmuls on a GPU),
     32-true, bf16-mixed, ...; 16-mixed is refused (the fused loss computes its gradients in the forward)"""
     max_steps: int | None = option(None, positive=True)
@@ -125,113 +114,66 @@ class TrainOptions:
     """real target tokens per device batch; accumulation makes up the preset's tokens per step"""
     vocab_size: int | None = option(None, positive=True)
     """joint BPE vocabulary (default: the preset's)"""
-    train_pairs: int | None = option(
-        None,
-        positive=True,
-        metavar="K",
-    )
+    train_pairs: int | None = option(None, positive=True, metavar="K")
     """train on the first K training pairs only, a data-limited regime (default: the preset's)"""
-    tokenizer: str | None = option(
-        None,
-        metavar="FILE",
-    )
+    tokenizer: str | None = option(None, metavar="FILE")
     """a SentencePiece model to use instead of training one (e.g. another run's tokenizer.model)"""
-    val_bleu_sentences: int | None = option(
-        None,
-        metavar="K",
-    )
+    val_bleu_sentences: int | None = option(None, metavar="K")
     """the first K dev sentences beam-decoded for val/bleu at each validation (default: the preset's; 0: no BLEU until
     the final evaluation); val/ppl is always the whole dev set's"""
     ckpt_every: int | None = option(None, positive=True)
     """optimizer steps between kept checkpoints (default: the preset's)"""
     ckpt_every_minutes: float | None = option(None)
     """instead, wall-clock minutes between kept checkpoints"""
-    keep_last: int | None = option(
-        None,
-        positive=True,
-        metavar="N",
-    )
+    keep_last: int | None = option(None, positive=True, metavar="N")
     """periodic checkpoints (stepNNNNNNN.ckpt) kept, the newest; checkpoints/last.ckpt is kept besides (default: the
     preset's: 20, enough to average the last 20 as the paper's big model; 5 for tiny)"""
-    keep_for_averaging: int | None = option(
-        None,
-        positive=True,
-        metavar="M",
-    )
+    keep_for_averaging: int | None = option(None, positive=True, metavar="M")
     """instead of --keep-last alone: the newest M periodic checkpoints kept, of which the newest --keep-last stay whole
     and the older ones are rewritten as weights only, all that averaging reads (default: as many as --keep-last, all
     whole); e.g. --keep-last 2 --keep-for-averaging 20 for the paper's big model"""
-    weights_only_checkpoints: bool = option(
-        False,
-    )
+    weights_only_checkpoints: bool = option(False)
     """periodic checkpoints without the optimizer state (a third of the size, all that averaging and translating read);
     last.ckpt keeps the whole state, so a resume is unchanged"""
     val_every: int | None = option(None, positive=True)
     """optimizer steps between validations (default: the preset's)"""
-    stability_validations: bool = option(
-        True,
-    )
+    stability_validations: bool = option(True)
     """also validate at the steps nearest 75% and 87.5% of the budget (three around each where the preset reads a
     window) where --val-every's schedule misses them: the report's stability rule reads them"""
     eval_subset: int | None = option(None, positive=True)
     """final evaluation on the first K dev sentences (default: all, as the paper)"""
     num_workers: int | None = option(None)
     """data loader worker processes (default: 4 on a GPU, 0 on a CPU)"""
-    pad_to: int | None = option(
-        None,
-        positive=True,
-        metavar="K",
-    )
+    pad_to: int | None = option(None, positive=True, metavar="K")
     """pad each batch's lengths up to a multiple of K (8 or 16 on a GPU), so batch shapes repeat (compiled kernels and
     attention plans are made once per shape), at the cost of padding (default: 1, none)"""
-    static_shapes: bool = option(
-        False,
-    )
+    static_shapes: bool = option(False)
     """batches of a few fixed shapes: each sentence's longer side rounded up to a multiple of --pad-to (its bucket), a
     fixed number of sentences per bucket (filling the step's budget with real tokens, as the dynamic batches do), both
     sides padded to it; what --compile model with fixed shapes, or a CUDA graph, needs; the padding costs extra
     positions, not tokens"""
-    matmul_precision: str | None = option(
-        None,
-        choices=("highest", "high", "medium"),
-    )
+    matmul_precision: str | None = option(None, choices=("highest", "high", "medium"))
     """fp32 matmuls on a GPU (torch.set_float32_matmul_precision): highest (exact fp32, what a CPU computes: with
     --precision 32-true, a GPU rerun of a table registered on CPUs is the same experiment), high (TF32 tensor cores; the
     default on a GPU), medium; a CPU run is unchanged"""
-    residual_dtype: str = option(
-        "auto",
-        choices=("auto", "fp32", "bf16"),
-    )
+    residual_dtype: str = option("auto", choices=("auto", "fp32", "bf16"))
     """the residual stream's dtype under bf16-mixed: auto (bf16 where the run trains in bf16-mixed, a GPU's default;
     fp32 otherwise), fp32 (as autocast leaves it: LayerNorm returns fp32) or bf16 (half its elementwise bytes on a GPU;
     its dev PPL within 3% of fp32's, BENCHMARKS.md); where autocast runs only: the final evaluation, translation and
     export run the fp32 model"""
-    dropout_rng: str = option(
-        "torch",
-        choices=("torch", "counter"),
-    )
+    dropout_rng: str = option("torch", choices=("torch", "counter"))
     """where dropout's masks come from: torch (its generator, seeded by --seed) or counter (each mask a hash of the
     seed, the batch's place in the run and the position: the same masks as this seed's in a pack of seeds, and after a
     resume; 6-14% slower a step on a CPU, BENCHMARKS.md; compiled too)"""
-    batch_order_seed: int | None = option(
-        None,
-        at_least=0,
-        metavar="S",
-    )
+    batch_order_seed: int | None = option(None, at_least=0, metavar="S")
     """the seed whose batch lengths and their order this run's training batches take, filled with sentences of its own
     --seed's shuffle (default: its own, a pack's seeds each theirs); given, a pack's seeds share it and pad little when
     stacked, at the price of a shared length schedule"""
-    pack_seeds: str | None = option(
-        None,
-        metavar="S,S,...",
-    )
+    pack_seeds: str | None = option(None, metavar="S,S,...")
     """train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory,
     sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; for a GPU: on two
     CPU cores a pack trains about as fast as its seeds in two processes, BENCHMARKS.md)"""
-    compile: str = option(
-        "auto",
-        choices=("auto", "none", "layers", "model", "graphs"),
-    )
+    compile: str = option("auto", choices=("auto", "none", "layers", "model", "graphs"))
     """torch.compile: auto (the model whole on a CUDA device, where it pays; eager on a CPU; a compile that fails trains
     eager, said in one line); none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm fused
     around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape compiles once); graphs
@@ -239,22 +181,15 @@ class TrainOptions:
     --static-shapes; without a CUDA device, the same compile without graphs). Numbers equal eager's within float
     rounding; with dropout, masks come from inductor's RNG (the counter stream's with --dropout-rng counter, as in a
     pack)"""
-    logger: str | None = option(
-        None,
-        metavar="NAMES",
-    )
+    logger: str | None = option(None, metavar="NAMES")
     """where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each under the run
     directory (default: csv,tensorboard, or csv where tensorboard is not installed)"""
-    wandb: bool = option(
-        False,
-    )
+    wandb: bool = option(False)
     """also log to Weights & Biases (the same as adding wandb to --logger); online with WANDB_API_KEY or `wandb login`,
     else offline, unless WANDB_MODE says otherwise"""
     wandb_checkpoints: bool = option(False)
     """with W&B: also log the final checkpoint as a W&B model artifact"""
-    log_model: bool = option(
-        False,
-    )
+    log_model: bool = option(False)
     """log the final checkpoint (it carries its tokenizer and config) as an artifact to every tracker that keeps files:
     MLflow (model/: the checkpoint, its config.json and tokenizer, and a README on loading it) and W&B (a model
     artifact)"""

@@ -22,18 +22,11 @@ class ModelSource:
     """a checkpoint file instead (e.g. one written by `aiayn average`)"""
     ct2: str | None = option(None, metavar="DIR")
     """instead, a CTranslate2 model written by `aiayn export --format ctranslate2`"""
-    average: int | None = option(
-        None,
-        positive=True,
-        metavar="K",
-    )
+    average: int | None = option(None, positive=True, metavar="K")
     """with --run: the mean of its last K kept checkpoints (the paper's Table 2 practice)"""
     device: str = option("auto", choices=("auto", "cpu", "cuda"))
     """auto: the GPU when one is visible"""
-    precision: str = option(
-        "auto",
-        choices=("auto", "32-true", "bf16-mixed"),
-    )
+    precision: str = option("auto", choices=("auto", "32-true", "bf16-mixed"))
     """auto: bf16 on a GPU that has it (as training), else fp32; or 32-true, bf16-mixed"""
     beam: int = option(PAPER_DECODING.beam, positive=True)
     """beam size (1: greedy); the paper's 4"""
@@ -43,10 +36,7 @@ class ModelSource:
     """longest output = source length + this; the paper's 50"""
     max_tokens: int = option(DECODE_MAX_TOKENS, positive=True)
     """source tokens per batch, padding included"""
-    ct2_batching: str = option(
-        "same-length",
-        choices=("same-length", "sorted"),
-    )
+    ct2_batching: str = option("same-length", choices=("same-length", "sorted"))
     """with --ct2: CTranslate2's batches: same-length (one source length a batch: exactly aiayn's per-sentence length
     limits) or sorted (neighbouring lengths together, each batch limited by its longest source: 1.7-2.0x faster at
     d_model 256, BENCHMARKS.md; differs only for outputs that never end)"""
@@ -135,19 +125,13 @@ class ExportOptions:
     model card; optionally pushed to the Hub) or CTranslate2 (lightning_modules/use/export.py)."""
 
     model: ModelSource = field(default_factory=ModelSource)
-    format: str = option(
-        "hf",
-        choices=("hf", "ctranslate2"),
-    )
+    format: str = option("hf", choices=("hf", "ctranslate2"))
     """hf: a MarianMTModel + tokenizer directory with a model card; ctranslate2: a CTranslate2 model"""
     out: str | None = option(None, metavar="DIR")
     """the directory to write (required; new or empty; written whole or not at all)"""
     quantization: str = option("float32", choices=CT2_QUANTIZATIONS)
     """ctranslate2: the weights' type"""
-    push_to_hub: str | None = option(
-        None,
-        metavar="REPO",
-    )
+    push_to_hub: str | None = option(None, metavar="REPO")
     """also upload the export to this Hugging Face Hub model repository (created if need be; the token from HF_TOKEN or
     `hf auth login`)"""
     private: bool = option(False)

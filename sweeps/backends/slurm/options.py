@@ -74,9 +74,7 @@ class SlurmSweepOptions:
     """block until the jobs end; exit 1 if any run did not complete"""
     poll_s: float = option(5.0, cli=False)
     # the sweep's options whose meaning SLURM changes (the same names: these replace the sweep's)
-    report: str | None = option(
-        None,
-    )
+    report: str | None = option(None)
     """report directory (default: OUT/reports; '' for none): written by a job that runs when the array has ended (sbatch
     --dependency=afterany), or here after --wait"""
     dry_run: bool = option(False)
@@ -104,18 +102,14 @@ class SlurmOptions:
     select: Selection = field(default_factory=Selection)
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False, **FOLLOW_RESOURCES))
     resources: SlurmResources = field(default_factory=SlurmResources)
-    report: str | None = option(
-        None,
-    )
+    report: str | None = option(None)
     """report directory (default: OUT/reports; '' for none): written by a job that runs when the array has ended (sbatch
     --dependency=afterany), or here after --wait"""
     dry_run: bool = option(False)
     """write and print the script, submit nothing"""
     wait: bool = option(False)
     """block until the jobs end; exit 1 if any run did not complete"""
-    fail_on_diverged: bool = option(
-        False,
-    )
+    fail_on_diverged: bool = option(False)
     """with --wait: exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as
     such)"""
     poll_s: float = option(5.0, cli=False)
