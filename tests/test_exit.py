@@ -28,13 +28,11 @@ def children_of(pid: int) -> list[int]:
     return [int(c) for c in found.read_text().split()] if found.exists() else []
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("pack", [False, True], ids=["alone", "packed"])
-def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, pack):
-    seeds = ["--pack-seeds", "0,1"] if pack else []
-    argv = ["train", "--row", "base", *SMALL, *QUICK, "--max-steps", "2", "--val-every", "2", "--ckpt-every", "2"]
+def runs_to_its_end(argv: list[str], cache: Path, limit: float) -> str:
+    """Run `aiayn ARGV` in a process group of its own and wait for it to exit by itself, at most `limit` seconds (then
+    its whole group is killed and the test fails, naming what was left); its exit status must be 0. Its stderr."""
     proc = subprocess.Popen(
-        aiayn(*argv, *seeds, "--out", str(tmp_path / "o")),
+        aiayn(*argv),
         env=dict(os.environ, AIAYN_CACHE=str(cache)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -42,13 +40,22 @@ def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, 
         start_new_session=True,
     )
     try:
-        err = proc.communicate(timeout=EXIT_WITHIN_S * 3)[1]
+        err = proc.communicate(timeout=limit)[1]
     except subprocess.TimeoutExpired:
         left = children_of(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail(f"the process did not exit after its run (loader workers left: {left})")
+        pytest.fail(f"`aiayn {argv[0]}` did not exit after its work, {limit:.0f} s (its children left: {left})")
     assert proc.returncode == 0, err[-2000:]
+    return err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", [False, True], ids=["alone", "packed"])
+def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, pack):
+    seeds = ["--pack-seeds", "0,1"] if pack else []
+    argv = ["train", "--row", "base", *SMALL, *QUICK, "--max-steps", "2", "--val-every", "2", "--ckpt-every", "2"]
+    runs_to_its_end([*argv, *seeds, "--out", str(tmp_path / "o")], cache, EXIT_WITHIN_S * 3)
     runs = tmp_path / "o" / "tiny" / "synthetic" / "base"
     assert all((runs / f"seed{s}" / "metrics.json").is_file() for s in ([0, 1] if pack else [0]))
 
@@ -96,21 +103,7 @@ def test_a_packed_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp
     import optuna
 
     out = tmp_path / "o"
-    proc = subprocess.Popen(
-        aiayn(*SWEEP, "--max-steps", "2", "--val-every", "2", "--out", str(out)),
-        env=dict(os.environ, AIAYN_CACHE=str(cache)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        err = proc.communicate(timeout=EXIT_WITHIN_S * 5)[1]
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("the sweep did not end after its pack's runs")
-    assert proc.returncode == 0, err[-2000:]
+    runs_to_its_end([*SWEEP, "--max-steps", "2", "--val-every", "2", "--out", str(out)], cache, EXIT_WITHIN_S * 5)
     assert (out / "tiny" / "synthetic" / "base" / "pack-seed0-seed1").is_dir()
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out}/optuna.db")
     states = sorted((t.user_attrs["seed"], t.state.name) for t in study.trials)
@@ -121,7 +114,7 @@ def test_a_packed_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp
 def test_a_killed_sweep_driver_leaves_no_trainer_or_loader_worker_behind(cache, tmp_path):
     """SIGKILL to the driver of a packed sweep with loader workers, mid-training: its trainer and the trainer's loader
     workers end with it (the trainer asked the kernel to be told of its parent's death), so no orphan goes on
-    holding the pack's run locks and a rerun trains the pairs."""
+    holding the pack's run locks."""
     out = tmp_path / "o"
     proc = subprocess.Popen(
         aiayn(*SWEEP, "--max-steps", "100000", "--val-every", "4", "--ckpt-every", "4", "--out", str(out)),

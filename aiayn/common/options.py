@@ -56,9 +56,9 @@ def option(
 ):
     """A dataclass field that is also a command-line option, its help text the docstring under it (`help`: a text
     computed where the field is made, instead). `parse` turns the repeated string values of a `dict` field into the
-    dict, `render` the dict back into those strings; `cli=False` keeps a
-    field off the command line; `positional` makes it an argument without a flag (`aiayn status OUT`). A field
-    without a default is required: on the command line or in a --config file (checked by :func:`from_args`)."""
+    dict, `render` the dict back into those strings; `cli=False` keeps a field off the command line; `positional`
+    makes it an argument without a flag (`aiayn status OUT`). A field without a default is required: on the command
+    line or in a --config file (checked by :func:`from_args`)."""
     meta = {
         _KEY: dict(
             help=help,

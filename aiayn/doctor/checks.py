@@ -326,9 +326,8 @@ def dispatch_order() -> list[str]:
     set at the first dispatch, so read it after one."""
     from torch.nn.attention import SDPBackend
 
-    return [
-        _short(SDPBackend(i).name) for i in torch._C._get_sdp_priority_order() if SDPBackend(i).name != "OVERRIDEABLE"
-    ]
+    names = [SDPBackend(i).name for i in torch._C._get_sdp_priority_order()]
+    return [_short(name) for name in names if name != "OVERRIDEABLE"]
 
 
 # ATen's select_sdp_backend, when no enabled backend fits, warns "<backend> kernel not used because:" for each
