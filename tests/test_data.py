@@ -957,3 +957,42 @@ def test_a_run_records_its_source_eos_and_a_resumed_run_keeps_its_own(tmp_path):
     assert not plan(opts).dm.data.source_eos  # resumed as it started
     assert plan(replace(opts, source_eos="yes")).dm.data.source_eos  # asked for: then the run's config check refuses
     assert not plan(replace(opts, source_eos="no", out=str(tmp_path / "fresh"))).config.data.source_eos
+
+
+def _record_masks(path: str, worker_id: int) -> None:
+    """A worker_init_fn: the signal mask the worker started with, then the one after worker_signals, to `path`."""
+    import signal
+
+    from aiayn.lightning_modules.data.datamodule import worker_signals
+
+    started = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    worker_signals(worker_id)
+    after = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    Path(path).write_text(json.dumps([sorted(map(int, started)), sorted(map(int, after))]))
+
+
+def test_loader_workers_start_with_the_stop_signals_held_until_their_handlers_are_in(tmp_path):
+    """A signal to the trainer's group that lands while a loader forks its workers must not meet torch's worker
+    handler, which ends a worker on a signal its parent did not send (the trainer failed half-way through making its
+    iterator, and a worker it never shut down kept it from exiting): the workers start with SIGTERM, SIGINT and
+    SIGUSR1 held, worker_signals lets them through once its handlers are in, and the trainer's mask is as before."""
+    import functools
+    import signal
+
+    from aiayn.lightning_modules.data.batching import STOP_SIGNALS, ResumableDataLoader, TokenBucketSampler
+
+    sampler = TokenBucketSampler([3] * 8, [3] * 8, max_tokens=16, shuffle=False)
+    record = tmp_path / "masks"
+    loader = ResumableDataLoader(
+        list(range(8)),
+        batch_sampler=sampler,
+        num_workers=1,
+        collate_fn=lambda batch: batch,
+        worker_init_fn=functools.partial(_record_masks, str(record)),
+    )
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    batches = list(loader)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+    assert sorted(sum(batches, [])) == list(range(8))
+    started, after = map(set, json.loads(record.read_text()))
+    assert set(STOP_SIGNALS) <= started and not set(STOP_SIGNALS) & after

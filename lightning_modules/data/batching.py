@@ -8,7 +8,9 @@ every loader's worker processes down (at the end of a run, and at exit).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
+import signal
 import weakref
 from collections.abc import Iterator, Sequence
 
@@ -268,7 +270,8 @@ class ResumableDataLoader(DataLoader):
     def _start(self):
         sampler = self.batch_sampler
         self._consumed, self._epoch = sampler._skip, sampler.epoch  # _skip: consumed before a resume
-        return super().__iter__()
+        with stop_signals_held():  # the workers this may fork start with them held (see stop_signals_held)
+            return super().__iter__()
 
     def state_dict(self) -> dict:
         return {"epoch": getattr(self, "_epoch", self.batch_sampler.epoch), "yielded": self._consumed}
@@ -279,6 +282,24 @@ class ResumableDataLoader(DataLoader):
 
 
 _LOADERS: weakref.WeakSet[ResumableDataLoader] = weakref.WeakSet()
+
+# the signals meant for the trainer that also reach its loader workers (its process group's, SLURM's warning)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """Hold STOP_SIGNALS back in this thread while it starts loader workers: a forked worker inherits the mask, and
+    its worker_init_fn (datamodule.worker_signals) lets them through once its own handlers are in. A signal to the
+    group that landed between the fork and those handlers met torch's worker handler, which ends a worker on a
+    signal not sent by its parent: the trainer then failed with "DataLoader worker is killed by signal" half-way
+    through making its iterator, whose other workers no one shut down, and multiprocessing's exit waited on them
+    forever. Held, the signal waits: in the worker for its handlers, in the trainer until its workers are up."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def release_workers() -> None:

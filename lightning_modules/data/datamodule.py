@@ -19,6 +19,7 @@ import torch
 
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.data.batching import (
+    STOP_SIGNALS,
     ResumableDataLoader,
     TokenBucketSampler,
     batch_shapes,
@@ -60,10 +61,14 @@ def worker_signals(worker_id: int) -> None:
       worker (pid ...) is killed by signal" wherever the trainer was, so a run the signal should have stopped in
       one line ended in a chain of tracebacks. The trainer stops on its own copy and shuts its workers down through
       their queues (batching.release_workers, at the end of a run and at exit: multiprocessing's exit handler sends
-      only one SIGTERM); a second signal ends the worker."""
+      only one SIGTERM); a second signal ends the worker.
+
+    The worker starts with these signals held (batching.stop_signals_held) and lets them through once its handlers
+    are in: one sent while it started is then the first it ignores."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop_on_the_second)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 class TranslationDataModule(pl.LightningDataModule):
