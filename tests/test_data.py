@@ -371,6 +371,11 @@ def test_spm_deterministic(tmp_path, small_spm):
     # Compare pieces and scores (.vocab): the .model also records the temporary training prefix.
     assert again.with_suffix(".vocab").read_bytes() == model.with_suffix(".vocab").read_bytes()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # temp dir cleaned
+    # the fingerprint runs record is how the model segments, not its file, whose bytes hold the temporary prefix
+    assert again.read_bytes() != model.read_bytes()
+    assert T.segmentation_sha256(again) == T.segmentation_sha256(model)
+    other = T.train_spm(src, tgt, 121, tmp_path / "other")
+    assert T.segmentation_sha256(other) != T.segmentation_sha256(model)
 
 
 def test_spm_vocab_too_large_is_user_error(tmp_path):

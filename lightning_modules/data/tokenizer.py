@@ -129,6 +129,35 @@ def load_spm(model_path: str | Path):
     return spm.SentencePieceProcessor(model_file=str(model_path))
 
 
+def segmentation_sha256(model_path: str | Path) -> str:
+    """A fingerprint of how a SentencePiece model segments: every piece with its id, score and kind (unknown,
+    control, unused, byte, normal), in id order. The model file's own bytes also hold the options it was trained
+    with, among them a temporary path, so two trainings that segment alike differ there; this does not."""
+    import hashlib
+
+    try:
+        sp = load_spm(model_path)
+    except Exception as e:  # SentencePiece raises OSError or RuntimeError on a file of another kind
+        raise UserError(
+            f"tokenizer {model_path} is not a SentencePiece model ({type(e).__name__}); pass a .model file"
+        ) from None
+    h = hashlib.sha256()
+    for i in range(sp.get_piece_size()):
+        kind = (
+            "u"
+            if sp.is_unknown(i)
+            else "c"
+            if sp.is_control(i)
+            else "x"
+            if sp.is_unused(i)
+            else "b"
+            if sp.is_byte(i)
+            else "n"
+        )
+        h.update(f"{sp.id_to_piece(i)}\t{sp.get_score(i)!r}\t{kind}\n".encode())
+    return h.hexdigest()
+
+
 # --------------------------------------------------------------------------------------------------
 # The encoded-data cache
 # --------------------------------------------------------------------------------------------------

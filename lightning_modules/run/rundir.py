@@ -263,7 +263,10 @@ class RunConfig:
     data: DataIdentity
     train: TrainPlan
     tokenizer_file: str = "tokenizer.model"
-    tokenizer_sha256: str | None = None  # None until the tokenizer exists
+    tokenizer_sha256: str | None = None  # the file's bytes (None until the tokenizer exists)
+    # how it segments (its pieces, scores and kinds: tokenizer.segmentation_sha256): equal for two models that
+    # segment alike, whose files differ in the training options they record
+    tokenizer_segmentation: str | None = None
     options: dict = field(default_factory=dict)  # the TrainOptions that made it (lightning_modules/run/options.py)
     schema: int = SCHEMA
 
@@ -306,7 +309,11 @@ class RunConfig:
             "spec": self.spec.to_dict(),
             "data": self.data.to_dict(),
             "train": asdict(self.train),
-            "tokenizer": {"file": self.tokenizer_file, "sha256": self.tokenizer_sha256},
+            "tokenizer": {
+                "file": self.tokenizer_file,
+                "sha256": self.tokenizer_sha256,
+                "segmentation_sha256": self.tokenizer_segmentation,
+            },
             "options": self.options,
         }
 
@@ -335,6 +342,7 @@ class RunConfig:
             train=_from_dict(TrainPlan, d["train"], "train"),
             tokenizer_file=tok.get("file", "tokenizer.model"),
             tokenizer_sha256=tok.get("sha256"),
+            tokenizer_segmentation=tok.get("segmentation_sha256"),
             options=d.get("options") or {},
         )
 
@@ -507,7 +515,11 @@ class RunDir:
         data = Path(model).read_bytes()
         sha = sha256_bytes(data)
         if self.tokenizer_file.is_file():
+            from aiayn.lightning_modules.data.tokenizer import segmentation_sha256  # torch: only where training
+
             held = sha256_file(self.tokenizer_file)
+            if held != sha and segmentation_sha256(self.tokenizer_file) == segmentation_sha256(model):
+                return held  # the same segmentation, trained again (its file records other training options)
             if held != sha:
                 raise UserError(
                     f"run directory {self.path} was trained with another tokenizer (sha256 {held[:12]}, not "

@@ -47,6 +47,7 @@ from aiayn.common.locks import file_lock
 from aiayn.common.secrets import redact_obj
 from aiayn.lightning_modules.data.batching import release_workers
 from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule, derive_accumulation
+from aiayn.lightning_modules.data.tokenizer import segmentation_sha256
 from aiayn.lightning_modules.run import disk, wandb_run
 from aiayn.lightning_modules.run import loggers as run_loggers
 from aiayn.lightning_modules.run.callbacks import (
@@ -161,7 +162,7 @@ def tokenizer_for(opts: TrainOptions, run: RunDir) -> Path | None:
     own = run.tokenizer_file if run.tokenizer_file.is_file() else None
     if opts.tokenizer and not Path(opts.tokenizer).is_file():
         raise UserError(f"tokenizer {opts.tokenizer} does not exist; pass --tokenizer with a SentencePiece .model file")
-    if opts.tokenizer and own and sha256_file(opts.tokenizer) != sha256_file(own):
+    if opts.tokenizer and own and segmentation_sha256(opts.tokenizer) != segmentation_sha256(own):
         raise UserError(
             f"run directory {run.path} was trained with another tokenizer than --tokenizer {opts.tokenizer}; "
             f"use another --out or drop --tokenizer"
@@ -250,6 +251,7 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
             precision=resolve_precision(opts.precision, opts.accelerator),
         ),
         tokenizer_sha256=sha256_file(tokenizer) if tokenizer else None,
+        tokenizer_segmentation=segmentation_sha256(tokenizer) if tokenizer else None,
         options=options_record(opts),  # `aiayn train --config config.json` trains this run again
     )
     return Plan(spec, run, dm, config)
@@ -336,7 +338,8 @@ def prepare(p: Plan):
                 f"tokenizer; free space there or point AIAYN_CACHE (or --cache-dir) at a disk with "
                 "room"
             ) from None
-    p.config = replace(p.config, tokenizer_sha256=sha256_file(p.dm.tokenizer_model))
+    model = p.dm.tokenizer_model
+    p.config = replace(p.config, tokenizer_sha256=sha256_file(model), tokenizer_segmentation=segmentation_sha256(model))
     p.run.check_config(p.config)
     p.run.check_resume_plan(p.config)
     lock = p.run.hold_lock() if is_launch_rank_zero() else None
