@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from aiayn.ablations.predictions import predictions, scored_rows
 from aiayn.ablations.presets import Preset
+from aiayn.ablations.stages import stage
 from aiayn.ablations.table import MAX_SEED, select_rows
 from aiayn.common.errors import UserError
 from aiayn.common.options import option
@@ -22,7 +23,9 @@ class Selection:
     a row the preset predicts equivalent to base; a row it reports as a check, one; a row whose registration names
     its seeds (ablations/predictions.csv), that many (unless --seeds is given)."""
 
-    OPTION_GROUPS: typing.ClassVar = (("the sweep", ("rows", "seeds", "base_seeds", "first_seed", "extended")),)
+    OPTION_GROUPS: typing.ClassVar = (
+        ("the sweep", ("rows", "seeds", "base_seeds", "first_seed", "extended", "stage")),
+    )
 
     rows: str | None = option(None)
     """row ids and/or groups, comma-separated; 'all': every paper row (and those of --table); 'scored': the preset's
@@ -35,6 +38,9 @@ class Selection:
     """seeds for base, when more than --seeds (default: the preset's)"""
     first_seed: int = option(0)
     """seeds are FIRST, FIRST+1, ...: a second sweep with --first-seed 1 repeats the first one on other seeds"""
+    stage: int | None = option(None, positive=True)
+    """a later stage of the preset's table, as registered (ablations/stages.csv): its rows and their seeds, from its
+    first seed (default: the table itself)"""
 
     def row_names(self, preset: Preset, tables: tuple[str, ...] = ()) -> list[str]:
         """The rows to train, in table order; a row the preset's rule maps onto another (`Preset.aliases`) is
@@ -54,6 +60,8 @@ class Selection:
         return [r for r in select_rows("all", True, tables) if r in wanted]
 
     def pairs(self, preset: Preset, tables: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+        if self.stage is not None:
+            return self._stage_pairs(preset)
         seeds = self.seeds or preset.seeds
         base_seeds = max(self.base_seeds or preset.base_seeds or seeds, seeds)
         # an equivalence claim needs the power of base's seeds on its side too; a check (a row compared with its own
@@ -75,3 +83,33 @@ class Selection:
             n = registered_seeds.get(row, n)
             out += [(row, seed) for seed in range(self.first_seed, self.first_seed + n)]
         return out
+
+    def _stage_pairs(self, preset: Preset) -> list[tuple[str, int]]:
+        """A registered stage's (row, seed) pairs: each row its seeds from the stage's first, seed by seed."""
+        given = [
+            flag
+            for flag, value in (
+                ("--rows", self.rows),
+                ("--seeds", self.seeds),
+                ("--base-seeds", self.base_seeds),
+                ("--extended", self.extended or None),
+            )
+            if value is not None
+        ]
+        if self.first_seed:
+            given.append("--first-seed")
+        if given:
+            raise UserError(
+                f"--stage {self.stage} names its rows and seeds (ablations/stages.csv); drop {', '.join(given)}"
+            )
+        registered = stage(preset.name, self.stage)
+        rows = [row for row in select_rows("all", True) if row in registered.seeds]
+        # seed by seed, each seed's rows together: a stage that runs on more than one machine (a session ends, the
+        # next resumes it elsewhere) gives every machine the rows in the same proportion, so that no machine's
+        # kernels stand in for a row's effect
+        return [
+            (row, seed)
+            for seed in range(registered.first_seed, registered.first_seed + max(registered.seeds.values()))
+            for row in rows
+            if seed < registered.first_seed + registered.seeds[row]
+        ]
