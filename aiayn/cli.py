@@ -57,13 +57,13 @@ def cmd_train(opts, args) -> None:
     from aiayn.lightning_modules.run.spec import spec_for
 
     spec = spec_for(opts, args.recorded)  # a row or table mistake is told before lightning's import (seconds)
-    from aiayn.lightning_modules.run.pack import train_runs
-    from aiayn.lightning_modules.run.train import print_plan, with_recorded_tokenizer
+    from aiayn.lightning_modules.run.train import print_plan, train, with_recorded_tokenizer
 
     opts = with_recorded_tokenizer(opts, spec, args.recorded)
     if args.print_config:
         return print_plan(opts, spec)
-    for metrics in train_runs(opts, spec):  # one run, or a pack's (--pack-seeds); none on a DDP rank but 0
+    metrics = train(opts, spec)
+    if metrics is not None:  # none on a DDP rank but 0, or when the run was checkpointed for a SLURM requeue
         print(metrics.summary_line())
 
 

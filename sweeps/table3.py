@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import typing
-from collections import Counter
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 
@@ -41,11 +40,10 @@ log = logging.getLogger(__name__)
 
 # Options a sweep sets for each of its runs, not the user (`aiayn table3` and the back ends' commands do not take
 # them), and the flags of those options, each answered with what to use instead.
-PER_RUN = ("train.row", "train.seed", "train.progress", "train.pack_seeds")
+PER_RUN = ("train.row", "train.seed", "train.progress")
 SWEEP_SETS = (
     ("--row", "choose the rows with --rows"),
     ("--seed", "choose the seeds with --seeds and --first-seed"),
-    ("--pack-seeds", "the sweep packs a row's seeds with --pack"),
     ("--progress", "its runs print one line each as they end"),
     ("--no-progress", "its runs print one line each as they end, without progress bars"),
 )
@@ -59,7 +57,7 @@ class SweepOptions:
     # --help's sections (the run options' own follow, from TrainOptions)
     OPTION_GROUPS: typing.ClassVar = (
         ("the sweep", ("storage", "report", "fail_on_diverged", "log_interval", "dry_run")),
-        ("back end", ("backend", "jobs", "gpus_per_job", "pack")),
+        ("back end", ("backend", "jobs", "gpus_per_job")),
     )
 
     select: Selection = field(default_factory=Selection)
@@ -75,10 +73,6 @@ class SweepOptions:
     # the registry's back ends, with their help (one with options of its own, slurm, takes them too: `aiayn table3
     # --backend slurm` is `aiayn slurm table3`, whose --help lists them: `options_for`)
     backend: str | None = option(None, help=backend_help(), choices=BackendNames())
-    pack: str = option("auto", metavar="auto|off|K")
-    """seeds of one row a worker trains as one pack, one process and one step for all (docs/training.md): auto (up to 8
-    where the runs train on a GPU, whose launches a pack shares; none on a CPU, where a pack trains about as fast as its
-    seeds apart: BENCHMARKS.md), off, or the most seeds in a pack"""
     fail_on_diverged: bool = option(False)
     """exit 1 when a run diverged, as when one failed (default: a diverged run is a result, reported as such, and the
     exit status is 0)"""
@@ -202,58 +196,7 @@ def launches(opts: SweepOptions, backend: Backend | None = None) -> list[tuple[B
     """(back end, sweep) for the preset's sweep and each of its cells', every one resolved before any runs; the back
     end `backend`, `--backend`'s, or the one each sweep needs (sweeps/backends: by capabilities)."""
     sweeps = [(o, build_sweep(o)) for o in cell_options(opts)]
-    for o, s in sweeps:
-        s.pack = pack_size(o.pack, s)  # before the back end: a pack is a need (`needs`)
-    chosen = [(backend or backend_for(o.backend, s), s) for o, s in sweeps]
-    for b, s in chosen:
-        if s.pack > 1 and not b.capabilities.packs:
-            if opts.pack != "auto":
-                raise UserError(f"--pack {opts.pack}: the {b.name} back end trains one pair a process; pass --pack off")
-            s.pack = 1
-    return chosen
-
-
-AUTO_PACK = 8  # seeds a pack holds at most with --pack auto on a GPU (the pack bench's launches are flat to 16)
-
-
-def pack_count(sweep: Sweep, k: int = AUTO_PACK) -> int:
-    """How many packs of at most `k` seeds the sweep's pairs make (a row's seeds, `k` at a time): the --jobs that
-    trains a packed table in one wave."""
-    seeds = Counter(row for row, _ in sweep.pairs)
-    return sum(-(-n // k) for n in seeds.values())
-
-
-def pack_size(asked: str, sweep: Sweep) -> int:
-    """--pack as the most seeds one pack holds (1: none). auto: AUTO_PACK where the runs train on one GPU each and
-    every row can be packed, else 1; a number: that, or one line saying why it cannot be."""
-    t = sweep.train
-    if asked == "off":
-        return 1
-    if asked == "auto":
-        on_gpu = t.accelerator in ("gpu", "cuda") or (t.accelerator == "auto" and bool(visible_gpus()))
-        if not on_gpu or t.world_size > 1:
-            return 1
-        from aiayn.lightning_modules.run.pack import check_packable  # the trainer's import (seconds): only here
-
-        try:
-            for spec in sweep.specs.values():
-                check_packable(t, spec, "--pack")
-        except UserError as e:
-            log.info("--pack auto: not packing (%s)", e)
-            return 1
-        return AUTO_PACK
-    try:
-        k = int(asked)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise UserError(f"--pack {asked!r}: pass auto, off, or the most seeds of a row one pack trains (e.g. 4)")
-    if k > 1:
-        from aiayn.lightning_modules.run.pack import check_packable
-
-        for spec in sweep.specs.values():
-            check_packable(t, spec, f"--pack {k}")
-    return k
+    return [(backend or backend_for(o.backend, s), s) for o, s in sweeps]
 
 
 def run_table3(opts: SweepOptions, backend: Backend | None = None) -> SweepSummary:

@@ -248,12 +248,17 @@ CASES = {
         f"invalid model config: pe must be one of {', '.join(PE_KINDS)}, got 'fourier' "
         "(--set pe=fourier); change the --set value",
     ),
-    "compile graphs without static shapes": (
+    "compile graphs, removed": (
         TRAIN + ["--compile", "graphs"],
         None,
-        "--compile graphs records a CUDA graph per batch shape, and without "
-        "--static-shapes every batch has its own; add --static-shapes (and "
-        "--pad-to 8), or pass --compile model",
+        "argument --compile: invalid choice: 'graphs' (choose from 'auto', 'none', 'layers', 'model'); see "
+        "`aiayn train --help`",
+    ),
+    "pack seeds, removed": (
+        TRAIN + ["--pack-seeds", "0,1"],
+        None,
+        "--pack-seeds was removed: packs were removed; train each seed as its own run (`aiayn table3 --jobs K` "
+        "runs K at once) (docs/changelog.md)",
     ),
     "unknown --set key": (
         TRAIN + ["--set", "dropout=0.1"],
@@ -650,21 +655,6 @@ CASES = {
         regular_file,
         "--json {tmp}/afile/b.json cannot be written: {tmp}/afile is not a "
         "directory you can write; pass --json a path you can write",
-    ),
-    "bench --trainer --pack": (
-        ["bench", "--trainer", "--pack", "2"],
-        None,
-        "--trainer and --pack are two benches; pass one",
-    ),
-    "bench --pack --peers": (
-        ["bench", "--pack", "2", "--peers"],
-        None,
-        "--pack compares a pack with its seeds stepped apart only; drop --peers, --padding and --trainer-size",
-    ),
-    "bench --pack 0": (
-        ["bench", "--pack", "0"],
-        None,
-        "argument --pack: expected a positive integer, got 0; see `aiayn bench --help`",
     ),
     "bench --trainer --json a directory": (
         ["bench", "--trainer", "--json", "{tmp}"],

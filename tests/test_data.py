@@ -472,32 +472,6 @@ def test_epochs_differ_and_are_reproducible():
     assert list(B.TokenBucketSampler(src, tgt, max_tokens=500, seed=4)) != e0
 
 
-@pytest.mark.parametrize("static", [None, 8])
-def test_a_packs_seeds_take_one_batch_order_with_sentences_of_their_own(static):
-    """A pack's seeds (order_seed: the first's): at every position of every epoch each seed's batch spans the same
-    lengths as the first's (static shapes: the same bucket and count, so the same shape), so stacked they pad little;
-    the sentences are each seed's own (most batches differ), and each epoch still covers every sentence once. The
-    first seed's batches are its batches alone."""
-    src, tgt = _lengths()
-    key = [max(s, t + 1) for s, t in zip(src, tgt)]
-    alone = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=3, static_bucket=static)
-    first = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=3, static_bucket=static, order_seed=3)
-    other = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=4, static_bucket=static, order_seed=3)
-    own = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=4, static_bucket=static)
-    for epoch in (0, 1):
-        a, b = first.all_batches(epoch), other.all_batches(epoch)
-        assert a == alone.all_batches(epoch)
-        span = (
-            (lambda batch: (len(batch), -(-max(key[i] for i in batch) // static)))
-            if static
-            else (lambda batch: (len(batch), min(key[i] for i in batch), max(key[i] for i in batch)))
-        )
-        assert [span(x) for x in a] == [span(x) for x in b]
-        assert sum(set(x) != set(y) for x, y in zip(a, b)) > 0.9 * len(a)
-        assert sorted(i for x in b for i in x) == list(range(len(src)))
-        assert [span(x) for x in own.all_batches(epoch)] != [span(x) for x in a]  # without it, another order
-
-
 def test_ranks_disjoint_equal_and_cover_all_but_trimmed():
     src, tgt = _lengths(3004)
     full = B.TokenBucketSampler(src, tgt, max_tokens=500, seed=7)
@@ -867,7 +841,7 @@ def test_static_batches_carry_the_budgets_real_tokens_as_the_dynamic_ones_do():
 
     dynamic, _ = real_per_batch()
     static, batches = real_per_batch(static_bucket=8)
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs)
     assert mean(static) == pytest.approx(mean(dynamic), rel=0.05)
     padded = [len(b) * -(-max(max(src[i], tgt[i] + 1) for i in b) // 8) * 8 for b in batches]
     assert max(padded) <= PADDED_LIMIT * 512

@@ -1,4 +1,4 @@
-"""Every process exits when its work is done or it is told to stop, with DataLoader workers on: alone, packed, and
+"""Every process exits when its work is done or it is told to stop, with DataLoader workers on: alone, in a sweep, and
 stopped by a signal to its process group right after a validation. A worker ignores its first SIGTERM or SIGINT
 (data/datamodule.py `worker_signals`), and multiprocessing's exit handler sends it only one before joining it
 without a timeout, so a loader still holding workers at exit used to hang the process forever.
@@ -51,13 +51,10 @@ def runs_to_its_end(argv: list[str], cache: Path, limit: float) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pack", [False, True], ids=["alone", "packed"])
-def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path, pack):
-    seeds = ["--pack-seeds", "0,1"] if pack else []
+def test_a_run_with_loader_workers_exits_when_its_work_is_done(cache, tmp_path):
     argv = ["train", "--row", "base", *SMALL, *QUICK, "--max-steps", "2", "--val-every", "2", "--ckpt-every", "2"]
-    runs_to_its_end([*argv, *seeds, "--out", str(tmp_path / "o")], cache, EXIT_WITHIN_S * 3)
-    runs = tmp_path / "o" / "tiny" / "synthetic" / "base"
-    assert all((runs / f"seed{s}" / "metrics.json").is_file() for s in ([0, 1] if pack else [0]))
+    runs_to_its_end([*argv, "--out", str(tmp_path / "o")], cache, EXIT_WITHIN_S * 3)
+    assert (tmp_path / "o" / "tiny" / "synthetic" / "base" / "seed0" / "metrics.json").is_file()
 
 
 @pytest.mark.slow
@@ -92,19 +89,18 @@ def test_a_run_stopped_by_a_signal_to_its_group_right_after_a_validation_exits_w
     assert time.monotonic() - stopped < EXIT_WITHIN_S
 
 
-SWEEP = ["table3", "--rows", "base", "--seeds", "2", "--jobs", "1", "--pack", "2", "--report", "", *QUICK]
+SWEEP = ["table3", "--rows", "base", "--seeds", "2", "--jobs", "1", "--report", "", *QUICK]
 SWEEP += [a for a in SMALL if a != "--no-progress"]  # a sweep sets it for its runs
 
 
 @pytest.mark.slow
-def test_a_packed_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp_path):
-    """`aiayn table3 --pack 2 --num-workers 2`: the pack's trainer exits when its seeds are done, so the driver books
-    both completed (it waited on a trainer that never exited, then booked finished seeds as stopped, FAIL in Optuna)."""
+def test_a_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp_path):
+    """`aiayn table3 --num-workers 2`: each trainer exits when its run is done, so the driver books both completed
+    (a trainer that never exited was booked as stopped, FAIL in Optuna)."""
     import optuna
 
     out = tmp_path / "o"
     runs_to_its_end([*SWEEP, "--max-steps", "2", "--val-every", "2", "--out", str(out)], cache, EXIT_WITHIN_S * 5)
-    assert (out / "tiny" / "synthetic" / "base" / "pack-seed0-seed1").is_dir()
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out}/optuna.db")
     states = sorted((t.user_attrs["seed"], t.state.name) for t in study.trials)
     assert states == [(0, "COMPLETE"), (1, "COMPLETE")], states
@@ -112,9 +108,9 @@ def test_a_packed_sweep_with_loader_workers_books_its_seeds_completed(cache, tmp
 
 @pytest.mark.slow
 def test_a_killed_sweep_driver_leaves_no_trainer_or_loader_worker_behind(cache, tmp_path):
-    """SIGKILL to the driver of a packed sweep with loader workers, mid-training: its trainer and the trainer's loader
+    """SIGKILL to the driver of a sweep with loader workers, mid-training: its trainer and the trainer's loader
     workers end with it (the trainer asked the kernel to be told of its parent's death), so no orphan goes on
-    holding the pack's run locks."""
+    holding the run's lock."""
     out = tmp_path / "o"
     proc = subprocess.Popen(
         aiayn(*SWEEP, "--max-steps", "100000", "--val-every", "4", "--ckpt-every", "4", "--out", str(out)),
@@ -123,10 +119,10 @@ def test_a_killed_sweep_driver_leaves_no_trainer_or_loader_worker_behind(cache, 
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    ckpts = out / "tiny" / "synthetic" / "base" / "pack-seed0-seed1" / "checkpoints"
+    ckpts = out / "tiny" / "synthetic" / "base" / "seed0" / "checkpoints"
     deadline = time.monotonic() + 300
     while not (ckpts.is_dir() and any(ckpts.glob("*.ckpt"))):
-        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before the pack's checkpoint"
+        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended before the run's checkpoint"
         time.sleep(0.1)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -124,7 +124,7 @@ def test_every_option_is_in_one_help_section(cls):
 @pytest.mark.parametrize(
     "command, expected",
     [
-        ("train", ["the run", "data", "training", "validation", "checkpoints", "compile and packing", "logging"]),
+        ("train", ["the run", "data", "training", "validation", "checkpoints", "compile", "logging"]),
         ("table3", ["the sweep", "back end", "the run", "data", "training", "validation", "checkpoints"]),
     ],
 )

@@ -116,9 +116,9 @@ def device_reads(monkeypatch):
     return counter
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "compile graphs"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile model"])
 def test_one_sync_on_a_log_step_and_none_between_with_the_defaults_progress_bar_included(
-    cache, tmp_path, device_reads, both_paths, graphs, monkeypatch
+    cache, tmp_path, device_reads, both_paths, compiled, monkeypatch
 ):
     """With the progress bar on (the default) and log steps inside the window (every 2 steps here), a log
     step reads the device once. Before, the bar read the logged loss at every batch end and a log step read every
@@ -127,14 +127,13 @@ def test_one_sync_on_a_log_step_and_none_between_with_the_defaults_progress_bar_
     A step between log steps reads it not at all. Its non-finite flag went to the host at every step
     (the GPU idle while the host queued Adam and the next forward); now it is copied behind the step's work, read at
     the next step, and fused Adam skips the step's update on the device meanwhile (test_reliability's
-    test_a_non_finite_step_between_log_steps_...). The same with the model compiled as `--compile graphs` (the
-    eager backend here: dynamo's tracing), whose Adam is fused too (a compiled single-tensor Adam read the flag at
-    every step)."""
+    test_a_non_finite_step_between_log_steps_...). The same with the model compiled whole (`--compile model`, the
+    eager backend here: dynamo's tracing)."""
     syncs = Syncs(device_reads)
     graphed = {}
-    if graphs:
+    if compiled:
         monkeypatch.setenv("AIAYN_COMPILE_BACKEND", "eager")
-        graphed = {"compile": "graphs", "static_shapes": True, "pad_to": 8}
+        graphed = {"compile": "model"}
     opts = T.TrainOptions(
         out=str(tmp_path),
         max_steps=STEPS,

@@ -57,12 +57,13 @@ class BenchOptions:
     profile: bool = option(False)
     """also profile aiayn's training step (torch.profiler, --steps steps): launches a step, the top kernels, the
     device's idle time between them"""
-    compile: str = option("none", choices=("none", "layers", "model", "graphs"))
-    """torch.compile aiayn's model as `aiayn train --compile` does (the batch's shape is fixed, so statically; graphs:
-    as CUDA graphs on a GPU)"""
-    residual_dtype: str = option("fp32", choices=("fp32", "bf16"))
+    compile: str = option("auto", choices=("auto", "none", "layers", "model"))
+    """torch.compile aiayn's model as `aiayn train --compile` does, with the same symbolic shapes (auto: the model whole
+    on a CUDA device, eager on a CPU, as training's default)"""
+    residual_dtype: str = option("auto", choices=("auto", "fp32", "bf16"))
     """aiayn's residual stream under the bench's bf16 autocast (a CUDA device), as `aiayn train --residual-dtype` keeps
-    it: fp32 (autocast's) or bf16"""
+    it: auto (bf16 on a CUDA device, as training's default under bf16-mixed; fp32 on a CPU), fp32 (autocast's) or
+    bf16"""
     multi30k_dir: str | None = option(None)
     """Multi30k files for --padding (train.en.gz, ...)"""
     cache_dir: str | None = option(None)
@@ -70,10 +71,6 @@ class BenchOptions:
     trainer: bool = option(False)
     """instead: Lightning's Trainer + TranslationModule beside the bare training step, on the same batches (tokens/s of
     each and their ratio, per size; aiayn/bench/trainer.py says what each side includes)"""
-    pack: int | None = option(None, positive=True, metavar="K")
-    """instead: K seeds' training steps packed into one (lightning_modules/transformer/packed.py) against the K
-    models stepped one after another, each seed its own batch (seed-steps/s of each, launches per step;
-    aiayn/bench/packed.py)"""
     trainer_sizes: tuple[str, ...] = option((), flag="--trainer-size", metavar="SIZE")
     """with --trainer: a model size to measure (repeatable; default: tiny and laptop)"""
 

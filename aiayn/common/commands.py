@@ -155,6 +155,15 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     return args
 
 
+# Flags a release removed, each answered with what to use instead (docs/changelog.md)
+REMOVED_FLAGS = {
+    "--pack-seeds": "packs were removed; train each seed as its own run (`aiayn table3 --jobs K` runs K at once)",
+    "--pack": "packs were removed; --jobs K trains K runs at once (docs/training.md, filling a GPU with small runs)",
+    "--dropout-rng": "the counter stream left with packs; dropout draws from torch's generator, seeded by --seed",
+    "--batch-order-seed": "it left with packs; each run draws its batch order from its own --seed",
+}
+
+
 def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """`parser.parse_args`, with an unknown flag answered by the nearest option of its own subcommand (or, for a
     flag the command sets itself, what to use instead)."""
@@ -169,6 +178,8 @@ def _parse_known(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.N
         raise UserError(f"{sub.prog} sets {word} for each of its runs ({sets[word]}); leave it out")
     if word in refuses:
         raise UserError(f"{sub.prog} does not take {word}: {refuses[word]}; leave it out")
+    if word in REMOVED_FLAGS:
+        raise UserError(f"{word} was removed: {REMOVED_FLAGS[word]} (docs/changelog.md)")
     flags = [f for p in (sub, parser) for a in p._actions for f in a.option_strings if a.help != argparse.SUPPRESS]
     near = did_you_mean(word, flags) if word.startswith("--") else ""
     raise UserError(

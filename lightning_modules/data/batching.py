@@ -100,13 +100,6 @@ class TokenBucketSampler(Sampler[list[int]]):
     greedily at the budget (a lone sentence over budget still forms a batch of one; the DataModule
     prevents that by requiring ``max_tokens > max_len``), shuffle batch order with ``(seed, epoch)``.
 
-    ``order_seed`` (a pack's seeds, lightning_modules/run/pack.py): the batches' lengths and order are those of
-    ``order_seed``'s epoch, their sentences this ``seed``'s. Every seed's sorted lengths are the same, so the cuts
-    ``order_seed``'s ties make (positions in the sorted order) and its shuffle are taken, and each position filled
-    with the sentence this seed's ties put there: at each step every seed's batch spans the same lengths (stacked,
-    they pad little), with sentences of its own. A cut's real target tokens may then differ from the budget by the
-    target lengths of sentences of one length key. ``order_seed == seed`` (or None) is the sampler alone.
-
     For DDP with ``accumulate`` batches per optimizer step, the batch list is cut to a multiple of
     ``num_replicas · accumulate`` (the last batches after shuffling are dropped when ``drop_uneven``,
     so no optimizer step gets an incomplete accumulation window at the end of an epoch, and every rank gets
@@ -134,7 +127,6 @@ class TokenBucketSampler(Sampler[list[int]]):
         drop_uneven: bool = True,
         accumulate: int = 1,
         static_bucket: int | None = None,
-        order_seed: int | None = None,
     ) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} outside [0, {num_replicas})")
@@ -146,7 +138,6 @@ class TokenBucketSampler(Sampler[list[int]]):
         self.num_replicas, self.rank, self.drop_uneven = num_replicas, rank, drop_uneven
         self.accumulate = accumulate
         self.static_bucket = static_bucket  # static shapes: lengths in buckets of this width, a fixed count each
-        self.order_seed = seed if order_seed is None else order_seed  # whose lengths and order the batches take
         self.epoch, self.yielded, self._skip = 0, 0, 0
         self._len = len(self._rank_share(self.all_batches(0)))  # batch count is the same every epoch
 
@@ -158,14 +149,12 @@ class TokenBucketSampler(Sampler[list[int]]):
         """Every batch of the epoch, in (shuffled) order, before the split over ranks."""
         epoch = self.epoch if epoch is None else epoch
         key = np.maximum(self.src_lens, self.tgt_lens + 1)
-        rng = np.random.default_rng([self.order_seed, epoch])
+        rng = np.random.default_rng([self.seed, epoch])
         tie = rng.random(len(key)) if self.shuffle else np.arange(len(key))
         order = self._sorted(key, tie)
         cuts = self._static_cuts(key, order) if self.static_bucket else self._cuts(key, order)
         if self.shuffle:
             cuts = [cuts[i] for i in rng.permutation(len(cuts))]
-        if self.order_seed != self.seed and self.shuffle:  # the same positions, this seed's sentences in them
-            order = self._sorted(key, np.random.default_rng([self.seed, epoch]).random(len(key)))
         return [order[a:b].tolist() for a, b in cuts]
 
     def _sorted(self, key, tie):

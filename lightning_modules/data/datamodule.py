@@ -174,7 +174,6 @@ class TranslationDataModule(pl.LightningDataModule):
                 drop_uneven=train,
                 accumulate=p.accumulate if train else 1,
                 static_bucket=p.pad_to if p.static_shapes else None,
-                order_seed=p.order_seed,
             )
 
     def _world(self) -> tuple[int, int]:

@@ -64,8 +64,7 @@ class DataPlan:
     (more than `max_len`, so that every sentence fits in a batch); `accumulate`: batches per optimizer step (each
     rank's training batches per epoch a multiple of it); `dev_subset`: the first K dev sentences; `pin_memory`:
     page-locked batches for a GPU's asynchronous copies; `pad_to`: batch lengths rounded up to a multiple of it;
-    `static_shapes`: a fixed number of sentences per length bucket, both sides padded to it; `order_seed`: the seed
-    whose batch lengths and order the training batches take (None: `seed`'s; a pack's seeds share one); `tokenizer`: a
+    `static_shapes`: a fixed number of sentences per length bucket, both sides padded to it; `tokenizer`: a
     SentencePiece model to use instead of training one; `cache_dir`: None for the default
     (corpora.default_cache_dir)."""
 
@@ -80,7 +79,6 @@ class DataPlan:
     pad_to: int = 1
     static_shapes: bool = False
     tokenizer: Path | None = None
-    order_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens <= self.identity.max_len:

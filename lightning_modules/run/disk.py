@@ -118,20 +118,3 @@ def estimate(opts, spec, *, slurm: bool = False) -> DiskEstimate:
         slim=0 if slim_only else periodic_saves(steps, every, kept) - periodic,
         slim_bytes=checkpoint_bytes(params, vocab, weights_only=True),
     )
-
-
-def pack_estimate(opts, spec, seeds: int) -> str:
-    """What a pack of `seeds` seeds (`--pack-seeds`, run/pack.py) keeps: its own folder's checkpoints (every seed's
-    weights and Adam moments, no tokenizer; last.ckpt and its newest periodic file, kept after it completes: an
-    extension resumes from them) and each seed's checkpoints/last.ckpt, weights only."""
-    params, vocab = spec.model.params(), spec.model.vocab_size
-    every, _ = checkpoint_every(opts, spec.preset)
-    files = 1 + (every is None or (opts.max_steps or spec.train_steps) >= every)  # a periodic file once one is due
-    pack_bytes = seeds * params * FULL_BYTES_PER_PARAM + OTHER_BYTES
-    seed_bytes = checkpoint_bytes(params, vocab, weights_only=True)
-    total = files * pack_bytes + seeds * seed_bytes
-    return (
-        f"checkpoints: about {human(total)} = the pack's {files} x {human(pack_bytes)} ({seeds} seeds' weights + "
-        f"Adam moments, fp32) + each seed's last.ckpt {seeds} x {human(seed_bytes)} (weights only) for "
-        f"{params / 1e6:.3g}M parameters a seed; a save needs room for one more file while it writes"
-    )

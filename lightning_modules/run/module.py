@@ -24,7 +24,6 @@ from torch import Tensor
 from aiayn.lightning_modules.run.evaluate import bleu, nll_sum
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING, Decoding
 from aiayn.lightning_modules.transformer.decoding import translate_batch
-from aiayn.lightning_modules.transformer.dropout_stream import DropoutStream, counter_dropout
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import Transformer, TransformerConfig
 
@@ -91,18 +90,9 @@ class TranslationModule(pl.LightningModule):
         self.step_flags: dict = {}  # this rank's flags for the step (RequeueOnSignal's "requeue"), reduced with counts
         self.step_decisions: dict = {}  # the flags of the step, reduced over the ranks
         self._val: dict = {}
-        self.dropout_stream: DropoutStream | None = None  # masks by counter (`use_counter_dropout`), else torch's
-        self._micro = 0  # this rank's batches since the last optimizer step
         self._pending: tuple | None = None  # a step whose non-finite flag is on its way to the host (`_defer`)
         self._flag_host: Tensor | None = None  # where it lands (pinned memory on a GPU's host)
         self._copied = None  # a CUDA event recorded after the copy
-
-    def use_counter_dropout(self, seed: int) -> None:
-        """Draw the dropout masks by counter (`--dropout-rng counter`): each a function of the seed and the batch's
-        place in the run (optimizer steps before it, its accumulated batch, its rank), so the same as this seed's in
-        a pack of seeds (transformer/packed.py), and after a resume, which counts from the checkpoint's step."""
-        self.dropout_stream = DropoutStream([seed])
-        counter_dropout(self.model, self.dropout_stream)
 
     @classmethod
     def from_checkpoint(cls, path, map_location="cpu") -> TranslationModule:
@@ -131,11 +121,6 @@ class TranslationModule(pl.LightningModule):
         return self.model(src, tgt_in)
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        if self.dropout_stream is not None:  # the batch's place in the run (a host number: no sync)
-            t = self.trainer
-            place = t.global_step * t.accumulate_grad_batches + self._micro
-            self.dropout_stream.to(self.device).step = place * t.world_size + t.global_rank
-            self._micro += 1
         # = label_smoothed_loss(self.model(src, tgt_in), ...) without materializing (B, T, V) logits
         memory, src_mask = self.model.encode(batch["src"])
         hidden = self.model.decode(batch["tgt_in"], memory, src_mask)
@@ -172,7 +157,6 @@ class TranslationModule(pl.LightningModule):
         if getattr(optimizer, "found_inf", None) is not None:
             optimizer.found_inf = None  # the last step's skip flag: this step's is set by `_defer`, or none is
         (n_src, n_tgt), self._window = self._window, [0, 0]
-        self._micro = 0
         sums, self._sums = self._sums, None
         world, grads = self.trainer.world_size, [p.grad for p in self.parameters() if p.grad is not None]
         step = self.trainer.global_step + 1
@@ -354,8 +338,7 @@ class TranslationModule(pl.LightningModule):
 
 
 def paper_optimizer(params, d_model: int, warmup: int, factor: float) -> dict:
-    """§5.3's Adam and schedule, stepped per optimizer step, as Lightning's configure_optimizers returns them (a
-    module alone and a pack: Adam is elementwise, so a pack's stacked parameters are each seed's)."""
+    """§5.3's Adam and schedule, stepped per optimizer step, as Lightning's configure_optimizers returns them."""
     params = list(params)
     # fused: one kernel for all parameters instead of a loop over them (on CPU 6.3 -> 1.1 ms per tiny-preset step,
     # BENCHMARKS.md; on a GPU a few launches a step, graphed model or not); the loop's update up to float rounding

@@ -53,8 +53,6 @@ class TrainOptions:
                 "precision",
                 "matmul_precision",
                 "residual_dtype",
-                "dropout_rng",
-                "batch_order_seed",
                 "trainer",
             ),
         ),
@@ -63,7 +61,7 @@ class TrainOptions:
             "checkpoints",
             ("ckpt_every", "ckpt_every_minutes", "keep_last", "keep_for_averaging", "weights_only_checkpoints"),
         ),
-        ("compile and packing", ("compile", "static_shapes", "pad_to", "pack_seeds")),
+        ("compile", ("compile", "static_shapes", "pad_to")),
         ("logging", ("logger", "wandb", "wandb_checkpoints", "log_model", "progress")),
     )
 
@@ -161,26 +159,12 @@ class TrainOptions:
     fp32 otherwise), fp32 (as autocast leaves it: LayerNorm returns fp32) or bf16 (half its elementwise bytes on a GPU;
     its dev PPL within 3% of fp32's, BENCHMARKS.md); where autocast runs only: the final evaluation, translation and
     export run the fp32 model"""
-    dropout_rng: str = option("torch", choices=("torch", "counter"))
-    """where dropout's masks come from: torch (its generator, seeded by --seed) or counter (each mask a hash of the
-    seed, the batch's place in the run and the position: the same masks as this seed's in a pack of seeds, and after a
-    resume; 6-14% slower a step on a CPU, BENCHMARKS.md; compiled too)"""
-    batch_order_seed: int | None = option(None, at_least=0, metavar="S")
-    """the seed whose batch lengths and their order this run's training batches take, filled with sentences of its own
-    --seed's shuffle (default: its own, a pack's seeds each theirs); given, a pack's seeds share it and pad little when
-    stacked, at the price of a shared length schedule"""
-    pack_seeds: str | None = option(None, metavar="S,S,...")
-    """train these seeds of the row as one pack, e.g. 0,1,2: one computation, each seed its own run directory,
-    sentences, dropout masks (the counter stream's), Adam state, curve and metrics (docs/training.md; for a GPU: on two
-    CPU cores a pack trains about as fast as its seeds in two processes, BENCHMARKS.md)"""
-    compile: str = option("auto", choices=("auto", "none", "layers", "model", "graphs"))
-    """torch.compile: auto (the model whole on a CUDA device, where it pays; eager on a CPU; a compile that fails trains
-    eager, said in one line); none; layers (each encoder and decoder layer: dropout, residual add and LayerNorm fused
-    around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets each shape compiles once); graphs
-    (the model whole, compiled once for all static shapes, each shape's step replayed as CUDA graphs: needs
-    --static-shapes; without a CUDA device, the same compile without graphs). Numbers equal eager's within float
-    rounding; with dropout, masks come from inductor's RNG (the counter stream's with --dropout-rng counter, as in a
-    pack)"""
+    compile: str = option("auto", choices=("auto", "none", "layers", "model"))
+    """torch.compile: auto (the model whole on a CUDA device, where it pays; eager on a CPU; a compile that fails, its
+    forward's or its backward's, trains eager, said in one line); none; layers (each encoder and decoder layer: dropout,
+    residual add and LayerNorm fused around its matmuls); model (the encoder and decoder whole; with --pad-to's buckets
+    each shape compiles once). Numbers equal eager's within float rounding; with dropout, masks come from inductor's
+    RNG"""
     logger: str | None = option(None, metavar="NAMES")
     """where the training curves go, a comma-separated subset of csv, tensorboard, mlflow, wandb, each under the run
     directory (default: csv,tensorboard, or csv where tensorboard is not installed)"""
@@ -347,6 +331,24 @@ def resolved_run(spec: dict, driver: str) -> dict:
     return {RESOLVED_KEY: driver, "spec": spec, "options": {}}
 
 
+# Options a release removed, as an older run's config.json records them: (the value every run recorded unless asked,
+# what to use instead). Recorded at that value, the option is read as absent; at another, refused (docs/changelog.md).
+REMOVED = {
+    "pack_seeds": (None, "packs were removed: train each seed as its own run"),
+    "dropout_rng": ("torch", "the counter stream left with packs: this run's dropout masks cannot be drawn again"),
+    "batch_order_seed": (None, "it left with packs: each run draws its batch order from its own seed"),
+}
+
+
+def _without_removed(values: dict, path) -> dict:
+    """`values` (a config file's options) less the removed options recorded at their old defaults; one line for one
+    recorded otherwise."""
+    for key, (default, instead) in REMOVED.items():
+        if key in values and values[key] != default:
+            raise UserError(f"config {path}: option {key} {values[key]!r} was removed ({instead}; docs/changelog.md)")
+    return {k: v for k, v in values.items() if k not in REMOVED}
+
+
 def read_config_file(path: str | Path) -> ConfigFile:
     """`aiayn train --config FILE`: FILE is JSON or YAML (a superset of JSON): a run's config.json (its
     "options" and "spec") or a mapping of `aiayn train` options by name (`max_steps: 2`, `set: {d_model: 256}`)."""
@@ -362,7 +364,9 @@ def read_config_file(path: str | Path) -> ConfigFile:
                 f"(it reads schema {SCHEMA}); use the aiayn that wrote it, or pass a YAML file of `aiayn "
                 "train` options"
             )
-    values = config_values(TrainOptions, (doc["options"] if is_run else doc) or {}, f"config {path}", "aiayn train")
+    given = (doc["options"] if is_run else doc) or {}
+    given = _without_removed(given, path) if isinstance(given, dict) else given
+    values = config_values(TrainOptions, given, f"config {path}", "aiayn train")
     if not is_run:
         return ConfigFile(values)
     return ConfigFile(values, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"), RESOLVED_KEY in doc, str(path))

@@ -678,15 +678,6 @@ class RunDir:
                 f"one's (row {mine[0]}, seed {mine[1]}, preset {mine[3]}); move it out of {path.parent} and run again"
             )
 
-    def packed_in(self) -> str | None:
-        """The pack (ROW/pack-...) this run's last.ckpt was written by, or None: a pack's seed holds its weights,
-        the pack its optimizer and data positions (run/pack.py)."""
-        try:
-            state = load_torch_file(self.last_checkpoint, map_location="cpu", mmap=True)
-        except Exception:
-            return None
-        return (state.get(PACK_STATE) or {}).get("pack") if isinstance(state, dict) else None
-
     def resume_checkpoint(self) -> Path | None:
         """The checkpoint a rerun resumes from: the one at the highest global step among `last.ckpt` (periodic),
         `requeue.ckpt` (saved on SLURM's warning signal) and the periodic stepNNNNNNN.ckpt files that hold the whole
@@ -711,8 +702,8 @@ class RunDir:
                 log.warning("not resuming from %s: unreadable (%s: %s)", path, type(e).__name__, e)
                 continue
             self._check_own(path, state)
-            if (_STEP_CKPT.search(path.name) or PACK_STATE in state) and "optimizer_states" not in state:
-                continue  # weights only (--weights-only-checkpoints, kept for averaging, a pack's seed): no optimizer
+            if _STEP_CKPT.search(path.name) and "optimizer_states" not in state:
+                continue  # weights only (--weights-only-checkpoints, kept for averaging): no optimizer
             if step >= best_step:  # on a tie the later candidate wins: requeue, then last, then periodic
                 best, best_step = path, step
         return best
@@ -762,7 +753,6 @@ def _batching_text(batching: tuple[bool, int]) -> str:
 
 # ---- checkpoints: the run config and the tokenizer they carry (callbacks.RunFilesInCheckpoint writes them)
 
-PACK_STATE = "aiayn_pack"  # a pack checkpoint's seeds, counts and diverged seeds; in a seed's last.ckpt: its pack
 RUN_FILES = "aiayn"  # the checkpoint's key of the run's files: its config.json and its tokenizer
 RUN_FILES_FORMAT = 1  # the layout of checkpoint[RUN_FILES] (callbacks.RunFilesInCheckpoint writes it)
 

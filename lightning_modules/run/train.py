@@ -151,7 +151,6 @@ def build_datamodule(
             pad_to=pad_multiple(opts.pad_to, opts.accelerator),
             static_shapes=opts.static_shapes,
             tokenizer=tokenizer,
-            order_seed=opts.batch_order_seed,
         )
     )
 
@@ -203,11 +202,6 @@ def plan(opts: TrainOptions, spec: RunSpec | None = None, run_dir: str | Path | 
     check_links(opts.out, "--out")
     check_cache_dir(opts.cache_dir)
     check_memory(spec, opts)
-    if opts.compile == "graphs" and not opts.static_shapes:
-        raise UserError(
-            "--compile graphs records a CUDA graph per batch shape, and without --static-shapes every "
-            "batch has its own; add --static-shapes (and --pad-to 8), or pass --compile model"
-        )
     if opts.keep_last is not None and opts.keep_last < 1:
         raise UserError(
             f"--keep-last {opts.keep_last} keeps no periodic checkpoint (nothing to average); pass 1 or "
@@ -357,19 +351,12 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
     done = finished(p)
     if done is not None:
         return done
-    if (packed := p.run.packed_in()) is not None:
-        raise UserError(
-            f"run directory {p.run.path} was trained in {packed}, which holds its optimizer and data "
-            "position; extend it with the pack's --pack-seeds, or train it in another --out"
-        )
     prepare_matmuls(opts.accelerator, opts.matmul_precision)
     pl.seed_everything(opts.seed, workers=True, verbose=False)
     module = TranslationModule(
         p.spec.model, **p.config.schedule, val_bleu_sentences=_val_bleu_sentences(opts, p.preset)
     )
     residual_stream(module.model, residual_stream_dtype(opts.residual_dtype, p.config.train.precision))
-    if opts.dropout_rng == "counter":
-        module.use_counter_dropout(opts.seed)
     cuda = uses_cuda(opts.accelerator)
     share = compile_model(module.model, opts.compile, dynamic=not p.dm.plan.static_shapes, cuda=cuda)
     if share and p.dm.plan.static_shapes:  # room for every training shape, counted once the data is set up
@@ -432,11 +419,10 @@ def finished(p: Plan) -> RunMetrics | None:
 def print_plan(opts: TrainOptions, spec: RunSpec) -> None:
     """`aiayn train --print-config`: the run's resolved config.json on stdout (what `aiayn train --config` reads
     back) and its disk estimate on stderr; nothing prepared, trained or written."""
-    from aiayn.lightning_modules.run.disk import estimate, pack_estimate
+    from aiayn.lightning_modules.run.disk import estimate
 
     print(json.dumps(plan(opts, spec).config.to_dict(), indent=2))
-    seeds = len(opts.pack_seeds.split(",")) if opts.pack_seeds else 0
-    print(f"# {pack_estimate(opts, spec, seeds) if seeds else estimate(opts, spec).describe()}", file=sys.stderr)
+    print(f"# {estimate(opts, spec).describe()}", file=sys.stderr)
 
 
 def with_recorded_tokenizer(opts: TrainOptions, spec: RunSpec, recorded: ConfigFile | None) -> TrainOptions:

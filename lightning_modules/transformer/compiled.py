@@ -13,16 +13,6 @@ Two defects of compiling the modules whole, both visible on a CPU with the eager
   functions too, each adding its own graphs and hitting the same limit. Compiled code now runs only where autograd
   records (`torch.is_grad_enabled()`: the training step); everything else runs the eager module, the same weights.
 
-`--compile graphs` compiles the model whole in torch.compile's reduce-overhead mode, once for all the static shapes
-(symbolic shapes: the first compile serves every shape; dynamo adds at most two, for a batch of one sentence, whose
-size it specializes, and after a first batch whose sentence count equals its length), and records each static
-training shape's forward and backward as CUDA graphs (cudagraph trees, a graph a shape), replayed at every step of
-that shape: a small model's step costs a few graph launches instead of hundreds of kernel launches. It needs
---static-shapes (a bounded set of shapes) and a CUDA device; on any other device the run compiles as `model` does,
-with the same symbolic shapes, and says why. Adam stays fused (one multi-tensor kernel a chunk of parameters: a few
-launches a step), which skips a non-finite step's update on the device, so a graphed step needs no host-device sync
-between log steps either.
-
 No Lightning here: the transformer room's plain PyTorch.
 """
 
@@ -37,21 +27,41 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-COMPILE_HOWS = ("auto", "none", "layers", "model", "graphs")
+COMPILE_HOWS = ("auto", "none", "layers", "model")
 # `--compile auto` (the default): the model compiled whole where it pays, on a CUDA device (the first H200: the
 # paper's base step 45.3 ms compiled as `model` against 74.2 eager, BENCHMARKS.md), eager on a CPU, where compiling
 # costs more time than it saves at these sizes
 AUTO = {True: "model", False: "none"}
-GRAPHS_MODE = "reduce-overhead"  # torch.compile's mode of CUDA graphs (its docs: "reduces the overhead of python")
 DEFAULT_RECOMPILE_LIMIT = 8  # dynamo's own default (torch.compile's docs, "recompile_limit")
 
 
-def training_only(compiled, eager, fallback: bool = False):
+def _graphs_made() -> int:
+    """How many graphs dynamo has compiled in this process (a new one: a first call, or a shape it recompiles for)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _compile_backward(out, params) -> None:
+    """Run the backward of `out` (a compiled function's output) once into nothing: AOTAutograd compiles a backward
+    graph at its first backward call, which in training is `loss.backward()`, outside any guard. Zero gradients
+    through `torch.autograd.grad` (returned, never accumulated into .grad), the graph kept for the step's own."""
+    outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    wanted = [p for p in params() if p.requires_grad]
+    if outs and wanted:
+        zeros = [torch.zeros_like(t) for t in outs]
+        torch.autograd.grad(outs, wanted, zeros, retain_graph=True, allow_unused=True)
+
+
+def training_only(compiled, eager, fallback: bool = False, params=None, failed: list | None = None):
     """A callable that runs `compiled` while autograd records (training) and `eager` otherwise (validation,
     evaluation, decoding): graphs are made for the training step's shapes only. `fallback` (`--compile auto`): a
-    compile that fails (dynamo's or the backend's error, raised at the first call of a shape) is said in one line and
-    the function runs eager from then on; a chosen `--compile` fails as it is."""
-    failed: list[str] = []
+    compile that fails is said in one line and the function runs eager from then on, a chosen `--compile` failing as
+    it is. A compile fails at the first call of a shape (dynamo's or the backend's error) or at its first backward
+    (the backward graph's compiler): with `params` (a callable giving the parameters the function trains), a call
+    that made a new graph runs that graph's backward at once, inside the guard. `failed`: a list the functions of one
+    model share, so that one failure turns all of them eager, said once."""
+    failed = [] if failed is None else failed
 
     @functools.wraps(eager)
     def call(*args, **kwargs):
@@ -59,9 +69,15 @@ def training_only(compiled, eager, fallback: bool = False):
             return eager(*args, **kwargs)
         if not fallback:
             return compiled(*args, **kwargs)
+        before = _graphs_made()
         try:
-            return compiled(*args, **kwargs)
-        except torch._dynamo.exc.TorchDynamoException as e:
+            out = compiled(*args, **kwargs)
+            if params is not None and _graphs_made() != before:
+                _compile_backward(out, params)
+            return out
+        except Exception as e:  # dynamo's, the forward's backend or the backward's compiler (its own errors)
+            if failed:  # another function of the model failed meanwhile: said already
+                return eager(*args, **kwargs)
             failed.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
             log.warning(
                 "--compile auto: compiling %s failed (%s: %s); training eager from here (--compile none skips the "
@@ -116,10 +132,7 @@ def compile_model(
     per shape; `shapes`: how many distinct training batch shapes an epoch has (static shapes), which sets the
     recompile limit now (or later, once the data is set up: `room_for`). `backend`: torch.compile's, default
     AIAYN_COMPILE_BACKEND or inductor (tests and the GPU check's CPU smoke count graphs with "eager": dynamo's tracing
-    without code generation). `graphs` (static shapes only): the model whole, compiled once with symbolic shapes for
-    every static shape (static where `shapes` is 1), as CUDA graphs where `cuda` (one recorded per shape), else
-    without them, said once. Returns
-    how many modules share each compiled function (0: nothing compiled)."""
+    without code generation). Returns how many modules share each compiled function (0: nothing compiled)."""
     backend = backend or os.environ.get("AIAYN_COMPILE_BACKEND", "inductor")
     if how not in COMPILE_HOWS:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_HOWS)}, got {how!r}")
@@ -128,52 +141,27 @@ def compile_model(
         return 0
     if fallback:
         log.info("--compile auto: compiling the model whole on the GPU (--compile none trains eager)")
-    mode = graphs_mode(how, dynamic, cuda)
-    if how == "graphs" and shapes != 1:  # one compile for every static shape; a CUDA graph recorded per shape
-        dynamic = True  # (one shape, as a bench's: static, whose symbolic tracing would cost more and buy nothing)
-    compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend, **({"mode": mode} if mode else {}))
+    compile_ = functools.partial(torch.compile, dynamic=dynamic, backend=backend)
+    failed: list[str] = []  # one failure under auto turns every compiled function of the model eager
     if how == "layers":
         layers = [*model.encoder, *model.decoder]
         for layer in layers:
-            layer.forward = training_only(compile_(layer.forward), layer.forward, fallback)
+            layer.forward = training_only(compile_(layer.forward), layer.forward, fallback, layer.parameters, failed)
         # layers of one kind share a function; each may specialize on its module and each shape: room for all
         share = max(len(model.encoder), len(model.decoder))
     else:
         # instance attributes: the state dict is unchanged
-        model.encode = training_only(compile_(model.encode), model.encode, fallback)
-        model.decode = training_only(compile_(model.decode), model.decode, fallback)
+        model.encode = training_only(compile_(model.encode), model.encode, fallback, model.parameters, failed)
+        model.decode = training_only(compile_(model.decode), model.decode, fallback, model.parameters, failed)
         share = 1
     if shapes:
         room_for(shapes, share)
     return share
 
 
-def graphs_mode(how: str, dynamic: bool, cuda: bool) -> str | None:
-    """torch.compile's mode for `--compile HOW`: reduce-overhead (CUDA graphs) for `graphs` on a CUDA device; None
-    (its default) otherwise, and for `graphs` elsewhere the fallback said once. Graphs of dynamic shapes are refused:
-    a caller's mistake (the run's checks refuse --compile graphs without --static-shapes first)."""
-    if how != "graphs":
-        return None
-    if dynamic:
-        raise ValueError("compile graphs needs static shapes: a CUDA graph is recorded per batch shape")
-    if not cuda:
-        log.warning(
-            "--compile graphs: CUDA graphs need a CUDA device and this run has none; compiling the model "
-            "whole without them, as --compile model"
-        )
-        return None
-    return GRAPHS_MODE
-
-
 def room_for(shapes: int, share: int) -> int:
     """Raise the recompile limit for `shapes` training batch shapes, each compiled function shared by `share`
-    modules (compile_model's return), and two more (a last, shorter batch); returns the limit. The same room for
-    `--compile graphs`' CUDA graphs: cudagraph trees record one a shape and warn past a count of their own."""
+    modules (compile_model's return), and two more (a last, shorter batch); returns the limit."""
     limit = raise_recompile_limit(shapes * share + 2)
-    import torch._inductor.config  # imported with torch.compile's backend; here before the first compile
-
-    triton = torch._inductor.config.triton
-    if getattr(triton, "cudagraph_dynamic_shape_warn_limit", None) is not None:
-        triton.cudagraph_dynamic_shape_warn_limit = max(triton.cudagraph_dynamic_shape_warn_limit, shapes + 2)
     log.info("compiled training: %d batch shapes, recompile limit %d per function", shapes, limit)
     return limit

@@ -52,16 +52,11 @@ def projected_label_smoothed_loss(
     tested in tests/test_bench.py. Returns (loss, nll, n) like `label_smoothed_loss`, n a tensor:
     nothing here waits for the device. `reduction="sum"`: loss and NLL summed over the n tokens, not
     averaged (the training step's; the optimizer step divides by the update's tokens).
-
-    A pack's weight (K, V, d) (lightning_modules/transformer/packed.py): the rows of hidden (K·B, T, d) and target
-    (K·B, T) in K blocks, block k projected by weight k, each number returned per block, (K,); the chunk counts
-    each block's positions (K chunks of logits at once), so a pack's chunks, and launches, are one model's.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    blocks = (weight.shape[0],) if weight.dim() == 3 else ()
-    hidden, target = hidden.reshape(*blocks, -1, hidden.shape[-1]), target.reshape(*blocks, -1)
-    chunk = chunk or default_chunk(hidden.device, weight.shape[-2])
+    hidden, target = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+    chunk = chunk or default_chunk(hidden.device, weight.shape[0])
     return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps, chunk, reduction == "mean")
 
 
@@ -72,8 +67,7 @@ GPU_CHUNK_BYTES = 2**29  # on a GPU: 512 MB, a quarter of the chunks (each chunk
 @functools.cache
 def chunk_bytes(device: torch.device) -> int:
     """The float32 logits a chunk holds on `device`, in bytes: CPU_CHUNK_BYTES on a CPU; GPU_CHUNK_BYTES on a GPU,
-    or a 64th of its memory where that is less (a 16 GB card: 256 MB), never below a CPU's. A pack's chunk holds
-    its K models' logits, K times this."""
+    or a 64th of its memory where that is less (a 16 GB card: 256 MB), never below a CPU's."""
     if device.type != "cuda":
         return CPU_CHUNK_BYTES
     total = torch.cuda.get_device_properties(device).total_memory
@@ -130,7 +124,7 @@ def accumulate_outer(acc: Tensor, g: Tensor, h: Tensor) -> None:
         acc += g.mT @ h
         _took(kind, FP32_PATH)
         return
-    if acc.dim() == 2 and _one_gemm_device(acc.device) and _grad_w_paths.get(kind) != THREE_PASS_PATH:
+    if _one_gemm_device(acc.device) and _grad_w_paths.get(kind) != THREE_PASS_PATH:
         try:
             torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
         except (RuntimeError, TypeError, NotImplementedError) as e:
@@ -148,15 +142,13 @@ def accumulate_outer(acc: Tensor, g: Tensor, h: Tensor) -> None:
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
-    """hidden (N, d), weight (V, d), target (N,): one model's scalar sums; or a pack's hidden (K, N, d), weight
-    (K, V, d), target (K, N): block k by weight k, every sum (K,), each chunk one batched matmul for all K."""
+    """hidden (N, d), weight (V, d), target (N,): the scalar sums of one model's loss."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps: float, chunk: int, mean: bool):
         mask = target != PAD
         n = mask.sum(-1)
         inv_n = 1.0 / n.clamp(min=1).float() if mean else torch.ones_like(n, dtype=torch.float32)
-        scale = inv_n[..., None] if weight.dim() == 3 else inv_n  # per row of a chunk: (K, 1), or a scalar
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         # the weight in the compute dtype once per call, not once per chunk and matmul (under Lightning's autocast,
         # whose cast cache is off, F.linear re-cast the fp32 embedding for every chunk, and the gradient again)
@@ -168,14 +160,13 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         nll = torch.zeros_like(inv_n)
         body = chunk_body(hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):  # the operands are in `dtype` already
-            for s in range(0, hidden.shape[-2], chunk):
-                h, t, m = hidden[..., s : s + chunk, :], target[..., s : s + chunk], mask[..., s : s + chunk].float()
-                logits = F.linear(h, w) if w.dim() == 2 else torch.bmm(h, w.mT)
-                loss_c, nll_c, g = body(logits, t, m, scale, eps, want_h or want_w)
+            for s in range(0, hidden.shape[0], chunk):
+                h, t, m = hidden[s : s + chunk], target[s : s + chunk], mask[s : s + chunk].float()
+                loss_c, nll_c, g = body(F.linear(h, w), t, m, inv_n, eps, want_h or want_w)
                 loss, nll = loss + loss_c, nll + nll_c
                 if g is not None:
                     if want_h:
-                        grad_h[..., s : s + chunk, :] = g @ w
+                        grad_h[s : s + chunk] = g @ w
                     if want_w:
                         accumulate_outer(grad_w, g, h)
         ctx.save_for_backward(grad_h, grad_w)
@@ -187,17 +178,15 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss: Tensor, g_nll, g_n):
         grad_h, grad_w = ctx.saved_tensors
-        g = g_loss[..., None, None]  # a pack's (K,): each block's own factor
-        gh = (grad_h * g).to(ctx.hidden_dtype) if grad_h is not None else None
-        gw = (grad_w * g).to(ctx.weight_dtype) if grad_w is not None else None
+        gh = (grad_h * g_loss).to(ctx.hidden_dtype) if grad_h is not None else None
+        gw = (grad_w * g_loss).to(ctx.weight_dtype) if grad_w is not None else None
         return gh, gw, None, None, None, None
 
 
 def chunk_loss(logits: Tensor, t: Tensor, m: Tensor, inv_n: Tensor, eps: float, want_grad: bool):
     """One chunk: (summed smoothed loss, summed NLL, d loss / d logits or None) of logits (c, V) against targets t
     (c,), m the non-pad mask (c,) as floats, inv_n the loss's normalizer. The gradient, softmax - (1 - ε)·onehot - ε/V
-    per non-pad position, times inv_n, in the logits' own dtype (the compute dtype), is built in place of them. A
-    pack's chunk, logits (K, c, V), t and m (K, c), inv_n (K, 1), sums each block: (K,)."""
+    per non-pad position, times inv_n, in the logits' own dtype (the compute dtype), is built in place of them."""
     V = logits.shape[-1]
     dtype = logits.dtype
     logits = logits.float()  # (c, V)

@@ -76,18 +76,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     return weights @ v
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """`F.linear`; a packed weight (K, out, in) (lightning_modules/transformer/packed.py: K models stacked, their
-    rows of x (K·B, ..., in) in K equal blocks) is one batched matmul, block k by model k's weight."""
-    if weight.dim() == 2:
-        return F.linear(x, weight, bias)
-    K, d_out, d_in = weight.shape
-    x3 = x.reshape(K, -1, d_in)
-    w_t = weight.transpose(1, 2)
-    y = torch.bmm(x3, w_t) if bias is None else torch.baddbmm(bias[:, None], x3, w_t)
-    return y.view(*x.shape[:-1], d_out)
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -115,9 +103,9 @@ class MultiHeadAttention(nn.Module):
         """Q, K and V of self-attention in one matmul by W^Q, W^K and W^V stacked (the same parameters): one
         wider GEMM runs faster than three narrow ones on CPU (base widths: 6% of a training step,
         docs/history/benchmarks.md)."""
-        w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight], dim=-2)  # (out, in), or packed (K, out, in)
+        w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight], dim=-2)  # (out, in)
         b = torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias], dim=-1)
-        q, k, v = linear(x, w, b).split([self.h * self.d_k, self.h * self.d_k, self.h * self.d_v], dim=-1)
+        q, k, v = F.linear(x, w, b).split([self.h * self.d_k, self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self.split(q, self.d_k), self.split(k, self.d_k), self.split(v, self.d_v)
 
     def forward(
@@ -280,12 +268,7 @@ class Dropout(nn.Dropout):
     different random stream than `F.dropout`'s. Other devices use `F.dropout` (one fused kernel on CUDA).
     """
 
-    stream = None  # a dropout_stream.DropoutStream: masks by counter (packed runs), else torch's generator
-    site = 0
-
     def forward(self, x: Tensor) -> Tensor:
-        if self.stream is not None and self.training and self.p > 0.0:
-            return x * self.stream.keep(x, self.site, self.p)
         # under torch.compile, F.dropout: dynamo cannot trace the in-place random_ and broke the graph here, which
         # made each Residual.forward its own compiled frame, guarded on the sublayer it wraps
         if not self.training or self.p == 0.0 or not cpu_fast_path(x) or torch.compiler.is_compiling():
@@ -437,7 +420,7 @@ class Transformer(nn.Module):
 
     def project(self, hidden: Tensor) -> Tensor:
         """Pre-softmax linear transformation, sharing the embedding matrix (§3.4): logits (…, V)."""
-        return linear(hidden, self.embed.weight)
+        return F.linear(hidden, self.embed.weight)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         memory, src_mask = self.encode(src)

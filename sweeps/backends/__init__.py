@@ -61,7 +61,6 @@ class Sweep:
     storage: str | None = None  # Optuna storage URL (queue back ends)
     jobs: int = 1  # pairs at once (queue back ends)
     gpus_per_job: int | None = None
-    pack: int = 1  # the most seeds of one row a worker trains as one pack (lightning_modules/run/pack.py); 1: none
     log_interval: float = 60.0  # seconds between the driver's lines on the pairs under way (queue back ends; 0: none)
 
     @property
@@ -77,10 +76,6 @@ class Sweep:
 
     def run_options(self, row: str, seed: int) -> TrainOptions:
         return replace(self.train, row=row, seed=seed, progress=False)
-
-    def pack_options(self, row: str, seeds: list[int]) -> TrainOptions:
-        """The options of one process that trains `seeds` of `row` as one pack."""
-        return replace(self.run_options(row, seeds[0]), pack_seeds=",".join(map(str, seeds)))
 
     @property
     def wanted(self) -> dict[str, int]:
@@ -130,7 +125,6 @@ class Capabilities:
     # (each in a fresh process, --jobs at once, reporting to the study's storage), None (it cannot: its reason)
     trials: str | None = None
     no_trials: str = ""
-    packs: bool = False  # trains several seeds of a row as one pack in one process (`train_process`, --pack)
 
 
 @dataclass
@@ -284,8 +278,8 @@ def status_claims(out: SweepOut) -> books.Claims:
 
 
 def needs(sweep: Sweep) -> dict[str, bool]:
-    """What a sweep asks of its back end, as Capabilities' fields: DDP runs, GPUs of its own for each run, packs."""
-    return {"ddp": sweep.train.world_size > 1, "own_gpus": bool(sweep.gpus_per_job), "packs": sweep.pack > 1}
+    """What a sweep asks of its back end, as Capabilities' fields: DDP runs, GPUs of its own for each run."""
+    return {"ddp": sweep.train.world_size > 1, "own_gpus": bool(sweep.gpus_per_job)}
 
 
 def backend_for(name: str | None, sweep: Sweep) -> Backend:

@@ -45,7 +45,7 @@ def let_the_forkserver_go() -> None:
 
 
 def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: int | None) -> None:
-    """`train_runs(opts, spec)` (one run, or a pack) in a forkserver child, stdout and stderr to `logfile`; exits with
+    """`train(opts, spec)` in a forkserver child, stdout and stderr to `logfile`; exits with
     the status the `aiayn train` command would."""
     let_the_forkserver_go()
     die_with_parent()
@@ -58,14 +58,14 @@ def _train_in_child(opts: TrainOptions, spec: RunSpec, logfile: str, threads: in
 
     from aiayn.common.errors import print_error
     from aiayn.common.logs import configure_logging
-    from aiayn.lightning_modules.run.pack import train_runs
+    from aiayn.lightning_modules.run.train import train
 
     if threads:
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
     configure_logging(logging.INFO)
     try:
-        train_runs(opts, spec)
+        train(opts, spec)
     except UserError as e:
         sys.exit(print_error(e))
     finally:
@@ -81,7 +81,7 @@ class LocalBackend(QueueBackend):
     """each pair in a process forked from this driver (Lightning imported once), on its share of the CPU threads"""
 
     name = "local"
-    capabilities = Capabilities(default=True, trials="here", packs=True)
+    capabilities = Capabilities(default=True, trials="here")
 
     def check(self, sweep: Sweep) -> None:
         if sweep.train.world_size > 1 or sweep.gpus_per_job:

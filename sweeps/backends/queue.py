@@ -26,8 +26,7 @@ from aiayn.common.locks import file_lock, removed_on_error
 from aiayn.common.text import clock
 from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.devices import usable_cpus
-from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.lightning_modules.run.rundir import RunDir, RunMetrics
+from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.sweeps import books
 from aiayn.sweeps.backends import Backend, Sweep, SweepSummary
@@ -270,13 +269,6 @@ class QueueBackend(Backend):
     def pop_lock(self, sweep: Sweep) -> Path:
         return sweep.out.lock(f"{study_name(sweep.preset.name, sweep.corpus)}.pop")
 
-    def pack_lock(self, sweep: Sweep):
-        """Held while a worker claims its pack (`sweep.pack` above 1; nothing otherwise): taken before the pop lock by
-        every worker, so never in the other order."""
-        if sweep.pack > 1:
-            return file_lock(self.pop_lock(sweep).with_suffix(".pack"), wait=True)
-        return contextlib.nullcontext()
-
     def _key_of(self, sweep: Sweep):
         return lambda t: sweep.pair_key(*pair_of(t)) if pair_of(t) is not None else None
 
@@ -288,131 +280,71 @@ class QueueBackend(Backend):
     def run_one(self, sweep: Sweep, row: str, seed: int, slot: str | None) -> RunMetrics:
         """Train one pair to its end; its metrics (status failed when it died)."""
 
-    def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
-        """Train `opts` (one run, or a pack: --pack-seeds) in a process of this back end's, its output appended to
-        `sweeps.folders.sweep_log`; its exit status. A back end that packs (`Capabilities.packs`) has one."""
-        raise NotImplementedError(f"the {self.name} back end trains one pair a process (no packs)")
-
-    def run_pack(self, sweep: Sweep, row: str, seeds: list[int], slot: str | None) -> list[RunMetrics]:
-        """Train `seeds` of `row` as one pack in one process; each seed's metrics (failed where the process died
-        before writing them). The first seed's log holds the pack's output; the others' say where it is. A seed with a
-        checkpoint of its own to resume (begun alone) goes on alone: a pack would start it again from step 0."""
-        alone = {seed for seed in seeds if sweep.run(row, seed).resume_checkpoint() is not None}
-        packed = [seed for seed in seeds if seed not in alone]
-        results = {seed: self.run_one(sweep, row, seed, slot) for seed in alone}
-        if len(packed) == 1:
-            results[packed[0]] = self.run_one(sweep, row, packed[0], slot)
-        elif packed:
-            results.update(zip(packed, self._run_packed(sweep, row, packed, slot)))
-        return [results[seed] for seed in seeds]
-
-    def _run_packed(self, sweep: Sweep, row: str, seeds: list[int], slot: str | None) -> list[RunMetrics]:
-        first = sweep.run(row, seeds[0])
-        for seed in seeds[1:]:
-            log_file = sweep_log(sweep.run(row, seed))
-            log_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_file, "a") as out:
-                out.write(
-                    f"{attempt_header()}trained in one pack with seeds {', '.join(map(str, seeds))}: its output "
-                    f"is in {sweep_log(first)}\n"
-                )
-        code = self.train_process(sweep, row, sweep.pack_options(row, seeds), first, slot)
-        return [_result(sweep, row, seed, code, sweep_log(first)) for seed in seeds]
-
-    def _claim_pack(self, study, sweep: Sweep, claims, key_of, ask, held_by) -> tuple[list, bool]:
-        """Claim the next trials while they are seeds of one row, up to `sweep.pack` (one trial without packs), under
-        `pack_lock`; each claim held in the ExitStack `held_by` until it closes. ([(trial, pair)], whether the queue
-        was empty)."""
-        claimed = []  # [(trial, pair)]
-        pop_lock = self.pop_lock(sweep)
-        with self.pack_lock(sweep):  # the pack claimed whole; the next worker then claims its own
-            while len(claimed) < sweep.pack:
-                row = claimed[0][1][0] if claimed else None
-                trial, frozen, held = held_by.enter_context(
-                    books.pop_and_claim(study, pop_lock, claims, key_of, functools.partial(ask, row))
-                )
-                if trial is None:
-                    return claimed, not claimed
-                pair = pair_of(frozen)
-                if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
-                    study.tell(trial, state=TrialState.FAIL)
-                    return claimed, not claimed
-                set_params(trial, pair)
-                if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
-                    # the same pair, enqueued twice by racing drivers, is running or done in another worker
-                    if held is not None:
-                        held.close()
-                    trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
-                    study.tell(trial, state=TrialState.PRUNED)
-                    continue
-                held_by.callback(held.close)
-                claimed.append((trial, pair))
-        return claimed, False
+    def _claim(self, study, sweep: Sweep, claims, key_of, ask, held_by) -> tuple[tuple | None, bool]:
+        """Claim the next queued trial, its claim held in the ExitStack `held_by` until it closes: ((trial, pair), or
+        None where there was none to run, and whether the queue was empty)."""
+        trial, frozen, held = held_by.enter_context(
+            books.pop_and_claim(study, self.pop_lock(sweep), claims, key_of, ask)
+        )
+        if trial is None:
+            return None, True
+        pair = pair_of(frozen)
+        if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
+            study.tell(trial, state=TrialState.FAIL)
+            return None, True
+        set_params(trial, pair)
+        if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
+            # the same pair, enqueued twice by racing drivers, is running or done in another worker
+            if held is not None:
+                held.close()
+            trial.set_user_attr("skipped", "duplicate of a pair run by another worker")
+            study.tell(trial, state=TrialState.PRUNED)
+            return None, False
+        held_by.callback(held.close)
+        return (trial, pair), False
 
     def work(self, study: optuna.Study, sweep: Sweep, claims, slot, pace) -> tuple[int, int, int]:
         """Pop and run queued trials until the queue is empty; returns (completed, failed, diverged) by this
-        worker. With `sweep.pack` above 1, a worker claims the next trials while they are seeds of the same row (the
-        queue holds a row's seeds one after another), up to `sweep.pack`, and trains them as one pack; it claims the
-        pack under a lock of its own (`pack_lock`), else workers starting together deal a row's seeds one each."""
+        worker."""
         done = failed = diverged = 0
         t_start, finished_before = pace
         key_of = self._key_of(sweep)
         wanted = set(sweep.pairs)
 
-        def ask(row: str | None = None):
-            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-            if not waiting:
+        def ask():
+            if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 return None  # checked under the pop lock: ask() would invent a trial on an empty queue
-            if row is not None and (pair_of(min(waiting, key=lambda t: t.number)) or ("",))[0] != row:
-                return None  # the next trial is another row's: the pack is complete
             return study.ask()
 
         while self.stop.signum is None:  # a stopped sweep claims no new pair
             with contextlib.ExitStack() as claimed_now:
-                claimed, empty = self._claim_pack(study, sweep, claims, key_of, ask, claimed_now)
+                claimed, empty = self._claim(study, sweep, claims, key_of, ask, claimed_now)
                 if empty:
                     break
-                if not claimed:
+                if claimed is None:
                     continue
+                trial, (row, seed) = claimed
                 t0 = time.perf_counter()
-                row, seeds = claimed[0][1][0], [pair[1] for _, pair in claimed]
                 under_way = getattr(self, "under_way", None) or Progress(0)
-                for seed in seeds:
-                    under_way.start(row, seed, sweep.run(row, seed), sweep.wanted[row])
+                under_way.start(row, seed, sweep.run(row, seed), sweep.wanted[row])
                 try:
-                    if len(claimed) > 1:
-                        results = self.run_pack(sweep, row, seeds, slot)
-                    else:
-                        results = [self.run_one(sweep, row, seeds[0], slot)]
+                    metrics = self.run_one(sweep, row, seed, slot)
                 finally:
-                    for seed in seeds:
-                        under_way.end(row, seed)
+                    under_way.end(row, seed)
                 elapsed = time.perf_counter() - t0
-                lines = []
-                for (trial, pair), metrics in zip(claimed, results):  # each told while its claim is held
-                    result, counts = self._settle(study, trial, pair, metrics, sweep)
-                    done, failed, diverged = done + counts[0], failed + counts[1], diverged + counts[2]
-                    lines.append((pair, result))
+                result, counts = self._settle(study, trial, (row, seed), metrics, sweep)  # told while claimed
+                done, failed, diverged = done + counts[0], failed + counts[1], diverged + counts[2]
             trials = study.get_trials(deepcopy=False)
             # of this sweep's pairs: the study also holds other seed sets run into the same --out
             finished = sum(t.state == TrialState.COMPLETE and pair_of(t) in wanted for t in trials)
             # the driver's pace so far (all its workers) x what is left; longest pairs run first, so it errs long
             ran = max(_n_finished(trials) - finished_before, 1)
             eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)
-            packed = f" (one pack of {len(lines)})" if len(lines) > 1 else ""
             # a stopped sweep starts nothing more: no time is left to estimate, only the command that resumes it
             left = f"ETA {_hms(eta)}" if self.stop.signum is None else "stopped: the same command resumes the rest"
-            for pair, result in lines:
-                log.info(
-                    "[%d/%d] %s seed %d: %s in %s%s; %s",
-                    finished,
-                    len(sweep.pairs),
-                    *pair,
-                    result,
-                    _hms(elapsed),
-                    packed,
-                    left,
-                )
+            log.info(
+                "[%d/%d] %s seed %d: %s in %s; %s", finished, len(sweep.pairs), row, seed, result, _hms(elapsed), left
+            )
         return done, failed, diverged
 
     def _settle(self, study: optuna.Study, trial, pair: Pair, metrics: RunMetrics, sweep: Sweep):

@@ -31,7 +31,7 @@ which differs between array tasks.
 
 from __future__ import annotations
 
-from aiayn.sweeps.backends.slurm.backend import SlurmBackend, slurm  # noqa: E402,I001  (registers the back end)
+from aiayn.sweeps.backends.slurm.backend import SlurmBackend, slurm
 from aiayn.sweeps.backends.slurm.checks import (
     SHARED_FS,
     check,

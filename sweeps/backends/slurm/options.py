@@ -57,7 +57,6 @@ REFUSED = (
         "--storage",
         "SLURM's books are its job array and the run directories under --out, not an Optuna storage",
     ),
-    ("pack", "--pack", "SLURM trains one pair an array task (packs are the local and subprocess back ends')"),
 )
 # The sweep's run options that follow the SLURM resources unless given (checked to agree where given); the
 # accelerator `auto`, as everywhere, is resolved against the resources (`with_accelerator`)
