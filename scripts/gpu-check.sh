@@ -4,25 +4,25 @@
 #   bash scripts/gpu-check.sh prep                        # 1. where PyPI is reachable: stage what the GPU image lacks
 #   OUT=/tmp/gpu-check bash scripts/gpu-check.sh          # 2. on the GPU machine, from the repository's root
 #   GPU_CHECK_SMOKE=1 OUT=/tmp/gc bash scripts/gpu-check.sh   # the same stages on a CPU, small (a few minutes)
-#   OUT=/tmp/gpu-table bash scripts/gpu-check.sh table    # one call for the whole table: its last two stages alone
+#   OUT=/tmp/gpu-table bash scripts/gpu-check.sh table    # one call for the whole table: the table and its report
 #   OUT=/tmp/gpu-first bash scripts/gpu-check.sh first    # a new machine's first call: what a GPU decides, in 6 min
 #
 # Every mode starts with a gate of GATE_S (5) seconds: torch imports, sees CUDA and its driver (nvidia-smi). A gate
 # that answers "no CUDA" (or fails to import torch) stops the call there; one that does not answer in time (a cold
 # disk) is noted and the call goes on, since a stage would then tell.
-# `first` learns the most per second on a machine the project has not run on, each stage's JSON written before
-# anything optional in it: sdpa (`aiayn doctor --check sdpa`: the kernel each attention call gets) <= 40 s; the
-# paper's base step compiled (`aiayn bench --size paper --compile model --profile`: MFU, then launches, idle time and
-# top kernels) <= 140 s (the first H200: eager 28 s, --compile layers 44 s, model over 70 s, cold); the graphed pack
-# of 16 evidence-size seeds (`aiayn bench --pack 16 --compile graphs`) <= 80 s. At most 5 minutes with the gate and kill margins,
-# a minute to spare of the 6 for the install and the summary.
+# `first` learns the most per second on a machine the project has not run on, in three stages, each stage's JSON
+# written before anything optional in it: sdpa (`aiayn doctor --check sdpa`: the kernel each of the table's head
+# shapes gets) <= 40 s; the paper's base step as `aiayn train` builds it by default (`aiayn bench --size paper
+# --profile`: compiled for symbolic shapes, bf16 residual stream, the loss in chunks: MFU, launches, idle time, top
+# kernels) <= 100 s (the first H200: eager 28 s, compiled over 70 s, cold); the evidence table, --jobs JOBS at once
+# (GPU_CHECK_JOBS, default 8: the first H200 ran 8 evidence-size runs at about 80 steps/s together), stopped at its
+# limit with its pace measured <= 125 s. At most 5 minutes with the gate and kill margins, a minute to spare of the 6
+# for the install and the summary.
 #
-# `table` gives the table stage 420 s (of the 8 minutes), every pack at once (--jobs the table's pack count: one
-# wave), and compiles each pack's static-shape step once and replays it as CUDA graphs (--static-shapes --pad-to 8
-# --compile graphs); the check's table runs eager for 160 s, so that a first call on a new GPU measures the eager
-# packs and the graphs apart before one call bets on them.
-# GPU_CHECK_TABLE_S=N overrides the table's limit, GPU_CHECK_TABLE_COMPILE="FLAGS" its compile flags ("": eager);
-# with the smoke, GPU_CHECK_TABLE_STEPS its steps (40).
+# `table` gives the evidence table 420 s (of the 8 minutes), the runs compiled as `aiayn train` compiles by default;
+# the check's table runs eager (--compile none) for 160 s, so that a first call on a new GPU measures eager and
+# compiled runs apart. GPU_CHECK_TABLE_S=N overrides the table's limit, GPU_CHECK_TABLE_COMPILE="FLAGS" its compile
+# flags (one line); with the smoke, GPU_CHECK_TABLE_STEPS its steps (40).
 #
 # `prep` downloads into .gpucheck/whl/ (git-ignored; carry it to the GPU machine with the checkout) the wheels of the
 # packages aiayn imports at start that the GPU image lacks (STAGED below, pinned, for CPython 3.11-3.13 on x86-64); the check
@@ -35,19 +35,15 @@
 #   evidence-against.md  that report against reports/reference/evidence (two CPU cores), verdict by verdict
 #   evidence-report.tar.gz  every file of that report (CSVs, the runs' curves, JSON, plots): what a commit keeps
 #   logs.tar.gz        every stage's log and JSON (its runs stay in a scratch folder outside $OUT)
-# Stages, each bounded by `timeout` (SIGTERM at its limit, SIGKILL 10 s later), their limits 480 s together:
+# Stages of `check`, each bounded by `timeout` (SIGTERM at its limit, SIGKILL 10 s later), their limits 400 s together:
 #   paths      the grad_w path the fused loss takes on this torch, the empty-source beam on the fused attention
 #              kernels, static-shape training compiled without hitting the recompile limit (dynamo's tracing) <= 40 s
-#   bench      `aiayn bench --size paper --profile` eager, --compile model, --compile graphs (CUDA graphs): tokens/s,
-#              MFU, graphs, launches a step, device idle, top kernels                           <= 45 + 70 + 70 s
-#   pack       `aiayn bench --pack 16 --size evidence`: 16 seeds as one pack against the 16 stepped apart:
-#              seed-steps/s and launches a step of each                                                  <= 30 s
-#   pack-graphs  the same with a fourth side, the pack compiled with --compile graphs: its step
-#              replayed as CUDA graphs (the packed static-shape step captured), compiled in the warm-up      <= 45 s
-#   table      the whole evidence table, `aiayn table3 --preset evidence` (every scored row, its seeds, 4500 steps;
-#              each row's seeds one pack, --pack auto, 8 packs at once), stopped at the limit if it has not finished:
-#              runs finished, seed-steps trained (from the runs' logs) and the whole table's wall projected from
-#              them; training steps/s, final evaluation and setup apart from the runs' metrics.json         <= 160 s
+#   bench      `aiayn bench --size paper --profile` eager (--compile none) and as training builds it by default:
+#              tokens/s, MFU, graphs, launches a step, device idle, top kernels                   <= 45 + 70 s
+#   table      the whole evidence table, `aiayn table3 --preset evidence --jobs JOBS --compile none` (every scored
+#              row, its seeds, 4500 steps), stopped at the limit if it has not finished: runs finished, seed-steps
+#              trained (from the runs' logs) and the whole table's wall projected from them; training steps/s, final
+#              evaluation and setup apart from the runs' metrics.json                                      <= 160 s
 #   report     its report, and the report read against reports/reference/evidence verdict by verdict
 #              (`aiayn report --against`)                                                                    <= 20 s
 # docs/training.md ("Checking a GPU node") says how to read the results; BENCHMARKS.md carries them.
@@ -80,13 +76,18 @@ case "$MODE" in check|table|first) ;; *) echo "usage: bash scripts/gpu-check.sh 
 GATE_S=${GATE_S:-5}
 whole GATE_S "$GATE_S"
 OUT=${OUT:?OUT must be set: the folder for the results}
-if [ "$MODE" = table ]; then  # the whole table alone: most of the 8 minutes, its packs' steps as CUDA graphs
-  TABLE_S=${GPU_CHECK_TABLE_S:-420}; TABLE_COMPILE=${GPU_CHECK_TABLE_COMPILE---static-shapes --pad-to 8 --compile graphs}
+if [ "$MODE" = table ]; then  # the whole table alone: most of the 8 minutes, compiled as training compiles
+  TABLE_S=${GPU_CHECK_TABLE_S:-420}; TABLE_COMPILE=${GPU_CHECK_TABLE_COMPILE---compile auto}
+elif [ "$MODE" = first ]; then
+  TABLE_S=${GPU_CHECK_TABLE_S:-125}; TABLE_COMPILE=${GPU_CHECK_TABLE_COMPILE---compile auto}
 else
-  TABLE_S=${GPU_CHECK_TABLE_S:-160}; TABLE_COMPILE=${GPU_CHECK_TABLE_COMPILE-}
+  TABLE_S=${GPU_CHECK_TABLE_S:-160}; TABLE_COMPILE=${GPU_CHECK_TABLE_COMPILE---compile none}
 fi
+oneline GPU_CHECK_TABLE_COMPILE "$TABLE_COMPILE"
 whole GPU_CHECK_TABLE_S "$TABLE_S"
 whole GPU_CHECK_TABLE_STEPS "${GPU_CHECK_TABLE_STEPS:-40}"
+JOBS=${GPU_CHECK_JOBS:-8}
+whole GPU_CHECK_JOBS "$JOBS"
 SMOKE=${GPU_CHECK_SMOKE:-0}
 flag GPU_CHECK_SMOKE "$SMOKE"
 set -f  # the compile flags split into words, never globbed
@@ -113,20 +114,10 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, log it, note
 if [ "$SMOKE" = 1 ]; then
   export AIAYN_COMPILE_BACKEND=eager  # dynamo's tracing, without inductor's code generation: minutes on a CPU
   DEVICE=cpu; ACCEL=cpu; BENCH=(--size tiny --steps 1 --trials 1 --warmup 1 --decode-sentences 4)
-  PACK=(--pack 2 --tokens 96 --steps 1 --trials 1 --warmup 1)
-  TABLE=(--rows base,C1,C5 --seeds 1 --base-seeds 2 --max-steps "${GPU_CHECK_TABLE_STEPS:-40}" --val-every 10 --jobs 2
-         --pack 2)  # packs on a CPU too (auto packs on a GPU only): base's two seeds one pack
+  TABLE=(--rows base,C1,C5 --seeds 1 --base-seeds 2 --max-steps "${GPU_CHECK_TABLE_STEPS:-40}" --val-every 10 --jobs 2)
 else
   DEVICE=cuda; ACCEL=gpu; BENCH=(--size paper --steps 3 --trials 3)
-  PACK=(--pack 16 --steps 5 --trials 3)
-  # the preset's rows, seeds and budget (the table reports/reference/evidence holds), every pack at once: one wave
-  PACKS=$("$PY" -c 'import sys
-from aiayn.lightning_modules.run.options import TrainOptions
-from aiayn.sweeps.table3 import SweepOptions, build_sweep, pack_count
-print(pack_count(build_sweep(SweepOptions(train=TrainOptions(preset="evidence", out=sys.argv[1])))))' "$WORK/table" \
-    2> "$WORK/logs/packs.log")
-  [[ $PACKS =~ ^[0-9]+$ ]] || PACKS=8
-  TABLE=(--jobs "$PACKS" --pack auto)
+  TABLE=(--jobs "$JOBS")  # the preset's rows, seeds and budget (the table reports/reference/evidence holds)
 fi
 
 : > "$SUM"
@@ -175,10 +166,8 @@ note "| --- | --- | --- |"
 
 if [ "$MODE" = first ]; then  # a new machine's first call: what only a GPU decides, most per second first
   stage sdpa 40 "$PY" -m aiayn doctor --check sdpa --json "$WORK/sdpa.json"
-  stage bench-model 140 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile model --profile \
-      --json "$WORK/bench-model.json"
-  stage pack-graphs 80 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
-      --json "$WORK/pack-graphs.json"
+  # the step `aiayn train` trains by default (compile auto, its symbolic shapes, the bf16 stream), profiled
+  stage bench-auto 100 "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --profile --json "$WORK/bench-auto.json"
 fi
 if [ "$MODE" = check ]; then  # `table` runs the last two stages alone
 stage paths 40 "$PY" - "$DEVICE" "$WORK/paths.json" <<'EOF'
@@ -237,23 +226,23 @@ for how in ("layers", "model"):  # `model` hit the recompile limit on the H200 (
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 print(json.dumps(out))
 EOF
-for how in none model graphs; do  # eager, compiled, graphed (--compile layers measured 14.2%, model 21.3%)
+for how in none auto; do  # eager, and as `aiayn train` builds the step by default (compiled on a GPU)
   limit=70; [ "$how" = none ] && limit=45  # eager took 28 s on the first H200
   stage "bench-$how" "$limit" "$PY" -m aiayn bench --device "$DEVICE" "${BENCH[@]}" --compile "$how" --profile \
       --json "$WORK/bench-$how.json"
 done
-stage pack 30 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --json "$WORK/pack.json"
-stage pack-graphs 45 "$PY" -m aiayn bench --device "$DEVICE" --size evidence "${PACK[@]}" --compile graphs \
-    --json "$WORK/pack-graphs.json"
 fi
-if [ "$MODE" != first ]; then  # the evidence table and its report: `check` and `table`
-  # 8 trainers compiling at once: inductor's worker pool is as many processes as cores in each (8 x 16 on the H200's
-  # machine); two each share the cores instead (the benches above compile alone, with the whole pool)
+# the evidence table and its report, every mode. JOBS trainers compiling at once: inductor's worker pool is as many
+# processes as cores in each (8 x 16 on the H200's machine); two each share the cores instead (the benches above
+# compile alone, with the whole pool)
+{
   export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
   stage table "$TABLE_S" "$PY" -m aiayn table3 --preset evidence "${TABLE[@]}" "${COMPILE_FLAGS[@]}" \
       --accelerator "$ACCEL" --out "$WORK/table" --report ""
   "$PY" -m aiayn status --json "$WORK/table" > "$WORK/table-status.json" 2> "$WORK/logs/table-status.log"
-  if find "$WORK/table" -name metrics.json 2>/dev/null | grep -q .; then
+  if [ "$MODE" = first ]; then
+    :  # the first call's table is a measure of speed; its report waits for a whole table
+  elif find "$WORK/table" -name metrics.json 2>/dev/null | grep -q .; then
     stage report 20 "$PY" -m aiayn report --runs "$WORK/table" --out "$WORK/reports" --preset evidence \
         --against reports/reference/evidence
     cp "$WORK/reports/table3-evidence.md" "$OUT/evidence.md" 2>/dev/null || note "no evidence report"
@@ -263,7 +252,7 @@ if [ "$MODE" != first ]; then  # the evidence table and its report: `check` and 
   else
     note "| report | not run: no run of the table finished | |"
   fi
-fi
+}
 
 note ""
 "$PY" - "$WORK" "$OUT/results.json" <<'EOF' | tee -a "$SUM"
@@ -291,30 +280,21 @@ if results["paths"]:
         print(f"- static shapes, --compile {how}: {c['shapes']} shapes, {c['graphs']} graphs in {c['seconds']} s, "
               f"recompile limit hit {c['recompile_limit_hit']} time(s), graph breaks {c['graph_breaks']} "
               f"{c['graph_break_reasons']}, graphs added by decoding {c['graphs_added_by_decoding']}")
-for how in ("none", "model", "graphs"):
+for how in ("none", "auto"):
     r = read(f"bench-{how}.json")
     results[f"bench-{how}"] = r
     if r:
         a = r[0]
         mfu = f", MFU {100 * a['mfu']:.1f}%" if a.get("mfu") else ""
         graphs = f", {a['graphs_compiled']} graphs" if "graphs_compiled" in a else ""
-        print(f"- bench --compile {how}: {a['train_tokens_per_s']:,.0f} tokens/s, {a['train_step_s'] * 1e3:.1f} "
+        print(f"- bench --compile {how} ({a['compile']}, {a.get('compile_shapes') or 'eager'}, residual stream "
+              f"{a['residual_dtype']}): {a['train_tokens_per_s']:,.0f} tokens/s, {a['train_step_s'] * 1e3:.1f} "
               f"ms/step{mfu}{graphs}")
         if a.get("profile"):  # aiayn bench --profile (aiayn/bench/profile.py)
             q = a["profile"]
             idle = f", device idle {100 * q['device_idle_fraction']:.1f}%" if "device_idle_fraction" in q else ""
             top = "; ".join(f"{t['name'][:60]} {100 * t['share']:.0f}%" for t in q["top"][:3])
             print(f"  profile: {q['launches_per_step']:.0f} {q['what']} a step{idle}; top: {top}")
-results["pack"] = r = read("pack.json")
-if r:  # aiayn bench --pack (aiayn/bench/packed.py)
-    sides = ", ".join(f"{side} {r[side]['seed_steps_per_s']:.1f} seed-steps/s ({r[side]['launches_per_step']:.0f} "
-                      "launches a call)" for side in ("packed", "separate", "separate, torch's dropout"))
-    print(f"- a pack of {r['K']} evidence-size seeds: {sides}; packed / separate {r['speedup']:.2f}x")
-results["pack-graphs"] = r = read("pack-graphs.json")
-if r:  # aiayn bench --pack --compile graphs: the packed static-shape step as CUDA graphs
-    c = r["packed, compiled"]
-    print(f"- the pack of {r['K']} compiled (--compile graphs): {c['seed_steps_per_s']:.1f} seed-steps/s "
-          f"({c['launches_per_step']:.0f} launches a call); / separate {r['compiled_speedup']:.2f}x")
 lines = (work / "stages.jsonl").read_text().splitlines() if (work / "stages.jsonl").is_file() else []
 results["stages"] = stages = {s["stage"]: s for s in map(json.loads, lines)}
 # the whole table (item 4a): the runs finished by the stage's limit, the seed-steps trained (a finished run's from
@@ -341,7 +321,7 @@ if pairs and "table" in stages:
     t["projected_wall_s"] = planned / t["seed_steps_per_s"] if planned and t["seed_steps_per_s"] else None
     whole = "the whole table" if done == len(pairs) else f"{done} of {len(pairs)} runs (stopped at the limit)"
     projected = f"; the whole table at that rate: {t['projected_wall_s'] / 60:.1f} min" if t["projected_wall_s"] else ""
-    print(f"- the evidence table, packed: {whole} in {wall} s; {trained:,} of {planned or 0:,} seed-steps, "
+    print(f"- the evidence table: {whole} in {wall} s; {trained:,} of {planned or 0:,} seed-steps, "
           f"{t['seed_steps_per_s'] or 0:.0f} seed-steps/s with setup and evaluation{projected} (target: 8 min)")
 against = work / "reports" / "table3-evidence-against.csv"
 if against.is_file():  # aiayn report --against (reports/against.py)

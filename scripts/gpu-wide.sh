@@ -52,6 +52,9 @@ SUM="$OUT/summary.md"
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 export AIAYN_CACHE=${AIAYN_CACHE:-$WORK/cache}
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+# 4-8 trainers compiling cold at once: inductor's worker pool is as many processes as cores in each; two each share
+# the cores instead, as scripts/gpu-check.sh's table does
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}
 START=$(date +%s)
 note() { echo "$*" | tee -a "$SUM"; }
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }

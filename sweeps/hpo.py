@@ -58,7 +58,7 @@ from aiayn.sweeps.storage import check_readable, open_storage
 log = logging.getLogger(__name__)
 
 
-HPO_SKIP = ("train.progress", "train.pack_seeds")  # trials print one line each as they end; a trial is one run
+HPO_SKIP = ("train.progress",)  # trials print one line each as they end; a trial is one run
 
 
 @dataclass
@@ -433,7 +433,7 @@ def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str
 
     from aiayn.common.options import to_config
     from aiayn.lightning_modules.run.options import resolved_run
-    from aiayn.sweeps.backends.processes import child_environment
+    from aiayn.sweeps.backends.processes import PORTS, child_environment
     from aiayn.sweeps.backends.queue import _threads, attempt_header
 
     t = opts.train
@@ -443,7 +443,7 @@ def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str
     child = replace(opts, storage=None, backend="local", jobs=1)
     atomic_write_json(stem.with_suffix(".options.json"), to_config(child, skip=HPO_SKIP))
     atomic_write_json(stem.with_suffix(".spec.json"), resolved_run(spec.to_dict(), "aiayn hpo --backend subprocess"))
-    env = child_environment(slot, None, _threads(opts.jobs))
+    env = child_environment(PORTS.take(), None, _threads(opts.jobs))
     env.update({TRIAL_ENV: str(trial.number), STORAGE_ENV: url, SPEC_ENV: str(stem.with_suffix(".spec.json"))})
     with open(stem.with_suffix(".log"), "a") as out:
         out.write(attempt_header())

@@ -475,3 +475,21 @@ def test_a_dev_set_of_fewer_batches_than_ranks_validates_under_ddp(cache, tmp_pa
     column = curve[0].split(",").index("val/ppl")
     # validated at steps 2 and 4 (--val-every 2) and 3 (75% of the budget: the stability rule's, scheduled by the run)
     assert len([line for line in curve[1:] if line.split(",")[column]]) == 3
+
+
+@pytest.mark.slow
+def test_two_ddp_runs_of_one_sweep_at_once_both_complete(cache, tmp_path):
+    """`aiayn table3 --jobs 2 --devices 2 --strategy ddp` (gloo on a CPU): each run's processes meet on a MASTER_PORT
+    of their own; the two used to get one port, and one run failed with "address already in use"."""
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "aiayn", "table3", "--preset", "tiny", "--rows", "base", "--seeds", "2"]
+    cmd += ["--jobs", "2", "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu", "--backend", "subprocess"]
+    cmd += ["--max-steps", "4", "--val-every", "1000", "--eval-subset", "8", "--val-bleu-sentences", "0"]
+    cmd += ["--set", "N=1 d_model=32 d_ff=64 h=2", "--logger", "csv", "--report", "", "--out", str(out)]
+    env = {**os.environ, "AIAYN_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    logs = "".join(p.read_text() for p in out.glob("**/*.log"))
+    assert done.returncode == 0, done.stderr[-3000:] + logs[-3000:]
+    for seed in (0, 1):
+        metrics = json.loads((out / "tiny" / "synthetic" / "base" / f"seed{seed}" / "metrics.json").read_text())
+        assert metrics["status"] == "completed" and metrics["steps"] == 4

@@ -91,6 +91,21 @@ def test_sdpa_case_names_the_dispatchers_backend_and_which_run_alone():
     assert case["q"] == [2, 2, 20, 8] and case["mask"] == "bool [2, 1, 1, 80]"
 
 
+def test_the_sdpa_check_dispatches_every_head_shape_the_tables_train():
+    """A1's d_k 512 (beyond flash's 256), B1/B2's d_k != d_v, A3/A4 and the smaller tables' widths: each shape's three
+    training calls are a case of the check, named by its widths and rows (the base's are attention_inputs' own)."""
+    shapes = doctor.table_head_shapes()
+    assert {(512, 512), (16, 64), (32, 64), (32, 32), (16, 16), (8, 8), (64, 64)} <= set(shapes)
+    assert "paper A1" in shapes[(512, 512)] and "paper B1" in shapes[(16, 64)] and "paper A3" in shapes[(32, 32)]
+    cases = doctor.head_shape_inputs(torch.device("cpu"))
+    assert len(cases) == 3 * (len(shapes) - 1)
+    (a1,) = [name for name in cases if name.startswith("enc self, d_k 512 d_v 512 (paper A1")]
+    q, k, v, mask, causal, backward = cases[a1]
+    assert q.shape[-1] == k.shape[-1] == v.shape[-1] == 512 and mask is not None and backward
+    (b1,) = [args for name, args in cases.items() if name.startswith("cross, d_k 16 d_v 64")]
+    assert b1[0].shape[-1] == 16 and b1[2].shape[-1] == 64
+
+
 def test_dispatch_choice_follows_the_enabled_backends():
     q = k = v = torch.randn(1, 2, 80, 8)
     with sdpa_kernel(SDPBackend.MATH):

@@ -85,6 +85,9 @@ def test_the_prep_step_stages_every_package_aiayn_imports_at_start_that_the_gpu_
         ("gpu-check.sh", {"GPU_CHECK_TABLE_S": "abc"}, "GPU_CHECK_TABLE_S=abc is not a whole number"),
         ("gpu-check.sh", {"GPU_CHECK_TABLE_STEPS": "-4"}, "GPU_CHECK_TABLE_STEPS=-4 is not a whole number"),
         ("gpu-check.sh", {"GPU_CHECK_SMOKE": "yes"}, "GPU_CHECK_SMOKE=yes is not 0 or 1"),
+        ("gpu-check.sh", {"GPU_CHECK_TABLE_S": "08"}, "GPU_CHECK_TABLE_S=08 is not a whole number"),
+        ("gpu-check.sh", {"GPU_CHECK_JOBS": "0"}, "GPU_CHECK_JOBS=0 is not a whole number"),
+        ("gpu-check.sh", {"GPU_CHECK_TABLE_COMPILE": "--compile none\n--jobs 1"}, "GPU_CHECK_TABLE_COMPILE holds a"),
         ("gpu-check.sh", {"TMPDIR": "/nonexistent/x"}, "cannot make a scratch folder under /nonexistent/x"),
         ("gpu-wide.sh", {"BUDGET": '__import__("os").system("touch PWNED")'}, "BUDGET=__import__"),
         ("gpu-wide.sh", {"BUDGET": "abc"}, "BUDGET=abc is not a whole number"),
@@ -158,7 +161,7 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     with tarfile.open(out / "evidence-report.tar.gz") as tar:  # the report whole: its runs' curves to commit
         assert {"reports/table3-evidence-curves.csv", "reports/table3-evidence-against.csv"} <= set(tar.getnames())
     summary = (out / "summary.md").read_text()
-    for stage in ("paths", "bench-none", "bench-model", "bench-graphs", "pack", "pack-graphs", "table", "report"):
+    for stage in ("paths", "bench-none", "bench-auto", "table", "report"):
         assert f"| {stage} | ok |" in summary, summary
     results = json.loads((out / "results.json").read_text())
     paths = results["paths"]
@@ -170,7 +173,7 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     # the table: base's 2 seeds, C1's and C5's one, 40 steps each, every seed-step counted
     table = results["table"]
     assert (table["runs"], table["completed"], table["seed_steps"], table["seed_steps_planned"]) == (4, 4, 160, 160)
-    assert table["projected_wall_s"] > 0 and "- the evidence table, packed: the whole table in " in summary
+    assert table["projected_wall_s"] > 0 and "- the evidence table: the whole table in " in summary
     runs = results["runs"]  # from the runs' own metrics.json: training apart from setup and the final evaluation
     assert runs["table"]["runs"] == 4 and runs["table"]["train_steps_per_s"] > 0
     assert "- the table, from its runs' metrics.json: 4 runs" in summary
@@ -178,10 +181,9 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
     against = (out / "evidence-against.md").read_text()
     assert "**0 of 0 scored verdicts the same**; scored on one side only: A3, A4" in against
     assert results["against"] == {"compared": 0, "same": 0, "moved": []}
-    assert results["pack"]["K"] == 2 and "- a pack of 2 evidence-size seeds: packed " in summary
-    assert results["pack-graphs"]["packed, compiled"]["seed_steps_per_s"] > 0
-    assert "compiled (--compile graphs)" in summary
-    assert results["bench-graphs"][0]["graphs_compiled"] > 0 and results["bench-graphs"][0]["compile"] == "graphs"
+    # the check's table trains eager; the bench's second side is the step `aiayn train` builds (eager on a CPU)
+    assert "the table: --compile none" in summary
+    assert results["bench-auto"][0]["compile"] == "none" and results["bench-auto"][0]["residual_dtype"] == "fp32"
     assert results["bench-none"][0]["profile"]["launches_per_step"] > 0 and "  profile: " in summary  # --profile
     with tarfile.open(out / "logs.tar.gz") as tar:
         assert {"logs/table.log", "logs/report.log"} <= set(tar.getnames())
@@ -190,11 +192,9 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
 
 @pytest.mark.slow
 @pytest.mark.alone
-def test_the_first_call_gates_then_runs_sdpa_the_compiled_step_and_the_graphed_pack_on_a_cpu_in_its_smoke(
-    cache, tmp_path
-):
-    """`gpu-check.sh first` (smoke, on a CPU): the gate's figures, then each stage's JSON read into the summary:
-    the kernel of every attention call, the compiled step with its profile, the graphed pack; no table."""
+def test_the_first_call_gates_then_runs_sdpa_the_trained_step_and_the_table_on_a_cpu_in_its_smoke(cache, tmp_path):
+    """`gpu-check.sh first` (smoke, on a CPU): the gate's figures, then each stage's JSON read into the summary: the
+    kernel of every attention call, the step as training builds it with its profile, the table's pace; no report."""
     out = tmp_path / "out"
     env = {**os.environ, "GPU_CHECK_SMOKE": "1", "OUT": str(out), "PYTHON": sys.executable}
     env.update({"AIAYN_CACHE": str(cache), "TMPDIR": str(tmp_path), "GATE_S": "60"})  # a busy CPU imports slowly
@@ -204,23 +204,23 @@ def test_the_first_call_gates_then_runs_sdpa_the_compiled_step_and_the_graphed_p
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "results.json", "summary.md"]
     summary = (out / "summary.md").read_text()
-    for stage in ("sdpa", "bench-model", "pack-graphs"):
+    for stage in ("sdpa", "bench-auto", "table"):
         assert f"| {stage} | ok |" in summary, summary
-    assert "| table |" not in summary and "- gate: torch " in summary and "- sdpa: " in summary
+    assert "| report |" not in summary and "- gate: torch " in summary and "- sdpa: " in summary
     results = json.loads((out / "results.json").read_text())
-    assert results["gate"]["torch"] and results["bench-model"][0]["compile"] == "model"
-    assert results["bench-model"][0]["profile"]["launches_per_step"] > 0
-    assert results["pack-graphs"]["packed, compiled"]["seed_steps_per_s"] > 0
+    assert results["gate"]["torch"] and results["bench-auto"][0]["profile"]["launches_per_step"] > 0
+    assert results["table"]["completed"] == 4 and "- the evidence table: the whole table in " in summary
 
 
 def test_the_first_calls_stage_limits_and_gate_fit_in_six_minutes_with_a_minute_to_spare():
-    """`first`'s stages run one after another, each under its limit (SIGKILL 10 s after it): their limits, the
-    kill margins and the gate are at most 5 minutes, leaving a minute of a 6-minute call for the install and the
-    summary."""
+    """`first`'s stages run one after another, each under its limit (SIGKILL 10 s after it): sdpa, the step, and the
+    table at the first call's TABLE_S; their limits, the kill margins and the gate are at most 5 minutes, leaving a
+    minute of a 6-minute call for the install and the summary."""
     text = SCRIPT.read_text()
-    block = text[text.index('if [ "$MODE" = first ]; then') :]
+    block = text[text.index('if [ "$MODE" = first ]; then  # a new machine') :]
     block = block[: block.index("\nfi\n")]
     limits = [int(n) for n in re.findall(r"^\s*stage [\w-]+ (\d+) ", block, re.M)]
+    limits.append(int(re.search(r'MODE" = first \]; then\n  TABLE_S=\$\{GPU_CHECK_TABLE_S:-(\d+)\}', text).group(1)))
     gate = int(re.search(r"^GATE_S=\$\{GATE_S:-(\d+)\}", text, re.M).group(1))
     assert len(limits) == 3 and gate == 5
     assert sum(limits) + 10 * len(limits) + gate <= 300, limits
@@ -246,8 +246,8 @@ def test_a_gate_that_finds_no_cuda_stops_the_call_before_any_stage(tmp_path):
 @pytest.mark.slow
 @pytest.mark.alone
 def test_the_table_call_stopped_at_its_limit_counts_the_seed_steps_its_runs_trained(cache, tmp_path):
-    """`gpu-check.sh table`, the whole table in one call: its two stages alone, the packs compiled as --compile graphs
-    compiles them, here cut by the stage's limit (as on a GPU where the whole table takes longer): the sweep stops
+    """`gpu-check.sh table`, the whole table in one call: its two stages alone, the runs compiled as training compiles
+    them by default, here cut by the stage's limit (as on a GPU where the whole table takes longer): the sweep stops
     cleanly (SIGTERM to its process group), no run finished, and the summary counts the seed-steps the unfinished
     runs trained from their curves and projects the whole table's wall from them."""
     out = tmp_path / "out"
@@ -258,10 +258,10 @@ def test_the_table_call_stopped_at_its_limit_counts_the_seed_steps_its_runs_trai
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (out / "summary.md").read_text()
-    assert "the table: --static-shapes --pad-to 8 --compile graphs, limit 60 s" in summary
+    assert "the table: --compile auto, limit 60 s" in summary
     assert "| table | FAILED (exit 124) |" in summary and "| paths |" not in summary
     assert "| report | not run: no run of the table finished |" in summary
     table = json.loads((out / "results.json").read_text())["table"]
     assert (table["runs"], table["completed"], table["seed_steps_planned"]) == (4, 0, 8000), table
     assert 0 < table["seed_steps"] < 8000 and table["projected_wall_s"] > 60
-    assert "- the evidence table, packed: 0 of 4 runs (stopped at the limit) in " in summary
+    assert "- the evidence table: 0 of 4 runs (stopped at the limit) in " in summary

@@ -31,7 +31,7 @@ from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import experiment_name, resolve, sweep_key
 from aiayn.sweeps.backends.local import LocalBackend
-from aiayn.sweeps.backends.processes import SubprocessBackend, child_environment
+from aiayn.sweeps.backends.processes import PORTS, SubprocessBackend, child_environment
 from aiayn.sweeps.export import SweepExportOptions, wandb_sweep, wandb_yaml
 from aiayn.sweeps.folders import SweepOut, sweep_log
 from aiayn.sweeps.table3 import SweepOptions, build_sweep, run_table3
@@ -478,7 +478,7 @@ def test_a_runs_own_process_inherits_no_launchers_variables(monkeypatch):
     for name, value in inherited.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("KEEP_ME", "yes")
-    a, b = child_environment(0, "0", 4), child_environment(1, "1", None)
+    a, b = child_environment(PORTS.take(), "0", 4), child_environment(PORTS.take(), "1", None)
     assert not {k for k in a if k.startswith(("SLURM_", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"))}
     assert a["KEEP_ME"] == "yes" and (a["CUDA_VISIBLE_DEVICES"], a["OMP_NUM_THREADS"]) == ("0", "4")
     assert a["MASTER_PORT"] != b["MASTER_PORT"] != "15077" and "OMP_NUM_THREADS" not in b
@@ -1083,3 +1083,13 @@ def test_every_folder_a_sweep_or_back_end_keeps_under_out_is_reserved_and_no_pre
     kept |= {out.hpo_best("tiny", "base").relative_to(tmp_path).parts[0]}
     assert kept <= set(OutDir.RESERVED), kept - set(OutDir.RESERVED)
     assert not set(PRESETS) & set(OutDir.RESERVED)
+
+
+def test_concurrent_ddp_runs_on_gpus_without_gpus_of_their_own_are_refused(tmp_path, monkeypatch):
+    """`--jobs 2 --devices 2` on a GPU machine without --gpus-per-job: both runs would train on GPUs 0 and 1 at once;
+    one line names the flag that gives each run its own."""
+    monkeypatch.setattr("aiayn.sweeps.backends.processes.visible_gpus", lambda: ["0", "1", "2", "3"])
+    sweep = build_sweep(opts(tmp_path, jobs=2, devices=2, strategy="ddp", accelerator="gpu"))
+    with pytest.raises(UserError, match="--jobs 2 runs of --devices 2 would each train on the same GPUs; pass "):
+        SubprocessBackend().check(sweep)
+    SubprocessBackend().check(build_sweep(opts(tmp_path, jobs=2, devices=2, strategy="ddp", accelerator="cpu")))

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from aiayn.bench import BenchOptions
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
+from aiayn.lightning_modules.transformer.compiled import resolve_compile
 from aiayn.lightning_modules.transformer.decoding import beam_search
 from aiayn.lightning_modules.transformer.loss import projected_label_smoothed_loss
 from aiayn.lightning_modules.transformer.model import (
@@ -496,6 +497,12 @@ def padding_report(multi30k_dir: str | None, cache_dir: str | None) -> list[dict
 PAD_TO = ((1, False), (8, False), (16, False), (8, True), (16, True))
 
 
+def resolve_residual(asked: str, cuda: bool) -> str:
+    """--residual-dtype as the bench's step runs it: auto is bf16 on a CUDA device (its step runs bf16 autocast, where
+    `aiayn train`'s default keeps a bf16 stream), fp32 on a CPU (fp32, no autocast)."""
+    return ("bf16" if cuda else "fp32") if asked == "auto" else asked
+
+
 def run(args: BenchOptions) -> list[dict]:
     device = torch.device(args.device)
     if args.threads:
@@ -521,14 +528,17 @@ def run(args: BenchOptions) -> list[dict]:
     log.info("config %s: %s; batch %d×%d, %s, %d threads", bc.name, bc.note, B, S, label, torch.get_num_threads())
 
     models = {impl: build(impl, cfg).to(device) for impl in impls}
-    if args.residual_dtype == "bf16":  # before compiling: the stream's casts are in the traced code
+    cuda = device.type == "cuda"
+    residual = resolve_residual(args.residual_dtype, cuda)
+    if residual == "bf16":  # before compiling: the stream's casts are in the traced code
         residual_stream(models["aiayn"], torch.bfloat16)
-    if args.compile != "none":
+    compiled = resolve_compile(args.compile, cuda)
+    if compiled != "none":
         from aiayn.lightning_modules.transformer.compiled import compile_model
 
-        # the training batch has one shape; decoding runs eager (compiled code runs only where autograd records:
-        # a growing KV cache under dynamic=False recompiled the decoder at every step)
-        compile_model(models["aiayn"], args.compile, dynamic=False, shapes=1, cuda=device.type == "cuda")
+        # as `aiayn train` compiles by default (no --static-shapes): for symbolic shapes, the first batch's compile
+        # serving every length; decoding runs eager (compiled code runs only where autograd records)
+        compile_model(models["aiayn"], compiled, dynamic=True, cuda=cuda)
     trainers = {i: Trainer(i, models[i], cfg, batch, device) for i in impls}
     tokens = batch["n_src_tokens"] + batch["n_tgt_tokens"]
     step_s: dict[str, list[float]] = {impl: [] for impl in impls}
@@ -566,7 +576,7 @@ def run(args: BenchOptions) -> list[dict]:
             "device_name": label,
             "threads": torch.get_num_threads(),
             "precision": "bf16-mixed" if device.type == "cuda" else "fp32",
-            "residual_dtype": args.residual_dtype if impl == "aiayn" else "fp32",
+            "residual_dtype": residual if impl == "aiayn" else "fp32",
             "torch": torch.__version__,
             "params": trainable_params(models[impl]),
             "batch_sentences": B,
@@ -586,9 +596,10 @@ def run(args: BenchOptions) -> list[dict]:
             "model_flops_per_step": flops,
             "padded_flops_per_step": computed,
             "achieved_tflops": flops / s / 1e12,
-            "compile": args.compile if impl == "aiayn" else "none",
+            "compile": compiled if impl == "aiayn" else "none",
+            "compile_shapes": "dynamic" if impl == "aiayn" and compiled != "none" else None,
         }
-        if impl == "aiayn" and args.compile != "none":  # what dynamo made: graphs, and any function it gave up on
+        if impl == "aiayn" and compiled != "none":  # what dynamo made: graphs, and any function it gave up on
             from torch._dynamo.utils import counters
 
             r["graphs_compiled"] = int(counters["stats"]["unique_graphs"])

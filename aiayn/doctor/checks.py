@@ -143,7 +143,7 @@ def run_check(name: str, check: Check, ctx: Context) -> dict:
         log.info("doctor: %s", name)
         try:
             result = check.fn(ctx)
-        except (Exception, SystemExit) as e:  # noqa: BLE001 (a failed check, reported; the others still run)
+        except (Exception, SystemExit) as e:  # a failed check, reported; the others still run
             log.debug("check %s raised", name, exc_info=True)
             result = failed(
                 "error", f"{type(e).__name__}: {_first_line(e) or 'no message'}", traceback=traceback.format_exc()
@@ -160,7 +160,7 @@ def run_check(name: str, check: Check, ctx: Context) -> dict:
 def _safe(fn, default=None):
     try:
         return fn()
-    except Exception as e:  # noqa: BLE001 (the environment is reported as far as it can be read)
+    except Exception as e:  # the environment is reported as far as it can be read
         return default if default is not None else f"error: {type(e).__name__}: {_first_line(e)}"
 
 
@@ -397,6 +397,48 @@ def sdpa_case(q, k, v, mask, causal: bool, backward: bool) -> dict:
     }
 
 
+# The presets whose tables a GPU trains or checks: the paper's, the wide table, and the CPU tables a GPU reruns
+HEAD_SHAPE_PRESETS = ("paper", "wide", "real", "evidence")
+
+
+def table_head_shapes() -> dict[tuple[int, int], list[str]]:
+    """(d_k, d_v) -> the rows that train it ("PRESET ROW"), over every row of Table 3 and the extended rows at each
+    of HEAD_SHAPE_PRESETS: the kernel a head gets depends on its widths (flash takes d_k up to 256, A1's is 512; B1
+    and B2 have d_k != d_v), not on how many heads there are."""
+    from aiayn.ablations.presets import get_preset, scale
+    from aiayn.ablations.table import load_rows
+
+    shapes: dict[tuple[int, int], list[str]] = {}
+    for name in HEAD_SHAPE_PRESETS:
+        preset = get_preset(name)
+        for row in load_rows().values():
+            k = scale(row, preset)
+            shapes.setdefault((k["d_k"], k["d_v"]), []).append(f"{name} {row.row}")
+    return dict(sorted(shapes.items()))
+
+
+def head_shape_inputs(device: torch.device, seed: int = 0) -> dict:
+    """Training's three attention calls (encoder self-attention with its padding mask, decoder self-attention,
+    cross-attention) in bf16, for each head shape the tables train (`table_head_shapes`) but the paper base's, 64
+    sentences of up to 40 tokens and 4 heads: each named by its widths and rows."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    h, B, L = 4, 64, 40
+    lens = torch.randint(int(0.8 * L), L + 1, (B,), generator=g)
+    pad = (torch.arange(L)[None, :] < lens[:, None])[:, None, None, :].to(device)
+    cases = {}
+    for (d_k, d_v), rows in table_head_shapes().items():
+        if (d_k, d_v) == (64, 64):
+            continue  # attention_inputs' own
+        shown = ", ".join(rows[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
+
+        def t(d):
+            return torch.randn(B, h, L, d, generator=g).to(device=device, dtype=torch.bfloat16)
+
+        for call, mask, causal in (("enc self", pad, False), ("dec self", None, True), ("cross", pad, False)):
+            cases[f"{call}, d_k {d_k} d_v {d_v} ({shown})"] = (t(d_k), t(d_k), t(d_v), mask, causal, True)
+    return cases
+
+
 def attention_inputs(device: torch.device, seed: int = 0) -> dict:
     """The model's attention calls at the paper's base sizes (h = 8, d_k = 64, the bench's paper batch: 625 sentences
     of up to 40 tokens), by name: training's encoder self-attention with its padding mask ("enc self"), decoder
@@ -463,10 +505,12 @@ def attention_inputs(device: torch.device, seed: int = 0) -> dict:
 
 
 def check_sdpa(ctx: Context) -> Result:
-    """Which SDPA kernel serves each attention call of training and decoding (see `attention_inputs`), and the
-    dispatcher's order of backends; fail when one falls to the math backend (it materializes the T×S weights: slow
-    and memory-hungry) or is inaccurate."""
-    cases = {name: sdpa_case(*args) for name, args in attention_inputs(ctx.device).items()}
+    """Which SDPA kernel serves each attention call of training and decoding (see `attention_inputs`), and training's
+    calls at every other head shape the tables train (`head_shape_inputs`: A1's d_k 512, B1/B2's d_k != d_v, A3/A4,
+    the smaller tables' widths), and the dispatcher's order of backends; fail when one falls to the math backend (it
+    materializes the T×S weights: slow and memory-hungry) or is inaccurate."""
+    inputs = {**attention_inputs(ctx.device), **head_shape_inputs(ctx.device)}
+    cases = {name: sdpa_case(*args) for name, args in inputs.items()}
     order = dispatch_order()
     problems = []
     for name, c in cases.items():
@@ -582,7 +626,7 @@ class SyncCounter(pl.Callback):
 
                 self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
                 self._prof.start()
-            except Exception as e:  # noqa: BLE001 (the profiler's count is information only)
+            except Exception as e:  # the profiler's count is information only
                 self._prof, self.profiler_error = None, f"{type(e).__name__}: {_first_line(e)}"
         elif step == self.marks[2]:
             self.stop_profiler()
@@ -605,7 +649,7 @@ class SyncCounter(pl.Callback):
             prof.stop()
             names = Counter(e.name for e in prof.events())
             self.profiled = {name: names[name] for name in BLOCKING_CALLS}
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.profiler_error = f"{type(e).__name__}: {_first_line(e)}"
 
 

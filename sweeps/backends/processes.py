@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,7 +33,8 @@ def train_process_command(opts: TrainOptions, resolved: Path | None = None) -> l
     return [sys.executable, "-m", "aiayn", "train", *config, *to_argv(opts, always=("row", "preset", "seed"))]
 
 
-# concurrent DDP runs would meet on one MASTER_PORT.
+# The launchers' variables a pair's process must not inherit: a driver started under SLURM or torchrun would hand its
+# own rank and port to every run.
 LAUNCHER_VARIABLES = (
     "SLURM_",
     "MASTER_ADDR",
@@ -45,14 +49,46 @@ LAUNCHER_VARIABLES = (
     "PL_",
 )
 MASTER_PORT_BASE = 29500
+PORT_RANGE = 2000  # the ports a driver hands out: from MASTER_PORT_BASE + (its pid mod 1000) x 17, this many
 
 
-def child_environment(slot_index: int, gpus: str | None, threads: int | None) -> dict:
+def _free(port: int) -> bool:
+    """Whether no process listens on `port` here (a bind to it succeeds; released at once)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+class Ports:
+    """The MASTER_PORT of each process a driver starts: a new one every time, never one handed out before nor one in
+    use here, so that concurrent DDP runs of one sweep (or of two drivers on one machine) never meet on a port."""
+
+    def __init__(self) -> None:
+        first = MASTER_PORT_BASE + (os.getpid() % 1000) * 17
+        self._next = itertools.cycle(range(first, first + PORT_RANGE))
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            for _ in range(PORT_RANGE):
+                port = next(self._next)
+                if _free(port):
+                    return port
+        raise UserError(f"no free port among {PORT_RANGE} for a DDP run's MASTER_PORT here; stop some processes")
+
+
+PORTS = Ports()  # this driver's
+
+
+def child_environment(port: int, gpus: str | None, threads: int | None) -> dict:
     """The environment of a pair's own process: ours without the launchers' variables, its GPUs, its threads, and a
-    MASTER_PORT of its own (the slot's), so that concurrent DDP runs on one machine do not collide."""
+    MASTER_PORT of its own (`Ports.take`), so that concurrent DDP runs on one machine do not collide."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARIABLES)}
     env[DIE_WITH_PARENT] = "1"  # the child asks the kernel to end it when this driver dies (aiayn.common.lifetime)
-    env["MASTER_PORT"] = str(MASTER_PORT_BASE + 17 * slot_index + os.getpid() % 1000)
+    env["MASTER_PORT"] = str(port)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     if gpus is not None:
@@ -78,11 +114,16 @@ class SubprocessBackend(QueueBackend):
     `--gpus-per-job K`: worker i gets the i-th K of the visible GPUs, so N runs at once do not all land on GPU 0."""
 
     name = "subprocess"
-    capabilities = Capabilities(ddp=True, own_gpus=True, trials="processes", packs=True)
+    capabilities = Capabilities(ddp=True, own_gpus=True, trials="processes")
 
     def check(self, sweep: Sweep) -> None:
         k, t = sweep.gpus_per_job, sweep.train
         if k is None:
+            if sweep.jobs > 1 and t.world_size > 1 and t.accelerator != "cpu" and visible_gpus():
+                raise UserError(
+                    f"--jobs {sweep.jobs} runs of --devices {t.devices} would each train on the same GPUs; pass "
+                    f"--gpus-per-job {t.devices} to give each run its own, or --jobs 1"
+                )
             return
         if t.accelerator == "cpu":
             raise UserError(f"--gpus-per-job {k} hands out GPUs but --accelerator cpu trains on CPUs; drop one of them")
@@ -136,9 +177,7 @@ class SubprocessBackend(QueueBackend):
         if self.stop.signum is not None:
             return None
         sweep_log(run).parent.mkdir(parents=True, exist_ok=True)
-        slots = self.slots(sweep) or []
-        index = slots.index(slot) if slot in slots else 0
-        env = child_environment(index, slot, _threads(sweep.jobs))
+        env = child_environment(PORTS.take(), slot, _threads(sweep.jobs))
         with open(sweep_log(run), "a") as out:
             out.write(attempt_header())
             out.flush()
