@@ -21,7 +21,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 if not os.path.isdir(os.path.join(_here, "lightning_modules")) and os.path.isfile(
     os.path.join(os.path.dirname(_here), "lightning_modules", "__init__.py")
 ):
-    __path__.append(os.path.dirname(_here))  # noqa: F821 (the package's own __path__)
+    __path__.append(os.path.dirname(_here))  # the package's own __path__
 
 try:
     __version__ = version("aiayn")

@@ -500,7 +500,7 @@ def _tested_delta(v) -> str:
     low, high = (v.tost_low, v.tost_high) if v.predicted == "equivalent" else (v.ci_low, v.ci_high)
     level = "90%" if v.predicted == "equivalent" else "95%"
     if v.metric == "ppl":
-        pct = lambda x: f"{100 * math.expm1(x):+.2f}"  # noqa: E731
+        pct = lambda x: f"{100 * math.expm1(x):+.2f}"
         return f"Δ tested {pct(v.delta_worse)}% PPL, {level} interval {pct(low)} to {pct(high)}"
     return f"Δ tested {-v.delta_worse:+.2f} BLEU, {level} interval {-high:+.2f} to {-low:+.2f}"
 

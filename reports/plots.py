@@ -7,11 +7,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from aiayn.common.files import atomic_open  # noqa: E402
+from aiayn.common.files import atomic_open
 
 
 def _color(group: str, groups: list[str]) -> str:
@@ -178,7 +178,7 @@ def curves(
         ("val/ppl", "dev PPL (whole dev set), second half of training"),
         ("val/bleu", "dev BLEU (validation subset)"),
     ]
-    logged = lambda m: any(m in df and df[m].notna().any() for df in runs.values())  # noqa: E731
+    logged = lambda m: any(m in df and df[m].notna().any() for df in runs.values())
     shown_metrics = [m for m in metrics if logged(m[0])] or metrics[:1]
     cols = min(len(shown_metrics), 2 if len(shown_metrics) == 4 else 3)
     nrows = -(-len(shown_metrics) // cols)

@@ -262,7 +262,7 @@ def series_slopes(runs: list[Run], left_out: frozenset = frozenset()) -> pd.Data
         if len(xs) < 2:
             continue
         b, low, high = stats.slope([np.log2(x) for x, _, _ in points], [np.log(y) for _, y, _ in points])
-        pct = lambda v: 100 * (np.exp(v) - 1)  # noqa: E731
+        pct = lambda v: 100 * (np.exp(v) - 1)
         rows = " ".join(row_order({r for _, _, r in points}))
         lines.append(
             {
@@ -409,7 +409,7 @@ def _row_record(row: str, rs: list[Run], done: list[Run], preset: str | None, te
 def _deltas(df: pd.DataFrame, values: dict, mismatched: dict) -> None:
     """Each row's Δ against base, ours and the paper's, and our Δ PPL's interval; blank for a row `mismatched`."""
     base = df[df["row"] == "base"]
-    first = lambda col: base[col].iloc[0] if len(base) else np.nan  # noqa: E731
+    first = lambda col: base[col].iloc[0] if len(base) else np.nan
     not_base = df["row"] != "base"
     df["delta_bleu"] = (df["bleu"] - first("bleu")).where(not_base)
     df["delta_ppl_pct"] = (100 * (df["ppl"] / first("ppl") - 1)).where(not_base)

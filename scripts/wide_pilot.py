@@ -285,12 +285,18 @@ def budget_rule(out: Path, budgets=BUDGETS, margin=MARGIN) -> dict:
 
 def judge(report: Path) -> str:
     """The registered verdicts of a wide sweep run at the pilot's budget, from its report's per-run CSV and curves
-    (reports/rejudge.py, as a reader re-derives them): the report itself calls runs trained with --max-steps under
+    (scripts/rejudge.py, as a reader re-derives them): the report itself calls runs trained with --max-steps under
     the preset's 1600 a look, so the table at the budget rule 2 chose is judged here, by the same rules, each run's
     stability points at fractions of the steps it trained. Markdown: the score, both baselines, each test's line."""
+    import importlib.util
+
     import pandas as pd
 
-    from aiayn.reports import rejudge, verdicts
+    from aiayn.reports import verdicts
+
+    spec = importlib.util.spec_from_file_location("rejudge", Path(__file__).with_name("rejudge.py"))
+    rejudge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rejudge)
 
     needed = [report / f"table3-{PRESET}-{kind}.csv" for kind in ("runs", "curves")]
     missing = [str(p) for p in needed if not p.is_file()]

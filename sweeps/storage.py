@@ -101,7 +101,7 @@ def check_readable(url: str) -> None:
             ) from None
         try:  # each entry as Optuna replays it (reading only): `{"op_code": 0}` alone has none of a study's fields
             JournalStorage(JournalFileBackend(str(path)))
-        except Exception as e:  # noqa: BLE001 - KeyError, TypeError, ValueError: whatever a bad entry raises
+        except Exception as e:  # KeyError, TypeError, ValueError: whatever a bad entry raises
             raise UserError(
                 f"journal storage {path} does not replay as an Optuna journal ({type(e).__name__}: "
                 f"{str(e)[:80]}); {fix}"

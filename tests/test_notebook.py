@@ -25,7 +25,7 @@ def test_the_tour_notebook_runs_top_to_bottom(cache, tmp_path, monkeypatch):
     namespace: dict = {}
     for cell in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]:
         if cell["cell_type"] == "code":
-            exec(compile("".join(cell["source"]), f"{NOTEBOOK.name} cell", "exec"), namespace)  # noqa: S102
+            exec(compile("".join(cell["source"]), f"{NOTEBOOK.name} cell", "exec"), namespace)
     assert len(namespace["ours"]) == 2 and all(isinstance(t, str) for t in namespace["ours"])
     assert namespace["same"], (namespace["theirs"], namespace["greedy"])
     assert (tmp_path / "tour" / "delta.png").stat().st_size > 0

@@ -186,12 +186,12 @@ def _git(*args: str) -> str:
 
 
 def _provenance_tables() -> list[Path]:
-    """The reference tables whose runs recorded their commit: every one outside reports/reference/history/."""
+    """The reference tables whose runs recorded their commit: every one outside docs/history/reports/."""
     return TABLES
 
 
 def test_reference_reports_outside_history_recorded_their_provenance():
-    """Reports made before runs recorded their commit live in reports/reference/history/ (its README says so); every
+    """Reports made before runs recorded their commit live in docs/history/reports/ (its README says so); every
     other reference report's runs name the commit they ran from."""
     for table in _provenance_tables():
         runs = pd.read_csv(table.with_name(f"{table.stem}-runs.csv"))

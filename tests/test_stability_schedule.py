@@ -60,7 +60,7 @@ def test_a_run_validates_at_the_points_whatever_val_every_says_and_trains_the_sa
     step."""
     assert main(["train", "--out", str(tmp_path / "sparse"), *SMALL, "--val-every", "100"]) == 0
     assert main(["train", "--out", str(tmp_path / "dense"), *SMALL, "--val-every", "1"]) == 0
-    run = lambda name: tmp_path / name / "tiny" / "synthetic" / "base" / "seed0"  # noqa: E731
+    run = lambda name: tmp_path / name / "tiny" / "synthetic" / "base" / "seed0"
     sparse, dense = read_curve(run("sparse"), "val/ppl"), read_curve(run("dense"), "val/ppl")
     assert sparse["step"].tolist() == [5, 6, 7]
     asked = ["--val-every", "100", "--no-stability-validations"]
@@ -70,6 +70,6 @@ def test_a_run_validates_at_the_points_whatever_val_every_says_and_trains_the_sa
     for fraction in read_points("nearest"):
         values = dict(zip(sparse["step"], sparse["val/ppl"], strict=True))
         assert point_value(values, 8, fraction) is not None
-    weights = lambda name: torch.load(run(name) / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]  # noqa: E731
+    weights = lambda name: torch.load(run(name) / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     sparse_w, dense_w = weights("sparse"), weights("dense")
     assert sparse_w.keys() == dense_w.keys() and all(torch.equal(sparse_w[k], dense_w[k]) for k in sparse_w)

@@ -422,7 +422,7 @@ def read_mapping(path, what: str) -> dict:
     path = Path(path)
     text = read_user_text(path, f"config {path}", CONFIG_MAX_BYTES, f"pass {what}")
     try:
-        doc = yaml.load(text, Loader=_no_alias_loader())  # noqa: S506 (a SafeLoader)
+        doc = yaml.load(text, Loader=_no_alias_loader())  # a SafeLoader
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where else ""

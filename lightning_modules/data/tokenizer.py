@@ -216,7 +216,7 @@ def _read_encoded(path: Path) -> dict | None:
     entry (a crash mid-copy, a disk error, another program's file) is encoded again, not a traceback."""
     try:
         data = torch.load(path, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - UnpicklingError, a truncated zip's RuntimeError, EOFError, ...
+    except Exception as e:  # UnpicklingError, a truncated zip's RuntimeError, EOFError, ...
         why = type(e).__name__
     else:
         pairs = [data.get(side) for side in ("src", "tgt")] if isinstance(data, dict) else [None]

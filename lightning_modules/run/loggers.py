@@ -230,7 +230,7 @@ def log_final(trainer, metrics, params: dict, checkpoint=None) -> None:
                 logger.experiment.set_tag(logger.run_id, "capped", str(metrics.capped).lower())
                 if checkpoint is not None:
                     log_model_files(logger, checkpoint, metrics)
-        except Exception as e:  # noqa: BLE001 - a tracker's failure must not turn a finished run into a failed one
+        except Exception as e:  # a tracker's failure must not turn a finished run into a failed one
             log.warning("%s: could not log the final dev numbers: %s: %s", kind, type(e).__name__, e)
 
 
