@@ -90,6 +90,12 @@ class Prediction:
         return self.predicted == "equivalent"
 
     @property
+    def two_sided(self) -> bool:
+        """A difference predicted with an equivalence arm (a later stage's, ablations/stages.py): decided either way,
+        the predicted difference by Welch's test or no difference beyond `margin` by TOST (a miss)."""
+        return self.predicted in ("worse", "better") and self.margin is not None
+
+    @property
     def check(self) -> bool:
         return self.predicted == "check"
 

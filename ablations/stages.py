@@ -51,12 +51,14 @@ class Stage:
         return self.first_seed <= seed < self.first_seed + max(self.seeds.values())
 
 
-def _read(text: str, where: str) -> dict[str, list[Stage]]:
+def _read(text: str, where: str, check: bool = True, only: str | None = None) -> dict[str, list[Stage]]:
     lines: dict[tuple[str, int], dict] = {}
     with io.StringIO(text, newline="") as f:
         for n, raw in enumerate(csv.DictReader(f), start=2):
             at = f"{where} line {n}"
             preset, row = (raw.get("preset") or "").strip(), (raw.get("row") or "").strip()
+            if only is not None and preset != only:
+                continue
             try:
                 number, first, seeds = (int((raw.get(k) or "").strip()) for k in ("stage", "first_seed", "seeds"))
             except ValueError:
@@ -72,13 +74,6 @@ def _read(text: str, where: str) -> dict[str, list[Stage]]:
             metric, predicted = (raw.get("metric") or "").strip(), (raw.get("predicted") or "").strip()
             if row == "base":
                 continue
-            registered = predictions(preset).get(row)
-            if registered is None or registered.predicted not in ("worse", "better") or not metric:
-                raise UserError(f"{at}: a stage re-tests a test {preset} registered worse or better; {row} is not one")
-            if (metric, predicted) != (registered.metric, registered.predicted) or metric not in METRICS:
-                raise UserError(
-                    f"{at}: {row} is registered {registered.predicted} on {registered.metric}; a stage keeps that"
-                )
             margin_text = (raw.get("margin") or "").strip()
             try:
                 margin = float(margin_text) if margin_text else None
@@ -86,22 +81,50 @@ def _read(text: str, where: str) -> dict[str, list[Stage]]:
                 raise UserError(f"{at}: margin is a number (BLEU points, or a fraction of dev PPL)") from None
             reason = (raw.get("reason") or "").strip()
             stage["tests"][row] = StageTest(row, metric, predicted, margin, reason)
+            stage.setdefault("lines", {})[row] = at
     out: dict[str, list[Stage]] = {}
     for (preset, number), s in sorted(lines.items()):
         if "base" not in s["seeds"]:
             raise UserError(f"{where}: stage {number} of {preset} trains no base of its own; add its base line")
-        out.setdefault(preset, []).append(Stage(preset, number, s["first"], s["seeds"], s["tests"]))
+        stage = Stage(preset, number, s["first"], s["seeds"], s["tests"])
+        if check:
+            _check(stage, s.get("lines", {}))
+        out.setdefault(preset, []).append(stage)
     return out
+
+
+def _check(stage: Stage, lines: dict[str, str]) -> None:
+    """Each test of a stage is one its preset registered worse or better, on the same metric (a stage only adds an
+    equivalence arm)."""
+    registered = predictions(stage.preset)
+    for row, t in stage.tests.items():
+        mine = registered.get(row)
+        if mine is None or mine.predicted not in ("worse", "better"):
+            raise UserError(
+                f"{lines[row]}: a stage re-tests a test {stage.preset} registered worse or better; {row} is not one"
+            )
+        if (t.metric, t.predicted) != (mine.metric, mine.predicted) or t.metric not in METRICS:
+            raise UserError(f"{lines[row]}: {row} is registered {mine.predicted} on {mine.metric}; a stage keeps that")
 
 
 @cache
 def _all() -> dict[str, list[Stage]]:
-    return _read(STAGES_FILE.read_text(encoding="utf-8"), str(STAGES_FILE))
+    return _read(STAGES_FILE.read_text(encoding="utf-8"), str(STAGES_FILE), check=False)
 
 
 def stages(preset: str) -> list[Stage]:
-    """The preset's later stages, in order ([] for a table of one stage)."""
-    return list(_all().get(preset, []))
+    """The preset's later stages, in order ([] for a table of one stage), each checked against the preset's
+    registration."""
+    mine = list(_all().get(preset, []))
+    if mine:
+        _read_again(preset)
+    return mine
+
+
+@cache
+def _read_again(preset: str) -> None:
+    """The preset's stages checked against its registration (ablations/predictions.csv), once."""
+    _read(STAGES_FILE.read_text(encoding="utf-8"), str(STAGES_FILE), only=preset)
 
 
 def stage(preset: str, number: int) -> Stage:

@@ -53,6 +53,17 @@ SERIES = (
     ("d_ff", "d_ff", ("C6", "C7")),
 )
 
+# Table 3's families, what a reader asks of it: the paper's lessons, each the rows that vary one kind of thing
+# (name, rows; extended rows join the family of their knob). A report says one line per family.
+FAMILIES = (
+    ("Heads", ("A1", "A2", "A3", "A4")),
+    ("d_k", ("B1", "B2")),
+    ("Size", ("C1", "C2", "C3", "C4", "C5", "C6", "C7", "big")),
+    ("Dropout", ("D1", "D2")),
+    ("Label smoothing", ("D3", "D4")),
+    ("Positional encoding", ("E1", "no-pe", "rope")),
+)
+
 # The columns a table file may have (the layout of ablations/table3.csv and extended.csv).
 PAPER_COLUMNS = ("paper_ppl_dev", "paper_bleu_dev", "paper_params_M")
 COLUMNS = ("row", "group", *TABLE_KNOBS, *PAPER_COLUMNS, "note")

@@ -148,8 +148,9 @@ def _mismatched(f: Facts) -> list[Note]:
         return []
     return [
         Note(
-            "Not comparable with base: trained to another share of their budget than base's runs (a look "
-            "that mixes --max-steps); their Δ is left blank and they are not tested:",
+            "Not comparable with base: trained to another share of their budget than base's runs (a look that "
+            "mixes --max-steps), or evaluated on other dev sentences (a sweep resumed with another --eval-subset); "
+            "their Δ is left blank and they are not tested:",
             [f"{row}: {why}" for row, why in f.mismatched.items()],
         )
     ]
@@ -200,11 +201,21 @@ def _protocol(f: Facts) -> list[Note]:
             f"against base over seeds on per-seed dev log-perplexity (PPL rows) or dev BLEU (BLEU rows): a "
             f"predicted difference by Welch's t-test, two-sided; a predicted equivalence by two one-sided Welch tests "
             f"(TOST) against its registered margin. The p-values are Holm-adjusted together; significant at α = "
-            f"{stats.ALPHA:g}.{suite} Every row trains the same budget and is compared at the end, as in the paper; "
+            f"{_level_text(f.scored_preset)}.{suite} Every row trains the same budget and is compared at the end, as "
+            "in the paper; "
             f"{verdicts.stability_text(f.reading)}.",
             [],
         )
     ]
+
+
+def _level_text(preset: str) -> str:
+    from aiayn.ablations.stages import level, stages
+
+    k = 1 + len(stages(preset))
+    if k == 1:
+        return f"{stats.ALPHA:g}"
+    return f"{level(preset):.4f} (Šidák's share of {stats.ALPHA:g} for its {k} stages)"
 
 
 def _score(f: Facts) -> list[Note]:
@@ -638,3 +649,34 @@ def _one_line(text) -> str:
         return "(no error recorded)"
     line = str(text).strip().splitlines()[0]
     return line if len(line) <= 200 else line[:197] + "..."
+
+
+def stage_notes(staged: list) -> list[Note]:
+    """One note per later stage of the table (ablations/stages.csv): what it re-tests on which fresh seeds, at which
+    level, whether it is whole, and its tests point by point."""
+    from aiayn.ablations.stages import level
+
+    out = []
+    for r in staged:
+        s = r.stage
+        seeds = ", ".join(f"{row} {n}" for row, n in s.seeds.items())
+        arms = [f"{row} with an equivalence arm of ±{t.margin:g}" for row, t in s.tests.items() if t.margin is not None]
+        done = sum(int(n) for n in r.t3.rows["n"].fillna(0)) if r.t3 is not None else 0
+        state = (
+            "whole: it decides its tests (the verdicts above are its)"
+            if r.whole
+            else f"not whole ({done} of {sum(s.seeds.values())} runs completed): no verdict is read from it yet, and "
+            "stage 1's stand"
+        )
+        items = [f"{v.row}: {v.why}" for v in r.family.values() if v.predicted in SCORED] if r.whole else []
+        out.append(
+            Note(
+                f"Stage {s.number} (`ablations/stages.csv`, registered before its runs): re-tests "
+                f"{', '.join(s.tests)} on fresh seeds from {s.first_seed} ({seeds})"
+                + (f", {'; '.join(arms)}" if arms else "")
+                + f", decided on its own seeds alone at α {level(s.preset):.4f} (Šidák's share of 0.05 for "
+                f"{1 + len([x for x in staged])} stages; stage 1 at the same level); {state}.",
+                items,
+            )
+        )
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -131,20 +132,22 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def key(table: pd.DataFrame) -> str:
+def key(table: pd.DataFrame, alpha: float = stats.ALPHA) -> str:
     """What the table's verdicts and columns mean, printed under every table."""
     single = table["n"].fillna(0).astype(int).le(1) & table["predicted"].isin(SCORED)
     return (
         f"**Key.** Only the Δ columns compare with the paper's: our corpus and scale are not WMT14's, so absolute PPL "
         f"and BLEU do not (the paper's are in the CSV and the HTML's wide table). A test **passes** when it is "
-        f"`{stats.SIGNIFICANT_AGREE}` (Holm-adjusted Welch p < {stats.ALPHA:g} over seeds, in the predicted direction) "
-        f"or `{stats.EQUIVALENT}` (TOST within the registered margin, with a row in the same table significantly "
-        f"worse), at each of the validations nearest 75% and 87.5% of the budget and at its end. "
+        f"`{stats.SIGNIFICANT_AGREE}` (Holm-adjusted Welch p < {alpha:.3g} over seeds, in the predicted direction) "
+        f"or `{stats.EQUIVALENT}` where equivalence is the prediction (TOST within the registered margin, with a row "
+        f"of its own knob in the same table significantly different), at each of the validations nearest 75% and 87.5% "
+        f"of the budget and at its end. `{stats.NOT_STABLE}`: passed at the end but not at an earlier point, a miss. "
         f"`{stats.AGREE}`: the predicted sign at every point, without significance"
         + (" (one seed a side: a sign, not a test)" if single.any() else "")
-        + f". `{stats.NOT_STABLE}`: passed at the end but not at an earlier point, a miss. `{stats.DISAGREE}` / "
-        f"`{stats.SIGNIFICANT_DISAGREE}`: the opposite sign. `{stats.NOT_EQUIVALENT}`: an equivalence whose 90% "
-        f"interval lies wholly outside its margin. `{stats.INCONCLUSIVE}`: neither shown. "
+        + f". `{stats.DISAGREE}` / `{stats.SIGNIFICANT_DISAGREE}`: the opposite sign. `{stats.NOT_EQUIVALENT}`: an "
+        f"equivalence whose 90% interval lies wholly outside its margin. `{stats.INCONCLUSIVE}`: neither shown (a sign "
+        "that changes between the points among them). A difference predicted with an equivalence arm (a later "
+        f"stage's) that comes out `{stats.EQUIVALENT}` is a decided miss: the predicted difference ruled out. "
         f"`{stats.CHECK_PASSED}`: label smoothing's arithmetic floor, an implementation check, not a finding. "
         f"`{stats.NOT_SCORED}` / `{stats.NOT_TESTABLE}`: as registered, each with its reason in the notes."
         + (
@@ -153,6 +156,21 @@ def key(table: pd.DataFrame) -> str:
             else ""
         )
     )
+
+
+@dataclass(frozen=True)
+class Page:
+    """One report as every renderer lays it out: what it found first, then the figures, the table with its key and
+    any later stage's table, then how it was judged and the notes."""
+
+    title: str
+    notice: str
+    table: pd.DataFrame
+    notes: list
+    lead: str = ""  # the score beside the naive predictors (or a look's warning)
+    findings: object = None  # reports.findings.Findings, or None (no verdict)
+    stages: list = field(default_factory=list)  # (heading, its table) of each later stage with runs
+    alpha: float = stats.ALPHA
 
 
 LEFT = {"group", "row", "differs from base", "PE", "LN", "scored on", "predicted", "verdict", "boot."}
@@ -164,25 +182,25 @@ def _md_table(table: pd.DataFrame) -> str:
     return df.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 
-def markdown(table, notes, title, notice, plot_links, first: str = "") -> str:
-    lines = [
-        notice,
-        "",
-        f"# {title}",
-        "",
-        *([first, ""] if first else []),
-        _md_table(table),
-        "",
-        key(table),
-        "",
-        "## Notes",
-        "",
-    ]
-    for text, items in notes:
+def markdown(page: Page, plot_links) -> str:
+    lines = [page.notice, "", f"# {page.title}", ""]
+    if page.findings is not None:
+        lines += ["**What the table shows**, family by family (the verdict each test was decided by):", ""]
+        lines += [f"- {line}" for line in page.findings.families]
+        lines += ["", page.findings.predictors, ""]
+    elif page.lead:
+        lines += [page.lead, ""]
+    lines += ["## Figures", ""]
+    lines += [f"![{alt}]({path})" for path, alt in plot_links]
+    lines += ["", "## The table", "", _md_table(page.table), "", key(page.table, page.alpha), ""]
+    for heading, table in page.stages:
+        lines += [f"### {heading}", "", _md_table(table), ""]
+    if page.findings is not None and page.lead:
+        lines += ["## The naive predictors", "", page.lead, ""]
+    lines += ["## Notes", ""]
+    for text, items in page.notes:
         lines.append(f"- {text}")
         lines += [f"  - {item}" for item in items]
-    lines += ["", "## Plots", ""]
-    lines += [f"![{alt}]({path})" for path, alt in plot_links]
     return "\n".join(lines) + "\n"
 
 
@@ -221,34 +239,53 @@ def _styled(df: pd.DataFrame) -> str:
     return styler.to_html(escape="html")
 
 
-def html_page(table, notes, title, notice, plot_links, first: str = "") -> str:
-    compact, wide = _styled(display(table)), _styled(display_wide(table))
-    opening = f'<p class="lead">{_html_text(first)}</p>\n' if first else ""
-    body = (
-        f'{opening}{compact}\n<p class="key">{_html_text(key(table))}</p>\n<h2>Every column</h2>\n'
-        f'<div class="wide">{wide}</div>'
-    )
-    items = []
-    for text, sub in notes:
-        inner = "".join(f"<li>{_html_text(s)}</li>" for s in sub)
-        items.append(f"<li>{_html_text(text)}" + (f"<ul>{inner}</ul>" if inner else "") + "</li>")
-    images = "\n".join(
+def html_page(page: Page, plot_links) -> str:
+    """The report as one page that a reader opens first: what it found on the first screen, then the figures, then
+    the tables (each in a box of its own that scrolls sideways: nothing runs off the page), then the notes."""
+    parts = []
+    if page.findings is not None:
+        items = "".join(f"<li>{_html_text(line)}</li>" for line in page.findings.families)
+        parts.append(
+            '<section class="findings"><p><strong>What the table shows</strong>, family by family (the verdict each '
+            f"test was decided by):</p><ul>{items}</ul><p>{_html_text(page.findings.predictors)}</p></section>"
+        )
+    elif page.lead:
+        parts.append(f'<p class="lead">{_html_text(page.lead)}</p>')
+    figures = "\n".join(
         f'<figure><img src="{html.escape(path)}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption>'
         "</figure>"
         for path, alt in plot_links
     )
+    parts.append(f'<section class="figures">{figures}</section>')
+    parts.append(f'<h2>The table</h2>\n<div class="scroll">{_styled(display(page.table))}</div>')
+    parts.append(f'<p class="key">{_html_text(key(page.table, page.alpha))}</p>')
+    for heading, table in page.stages:
+        parts.append(f'<h3>{html.escape(heading)}</h3>\n<div class="scroll">{_styled(display(table))}</div>')
+    if page.findings is not None and page.lead:
+        parts.append(f"<h2>The naive predictors</h2>\n<p>{_html_text(page.lead)}</p>")
+    parts.append(f'<h2>Every column</h2>\n<div class="scroll">{_styled(display_wide(page.table))}</div>')
+    items = []
+    for text, sub in page.notes:
+        inner = "".join(f"<li>{_html_text(s)}</li>" for s in sub)
+        items.append(f"<li>{_html_text(text)}" + (f"<ul>{inner}</ul>" if inner else "") + "</li>")
+    parts.append("<h2>Notes</h2>\n<ul>\n" + "\n".join(items) + "\n</ul>")
     style = (
-        "body{font-family:sans-serif;margin:2em;max-width:1400px}table.table3{border-collapse:collapse;font-size:13px}"
+        "body{font-family:sans-serif;margin:1em 2em;max-width:1400px}h1{font-size:1.5em;margin:0.3em 0}"
+        "section.findings{font-size:14px;line-height:1.35}section.findings ul{margin:0.3em 0;padding-left:1.3em}"
+        "section.findings p{margin:0.3em 0}table.table3{border-collapse:collapse;font-size:13px}"
         ".table3 td,.table3 th{padding:2px 6px;border-bottom:1px solid #ddd;text-align:right;white-space:nowrap}"
-        "div.wide{overflow-x:auto;max-width:100%}p.key{font-size:13px;max-width:1100px}"
-        "img{max-width:100%}figure{display:inline-block;margin:1em}"
+        "div.scroll{overflow-x:auto;max-width:100%}p.key{font-size:13px;max-width:1100px}"
+        "section.figures{display:flex;flex-wrap:wrap;gap:0.5em}figure{margin:0;flex:1 1 600px;max-width:100%}"
+        "figure:first-child{flex-basis:100%}"
+        "figure img{max-width:100%}figcaption{font-size:12px;color:#444}p.notice{font-size:11px;color:#666;margin:0}"
+        "li{overflow-wrap:anywhere}"
     )
     return (
-        f'<!-- {html.escape(notice)} -->\n<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{style}</style></head>\n<body>\n"
-        f"<p><em>{_html_text(notice)}</em></p>\n<h1>{html.escape(title)}</h1>\n{body}\n"
-        f"<h2>Notes</h2>\n<ul>\n" + "\n".join(items) + "\n</ul>\n"
-        f"<h2>Plots</h2>\n{images}\n</body></html>\n"
+        f'<!-- {html.escape(page.notice)} -->\n<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{html.escape(page.title)}</title><style>{style}</style></head>\n<body>\n"
+        f'<p class="notice"><em>{_html_text(page.notice)}</em></p>\n<h1>{html.escape(page.title)}</h1>\n'
+        + "\n".join(parts)
+        + "\n</body></html>\n"
     )
 
 
@@ -289,8 +326,10 @@ def _tex_text(text: str) -> str:
 TEX_HEADERS = {k: KNOBS[k].tex for k in MODEL_KEYS if KNOBS[k].tex.startswith("$")}
 
 
-def latex(table, notes, title, notice, first: str = "") -> str:
-    """A `table` float (needs booktabs) with the notes under the tabular; \\midrule between groups."""
+def latex(page: Page) -> str:
+    """A `table` float (needs booktabs) with what the table found and the notes under the tabular; \\midrule between
+    groups."""
+    table = page.table
     df = display(table)
     groups = list(table["group"])
     df = df.map(tex_escape)
@@ -305,19 +344,25 @@ def latex(table, notes, title, notice, first: str = "") -> str:
                 out.append(r"\midrule")
             i += 1
         out.append(line)
-    notes_tex = ([r"\item " + _tex_text(first)] if first else []) + [r"\item " + _tex_text(key(table))]
-    for text, sub in notes:
+    first = []
+    if page.findings is not None:
+        first = [r"\item " + _tex_text(line) for line in page.findings.families]
+        first.append(r"\item " + _tex_text(page.findings.predictors))
+    elif page.lead:
+        first = [r"\item " + _tex_text(page.lead)]
+    notes_tex = first + [r"\item " + _tex_text(key(table, page.alpha))]
+    for text, sub in page.notes:
         notes_tex.append(r"\item " + _tex_text(text))
         if sub:
             notes_tex += [r"\begin{itemize}"] + [r"\item " + _tex_text(s) for s in sub] + [r"\end{itemize}"]
     return (
         "\n".join(
             [
-                f"% {notice}",
+                f"% {page.notice}",
                 "% needs \\usepackage{booktabs}",
                 r"\begin{table}[t]",
                 r"\centering\scriptsize",
-                r"\caption{" + tex_escape(title) + "}",
+                r"\caption{" + tex_escape(page.title) + "}",
                 r"\resizebox{\linewidth}{!}{%",
                 *out,
                 "}",

@@ -133,7 +133,12 @@ def slope(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> tuple[
 
 
 def equivalence_verdict(
-    p_tost_adjusted: float, p_diff_adjusted: float, delta_worse: float, assay: bool, outside: bool = False
+    p_tost_adjusted: float,
+    p_diff_adjusted: float,
+    delta_worse: float,
+    assay: bool,
+    outside: bool = False,
+    alpha: float = ALPHA,
 ) -> str:
     """The verdict on a row predicted equivalent to base: `equivalent` when its Holm-adjusted TOST p < ALPHA and the
     table is assay-sensitive (`assay`: a row of the same knob is significantly different as predicted in the same
@@ -141,11 +146,11 @@ def equivalence_verdict(
     without that; `not equivalent` when its 90% interval (TOST's) lies wholly outside the margin (`outside`): the
     data show a difference larger than the margin; `significant disagree` when the two-sided difference test is
     significant instead; otherwise `inconclusive` (neither shown)."""
-    if not math.isnan(p_tost_adjusted) and p_tost_adjusted < ALPHA:
+    if not math.isnan(p_tost_adjusted) and p_tost_adjusted < alpha:
         return EQUIVALENT if assay else EQUIVALENT_UNASSAYED
     if outside:
         return NOT_EQUIVALENT
-    if not math.isnan(p_diff_adjusted) and p_diff_adjusted < ALPHA and not math.isnan(delta_worse):
+    if not math.isnan(p_diff_adjusted) and p_diff_adjusted < alpha and not math.isnan(delta_worse):
         return SIGNIFICANT_DISAGREE
     return INCONCLUSIVE
 
@@ -162,7 +167,9 @@ def holm(pvalues: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def verdict(delta_worse: float, predicted_worse: bool, p_adjusted: float, n_row: int, n_base: int) -> str:
+def verdict(
+    delta_worse: float, predicted_worse: bool, p_adjusted: float, n_row: int, n_base: int, alpha: float = ALPHA
+) -> str:
     """The verdict on one scored row at one point: `delta_worse` is how much worse the row
     is than base in its metric (positive: worse), `predicted_worse` the pre-registered prediction.
 
@@ -174,7 +181,7 @@ def verdict(delta_worse: float, predicted_worse: bool, p_adjusted: float, n_row:
     if n_row < 1 or n_base < 1 or math.isnan(delta_worse) or delta_worse == 0:
         return INCONCLUSIVE
     agrees = (delta_worse > 0) == predicted_worse
-    if not math.isnan(p_adjusted) and p_adjusted < ALPHA:
+    if not math.isnan(p_adjusted) and p_adjusted < alpha:
         return SIGNIFICANT_AGREE if agrees else SIGNIFICANT_DISAGREE
     return AGREE if agrees else DISAGREE
 

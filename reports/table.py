@@ -39,6 +39,8 @@ COLUMNS = [
     "paper_delta_bleu",
     "delta_ppl_ci_low",
     "delta_ppl_ci_high",
+    "delta_bleu_ci_low",
+    "delta_bleu_ci_high",
     "metric",
     "predicted",
     "margin_pct",
@@ -234,6 +236,14 @@ def _floor(runs: list[Run]) -> float | None:
     return None
 
 
+def _ci(values: list[float], base: list[float]) -> tuple[float, float]:
+    """Welch's 95% interval of the row's mean minus base's (BLEU points)."""
+    if len(values) < 2 or len(base) < 2:
+        return np.nan, np.nan
+    _, low, high = stats.welch_ci(values, base)
+    return low, high
+
+
 def _ci_pct(ppls: list[float], base: list[float]) -> tuple[float, float]:
     """Welch's 95% interval of the row's mean dev log-PPL minus base's, as percent of PPL."""
     if len(ppls) < 2 or len(base) < 2:
@@ -303,6 +313,26 @@ def budget_mismatch(runs: list[Run]) -> dict[str, str]:
     return out
 
 
+def dev_mismatch(runs: list[Run]) -> dict[str, str]:
+    """row -> why it cannot be compared with base: its completed runs were evaluated on another number of dev
+    sentences than base's ("50 dev sentences against base's 1014": a sweep resumed with another --eval-subset)."""
+
+    def counts(rs: list[Run]) -> set:
+        return {int(r.metrics.dev_sentences) for r in rs if r.completed and r.metrics.dev_sentences}
+
+    by_row: dict[str, list[Run]] = {}
+    for r in runs:
+        by_row.setdefault(r.row, []).append(r)
+    base = counts(by_row.get("base", []))
+    text = lambda c: "/".join(map(str, sorted(c)))
+    out = {}
+    for row, rs in by_row.items():
+        mine = counts(rs)
+        if row != "base" and base and mine and mine != base:
+            out[row] = f"evaluated on {text(mine)} dev sentences against base's {text(base)}"
+    return out
+
+
 @dataclass(frozen=True)
 class Table3:
     rows: pd.DataFrame  # one line per row that has any run (completed or not), COLUMNS, numbers unrounded
@@ -326,17 +356,34 @@ def _params(rows, preset: str) -> dict[str, int]:
     return out
 
 
+def stage_tests(stage) -> dict:
+    """A later stage's tests as the verdicts judge them (row -> Prediction): the registered prediction, with the
+    stage's equivalence arm where it registers one (ablations/stages.py)."""
+    from aiayn.ablations.predictions import Prediction
+
+    return {row: Prediction(row, t.metric, t.predicted, t.reason, margin=t.margin) for row, t in stage.tests.items()}
+
+
 def build_table(
-    runs: list[Run], preset: str | None = None, convergence: str = "endpoints", stability: str = "nearest"
+    runs: list[Run],
+    preset: str | None = None,
+    convergence: str = "endpoints",
+    stability: str = "nearest",
+    stage=None,
 ) -> Table3:
     """Table 3 of `runs` (one preset, one corpus). With `preset`, the rows its pre-registration names
-    (ablations/predictions.csv) get their verdicts; `convergence`: the rule that judges every run's curve
-    (verdicts.CONVERGENCE_RULES), `stability`: how each seed's number at the stability rule's points is read
-    (verdicts.READINGS); both the preset's own."""
+    (ablations/predictions.csv) get their verdicts, at the level of its table's stages (ablations/stages.py);
+    `convergence`: the rule that judges every run's curve (verdicts.CONVERGENCE_RULES), `stability`: how each seed's
+    number at the stability rule's points is read (verdicts.READINGS); both the preset's own. `stage`: the runs are a
+    later stage's, judged on its tests alone."""
+    from aiayn.ablations.stages import level
+
     by_row: dict[str, list[Run]] = {}
     for run in runs:
         by_row.setdefault(run.row, []).append(run)
-    absent = frozenset(row for row in (scored_rows(preset) if preset else ()) if row not in by_row)
+    tests = stage_tests(stage) if stage is not None else None
+    scored = list(tests) if tests is not None else scored_rows(preset) if preset else ()
+    absent = frozenset(row for row in scored if row not in by_row)
     for row in absent:
         by_row.setdefault(row, [])  # a scored row without runs is a line too: its verdict says so (`not run`)
     completed = {row: {r.seed: r for r in rs if r.completed} for row, rs in by_row.items()}
@@ -361,13 +408,17 @@ def build_table(
         records.append(_row_record(row, by_row[row], done, preset, tested.get(row, (None, None)), drop))
     df = pd.DataFrame.from_records(records)
     df["steps"] = pd.Series([r["steps"] for r in records], dtype=object)  # ints, "a/b" or blank: never floats
-    mismatched = budget_mismatch(runs)  # trained to another share of its budget than base: no Δ, no test
+    # trained to another share of its budget than base, or evaluated on other dev sentences: no Δ, no test
+    mismatched = {**dev_mismatch(runs), **budget_mismatch(runs)}
     _deltas(df, values, mismatched)
     for row in mismatched:
         values.pop(row, None)
         for f in points:
             points[f].pop(row, None)
-    cell = verdicts.Cell(preset, values, points, floors, _params(values, preset), absent=absent) if preset else None
+    cell = None
+    if preset:
+        params = _params(values, preset)
+        cell = verdicts.Cell(preset, values, points, floors, params, absent=absent, alpha=level(preset), tests=tests)
     judged = {row: v for (_, row), v in verdicts.judge_cells([cell]).items()} if preset else {}
     set_verdicts(df, judged)
     df["sig"] = [significance.mark(None if pd.isna(p) else p) for p in df["bootstrap_p"]]
@@ -420,8 +471,19 @@ def _deltas(df: pd.DataFrame, values: dict, mismatched: dict) -> None:
     cis = [_ci_pct(values[r]["ppl"], base_ppls) if r != "base" else (np.nan, np.nan) for r in df["row"]]
     df["delta_ppl_ci_low"] = [c[0] for c in cis]
     df["delta_ppl_ci_high"] = [c[1] for c in cis]
+    base_bleus = values.get("base", {}).get("bleu", [])
+    bleu_cis = [_ci(values[r]["bleu"], base_bleus) if r != "base" else (np.nan, np.nan) for r in df["row"]]
+    df["delta_bleu_ci_low"] = [c[0] for c in bleu_cis]
+    df["delta_bleu_ci_high"] = [c[1] for c in bleu_cis]
     blank = df["row"].isin(list(mismatched))
-    for col in ("delta_bleu", "delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high"):
+    for col in (
+        "delta_bleu",
+        "delta_ppl_pct",
+        "delta_ppl_ci_low",
+        "delta_ppl_ci_high",
+        "delta_bleu_ci_low",
+        "delta_bleu_ci_high",
+    ):
         df[col] = df[col].where(~blank)
 
 
@@ -506,6 +568,8 @@ def rounded(df: pd.DataFrame) -> pd.DataFrame:
         "paper_delta_ppl_pct",
         "delta_ppl_ci_low",
         "delta_ppl_ci_high",
+        "delta_bleu_ci_low",
+        "delta_bleu_ci_high",
         "margin_pct",
         "center_pct",
         "slope_pct",

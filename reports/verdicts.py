@@ -24,7 +24,7 @@ of the run, measured by the preset's `convergence` rule, fixed before the runs i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -142,10 +142,8 @@ class Point:
     verdict: str  # the test's verdict there alone
     n_row: int
     n_base: int
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict in stats.PASSING
+    p: float = math.nan  # its place's p before Holm's adjustment
+    holm_divisor: int = 1  # the tests at that point whose p is as large or larger: Holm's divisor of α for it
 
 
 @dataclass(frozen=True)
@@ -169,10 +167,15 @@ class Verdict:
     tost_low: float = math.nan  # an equivalence's 90% interval of delta_worse (TOST at α 0.05 is it inside ±margin)
     tost_high: float = math.nan
     center: float = 0.0  # an equivalence's predicted difference in the metric's scale (log PPL), as registered
+    alpha: float = stats.ALPHA  # the level its family was tested at
 
     @property
     def passed(self) -> bool:
-        return self.verdict in stats.PASSING
+        """Significant as predicted, or equivalent where equivalence is the prediction (a difference predicted and
+        found equivalent is a decided miss)."""
+        return self.verdict == stats.SIGNIFICANT_AGREE or (
+            self.verdict == stats.EQUIVALENT and self.predicted == "equivalent"
+        )
 
     @property
     def why(self) -> str:
@@ -199,6 +202,10 @@ class Cell:
     # scored rows with no run at all among the runs reported (a sweep of --rows base,C1): `not run`, outside the
     # family and the score, not "inconclusive" (which is a row whose runs failed or said nothing)
     absent: frozenset = frozenset()
+    # the level every test of the family is made at: α, or Šidák's share of it for a table of stages (stages.level)
+    alpha: float = stats.ALPHA
+    # a later stage's tests (row -> Prediction, ablations/stages.py) instead of the registration's
+    tests: dict | None = None
 
     def at(self, fraction: float) -> dict:
         """Per row, the per-seed numbers the tests read at `fraction` of the budget: the earlier points' readings, and
@@ -256,16 +263,17 @@ def _check(row: str, pred: Prediction, cell: Cell) -> Verdict:
 class _Test:
     pred: Prediction
     worse: float
-    p: float  # the registered test's: Welch's two-sided, or TOST's
+    p: float  # the test's place in the family: Welch's two-sided, TOST's, or the smaller of both (two-sided design)
     p_diff: float  # Welch's two-sided, for every test (an equivalence refuted by a significant difference)
     n_row: int
     n_base: int
     ci: tuple[float, float]
     margin: float | None
     tost_ci: tuple[float, float] = (math.nan, math.nan)
+    p_tost: float = math.nan  # an equivalence's or a two-sided design's TOST
 
 
-def _test(pred: Prediction, mine: list[float], base: list[float]) -> _Test:
+def _test(pred: Prediction, mine: list[float], base: list[float], alpha: float = stats.ALPHA) -> _Test:
     if not mine or not base:
         return _Test(pred, math.nan, math.nan, math.nan, len(mine), len(base), (math.nan,) * 2, _metric_margin(pred))
     a, b = _sample(pred.metric, mine), _sample(pred.metric, base)
@@ -274,9 +282,13 @@ def _test(pred: Prediction, mine: list[float], base: list[float]) -> _Test:
     # an equivalence is to its registered center (0: base itself); its refutation, a difference from that center
     shifted = [x - _metric_center(pred) for x in a]
     p_diff = stats.welch_p(shifted, b) if pred.equivalence else stats.welch_p(a, b)
-    p = stats.tost_p(shifted, b, margin) if pred.equivalence else p_diff
-    tost = stats.welch_ci(a, b, level=1 - 2 * stats.ALPHA)[1:] if pred.equivalence else (math.nan, math.nan)
-    return _Test(pred, _worse_by(pred.metric, mine, base), p, p_diff, len(mine), len(base), (low, high), margin, tost)
+    tosted = pred.equivalence or pred.two_sided
+    p_tost = stats.tost_p(shifted, b, margin) if tosted else math.nan
+    # a two-sided design's arms test disjoint nulls (a difference of 0; one beyond the margin): one place in the family
+    p = p_tost if pred.equivalence else min(p_diff, p_tost) if pred.two_sided else p_diff
+    tost = stats.welch_ci(a, b, level=1 - 2 * alpha)[1:] if tosted else (math.nan, math.nan)
+    worse = _worse_by(pred.metric, mine, base)
+    return _Test(pred, worse, p, p_diff, len(mine), len(base), (low, high), margin, tost, p_tost)
 
 
 def every_change_hurts(pred: Prediction, cell: Cell | None = None) -> Prediction:
@@ -307,9 +319,10 @@ def _count_margin(pred: Prediction, cell: Cell) -> float:
     0.5 BLEU)."""
     if pred.margin is not None:
         return pred.margin
-    same = [
-        p.margin for p in _registered(cell, None).values() if p.equivalence and p.metric == pred.metric and p.margin
-    ]
+    registration = (
+        predictions(cell.preset) if cell.registration is None else predictions(cell.preset, cell.registration)
+    )
+    same = [p.margin for p in registration.values() if p.equivalence and p.metric == pred.metric and p.margin]
     if same:
         return min(same)
     return MIN_PAPER_DELTA_PPL if pred.metric == "ppl" else MIN_PAPER_DELTA_BLEU
@@ -345,6 +358,13 @@ def judge_baselines(cells: list[Cell]) -> dict[str, dict]:
 
 
 def _registered(cell: Cell, predict) -> dict[str, Prediction]:
+    """The cell's tests: its registration's (or a later stage's, `Cell.tests`), or a baseline's predictions of them;
+    a baseline predicts a stage's test as it predicts the registered one (without the stage's equivalence arm)."""
+    if cell.tests is not None:
+        preds = cell.tests
+        if predict:
+            return {row: predict(replace(p, margin=None), cell) for row, p in preds.items()}
+        return dict(preds)
     preds = predictions(cell.preset) if cell.registration is None else predictions(cell.preset, cell.registration)
     return {row: predict(p, cell) for row, p in preds.items()} if predict else preds
 
@@ -353,18 +373,21 @@ def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, st
     """(preset, row) -> (test, Holm-adjusted p, verdict) of every scored row at one point of the stability rule, the
     cells' tests in one Holm family."""
     tests: dict[tuple[str, str], _Test] = {}
+    alpha = cells[0].alpha if cells else stats.ALPHA
     for cell in cells:
         values = cell.at(fraction)
         for row, pred in _registered(cell, predict).items():
             if pred.tested and row not in cell.absent:
                 mine = values.get(row, {}).get(pred.metric, [])
-                tests[(cell.preset, row)] = _test(pred, mine, values.get("base", {}).get(pred.metric, []))
+                tests[(cell.preset, row)] = _test(pred, mine, values.get("base", {}).get(pred.metric, []), alpha)
     adjusted = stats.holm({key: t.p for key, t in tests.items()})
     family = sum(not math.isnan(t.p) for t in tests.values())
     out = {}
     for key, t in tests.items():
-        if not t.pred.equivalence:
-            out[key] = (t, adjusted[key], stats.verdict(t.worse, t.pred.worse, adjusted[key], t.n_row, t.n_base))
+        if t.pred.two_sided:
+            out[key] = (t, adjusted[key], _two_sided_verdict(t, adjusted[key], alpha))
+        elif not t.pred.equivalence:
+            out[key] = (t, adjusted[key], stats.verdict(t.worse, t.pred.worse, adjusted[key], t.n_row, t.n_base, alpha))
     # assay sensitivity is the registration's: its rows of a knob, significant as it predicted them, whoever predicts
     registered = out if predict is None else _judge_at(cells, fraction, None)
     seen = [key for key, (_, _, label) in registered.items() if label == stats.SIGNIFICANT_AGREE]
@@ -372,9 +395,17 @@ def _judge_at(cells: list[Cell], fraction: float, predict) -> dict[tuple[str, st
         if t.pred.equivalence:
             refuted = min(1.0, t.p_diff * family) if not math.isnan(t.p_diff) else math.nan
             assay = any(other[0] == key[0] and _same_knob(other[1], key[1]) for other in seen)
-            label = stats.equivalence_verdict(adjusted[key], refuted, t.worse, assay, _outside(t))
+            label = stats.equivalence_verdict(adjusted[key], refuted, t.worse, assay, _outside(t), alpha)
             out[key] = (t, adjusted[key], label)
     return out
+
+
+def _divisor(judged: dict, key) -> int:
+    """Holm's divisor of α for the test `key` among the tests `judged` at one point: how many have a p as large as
+    its or larger (1 for the largest; the family's size for the smallest)."""
+    mine = judged[key][0].p
+    ps = [t.p for t, _, _ in judged.values() if not math.isnan(t.p)]
+    return max(1, sum(p >= mine for p in ps)) if not math.isnan(mine) else len(ps) or 1
 
 
 def _same_knob(row: str, equivalent: str) -> bool:
@@ -395,16 +426,32 @@ def _outside(t: _Test) -> bool:
     return low > center + t.margin or high < center - t.margin
 
 
-def stable_verdict(labels: list[str]) -> str:
+def _two_sided_verdict(t: _Test, p_holm: float, alpha: float) -> str:
+    """A two-sided design at one point: decided by whichever arm its place in the family rejects (the smaller p),
+    the difference (`significant agree` or `significant disagree`) or the equivalence (`equivalent`: the predicted
+    difference ruled out beyond the margin, a miss); `inconclusive` where neither."""
+    if math.isnan(p_holm) or p_holm >= alpha:
+        return stats.INCONCLUSIVE
+    if t.p_diff <= t.p_tost:
+        return stats.verdict(t.worse, t.pred.worse, p_holm, t.n_row, t.n_base, alpha)
+    return stats.EQUIVALENT
+
+
+def stable_verdict(labels: list[str], two_sided: bool = False) -> str:
     """The verdict after the stability rule, from the test's verdicts at each point (100% last): a pass stands only
-    when it is the same pass at every point; a sign without significance (`agree`, as with one seed a side) only
-    when every point agrees in sign; anything else at 100% (a miss) stands as it is."""
+    when it is the same pass at every point (`not stable`: passed at the end, not at an earlier point); a sign without
+    significance (`agree`, as with one seed a side) only when every point agrees in sign, else the sign says nothing
+    (`inconclusive`); anything else at 100% stands as it is. A two-sided design's decision (`two_sided`) stands when it
+    is the same at every point; an equivalence that does not is `inconclusive`, a difference `not stable`."""
     final = labels[-1]
+    same = all(label == final for label in labels)
+    if two_sided and final == stats.EQUIVALENT:
+        return final if same else stats.INCONCLUSIVE
     if final in stats.PASSING:
-        return final if all(label == final for label in labels) else stats.NOT_STABLE
+        return final if same else stats.NOT_STABLE
     if final == stats.AGREE:
         agreeing = (stats.AGREE, stats.SIGNIFICANT_AGREE)
-        return final if all(label in agreeing for label in labels) else stats.NOT_STABLE
+        return final if all(label in agreeing for label in labels) else stats.INCONCLUSIVE
     return final
 
 
@@ -433,10 +480,19 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
     at = {fraction: _judge_at(cells, fraction, predict) for fraction in STABILITY}
     for key, (t, p_holm, _) in at[STABILITY[-1]].items():
         points = tuple(
-            Point(f, at[f][key][0].worse, at[f][key][1], at[f][key][2], at[f][key][0].n_row, at[f][key][0].n_base)
+            Point(
+                f,
+                at[f][key][0].worse,
+                at[f][key][1],
+                at[f][key][2],
+                at[f][key][0].n_row,
+                at[f][key][0].n_base,
+                at[f][key][0].p,
+                _divisor(at[f], key),
+            )
             for f in STABILITY
         )
-        verdict = stable_verdict([p.verdict for p in points])
+        verdict = stable_verdict([p.verdict for p in points], t.pred.two_sided)
         if verdict == stats.NOT_STABLE and any(p.n_row == 0 or p.n_base == 0 for p in points[:-1]):
             verdict = stats.NOT_TESTABLE  # no validation near a point: the rule cannot be applied, not a lost sign
         out[key] = Verdict(
@@ -456,6 +512,7 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
             tost_low=t.tost_ci[0],
             tost_high=t.tost_ci[1],
             center=_metric_center(t.pred),
+            alpha=cells[0].alpha,
         )
     order = {row: i for i, row in enumerate(load_rows())}
     cell_order = [c.preset for c in cells]

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from aiayn.ablations.presets import PRESETS
+from aiayn.ablations.stages import level
 from aiayn.lightning_modules.run.spec import resolve
 from aiayn.reports.table import EARLY, read_points
 from aiayn.reports.verdicts import Cell, convergence_drop, judge_cells, point_value, smoothing_floor
@@ -59,9 +60,10 @@ def _suffix(fraction: float) -> str:
 
 
 def _cell(runs: pd.DataFrame, preset: str) -> Cell:
-    """The preset's Cell from its per-run CSV: the final numbers, and each point its stability reading takes from the
-    curves (ppl_75, ppl_87.5; ppl_100 too where it reads a window at the end)."""
-    done = runs[runs["status"] == "completed"]
+    """The preset's Cell from its per-run CSV (stage 1's runs: a later stage is judged apart): the final numbers, and
+    each point its stability reading takes from the curves (ppl_75, ppl_87.5; ppl_100 too where it reads a window at
+    the end), at the level of its table's stages."""
+    done = runs[(runs["status"] == "completed") & (runs["stage"] == 1 if "stage" in runs else True)]
     values = {row: {"ppl": list(g["dev_ppl"]), "bleu": list(g["dev_bleu"])} for row, g in done.groupby("row")}
     points = {
         f: {
@@ -74,7 +76,7 @@ def _cell(runs: pd.DataFrame, preset: str) -> Cell:
     for row in values:
         model = resolve(row, preset).model
         floors[row] = smoothing_floor(model.eps_ls, model.vocab_size)
-    return Cell(preset, values, points, floors)
+    return Cell(preset, values, points, floors, alpha=level(preset))
 
 
 def _judge_again(runs: pd.DataFrame, preset: str, table: Path | None = None) -> dict:

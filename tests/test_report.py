@@ -97,6 +97,7 @@ def test_files_written(report):
         "table3-tiny-plots/bleu_vs_params.png",
         "table3-tiny-plots/curves.png",
         "table3-tiny-plots/delta_vs_paper.png",
+        "table3-tiny-plots/families.png",
         "table3-tiny-plots/forest.png",
         "table3-tiny-runs.csv",
         "table3-tiny-slopes.csv",
@@ -230,11 +231,12 @@ def test_notes(report):
         "on the 4 directional tests random signs agree on 2 on average, and on 3 or more with "
         "probability 0.312. Not run here, so not in the score: C4"
     ) in md
-    # the report's first lines: the score and both baselines beside it
-    assert md.splitlines()[4].startswith(
-        "**Score: 1 of 4 pre-registered tests pass.** Judged on the same numbers by "
-        'the same rules, "every change hurts" passes 1 (level with the registration'
-    )
+    # the report's first lines: what it found, family by family; the predictors' bookkeeping under the table
+    assert md.splitlines()[4].startswith("**What the table shows**, family by family")
+    assert md.splitlines()[6].startswith("- **Heads**: A1 (h 1, d_k 128, d_v 128): +19.6% dev PPL [+9.6%, +30.5%]")
+    assert md.index("**Score: 1 of 4 pre-registered tests pass.** Judged on the same numbers by") > md.index(
+        "## The naive predictors"
+    ) > md.index("## The table")
     assert (
         "  - C1: the predicted sign at every point, without a test that could make it significant (75%: agree "
         "(Holm p 0.2); 87.5%: significant agree (Holm p 0.0012); 100%: agree (Holm p 0.095))"
@@ -303,12 +305,13 @@ def test_a_verdict_that_holds_at_the_end_but_not_at_75_percent_is_refused(tmp_pa
     assert again.verdict == "significant agree" and all(p.verdict == "significant agree" for p in again.points)
 
 
-def test_a_one_seed_sign_that_flips_before_the_end_is_not_stable(tmp_path):
-    """With one seed a side (the main job) the verdict is a sign, and the sign must hold at every point."""
+def test_a_one_seed_sign_that_flips_before_the_end_is_inconclusive(tmp_path):
+    """With one seed a side (the main job) the verdict is a sign, and the sign must hold at every point: one that
+    flips says nothing (`inconclusive`); `not stable` is only for a test that passed at the end."""
     base = _run(tmp_path, "base", 0, 1.5, (9.0, 3.0, 2.0, 1.7, 1.6, 1.55, 1.52))
     flips = _run(tmp_path, "A1", 0, 1.6, (9.0, 3.0, 2.0, 1.7, 1.6, 1.50, 1.55))  # better than base at 75% only
     v = build_table([base, flips], "tiny").verdicts["A1"]
-    assert [p.verdict for p in v.points] == ["disagree", "agree", "agree"] and v.verdict == "not stable"
+    assert [p.verdict for p in v.points] == ["disagree", "agree", "agree"] and v.verdict == "inconclusive"
     holds = _run(tmp_path / "holds", "A1", 0, 1.6, (9.0, 3.0, 2.0, 1.7, 1.6, 1.60, 1.55))
     assert build_table([base, holds], "tiny").verdicts["A1"].verdict == "agree"
 
@@ -356,7 +359,13 @@ def test_plots_are_pngs_linked_from_md_and_inlined_in_the_html(report):
 
     out = report[0] / "out"
     pngs = sorted((out / "table3-tiny-plots").glob("*.png"))
-    assert [p.name for p in pngs] == ["bleu_vs_params.png", "curves.png", "delta_vs_paper.png", "forest.png"]
+    assert [p.name for p in pngs] == [
+        "bleu_vs_params.png",
+        "curves.png",
+        "delta_vs_paper.png",
+        "families.png",
+        "forest.png",
+    ]
     for png in pngs:
         data = png.read_bytes()
         assert len(data) > 5000 and data.startswith(PNG_MAGIC)
@@ -460,7 +469,7 @@ def test_cli_prints_written_paths(tmp_path, capsys, monkeypatch):
     shutil.copytree(FIXTURES / "runs" / "tiny" / "synthetic" / "D1", runs / "tiny" / "synthetic" / "D1")
     assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "out")]) == 0
     printed = io.StringIO(capsys.readouterr().out).read().split()
-    assert printed[0].endswith("table3-tiny.md") and len(printed) == 12
+    assert printed[0].endswith("table3-tiny.md") and len(printed) == 13
     assert all(Path(p).is_file() for p in printed)
 
 
