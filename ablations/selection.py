@@ -12,7 +12,7 @@ from aiayn.ablations.presets import Preset
 from aiayn.ablations.stages import stage
 from aiayn.ablations.table import MAX_SEED, select_rows
 from aiayn.common.errors import UserError
-from aiayn.common.options import option
+from aiayn.common.options import LIMITS, option
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +32,11 @@ class Selection:
     pre-registered rows (ablations/predictions.csv) and base (default: the preset's choice)"""
     extended: bool = option(False)
     """include the extended rows beyond the paper (ablations/extended.csv)"""
-    seeds: int | None = option(None, positive=True)
+    seeds: int | None = option(None, positive=True, at_most=LIMITS["seed"])
     """seeds per row (default: the preset's; tiny: 1)"""
-    base_seeds: int | None = option(None, positive=True)
+    base_seeds: int | None = option(None, positive=True, at_most=LIMITS["seed"])
     """seeds for base, when more than --seeds (default: the preset's)"""
-    first_seed: int = option(0)
+    first_seed: int = option(0, at_least=0, at_most=LIMITS["seed"])
     """seeds are FIRST, FIRST+1, ...: a second sweep with --first-seed 1 repeats the first one on other seeds"""
     stage: int | None = option(None, positive=True)
     """a later stage of the preset's table, as registered (ablations/stages.csv): its rows and their seeds, from its

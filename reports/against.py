@@ -9,7 +9,6 @@ Both sides are read from their written files, not from runs: a reference is what
 from __future__ import annotations
 
 import io
-import json
 import logging
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import pandas as pd
 
 from aiayn.ablations.predictions import SCORED
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_text, read_user_text
+from aiayn.common.files import atomic_write_text, read_json, read_user_text
+from aiayn.common.names import is_name
 from aiayn.reports import stats
 from aiayn.reports.render import delta_ci, fmt_number
 
@@ -38,6 +38,7 @@ def reference_dir(path: str) -> Path:
         raise UserError(f"--against {path}: not a folder holding a report's table3-PRESET.csv; {FIX}")
     for csv in tables:
         _side(csv)
+        _commits(csv)
     return folder
 
 
@@ -63,17 +64,30 @@ def _side(csv: Path) -> pd.DataFrame:
             table[col] = pd.to_numeric(table[col]).astype("Int64" if col == "n" else float)
     except (TypeError, ValueError) as e:
         raise UserError(f"--against table {csv}: its {col!r} column is not numbers ({e}); {FIX}") from None
+    bad = next((r for r in table["row"] if not is_name(r)), None)
+    if bad is not None:
+        raise UserError(f"--against table {csv} has a row named {str(bad)[:40]!r}, which is no row name; {FIX}")
+    twice = sorted(set(table["row"][table["row"].duplicated()]))
+    if twice:
+        raise UserError(f"--against table {csv} lists row(s) {', '.join(twice)} twice: not a report's table; {FIX}")
+    for col in ("predicted", "verdict"):  # a report's words, one line each (a newline made a Markdown heading)
+        table[col] = table[col].map(lambda v: v if pd.isna(v) else " ".join(str(v).split())[:60])
     scored = table[table["predicted"].isin(SCORED) & table["verdict"].notna()]
     return scored.set_index("row")[["predicted", "verdict", *COLUMNS]]
 
 
 def _commits(csv: Path) -> list[str]:
-    """The commits the report's runs recorded, from its .json beside its .csv ([] where it is missing)."""
-    try:
-        doc = json.loads(csv.with_suffix(".json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """The commits the report's runs recorded, from its .json beside its .csv ([] where there is none); a .json that
+    is not a report's (no file, too large, not JSON, nested too deep) is one line, read before anything is written."""
+    path = csv.with_suffix(".json")
+    if not path.exists() and not path.is_symlink():
         return []
-    return doc.get("runs_recorded", {}).get("commits", [])
+    try:
+        doc = read_json(path, TABLE_MAX_BYTES)
+    except ValueError as e:
+        raise UserError(f"--against {path}: {e}; {FIX}") from None
+    commits = (doc.get("runs_recorded") or {}).get("commits") if isinstance(doc.get("runs_recorded"), dict) else None
+    return [c for c in commits if isinstance(c, str) and is_name(c)] if isinstance(commits, list) else []
 
 
 def _scored(verdicts: pd.Series) -> pd.Series:

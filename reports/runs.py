@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from aiayn.common.errors import UserError
-from aiayn.common.files import read_record
+from aiayn.common.files import read_json, read_record
 from aiayn.lightning_modules.run.rundir import RECORD_MAX_BYTES, OutDir, RunConfig, RunDir, RunMetrics
 
 log = logging.getLogger(__name__)
@@ -78,10 +77,7 @@ class Scan:
 
 def _load(path: Path) -> RunMetrics:
     """One metrics.json; ValueError (with a short reason) when it cannot be used."""
-    try:
-        data = json.loads(read_record(path, RECORD_MAX_BYTES))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from e
+    data = read_json(path, RECORD_MAX_BYTES)
     try:
         return RunMetrics.from_dict(data)
     except TypeError as e:

@@ -21,7 +21,6 @@ period, for every storage.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -36,7 +35,7 @@ import optuna
 from optuna.trial import TrialState
 
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json
+from aiayn.common.files import atomic_write_json, read_json
 from aiayn.common.locks import file_lock, holding, is_held, try_lock
 from aiayn.common.names import check_name
 from aiayn.lightning_modules.data.corpora import CorpusRef
@@ -92,7 +91,7 @@ class LockClaims(Claims):
         if not is_held(self.path(key)):  # read-only: `aiayn status` writes nothing
             return None
         try:
-            return json.loads(self._who(key).read_text(encoding="utf-8"))
+            return read_json(self._who(key), 1 << 16)
         except (OSError, ValueError):
             return {"holder": "unknown", "since": None}
 
@@ -264,7 +263,7 @@ def record_sweep(out: SweepOut, preset: str, corpus: CorpusRef, pairs: list[Pair
     path = out.sweep_record(key)
     with file_lock(out.lock(f"sweep-{key}.record"), wait=True):
         try:
-            old = json.loads(path.read_text(encoding="utf-8"))
+            old = read_json(path)
         except (OSError, ValueError):
             old = {}
         known = [tuple(p) for p in old.get("pairs", [])]
@@ -307,7 +306,7 @@ def recorded_sweeps(out: SweepOut) -> list[SweepRecord]:
     corpus_of: dict[tuple[str, str], CorpusRef] = {}
     for path in out.sweep_records():
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = read_json(path)
             corpus = CorpusRef.recorded(doc["corpus"])
             key = (check_name("preset", doc["preset"]), corpus.dirname)
             pairs = [_pair(p) for p in doc["pairs"]]

@@ -16,7 +16,7 @@ from aiayn.ablations.presets import MAIN_PRESET, get_preset
 from aiayn.ablations.table import RowChoice, select_rows
 from aiayn.common.errors import UserError
 from aiayn.common.files import atomic_write_text, check_writable_file
-from aiayn.common.options import option, to_argv
+from aiayn.common.options import LIMITS, option, to_argv
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import experiment_name, run_corpus
 
@@ -30,7 +30,7 @@ class SweepExportOptions:
     preset: str = option(MAIN_PRESET)
     """the scale each run of the sweep trains at (as `aiayn table3`'s)"""
     select: RowChoice = field(default_factory=RowChoice)
-    seeds: int = option(1, positive=True)
+    seeds: int = option(1, positive=True, at_most=LIMITS["seed"])
     """seeds 0..N-1 per row"""
     out: str | None = option(None)
     """the file to write (default: stdout)"""

@@ -45,8 +45,8 @@ from optuna.trial import TrialState
 from aiayn.ablations.knobs import KNOBS, OVERRIDABLE, parse_value
 from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json
-from aiayn.common.options import option, read_mapping
+from aiayn.common.files import atomic_write_json, read_json
+from aiayn.common.options import LIMITS, option, read_mapping
 from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.lightning_modules.run.spec import RunSpec, spec_of
@@ -79,7 +79,7 @@ class HpoOptions:
     """where trials train: local (one after another in this process) or subprocess (each in a fresh `aiayn hpo` process,
     --jobs at once, its pruning reports going to the study's storage); a back end that cannot run trials (slurm) is
     refused with its reason"""
-    jobs: int = option(1, positive=True)
+    jobs: int = option(1, positive=True, at_most=LIMITS["jobs"])
     """trials at once (--backend subprocess)"""
     train: TrainOptions = field(default_factory=lambda: TrainOptions(progress=False))
 
@@ -467,13 +467,12 @@ def train_one_trial(opts: HpoOptions, number: int) -> dict:
     train it as `objective` does (pruning reports go to the storage) on the row as the search resolved it (its file,
     also named by the environment: no row resolved a second time), and leave the outcome in its user attributes for
     the search to tell."""
-    import json
     from pathlib import Path
 
     name = study_of(opts.train)
     storage = open_storage(os.environ[STORAGE_ENV])
     trial = optuna.trial.Trial(optuna.load_study(study_name=name, storage=storage), _trial_id(storage, name, number))
-    spec = RunSpec.from_dict(json.loads(Path(os.environ[SPEC_ENV]).read_text())["spec"])
+    spec = RunSpec.from_dict(read_json(Path(os.environ[SPEC_ENV]))["spec"])
     try:
         outcome = {"value": objective(opts, trial, spec)}
     except optuna.TrialPruned as e:

@@ -18,7 +18,7 @@ from aiayn.ablations.presets import MAIN_PRESET, get_preset
 from aiayn.ablations.selection import Selection
 from aiayn.common.commands import Command
 from aiayn.common.errors import UserError
-from aiayn.common.options import option
+from aiayn.common.options import LIMITS, option
 from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps.backends import (
     Backend,
@@ -65,7 +65,7 @@ class SweepOptions:
     """Optuna storage URL (default: sqlite:///OUT/optuna.db)"""
     report: str | None = option(None)
     """report directory (default: OUT/reports; '' for none)"""
-    jobs: int | None = option(None, positive=True)
+    jobs: int | None = option(None, positive=True, at_most=LIMITS["jobs"])
     """training runs at once, sharing the CPU cores (default: the preset's; tiny: 2)"""
     gpus_per_job: int | None = option(None, positive=True, metavar="K")
     """GPUs each of the --jobs runs trains on, its own (disjoint CUDA_VISIBLE_DEVICES); sets --devices (default: 1 each

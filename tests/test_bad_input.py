@@ -10,6 +10,7 @@ path under a regular file: CI runs as root, where permission bits do not stop a 
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from aiayn.lightning_modules.run.spec import resolve
 from aiayn.lightning_modules.transformer.config import PE_KINDS
 
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+ROOT = Path(__file__).resolve().parents[1]
 
 
 ROWS = ", ".join(load_rows())
@@ -247,6 +249,33 @@ CASES = {
         None,
         f"invalid model config: pe must be one of {', '.join(PE_KINDS)}, got 'fourier' "
         "(--set pe=fourier); change the --set value",
+    ),
+    # every number bounded by its kind where the option is declared (aiayn.common.options.LIMITS, INT_LIMIT):
+    # 2^64 loader workers forked 1,345 processes; 2^64 steps overflowed range(); 2^64 tokens asked for one batch
+    "num workers 2^64": (
+        TRAIN + ["--num-workers", str(2**64)],
+        None,
+        f"argument --num-workers: expected an integer of at most 256, got {2**64}; see `aiayn train --help`",
+    ),
+    "max steps 2^64": (
+        ["train", "--out", "{tmp}/runs", "--max-steps", str(2**64)],
+        None,
+        f"argument --max-steps: expected an integer of at most 1000000000, got {2**64}; see `aiayn train --help`",
+    ),
+    "max tokens 2^64": (
+        TRAIN + ["--max-tokens", str(2**64)],
+        None,
+        f"argument --max-tokens: expected an integer of at most 10000000, got {2**64}; see `aiayn train --help`",
+    ),
+    "translate beam 2^64": (
+        ["translate", "--run", "{tmp}/nothing", "--beam", str(2**64)],
+        None,
+        f"argument --beam: expected an integer of at most 256, got {2**64}; see `aiayn translate --help`",
+    ),
+    "first seed negative": (
+        ["table3", "--out", "{tmp}/runs", "--first-seed", "-3", "--dry-run"],
+        None,
+        "argument --first-seed: expected an integer of at least 0, got -3; see `aiayn table3 --help`",
     ),
     "compile graphs, removed": (
         TRAIN + ["--compile", "graphs"],
@@ -1250,3 +1279,63 @@ def test_answers_from_the_table_come_before_lightning_is_imported(tmp_path, argv
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.split()[-2:] == [str(code), "False"], done.stdout + done.stderr[-2000:]
     assert said in done.stdout + done.stderr
+
+
+NESTED = "[" * 5000  # json.loads raised RecursionError on it, which no reader caught
+
+
+@pytest.mark.parametrize("where", ["metrics.json", "config.json"])
+def test_a_record_nested_too_deep_is_read_as_unreadable_never_a_traceback(where, tmp_path, capsys):
+    """Every JSON file aiayn reads goes through one reader with the config reader's guards: `aiayn status` and
+    `aiayn report` name the record and go on; the run's own `aiayn train` is one line, exit 2, nothing written."""
+    runs = tmp_path / "runs"
+    run = runs / "tiny" / "synthetic" / "base" / "seed0"
+    run.mkdir(parents=True)
+    good = {"row": "base", "seed": 0, "preset": "tiny", "status": "completed", "dev_ppl": 2.0, "dev_bleu": 1.0}
+    (run / "metrics.json").write_text(NESTED if where == "metrics.json" else json.dumps(good))
+    (run / "config.json").write_text(NESTED if where == "config.json" else "{}")
+    assert main(["status", str(runs)]) == 0
+    if where == "metrics.json":
+        assert main(["report", "--runs", str(runs), "--out", str(tmp_path / "rep")]) == 2  # nothing readable
+        assert "1 file(s) skipped" in capsys.readouterr().err
+    else:
+        before = tree(tmp_path)
+        assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(runs), "--max-steps", "1"]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot read {run / 'config.json'} (nested deeper than 32 levels" in err and tree(tmp_path) == before
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "beside, expected",
+    [
+        ("nested", "nested deeper than 32 levels"),
+        ("fifo", "is a FIFO, not a file"),
+        ("twice", "lists row(s) C1 twice"),
+        ("newline", "has a row named"),
+    ],
+)
+def test_a_reference_that_is_no_report_is_one_line_before_anything_is_written(beside, expected, tmp_path, capsys):
+    """`aiayn report --against DIR`: the reference's table and the .json beside it are read, with the guards, before
+    the report is written; a row listed twice (miscounted: "scored on one side only: C1, C4, C5, C1, ...") or named
+    with a newline (a Markdown heading in -against.md) is refused."""
+    ref = tmp_path / "ref"
+    shutil.copytree(ROOT / "reports" / "reference", ref, ignore=shutil.ignore_patterns("*-plots", "real", "evidence"))
+    csv = ref / "table3-quick.csv"
+    if beside == "nested":
+        (ref / "table3-quick.json").write_text(NESTED)
+    elif beside == "fifo":
+        (ref / "table3-quick.json").unlink()
+        os.mkfifo(ref / "table3-quick.json")
+    elif beside == "twice":
+        lines = csv.read_text().splitlines()
+        csv.write_text("\n".join([*lines, next(line for line in lines if ",C1," in line)]) + "\n")
+    else:
+        csv.write_text(csv.read_text().replace(",C1,", ',"C1\n## injected",', 1))
+    runs = tmp_path / "runs" / "quick" / "synthetic-20" / "base" / "seed0"
+    runs.mkdir(parents=True)
+    (runs / "metrics.json").write_text(json.dumps({"row": "base", "seed": 0, "preset": "quick", "status": "completed"}))
+    code = main(["report", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "rep"), "--against", str(ref)])
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "rep").exists()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aiayn.common.errors import UserError
-from aiayn.common.options import option, yaml_values
+from aiayn.common.options import LIMITS, option, yaml_values
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
 BENCH_SIZES = ("evidence", "tiny", "laptop", "base", "paper")
@@ -46,7 +46,7 @@ class BenchOptions:
     """source length of the decoded sentences"""
     decode_extra: int = option(20)
     """maximum output length = source length + this"""
-    beam: int = option(PAPER_DECODING.beam, positive=True)
+    beam: int = option(PAPER_DECODING.beam, positive=True, at_most=LIMITS["beam"])
     """beam size"""
     alpha: float = option(PAPER_DECODING.alpha)
     """length penalty (aiayn: GNMT's; Marian: score/len^alpha)"""

@@ -229,6 +229,44 @@ def read_record(path: str | os.PathLike, limit: int) -> str:
         raise ValueError(str(e).removesuffix("; skipped")) from None
 
 
+JSON_MAX_DEPTH = 32  # the deepest JSON aiayn writes is 5 levels; a record nested deeper is no record of ours
+
+
+def parse_json(text: str, kind: type = dict):
+    """JSON that aiayn reads (a record, a reference's provenance, a sweep's books): a ValueError with one line where it
+    is not JSON, nests deeper than JSON_MAX_DEPTH (5,000 `[` made the parser raise RecursionError, which no reader
+    caught), or is not a `kind` at its top (a mapping, for every file aiayn writes)."""
+    import json
+
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:  # the nesting, counted before parsing: the parser's own recursion is what must not be reached
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > JSON_MAX_DEPTH:
+                raise ValueError(f"nested deeper than {JSON_MAX_DEPTH} levels: not a file aiayn writes")
+        elif c in "]}":
+            depth -= 1
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    if not isinstance(doc, kind):
+        raise ValueError(f"not a JSON {'object' if kind is dict else kind.__name__} at its top")
+    return doc
+
+
+def read_json(path: str | os.PathLike, limit: int = 1 << 24, kind: type = dict):
+    """A JSON file aiayn reads (`read_record`'s guards: a regular file, at most `limit` bytes; `parse_json`'s: JSON,
+    not nested deeper than JSON_MAX_DEPTH, a `kind` at its top): a ValueError with the one-line reason otherwise."""
+    return parse_json(read_record(path, limit), kind)
+
+
 def check_writable_file(path: str | os.PathLike, flag: str) -> None:
     """A UserError unless `path` can be written as a file: its directory exists or can be created, and it is not a
     directory itself (checked before any work, so a command does not compute everything and then fail to write)."""

@@ -46,6 +46,7 @@ def option(
     choices: tuple | None = None,
     positive: bool = False,
     at_least: int | None = None,
+    at_most: int | None = None,
     flag: str | None = None,
     metavar: str | None = None,
     parse=None,
@@ -65,6 +66,7 @@ def option(
             choices=choices,
             positive=positive,
             at_least=at_least,
+            at_most=at_most,
             flag=flag,
             metavar=metavar,
             parse=parse,
@@ -87,6 +89,7 @@ def _meta(f: dataclasses.Field) -> dict:
             "choices": None,
             "positive": False,
             "at_least": None,
+            "at_most": None,
             "flag": None,
             "metavar": None,
             "parse": None,
@@ -149,16 +152,6 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def finite_float(text: str) -> float:
     """An argparse type: a finite number (float() alone takes "nan" and "inf", which no option of aiayn means)."""
     try:
@@ -170,16 +163,27 @@ def finite_float(text: str) -> float:
     return value
 
 
-def int_at_least(least: int):
-    """An argparse type: an integer of at least `least` (`--seed`: 0 or more)."""
+# Every whole-number option's largest value where it declares none (`option(at_most=...)`): steps, tokens, counts
+# and intervals past a billion are a mistake (2^64 steps overflowed range(); 2^64 tokens asked for the corpus as one
+# batch), said in one line instead of tried
+INT_LIMIT = 10**9
+# the largest values of the options whose kind bounds them lower: each kind's options name it (`at_most=LIMITS[...]`)
+LIMITS = {"seed": 9999, "workers": 256, "beam": 256, "jobs": 1024, "tokens": 10**7}
+
+
+def int_between(least: int | None, most: int):
+    """An argparse type: an integer from `least` (None: any) to `most` (`--seed`: 0 to 9999)."""
+    kind = "a positive integer" if least == 1 else f"an integer of at least {least}" if least is not None else ""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least {least}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected {kind or 'an integer'}, got {text!r}") from None
+        if least is not None and value < least:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {value}")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected an integer of at most {most}, got {value}")
         return value
 
     return parse
@@ -246,13 +250,13 @@ def add_options(
         elif base in (tuple, list, dict):
             kw.update(action="append", default=None)
         else:
-            least = meta.get("at_least")
+            least = 1 if meta["positive"] else meta.get("at_least")
             kw["type"] = (
-                positive_int
-                if meta["positive"]
-                else int_at_least(least)
-                if least is not None
-                else (finite_float if base is float else base)
+                int_between(least, meta.get("at_most") or INT_LIMIT)
+                if base is int
+                else finite_float
+                if base is float
+                else base
             )
             if meta["choices"]:
                 kw["choices"] = meta["choices"]

@@ -25,7 +25,6 @@ Nothing here imports `datasets`, pyarrow or torch at import time.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json
+from aiayn.common.files import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +264,7 @@ def _load(ref: HFRef, cache_dir: Path) -> dict:
 def _from_pointer(pointer: Path, datasets) -> dict | None:
     """The Arrow files an earlier run found, opened directly; None when there is no pointer or a file is gone."""
     try:
-        files = json.loads(pointer.read_text(encoding="utf-8"))["splits"]
+        files = read_json(pointer)["splits"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not all(Path(f).is_file() for names in files.values() for f in names):

@@ -50,6 +50,7 @@ import shutil
 import tempfile
 
 from aiayn.common.errors import UserError
+from aiayn.common.files import read_json
 
 __all__ = ["generate", "write_corpus"]
 
@@ -715,7 +716,7 @@ def _corpus_files() -> list[str]:
 
 def _is_complete(out_dir: pathlib.Path, meta: dict) -> bool:
     try:
-        stored = json.loads((out_dir / "meta.json").read_text(encoding="utf-8"))
+        stored = read_json(out_dir / "meta.json", 1 << 20)
     except (OSError, ValueError):
         return False
     return stored == meta and all((out_dir / name).is_file() for name in _corpus_files())

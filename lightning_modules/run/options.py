@@ -14,7 +14,7 @@ from pathlib import Path
 from aiayn.ablations.knobs import format_overrides, parse_overrides, set_help
 from aiayn.ablations.presets import PRESETS
 from aiayn.common.errors import UserError
-from aiayn.common.options import config_values, did_you_mean, option, read_mapping, type_name, value_matches
+from aiayn.common.options import LIMITS, config_values, did_you_mean, option, read_mapping, type_name, value_matches
 from aiayn.lightning_modules.data.corpora import CORPORA
 
 
@@ -89,7 +89,7 @@ class TrainOptions:
     """source language of the corpus (files' suffix, or a dataset's translation field)"""
     tgt_lang: str = option("de")
     """target language of the corpus (files' suffix, or a dataset's translation field)"""
-    seed: int = option(0, at_least=0)
+    seed: int = option(0, at_least=0, at_most=LIMITS["seed"])
     """the run's seed (the run directory is seedN), 0 or more"""
     out: str = option("runs")
     """run directories go under OUT/PRESET/CORPUS/ROW/seedN"""
@@ -108,7 +108,7 @@ class TrainOptions:
     32-true, bf16-mixed, ...; 16-mixed is refused (the fused loss computes its gradients in the forward)"""
     max_steps: int | None = option(None, positive=True)
     """optimizer steps (default: the preset's for the row)"""
-    max_tokens: int | None = option(None, positive=True)
+    max_tokens: int | None = option(None, positive=True, at_most=LIMITS["tokens"])
     """real target tokens per device batch; accumulation makes up the preset's tokens per step"""
     vocab_size: int | None = option(None, positive=True)
     """joint BPE vocabulary (default: the preset's)"""
@@ -140,7 +140,7 @@ class TrainOptions:
     window) where --val-every's schedule misses them: the report's stability rule reads them"""
     eval_subset: int | None = option(None, positive=True)
     """final evaluation on the first K dev sentences (default: all, as the paper)"""
-    num_workers: int | None = option(None)
+    num_workers: int | None = option(None, at_most=LIMITS["workers"])
     """data loader worker processes (default: 4 on a GPU, 0 on a CPU)"""
     pad_to: int | None = option(None, positive=True, metavar="K")
     """pad each batch's lengths up to a multiple of K (8 or 16 on a GPU), so batch shapes repeat (compiled kernels and

@@ -43,7 +43,7 @@ from aiayn.common.files import (
     atomic_write_json,
     atomic_write_text,
     load_torch_file,
-    read_record,
+    read_json,
     remove_stale_temps,
     sha256_bytes,
     sha256_file,
@@ -432,7 +432,7 @@ class RunDir:
     def read_failure(self) -> dict | None:
         """{"status", "error", "at"} of the pair's last failure before a metrics.json; None when there is none."""
         try:
-            doc = json.loads(read_record(self.failure_file, RECORD_MAX_BYTES))
+            doc = read_json(self.failure_file, RECORD_MAX_BYTES)
         except (OSError, ValueError):
             return None
         if not isinstance(doc, dict) or doc.get("status") not in STATUSES:
@@ -457,7 +457,7 @@ class RunDir:
         if not self.config_file.exists():
             return None
         try:
-            return RunConfig.from_dict(json.loads(read_record(self.config_file, RECORD_MAX_BYTES)))
+            return RunConfig.from_dict(read_json(self.config_file, RECORD_MAX_BYTES))
         except (OSError, ValueError, TypeError) as e:
             raise UserError(
                 f"cannot read {self.config_file} ({e}); delete the run directory {self.path} to start over"
@@ -564,7 +564,7 @@ class RunDir:
 
     def read_wandb_record(self) -> dict | None:
         try:
-            return json.loads(read_record(self.wandb_record, RECORD_MAX_BYTES))
+            return read_json(self.wandb_record, RECORD_MAX_BYTES)
         except (OSError, ValueError):
             return None
 
@@ -573,7 +573,7 @@ class RunDir:
     def read_metrics(self) -> RunMetrics | None:
         """metrics.json, or None when there is none (or it is unreadable: `metrics_problem` says why)."""
         try:
-            return RunMetrics.from_dict(json.loads(read_record(self.metrics_file, RECORD_MAX_BYTES)))
+            return RunMetrics.from_dict(read_json(self.metrics_file, RECORD_MAX_BYTES))
         except (OSError, ValueError, TypeError):
             return None
 
@@ -582,7 +582,7 @@ class RunDir:
         if not self.metrics_file.exists():
             return None
         try:
-            RunMetrics.from_dict(json.loads(read_record(self.metrics_file, RECORD_MAX_BYTES)))
+            RunMetrics.from_dict(read_json(self.metrics_file, RECORD_MAX_BYTES))
         except ValueError as e:  # json.JSONDecodeError is one too, and so is a file that is no regular one
             return f"unreadable metrics.json ({str(e).splitlines()[0][:200]})"
         except TypeError as e:

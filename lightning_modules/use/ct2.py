@@ -18,7 +18,6 @@ without paying for its EOS.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from aiayn.common.errors import UserError
-from aiayn.common.files import sha256_bytes
+from aiayn.common.files import read_json, sha256_bytes
 from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS
 from aiayn.lightning_modules.transformer.model import BOS, EOS, PAD, TransformerConfig
 from aiayn.lightning_modules.use.export import CT2_TOKENIZER, EXPORT_FILE, require
@@ -39,7 +38,7 @@ def read_export(path: Path, fmt: str) -> dict:
     if not path.is_dir():
         raise UserError(f"{path} is not a directory; pass the directory that `aiayn export --format {fmt}` wrote")
     try:
-        record = json.loads((path / EXPORT_FILE).read_text(encoding="utf-8"))
+        record = read_json(path / EXPORT_FILE, 1 << 20)
     except (OSError, ValueError):
         raise UserError(
             f"{path} has no readable {EXPORT_FILE}: it is not an aiayn export; write one with "

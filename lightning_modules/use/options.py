@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aiayn.common.errors import UserError
-from aiayn.common.options import option
+from aiayn.common.options import LIMITS, option
 from aiayn.lightning_modules.run.options import DECODE_MAX_TOKENS
 from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
@@ -28,13 +28,13 @@ class ModelSource:
     """auto: the GPU when one is visible"""
     precision: str = option("auto", choices=("auto", "32-true", "bf16-mixed"))
     """auto: bf16 on a GPU that has it (as training), else fp32; or 32-true, bf16-mixed"""
-    beam: int = option(PAPER_DECODING.beam, positive=True)
+    beam: int = option(PAPER_DECODING.beam, positive=True, at_most=LIMITS["beam"])
     """beam size (1: greedy); the paper's 4"""
     alpha: float = option(PAPER_DECODING.alpha)
     """length penalty alpha; the paper's 0.6"""
     extra_len: int = option(PAPER_DECODING.extra_len)
     """longest output = source length + this; the paper's 50"""
-    max_tokens: int = option(DECODE_MAX_TOKENS, positive=True)
+    max_tokens: int = option(DECODE_MAX_TOKENS, positive=True, at_most=LIMITS["tokens"])
     """source tokens per batch, padding included"""
     ct2_batching: str = option("same-length", choices=("same-length", "sorted"))
     """with --ct2: CTranslate2's batches: same-length (one source length a batch: exactly aiayn's per-sentence length

@@ -4,7 +4,6 @@ SLURM still holds), and which to submit.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 from aiayn.ablations.presets import get_preset
 from aiayn.ablations.table import get_row
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json
+from aiayn.common.files import atomic_write_json, read_json
 from aiayn.sweeps.backends import Sweep
 from aiayn.sweeps.backends.slurm.options import SlurmOptions
 from aiayn.sweeps.books import Claims
@@ -36,7 +35,7 @@ class SlurmClaims(Claims):
 
     def job(self, key: str) -> str | None:
         try:
-            return json.loads(self.marker(key).read_text())["job"]
+            return read_json(self.marker(key), 1 << 16)["job"]
         except (OSError, ValueError, KeyError):
             return None
 
@@ -48,7 +47,11 @@ class SlurmClaims(Claims):
             self._cache = self._live()
         if job not in self._cache:
             return None
-        return {"holder": f"SLURM job {job}", "since": json.loads(self.marker(key).read_text()).get("submitted")}
+        try:
+            since = read_json(self.marker(key), 1 << 16).get("submitted")
+        except (OSError, ValueError):
+            since = None
+        return {"holder": f"SLURM job {job}", "since": since}
 
 
 def pairs(opts: SlurmOptions) -> list[tuple[str, int]]:
