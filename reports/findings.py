@@ -277,9 +277,7 @@ def _family_line(name: str, rows, decided: dict, first: dict, stage_of: dict, ta
             )
         else:
             text += f" ({seeds})"
-        if not v.passed and min(v.n_row, v.n_base) < 2:
-            text += "; one seed a side: a sign, not a test"
-        elif not v.passed and v.row in ev:
+        if not v.passed and v.row in ev and min(v.n_row, v.n_base) >= 2:
             facts = miss_facts(v, ev[v.row], table)
             misses[v.row] = facts
             text += f"; {_miss_text(v, facts)}"
@@ -319,6 +317,10 @@ def separable(decided: dict, baselines: dict, cells: list[str]) -> dict:
     return out
 
 
+def decided_prediction(decided: dict, row: str) -> str | None:
+    return next((v.predicted for (_, r), v in decided.items() if r == row), None)
+
+
 def _by_design(paper_can: bool, other_can: bool) -> str:
     """Which side's equivalence could not count on a test, by the registration alone."""
     if not paper_can:
@@ -340,8 +342,19 @@ def _can_pass(v: verdicts.Verdict, registered: dict) -> bool:
 
 def predictors_line(decided: dict, baselines: dict, cells: list[str]) -> str:
     """The paper against each naive predictor: level by design where the registration leaves no test run on which
-    they could differ, else what the data decided there."""
+    they could differ, else what the data decided there. With one seed a side there are no tests: the signs are
+    counted instead."""
     s = verdicts.score(decided, baselines)
+    scored = [v for v in decided.values() if v.predicted in SCORED and v.verdict != stats.NOT_RUN]
+    if scored and all(min(v.n_row, v.n_base) <= 1 for v in scored):
+        text = (
+            f"One seed a side: signs, not tests. The paper's sign holds at every point on {s['agree']} of {s['scored']}"
+        )
+        for b in s["baselines"].values():
+            wrong = [row for row, p in b["predictions"].items() if p != decided_prediction(decided, row)]
+            differs = f" (it predicts {', '.join(wrong)} otherwise)" if wrong else ""
+            text += f'; "{b["label"]}" {b["agree"]}{differs}'
+        return text + "."
     parts = []
     for name, sep in separable(decided, baselines, cells).items():
         label = sep["label"]
