@@ -26,7 +26,7 @@ STEPS, LOOK = "12", "6"  # a plain command's steps; a look's (--max-steps in the
 # commands the README shows as mistakes, and the exit status it says they get
 MISTAKES = {"aiayn train --row A7": 2}
 # what a placeholder in the README stands for here
-PLACES = {"DIR": str(MULTI30K), "my-rows.csv": "my-rows.csv"}
+PLACES = {"DIR": str(MULTI30K), "my-rows.csv": "my-rows.csv", "reports/reference": str(ROOT / "reports" / "reference")}
 
 
 def section(text: str) -> str:
