@@ -116,7 +116,8 @@ def compare(mine: Path, reference: Path) -> pd.DataFrame:
 
 def lead(lines: pd.DataFrame) -> str:
     """'8 of 10 scored verdicts the same; different: C5 (significant agree there, inconclusive here), ...; passes:
-    the reference 9 of 10, these runs 8 of 10.' (passes and scored tests as the report's score counts them)"""
+    the reference 9 of 10, these runs 8 of 10; the predicted sign ...: the reference 10 of 10, these runs 9 of 10.'
+    (passes, signs and scored tests as the report's score counts them)"""
     both = lines[lines["compared"]]
     differ = both[~both["same"]]
     text = f"**{int(both['same'].sum())} of {len(both)} scored verdicts the same**"
@@ -134,7 +135,14 @@ def lead(lines: pd.DataFrame) -> str:
     changed = lines[lines["predicted_changed"]]
     if len(changed):
         text += "; predicted differently (another registration): " + ", ".join(changed["row"])
-    return text + f"; passes: the reference {passes[0]}, these runs {passes[1]}."
+    signs = [
+        f"{int(lines[c].isin((stats.SIGNIFICANT_AGREE, stats.AGREE)).sum())} of {int(_scored(lines[c]).sum())}"
+        for c in ("verdict_reference", "verdict")
+    ]
+    return (
+        text + f"; passes: the reference {passes[0]}, these runs {passes[1]}; the predicted sign (significant or "
+        f"not): the reference {signs[0]}, these runs {signs[1]}."
+    )
 
 
 def _deltas(lines: pd.DataFrame, suffix: str) -> list[str]:

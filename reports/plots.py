@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
@@ -95,13 +96,18 @@ def _spread(values: pd.Series) -> bool:
 
 def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
     """Our Δ vs base against the paper's, Δ PPL (%) and Δ BLEU side by side, with the diagonal (perfect
-    agreement); scored rows filled, the others hollow; a symmetric log axis where one row dwarfs the others."""
+    agreement); filled: scored on that panel's metric, hollow: the others; a symmetric log axis where one row dwarfs
+    the others."""
     fig, axes = plt.subplots(1, 2, figsize=(10.4, 5.0))
     groups = list(dict.fromkeys(table["group"]))
-    scored = _scored(table)
-    for ax, (ours, paper, what) in zip(
-        axes, (("delta_ppl_pct", "paper_delta_ppl_pct", "Δ PPL (%)"), ("delta_bleu", "paper_delta_bleu", "Δ BLEU"))
+    for ax, (ours, paper, what, metric) in zip(
+        axes,
+        (
+            ("delta_ppl_pct", "paper_delta_ppl_pct", "Δ PPL (%)", "ppl"),
+            ("delta_bleu", "paper_delta_bleu", "Δ BLEU", "bleu"),
+        ),
     ):
+        scored = _scored(table) & table["metric"].eq(metric)
         df = table[table[ours].notna() & table[paper].notna()]
         for group, part in df.groupby("group", sort=False):
             filled = scored[part.index]
@@ -121,7 +127,7 @@ def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
             lim = 1.0
         else:
             lim = 1.1 * max(1e-3, df[paper].abs().max(), df[ours].abs().max())
-            ax.legend(fontsize=8, title="group (filled: scored)", title_fontsize=8)
+            ax.legend(fontsize=8, title=f"group (filled: scored on {metric.upper()})", title_fontsize=8)
         ax.plot([-lim, lim], [-lim, lim], color="gray", linestyle="--", linewidth=1, label="_diagonal")
         ax.axhline(0, color="black", linewidth=0.5)
         ax.axvline(0, color="black", linewidth=0.5)
@@ -131,6 +137,8 @@ def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
         if log:  # linear within ±1 (one BLEU, one percent), logarithmic beyond: no row squashes the others
             ax.set_xscale("symlog", linthresh=1.0)
             ax.set_yscale("symlog", linthresh=1.0)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel(f"paper: {what} vs base" + (" (symmetric log)" if log else ""))
         ax.set_ylabel(f"ours: {what} vs base" + (" (symmetric log)" if log else ""))
         ax.grid(True, alpha=0.3)
@@ -229,17 +237,24 @@ def families(panels: list, path: Path, title: str) -> Path:
         ax.set_xticklabels(ticks, fontsize=7)
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_xlim(-0.6, len(ticks) - 0.4)
-        ax.set_title(f"{name}: Δ dev {'PPL, %' if metric == 'ppl' else 'BLEU'} against base", fontsize=9)
+        log = _spread(pd.Series([sum(line.deltas) / len(line.deltas) for line in lines if line.row != "base"]))
+        if log:  # linear within ±1, logarithmic beyond, as in delta_vs_paper: no row squashes the others
+            ax.set_yscale("symlog", linthresh=1.0)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            low, high = ax.get_ylim()
+            ax.set_ylim(low * 1.6 if low < -1 else low, high * 1.6 if high > 1 else high)
+        what = f"Δ dev {'PPL, %' if metric == 'ppl' else 'BLEU'} against base{' (symmetric log)' if log else ''}"
+        ax.set_title(f"{name}: {what}", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     for ax in axes.ravel()[len(shown) :]:
         ax.set_visible(False)
     if not shown:
         _no_data(axes[0][0], "no row with a completed run beside base's")
-    fig.suptitle(
-        f"{title}\ndots: seeds (base's against their own mean); bar: the row's Δ and its 95% interval; ×: the paper's "
-        "Δ; green: an equivalence's margin",
-        fontsize=10,
+    key = (
+        "dots: seeds (base's against their own mean); bar: the row's Δ and its 95% interval; ×: the paper's Δ; "
+        "green: an equivalence's margin"
     )
+    fig.suptitle(f"{title}\n{textwrap.fill(key, width=int(15 * 4.6 * cols))}", fontsize=10)
     fig.tight_layout()
     return save_png(fig, path)
 
