@@ -67,6 +67,7 @@ def cheap(command: str) -> str:
 def test_the_first_hour_is_read_in_order():
     commands = first_hour(README.read_text(encoding="utf-8"))
     assert commands[0] == "aiayn table3" and len(commands) >= 10, commands
+    assert not [c for c in commands if "\n" in c], "a command wrapped inside its code span cannot be copied"
     assert any("translate --run runs/tiny/synthetic/C3/seed0" in c for c in commands)
     assert cheap("aiayn train --row C3 --preset tiny").endswith(
         "--max-steps 12 --val-every 4 --eval-subset 10 --no-progress"
