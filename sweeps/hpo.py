@@ -31,6 +31,7 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import optuna
 from optuna.distributions import (
@@ -45,7 +46,7 @@ from optuna.trial import TrialState
 from aiayn.ablations.knobs import KNOBS, OVERRIDABLE, parse_value
 from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json, read_json
+from aiayn.common.files import atomic_write_json, atomic_write_text, read_json
 from aiayn.common.options import LIMITS, option, read_mapping
 from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions
@@ -94,7 +95,7 @@ def default_space(preset) -> dict[str, BaseDistribution]:
     }
 
 
-OBJECTIVE = "dev PPL"  # the study's metric name (optuna-dashboard shows it instead of "Objective 0")
+OBJECTIVE = "dev_ppl"  # the metric name optuna-dashboard shows for "Objective 0"; trials_dataframe()'s `value_dev_ppl`
 
 
 def objective_sentences(t) -> str:
@@ -341,6 +342,7 @@ def run_hpo(opts: HpoOptions) -> dict:
         )
         return {"row": t.row, "preset": t.preset, "study": study.study_name, "best_trial": None, **counts}
     best = study.best_trial
+    train_again = best_run(t, best.params, out.hpo_best(t.preset, t.row).with_name("best.yaml"))
     result = {
         "row": t.row,
         "preset": t.preset,
@@ -350,10 +352,31 @@ def run_hpo(opts: HpoOptions) -> dict:
         "objective": objective_sentences(t),
         "best_params": best.params,
         "dev_bleu": best.user_attrs.get("dev_bleu"),
+        **train_again,
         **counts,
     }
     atomic_write_json(out.hpo_best(t.preset, t.row), result)
+    log.info(
+        "the best trial (%d) trains again with `%s`, or `%s`", best.number, train_again["train"], train_again["set"]
+    )
     return result
+
+
+def best_run(t, params: dict, config: Path) -> dict:
+    """How to train the best trial again: `config`, written here, the search's training options with the trial's
+    knobs on top (the file `aiayn train --config` reads, secrets masked as --print-config masks them), and the same
+    run as a command line of `--set`s."""
+    import shlex
+
+    import yaml
+
+    from aiayn.common.options import to_argv, to_config
+    from aiayn.common.secrets import redact
+
+    again = replace(t, overrides={**t.overrides, **params}, progress=True)  # a trial's bars are off; a run's on
+    atomic_write_text(config, redact(yaml.safe_dump(to_config(again), sort_keys=False)))
+    line = redact(shlex.join(["aiayn", "train", *to_argv(again, always=("row", "preset"))]))
+    return {"train_config": str(config), "train": f"aiayn train --config {shlex.quote(str(config))}", "set": line}
 
 
 def hpo_exit_status(result: dict) -> int:

@@ -14,6 +14,9 @@ from aiayn.common.errors import UserError
 from aiayn.common.files import can_create_in
 from aiayn.common.secrets import redact
 
+# Optuna's lines (a study created, a trial finished) printed by aiayn's handler in aiayn's format (common/logs.py)
+optuna.logging.disable_default_handler()
+
 RDB_SCHEMES = ("sqlite", "postgresql", "postgres", "mysql")
 DRIVER_EXTRAS = {"postgresql": "postgres", "postgres": "postgres", "mysql": "mysql"}  # pyproject.toml's extras
 

@@ -3,6 +3,7 @@ data, max tokens), on one device; an interrupted search resumes, its killed tria
 directory. Training is stood in for here (the slow tier runs real trials: tests/test_sweeps.py)."""
 
 import json
+import shlex
 from pathlib import Path
 
 import optuna
@@ -80,6 +81,24 @@ def test_trials_train_with_the_train_flags_on_the_chosen_accelerator(tmp_path, t
     trains.clear()
     assert main(["hpo", "--row", "C1", "--trials", "3", "--out", str(tmp_path)]) == 0  # one more, default device
     assert len(trains) == 1 and trains[0][0].accelerator == "auto"  # auto: the GPU when there is one
+
+
+def test_a_search_ends_with_the_run_that_trains_its_best_trial_again(tmp_path, trains, capsys, caplog):
+    """`aiayn hpo` ends with its best trial as a config file `aiayn train --config` reads and as the same run on a
+    command line (the search's flags, the trial's knobs as --set): both read back as one run."""
+    argv = ["hpo", "--row", "C1", "--trials", "2", "--out", str(tmp_path), "--data-dir", "/data/m30k", "--set", "N=1"]
+    with caplog.at_level("INFO"):
+        assert main([*argv, "--max-tokens", "3000"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert f"trains again with `{result['train']}`, or `{result['set']}`" in caplog.text
+    assert main(["train", "--config", result["train_config"], "--print-config"]) == 0
+    from_file = json.loads(capsys.readouterr().out)  # the run as it resolves: its spec and its options
+    assert main([*shlex.split(result["set"])[1:], "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out) == from_file
+    from_file = from_file["options"]
+    assert from_file["overrides"] == {"N": 1, **result["best_params"]} and set(result["best_params"]) == SEARCHED
+    assert (from_file["data_dir"], from_file["max_tokens"]) == ("/data/m30k", 3000)
+    assert "--no-progress" not in result["set"]  # a trial trains without bars; the run again with them
 
 
 def test_more_than_one_device_is_refused_in_one_line(tmp_path, trains, capsys):
@@ -247,7 +266,7 @@ def test_trials_validate_every_val_every_steps_and_report_each_validation_by_glo
     opts, hooks = trains[0]
     assert hooks.val_per_epoch is False and opts.val_every == 50
     study = optuna.load_study(study_name="hpo-tiny-C1", storage=f"sqlite:///{tmp_path}/hpo.db")
-    assert study.metric_names == [OBJECTIVE]
+    assert study.metric_names == [OBJECTIVE] and "value_dev_ppl" in study.trials_dataframe().columns  # no space
 
     class Trainer:  # what the callback reads of Lightning's trainer
         sanity_checking, callback_metrics, global_step = False, {}, 0

@@ -515,18 +515,22 @@ def test_a_signal_stops_a_sweep_in_one_line_and_the_same_command_runs_what_it_st
 
     opts = SweepOptions(select=Selection(rows="base,A1,A2"), jobs=1, train=TrainOptions(out=str(tmp_path / "runs")))
     before = signal.getsignal(signum)
-    with pytest.raises(SystemExit) as stopped, caplog.at_level("WARNING"):
+    with pytest.raises(SystemExit) as stopped, caplog.at_level("INFO"):
         run_table3(opts, backend=RunnerBackend(runner))
     assert stopped.value.code == 128 + signum and signal.getsignal(signum) is before
     name = signal.Signals(signum).name
     assert len(calls) == 1 and f"table3 tiny stopped by {name}: 0 pair(s) completed in this call" in caplog.text
     assert not list((tmp_path / "runs").rglob("*.failed.json")), "a stopped pair was booked as failed"
-    # in the study (optuna-dashboard) the stopped attempt ended as Optuna ends an interrupted trial, and its pair
-    # waits to be resumed, as aiayn's books say: one WAITING trial, no new one beside it when the sweep resumes
+    # in the study (optuna-dashboard) the stopped attempt is PRUNED (Optuna's word for a trial stopped before its
+    # end), not failed, and its pair waits to be resumed, as aiayn's books say: one WAITING trial, no new one beside
+    # it when the sweep resumes; the driver's line on it is not numbered as a completed pair's
     study = optuna.load_study(
         study_name="table3-tiny-synthetic", storage=f"sqlite:///{tmp_path / 'runs' / 'optuna.db'}"
     )
     stopped_trial = next(t for t in study.trials if t.user_attrs.get("stopped") == name)
+    assert stopped_trial.state == optuna.trial.TrialState.PRUNED
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert f"[stopped] {stopped_trial.user_attrs['row']} seed 0: stopped by {name}" in caplog.text
     waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
     pair = (stopped_trial.user_attrs["row"], stopped_trial.user_attrs["seed"])
     assert [

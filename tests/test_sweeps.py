@@ -24,7 +24,7 @@ from conftest import RunnerBackend, fake_popen
 from aiayn.ablations.predictions import predictions, scored_rows
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.selection import Selection
-from aiayn.ablations.table import select_rows
+from aiayn.ablations.table import load_rows, select_rows
 from aiayn.cli import main
 from aiayn.common.errors import UserError
 from aiayn.lightning_modules.data.corpora import CorpusRef
@@ -746,21 +746,55 @@ def test_print_config_masks_a_storage_password_and_a_dollar_reference_reads_the_
     assert expand("postgresql://aiayn:$PGPASSWORD_TEST@db.example/aiayn") == url
 
 
-def test_a_sweeps_row_and_seed_are_on_each_trial_for_the_dashboard(tmp_path, runner_backend):
-    """optuna-dashboard lists user attributes and plots parameters: each table3 trial carries its row and seed as
-    user attributes (the books' source) and its seed as a parameter on a fixed range, the value enqueued, never
-    sampled. The row is not a parameter: a categorical's choices cannot change within a study, and a table's rows do
-    (test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone)."""
+def test_a_sweeps_row_and_seed_are_on_each_trial_for_optunas_tools(tmp_path, runner_backend):
+    """Optuna's tools show the table: each table3 trial carries its row and seed as user attributes (the books'
+    source) and as parameters, the values enqueued, never sampled: the row a categorical over the table's rows when
+    the study was created, the seed an integer on a fixed range; `trials_dataframe()` has a row column, and
+    optuna-dashboard's own API names every trial's row (where it installs)."""
     runner_backend(FakeRunner())
     out = tmp_path / "runs"
     assert main([*T3, "--out", str(out), "--rows", "base,A1,C4", "--seeds", "2"]) == 0
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out / 'optuna.db'}")
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert sorted((t.user_attrs["row"], t.params["seed"]) for t in done) == sorted(
-        (r, s) for r in ("base", "A1", "C4") for s in (0, 1)
-    )
-    assert all(t.params["seed"] == t.user_attrs["seed"] and set(t.params) == {"seed"} for t in done)
+    pairs = sorted((r, s) for r in ("base", "A1", "C4") for s in (0, 1))
+    assert sorted((t.params["row"], t.params["seed"]) for t in done) == pairs
+    assert all((t.params["row"], t.params["seed"]) == (t.user_attrs["row"], t.user_attrs["seed"]) for t in done)
     assert isinstance(done[0].distributions["seed"], optuna.distributions.IntDistribution)
+    assert list(done[0].distributions["row"].choices) == list(load_rows())  # every row of the table, not the sweep's
+    frame = study.trials_dataframe()
+    assert sorted(zip(frame["params_row"], frame["params_seed"])) == pairs
+
+    dashboard = pytest.importorskip("optuna_dashboard")
+    from wsgiref.util import setup_testing_defaults
+
+    app = dashboard.wsgi(optuna.storages.RDBStorage(f"sqlite:///{out / 'optuna.db'}"))
+
+    def get(path: str) -> dict:
+        environ = {}
+        setup_testing_defaults(environ)
+        environ["PATH_INFO"], _, environ["QUERY_STRING"] = path.partition("?")
+        status = []
+        body = b"".join(app(environ, lambda code, headers, exc_info=None: status.append(code)))
+        assert status == ["200 OK"], (path, status, body[:300])
+        return json.loads(body)
+
+    (summary,) = get("/api/studies")["study_summaries"]
+    trials = get(f"/api/studies/{summary['study_id']}?after=0")["trials"]
+    named = {t["number"]: {p["name"]: p["param_external_value"] for p in t["params"]} for t in trials}
+    assert sorted((p["row"], int(p["seed"])) for p in named.values()) == pairs
+
+
+def test_optunas_lines_are_printed_in_aiayns_format(tmp_path):
+    """Optuna's own lines (a study created) come out as aiayn's, once, not in Optuna's `[I 2026-...]` format before
+    aiayn's first: in a fresh process, logging configured as the command line does it and Optuna imported after."""
+    code = (
+        "from aiayn.common.logs import configure_logging; configure_logging(); "
+        "from aiayn.sweeps.storage import open_storage; import optuna; "
+        "optuna.create_study(study_name='s', storage=open_storage('sqlite:///books.db'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["INFO optuna.storages._rdb.storage: A new study created in RDB with name: s"]
 
 
 def _as_a_new_process(monkeypatch, tables: tuple) -> None:
@@ -789,7 +823,7 @@ def restore_queue():
 
 
 def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(
-    tmp_path, runner_backend, monkeypatch, restore_queue
+    tmp_path, runner_backend, monkeypatch, restore_queue, caplog
 ):
     """A row appended to ablations/extended.csv between two `aiayn table3` runs on one --out crashed the
     second ("CategoricalDistribution does not support dynamic value space": the row parameter's choices were the
@@ -811,8 +845,10 @@ def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(
     _as_a_new_process(monkeypatch, (table.TABLE_FILES[0], extended))
     second = FakeRunner()
     runner_backend(second)
-    assert main([*T3, "--out", str(out), "--rows", "base,A1,rope,wide-ff"]) == 0
+    with caplog.at_level("INFO"):
+        assert main([*T3, "--out", str(out), "--rows", "base,A1,rope,wide-ff"]) == 0
     assert second.calls == [("wide-ff", 0)]
+    assert "wide-ff: not among the rows this study was created with" in caplog.text
 
     # rope removed from the table, and a user's own table with a new name: both join the same study
     extended.write_text(
@@ -831,8 +867,16 @@ def test_a_row_added_to_the_table_joins_an_existing_study_and_runs_alone(
     assert main([*T3, "--out", str(out), "--table", str(mine), "--rows", "base,A1,wide-ff,my-heads"]) == 0
     assert third.calls == [("my-heads", 0)]
     study = optuna.load_study(study_name="table3-tiny-synthetic", storage=f"sqlite:///{out / 'optuna.db'}")
-    done = {t.user_attrs["row"] for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
-    assert done == {"base", "A1", "rope", "wide-ff", "my-heads"}
+    done = {t.user_attrs["row"]: t.params for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert set(done) == {"base", "A1", "rope", "wide-ff", "my-heads"}
+    # the rows of the table when the study was created are its row parameter; the later ones a user attribute alone
+    assert {row: params.get("row") for row, params in done.items()} == {
+        "base": "base",
+        "A1": "A1",
+        "rope": "rope",
+        "wide-ff": None,
+        "my-heads": None,
+    }
 
 
 def test_back_ends_are_found_without_an_import_and_a_second_of_one_name_is_refused(tmp_path):

@@ -1,4 +1,4 @@
-"""Logging for aiayn's own modules: one handler on the `aiayn` logger, secrets masked."""
+"""Logging for aiayn's own modules and Optuna's: one handler on the `aiayn` and `optuna` loggers, secrets masked."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ class _Quiet(logging.Filter):
 
 
 def configure_logging(level: int = logging.INFO) -> None:
-    """aiayn's loggers (all under `aiayn.`) print to stderr with secrets masked. The root logger is
+    """aiayn's loggers (all under `aiayn.`) and Optuna's print to stderr with secrets masked. The root logger is
     left alone: Lightning has its own handler, so a root handler would print each of its lines twice."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactFilter())
-    logger = logging.getLogger("aiayn")
-    logger.handlers[:] = [handler]
-    logger.setLevel(level)
+    for name in ("aiayn", "optuna"):  # Optuna's default handler is off where aiayn opens a study (sweeps/storage.py)
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level)
     for name in LIGHTNING_LOGGERS:
         noisy = logging.getLogger(name)
         if not any(isinstance(f, _Quiet) for f in noisy.filters):

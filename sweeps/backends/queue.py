@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from aiayn.ablations.table import MAX_SEED
+from aiayn.ablations.table import MAX_SEED, load_rows
 from aiayn.common.errors import UserError
 from aiayn.common.locks import file_lock, removed_on_error
 from aiayn.common.text import clock
@@ -113,31 +113,50 @@ def done_at(trial: optuna.trial.FrozenTrial, wanted: dict[str, int] | None) -> b
     return wanted is None or pair is None or steps is None or steps >= wanted.get(pair[0], 0)
 
 
+def rows_of_study(study: optuna.Study, rows: list[str]) -> list[str]:
+    """The choices of the study's `row` parameter: the rows of the sweep's table (ablations/ and the user's --table
+    files) when the study was created, kept in the study (user attribute `rows`). Optuna fixes a categorical
+    parameter's choices for a study's life ("CategoricalDistribution does not support dynamic value space"), so a row
+    added to the table later is named by its trial's user attribute `row` alone."""
+    if "rows" not in study.user_attrs:
+        study.set_user_attr("rows", list(rows))
+    return list(study.user_attrs["rows"])
+
+
+def _params(pair: Pair, choices: list[str]) -> dict:
+    row, seed = pair
+    return {"row": row, "seed": seed} if row in choices else {"seed": seed}
+
+
 def enqueue_pending(
-    study: optuna.Study, pairs: list[Pair], cost: dict[str, float] | None = None, wanted: dict[str, int] | None = None
+    study: optuna.Study,
+    pairs: list[Pair],
+    choices: list[str],
+    cost: dict[str, float] | None = None,
+    wanted: dict[str, int] | None = None,
 ) -> list[Pair]:
     """Enqueue every pair that is neither done (`done_at` the steps `wanted` of its row), queued nor running; failed
-    pairs and runs completed at fewer steps get a new trial. With `cost` (row -> relative cost), the longest runs
-    first (workers pop in enqueue order).
+    and stopped pairs and runs completed at fewer steps get a new trial. With `cost` (row -> relative cost), the
+    longest runs first (workers pop in enqueue order).
 
-    The pair is the trial's user attributes: that is what the books read, and where tools that list trials
-    (optuna-dashboard) show the row. The seed is also the trial's one parameter, on a fixed range (0..MAX_SEED), for
-    tools that plot parameters. The row is not a parameter: Optuna requires a categorical parameter to keep the same
-    choices in every trial of a study, and a table's rows change under a study (a row appended to
-    ablations/extended.csv or a --table, a row removed): "CategoricalDistribution does not support dynamic value
-    space". Nothing is sampled: the values are the enqueued ones."""
+    The pair is the trial's user attributes: that is what the books read. It is also the trial's parameters, so that
+    Optuna's tools show the table: the row a categorical over `choices` (`rows_of_study`), the seed an integer on a
+    fixed range (0..MAX_SEED); optuna-dashboard's trial table and `trials_dataframe()` have a row column, and
+    `get_param_importances` weighs the row against the seed. Nothing is sampled: the values are the enqueued ones."""
     busy = {TrialState.WAITING, TrialState.RUNNING}
     taken = {pair_of(t) for t in study.get_trials(deepcopy=False) if t.state in busy or done_at(t, wanted)}
     pending = [p for p in pairs if p not in taken]
     if cost is not None:
         pending.sort(key=lambda p: -cost[p[0]])  # stable: seeds stay in order within a row
     for row, seed in pending:
-        study.enqueue_trial({"seed": seed}, user_attrs={"row": row, "seed": seed})
+        study.enqueue_trial(_params((row, seed), choices), user_attrs={"row": row, "seed": seed})
     return pending
 
 
-def set_params(trial: optuna.Trial, pair: Pair) -> None:
-    """The popped trial's seed as its parameter (enqueued, so this returns it: nothing is sampled)."""
+def set_params(trial: optuna.Trial, frozen: optuna.trial.FrozenTrial, choices: list[str]) -> None:
+    """The popped trial's enqueued parameters set (nothing is sampled): the row where it was enqueued with one."""
+    if "row" in frozen.system_attrs.get("fixed_params", {}):
+        trial.suggest_categorical("row", choices)
     trial.suggest_int("seed", 0, MAX_SEED)
 
 
@@ -188,7 +207,15 @@ class QueueBackend(Backend):
                     t.user_attrs.get("worker", "unknown"),
                 )
             cost = {row: spec.cost() for row, spec in sweep.specs.items()}
-            enqueue_pending(study, pairs, cost, sweep.wanted)
+            choices = rows_of_study(study, list(load_rows(sweep.train.table)))
+            outside = sorted({row for row, _ in pairs} - set(choices))
+            if outside:
+                log.info(
+                    "%s: not among the rows this study was created with, so named by their trials' user attribute "
+                    "`row` alone (Optuna fixes a parameter's choices for a study's life)",
+                    ", ".join(outside),
+                )
+            enqueue_pending(study, pairs, choices, cost, sweep.wanted)
             sweep.record(self.name)
         # to run: every pair of this sweep queued, those enqueued now and those a stopped call left queued
         queued = {pair_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
@@ -235,7 +262,9 @@ class QueueBackend(Backend):
                         *pair_of(t),
                         t.user_attrs.get("worker", "unknown"),
                     )
-                enqueue_pending(study, [p for p in pairs if p in {pair_of(t) for t in again}], cost, sweep.wanted)
+                enqueue_pending(
+                    study, [p for p in pairs if p in {pair_of(t) for t in again}], choices, cost, sweep.wanted
+                )
             if not again:
                 break
         elsewhere = self._running_elsewhere(study, sweep)
@@ -292,7 +321,7 @@ class QueueBackend(Backend):
         if pair is None:  # a worker on another machine (RDB storage) emptied the queue meanwhile
             study.tell(trial, state=TrialState.FAIL)
             return None, True
-        set_params(trial, pair)
+        set_params(trial, frozen, rows_of_study(study, []))
         if held is None or self._completed_elsewhere(study, pair, trial.number, sweep.wanted):
             # the same pair, enqueued twice by racing drivers, is running or done in another worker
             if held is not None:
@@ -342,9 +371,13 @@ class QueueBackend(Backend):
             eta = (time.perf_counter() - t_start) / ran * max(len(sweep.pairs) - finished, 0)
             # a stopped sweep starts nothing more: no time is left to estimate, only the command that resumes it
             left = f"ETA {_hms(eta)}" if self.stop.signum is None else "stopped: the same command resumes the rest"
-            log.info(
-                "[%d/%d] %s seed %d: %s in %s; %s", finished, len(sweep.pairs), row, seed, result, _hms(elapsed), left
+            # a completed pair is counted ([k/N]); one that failed, diverged or was stopped is not, and says so
+            tag = (
+                f"{finished}/{len(sweep.pairs)}"
+                if counts[0]
+                else ("failed", "diverged", "stopped")[0 if counts[1] else 1 if counts[2] else 2]
             )
+            log.info("[%s] %s seed %d: %s in %s; %s", tag, row, seed, result, _hms(elapsed), left)
         return done, failed, diverged
 
     def _settle(self, study: optuna.Study, trial, pair: Pair, metrics: RunMetrics, sweep: Sweep):
@@ -361,12 +394,12 @@ class QueueBackend(Backend):
             study.tell(trial, metrics.dev_bleu)
             return f"BLEU {metrics.dev_bleu:.2f}", (1, 0, 0)
         if self.stop.signum is not None:  # stopped with the sweep: not a failure; queued again at once
-            # Optuna ends an interrupted trial as FAIL (as its heartbeat does); the pair itself is pending, as the
-            # books say, so a WAITING trial holds it in the study (optuna-dashboard) until a driver resumes it
+            # Optuna's word for a trial stopped before its end is PRUNED: the pair itself is pending, as the books say,
+            # so a WAITING trial holds it in the study (optuna-dashboard) until a driver resumes it
             trial.set_user_attr("stopped", signal.Signals(self.stop.signum).name)
-            study.tell(trial, state=TrialState.FAIL)
-            row, seed = pair
-            study.enqueue_trial({"seed": seed}, user_attrs={"row": row, "seed": seed, "resumes": trial.number})
+            study.tell(trial, state=TrialState.PRUNED)
+            user_attrs = {"row": pair[0], "seed": pair[1], "resumes": trial.number}
+            study.enqueue_trial(_params(pair, rows_of_study(study, [])), user_attrs=user_attrs)
             return f"stopped by {signal.Signals(self.stop.signum).name}", (0, 0, 0)
         study.tell(trial, state=TrialState.FAIL)
         is_diverged = metrics.status == "diverged"
