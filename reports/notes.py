@@ -39,11 +39,13 @@ def capped_lead(capped: list[str], runs: list[Run]) -> str:
     done = [r for r in runs if r.completed]
     steps = sorted({int(r.metrics.steps) for r in done if r.metrics.steps is not None})
     budgets = sorted({int(r.budget) for r in done if r.budget is not None})
+    sentences = sorted({int(r.metrics.dev_sentences) for r in done if r.metrics.dev_sentences is not None})
+    evaluated = f", evaluated on {'/'.join(map(str, sentences))} dev sentences" if sentences else ""
     return (
         f"**A look, not the table: {len(capped)} of {len(done)} completed run(s) stopped short of their budget "
-        f"(`--max-steps`: {'/'.join(map(str, steps))} of {'/'.join(map(str, budgets))} steps).** Its numbers are "
-        "not the preset's and no pre-registered verdict is given; `aiayn table3` without --max-steps (into the "
-        "same --out) extends these runs to their budget."
+        f"(`--max-steps`: {'/'.join(map(str, steps))} of {'/'.join(map(str, budgets))} steps{evaluated}).** Its "
+        "numbers are not the preset's and no pre-registered verdict is given; the same command without --max-steps "
+        "(into the same --out) extends these runs to their budget, their final evaluation on the whole dev set."
     )
 
 

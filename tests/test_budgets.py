@@ -138,7 +138,7 @@ def test_a_report_of_capped_runs_says_so_first_and_gives_no_verdict(tmp_path):
     first = md.splitlines()[4]
     assert first.startswith(
         "**A look, not the table: 12 of 12 completed run(s) stopped short of their budget "
-        "(`--max-steps`: 800 of 1200 steps).**"
+        "(`--max-steps`: 800 of 1200 steps, evaluated on 12 dev sentences).**"
     )
     assert "No pre-registered verdicts: runs stopped short of their budget (`--max-steps`)" in md
     table = (tmp_path / "out" / "table3-tiny.csv").read_text().splitlines()

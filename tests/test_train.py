@@ -242,6 +242,29 @@ def test_the_final_evaluation_says_how_far_its_beam_search_got(cache, tmp_path, 
     assert re.fullmatch(r"evaluated on dev: \d+ sentences in \d+ s", said[-1]), said
 
 
+def test_a_look_is_evaluated_on_a_few_dev_sentences_and_a_run_at_its_budget_on_all(cache, tmp_path, caplog):
+    """A look (--max-steps below the row's budget) spent most of its time in a beam search of 1000 dev sentences by
+    an untrained model: its final evaluation is now the first LOOK_SENTENCES unless --eval-subset says, its lead
+    says so; a run at its budget, and an hpo trial (its final dev PPL is the objective), are evaluated on all."""
+    from aiayn.ablations.presets import PRESETS
+    from aiayn.lightning_modules.run.options import LOOK_SENTENCES, TrainOptions, eval_sentences
+
+    argv = ["train", "--row", "base", "--preset", "tiny", *SMALL, "--max-steps", "2", "--val-bleu-sentences", "0"]
+    argv += ["--accelerator", "cpu", "--no-progress", "--out", str(tmp_path)]
+    with caplog.at_level(logging.INFO):
+        assert main(argv) == 0
+    metrics = json.loads((tmp_path / "tiny" / "synthetic" / "base" / "seed0" / "metrics.json").read_text())
+    assert metrics["dev_sentences"] == LOOK_SENTENCES
+    assert f"a look: --max-steps 2 of the row's 1200, its final evaluation on the first {LOOK_SENTENCES}" in caplog.text
+    budget = PRESETS["tiny"].train_steps
+    look = TrainOptions(max_steps=2)
+    assert eval_sentences(look, budget, "table3") == LOOK_SENTENCES
+    assert eval_sentences(replace(look, eval_subset=7), budget, "table3") == 7
+    assert eval_sentences(look, budget, "hpo") is None
+    assert eval_sentences(TrainOptions(max_steps=budget), budget, "table3") is None
+    assert eval_sentences(TrainOptions(), budget, "table3") is None
+
+
 def test_a_run_prints_none_of_lightnings_start_up_noise(cache, tmp_path, capfd):
     """ "GPU available: False", "TPU available", the litlogger tip and torch's LeafSpec deprecation (from Lightning's
     pytree helper) on every run said nothing aiayn had not decided; the run's own lines stay."""

@@ -370,3 +370,19 @@ def read_config_file(path: str | Path) -> ConfigFile:
     if not is_run:
         return ConfigFile(values)
     return ConfigFile(values, doc["spec"], (doc.get("tokenizer") or {}).get("sha256"), RESOLVED_KEY in doc, str(path))
+
+
+LOOK_SENTENCES = 50  # a look's final evaluation: an untrained model's beam search over 1000 sentences takes minutes
+LOOK_EVAL = (
+    f"its final evaluation on the first {LOOK_SENTENCES} dev sentences (--eval-subset N for another number; extended "
+    "to its budget, a run is evaluated on the whole dev set)"
+)
+
+
+def eval_sentences(opts: TrainOptions, budget: int, kind: str) -> int | None:
+    """The final evaluation's dev sentences (None: all): --eval-subset; else, for a look (--max-steps below the
+    row's budget), the first LOOK_SENTENCES, as a look's lead says; an hpo trial's final dev PPL is its objective,
+    so it is the whole dev set unless --eval-subset cuts it."""
+    if opts.eval_subset is not None or kind == "hpo":
+        return opts.eval_subset
+    return LOOK_SENTENCES if opts.max_steps is not None and opts.max_steps < budget else None

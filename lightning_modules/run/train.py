@@ -78,9 +78,11 @@ from aiayn.lightning_modules.run.evaluate import evaluate
 from aiayn.lightning_modules.run.module import Diverged, TranslationModule
 from aiayn.lightning_modules.run.options import (
     DECODE_MAX_TOKENS,
+    LOOK_EVAL,
     TRAINER_DEFAULTS,
     ConfigFile,
     TrainOptions,
+    eval_sentences,
     options_record,
 )
 from aiayn.lightning_modules.run.rundir import OutDir, RunConfig, RunDir, RunMetrics, TrainPlan
@@ -366,12 +368,14 @@ def train(opts: TrainOptions, spec: RunSpec | None = None, hooks: Hooks = Hooks(
         p.run.write_config(p.config)
         p.run.write_tokenizer(p.dm.tokenizer_model)
         _log_budget(p, opts)
+        if opts.eval_subset is None and eval_sentences(opts, p.config.spec.train_steps, hooks.kind) is not None:
+            log.info("a look: --max-steps %d of the row's %d, %s", opts.max_steps, p.config.spec.train_steps, LOOK_EVAL)
     try:
         ended = fit(trainer, module, p, opts, hooks)
         if ended is not None or not trainer.is_global_zero:
             return ended if isinstance(ended, RunMetrics) else None
         evaluating = time.perf_counter()
-        result = evaluate_run(trainer, module, p, opts)
+        result = evaluate_run(trainer, module, p, eval_sentences(opts, p.config.spec.train_steps, hooks.kind))
         result["eval_time_s"] = time.perf_counter() - evaluating
         result["wall_time_s"] = time.perf_counter() - started
         return record(trainer, module, p, opts, hooks, result)
@@ -518,9 +522,9 @@ def _stopped(trainer: pl.Trainer, row: str, seed: int, signum: signal.Signals):
     raise SystemExit(128 + signum) from None
 
 
-def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOptions) -> dict:
-    """The final evaluation: the whole dev set (validation during training may use a subset of it for BLEU),
-    beam search in batches of at least DECODE_MAX_TOKENS (the training batch if larger), as `aiayn translate`
+def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, sentences: int | None) -> dict:
+    """The final evaluation: the whole dev set or its first `sentences` (options.eval_sentences; validation during
+    training may use a subset of it for BLEU), beam search in batches of at least DECODE_MAX_TOKENS (the training batch if larger), as `aiayn translate`
     does: more sentences per decoder step (the tiny preset's 1024: 6.55 -> 5.09 s for its 1000 dev sentences).
     On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU (a
     paper-scale beam decode of newstest2013 there would take hours)."""
@@ -530,7 +534,7 @@ def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: 
             p.config.data,
             plan.cache_dir,
             max(plan.max_tokens, DECODE_MAX_TOKENS),
-            dev_subset=opts.eval_subset,
+            dev_subset=sentences,
             pad_to=plan.pad_to,
             static_shapes=plan.static_shapes,
             tokenizer=p.dm.tokenizer_model,

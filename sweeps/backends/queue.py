@@ -26,6 +26,7 @@ from aiayn.common.locks import file_lock, removed_on_error
 from aiayn.common.text import clock
 from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.devices import usable_cpus
+from aiayn.lightning_modules.run.options import LOOK_EVAL
 from aiayn.lightning_modules.run.rundir import RunMetrics
 from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.sweeps import books
@@ -228,6 +229,8 @@ class QueueBackend(Backend):
             name,
             sweep.jobs,
         )
+        if sweep.train.max_steps is not None and sweep.train.eval_subset is None:
+            log.info("a look: every run stops at --max-steps %d, %s", sweep.train.max_steps, LOOK_EVAL)
         slots = self.slots(sweep)
         pace = (time.perf_counter(), _n_finished(study.get_trials(deepcopy=False)))
 
