@@ -1,6 +1,7 @@
 """`--logger`: each logger writes its own files under the run directory, one version (or run) per attempt, read
 back here with each tool's own reader; a bad name or a missing package is one line, exit 2, nothing written."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run import loggers
 
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
+ROOT = Path(__file__).resolve().parents[1]
 
 
 FAST = [
@@ -133,8 +135,9 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
     session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"]).session_start_info
     assert session.hparams["row"].string_value == "base" and session.hparams["d_model"].number_value == 32
     assert "model/d_model" not in session.hparams and "train/seed" not in session.hparams
-    for tag, value in final.items():
-        assert events.Scalars(tag)[-1].value == pytest.approx(value, rel=1e-6) and events.Scalars(tag)[-1].step == 3
+    for tag, value in final.items():  # once, at the last step (not also at step 0: a flat line from the start)
+        assert [(s.step, s.value) for s in events.Scalars(tag)] == [(3, pytest.approx(value, rel=1e-6))]
+    assert [s.step for s in events.Scalars("budget/capped")] == [3]
 
     out = two_attempts.parents[3]
     uri, _ = loggers.mlflow_uri(out)
@@ -143,23 +146,20 @@ def test_every_tracker_holds_the_final_table(two_attempts, monkeypatch):
     run = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}["base-s0 attempt 2"]
     for tag, value in final.items():
         history = client.get_metric_history(run.info.run_id, tag)
-        assert (history[-1].step, history[-1].value) == (3, pytest.approx(value, rel=1e-6))
-    files = {a.path for a in client.list_artifacts(run.info.run_id, "model")}
-    assert {"model/MLmodel", "model/mlflow_model.py", "model/artifacts", "model/README.md"} <= files
-    assert {"model/config.json", "model/metrics.json", "model/tokenizer.model"} <= files
+        assert [(m.step, m.value) for m in history] == [(3, pytest.approx(value, rel=1e-6))]
     assert client.get_run(run.info.run_id).data.tags["capped"] == "true"  # 3 steps of the tiny preset's 1200
-    readme = Path(client.download_artifacts(run.info.run_id, "model/README.md", str(out / "dl"))).read_text()
-    assert "Translator.from_checkpoint('last.ckpt')" in readme and "capped: 3 of its 1200" in readme
-    assert "pip install aiayn" not in readme  # no index has it: the README says to install from the repository
 
     config = RunDir(two_attempts).read_config()
     kwargs = wandb_run.init_kwargs(RunDir(two_attempts), config, "offline", "test")
     assert kwargs["project"] == experiment.name == loggers.experiment_name("tiny", SYNTHETIC)
 
 
-def test_the_logged_model_is_an_mlflow_model_that_translates(two_attempts, monkeypatch):
-    """--log-model's `model/` was a folder of files, not an MLflow Model (`mlflow.pyfunc.load_model` found no
-    MLmodel): it is a pyfunc model whose predictions are the run's own translations (`aiayn translate`'s)."""
+def test_the_logged_model_is_an_mlflow_3_model_that_translates_anywhere(two_attempts, monkeypatch, tmp_path):
+    """--log-model logs an MLflow 3 logged model: `search_logged_models` finds it (the UI's Models tab lists it);
+    `predict` takes a list of strings as well as a DataFrame's `text` column and returns the run's own
+    translations (`aiayn translate`'s), `beam` a parameter; it carries the aiayn code it runs, so a Python where
+    aiayn is not installed loads it; its environment names what that code imports; its MLmodel names no path of
+    this checkout; and logging it printed no MLflow warning or progress bar."""
     import mlflow
     import pandas as pd
 
@@ -169,15 +169,59 @@ def test_the_logged_model_is_an_mlflow_model_that_translates(two_attempts, monke
     uri, _ = loggers.mlflow_uri(two_attempts.parents[3])
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.get_experiment_by_name("aiayn-tiny-synthetic")
-    runs = mlflow.search_runs([experiment.experiment_id], output_format="list")
-    run = next(r for r in runs if r.info.run_name == "base-s0 attempt 2")
-    model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    run = next(
+        r
+        for r in mlflow.search_runs([experiment.experiment_id], output_format="list")
+        if r.info.run_name == "base-s0 attempt 2"
+    )
+    (logged,) = mlflow.search_logged_models(
+        experiment_ids=[experiment.experiment_id],
+        filter_string=f"source_run_id = '{run.info.run_id}'",
+        output_format="list",
+    )
+    assert logged.name == "model"
+    model = mlflow.pyfunc.load_model(logged.model_uri)
     sentences = ["der hund sieht die katze", "ein mann"]
-    got = model.predict(pd.DataFrame({"text": sentences}))
-    assert list(got) == Translator.from_run(two_attempts, device="cpu").translate(sentences)
-    assert list(model.predict(pd.DataFrame({"text": sentences}), params={"beam": 1})) == Translator.from_run(
-        two_attempts, device="cpu"
-    ).translate(sentences, beam=1)
+    ours = Translator.from_run(two_attempts, device="cpu")
+    assert list(model.predict(sentences)) == ours.translate(sentences)
+    assert list(model.predict(pd.DataFrame({"text": sentences}))) == ours.translate(sentences)
+    assert list(model.predict(sentences, params={"beam": 1})) == ours.translate(sentences, beam=1)
+
+    local = Path(mlflow.artifacts.download_artifacts(logged.model_uri, dst_path=str(tmp_path / "model")))
+    assert (local / "code" / "aiayn" / "lightning_modules" / "use" / "translate.py").is_file()
+    assert (local / "artifacts" / "README.md").is_file() and (local / "artifacts" / "tokenizer.model").is_file()
+    readme = (local / "artifacts" / "README.md").read_text()
+    assert "Translator.from_checkpoint('last.ckpt')" in readme and "capped: 3 of its 1200" in readme
+    requirements = (local / "requirements.txt").read_text().split()
+    assert {"torch", "sentencepiece", "sacrebleu"} <= {r.split(">")[0].split("=")[0] for r in requirements}
+    assert str(ROOT) not in (local / "MLmodel").read_text()
+    # a Python in which only the model's own code is aiayn: the installed aiayn hidden, the model loads from code/
+    hide = (
+        "import sys, importlib.machinery as m\n"
+        "class Only:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'aiayn':\n"
+        f"            return m.PathFinder.find_spec(name, [{str(local / 'code')!r}]) or "
+        "(_ for _ in ()).throw(ImportError(name))\n"
+        "sys.meta_path.insert(0, Only())\n"
+        "import mlflow, aiayn\n"
+        f"model = mlflow.pyfunc.load_model({str(local)!r})\n"
+        "print(aiayn.__file__); print(model.predict(['ein mann'])[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", hide], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, translation = done.stdout.splitlines()[-2:]
+    assert where.startswith(str(local / "code")) and translation == ours.translate(["ein mann"])[0]
+
+
+def test_logging_a_model_prints_no_mlflow_warning_or_bar(cache, tmp_path, capfd):
+    """MLflow's type-hint and input-example warnings and its download bars were printed by every --log-model run:
+    the run's own output has none of them."""
+    pytest.importorskip("mlflow")
+    argv = ["train", "--out", str(tmp_path), *FAST, "--max-steps", "2", "--logger", "csv,mlflow", "--log-model"]
+    assert main(argv) == 0
+    err = capfd.readouterr().err
+    assert "WARNING mlflow" not in err and "Downloading artifacts" not in err and "it/s]" not in err, err[-3000:]
 
 
 def test_mlflow_tracking_uri_wins_over_the_run_directory(tmp_path, monkeypatch):

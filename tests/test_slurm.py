@@ -419,6 +419,22 @@ def test_requeue_handler_checkpoints_at_the_step_it_was_signalled_and_stops(tmp_
     assert saved["global_step"] == 3
 
 
+@pytest.mark.parametrize("requeued", [True, False])
+def test_a_run_stopped_after_its_requeue_says_slurm_resumes_it(requeued, caplog):
+    """SLURM kills a job it was asked to requeue: the run's line said "the same command resumes it", with nothing to
+    run again. After a requeue it says SLURM's requeued job resumes it; any other stop keeps the command."""
+    from types import SimpleNamespace
+
+    from aiayn.lightning_modules.run.train import _stopped
+
+    trainer = SimpleNamespace(callbacks=[SimpleNamespace(requeued=requeued)], global_step=7, is_global_zero=False)
+    with pytest.raises(SystemExit) as stopped, caplog.at_level("WARNING"):
+        _stopped(trainer, "base", 0, signal.SIGTERM)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    said = "SLURM requeued its job, which resumes it from its checkpoint: nothing to run again"
+    assert (said in caplog.text) is requeued and ("the same command resumes it" in caplog.text) is not requeued
+
+
 def test_resume_takes_the_checkpoint_with_the_highest_step(tmp_path):
     from aiayn.lightning_modules.run.rundir import RunDir
 

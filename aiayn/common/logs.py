@@ -32,6 +32,8 @@ def configure_logging(level: int = logging.INFO) -> None:
         noisy = logging.getLogger(name)
         if not any(isinstance(f, _Quiet) for f in noisy.filters):
             noisy.addFilter(_Quiet())
+    # a resumed attempt (a rerun, a SLURM requeue) writes into its run's own checkpoints/ by design
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     # Lightning's own pytree helper builds torch's deprecated LeafSpec on every step's outputs: not ours to change
     warnings.filterwarnings(
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning

@@ -31,6 +31,7 @@ Nothing here imports torch or Lightning at import time: the command line and the
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -146,14 +147,14 @@ def budget_values(metrics) -> dict:
 MODEL_README = """\
 # aiayn model: {row} seed {seed} at preset {preset}, {steps} steps{capped}
 
-An MLflow Model (pyfunc): `mlflow.pyfunc.load_model(URI).predict(pandas.DataFrame({{"text": ["A man."]}}))` returns
-the translations (beam search as the paper decodes; `params={{"beam": 1}}` for greedy). Its code is
-`mlflow_model.py`; loading it needs aiayn importable: `pip install -e .` in a checkout of its repository.
+An MLflow Model (pyfunc, MLflow 3's logged model `{name}` of this run): `mlflow.pyfunc.load_model(URI).predict(["A
+man."])` (or a DataFrame with a `text` column) returns the translations, beam search as the paper decodes
+(`params={{"beam": 1}}` for greedy). It carries the aiayn code it runs (`code/aiayn`); its environment needs
+{requirements}.
 
-`artifacts/last.ckpt` is the run's final checkpoint: it carries its config and its SentencePiece tokenizer, and loads
-without running code (weights only). `config.json` and `tokenizer.model` are the same files, beside it to read.
+`artifacts/` holds the run's final checkpoint `last.ckpt` (it carries its config and its SentencePiece tokenizer,
+and loads without running code: weights only), and the same `config.json` and `tokenizer.model` beside it to read:
 
-    cd artifacts
     aiayn translate --ckpt last.ckpt < sentences.en > sentences.de        # or, in Python:
     python -c "from aiayn import Translator; print(Translator.from_checkpoint('last.ckpt').translate(['A man.']))"
     aiayn export --ckpt last.ckpt --format hf --out hf-model               # MarianMTModel + its tokenizer
@@ -162,50 +163,130 @@ dev BLEU {bleu} (sacreBLEU `{signature}`), dev perplexity {ppl}.
 """
 # the pyfunc model's code (MLflow's models from code): a file the logged model carries, not an import of this layer
 MODEL_CODE = Path(__file__).resolve().parents[1] / "use" / "mlflow_model.py"
+MODEL_NAME = "model"
+# what the model's code imports (translation: lightning_modules/use/translate.py), for the environment MLflow builds
+MODEL_REQUIREMENTS = ["torch", "sentencepiece", "sacrebleu", "numpy", "pandas", "mlflow>=3"]
+
+
+def bundle_aiayn(where: Path) -> Path:
+    """The aiayn code a logged model runs, as one package folder `where/aiayn` (MLflow's `code_paths`): the command
+    line's plumbing, ablations/ and lightning_modules/ (where the translator lives), Python files and their data
+    only. aiayn installs from folders of a checkout (pyproject's package-dir), so the installed modules are copied,
+    wherever they are, into the layout `import aiayn` finds."""
+    import shutil
+
+    import aiayn
+    from aiayn import ablations, lightning_modules
+
+    keep = shutil.ignore_patterns("__pycache__", "*.pyc")
+    top = where / "aiayn"
+    shutil.copytree(Path(aiayn.__file__).parent, top, ignore=keep, dirs_exist_ok=True)
+    for package in (ablations, lightning_modules):
+        target = top / package.__name__.rsplit(".", 1)[1]
+        shutil.copytree(Path(package.__file__).parent, target, ignore=keep, dirs_exist_ok=True)
+    return top
 
 
 def log_model_files(logger, checkpoint, metrics) -> None:
-    """With --log-model, MLflow's artifact `model/`: an MLflow Model (pyfunc, `MODEL_CODE`) of the final checkpoint,
-    with the run's config.json and tokenizer beside it and a README saying how to load, translate and export it."""
+    """With --log-model, an MLflow 3 logged model of the run (`MODEL_NAME`, found by `mlflow.search_logged_models`
+    and in the UI's Models tab): a pyfunc model (`MODEL_CODE`) of the final checkpoint, carrying the aiayn code it
+    runs (`bundle_aiayn`) and its requirements, its signature from the code's type hints and an input example (a
+    list of strings; `beam` a parameter, the paper's 4 by default), with the run's config.json, tokenizer and a
+    README saying how to load, translate and export it. Written without MLflow's progress bars or warnings on
+    aiayn's output (its own log lines at WARNING and above still reach it)."""
+    import io
     import shutil
     import tempfile
+    import warnings
 
     import mlflow
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    from aiayn.lightning_modules.transformer.config import PAPER_DECODING
 
     checkpoint = Path(checkpoint)
     run = checkpoint.parent.parent
-    signature = ModelSignature(
-        inputs=Schema([ColSpec("string", "text")]),
-        outputs=Schema([ColSpec("string")]),
-        params=ParamSchema([ParamSpec("beam", "long", None)]),
-    )
     with tempfile.TemporaryDirectory() as tmp:
-        where = Path(tmp) / "model"
-        mlflow.pyfunc.save_model(
-            path=str(where),
-            python_model=str(MODEL_CODE),
-            artifacts={"checkpoint": str(checkpoint)},
-            signature=signature,
-            pip_requirements=["torch", "sentencepiece", "sacrebleu", "mlflow"],
-        )
+        tmp = Path(tmp)
+        files = tmp / "files"
+        files.mkdir()
         for name in ("config.json", "tokenizer.model", "metrics.json"):
             if (run / name).is_file():
-                shutil.copy2(run / name, where / name)
+                shutil.copy2(run / name, files / name)
         capped = f" (capped: {metrics.steps} of its {metrics.budget_steps})" if metrics.capped else ""
-        text = MODEL_README.format(
-            row=metrics.row,
-            seed=metrics.seed,
-            preset=metrics.preset,
-            steps=metrics.steps,
-            capped=capped,
-            bleu=metrics.dev_bleu,
-            signature=metrics.dev_bleu_signature,
-            ppl=metrics.dev_ppl,
+        (files / "README.md").write_text(
+            MODEL_README.format(
+                row=metrics.row,
+                seed=metrics.seed,
+                preset=metrics.preset,
+                steps=metrics.steps,
+                capped=capped,
+                name=MODEL_NAME,
+                requirements=", ".join(f"`{r}`" for r in MODEL_REQUIREMENTS),
+                bleu=metrics.dev_bleu,
+                signature=metrics.dev_bleu_signature,
+                ppl=metrics.dev_ppl,
+            ),
+            encoding="utf-8",
         )
-        (where / "README.md").write_text(text, encoding="utf-8")
-        logger.experiment.log_artifacts(logger.run_id, str(where), artifact_path="model")
+        artifacts = {"checkpoint": str(checkpoint), **{p.stem: str(p) for p in sorted(files.iterdir())}}
+        shutil.copy2(MODEL_CODE, tmp / MODEL_CODE.name)  # MLmodel records the code's path: a temporary one, not ours
+        quiet = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+        with (
+            _environment(quiet),
+            _tracking(logger.experiment.tracking_uri),
+            _level("mlflow", logging.WARNING),
+            warnings.catch_warnings(),
+            contextlib.redirect_stderr(io.StringIO()),
+            mlflow.start_run(run_id=logger.run_id),
+        ):
+            warnings.simplefilter("ignore")
+            mlflow.pyfunc.log_model(
+                name=MODEL_NAME,
+                python_model=str(tmp / MODEL_CODE.name),
+                artifacts=artifacts,
+                code_paths=[str(bundle_aiayn(tmp / "code"))],
+                pip_requirements=MODEL_REQUIREMENTS,
+                input_example=(["A man."], {"beam": PAPER_DECODING.beam}),
+            )
+
+
+@contextlib.contextmanager
+def _tracking(uri: str):
+    """MLflow's fluent API (start_run, log_model) on the store of the run's logger, and the global store as it was
+    after."""
+    import mlflow
+
+    before = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+@contextlib.contextmanager
+def _level(name: str, level: int):
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+@contextlib.contextmanager
+def _environment(values: dict):
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def log_final(trainer, metrics, params: dict, checkpoint=None) -> None:
@@ -222,8 +303,9 @@ def log_final(trainer, metrics, params: dict, checkpoint=None) -> None:
         kind = type(logger).__name__
         try:
             if kind == "TensorBoardLogger":
-                logger.log_hyperparams(params, values)  # the HParams plugin's session: config and final metrics
-                logger.log_metrics(values, step)
+                # the HParams plugin's session (config and final metrics) and the final scalars, once, at the last
+                # step: without `step` Lightning logs them at step 0 too, a flat line from the start of every curve
+                logger.log_hyperparams(params, values, step=step)
                 logger.finalize("success")
             elif kind == "MLFlowLogger":
                 logger.log_metrics(values, step)

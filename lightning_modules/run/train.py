@@ -510,13 +510,11 @@ def _stopped(trainer: pl.Trainer, row: str, seed: int, signum: signal.Signals):
     """A run stopped by a signal (a scheduler's SIGTERM, Ctrl-C's SIGINT; to the main process or its whole group) is
     not a finished run: one line, no metrics.json, W&B told it was stopped, and exit 128 + the signal's number."""
     name = signal.Signals(signum).name
-    log.warning(
-        "%s seed %d stopped by %s at step %d; its checkpoints are kept and the same command resumes it",
-        row,
-        seed,
-        name,
-        trainer.global_step,
-    )
+    if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal asked SLURM; this is its kill
+        resumes = "SLURM requeued its job, which resumes it from its checkpoint: nothing to run again"
+    else:
+        resumes = "its checkpoints are kept and the same command resumes it"
+    log.warning("%s seed %d stopped by %s at step %d; %s", row, seed, name, trainer.global_step, resumes)
     if trainer.is_global_zero:
         wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step, status="stopped")
     raise SystemExit(128 + signum) from None

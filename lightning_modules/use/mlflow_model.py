@@ -1,12 +1,15 @@
 """An aiayn checkpoint as an MLflow Model: the code of the pyfunc model `aiayn train --log-model` logs.
 
-MLflow's "models from code": this file is copied into the logged model (`model/mlflow_model.py`) and run by
-`mlflow.pyfunc.load_model`, which then calls `load_context` with the model's artifacts (its `last.ckpt`, which carries
-the run's config and tokenizer). `predict` takes a DataFrame of one text column (or a list of strings) and returns the
-translations, beam search as the paper decodes. Loading needs aiayn importable (installed from its repository).
+MLflow's "models from code": this file is copied into the logged model and run by `mlflow.pyfunc.load_model`, which
+puts the aiayn code the model carries (`code/aiayn`) on the path and calls `load_context` with the model's artifacts
+(its `last.ckpt`, which carries the run's config and tokenizer). `predict` takes a list of strings (or a DataFrame of
+one text column, which MLflow turns into one) and returns the translations, beam search as the paper decodes; its
+signature is these type hints (MLflow infers it from them).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import mlflow
 from mlflow.pyfunc import PythonModel
@@ -20,13 +23,9 @@ class AiaynTranslator(PythonModel):
 
         self.translator = Translator.from_checkpoint(context.artifacts["checkpoint"], device="cpu")
 
-    def predict(self, context, model_input, params=None) -> list[str]:
-        if hasattr(model_input, "iloc"):  # a DataFrame: its first column ("text" in the model's signature)
-            sentences = model_input.iloc[:, 0].tolist()
-        else:
-            sentences = list(model_input)
+    def predict(self, context, model_input: list[str], params: dict[str, Any] | None = None) -> list[str]:
         beam = (params or {}).get("beam")
-        return self.translator.translate([str(s) for s in sentences], beam=beam)
+        return self.translator.translate([str(s) for s in model_input], beam=beam)
 
 
 mlflow.models.set_model(AiaynTranslator())
