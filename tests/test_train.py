@@ -434,6 +434,43 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_a_clear_error(train
     assert "does not match its own config" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "break_it,says",
+    [
+        (lambda c: c["state_dict"].pop(next(iter(c["state_dict"]))), "missing"),
+        (lambda c: c["state_dict"].update({k: v[:1] for k, v in list(c["state_dict"].items())[:1]}), "of shape"),
+        (lambda c: c.update(optimizer_states=[]), "optimizer state is not the one Adam"),
+        (lambda c: c["optimizer_states"][0].update(param_groups=[{"params": []}]), "holds 0 parameters"),
+        (
+            lambda c: c["optimizer_states"][0]["state"][0].update(exp_avg=torch.zeros(3)),
+            "exp_avg of parameter 0 has shape [3]",
+        ),
+    ],
+    ids=["a weight missing", "a weight of another shape", "no optimizer", "an empty optimizer", "a moment's shape"],
+)
+def test_a_checkpoint_that_does_not_fit_the_run_it_resumes_is_one_line_and_nothing_failed(
+    trained, tmp_path, capsys, break_it, says
+):
+    """A readable checkpoint of this run whose tensors do not fit (a weight missing or of another shape, an empty
+    optimizer state) was a load_state_dict traceback inside fit, and metrics.json was written failed: it is one
+    line naming what does not fit and the fix, exit 2, and the run's records as they were."""
+    import shutil
+
+    run = tmp_path / "runs" / "tiny" / "synthetic" / "base" / "seed0"
+    shutil.copytree(trained, run)
+    before = (run / "metrics.json").read_text()
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    break_it(ckpt)
+    torch.save(ckpt, run / "checkpoints" / "last.ckpt")
+    cheap = [a for a in FAST if a not in ("--max-steps", "2")]
+    argv = ["train", "--row", "base", "--preset", "tiny", "--out", str(tmp_path / "runs"), *cheap, "--max-steps", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("aiayn: error:")]
+    assert says in line and "move it out of" in line and "does not fit this run" in line and "Traceback" not in err
+    assert (run / "metrics.json").read_text() == before and not list(run.parent.glob("*.failed.json"))
+
+
 def test_wandb_offline_run_writes_its_files(cache, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

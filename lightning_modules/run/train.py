@@ -40,6 +40,7 @@ from aiayn.common.files import (
     check_path_length,
     check_writable_dir,
     disk_full,
+    load_torch_file,
     nearest_existing,
     sha256_file,
 )
@@ -469,6 +470,8 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
     the metrics written when it ended otherwise (diverged; pruned and failed are raised again), STOPPED when
     there is nothing to record here."""
     resume = p.run.resume_checkpoint()
+    if resume is not None:
+        check_fits(resume, module)  # before fit: a misfit is the user's file, not a failed run
     started = time.perf_counter()
     row, seed = p.spec.row, opts.seed
     try:
@@ -506,6 +509,51 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
     return None
 
 
+def check_fits(path: Path, module: pl.LightningModule) -> None:
+    """The checkpoint a run resumes from fits the model and the optimizer it resumes (`misfit`): otherwise one line
+    naming what does not fit, before training, and nothing recorded (Lightning's load_state_dict raised inside fit,
+    a traceback, and the run was written failed)."""
+    problem = misfit(load_torch_file(path, map_location="cpu", mmap=True), module)
+    if problem:
+        raise UserError(
+            f"checkpoint {path} does not fit this run: {problem}; move it out of {path.parent} and run again"
+        )
+
+
+def misfit(state, module: pl.LightningModule) -> str | None:
+    """What of a checkpoint does not fit `module` (None: it fits): its weights by name and shape, its one Adam's
+    parameters by count and its moments by shape, in the order configure_optimizers hands them over."""
+    weights = state.get("state_dict") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        return "it holds no weights (state_dict)"
+    mine = module.state_dict()
+    missing, extra = [k for k in mine if k not in weights], [k for k in weights if k not in mine]
+    if missing or extra:
+        name, what = (missing[0], "missing") if missing else (extra[0], "not one of the model's")
+        more = len(missing) + len(extra) - 1
+        return f"weight {name} {what}" + (f" ({more} more names differ)" if more else "")
+    for name, tensor in mine.items():
+        theirs = weights[name]
+        if tuple(getattr(theirs, "shape", ())) != tuple(tensor.shape):
+            return f"weight {name} of shape {list(getattr(theirs, 'shape', []))}, the model's {list(tensor.shape)}"
+    optimizers = state.get("optimizer_states")
+    if not isinstance(optimizers, list) or len(optimizers) != 1 or not isinstance(optimizers[0], dict):
+        return "its optimizer state is not the one Adam's the run trains with"
+    groups, moments = optimizers[0].get("param_groups"), optimizers[0].get("state")
+    ids = [i for g in groups for i in g.get("params", [])] if isinstance(groups, list) else []
+    params = list(module.parameters())
+    if len(ids) != len(params) or not isinstance(moments, dict):
+        return f"its optimizer state holds {len(ids)} parameters, the model has {len(params)}"
+    for i, param in zip(ids, params):
+        held = moments.get(i, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            value = held.get(key) if isinstance(held, dict) else None
+            if value is not None and tuple(value.shape) != tuple(param.shape):
+                shapes = f"{list(value.shape)}, the model's {list(param.shape)}"
+                return f"its optimizer's {key} of parameter {i} has shape {shapes}"
+    return None
+
+
 def _stopped(trainer: pl.Trainer, row: str, seed: int, signum: signal.Signals):
     """A run stopped by a signal (a scheduler's SIGTERM, Ctrl-C's SIGINT; to the main process or its whole group) is
     not a finished run: one line, no metrics.json, W&B told it was stopped, and exit 128 + the signal's number."""
@@ -522,10 +570,10 @@ def _stopped(trainer: pl.Trainer, row: str, seed: int, signum: signal.Signals):
 
 def evaluate_run(trainer: pl.Trainer, module: TranslationModule, p: Plan, sentences: int | None) -> dict:
     """The final evaluation: the whole dev set or its first `sentences` (options.eval_sentences; validation during
-    training may use a subset of it for BLEU), beam search in batches of at least DECODE_MAX_TOKENS (the training batch if larger), as `aiayn translate`
-    does: more sentences per decoder step (the tiny preset's 1024: 6.55 -> 5.09 s for its 1000 dev sentences).
-    On the device the run trained on: Lightning's teardown at the end of fit() moved the model to the CPU (a
-    paper-scale beam decode of newstest2013 there would take hours)."""
+    training may use a subset of it for BLEU), beam search in batches of at least DECODE_MAX_TOKENS (the training
+    batch if larger), as `aiayn translate` does: more sentences per decoder step (the tiny preset's 1024: 6.55 ->
+    5.09 s for its 1000 dev sentences). On the device the run trained on: Lightning's teardown at the end of fit()
+    moved the model to the CPU (a paper-scale beam decode of newstest2013 there would take hours)."""
     plan = p.dm.plan
     full_dev = TranslationDataModule(
         DataPlan(
