@@ -46,7 +46,7 @@ from optuna.trial import TrialState
 from aiayn.ablations.knobs import KNOBS, OVERRIDABLE, parse_value
 from aiayn.ablations.presets import get_preset
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json, atomic_write_text, read_json
+from aiayn.common.files import atomic_write_json, atomic_write_text, check_writable_dir, read_json
 from aiayn.common.options import LIMITS, option, read_mapping
 from aiayn.lightning_modules.run import loggers
 from aiayn.lightning_modules.run.options import TrainOptions
@@ -291,6 +291,7 @@ def run_hpo(opts: HpoOptions) -> dict:
     spec = spec_of(t)  # the row, resolved once for every trial; unknown row or preset: before any study exists
     space = {k: distribution_to_json(d) for k, d in space_of(opts, get_preset(t.preset)).items()}
     loggers.of(t)  # and an unknown logger or a missing package
+    check_writable_dir(t.out, "--out")
     out = SweepOut(t.out)
     check_readable(storage_url(opts))
     storage = open_storage(storage_url(opts), create_dir=out.root)

@@ -624,6 +624,37 @@ CASES = {
         lambda t: (t / "loop").symlink_to(t / "loop"),
         "--out {tmp}/loop/runs: {tmp}/loop is a symbolic link that loops; remove it or pass another --out",
     ),
+    "an export's --out that is a link to nowhere": (
+        ["export", "--ckpt", "{tmp}/model.ckpt", "--format", "hf", "--out", "{tmp}/dl"],
+        lambda t: (checkpoint(t, "good"), (t / "dl").symlink_to(t / "nowhere")),
+        "--out {tmp}/dl: {tmp}/dl is a symbolic link to {tmp}/nowhere, which does not exist; create it or pass "
+        "another --out",
+    ),
+    "an export's --out that is a link around a loop": (
+        ["export", "--ckpt", "{tmp}/model.ckpt", "--format", "hf", "--out", "{tmp}/loop"],
+        lambda t: (checkpoint(t, "good"), (t / "loop").symlink_to(t / "loop")),
+        "--out {tmp}/loop: {tmp}/loop is a symbolic link that loops; remove it or pass another --out",
+    ),
+    "an export's --out that is a link to an empty folder": (
+        ["export", "--ckpt", "{tmp}/model.ckpt", "--format", "hf", "--out", "{tmp}/ln"],
+        lambda t: (checkpoint(t, "good"), (t / "empty").mkdir(), (t / "ln").symlink_to(t / "empty")),
+        "--out {tmp}/ln is a symbolic link to {tmp}/empty; pass the directory it leads to, or a new one",
+    ),
+    "an hpo --out that is a file": (
+        ["hpo", "--out", "{tmp}/f", "--trials", "1"],
+        lambda t: (t / "f").write_text("x"),
+        "output directory {tmp}/f cannot be created: {tmp}/f is not a directory; pass --out DIR",
+    ),
+    "a doctor --out that is a file": (
+        ["doctor", "--out", "{tmp}/f", "--check", "sdpa"],
+        lambda t: (t / "f").write_text("x"),
+        "output directory {tmp}/f cannot be created: {tmp}/f is not a directory; pass --out DIR",
+    ),
+    "a SLURM sweep's --out that is a file": (
+        ["slurm", "table3", "--out", "{tmp}/f", "--partition", "p", "--dry-run"],
+        lambda t: (t / "f").write_text("x"),
+        "output directory {tmp}/f cannot be created: {tmp}/f is not a directory; pass --out DIR",
+    ),
     "a --cache-dir that is a link to nowhere": (
         TRAIN + ["--cache-dir", "{tmp}/dl"],
         lambda t: (t / "dl").symlink_to(t / "nowhere"),

@@ -84,3 +84,26 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_space_it_needed(tmp_pat
         monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 0, 10**9))
         with files.atomic_open(tmp_path / "x.txt") as f:
             raise RuntimeError("a bug")
+
+
+def test_a_third_party_writers_full_disk_in_an_output_folder_is_aiayns_one_line(tmp_path, monkeypatch, capsys):
+    """`aiayn export --format hf` on a full disk was a safetensors traceback (its SafetensorError is no OSError):
+    a writer's error inside an output folder built atomically is the one DiskFull line where the disk is full, the
+    folder left absent; an error that is not about space passes through."""
+    import shutil
+
+    from aiayn.common import files
+
+    class SafetensorError(Exception):  # safetensors' own, raised on ENOSPC
+        pass
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(files.DiskFull) as e:
+        with files.atomic_directory(tmp_path / "hf-model") as tmp:
+            (tmp / "config.json").write_text("{}")
+            raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+    assert str(e.value).startswith(f"no space left to write {tmp_path / 'hf-model'} (it needs more space, 1000")
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 0, 10**9))
+    with pytest.raises(SafetensorError), files.atomic_directory(tmp_path / "hf-model"):
+        raise SafetensorError("a bug")

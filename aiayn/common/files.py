@@ -147,8 +147,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", need: int | None = Non
 
 def check_new_directory(directory: str | os.PathLike, flag: str = "--out") -> None:
     """A UserError unless `directory` is absent (and can be created) or an empty directory: what is
-    written there never replaces anything."""
+    written there never replaces anything; not a symbolic link (the final rename replaces a name, not what a link
+    leads to: one that leads nowhere or loops was a traceback after everything was built)."""
+    check_links(directory, flag)
     directory = Path(directory)
+    if directory.is_symlink():
+        raise UserError(
+            f"{flag} {directory} is a symbolic link to {os.readlink(directory)}; pass the directory it leads to, or "
+            "a new one"
+        )
     if directory.exists() and not directory.is_dir():
         raise UserError(f"{flag} {directory} exists and is not a directory; pass a new directory")
     if directory.is_dir() and any(directory.iterdir()):
@@ -178,8 +185,12 @@ def atomic_directory(path: str | os.PathLike, flag: str = "--out"):
                 finally:
                     os.close(fd)
         os.rename(tmp, path)  # over an empty directory too (POSIX rename)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        # a third-party writer's full disk (safetensors' SafetensorError, a tokenizer's OSError) as aiayn's own
+        full = disk_full(path, e, None) if isinstance(e, Exception) and not isinstance(e, UserError) else None
+        if full is not None:
+            raise full from None
         raise
 
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from aiayn import __version__
 from aiayn.common.errors import UserError
-from aiayn.common.files import atomic_write_json
+from aiayn.common.files import atomic_write_json, check_writable_dir
 from aiayn.common.secrets import redact, redact_obj
 from aiayn.doctor import CHECKS, DoctorOptions
 
@@ -993,6 +993,8 @@ def run_doctor(opts: DoctorOptions) -> dict:
     names = [name for name in CHECKS if not opts.checks or name in opts.checks]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     keep = opts.out is not None
+    if keep:
+        check_writable_dir(opts.out, "--out")
     scratch = Path(opts.out) if keep else Path(tempfile.mkdtemp(prefix="aiayn-doctor-"))
     scratch.mkdir(parents=True, exist_ok=True)
     try:

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from aiayn.common.errors import UserError
+from aiayn.common.files import check_writable_dir
 from aiayn.lightning_modules.run import loggers
 from aiayn.sweeps.backends.slurm.options import SPAWNING, SlurmOptions
 
@@ -174,6 +175,7 @@ def check(opts: SlurmOptions) -> int:
     """Validate SLURM's options (the sweep's rows are checked when the sweep is made: backend.from_options); return
     tasks per node. Raises UserError before anything is written."""
     check_one_line(opts)
+    check_writable_dir(opts.train.out, "--out")
     loggers.of(opts.train)  # an unknown logger, or one whose package is missing here (jobs inherit this environment)
     res = opts.resources
     if not res.partition:
