@@ -196,6 +196,24 @@ def test_rerun_of_a_finished_run_resumes_instead_of_restarting(trained, capsys):
     assert after["steps"] == before["steps"] == 2  # resumed at max_steps: nothing retrained
 
 
+def test_a_run_re_recorded_from_its_checkpoint_keeps_its_measured_throughput(trained, tmp_path):
+    """A completed run whose metrics.json was lost is recorded again from its last checkpoint: it recorded a
+    throughput of 0 tokens/s and a training time of the seconds it took to find nothing to train. Training time
+    and tokens are kept in the checkpoint over every attempt, so the record keeps what was measured."""
+    import shutil
+
+    run = tmp_path / "runs" / "tiny" / "synthetic" / "base" / "seed0"
+    shutil.copytree(trained, run)
+    before = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").unlink()
+    assert main(["train", "--row", "base", "--preset", "tiny", "--out", str(tmp_path / "runs"), *FAST]) == 0
+    after = json.loads((run / "metrics.json").read_text())
+    assert after["steps"] == before["steps"] == 2
+    assert after["src_tokens_per_step"] == before["src_tokens_per_step"]
+    assert 0.5 * before["train_time_s"] <= after["train_time_s"] <= before["train_time_s"]
+    assert after["tokens_per_s"] >= 0.9 * before["tokens_per_s"] > 0
+
+
 def test_a_run_directory_of_another_config_is_refused(trained, capsys):
     """A run directory holding a run of another config (d_model 256 in its knobs and in the model derived from
     them) is refused in one line; so is a config.json whose model section was edited alone, which its knobs no

@@ -86,6 +86,9 @@ class TranslationModule(pl.LightningModule):
         self._sums: Tensor | None = None  # this rank's summed loss and NLL since the last optimizer step (device)
         # over the whole run (all ranks, kept in checkpoints): optimizer steps and their real tokens
         self.trained = {"steps": 0, "src_tokens": 0, "tgt_tokens": 0}
+        # seconds of training over every attempt (kept in the checkpoint): a run re-recorded from its last checkpoint,
+        # or resumed, reports its whole training time and throughput, not the seconds of its last attempt
+        self.train_seconds, self._clock = 0.0, None
         self._trained_on_device: Tensor | None = None  # with several ranks: their reduced counts, not yet host's
         self.step_flags: dict = {}  # this rank's flags for the step (RequeueOnSignal's "requeue"), reduced with counts
         self.step_decisions: dict = {}  # the flags of the step, reduced over the ranks
@@ -249,12 +252,23 @@ class TranslationModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self._pending = None
+        self._clock = time.perf_counter()
+
+    def _fold_time(self) -> float:
+        """`train_seconds` brought up to now (while training), and returned."""
+        if self._clock is not None:
+            now = time.perf_counter()
+            self.train_seconds += now - self._clock
+            self._clock = now
+        return self.train_seconds
 
     def on_validation_start(self) -> None:
         self._settle()
 
     def on_train_end(self) -> None:
         self._settle()
+        self._fold_time()
+        self._clock = None
 
     def _log_step(self, loss_sum: float, nll_sum: float, n_tgt: int, tokens: list[float]) -> None:
         """The step's curves, on the steps whose logs Lightning writes (every `log_every_n_steps`), as host numbers in
@@ -284,9 +298,11 @@ class TranslationModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self._settle()  # a step whose update was skipped is never saved as taken: Diverged first
         checkpoint["aiayn_trained"] = self.trained_counts()
+        checkpoint["aiayn_train_seconds"] = self._fold_time()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.trained = dict(checkpoint.get("aiayn_trained", self.trained))
+        self.train_seconds = float(checkpoint.get("aiayn_train_seconds", 0.0))
         self._trained_on_device = None
 
     def trained_counts(self) -> dict:

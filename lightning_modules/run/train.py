@@ -605,7 +605,9 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
         per_step["tgt_tokens_per_step"],
         p.config.train.effective_tokens_per_step,
     )
-    train_time, world = p.train_time, opts.world_size
+    # over every attempt: a run resumed, or re-recorded from its last checkpoint, keeps its measured throughput
+    train_time = module.train_seconds or p.train_time
+    tokens = module.trained_counts()
     metrics = p.run.write_metrics(
         p.config,
         "completed",
@@ -613,7 +615,7 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
         steps=trainer.global_step,
         params=p.spec.model.params(),
         train_time_s=round(train_time, 2),
-        tokens_per_s=round(module.total_tokens * world / max(train_time, 1e-9), 1),
+        tokens_per_s=round((tokens["src_tokens"] + tokens["tgt_tokens"]) / max(train_time, 1e-9), 1),
         dev_bleu=round(result["bleu"], 2),
         dev_bleu_signature=result["bleu_signature"],
         dev_tok_bleu=round(result["tok_bleu"], 2),
