@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import optuna
@@ -53,10 +54,46 @@ def check_url(url: str, creates: Path | None = None) -> str:
     return scheme
 
 
+_PASSWORD = re.compile(r"^(?P<head>[A-Za-z][\w+.-]*://[^:/@]*:)(?P<password>[^@]*)(?P<tail>@.*)$")
+
+
 def expand(url: str) -> str:
-    """A storage URL with `$NAME` / `${NAME}` taken from the environment, so that a config file (and what
-    --print-config prints) can name a password without holding it: postgresql://user:$PGPASSWORD@host/db."""
-    return os.path.expandvars(url)
+    """A storage URL with `$NAME` / `${NAME}` in its password taken from the environment, so that a config file (and
+    what --print-config prints) can name a password without holding it: postgresql://user:$PGPASSWORD@host/db. Only
+    the password is expanded (and never printed): a variable elsewhere in the URL stays as written, so a shared
+    config cannot put any variable's value in a printed URL or send it to a host it names. A variable that is not
+    set is one line."""
+    m = _PASSWORD.match(url)
+    if not m or "$" not in m["password"]:
+        return url
+    password = os.path.expandvars(m["password"])
+    missing = re.search(r"\$\{?(\w+)", password)
+    if missing:
+        raise UserError(
+            f"storage {redact(url)}: its password names ${missing[1]}, which is not set; export {missing[1]}=... "
+            "or write the password there"
+        )
+    return f"{m['head']}{password}{m['tail']}"
+
+
+def check_driver(url: str) -> None:
+    """The database driver a server's URL needs is importable (what open_storage would find missing, said as it
+    says it, without connecting): a dry run refuses what the real run would."""
+    url = expand(url)
+    scheme = check_url(url)
+    extra = DRIVER_EXTRAS.get(scheme)
+    if extra is None:
+        return
+    from sqlalchemy import create_engine
+
+    try:
+        create_engine(url).dispose()  # loads the dialect and its DBAPI module; connects to nothing
+    except ImportError:
+        raise UserError(
+            f"storage {redact(url)} needs its database driver, which is not installed; pip install 'aiayn[{extra}]'"
+        ) from None
+    except Exception as e:  # a malformed URL
+        raise UserError(f"cannot open storage {redact(url)} ({type(e).__name__}); check the URL") from None
 
 
 # Optuna's RDB schema (optuna/storages/_rdb/models.py), created in this order, "studies" first

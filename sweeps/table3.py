@@ -252,7 +252,7 @@ def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None
     its report (`write_report(out, report_dir, preset)`, handed over by the command line) and the exit status
     (sweeps/run.py)."""
     from aiayn.common.files import check_writable_dir
-    from aiayn.sweeps.storage import check_url
+    from aiayn.sweeps.storage import check_driver, check_url
 
     check_writable_dir(opts.train.out, "--out")
     report = report_dir(opts.report, opts.train.out)
@@ -261,6 +261,7 @@ def table3(opts: SweepOptions, write_report=None, backend: Backend | None = None
     if opts.dry_run:  # the real run's checks (folders, storage, budgets, what the back end cannot do), then its plan
         if opts.storage:
             check_url(opts.storage, creates=Path(opts.train.out))
+            check_driver(opts.storage)  # the real run opens it; a missing driver is refused there
         pairs = launches(opts, backend)
         check_launches(pairs)
         print(dry_run_text(pairs), end="")

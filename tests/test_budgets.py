@@ -115,8 +115,16 @@ def _report_of(tmp_path, edit) -> str:
         (["--preset", "paper", "--jobs", "8", "--gpus-per-job", "1"], "hands out GPUs but none is visible"),
         (["--storage", "sqlite:////no/such/dir/x.db"], "directory /no/such/dir does not exist"),
         (["--storage", "sqlite://"], "an in-memory database keeps no books"),
+        (["--storage", "postgresql://u:pw@db.invalid/x"], "needs its database driver, which is not installed"),
+        (["--storage", "postgresql://u:$AIAYN_UNSET_PW@db.invalid/x"], "names $AIAYN_UNSET_PW, which is not set"),
     ],
-    ids=["GPUs where none is visible", "storage in a missing folder", "storage in memory"],
+    ids=[
+        "GPUs where none is visible",
+        "storage in a missing folder",
+        "storage in memory",
+        "a server without its driver",
+        "a password variable not set",
+    ],
 )
 def test_a_dry_run_refuses_what_the_real_run_refuses_in_the_same_line(tmp_path, capsys, monkeypatch, flags, says):
     """`--dry-run` says "run" only where the real command would run: it makes the real run's checks first."""

@@ -744,6 +744,13 @@ def test_print_config_masks_a_storage_password_and_a_dollar_reference_reads_the_
     assert "printed as ***" in err
     monkeypatch.setenv("PGPASSWORD_TEST", "s3cr3t-pw")
     assert expand("postgresql://aiayn:$PGPASSWORD_TEST@db.example/aiayn") == url
+    assert expand("postgresql://aiayn:${PGPASSWORD_TEST}@db.example/aiayn") == url
+    # only the password is expanded: a variable elsewhere (a host, a user, a path) stays as written, so a shared
+    # config cannot print a variable's value in a URL or send it to a host it names
+    monkeypatch.setenv("AIAYN_HOST_TEST", "evil.example")
+    for kept in ("postgresql://$AIAYN_HOST_TEST:pw@db.example/x", "postgresql://u:pw@$AIAYN_HOST_TEST/x"):
+        assert expand(kept) == kept
+    assert expand("journal:///$AIAYN_HOST_TEST/books.log") == "journal:///$AIAYN_HOST_TEST/books.log"
 
 
 def test_a_sweeps_row_and_seed_are_on_each_trial_for_optunas_tools(tmp_path, runner_backend):
