@@ -1,6 +1,6 @@
-"""`aiayn completion bash|zsh`: shell completion from the command line's own parsers (shtab, a maintained generator
-of completion scripts from argparse), with the values that are names (rows, presets, loggers, corpora) completed from
-the data, and files and directories where an option takes a path."""
+"""`aiayn completion bash|zsh|tcsh|fish`: shell completion from the command line's own parsers (shtab, a maintained
+generator of completion scripts from argparse), with the values that are names (rows, presets, loggers, corpora)
+completed from the data, and files and directories where an option takes a path."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from aiayn.common.options import option
 
-SHELLS = ("bash", "zsh", "tcsh")
+SHELLS = ("bash", "zsh", "tcsh", "fish")
 
 
 @dataclass
@@ -70,7 +70,8 @@ def _mark_completions(parser: argparse.ArgumentParser, shtab, names: dict[str, l
             continue
         kind = next((NAME_OPTIONS[f] for f in flags if f in NAME_OPTIONS), None)
         if kind is not None:
-            action.complete = {"bash": f"_aiayn_{kind}", "zsh": "(" + " ".join(names[kind]) + ")"}
+            words = " ".join(names[kind])
+            action.complete = {"bash": f"_aiayn_{kind}", "zsh": f"({words})", "fish": words}
         elif flags & set(FILE_OPTIONS):
             action.complete = shtab.FILE
         elif flags & set(DIR_OPTIONS):

@@ -98,6 +98,17 @@ def test_the_readmes_results_are_the_committed_reports_scores():
     assert checked >= 3, f"found only {checked} counts in the README's results; the parser of this test is wrong"
 
 
+def test_the_docs_name_the_wb_project_as_runs_are_logged():
+    """docs/sweeps.md named the W&B project `aiayn-<preset>`, without the corpus the runs' project has."""
+    from aiayn.lightning_modules.data.corpora import CorpusRef
+    from aiayn.lightning_modules.run.spec import experiment_name
+
+    text = (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    pattern, example = re.search(r"project `(aiayn-[^`]+)`, e\.g\. `([^`]+)`", text).groups()
+    assert example == experiment_name("tiny", CorpusRef.parse("synthetic"))
+    assert pattern.replace("<preset>", "tiny").replace("<corpus>", "synthetic") == example
+
+
 def test_the_presets_table_is_the_presets_numbers():
     text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
     text = text[text.index("## Presets") :].split("\n## ", 1)[0]

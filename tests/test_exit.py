@@ -136,3 +136,26 @@ def test_a_killed_sweep_driver_leaves_no_trainer_or_loader_worker_behind(cache, 
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"the driver's trainer or loader workers outlived it by {EXIT_WITHIN_S} s")
+
+
+def test_a_ctrl_c_while_aiayn_is_being_imported_is_one_line_and_exit_130(monkeypatch, capsys):
+    """A Ctrl-C in the first seconds (Python importing the command) printed Python's 30-line KeyboardInterrupt
+    traceback: the `aiayn` command (pyproject's script, and `python -m aiayn`) ends in one line, exit 130."""
+    import importlib.abc
+    import sys
+
+    from aiayn import __main__ as entry
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '\naiayn = "aiayn.__main__:run"\n' in pyproject  # the script the install makes
+
+    class CtrlC(importlib.abc.MetaPathFinder):  # the key pressed while aiayn.cli is imported
+        def find_spec(self, name, path=None, target=None):
+            if name == "aiayn.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "aiayn.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [CtrlC(), *sys.meta_path])
+    assert entry.run() == 130
+    assert capsys.readouterr().err == "aiayn: interrupted (Ctrl-C)\n"

@@ -616,6 +616,15 @@ LIGHTNING_BLOCKS = {
     "ckpt_path": "a run resumes from its own directory by itself; `--config RUN/config.json` trains a run again",
     "seed_everything": "aiayn's is `seed:`",
 }
+# the same answers in the spelling of the command line, for a LightningCLI flag (`--model.d_model 64`)
+LIGHTNING_FLAGS = {
+    "model": "aiayn's model is a Table 3 row: `--row C3`, its knobs changed with `--set d_model=256 --set h=4`",
+    "data": "aiayn's data is a corpus name, `--data multi30k` (with `--data-dir` for its files)",
+    "optimizer": "the paper's Adam is fixed; its schedule's `--set lr_factor=0.5 --set warmup=4000` change",
+    "lr_scheduler": "the paper's schedule is fixed; `--set lr_factor=0.5 --set warmup=4000` change it",
+    "ckpt_path": LIGHTNING_BLOCKS["ckpt_path"],
+    "seed_everything": "aiayn's is `--seed`",
+}
 
 # LightningCLI's subcommands, and what aiayn has instead
 LIGHTNING_COMMANDS = {"fit": "train", "validate": "eval", "test": "eval", "predict": "translate"}
@@ -656,7 +665,7 @@ def lightning_spellings(argv: list[str]) -> list[str]:
             )
         elif _lightning_block(word):  # `--model.d_model 64`, `--seed_everything 3`: its config blocks as flags
             raise UserError(
-                f"{word.split('=')[0]} is LightningCLI's spelling; {LIGHTNING_BLOCKS[_lightning_block(word)]}"
+                f"{word.split('=')[0]} is LightningCLI's spelling; {LIGHTNING_FLAGS[_lightning_block(word)]}"
             )
         else:
             out.append(word)
