@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 
 from aiayn.common.secrets import RedactFilter
@@ -18,10 +19,23 @@ class _Quiet(logging.Filter):
         return not str(record.msg).startswith(LIGHTNING_NOISE)
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to the sys.stderr of the moment (a redirect, a test's capture), not the one it was made
+    with: Optuna logs from wherever a study is opened, after the stream of an earlier command may have closed."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure_logging(level: int = logging.INFO) -> None:
     """aiayn's loggers (all under `aiayn.`) and Optuna's print to stderr with secrets masked. The root logger is
     left alone: Lightning has its own handler, so a root handler would print each of its lines twice."""
-    handler = logging.StreamHandler()
+    handler = _Stderr()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactFilter())
     for name in ("aiayn", "optuna"):  # Optuna's default handler is off where aiayn opens a study (sweeps/storage.py)

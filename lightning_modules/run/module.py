@@ -86,8 +86,9 @@ class TranslationModule(pl.LightningModule):
         self._sums: Tensor | None = None  # this rank's summed loss and NLL since the last optimizer step (device)
         # over the whole run (all ranks, kept in checkpoints): optimizer steps and their real tokens
         self.trained = {"steps": 0, "src_tokens": 0, "tgt_tokens": 0}
-        # seconds of training over every attempt (kept in the checkpoint): a run re-recorded from its last checkpoint,
-        # or resumed, reports its whole training time and throughput, not the seconds of its last attempt
+        # seconds of training steps (validations not counted) over every attempt, kept in the checkpoint: a run
+        # re-recorded from its last checkpoint, or resumed, reports its whole training time and throughput, not the
+        # seconds of its last attempt
         self.train_seconds, self._clock = 0.0, None
         self._trained_on_device: Tensor | None = None  # with several ranks: their reduced counts, not yet host's
         self.step_flags: dict = {}  # this rank's flags for the step (RequeueOnSignal's "requeue"), reduced with counts
@@ -264,6 +265,12 @@ class TranslationModule(pl.LightningModule):
 
     def on_validation_start(self) -> None:
         self._settle()
+        self._fold_time()  # validation is not training: its seconds are the run's wall time, not train_seconds
+        self._clock = None
+
+    def on_validation_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._clock = time.perf_counter()
 
     def on_train_end(self) -> None:
         self._settle()

@@ -605,7 +605,8 @@ def record(trainer, module: TranslationModule, p: Plan, opts: TrainOptions, hook
         per_step["tgt_tokens_per_step"],
         p.config.train.effective_tokens_per_step,
     )
-    # over every attempt: a run resumed, or re-recorded from its last checkpoint, keeps its measured throughput
+    # the training steps' seconds (validations not counted) over every attempt: a run resumed, or re-recorded from
+    # its last checkpoint, keeps its measured throughput; wall_time_s is this attempt's whole time
     train_time = module.train_seconds or p.train_time
     tokens = module.trained_counts()
     metrics = p.run.write_metrics(
