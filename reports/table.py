@@ -395,13 +395,9 @@ def build_table(
     points: dict[float, dict] = {f: {} for f in taken}
     for row in row_order(set(by_row)):
         done = sorted(completed[row].values(), key=lambda r: r.seed)
-        ppls = [float(r.metrics.dev_ppl) for r in done if r.metrics.dev_ppl is not None]
-        bleus = [float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None]
-        values[row] = {"ppl": ppls, "bleu": bleus}
-        for f in taken:  # the seeds with validations at the point (a run without them is left out there)
-            points[f][row] = {
-                m: [early[(row, r.seed)][(m, f)] for r in done if (m, f) in early[(row, r.seed)]] for m in CURVE_OF
-            }
+        values[row], at = _seed_values(done, early, taken)
+        for f in taken:
+            points[f][row] = at[f]
         row_drops = [drops[(row, r.seed)] for r in done]
         drop = np.nan if not row_drops or any(pd.isna(d) for d in row_drops) else max(row_drops)
         floors[row] = _floor(done)
@@ -428,6 +424,18 @@ def build_table(
         [r for row in row_order(set(by_row)) for r in sorted(by_row[row], key=lambda r: r.seed)], early, drops
     )
     return Table3(df[COLUMNS], runs_df, judged, cell, series_slopes(runs, frozenset(mismatched)), mismatched)
+
+
+def _seed_values(done: list[Run], early: dict, taken) -> tuple[dict, dict]:
+    """A row's completed seeds' final dev PPL and BLEU, and their numbers at each of the stability rule's points
+    (the seeds with validations at the point: a run without them is left out there)."""
+    ppls = [float(r.metrics.dev_ppl) for r in done if r.metrics.dev_ppl is not None]
+    bleus = [float(r.metrics.dev_bleu) for r in done if r.metrics.dev_bleu is not None]
+    at = {
+        f: {m: [early[(r.row, r.seed)][(m, f)] for r in done if (m, f) in early[(r.row, r.seed)]] for m in CURVE_OF}
+        for f in taken
+    }
+    return {"ppl": ppls, "bleu": bleus}, at
 
 
 def _row_record(row: str, rs: list[Run], done: list[Run], preset: str | None, tested: tuple, drop: float) -> dict:

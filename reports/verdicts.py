@@ -463,20 +463,7 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
     sensitivity); it is refuted when Welch's difference test,
     Bonferroni-adjusted over the family, is significant. `predict(prediction, cell)`: another predictor's predictions
     instead of the registered ones (BASELINES), judged on the same numbers by the same rules."""
-    out: dict[tuple[str, str], Verdict] = {}
-    for cell in cells:
-        for row, pred in _registered(cell, predict).items():
-            if pred.check:
-                out[(cell.preset, row)] = _check(row, pred, cell)
-            elif not pred.tested:
-                label = stats.NOT_TESTABLE if pred.predicted == "not testable" else stats.NOT_SCORED
-                out[(cell.preset, row)] = Verdict(
-                    row, None, pred.predicted, math.nan, math.nan, math.nan, label, cell=cell.preset
-                )
-            elif row in cell.absent:
-                out[(cell.preset, row)] = Verdict(
-                    row, pred.metric, pred.predicted, math.nan, math.nan, math.nan, stats.NOT_RUN, cell=cell.preset
-                )
+    out = _untested(cells, predict)
     at = {fraction: _judge_at(cells, fraction, predict) for fraction in STABILITY}
     for key, (t, p_holm, _) in at[STABILITY[-1]].items():
         points = tuple(
@@ -517,6 +504,25 @@ def judge_cells(cells: list[Cell], predict=None) -> dict[tuple[str, str], Verdic
     order = {row: i for i, row in enumerate(load_rows())}
     cell_order = [c.preset for c in cells]
     return dict(sorted(out.items(), key=lambda kv: (cell_order.index(kv[0][0]), order.get(kv[0][1], len(order)))))
+
+
+def _untested(cells: list[Cell], predict) -> dict[tuple[str, str], Verdict]:
+    """The verdicts no test at the points gives: a check's, a row not scored or not testable, a scored row not run."""
+    out: dict[tuple[str, str], Verdict] = {}
+    for cell in cells:
+        for row, pred in _registered(cell, predict).items():
+            if pred.check:
+                out[(cell.preset, row)] = _check(row, pred, cell)
+            elif not pred.tested:
+                label = stats.NOT_TESTABLE if pred.predicted == "not testable" else stats.NOT_SCORED
+                out[(cell.preset, row)] = Verdict(
+                    row, None, pred.predicted, math.nan, math.nan, math.nan, label, cell=cell.preset
+                )
+            elif row in cell.absent:
+                out[(cell.preset, row)] = Verdict(
+                    row, pred.metric, pred.predicted, math.nan, math.nan, math.nan, stats.NOT_RUN, cell=cell.preset
+                )
+    return out
 
 
 def _metric_center(pred: Prediction) -> float:
