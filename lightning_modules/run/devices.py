@@ -96,9 +96,6 @@ def residual_stream_dtype(residual_dtype: str, precision: str):
     return None
 
 
-MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's
-
-
 def prepare_matmuls(accelerator: str, matmul_precision: str | None = None) -> None:
     """fp32 matmuls on a GPU: `matmul_precision` where given (`highest`: exact fp32, as a CPU computes), else on TF32
     tensor cores (`high`; Lightning warns when it is left at "highest"); CPUs unchanged."""
