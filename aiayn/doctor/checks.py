@@ -456,51 +456,20 @@ def attention_inputs(device: torch.device, seed: int = 0) -> dict:
     lens = torch.randint(int(0.8 * L), L + 1, (B,), generator=g)
     pad = (torch.arange(L)[None, :] < lens[:, None])[:, None, None, :].to(device)  # (B, 1, 1, S) True = attend
     bf16 = torch.bfloat16
-    cases = {
-        "enc self, pad mask": (
-            t(B, h, L, d, dtype=bf16),
-            t(B, h, L, d, dtype=bf16),
-            t(B, h, L, d, dtype=bf16),
-            pad,
-            False,
-            True,
-        ),
-        "dec self, causal": (
-            t(B, h, L, d, dtype=bf16),
-            t(B, h, L, d, dtype=bf16),
-            t(B, h, L, d, dtype=bf16),
-            None,
-            True,
-            True,
-        ),
-        "cross, pad mask": (
-            t(B, h, L, d, dtype=bf16),
-            t(B, h, L, d, dtype=bf16),
-            t(B, h, L, d, dtype=bf16),
-            pad,
-            False,
-            True,
-        ),
+
+    def qkv(n, q_len, k_len, dtype=bf16):
+        return t(n, h, q_len, d, dtype=dtype), t(n, h, k_len, d, dtype=dtype), t(n, h, k_len, d, dtype=dtype)
+
+    cases = {  # sdpa_case's (q, k, v, mask, causal, backward)
+        "enc self, pad mask": (*qkv(B, L, L), pad, False, True),
+        "dec self, causal": (*qkv(B, L, L), None, True, True),
+        "cross, pad mask": (*qkv(B, L, L), pad, False, True),
     }
     for dtype in (bf16, torch.float32):
         name = str(dtype).replace("torch.", "")
         bias = torch.zeros(sent, 1, 1, L, dtype=dtype).masked_fill_(~pad[:sent].cpu(), float("-inf")).to(device)
-        cases[f"step self, {name}"] = (
-            t(sent * K, h, 1, d, dtype=dtype),
-            t(sent * K, h, cached, d, dtype=dtype),
-            t(sent * K, h, cached, d, dtype=dtype),
-            None,
-            False,
-            False,
-        )
-        cases[f"step cross grouped, {name}"] = (
-            t(sent, h, K, d, dtype=dtype),
-            t(sent, h, L, d, dtype=dtype),
-            t(sent, h, L, d, dtype=dtype),
-            bias,
-            False,
-            False,
-        )
+        cases[f"step self, {name}"] = (*qkv(sent * K, 1, cached, dtype), None, False, False)
+        cases[f"step cross grouped, {name}"] = (*qkv(sent, K, L, dtype), bias, False, False)
     return cases
 
 
