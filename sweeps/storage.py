@@ -80,7 +80,11 @@ def check_driver(url: str) -> None:
     """The database driver a server's URL needs is importable (what open_storage would find missing, said as it
     says it, without connecting): a dry run refuses what the real run would."""
     url = expand(url)
-    scheme = check_url(url)
+    _require_driver(url, check_url(url))
+
+
+def _require_driver(url: str, scheme: str) -> None:
+    """check_driver, of a URL already expanded and checked."""
     extra = DRIVER_EXTRAS.get(scheme)
     if extra is None:
         return
@@ -93,7 +97,12 @@ def check_driver(url: str) -> None:
             f"storage {redact(url)} needs its database driver, which is not installed; pip install 'aiayn[{extra}]'"
         ) from None
     except Exception as e:  # a malformed URL
-        raise UserError(f"cannot open storage {redact(url)} ({type(e).__name__}); check the URL") from None
+        raise _cannot_open(url, e) from None
+
+
+def _cannot_open(url: str, e: Exception) -> UserError:
+    reason = redact(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
+    return UserError(f"cannot open storage {redact(url)} ({reason}); check the URL, the server and its driver")
 
 
 # Optuna's RDB schema (optuna/storages/_rdb/models.py), created in this order, "studies" first
@@ -170,19 +179,12 @@ def open_storage(url: str, create_dir: Path | None = None) -> optuna.storages.Ba
     is taken from the environment."""
     url = expand(url)
     scheme = check_url(url)
+    _require_driver(url, scheme)  # a server's driver missing: the extra that installs it, in one line
     if scheme == "journal":
         return JournalStorage(JournalFileBackend(url.split(":", 1)[1].removeprefix("//")))
     if scheme == "sqlite" and create_dir is not None:
         Path(create_dir).mkdir(parents=True, exist_ok=True)
     try:
         return RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if scheme != "sqlite" else None)
-    except Exception as e:  # driver missing, host unreachable, bad credentials, malformed URL
-        reason = redact(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
-        extra = DRIVER_EXTRAS.get(scheme)
-        if extra and "import" in reason.lower():  # Optuna's "Failed to import DB access module"
-            raise UserError(
-                f"storage {redact(url)} needs its database driver, which is not installed; pip install 'aiayn[{extra}]'"
-            ) from e
-        raise UserError(
-            f"cannot open storage {redact(url)} ({reason}); check the URL, the server and its driver"
-        ) from e
+    except Exception as e:  # host unreachable, bad credentials, malformed URL
+        raise _cannot_open(url, e) from e
