@@ -32,12 +32,17 @@ class Findings:
 def _welch_power(effect: float, a: list[float], b: list[float], alpha: float, side: int) -> float:
     """The chance that Welch's test on seeds spread as `a` and `b`, as many of them, is significant at `alpha`
     (two-sided) in the direction `side` (+1: worse, -1: better) when the true difference is `effect` (noncentral t)."""
-    from scipy import stats as ss
-
     parts = stats._welch_parts(a, b)
     if parts is None or math.isnan(effect):
         return math.nan
     _, se, df = parts
+    return _power(effect, se, df, alpha, side)
+
+
+def _power(effect: float, se: float, df: float, alpha: float, side: int) -> float:
+    """`_welch_power` of a difference estimated with standard error `se` on `df` degrees of freedom."""
+    from scipy import stats as ss
+
     t = ss.t.ppf(1 - alpha / 2, df)
     ncp = effect / se
     return float(ss.nct.sf(t, df, ncp) if side > 0 else ss.nct.cdf(-t, df, ncp))
@@ -59,23 +64,16 @@ def _tost_power(center: float, margin: float, a: list[float], b: list[float], al
 
 
 def _seeds_for(effect: float, a: list[float], b: list[float], alpha: float, side: int) -> int | None:
-    """Seeds a side (as many on each) that would give Welch's test POWER_TARGET at `effect`, with the spreads seen;
+    """Seeds a side (as many on each) that would give Welch's test POWER_TARGET at `effect`, with the spreads seen
+    (their pooled SD: with n a side, the difference's standard error is sd·√(2/n) on 2(n-1) degrees of freedom);
     None beyond 10,000."""
     sd = math.sqrt((np.var(a, ddof=1) + np.var(b, ddof=1)) / 2) if len(a) > 1 and len(b) > 1 else math.nan
     if math.isnan(sd) or sd == 0 or math.isnan(effect) or effect == 0:
         return None
     for n in [*range(2, 40), *range(40, 200, 5), *range(200, 2000, 50), *range(2000, 10001, 500)]:
-        xs = [sd * v for v in _unit(n)]  # the noncentral t needs each side's spread and size only
-        if _welch_power(effect, xs, xs, alpha, side) >= POWER_TARGET:
+        if _power(effect, sd * math.sqrt(2 / n), 2 * (n - 1), alpha, side) >= POWER_TARGET:
             return n
     return None
-
-
-def _unit(n: int) -> list[float]:
-    """n values of sample standard deviation 1 (so a power computed on them uses the spread given)."""
-    v = np.linspace(-1.0, 1.0, n)
-    v = v - v.mean()
-    return list(v / v.std(ddof=1))
 
 
 @dataclass(frozen=True)

@@ -438,7 +438,7 @@ def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, 
                 if left[0] == 0:
                     return
                 left[0] -= 1
-            if not _run_trial(study, opts, spec, claims, pop_lock, lambda t: trial_process(opts, spec, t, url, slot)):
+            if not _run_trial(study, opts, spec, claims, pop_lock, lambda t: trial_process(opts, spec, t, url)):
                 with lock:
                     failed[0] += 1
 
@@ -448,7 +448,7 @@ def in_processes(opts: HpoOptions, spec: RunSpec, name: str, todo: int, claims, 
     return failed[0]
 
 
-def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str, slot: int) -> float:
+def trial_process(opts: HpoOptions, spec: RunSpec, trial: optuna.Trial, url: str) -> float:
     """Train `trial` in a fresh `aiayn hpo` process: its parameters fixed in the study here (the child's suggest
     reads them back), the child given the search's options as a file, the trial's number, the row as this search
     resolved it and the storage's URL in its environment; its outcome read back from the trial's user attributes."""
@@ -491,8 +491,6 @@ def train_one_trial(opts: HpoOptions, number: int) -> dict:
     train it as `objective` does (pruning reports go to the storage) on the row as the search resolved it (its file,
     also named by the environment: no row resolved a second time), and leave the outcome in its user attributes for
     the search to tell."""
-    from pathlib import Path
-
     name = study_of(opts.train)
     storage = open_storage(os.environ[STORAGE_ENV])
     trial = optuna.trial.Trial(optuna.load_study(study_name=name, storage=storage), _trial_id(storage, name, number))

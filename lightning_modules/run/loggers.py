@@ -198,6 +198,7 @@ def log_model_files(logger, checkpoint, metrics) -> None:
     import shutil
     import tempfile
     import warnings
+    from unittest import mock
 
     import mlflow
 
@@ -232,7 +233,7 @@ def log_model_files(logger, checkpoint, metrics) -> None:
         shutil.copy2(MODEL_CODE, tmp / MODEL_CODE.name)  # MLmodel records the code's path: a temporary one, not ours
         quiet = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
         with (
-            _environment(quiet),
+            mock.patch.dict(os.environ, quiet),  # the environment as it was after
             _tracking(logger.experiment.tracking_uri),
             _level("mlflow", logging.WARNING),
             warnings.catch_warnings(),
@@ -273,20 +274,6 @@ def _level(name: str, level: int):
         yield
     finally:
         logger.setLevel(before)
-
-
-@contextlib.contextmanager
-def _environment(values: dict):
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def log_final(trainer, metrics, params: dict, checkpoint=None) -> None:

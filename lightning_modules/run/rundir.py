@@ -109,7 +109,7 @@ class RunMetrics:
     # look, not the preset's table; reports, status and trackers say so, and a sweep with the full budget extends it
     budget_steps: int | None = None
     params: int | None = None
-    train_time_s: float | None = None  # fit(): training and its validations, this attempt
+    train_time_s: float | None = None  # training steps (no validations), over every attempt
     eval_time_s: float | None = None  # the final evaluation (beam search over the dev set)
     wall_time_s: float | None = None  # this attempt from start to metrics.json: setup, fit, evaluation
     tokens_per_s: float | None = None

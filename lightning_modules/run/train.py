@@ -501,7 +501,7 @@ def fit(trainer: pl.Trainer, module: TranslationModule, p: Plan, opts: TrainOpti
             wandb_run.finish(trainer, metrics, exit_code=1)
         raise
     p.train_time = time.perf_counter() - started
-    if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal: SLURM restarts it
+    if _requeued(trainer):  # SLURM restarts it
         log.info("%s seed %d: checkpointed at step %d and requeued", row, seed, trainer.global_step)
         if trainer.is_global_zero:
             wandb_run.finish(trainer, None, preempted=True, steps=trainer.global_step)
@@ -554,11 +554,16 @@ def misfit(state, module: pl.LightningModule) -> str | None:
     return None
 
 
+def _requeued(trainer: pl.Trainer) -> bool:
+    """Whether RequeueOnSignal asked SLURM to requeue this run's job (on its warning signal)."""
+    return any(getattr(c, "requeued", False) for c in trainer.callbacks)
+
+
 def _stopped(trainer: pl.Trainer, row: str, seed: int, signum: signal.Signals):
     """A run stopped by a signal (a scheduler's SIGTERM, Ctrl-C's SIGINT; to the main process or its whole group) is
     not a finished run: one line, no metrics.json, W&B told it was stopped, and exit 128 + the signal's number."""
     name = signal.Signals(signum).name
-    if any(getattr(c, "requeued", False) for c in trainer.callbacks):  # RequeueOnSignal asked SLURM; this is its kill
+    if _requeued(trainer):  # and this is SLURM's kill
         resumes = "SLURM requeued its job, which resumes it from its checkpoint: nothing to run again"
     else:
         resumes = "its checkpoints are kept and the same command resumes it"
