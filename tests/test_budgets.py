@@ -222,15 +222,7 @@ def test_trackers_get_the_budget_beside_the_final_numbers():
 SMALL = [
     "--set",
     "N=1 d_model=32 d_ff=64 h=2",
-    "--val-every",
-    "4",
-    "--ckpt-every",
-    "100",
-    "--eval-subset",
-    "20",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
+    *"--val-every 4 --ckpt-every 100 --eval-subset 20 --no-progress --accelerator cpu".split(),
 ]
 
 
@@ -260,20 +252,7 @@ def test_a_capped_run_extended_to_more_steps_is_the_uninterrupted_run_bit_for_bi
     assert extended.metrics_file.read_bytes() == before
     capsys.readouterr()
     assert (
-        main(
-            [
-                "train",
-                "--row",
-                "base",
-                "--preset",
-                "tiny",
-                "--out",
-                str(tmp_path / "looked"),
-                "--max-steps",
-                "6",
-                *SMALL,
-            ]
-        )
+        main([*"train --row base --preset tiny --out".split(), str(tmp_path / "looked"), "--max-steps", "6", *SMALL])
         == 2
     )
     assert "already trained 12 steps, and this command asks for 6" in capsys.readouterr().err

@@ -17,17 +17,7 @@ from aiayn.lightning_modules.use.checkpoints import run_config
 SMALL = [
     "--set",
     "N=1 d_model=32 d_ff=64 h=2",
-    "--val-every",
-    "100",
-    "--val-bleu-sentences",
-    "0",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
-    "--logger",
-    "csv",
+    *"--val-every 100 --val-bleu-sentences 0 --eval-subset 4 --no-progress --accelerator cpu --logger csv".split(),
 ]
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks")
 
@@ -170,14 +160,7 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
                 "train",
                 "--out",
                 str(tmp_path),
-                "--preset",
-                "paper",
-                "--row",
-                "big",
-                "--print-config",
-                "--weights-only-checkpoints",
-                "--keep-last",
-                "5",
+                *"--preset paper --row big --print-config --weights-only-checkpoints --keep-last 5".split(),
             ]
         )
         == 0
@@ -189,15 +172,7 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
                 "train",
                 "--out",
                 str(tmp_path),
-                "--preset",
-                "paper",
-                "--row",
-                "big",
-                "--print-config",
-                "--keep-last",
-                "2",
-                "--keep-for-averaging",
-                "20",
+                *"--preset paper --row big --print-config --keep-last 2 --keep-for-averaging 20".split(),
             ]
         )
         == 0
@@ -210,17 +185,8 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
                 "train",
                 "--out",
                 str(tmp_path),
-                "--preset",
-                "paper",
-                "--row",
-                "big",
-                "--print-config",
-                "--ckpt-every",
-                "1000",
-                "--keep-last",
-                "2",
-                "--keep-for-averaging",
-                "20",
+                *"--preset paper --row big --print-config --ckpt-every 1000 --keep-last 2".split(),
+                *"--keep-for-averaging 20".split(),
             ]
         )
         == 0
@@ -233,15 +199,7 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
                 "train",
                 "--out",
                 str(tmp_path),
-                "--preset",
-                "small",
-                "--row",
-                "big",
-                "--print-config",
-                "--keep-last",
-                "2",
-                "--keep-for-averaging",
-                "20",
+                *"--preset small --row big --print-config --keep-last 2 --keep-for-averaging 20".split(),
             ]
         )
         == 0
@@ -257,21 +215,8 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
 
 def test_slurm_dry_run_says_the_disk_of_the_whole_array(tmp_path, capsys):
     argv = [
-        "slurm",
-        "table3",
-        "--preset",
-        "paper",
-        "--rows",
-        "base,big",
-        "--seeds",
-        "2",
-        "--partition",
-        "p",
-        "--time",
-        "1-00:00:00",
-        "--gpus-per-node",
-        "8",
-        "--out",
+        *"slurm table3 --preset paper --rows base,big --seeds 2 --partition p --time 1-00:00:00".split(),
+        *"--gpus-per-node 8 --out".split(),
         str(tmp_path / "runs"),
         "--dry-run",
     ]

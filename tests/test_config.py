@@ -9,19 +9,7 @@ import torch
 from aiayn.cli import main
 from aiayn.common.files import sha256_file
 
-FAST = [
-    "--max-steps",
-    "2",
-    "--ckpt-every",
-    "1",
-    "--val-bleu-sentences",
-    "4",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
-]
+FAST = "--max-steps 2 --ckpt-every 1 --val-bleu-sentences 4 --eval-subset 4 --no-progress --accelerator cpu".split()
 MINE = "row,group,d_ff\nwide-ff,mine,4096\n"
 
 

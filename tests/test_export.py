@@ -81,27 +81,10 @@ def trained(cache, tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("runs")
     argv = [
-        "train",
-        "--row",
-        "base",
-        "--preset",
-        "tiny",
-        "--out",
+        *"train --row base --preset tiny --out".split(),
         str(out),
-        "--max-steps",
-        "150",
-        "--ckpt-every",
-        "75",
-        "--val-bleu-sentences",
-        "0",
-        "--val-every",
-        "1000",
-        "--eval-subset",
-        "4",
-        "--no-progress",
-        "--accelerator",
-        "cpu",
-        "--set",
+        *"--max-steps 150 --ckpt-every 75 --val-bleu-sentences 0 --val-every 1000 --eval-subset 4".split(),
+        *"--no-progress --accelerator cpu --set".split(),
         "N=2 d_model=32 h=4 d_ff=64",
     ]
     assert main(argv) == 0
@@ -315,13 +298,9 @@ def test_push_to_hub_uploads_the_export_through_huggingface_hub(trained, tmp_pat
         "export",
         "--run",
         str(trained[0]),
-        "--format",
-        "hf",
-        "--out",
+        *"--format hf --out".split(),
         str(out),
-        "--push-to-hub",
-        "me/m",
-        "--private",
+        *"--push-to-hub me/m --private".split(),
     ]
     assert main(argv) == 0
     assert calls[0] == ("create_repo", "me/m", {"repo_type": "model", "private": True, "exist_ok": True})

@@ -42,21 +42,8 @@ def saved(tmp_path_factory):
 FAST = [
     "--set",
     "N=1 d_model=32 d_ff=64 h=2",
-    "--vocab-size",
-    "100",
-    "--max-steps",
-    "2",
-    "--ckpt-every",
-    "1",
-    "--val-bleu-sentences",
-    "0",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
-    "--logger",
-    "csv",
+    *"--vocab-size 100 --max-steps 2 --ckpt-every 1 --val-bleu-sentences 0 --eval-subset 4 --no-progress".split(),
+    *"--accelerator cpu --logger csv".split(),
 ]
 
 
@@ -243,10 +230,7 @@ def test_a_hub_dataset_that_is_not_here_offline_is_one_line(tmp_path, monkeypatc
     assert (
         main(
             [
-                "train",
-                "--data",
-                "hf:aiayn-test/no-such-corpus:de-en",
-                "--out",
+                *"train --data hf:aiayn-test/no-such-corpus:de-en --out".split(),
                 str(out),
                 "--cache-dir",
                 str(cache),
@@ -287,19 +271,8 @@ def test_a_slurm_task_gets_the_datasets_absolute_path(saved, tmp_path, monkeypat
     monkeypatch.chdir(saved.parent)
     out = tmp_path / "runs"
     argv = [
-        "slurm",
-        "train",
-        "--data",
-        "hf:./tiny-ende",
-        "--hf-splits",
-        "dev=validation",
-        "--accelerator",
-        "cpu",
-        "--partition",
-        "p",
-        "--time",
-        "1:00:00",
-        "--out",
+        *"slurm train --data hf:./tiny-ende --hf-splits dev=validation --accelerator cpu --partition p".split(),
+        *"--time 1:00:00 --out".split(),
         str(out),
         "--dry-run",
     ]

@@ -45,25 +45,10 @@ def trains(monkeypatch):
 
 def test_trials_train_with_the_train_flags_on_the_chosen_accelerator(tmp_path, trains, capsys):
     argv = [
-        "hpo",
-        "--row",
-        "C1",
-        "--trials",
-        "2",
-        "--out",
+        *"hpo --row C1 --trials 2 --out".split(),
         str(tmp_path),
-        "--accelerator",
-        "gpu",
-        "--precision",
-        "bf16-mixed",
-        "--data",
-        "multi30k",
-        "--data-dir",
-        "/data/m30k",
-        "--max-tokens",
-        "3000",
-        "--set",
-        "N=1",
+        *"--accelerator gpu --precision bf16-mixed --data multi30k --data-dir /data/m30k --max-tokens 3000".split(),
+        *"--set N=1".split(),
     ]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["trials"] == 2 and len(trains) == 2
@@ -168,23 +153,9 @@ def test_a_search_killed_mid_trial_resumes_that_trial_from_its_checkpoint(cache,
     out = tmp_path / "runs"
     argv = [
         sys.executable,
-        "-m",
-        "aiayn",
-        "hpo",
-        "--row",
-        "C1",
-        "--trials",
-        "3",
-        "--out",
+        *"-m aiayn hpo --row C1 --trials 3 --out".split(),
         str(out),
-        "--max-steps",
-        "20",
-        "--ckpt-every",
-        "5",
-        "--eval-subset",
-        "4",
-        "--accelerator",
-        "cpu",
+        *"--max-steps 20 --ckpt-every 5 --eval-subset 4 --accelerator cpu".split(),
     ]
     env = dict(os.environ, AIAYN_CACHE=str(cache))
     search = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -378,26 +349,9 @@ def test_trials_train_in_processes_of_their_own_two_at_once(cache, tmp_path):
     under OUT/subprocess/hpo), each reporting its validations to the study from there, the best written."""
     out = tmp_path / "runs"
     argv = [
-        "hpo",
-        "--backend",
-        "subprocess",
-        "--jobs",
-        "2",
-        "--row",
-        "C1",
-        "--trials",
-        "3",
-        "--out",
+        *"hpo --backend subprocess --jobs 2 --row C1 --trials 3 --out".split(),
         str(out),
-        "--max-steps",
-        "12",
-        "--val-every",
-        "4",
-        "--eval-subset",
-        "4",
-        "--accelerator",
-        "cpu",
-        "--set",
+        *"--max-steps 12 --val-every 4 --eval-subset 4 --accelerator cpu --set".split(),
         "N=1 d_model=32 d_ff=64 h=2",
     ]
     assert main(argv) in (0, 1)  # 1 only if every trial were pruned, which the pruner's two startup trials forbid

@@ -18,17 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = [
     "--set",
     "N=1 d_model=32 d_ff=64 h=2",
-    "--ckpt-every",
-    "1",
-    "--val-every",
-    "1",
-    "--val-bleu-sentences",
-    "2",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
+    *"--ckpt-every 1 --val-every 1 --val-bleu-sentences 2 --eval-subset 4 --no-progress --accelerator cpu".split(),
 ]
 
 
@@ -55,9 +45,7 @@ def two_attempts(cache, tmp_path_factory):
             *FAST,
             "--max-steps",
             steps,
-            "--logger",
-            "csv,tensorboard,mlflow",
-            "--log-model",
+            *"--logger csv,tensorboard,mlflow --log-model".split(),
         ]
         assert main(argv) == 0
     return out / "tiny" / "synthetic" / "base" / "seed0"
@@ -287,22 +275,8 @@ def test_a_bad_logger_is_one_line_exit_2_and_nothing_written(
 def test_slurm_runs_carry_the_loggers_into_every_task(tmp_path, capsys):
     out = tmp_path / "runs"
     argv = [
-        "slurm",
-        "table3",
-        "--preset",
-        "tiny",
-        "--rows",
-        "base",
-        "--accelerator",
-        "cpu",
-        "--partition",
-        "p",
-        "--time",
-        "1:00:00",
-        "--logger",
-        "csv,mlflow",
-        "--wandb",
-        "--out",
+        *"slurm table3 --preset tiny --rows base --accelerator cpu --partition p --time 1:00:00".split(),
+        *"--logger csv,mlflow --wandb --out".split(),
         str(out),
         "--dry-run",
     ]

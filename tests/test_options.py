@@ -175,35 +175,12 @@ def test_every_command_and_option_has_a_one_line_description():
 CONFIGURED = {
     "table3": (
         SweepOptions,
-        [
-            "--rows",
-            "base,A1",
-            "--jobs",
-            "1",
-            "--max-steps",
-            "3",
-            "--set",
-            "N=1",
-            "--trainer",
-            "log_every_n_steps=5",
-            "--fail-on-diverged",
-        ],
+        "--rows base,A1 --jobs 1 --max-steps 3 --set N=1 --trainer log_every_n_steps=5 --fail-on-diverged".split(),
     ),
     "hpo": (HpoOptions, ["--trials", "4", "--row", "C1", "--max-tokens", "512", "--set", "h=2"]),
     "slurm table3": (
         SlurmOptions,
-        [
-            "--partition",
-            "gpu",
-            "--time",
-            "01:00:00",
-            "--seeds",
-            "2",
-            "--preset",
-            "small",
-            "--setup",
-            "module load cuda",
-        ],
+        [*"--partition gpu --time 01:00:00 --seeds 2 --preset small --setup".split(), "module load cuda"],
     ),
     "slurm train": (SlurmOptions, ["--row", "B1", "--gpus-per-node", "2", "--sbatch=--qos=high"]),
     "eval": (EvalOptions, ["--run", "r", "--split", "test", "--beam", "2"]),
@@ -360,14 +337,7 @@ def test_trainer_arguments_pass_through_and_the_ones_aiayn_sets_are_refused(caps
 
     opts, _ = _options(
         "table3",
-        [
-            "--trainer",
-            "log_every_n_steps=5",
-            "--trainer",
-            "gradient_clip_val=1.0",
-            "--trainer",
-            "limit_val_batches=0.5",
-        ],
+        "--trainer log_every_n_steps=5 --trainer gradient_clip_val=1.0 --trainer limit_val_batches=0.5".split(),
     )
     assert opts.train.trainer == {"log_every_n_steps": 5, "gradient_clip_val": 1.0, "limit_val_batches": 0.5}
     assert from_args(TrainOptions, parse("train", *to_argv(opts.train))).trainer == opts.train.trainer  # to_argv

@@ -338,14 +338,7 @@ def test_a_back_end_with_an_option_by_its_recipe(copy, tmp_path):
     assert changed(copy) <= {"sweeps/backends/greeting.py"}
     out = tmp_path / "runs"
     sweep = [
-        "table3",
-        "--preset",
-        "tiny",
-        "--backend",
-        "greeting",
-        "--rows",
-        "base",
-        "--out",
+        *"table3 --preset tiny --backend greeting --rows base --out".split(),
         str(out),
         "--report",
         "",
@@ -442,14 +435,7 @@ def test_a_back_end_that_keeps_its_own_books_by_its_recipe(copy, tmp_path):
     assert changed(copy) <= {"sweeps/backends/detached.py"}
     out = tmp_path / "runs"
     sweep = [
-        "table3",
-        "--preset",
-        "tiny",
-        "--backend",
-        "detached",
-        "--rows",
-        "base,C1",
-        "--out",
+        *"table3 --preset tiny --backend detached --rows base,C1 --out".split(),
         str(out),
         *FAST[:6],
         "--jobs",

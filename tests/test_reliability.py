@@ -150,19 +150,8 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     common = [
-        "train",
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "30",
-        "--ckpt-every",
-        "10",
-        "--val-every",
-        "5",
-        "--val-bleu-sentences",
-        "2",
-        "--eval-subset",
-        "4",
+        *"train --preset tiny --max-steps 30 --ckpt-every 10 --val-every 5 --val-bleu-sentences 2".split(),
+        *"--eval-subset 4".split(),
         *SMALL_MODEL,
         *QUIET,
     ]
@@ -215,19 +204,8 @@ def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_ch
     """A kill inside the write of the first last.ckpt: the periodic step0000010.ckpt written just before
     it holds the whole state, so the rerun resumes at step 10, not 0, and ends where an uninterrupted run does."""
     common = [
-        "train",
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "20",
-        "--ckpt-every",
-        "10",
-        "--val-every",
-        "10",
-        "--val-bleu-sentences",
-        "0",
-        "--eval-subset",
-        "4",
+        *"train --preset tiny --max-steps 20 --ckpt-every 10 --val-every 10 --val-bleu-sentences 0".split(),
+        *"--eval-subset 4".split(),
         *SMALL_MODEL,
         *QUIET,
     ]
@@ -261,17 +239,7 @@ def test_a_sigterm_stops_the_run_with_exit_143_and_the_same_command_resumes_it(c
     chain of tracebacks and exit 1; Ctrl-C's SIGINT to the group exited 1 without a word. Now each is one line and
     exit 128 + the signal."""
     common = [
-        "train",
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "100000",
-        "--ckpt-every",
-        "5",
-        "--val-every",
-        "100000",
-        "--eval-subset",
-        "4",
+        *"train --preset tiny --max-steps 100000 --ckpt-every 5 --val-every 100000 --eval-subset 4".split(),
         "--num-workers",
         str(workers),
         *SMALL_MODEL,
@@ -329,17 +297,7 @@ def test_a_ctrl_c_that_lands_inside_a_finalizer_still_stops_the_run(cache, tmp_p
     with pytest.raises(SystemExit) as stopped:
         main(
             [
-                "train",
-                "--preset",
-                "tiny",
-                "--max-steps",
-                "40",
-                "--ckpt-every",
-                "2",
-                "--val-every",
-                "100",
-                "--eval-subset",
-                "4",
+                *"train --preset tiny --max-steps 40 --ckpt-every 2 --val-every 100 --eval-subset 4".split(),
                 *SMALL_MODEL,
                 *QUIET,
                 "--out",
@@ -358,20 +316,8 @@ def test_a_ctrl_c_that_lands_inside_a_finalizer_still_stops_the_run(cache, tmp_p
 def test_a_diverging_run_ends_with_status_diverged_its_step_and_a_finite_last_checkpoint(cache, tmp_path, capsys):
     out = tmp_path / "runs"
     argv = [
-        "train",
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "20",
-        "--ckpt-every",
-        "1",
-        "--val-every",
-        "100",
-        "--val-bleu-sentences",
-        "2",
-        "--eval-subset",
-        "2",
-        "--set",
+        *"train --preset tiny --max-steps 20 --ckpt-every 1 --val-every 100 --val-bleu-sentences 2".split(),
+        *"--eval-subset 2 --set".split(),
         "N=1 d_model=32 d_ff=64 h=2 lr_factor=1e9 warmup=1",
         "--out",
         str(out),
@@ -840,16 +786,7 @@ def test_no_secret_reaches_a_run_directory_a_report_or_the_terminal(cache, tmp_p
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "runs"
     fast = [
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "2",
-        "--val-every",
-        "100",
-        "--val-bleu-sentences",
-        "2",
-        "--eval-subset",
-        "2",
+        *"--preset tiny --max-steps 2 --val-every 100 --val-bleu-sentences 2 --eval-subset 2".split(),
         *SMALL_MODEL,
         *QUIET,
         "--out",
@@ -930,20 +867,8 @@ def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache
     batches of max_tokens); resuming with another split would misplace it. Refused before anything is written: here
     the same 1024 tokens per step as one batch, then as two accumulated batches of 512 (as 2 ranks would split it)."""
     argv = [
-        "train",
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "2",
-        "--ckpt-every",
-        "1",
-        "--val-every",
-        "100",
-        "--val-bleu-sentences",
-        "0",
-        "--eval-subset",
-        "2",
-        "--out",
+        *"train --preset tiny --max-steps 2 --ckpt-every 1 --val-every 100 --val-bleu-sentences 0".split(),
+        *"--eval-subset 2 --out".split(),
         str(tmp_path),
         *SMALL_MODEL,
         *QUIET,
@@ -969,20 +894,8 @@ def test_resuming_with_static_shapes_toggled_is_refused_in_one_line(cache, tmp_p
     the token buckets, so a resume with it toggled, or with another bucket width, would misplace the run's position
     in the data; refused before anything is written, as another batch split is."""
     argv = [
-        "train",
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "2",
-        "--ckpt-every",
-        "1",
-        "--val-every",
-        "100",
-        "--val-bleu-sentences",
-        "0",
-        "--eval-subset",
-        "2",
-        "--out",
+        *"train --preset tiny --max-steps 2 --ckpt-every 1 --val-every 100 --val-bleu-sentences 0".split(),
+        *"--eval-subset 2 --out".split(),
         str(tmp_path),
         *SMALL_MODEL,
         *QUIET,

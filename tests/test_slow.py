@@ -53,20 +53,11 @@ def test_laptop_preset_learns_real_german_from_multi30k(tmp_path, monkeypatch, o
     """Real data, not only the synthetic corpus: Multi30k En-De, SentencePiece trained on it, a few minutes."""
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
     argv = [
-        "train",
-        "--row",
-        "base",
-        "--preset",
-        "laptop",
-        "--data-dir",
+        *"train --row base --preset laptop --data-dir".split(),
         str(MULTI30K),
         "--out",
         str(tmp_path),
-        "--max-steps",
-        "600",
-        "--eval-subset",
-        "300",
-        "--no-progress",
+        *"--max-steps 600 --eval-subset 300 --no-progress".split(),
     ]
     assert main(argv) == 0
     metrics = json.loads((tmp_path / "laptop/multi30k/base/seed0/metrics.json").read_text())
@@ -80,19 +71,11 @@ def test_table3_sweep_end_to_end_with_report(tmp_path, monkeypatch, capsys):
     """Real `aiayn train` processes under the sweep driver, then the report; a rerun runs nothing."""
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
     argv = [
-        "table3",
-        "--preset",
-        "tiny",
-        "--rows",
-        "base,C1",
-        "--out",
+        *"table3 --preset tiny --rows base,C1 --out".split(),
         str(tmp_path / "runs"),
         "--report",
         str(tmp_path / "reports"),
-        "--max-steps",
-        "20",
-        "--eval-subset",
-        "20",
+        *"--max-steps 20 --eval-subset 20".split(),
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -29,18 +29,7 @@ from aiayn.lightning_modules.run.options import TrainOptions
 from aiayn.sweeps.backends import make_sweep, slurm
 from aiayn.sweeps.backends.slurm import SlurmOptions, SlurmResources, classify, render, time_limit_seconds
 
-ARGS_CPU = [
-    "--preset",
-    "tiny",
-    "--accelerator",
-    "cpu",
-    "--tasks-per-node",
-    "2",
-    "--partition",
-    "debug",
-    "--time",
-    "00:30:00",
-]
+ARGS_CPU = "--preset tiny --accelerator cpu --tasks-per-node 2 --partition debug --time 00:30:00".split()
 
 
 def slurm_opts(rows=None, seeds=1, resources=None, dry_run=False, **train) -> SlurmOptions:
@@ -213,18 +202,9 @@ def test_a_missing_or_bad_time_limit_is_named_as_such(text, says):
 def test_dry_run_writes_and_prints_an_array_of_the_pending_pairs(tmp_path, capsys):
     out = tmp_path / "runs"
     argv = [
-        "slurm",
-        "table3",
-        "--preset",
-        "tiny",
-        "--rows",
-        "base,A1",
-        "--seeds",
-        "2",
+        *"slurm table3 --preset tiny --rows base,A1 --seeds 2".split(),
         *ARGS_CPU,
-        "--max-steps",
-        "20",
-        "--setup",
+        *"--max-steps 20 --setup".split(),
         "module load python",
         "--out",
         str(out),
@@ -264,16 +244,9 @@ def test_a_users_table_reaches_the_array_and_every_task(tmp_path, monkeypatch, c
     Path("my.csv").write_text("row,group,d_ff\nwide-ff,mine,4096\n")
     out = tmp_path / "runs"
     argv = [
-        "slurm",
-        "table3",
-        "--preset",
-        "tiny",
-        "--rows",
-        "base,mine",
+        *"slurm table3 --preset tiny --rows base,mine".split(),
         *ARGS_CPU,
-        "--table",
-        "my.csv",
-        "--out",
+        *"--table my.csv --out".split(),
         str(out),
         "--dry-run",
     ]
@@ -503,25 +476,9 @@ def _run(argv, out: Path, capsys) -> str:
 def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
     out, reports = tmp_path / "runs", tmp_path / "reports"
     argv = [
-        "slurm",
-        "table3",
-        "--preset",
-        "tiny",
-        "--rows",
-        "base,A1",
-        "--accelerator",
-        "cpu",
-        "--tasks-per-node",
-        "2",
-        "--partition",
+        *"slurm table3 --preset tiny --rows base,A1 --accelerator cpu --tasks-per-node 2 --partition".split(),
         cluster,
-        "--time",
-        "00:20:00",
-        "--max-steps",
-        "20",
-        "--eval-subset",
-        "20",
-        "--out",
+        *"--time 00:20:00 --max-steps 20 --eval-subset 20 --out".split(),
         str(out),
         "--report",
         str(reports),
@@ -547,25 +504,9 @@ def test_table3_array_on_slurm_with_report(cluster, cache, tmp_path, capsys):
 def test_the_report_is_a_job_that_runs_after_the_array_without_waiting_here(cluster, cache, tmp_path, capsys):
     out = tmp_path / "runs"
     argv = [
-        "slurm",
-        "table3",
-        "--preset",
-        "tiny",
-        "--rows",
-        "base",
-        "--accelerator",
-        "cpu",
-        "--tasks-per-node",
-        "1",
-        "--partition",
+        *"slurm table3 --preset tiny --rows base --accelerator cpu --tasks-per-node 1 --partition".split(),
         cluster,
-        "--time",
-        "00:20:00",
-        "--max-steps",
-        "10",
-        "--eval-subset",
-        "10",
-        "--out",
+        *"--time 00:20:00 --max-steps 10 --eval-subset 10 --out".split(),
         str(out),
     ]
     printed = _run(argv, out, capsys)  # returns at once: no --wait
@@ -586,27 +527,11 @@ def test_the_report_is_a_job_that_runs_after_the_array_without_waiting_here(clus
 def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cache, tmp_path, capsys):
     out, steps = tmp_path / "runs", 80
     argv = [
-        "slurm",
-        "train",
-        "--preset",
-        "tiny",
-        "--row",
-        "base",
-        "--accelerator",
-        "cpu",
-        "--tasks-per-node",
-        "2",
-        "--partition",
+        *"slurm train --preset tiny --row base --accelerator cpu --tasks-per-node 2 --partition".split(),
         cluster,
-        "--time",
-        "00:20:00",
-        "--max-steps",
+        *"--time 00:20:00 --max-steps".split(),
         str(steps),
-        "--ckpt-every",
-        "5",
-        "--eval-subset",
-        "20",
-        "--out",
+        *"--ckpt-every 5 --eval-subset 20 --out".split(),
         str(out),
     ]
     assert "1 submitted" in _run(argv, out, capsys)
@@ -635,19 +560,9 @@ def test_warning_signal_requeues_and_resumes_to_the_same_step_count(cluster, cac
 def test_wait_exits_1_and_names_the_log_when_a_task_fails(cluster, cache, tmp_path, capsys):
     out = tmp_path / "runs"
     argv = [
-        "slurm",
-        "train",
-        "--preset",
-        "tiny",
-        "--accelerator",
-        "cpu",
-        "--partition",
+        *"slurm train --preset tiny --accelerator cpu --partition".split(),
         cluster,
-        "--time",
-        "05:00",
-        "--data",
-        "files",
-        "--data-dir",
+        *"--time 05:00 --data files --data-dir".split(),
         str(tmp_path / "no-such-corpus"),
         "--out",
         str(out),
@@ -761,19 +676,7 @@ def test_table3_with_backend_slurm_is_slurm_table3(tmp_path, capsys):
     assert shown.value.code == 0
     help_text = capsys.readouterr().out
     assert help_text.startswith("usage: aiayn slurm table3") and "--partition" in help_text and "--dry-run" in help_text
-    common = [
-        "--preset",
-        "tiny",
-        "--rows",
-        "base,A1",
-        "--partition",
-        "p",
-        "--time",
-        "1:00:00",
-        "--gpus-per-node",
-        "1",
-        "--dry-run",
-    ]
+    common = "--preset tiny --rows base,A1 --partition p --time 1:00:00 --gpus-per-node 1 --dry-run".split()
     assert main(["table3", "--backend=slurm", *common, "--out", str(tmp_path / "a")]) == 0
     via_table3 = capsys.readouterr().out
     assert main(["slurm", "table3", *common, "--out", str(tmp_path / "a")]) == 0

@@ -39,17 +39,7 @@ def test_every_point_has_its_reading_after_the_schedule(reading):
 SMALL = [
     "--set",
     "N=1 d_model=32 d_ff=64 h=2",
-    "--preset",
-    "tiny",
-    "--val-bleu-sentences",
-    "2",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
-    "--max-steps",
-    "8",
+    *"--preset tiny --val-bleu-sentences 2 --eval-subset 4 --no-progress --accelerator cpu --max-steps 8".split(),
 ]
 
 

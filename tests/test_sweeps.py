@@ -388,21 +388,7 @@ def test_hpo_runs_trials_and_saves_the_best(tmp_path, monkeypatch, capsys):
     (Three steps end before the first epoch-end validation, so pruning is not exercised here.)"""
     monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "runs"
-    argv = [
-        "hpo",
-        "--row",
-        "C1",
-        "--preset",
-        "tiny",
-        "--trials",
-        "3",
-        "--out",
-        str(out),
-        "--max-steps",
-        "3",
-        "--eval-subset",
-        "4",
-    ]
+    argv = [*"hpo --row C1 --preset tiny --trials 3 --out".split(), str(out), *"--max-steps 3 --eval-subset 4".split()]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     best = json.loads((out / "hpo/tiny/C1/best.json").read_text())

@@ -14,19 +14,7 @@ from aiayn.cli import main
 from aiayn.lightning_modules.run.spec import resolve
 from aiayn.lightning_modules.use.checkpoints import run_config
 
-FAST = [
-    "--max-steps",
-    "2",
-    "--ckpt-every",
-    "1",
-    "--val-bleu-sentences",
-    "4",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
-]
+FAST = "--max-steps 2 --ckpt-every 1 --val-bleu-sentences 4 --eval-subset 4 --no-progress --accelerator cpu".split()
 
 
 @pytest.fixture(scope="module")
@@ -155,12 +143,7 @@ def test_a_bf16_residual_stream_trains_and_is_evaluated_and_recorded(cache, tmp_
     trained under."""
     out = tmp_path / "runs"
     argv = [
-        "train",
-        "--row",
-        "base",
-        "--preset",
-        "tiny",
-        "--out",
+        *"train --row base --preset tiny --out".split(),
         str(out),
         *FAST,
         *SMALL,

@@ -15,19 +15,7 @@ from aiayn.cli import main
 from aiayn.common.files import sha256_file
 from aiayn.lightning_modules.data.corpora import CorpusRef, read_parallel, resolve_corpus
 
-FAST = [
-    "--max-steps",
-    "3",
-    "--ckpt-every",
-    "2",
-    "--val-bleu-sentences",
-    "4",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
-]
+FAST = "--max-steps 3 --ckpt-every 2 --val-bleu-sentences 4 --eval-subset 4 --no-progress --accelerator cpu".split()
 SENTENCES = ["The dog sees the cat.", "", "Today the small boy sleeps in the garden."]
 
 

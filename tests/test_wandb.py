@@ -23,19 +23,7 @@ from aiayn.lightning_modules.run.wandb_run import init_kwargs
 SYNTHETIC = CorpusRef.parse("synthetic")  # the corpus of the tiny preset
 
 
-FAST = [
-    "--max-steps",
-    "2",
-    "--ckpt-every",
-    "1",
-    "--val-bleu-sentences",
-    "4",
-    "--eval-subset",
-    "4",
-    "--no-progress",
-    "--accelerator",
-    "cpu",
-]
+FAST = "--max-steps 2 --ckpt-every 1 --val-bleu-sentences 4 --eval-subset 4 --no-progress --accelerator cpu".split()
 FIXTURE_RUNS = Path(__file__).parent / "fixtures" / "report" / "runs"
 
 
