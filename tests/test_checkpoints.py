@@ -154,57 +154,19 @@ def test_print_config_says_the_disk_on_stderr_and_keeps_stdout_json(tmp_path, ca
         "2.57 GB (weights + Adam moments, fp32)"
     )
     assert 20 * weights + full == pytest.approx(19.7e9, rel=0.01)
-    assert (
-        main(
-            [
-                "train",
-                "--out",
-                str(tmp_path),
-                *"--preset paper --row big --print-config --weights-only-checkpoints --keep-last 5".split(),
-            ]
-        )
-        == 0
-    )
-    assert "about 6.86 GB = 5 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "train",
-                "--out",
-                str(tmp_path),
-                *"--preset paper --row big --print-config --keep-last 2 --keep-for-averaging 20".split(),
-            ]
-        )
-        == 0
-    )
+
+    def planned(flags: str) -> str:
+        assert main(["train", "--out", str(tmp_path), *f"--print-config --row big {flags}".split()]) == 0
+        return capsys.readouterr().err
+
+    err = planned("--preset paper --weights-only-checkpoints --keep-last 5")
+    assert "about 6.86 GB = 5 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in err
     # the paper preset's periodic files are weights only already: the 20 kept for averaging are all of that size
-    assert "about 19.7 GB = 20 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "train",
-                "--out",
-                str(tmp_path),
-                *"--preset paper --row big --print-config --ckpt-every 1000 --keep-last 2".split(),
-                *"--keep-for-averaging 20".split(),
-            ]
-        )
-        == 0
-    )
-    assert "about 19.7 GB" in capsys.readouterr().err
+    err = planned("--preset paper --keep-last 2 --keep-for-averaging 20")
+    assert "about 19.7 GB = 20 periodic x 858 MB (weights only) + last.ckpt 1 x 2.57 GB" in err
+    assert "about 19.7 GB" in planned("--preset paper --ckpt-every 1000 --keep-last 2 --keep-for-averaging 20")
     # a preset with whole periodic files: the newest 2 whole, 18 older slimmed down for averaging
-    assert (
-        main(
-            [
-                "train",
-                "--out",
-                str(tmp_path),
-                *"--preset small --row big --print-config --keep-last 2 --keep-for-averaging 20".split(),
-            ]
-        )
-        == 0
-    )
-    err = capsys.readouterr().err
+    err = planned("--preset small --keep-last 2 --keep-for-averaging 20")
     assert re.search(
         r"= 2 periodic x \S+ \S+ \(weights \+ Adam moments, fp32\) \+ 18 older for averaging x \S+ \S+ "
         r"\(weights only\) \+ last\.ckpt 1 x",

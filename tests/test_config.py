@@ -85,27 +85,14 @@ def test_a_row_is_looked_up_and_resolved_once_from_the_sweep_to_the_model_config
     """`aiayn table3 --rows B1` down to the model's config: the sweep's driver resolves B1 once (a RunSpec) and hands
     it to the run, which builds no second spec, looks the row up in no table and builds no other model config (the
     parameter count comes from the shapes: no throw-away model either)."""
-    from aiayn.ablations import table
     from aiayn.ablations.selection import Selection
     from aiayn.lightning_modules.run import spec, train
     from aiayn.lightning_modules.run.options import TrainOptions
     from aiayn.lightning_modules.transformer import config
     from aiayn.sweeps.table3 import SweepOptions, build_sweep
 
-    counts = {"get_row": 0, "resolve": 0, "TransformerConfig": 0, "Transformer": 0}
-
-    def counting(module, name, key):
-        real = getattr(module, name)
-
-        def wrapped(*a, **k):
-            counts[key] += 1
-            return real(*a, **k)
-
-        monkeypatch.setattr(module, name, wrapped)
-
-    counting(table, "get_row", "get_row")
-    counting(spec, "get_row", "get_row")
-    counting(spec, "resolve", "resolve")
+    counts = _count_lookups(monkeypatch)  # the same dict, counting two more
+    counts.update(TransformerConfig=0, Transformer=0)
     monkeypatch.setattr("aiayn.sweeps.backends.resolve", spec.resolve)
     real_init = config.TransformerConfig.__post_init__
     monkeypatch.setattr(

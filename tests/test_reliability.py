@@ -862,10 +862,26 @@ def test_each_rank_restores_its_own_rng_states_and_draws_from_its_own_seed(monke
         assert torch.equal(drawn, torch.rand(1)) == (rank > 0)  # rank 0 keeps the stream it had
 
 
-def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (
+            "--max-tokens 512",  # the same 1024 tokens a step, as two accumulated batches (as 2 ranks would split it)
+            "world size 1 x 1 accumulated batch(es) of 1024 tokens; resuming it with accumulate 1 -> 2 would misplace "
+            "its position in the data",
+        ),
+        (
+            "--static-shapes --pad-to 8",  # batches of a fixed size per length bucket, not the token buckets
+            "token-bucket batches (no --static-shapes); resuming it with --static-shapes (buckets of 8) would make "
+            "other batches and misplace its position in the data: resume with the flags it ran with, or start it "
+            "again in another --out",
+        ),
+    ],
+)
+def test_resuming_with_other_batches_is_refused_in_one_line(flags, said, cache, tmp_path, capsys):
     """A run's data position is counted in its own split of the epoch's batches (world size x accumulated
-    batches of max_tokens); resuming with another split would misplace it. Refused before anything is written: here
-    the same 1024 tokens per step as one batch, then as two accumulated batches of 512 (as 2 ranks would split it)."""
+    batches of max_tokens, token buckets or --static-shapes); resuming with other batches would misplace it. Refused
+    before anything is written; resumed as it ran, it goes on."""
     argv = [
         *"train --preset tiny --max-steps 2 --ckpt-every 1 --val-every 100 --val-bleu-sentences 0".split(),
         *"--eval-subset 2 --out".split(),
@@ -878,41 +894,11 @@ def test_resuming_with_another_split_of_the_batches_is_refused_in_one_line(cache
     (run / "metrics.json").unlink()  # as if it had been killed: there is a checkpoint to resume from
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     capsys.readouterr()
-    assert main([*argv[:4], "3", *argv[5:], "--max-tokens", "512"]) == 2
+    assert main([*argv[:4], "3", *argv[5:], *flags.split()]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(
-        f"aiayn: error: run directory {run} was trained with world size 1 x 1 accumulated "
-        "batch(es) of 1024 tokens; resuming it with accumulate 1 -> 2"
-    )
-    assert "would misplace its position in the data" in err[-1]
+    assert err[-1].startswith(f"aiayn: error: run directory {run} was trained with {said}"), err[-1]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert main([*argv[:4], "3", *argv[5:]]) == 0  # as it ran: it resumes
-
-
-def test_resuming_with_static_shapes_toggled_is_refused_in_one_line(cache, tmp_path, capsys):
-    """--static-shapes (batches of a fixed size per length bucket of --pad-to) makes other batches than
-    the token buckets, so a resume with it toggled, or with another bucket width, would misplace the run's position
-    in the data; refused before anything is written, as another batch split is."""
-    argv = [
-        *"train --preset tiny --max-steps 2 --ckpt-every 1 --val-every 100 --val-bleu-sentences 0".split(),
-        *"--eval-subset 2 --out".split(),
-        str(tmp_path),
-        *SMALL_MODEL,
-        *QUIET,
-    ]
-    assert main(argv) == 0
-    run = run_dir(tmp_path)
-    (run / "metrics.json").unlink()  # as if it had been killed: there is a checkpoint to resume from
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    capsys.readouterr()
-    assert main([*argv[:4], "3", *argv[5:], "--static-shapes", "--pad-to", "8"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (
-        f"aiayn: error: run directory {run} was trained with token-bucket batches (no --static-shapes); "
-        "resuming it with --static-shapes (buckets of 8) would make other batches and misplace its "
-        "position in the data: resume with the flags it ran with, or start it again in another --out"
-    )
-    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert main([*argv[:4], "3", *argv[5:], "--pad-to", "8"]) == 0  # --pad-to alone pads the same batches: resumes
 
 

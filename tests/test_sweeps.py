@@ -922,12 +922,23 @@ def test_a_pair_a_dead_peer_left_running_mid_sweep_is_run_before_the_driver_exit
     assert done == {("base", 0), ("A1", 0), ("C4", 0)}
 
 
+def _completed(out, row: str, config: dict) -> None:
+    """A completed run OUT/tiny/synthetic/ROW/seed0 of `config`, in the books of a local sweep."""
+    from aiayn.sweeps import books
+
+    run = out / "tiny" / "synthetic" / row / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(config))
+    metrics = dict(row=row, seed=0, preset="tiny", data="synthetic", status="completed", dev_ppl=2.0, dev_bleu=30.0)
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    books.record_sweep(SweepOut(out), "tiny", SYNTHETIC, [(row, 0)], "local")
+
+
 def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report(tmp_path, capsys):
     """A row edited in the table after its pair completed kept its old result with no word. `aiayn status`
     and the report name it now, with what changed, and say that the result is the old row's."""
     from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
     from aiayn.reports.build import write_reports
-    from aiayn.sweeps import books
     from aiayn.sweeps.status import StatusOptions, status_text
 
     out = tmp_path / "runs"
@@ -939,20 +950,7 @@ def test_a_row_edited_after_its_pair_completed_is_named_in_status_and_the_report
     config["spec"]["model"]["d_model"] = 96
     config["spec"]["model"]["d_k"] = config["spec"]["model"]["d_v"] = 24
     config["spec"]["knobs"]["d_k"] = config["spec"]["knobs"]["d_v"] = 24
-    run = out / "tiny" / "synthetic" / "C4" / "seed0"
-    run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps(config))
-    metrics = {
-        "row": "C4",
-        "seed": 0,
-        "preset": "tiny",
-        "data": "synthetic",
-        "status": "completed",
-        "dev_ppl": 2.0,
-        "dev_bleu": 30.0,
-    }
-    (run / "metrics.json").write_text(json.dumps(metrics))
-    books.record_sweep(SweepOut(out), "tiny", SYNTHETIC, [("C4", 0)], "local")
+    _completed(out, "C4", config)
     text = status_text(StatusOptions(out=str(out)))
     assert "its row changed since it ran (d_model 96 -> 64, d_k 24 -> 16, d_v 24 -> 16)" in text
     assert "this result is the old row's" in text
@@ -967,7 +965,6 @@ def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_stat
     completed was named nowhere. The run's config.json records its tables, read again as they are now."""
     from aiayn.lightning_modules.run.rundir import DataIdentity, RunConfig, TrainPlan
     from aiayn.reports.build import write_reports
-    from aiayn.sweeps import books
     from aiayn.sweeps.status import StatusOptions, status_text
 
     table = tmp_path / "mine.csv"
@@ -980,20 +977,7 @@ def test_a_row_of_a_users_table_edited_after_its_pair_completed_is_named_in_stat
         options={"row": "wide-ff", "table": [str(table)]},
     ).to_dict()
     out = tmp_path / "runs"
-    run = out / "tiny" / "synthetic" / "wide-ff" / "seed0"
-    run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps(config))
-    metrics = {
-        "row": "wide-ff",
-        "seed": 0,
-        "preset": "tiny",
-        "data": "synthetic",
-        "status": "completed",
-        "dev_ppl": 2.0,
-        "dev_bleu": 30.0,
-    }
-    (run / "metrics.json").write_text(json.dumps(metrics))
-    books.record_sweep(SweepOut(out), "tiny", SYNTHETIC, [("wide-ff", 0)], "local")
+    _completed(out, "wide-ff", config)
     assert "changed since it ran" not in status_text(StatusOptions(out=str(out)))  # as it ran: nothing to say
     table.write_text("row,group,N,d_model,d_ff,note\nwide-ff,mine,,,2048,a wider FFN\n")  # edited afterwards
     text = status_text(StatusOptions(out=str(out)))
