@@ -59,8 +59,8 @@ START=$(date +%s)
 note() { echo "$*" | tee -a "$SUM"; }
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 
-if [ "$SMOKE" = 1 ]; then  # the paths, not the numbers: a narrow model, a few steps, one seed, the first slice
-  COMMON=(--accelerator cpu --set d_model=32 --set d_ff=64 --set h=4 --vocab-size 1000 --max-tokens 1024
+if [ "$SMOKE" = 1 ]; then  # the paths, not the numbers: a narrow one-layer model, a few steps, one seed, the first slice
+  COMMON=(--accelerator cpu --set N=1 --set d_model=32 --set d_ff=64 --set h=4 --vocab-size 1000 --max-tokens 1024
     --val-every 1 --eval-subset 8 --jobs 2)
   # the pilot's 400 steps are stopped soon after 32, the budget a margin of 1000% admits at once (the stop's path)
   PILOT=(--max-steps 400 --jobs 4); RULE=(--budgets 32:400:8 --margin 10); WATCH=(--every 1)
