@@ -1,6 +1,7 @@
 """Fixtures shared by the test modules."""
 
 import os
+import shutil
 import signal
 import threading
 
@@ -38,10 +39,28 @@ def pytest_runtest_call(item):
         raise
 
 
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """The tiny preset's data (the synthetic corpus, its tokenizer, the encoded splits), prepared once per test
+    process; the data most tests train on, which took each module seconds to prepare again."""
+    from aiayn.ablations.presets import get_preset
+    from aiayn.lightning_modules.data.corpora import CorpusRef
+    from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule
+
+    path = tmp_path_factory.mktemp("tiny-data")
+    p = get_preset("tiny")
+    identity = DataIdentity(CorpusRef.parse(p.corpus), None, p.vocab_size, max_len=p.max_len, train_pairs=p.train_pairs)
+    TranslationDataModule(DataPlan(identity, path)).prepare_data()
+    return path
+
+
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A fresh AIAYN_CACHE for the module (corpora, tokenizers, encoded data), restored afterwards."""
+def cache(request, tmp_path_factory):
+    """A fresh AIAYN_CACHE for the module (corpora, tokenizers, encoded data), restored afterwards. It holds the tiny
+    preset's data already, as a user's cache does after a first run; a module marked `cold_cache` starts empty."""
     path = tmp_path_factory.mktemp("cache")
+    if not request.node.get_closest_marker("cold_cache"):
+        shutil.copytree(request.getfixturevalue("tiny_data"), path, dirs_exist_ok=True)
     old = os.environ.get("AIAYN_CACHE")
     os.environ["AIAYN_CACHE"] = str(path)
     yield path

@@ -17,6 +17,8 @@ import pytest
 
 from aiayn.ablations.presets import get_preset
 
+pytestmark = pytest.mark.cold_cache  # a fresh machine: its cache starts empty (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"

@@ -14,6 +14,8 @@ from aiayn.lightning_modules.data import hf_corpus as H
 
 datasets = pytest.importorskip("datasets")
 
+pytestmark = pytest.mark.cold_cache  # tests/conftest.py: its cache holds only what these tests put there
+
 WORDS = "the a man woman dog cat runs sits on in under red blue green small big house street park ball".split()
 
 
