@@ -42,7 +42,7 @@ def pytest_runtest_call(item):
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """The tiny preset's data (the synthetic corpus, its tokenizer, the encoded splits), prepared once per test
-    process; the data most tests train on, which took each module seconds to prepare again."""
+    process: the data most tests train on, copied into each module's cache (the `cache` fixture)."""
     from aiayn.ablations.presets import get_preset
     from aiayn.lightning_modules.data.corpora import CorpusRef
     from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule

@@ -26,8 +26,7 @@ def one_thread():
 
 
 @pytest.mark.slow
-def test_tiny_base_row_learns_the_synthetic_corpus(tmp_path, monkeypatch, one_thread):
-    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
+def test_tiny_base_row_learns_the_synthetic_corpus(cache, tmp_path, one_thread):
     argv = ["train", "--row", "base", "--preset", "tiny", "--out", str(tmp_path / "runs"), "--max-steps", "300"]
     # a look is evaluated on 50 dev sentences unless --eval-subset says: the measured BLEU is the whole dev set's
     assert main([*argv, "--eval-subset", "1000", "--no-progress"]) == 0
@@ -67,9 +66,8 @@ def test_laptop_preset_learns_real_german_from_multi30k(tmp_path, monkeypatch, o
 
 
 @pytest.mark.slow
-def test_table3_sweep_end_to_end_with_report(tmp_path, monkeypatch, capsys):
+def test_table3_sweep_end_to_end_with_report(cache, tmp_path, capsys):
     """Real `aiayn train` processes under the sweep driver, then the report; a rerun runs nothing."""
-    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
     argv = [
         *"table3 --preset tiny --rows base,C1 --out".split(),
         str(tmp_path / "runs"),

@@ -456,8 +456,10 @@ def cluster() -> str:
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))  # jobs inherit the submitter's environment
+def cache(tmp_path, monkeypatch, tiny_data):
+    """The test's own cache, holding the tiny preset's data (tests/conftest.py): its jobs inherit the environment."""
+    shutil.copytree(tiny_data, tmp_path / "cache")
+    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
 
 
 def _logs(out: Path) -> str:

@@ -383,10 +383,9 @@ def test_unknown_scheme_is_a_user_error_without_the_password():
 
 
 @pytest.mark.slow
-def test_hpo_runs_trials_and_saves_the_best(tmp_path, monkeypatch, capsys):
+def test_hpo_runs_trials_and_saves_the_best(cache, tmp_path, capsys):
     """Three short in-process trials: TPE suggestions inside the search space, best params saved.
     (Three steps end before the first epoch-end validation, so pruning is not exercised here.)"""
-    monkeypatch.setenv("AIAYN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "runs"
     argv = [*"hpo --row C1 --preset tiny --trials 3 --out".split(), str(out), *"--max-steps 3 --eval-subset 4".split()]
     assert main(argv) == 0
