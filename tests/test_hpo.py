@@ -48,7 +48,8 @@ def test_trials_train_with_the_train_flags_on_the_chosen_accelerator(tmp_path, t
         *"hpo --row C1 --trials 2 --out".split(),
         str(tmp_path),
         *"--accelerator gpu --precision bf16-mixed --data multi30k --data-dir /data/m30k --max-tokens 3000".split(),
-        *"--set N=1".split(),
+        "--set",
+        "N=1",
     ]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["trials"] == 2 and len(trains) == 2

@@ -150,8 +150,8 @@ def test_a_run_killed_at_a_random_step_resumes_bit_for_bit(cache, tmp_path):
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     common = [
-        *"train --preset tiny --max-steps 30 --ckpt-every 10 --val-every 5 --val-bleu-sentences 2".split(),
-        *"--eval-subset 4".split(),
+        *"train --preset tiny --max-steps 30 --ckpt-every 10 --val-every 5".split(),
+        *"--val-bleu-sentences 2 --eval-subset 4".split(),
         *SMALL_MODEL,
         *QUIET,
     ]
@@ -204,8 +204,8 @@ def test_a_kill_inside_a_checkpoint_write_loses_only_the_steps_since_the_last_ch
     """A kill inside the write of the first last.ckpt: the periodic step0000010.ckpt written just before
     it holds the whole state, so the rerun resumes at step 10, not 0, and ends where an uninterrupted run does."""
     common = [
-        *"train --preset tiny --max-steps 20 --ckpt-every 10 --val-every 10 --val-bleu-sentences 0".split(),
-        *"--eval-subset 4".split(),
+        *"train --preset tiny --max-steps 20 --ckpt-every 10 --val-every 10".split(),
+        *"--val-bleu-sentences 0 --eval-subset 4".split(),
         *SMALL_MODEL,
         *QUIET,
     ]
