@@ -42,15 +42,14 @@ def pytest_runtest_call(item):
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """The tiny preset's data (the synthetic corpus, its tokenizer, the encoded splits), prepared once per test
-    process: the data most tests train on, copied into each module's cache (the `cache` fixture)."""
-    from aiayn.ablations.presets import get_preset
-    from aiayn.lightning_modules.data.corpora import CorpusRef
-    from aiayn.lightning_modules.data.datamodule import DataIdentity, DataPlan, TranslationDataModule
+    process as `aiayn train --preset tiny` prepares it: the data most tests train on, copied into each module's cache
+    (the `cache` fixture)."""
+    from aiayn.lightning_modules.run.options import TrainOptions
+    from aiayn.lightning_modules.run.spec import resolve
+    from aiayn.lightning_modules.run.train import build_datamodule
 
     path = tmp_path_factory.mktemp("tiny-data")
-    p = get_preset("tiny")
-    identity = DataIdentity(CorpusRef.parse(p.corpus), None, p.vocab_size, max_len=p.max_len, train_pairs=p.train_pairs)
-    TranslationDataModule(DataPlan(identity, path)).prepare_data()
+    build_datamodule(TrainOptions(cache_dir=str(path)), resolve("base", "tiny")).prepare_data()
     return path
 
 

@@ -233,7 +233,7 @@ def log_model_files(logger, checkpoint, metrics) -> None:
         shutil.copy2(MODEL_CODE, tmp / MODEL_CODE.name)  # MLmodel records the code's path: a temporary one, not ours
         quiet = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
         with (
-            mock.patch.dict(os.environ, quiet),  # the environment as it was after
+            mock.patch.dict(os.environ, quiet),  # restored on the way out
             _tracking(logger.experiment.tracking_uri),
             _level("mlflow", logging.WARNING),
             warnings.catch_warnings(),
