@@ -950,12 +950,16 @@ def _record_masks(path: str, worker_id: int) -> None:
     Path(path).write_text(json.dumps([sorted(map(int, started)), sorted(map(int, after))]))
 
 
-def test_loader_workers_start_with_the_stop_signals_held_until_their_handlers_are_in(tmp_path):
+@pytest.mark.parametrize("default_start", ["fork", "forkserver"])
+def test_loader_workers_start_with_the_stop_signals_held_until_their_handlers_are_in(tmp_path, default_start):
     """A signal to the trainer's group that lands while a loader forks its workers must not meet torch's worker
     handler, which ends a worker on a signal its parent did not send (the trainer failed half-way through making its
     iterator, and a worker it never shut down kept it from exiting): the workers start with SIGTERM, SIGINT and
-    SIGUSR1 held, worker_signals lets them through once its handlers are in, and the trainer's mask is as before."""
+    SIGUSR1 held, worker_signals lets them through once its handlers are in, and the trainer's mask is as before.
+    So too where the process's default start method is the forkserver (a sweep's trainer, Python 3.14): the workers
+    are forked from the trainer all the same (not started by a fresh interpreter, which inherits no mask)."""
     import functools
+    import multiprocessing
     import signal
 
     from aiayn.lightning_modules.data.batching import STOP_SIGNALS, ResumableDataLoader, TokenBucketSampler
@@ -970,7 +974,12 @@ def test_loader_workers_start_with_the_stop_signals_held_until_their_handlers_ar
         worker_init_fn=functools.partial(_record_masks, str(record)),
     )
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    batches = list(loader)
+    default = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(default_start, force=True)
+    try:
+        batches = list(loader)
+    finally:
+        multiprocessing.set_start_method(default, force=True)
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
     assert sorted(sum(batches, [])) == list(range(8))
     started, after = map(set, json.loads(record.read_text()))
