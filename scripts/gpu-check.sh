@@ -104,9 +104,9 @@ START=$(date +%s)
 note() { echo "$*" | tee -a "$SUM"; }
 stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, log it, note its status and time (stages.jsonl too)
   local name=$1 limit=$2; shift 2
-  # the smoke's CPU traces and steps what a GPU does many times slower: its fixed limits x3 (a busy CPU took
+  # the smoke's CPU traces and steps what a GPU does many times slower: its fixed limits x4 (a busy CPU took
   # over 40 s on `paths`); the table's limit is TABLE_S as the caller set it (a test stops the table at it)
-  [ "$SMOKE" = 1 ] && [ "$name" != table ] && limit=$((limit * 3))
+  [ "$SMOKE" = 1 ] && [ "$name" != table ] && limit=$((limit * 4))
   local t0=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" > "$WORK/logs/$name.log" 2>&1  # SIGTERM at the limit; SIGKILL 10 s on
   local rc=$?

@@ -136,7 +136,6 @@ def test_the_table_call_passes_its_flags_as_words_and_a_copy_without_git_the_com
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_most_8_files(cache, tmp_path):
     out = tmp_path / "out"
     env = {
@@ -146,6 +145,8 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
         "PYTHON": sys.executable,
         "AIAYN_CACHE": str(cache),
         "TMPDIR": str(tmp_path),
+        "GATE_S": "60",  # a busy CPU imports slowly
+        "GPU_CHECK_TABLE_S": "400",  # beside a neighbour: the table is to finish
     }
     done = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -191,13 +192,13 @@ def test_the_gpu_check_runs_end_to_end_on_a_cpu_in_its_smoke_mode_and_writes_at_
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_the_first_call_gates_then_runs_sdpa_the_trained_step_and_the_table_on_a_cpu_in_its_smoke(cache, tmp_path):
     """`gpu-check.sh first` (smoke, on a CPU): the gate's figures, then each stage's JSON read into the summary: the
     kernel of every attention call, the step as training builds it with its profile, the table's pace; no report."""
     out = tmp_path / "out"
     env = {**os.environ, "GPU_CHECK_SMOKE": "1", "OUT": str(out), "PYTHON": sys.executable}
     env.update({"AIAYN_CACHE": str(cache), "TMPDIR": str(tmp_path), "GATE_S": "60"})  # a busy CPU imports slowly
+    env["GPU_CHECK_TABLE_S"] = "400"  # beside a neighbour: the table is to finish
     done = subprocess.run(
         ["bash", str(SCRIPT), "first"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
@@ -244,7 +245,6 @@ def test_a_gate_that_finds_no_cuda_stops_the_call_before_any_stage(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_the_table_call_stopped_at_its_limit_counts_the_seed_steps_its_runs_trained(cache, tmp_path):
     """`gpu-check.sh table`, the whole table in one call: its two stages alone, the runs compiled as training compiles
     them by default, here cut by the stage's limit (as on a GPU where the whole table takes longer): the sweep stops
