@@ -241,8 +241,8 @@ class TokenBucketSampler(Sampler[list[int]]):
 
 # Loader workers forked from the trainer, as torch's DataLoader does by default on Linux up to Python 3.13. Python
 # 3.14 defaults to the forkserver, and so does a sweep's trainer, a forkserver child (sweeps/backends/local.py): there
-# each worker started a fresh interpreter that imported torch (2 steps of the tiny preset with 2 workers in a sweep
-# trained in 27 s against 4.5 s with none, on 2 busy cores), and none inherited the mask stop_signals_held sets.
+# each worker started a fresh interpreter that imported torch (a sweep's run of 2 tiny steps with 2 workers took 22-24 s
+# against 1.3-1.6 s forked, on 2 quiet cores: BENCHMARKS.md), and none inherited the mask stop_signals_held sets.
 # Elsewhere (macOS, where fork is unsafe) the platform's default.
 WORKER_START = "fork" if sys.platform == "linux" else None
 
