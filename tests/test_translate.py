@@ -121,6 +121,22 @@ def test_batches_follow_the_token_budget_and_the_output_keeps_the_input_order(tr
     assert narrow.translate(sentences) == wide.translate(sentences)
 
 
+def test_translating_and_evaluating_a_run_never_import_lightning(trained):
+    """`aiayn translate` and `aiayn eval` decode with the model alone: Lightning's import (and through torchmetrics,
+    transformers') was half of a one-sentence translation's 25 s on a busy CPU, spent to check `--precision auto`."""
+    import subprocess
+
+    run, dev = trained
+    probe = (
+        "import sys\nfrom aiayn.cli import main\n"
+        f"assert main(['eval', '--run', {str(run)!r}, '--src', {str(dev / 'dev.en')!r}, "
+        f"'--ref', {str(dev / 'dev.de')!r}, '--beam', '1']) == 0\n"
+        "print('lightning' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.stdout.split()[-1:] == ["False"], done.stdout + done.stderr[-2000:]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_device_auto_is_the_cpu_here_and_cuda_is_refused_in_one_line(trained, tmp_path, capsys):
     run, dev = trained

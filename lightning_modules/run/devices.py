@@ -72,8 +72,8 @@ def resolve_precision(precision: str, accelerator: str) -> str:
             f"--precision {precision}: the fused loss computes its gradients in the forward pass, where "
             f"fp16's gradient scaler cannot scale them; use bf16-mixed or 32-true (or auto)"
         )
-    known = lightning_precisions()
-    if precision != "auto" and known and precision not in known:  # Lightning's ValueError came after the run dir
+    known = lightning_precisions() if precision != "auto" else ()
+    if known and precision not in known:  # Lightning's ValueError came after the run dir
         raise UserError(
             f"--precision {precision}: not a precision Lightning knows; use auto, 32-true, bf16-mixed, "
             "bf16-true or 64-true"
