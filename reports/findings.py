@@ -171,12 +171,12 @@ def _delta(v: verdicts.Verdict) -> str:
         low, high = v.tost_low, v.tost_high
         if v.metric == "ppl":
             return (
-                f"{_pct(v.delta_worse)} dev PPL [{_level(v)} {_pct(low)}, {_pct(high)}], margin "
+                f"{_pct(v.delta_worse)} dev PPL [{_pct(low)}, {_pct(high)}] ({_level(v)} interval), margin "
                 f"±{100 * math.expm1(v.margin):.2f}%"
                 if not math.isnan(low)
                 else f"{_pct(v.delta_worse)} dev PPL"
             )
-        return f"{-v.delta_worse:+.2f} BLEU [{_level(v)} {-high:+.2f}, {-low:+.2f}], margin ±{v.margin:g}"
+        return f"{-v.delta_worse:+.2f} BLEU [{-high:+.2f}, {-low:+.2f}] ({_level(v)} interval), margin ±{v.margin:g}"
     if v.metric == "ppl":
         interval = f" [{_pct(v.ci_low)}, {_pct(v.ci_high)}]" if not math.isnan(v.ci_low) else ""
         return f"{_pct(v.delta_worse)} dev PPL{interval}"
@@ -319,13 +319,14 @@ def decided_prediction(decided: dict, row: str) -> str | None:
     return next((v.predicted for (_, r), v in decided.items() if r == row), None)
 
 
-def _by_design(paper_can: bool, other_can: bool) -> str:
-    """Which side's equivalence could not count on a test, by the registration alone."""
-    if not paper_can:
-        return " (the paper's equivalence could not count: no row of its knob)"
-    if not other_can:
-        return " (its equivalence could not count: no row of its knob)"
-    return ""
+def _by_design(tests: list) -> str:
+    """Where one side's equivalence could not count, by the registration alone (no other scored row of its knob)."""
+    said = []
+    for side, index in (("the paper's", 3), ("the predictor's", 4)):
+        rows = [t[0] for t in tests if not t[index]]
+        if rows:
+            said.append(f"{side} equivalence could not count on {', '.join(rows)} (no other scored row of the knob)")
+    return "; " + "; ".join(said) if said else ""
 
 
 def _can_pass(v: verdicts.Verdict, registered: dict) -> bool:
@@ -358,14 +359,17 @@ def predictors_line(decided: dict, baselines: dict, cells: list[str]) -> str:
         label = sep["label"]
         total = s["baselines"].get(name, {}).get("passed")
         if not sep["tests"]:
-            parts.append(f'"{label}" {total}: level by design (no test run where they could differ)')
+            parts.append(f'"{label}" passes {total}: level by design (no test run where they predict differently).')
             continue
         mine = sum(t[1] for t in sep["tests"])
         theirs = sum(t[2] for t in sep["tests"])
-        rows = ", ".join(t[0] + _by_design(t[3], t[4]) for t in sep["tests"])
+        rows = ", ".join(t[0] for t in sep["tests"])
         standing = "level by data" if mine == theirs else "the paper ahead" if mine > theirs else "the paper behind"
-        parts.append(f'"{label}" {total}: {standing} on {rows}: the paper passes {mine} there, it {theirs}')
-    return f"The paper passes {s['passed']} of {s['scored']}; " + "; ".join(parts) + "."
+        parts.append(
+            f'"{label}" passes {total}: {standing}. Where they predict differently ({rows}), the paper passes '
+            f"{mine}, the predictor {theirs}{_by_design(sep['tests'])}."
+        )
+    return f"The paper passes {s['passed']} of its {s['scored']} tests. " + " ".join(parts)
 
 
 def build(table, decided, first, stage_of, ev, baselines, cells, runs_regime: dict) -> Findings:

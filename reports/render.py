@@ -226,9 +226,10 @@ VERDICT_COLOURS = {
 }
 
 
-def _styled(df: pd.DataFrame) -> str:
-    """A table as HTML through pandas' Styler: verdict cells coloured, numbers right-aligned, no index."""
-    styler = df.style.hide(axis="index").set_table_attributes('class="table3"')
+def _styled(df: pd.DataFrame, name: str) -> str:
+    """A table as HTML through pandas' Styler: verdict cells coloured, numbers right-aligned, no index. Its element
+    ids carry `name`, unique on the page, not the random id Styler draws: the same runs give the same page."""
+    styler = df.style.hide(axis="index").set_table_attributes('class="table3"').set_uuid(name)
     if "verdict" in df:
         styler = styler.map(
             lambda v: f"background-color: {VERDICT_COLOURS[v]}" if v in VERDICT_COLOURS else "", subset=["verdict"]
@@ -257,13 +258,15 @@ def html_page(page: Page, plot_links) -> str:
         for path, alt in plot_links
     )
     parts.append(f'<section class="figures">{figures}</section>')
-    parts.append(f'<h2>The table</h2>\n<div class="scroll">{_styled(display(page.table))}</div>')
+    parts.append(f'<h2>The table</h2>\n<div class="scroll">{_styled(display(page.table), "table")}</div>')
     parts.append(f'<p class="key">{_html_text(key(page.table, page.alpha))}</p>')
-    for heading, table in page.stages:
-        parts.append(f'<h3>{html.escape(heading)}</h3>\n<div class="scroll">{_styled(display(table))}</div>')
+    for i, (heading, table) in enumerate(page.stages):
+        parts.append(
+            f'<h3>{html.escape(heading)}</h3>\n<div class="scroll">{_styled(display(table), f"stage{i}")}</div>'
+        )
     if page.findings is not None and page.lead:
         parts.append(f"<h2>The naive predictors</h2>\n<p>{_html_text(page.lead)}</p>")
-    parts.append(f'<h2>Every column</h2>\n<div class="scroll">{_styled(display_wide(page.table))}</div>')
+    parts.append(f'<h2>Every column</h2>\n<div class="scroll">{_styled(display_wide(page.table), "wide")}</div>')
     items = []
     for text, sub in page.notes:
         inner = "".join(f"<li>{_html_text(s)}</li>" for s in sub)
