@@ -54,8 +54,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causa
     gets zeros, on both paths: explicitly on the fused one, whose kernels disagree there (CPU's and some CUDA
     kernels give zeros, others NaN), by letting such a row attend to every key and zeroing its output afterwards
     (elementwise work on the mask, no branch and so no host sync). Not in training, where no row is empty (the data
-    module drops empty pairs, a pack's filler rows hold one EOS): a query that requires grad goes to the kernel with
-    its mask as it is.
+    module drops empty pairs): a query that requires grad goes to the kernel with its mask as it is.
     """
     T, S = q.shape[-2], k.shape[-2]
     if not cpu_fast_path(q) or (S > PLAIN_ATTENTION_MAX_KEYS and T > PLAIN_ATTENTION_MAX_QUERIES):

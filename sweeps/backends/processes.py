@@ -172,7 +172,7 @@ class SubprocessBackend(QueueBackend):
     def train_process(self, sweep: Sweep, row: str, opts: TrainOptions, run: RunDir, slot: str | None = None):
         """Its trainer shares the driver's process group: a signal to the group reaches it, one to the driver alone
         lets it finish. One started while the sweep stops would miss the group's signal and train on, the driver
-        waiting for it (seen: a pack claimed as `timeout` stopped a sweep ran to its end, and `timeout` killed the
+        waiting for it (seen: a pair claimed as `timeout` stopped a sweep ran to its end, and `timeout` killed the
         sweep 10 s on): it is not started, or told at once."""
         if self.stop.signum is not None:
             return None
