@@ -169,24 +169,20 @@ def _delta(v: verdicts.Verdict) -> str:
         return "no difference measured"
     if v.predicted == "equivalent":
         low, high = v.tost_low, v.tost_high
+        level = f"({stats.tost_level(v.alpha)} interval)"
         if v.metric == "ppl":
             return (
-                f"{_pct(v.delta_worse)} dev PPL [{_pct(low)}, {_pct(high)}] ({_level(v)} interval), margin "
+                f"{_pct(v.delta_worse)} dev PPL [{_pct(low)}, {_pct(high)}] {level}, margin "
                 f"±{100 * math.expm1(v.margin):.2f}%"
                 if not math.isnan(low)
                 else f"{_pct(v.delta_worse)} dev PPL"
             )
-        return f"{-v.delta_worse:+.2f} BLEU [{-high:+.2f}, {-low:+.2f}] ({_level(v)} interval), margin ±{v.margin:g}"
+        return f"{-v.delta_worse:+.2f} BLEU [{-high:+.2f}, {-low:+.2f}] {level}, margin ±{v.margin:g}"
     if v.metric == "ppl":
         interval = f" [{_pct(v.ci_low)}, {_pct(v.ci_high)}]" if not math.isnan(v.ci_low) else ""
         return f"{_pct(v.delta_worse)} dev PPL{interval}"
     interval = f" [{-v.ci_high:+.2f}, {-v.ci_low:+.2f}]" if not math.isnan(v.ci_low) else ""
     return f"{-v.delta_worse:+.2f} BLEU{interval}"
-
-
-def _level(v: verdicts.Verdict) -> str:
-    """The confidence of an equivalence's interval, TOST's (1 - 2α at the level its table is tested at)."""
-    return f"{100 * (1 - 2 * v.alpha):.1f}%".replace(".0%", "%")
 
 
 def _pct(log_diff: float) -> str:

@@ -250,12 +250,12 @@ def _equivalences(f: Facts) -> list[Note]:
     return [
         Note(
             'Equivalence: TOST\'s p is the larger of the two one-sided p-values of "worse by the margin or more" '
-            'and "better by the margin or more" (equivalently, the 90% interval of the difference lies inside '
-            "± the margin, around the registered center where one is registered, else around 0). An equivalence "
-            "counts only where the same cell also shows a row of the same knob (one that varies only knobs the "
-            "equivalence varies: A1 or B1 for A3, no-pe for E1) significantly different as predicted (assay "
-            "sensitivity: the seeds can see a difference that knob makes), and is refuted where Welch's "
-            "two-sided test, Bonferroni-adjusted over the family, finds a difference.",
+            'and "better by the margin or more" (equivalently, the 1 - 2α interval of the difference, its level '
+            "given below, lies inside ± the margin, around the registered center where one is registered, else "
+            "around 0). An equivalence counts only where the same cell also shows a row of the same knob (one that "
+            "varies only knobs the equivalence varies: A1 or B1 for A3, no-pe for E1) significantly different as "
+            "predicted (assay sensitivity: the seeds can see a difference that knob makes), and is refuted where "
+            "Welch's two-sided test, Bonferroni-adjusted over the family, finds a difference.",
             [f"{v.row}{f.where(v)}: {_margin_text(v)}" for v in equiv if v.margin],
         )
     ]
@@ -265,7 +265,8 @@ def _margin_text(v) -> str:
     """An equivalence's margin, center, Δ and intervals."""
     center = f" around {_pct(v.center)} (its registered center: the difference the regime predicts)" if v.center else ""
     interval = (
-        f"(90% interval {_pct(v.tost_low)} to {_pct(v.tost_high)}, TOST's; 95% {_pct(v.ci_low)} to {_pct(v.ci_high)})"
+        f"({stats.tost_level(v.alpha)} interval {_pct(v.tost_low)} to {_pct(v.tost_high)}, TOST's; "
+        f"95% {_pct(v.ci_low)} to {_pct(v.ci_high)})"
         if not pd.isna(v.tost_low)
         else "(no interval: fewer than two seeds on a side)"
     )
@@ -511,7 +512,7 @@ def _tested_delta(v) -> str:
     """The difference the verdict tested at the end and its interval (the table's Δ is the final evaluation's; a
     preset that reads each point as a median of validations tests that median): in percent of dev PPL, or BLEU."""
     low, high = (v.tost_low, v.tost_high) if v.predicted == "equivalent" else (v.ci_low, v.ci_high)
-    level = "90%" if v.predicted == "equivalent" else "95%"
+    level = stats.tost_level(v.alpha) if v.predicted == "equivalent" else "95%"
     if v.metric == "ppl":
         pct = lambda x: f"{100 * math.expm1(x):+.2f}"
         return f"Δ tested {pct(v.delta_worse)}% PPL, {level} interval {pct(low)} to {pct(high)}"

@@ -145,8 +145,9 @@ def key(table: pd.DataFrame, alpha: float = stats.ALPHA) -> str:
         f"`{stats.AGREE}`: the predicted sign at every point, without significance"
         + (" (one seed a side: a sign, not a test)" if single.any() else "")
         + f". `{stats.DISAGREE}` / `{stats.SIGNIFICANT_DISAGREE}`: the opposite sign. `{stats.NOT_EQUIVALENT}`: an "
-        f"equivalence whose 90% interval lies wholly outside its margin. `{stats.INCONCLUSIVE}`: neither shown (a sign "
-        "that changes between the points among them). A difference predicted with an equivalence arm (a later "
+        f"equivalence whose {stats.tost_level(alpha)} interval (TOST's) lies wholly outside its margin. "
+        f"`{stats.INCONCLUSIVE}`: neither shown (a sign that changes between the points among them). "
+        "A difference predicted with an equivalence arm (a later "
         f"stage's) that comes out `{stats.EQUIVALENT}` is a decided miss: the predicted difference ruled out. "
         f"`{stats.CHECK_PASSED}`: label smoothing's arithmetic floor, an implementation check, not a finding. "
         f"`{stats.NOT_SCORED}` / `{stats.NOT_TESTABLE}`: as registered, each with its reason in the notes."

@@ -24,6 +24,12 @@ import numpy as np
 
 ALPHA = 0.05
 
+
+def tost_level(alpha: float = ALPHA) -> str:
+    """The confidence of TOST's interval at level `alpha`, 1 - 2α, as a report prints it: 90% at 0.05."""
+    return f"{100 * (1 - 2 * alpha):.1f}%".replace(".0%", "%")
+
+
 # One verdict per row of a pre-registered scored set (see `verdict`), best to worst, then the rows no sign
 # verdict is given to.
 SIGNIFICANT_AGREE = "significant agree"
@@ -35,7 +41,7 @@ EQUIVALENT_UNASSAYED = (
 )
 DISAGREE = "disagree"
 SIGNIFICANT_DISAGREE = "significant disagree"
-NOT_EQUIVALENT = "not equivalent"  # an equivalence whose 90% interval lies wholly outside its margin: a sharp miss
+NOT_EQUIVALENT = "not equivalent"  # an equivalence whose TOST interval lies wholly outside its margin: a sharp miss
 # passed at the end (100% of the budget) but not at an earlier point of the stability rule (reports/verdicts.py): a miss
 NOT_STABLE = "not stable"
 NOT_TESTABLE = "not testable"
@@ -143,7 +149,7 @@ def equivalence_verdict(
     """The verdict on a row predicted equivalent to base: `equivalent` when its Holm-adjusted TOST p < ALPHA and the
     table is assay-sensitive (`assay`: a row of the same knob is significantly different as predicted in the same
     table, so the seeds can see a difference that knob makes), `equivalent, assay not sensitive` (not counted)
-    without that; `not equivalent` when its 90% interval (TOST's) lies wholly outside the margin (`outside`): the
+    without that; `not equivalent` when its 1 - 2α interval (TOST's) lies wholly outside the margin (`outside`): the
     data show a difference larger than the margin; `significant disagree` when the two-sided difference test is
     significant instead; otherwise `inconclusive` (neither shown)."""
     if not math.isnan(p_tost_adjusted) and p_tost_adjusted < alpha:

@@ -164,7 +164,7 @@ class Verdict:
     floor: float | None = None  # a check's floor (dev PPL), with `ppl` the row's measured mean
     ppl: float | None = None
     points: tuple[Point, ...] = ()  # the test at each point of the stability rule (STABILITY), 100% last
-    tost_low: float = math.nan  # an equivalence's 90% interval of delta_worse (TOST at α 0.05 is it inside ±margin)
+    tost_low: float = math.nan  # an equivalence's 1 - 2α interval of delta_worse (TOST at α: is it inside ±margin)
     tost_high: float = math.nan
     center: float = 0.0  # an equivalence's predicted difference in the metric's scale (log PPL), as registered
     alpha: float = stats.ALPHA  # the level its family was tested at
@@ -418,7 +418,7 @@ def _same_knob(row: str, equivalent: str) -> bool:
 
 
 def _outside(t: _Test) -> bool:
-    """An equivalence's 90% interval (TOST's) wholly outside its registered band, center ± margin."""
+    """An equivalence's 1 - 2α interval (TOST's) wholly outside its registered band, center ± margin."""
     low, high = t.tost_ci
     if t.margin is None or math.isnan(low) or math.isnan(high):
         return False

@@ -110,3 +110,14 @@ def test_rows_evaluated_on_other_dev_sentences_get_no_delta(real):
     t3 = build_table(moved, "real", "line")
     b1 = t3.rows[t3.rows["row"] == "B1"].iloc[0]
     assert math.isnan(b1["delta_ppl_pct"]) and math.isnan(b1["delta_bleu"]) and "B1" in t3.mismatched
+
+
+def test_an_equivalences_interval_is_named_at_its_tables_level_wherever_it_is_printed(real):
+    """At the real table's α (0.0253: Šidák over two stages) TOST's interval is a 94.9% one, which the key and the
+    notes called 90%, its level at α 0.05: a label that contradicted the numbers beside it."""
+    from aiayn.reports import notes, render
+
+    _, (t3, _, _, _, family, *_) = real
+    (e1,) = [v for v in family.values() if v.row == "E1"]
+    texts = [render.key(t3.rows, e1.alpha), findings._delta(e1), notes._margin_text(e1), notes._tested_delta(e1)]
+    assert all("94.9% interval" in text and "90%" not in text for text in texts), texts
