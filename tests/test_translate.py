@@ -131,6 +131,8 @@ def test_translating_and_evaluating_a_run_never_import_lightning(trained):
         "import sys\nfrom aiayn.cli import main\n"
         f"assert main(['eval', '--run', {str(run)!r}, '--src', {str(dev / 'dev.en')!r}, "
         f"'--ref', {str(dev / 'dev.de')!r}, '--beam', '1']) == 0\n"
+        f"assert main(['translate', '--run', {str(run)!r}, '--input', {str(dev / 'dev.en')!r}, "
+        f"'--output', {str(dev / 'probe.de')!r}]) == 0\n"
         "print('lightning' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
