@@ -24,12 +24,6 @@ import numpy as np
 
 ALPHA = 0.05
 
-
-def tost_level(alpha: float = ALPHA) -> str:
-    """The confidence of TOST's interval at level `alpha`, 1 - 2α, as a report prints it: 90% at 0.05."""
-    return f"{100 * (1 - 2 * alpha):.1f}%".replace(".0%", "%")
-
-
 # One verdict per row of a pre-registered scored set (see `verdict`), best to worst, then the rows no sign
 # verdict is given to.
 SIGNIFICANT_AGREE = "significant agree"
@@ -117,6 +111,11 @@ def tost_p(a: Sequence[float], b: Sequence[float], margin: float) -> float:
     p_lower = float(stats.t.sf((d + margin) / se, df))  # H0: d <= -margin
     p_upper = float(stats.t.cdf((d - margin) / se, df))  # H0: d >= +margin
     return max(p_lower, p_upper)
+
+
+def tost_level(alpha: float = ALPHA) -> str:
+    """The confidence of TOST's interval at level `alpha`, 1 - 2α, as a report prints it: 90% at 0.05."""
+    return f"{100 * (1 - 2 * alpha):.1f}%".replace(".0%", "%")
 
 
 def slope(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
