@@ -25,7 +25,7 @@ from aiayn.lightning_modules.data.corpora import CorpusRef
 from aiayn.lightning_modules.run.spec import sweep_key
 from aiayn.reports import findings, plots, stats, verdicts
 from aiayn.reports.against import write_against
-from aiayn.reports.notes import Facts, capped_lead, headline, lead, report_notes, runs_recorded, stage_notes
+from aiayn.reports.notes import Facts, capped_lead, headline, report_notes, runs_recorded, stage_notes
 from aiayn.reports.render import Page, html_page, latex, markdown
 from aiayn.reports.runs import Run, Scan, read_curve, scan
 from aiayn.reports.table import Table3, build_table, rounded, row_order, set_verdicts
@@ -155,7 +155,7 @@ def write_report(
         notice,
         table,
         notes,
-        capped_lead(capped, runs) or lead(family, baselines),
+        capped_lead(capped, runs),
         found_first,
         [(f"Stage {r.stage.number}", r.t3.rows) for r in staged if r.t3 is not None],
         level(preset) if scored_preset else stats.ALPHA,

@@ -1,5 +1,6 @@
 """The report's notes: the prose under each table (what was run, how it was judged, what it found), from the runs
-and the verdicts; `headline` and `lead`, the sentences a reader sees first. Built by reports/build.py."""
+and the verdicts; `headline`, the line the terminal prints; `capped_lead`, a look's first lines. Built by
+reports/build.py."""
 
 from __future__ import annotations
 
@@ -563,60 +564,6 @@ def _not_run_text(s: dict) -> str:
         f" Not run here, so not in the score: {', '.join(s['not_run'])} (scored by the registration; no run of "
         "theirs among these runs: `aiayn table3` without --rows runs them)."
     )
-
-
-def _versus(s: dict, b: dict) -> str:
-    """One baseline against the registration: its passes, the difference, and who passed where they differ."""
-    gap = s["passed"] - b["passed"]
-    standing = (
-        f"the registration {gap} ahead"
-        if gap > 0
-        else f"the registration {-gap} behind"
-        if gap < 0
-        else "level with the registration"
-    )
-    text = f'"{b["label"]}" passes {b["passed"]} ({standing}'
-    if b["differs_on"]:
-        mine, theirs = b["registered_passed_where_it_did_not"], b["passed_where_registered_did_not"]
-        text += (
-            f"; of the tests where they predict otherwise, {', '.join(b['differs_on'])}, the registration alone "
-            f"passed {', '.join(mine) or 'none'}, the baseline alone {', '.join(theirs) or 'none'}"
-        )
-    return text + ")"
-
-
-def lead(family: dict, baselines: dict) -> str:
-    """The report's first lines: the score, each baseline beside it and where they differ, and, where a baseline
-    scores higher, that it does (a reader at a glance learns what the table shows before its rows)."""
-    if not family:
-        return ""
-    s = verdicts.score(family, baselines)
-    if not s["scored"]:
-        return ""
-    single = all(min(v.n_row, v.n_base) <= 1 for v in family.values() if v.predicted in SCORED)
-    if single:
-        text = (
-            f"**{s['agree']} of {s['scored']} pre-registered rows agree in sign at every point** (one seed a side: "
-            "signs, not tests)."
-        )
-        for b in s["baselines"].values():
-            text += f' "{b["label"]}" agrees on {b["agree"]}.'
-        return text
-    text = f"**Score: {s['passed']} of {s['scored']} pre-registered tests pass.**"
-    if s["baselines"]:
-        text += (
-            " Judged on the same numbers by the same rules, "
-            + "; ".join(_versus(s, b) for b in s["baselines"].values())
-            + "."
-        )
-    higher = [b["label"] for b in s["baselines"].values() if b["passed"] > s["passed"]]
-    if higher:
-        text += (
-            " A naive baseline scores higher than the paper's predictions here ("
-            + ", ".join(f'"{x}"' for x in higher)
-            + "): at this scale, that guess explains this table better than the paper's claims do."
-        )
-    return text
 
 
 def headline(table: pd.DataFrame, family: dict, baselines: dict | None = None) -> str:

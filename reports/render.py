@@ -168,7 +168,7 @@ class Page:
     notice: str
     table: pd.DataFrame
     notes: list
-    lead: str = ""  # the score beside the naive predictors (or a look's warning)
+    lead: str = ""  # a look's warning (capped runs: no findings)
     findings: object = None  # reports.findings.Findings, or None (no verdict)
     stages: list = field(default_factory=list)  # (heading, its table) of each later stage with runs
     alpha: float = stats.ALPHA
@@ -196,8 +196,6 @@ def markdown(page: Page, plot_links) -> str:
     lines += ["", "## The table", "", _md_table(page.table), "", key(page.table, page.alpha), ""]
     for heading, table in page.stages:
         lines += [f"### {heading}", "", _md_table(table), ""]
-    if page.findings is not None and page.lead:
-        lines += ["## The naive predictors", "", page.lead, ""]
     lines += ["## Notes", ""]
     for text, items in page.notes:
         lines.append(f"- {text}")
@@ -265,8 +263,6 @@ def html_page(page: Page, plot_links) -> str:
         parts.append(
             f'<h3>{html.escape(heading)}</h3>\n<div class="scroll">{_styled(display(table), f"stage{i}")}</div>'
         )
-    if page.findings is not None and page.lead:
-        parts.append(f"<h2>The naive predictors</h2>\n<p>{_html_text(page.lead)}</p>")
     parts.append(f'<h2>Every column</h2>\n<div class="scroll">{_styled(display_wide(page.table), "wide")}</div>')
     items = []
     for text, sub in page.notes:
