@@ -7,7 +7,7 @@ rendered first by reports/render.py."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -271,12 +271,27 @@ def _family_line(name: str, rows, decided: dict, first: dict, stage_of: dict, ta
             )
         else:
             text += f" ({seeds})"
+        text += _unstable_points(v)
         if not v.passed and v.row in ev and min(v.n_row, v.n_base) >= 2:
             facts = miss_facts(v, ev[v.row], table)
             misses[v.row] = facts
             text += f"; {_miss_text(v, facts)}"
         parts.append(text)
     return f"{head}{rest}: " + "; ".join(parts)
+
+
+def _unstable_points(v: verdicts.Verdict) -> str:
+    """Where a `not stable` test passed and where not, each miss with its verdict and Holm p there."""
+    if v.verdict != stats.NOT_STABLE:
+        return ""
+    passed = {pt.fraction: replace(v, verdict=pt.verdict).passed for pt in v.points}  # the test's rule
+    good = [f"{100 * pt.fraction:g}%" for pt in v.points if passed[pt.fraction]]
+    bad = [
+        f"{100 * pt.fraction:g}% ({pt.verdict}, Holm p {stats_p(pt.p_holm)})"
+        for pt in v.points
+        if not passed[pt.fraction]
+    ]
+    return f": passed at {' and '.join(good)}, not at {' and '.join(bad)}"
 
 
 def _changes(table: pd.DataFrame, row: str) -> str:
