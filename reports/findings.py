@@ -271,7 +271,7 @@ def _family_line(name: str, rows, decided: dict, first: dict, stage_of: dict, ta
             )
         else:
             text += f" ({seeds})"
-        text += _unstable_points(v)
+        text += _points_text(v)
         if not v.passed and v.row in ev and min(v.n_row, v.n_base) >= 2:
             facts = miss_facts(v, ev[v.row], table)
             misses[v.row] = facts
@@ -280,8 +280,17 @@ def _family_line(name: str, rows, decided: dict, first: dict, stage_of: dict, ta
     return f"{head}{rest}: " + "; ".join(parts)
 
 
-def _unstable_points(v: verdicts.Verdict) -> str:
-    """Where a `not stable` test passed and where not, each miss with its verdict and Holm p there."""
+def _points_text(v: verdicts.Verdict) -> str:
+    """What a miss of the stability rule was at each point: where a `not stable` test passed and where not (each
+    miss with its verdict and Holm p there); an `inconclusive` one's difference at each point, its sign changing."""
+    if v.verdict == stats.INCONCLUSIVE and v.points:
+        fractions = "/".join(f"{100 * pt.fraction:g}" for pt in v.points)
+        if v.metric == "ppl":
+            deltas = "/".join(_pct(pt.delta_worse) or "n/a" for pt in v.points) + " dev PPL"
+        else:
+            deltas = "/".join("n/a" if math.isnan(pt.delta_worse) else f"{-pt.delta_worse:+.2f}" for pt in v.points)
+            deltas += " BLEU"
+        return f": {deltas} at {fractions}%"
     if v.verdict != stats.NOT_STABLE:
         return ""
     passed = {pt.fraction: replace(v, verdict=pt.verdict).passed for pt in v.points}  # the test's rule

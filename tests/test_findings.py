@@ -65,6 +65,8 @@ def test_each_miss_says_its_power_its_trend_and_the_regime(real):
     (heads,) = [line for line in found.families if line.startswith("**Heads**")]
     assert "**not stable** (3 v 8 seeds): passed at 87.5% and 100%, not at 75% (agree, Holm p 0.054); power" in heads
     assert "power at the paper's difference" in heads
+    (smoothing,) = [line for line in found.families if line.startswith("**Label smoothing**")]
+    assert "**inconclusive** (8 v 8 seeds): +0.19/+0.27/-0.06 BLEU at 75/87.5/100%; power" in smoothing
 
 
 def _cell(values: dict, tests: dict | None = None, alpha: float = 0.05) -> verdicts.Cell:
