@@ -19,6 +19,7 @@ import pytest
 from aiayn.ablations.presets import PRESETS
 from aiayn.ablations.stages import level
 from aiayn.lightning_modules.run.spec import resolve
+from aiayn.reports.runs import read_curve
 from aiayn.reports.table import EARLY, read_points
 from aiayn.reports.verdicts import Cell, convergence_drop, judge_cells, point_value, smoothing_floor
 
@@ -93,6 +94,13 @@ def test_every_reference_table_has_its_runs_and_their_curves():
     for table in TABLES:
         assert table.with_name(f"{table.stem}-runs.csv").exists(), f"{table} has no per-run CSV beside it"
         assert table.with_name(f"{table.stem}-curves.csv").exists(), f"{table} has no curves beside it"
+    # a run folder holds every attempt's logs/version_N: its curve runs to its last step without a gap (with only
+    # version_0, a resumed run's stops where it was first stopped)
+    folders = sorted(m.parent for m in REFERENCE.rglob("metrics.json"))
+    assert len(folders) >= 42, folders  # the real table's runs
+    for folder in folders:
+        curve, steps = read_curve(folder, "train/loss"), pd.read_json(folder / "metrics.json", typ="series")["steps"]
+        assert curve["step"].max() == steps - 1 and curve["step"].diff().max() <= 10, folder
 
 
 @pytest.mark.parametrize("table", TABLES, ids=[str(t.relative_to(REFERENCE)) for t in TABLES])

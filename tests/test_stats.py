@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from aiayn.ablations import predictions as P
 from aiayn.reports import stats, verdicts
 
 
@@ -120,8 +121,6 @@ def held(values: dict) -> dict:
 
 
 def test_judge_gives_every_category_its_test_and_holm_over_the_tests_made(monkeypatch):
-    from aiayn.ablations import predictions as P
-
     preds = {
         "A1": P.Prediction("A1", "ppl", "worse", ""),
         "C1": P.Prediction("C1", "ppl", "worse", ""),
@@ -176,8 +175,6 @@ def test_the_stability_rule_refuses_a_pass_that_does_not_hold_at_every_point(mon
     """A1 is significantly worse at the end; at 75% its seeds are within base's: `not stable`, and its `why` says
     where. Without a validation at a point (a run that logged none there) the rule cannot be applied: `not testable`,
     naming the point, never `not stable`, and not a pass either."""
-    from aiayn.ablations import predictions as P
-
     monkeypatch.setattr(verdicts, "predictions", lambda preset: {"A1": P.Prediction("A1", "ppl", "worse", "")})
     base, worse = [5.0, 5.1, 5.2, 5.05], [6.0, 6.2, 6.1]
     end = {"base": {"ppl": base}, "A1": {"ppl": worse}}
@@ -286,8 +283,6 @@ def test_an_interval_beyond_the_margin_at_every_point_is_judged_not_equivalent(m
 
 
 def _preds(monkeypatch, table: dict):
-    from aiayn.ablations import predictions as P
-
     def lines(preset):
         return {row: P.Prediction(row, *spec) for row, spec in table.get(preset, {}).items()}
 
@@ -352,6 +347,16 @@ def test_label_smoothings_floor_is_a_check_never_a_score(monkeypatch):
     assert verdicts.score(out)["scored"] == 0 and len(verdicts.score(out)["checks"]) == 2
 
 
+def _hand_made_predictions() -> dict:
+    return {
+        "A3": P.Prediction("A3", "ppl", "equivalent", "", margin=0.05),
+        "C5": P.Prediction("C5", "ppl", "better", ""),
+        "C6": P.Prediction("C6", "ppl", "worse", ""),
+        "E1": P.Prediction("E1", "ppl", "equivalent", "", margin=0.05),
+        "no-pe": P.Prediction("no-pe", "ppl", "control", ""),
+    }
+
+
 def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
     """ "every change hurts" and "more parameters help, every other change hurts" judged on the same numbers
     by the same rules as the registration. The table: C5 (more parameters) is better, C6 (fewer) worse, A3 (as many)
@@ -359,15 +364,7 @@ def test_both_naive_baselines_on_a_hand_made_table(monkeypatch):
     predicts C5 better, C6 worse, A3 and E1 equivalent: it passes C5, C6 and E1 (no-pe, of its knob, shows the seeds
     see a difference there); "every change hurts" passes C6 and A3 (significantly worse) and fails C5 and E1; "more
     parameters help" passes C5, C6, A3 and fails E1 (not significantly better)."""
-    from aiayn.ablations import predictions as P
-
-    preds = {
-        "A3": P.Prediction("A3", "ppl", "equivalent", "", margin=0.05),
-        "C5": P.Prediction("C5", "ppl", "better", ""),
-        "C6": P.Prediction("C6", "ppl", "worse", ""),
-        "E1": P.Prediction("E1", "ppl", "equivalent", "", margin=0.05),
-        "no-pe": P.Prediction("no-pe", "ppl", "control", ""),
-    }
+    preds = _hand_made_predictions()
     monkeypatch.setattr(verdicts, "predictions", lambda preset: preds)
     base = [5.00, 5.02, 4.98, 5.01, 4.99, 5.00]
     values = {
@@ -414,16 +411,7 @@ def test_the_parameter_count_alone_on_a_hand_made_table(monkeypatch):
     and no-pe show the seeds see what the heads and the encoding do); the count alone predicts A1 equivalent (within
     A3's 5%) and E1 better: it passes A3, C5, C6, and misses A1 (not equivalent) and E1; a control it leaves as
     registered."""
-    from aiayn.ablations import predictions as P
-
-    preds = {
-        "A1": P.Prediction("A1", "ppl", "worse", ""),
-        "A3": P.Prediction("A3", "ppl", "equivalent", "", margin=0.05),
-        "C5": P.Prediction("C5", "ppl", "better", ""),
-        "C6": P.Prediction("C6", "ppl", "worse", ""),
-        "E1": P.Prediction("E1", "ppl", "equivalent", "", margin=0.05),
-        "no-pe": P.Prediction("no-pe", "ppl", "control", ""),
-    }
+    preds = {"A1": P.Prediction("A1", "ppl", "worse", ""), **_hand_made_predictions()}
     monkeypatch.setattr(verdicts, "predictions", lambda preset: preds)
     base = [5.00, 5.02, 4.98, 5.01, 4.99, 5.00]
     near = [5.01, 5.00, 4.99, 5.02, 4.98, 5.00]  # within 0.5%
