@@ -291,7 +291,7 @@ def _points_text(v: verdicts.Verdict) -> str:
             deltas = "/".join("n/a" if math.isnan(pt.delta_worse) else f"{-pt.delta_worse:+.2f}" for pt in v.points)
             deltas += " BLEU"
         return f": {deltas} at {fractions}%"
-    if v.verdict != stats.NOT_STABLE:
+    if v.verdict != stats.NOT_STABLE or not v.points:
         return ""
     passed = {pt.fraction: replace(v, verdict=pt.verdict).passed for pt in v.points}  # the test's rule
     good = [f"{100 * pt.fraction:g}%" for pt in v.points if passed[pt.fraction]]
