@@ -94,6 +94,16 @@ def _spread(values: pd.Series) -> bool:
     return len(v) > 1 and v[0] > 5 * max(v[1], 1e-9)
 
 
+def _symlog(ax, axis: str, pad: bool = True) -> None:
+    """Linear within ±1 (one BLEU, one percent), logarithmic beyond: no row squashes the others. `pad` widens the
+    limits by a fifth of a decade, so that the farthest point is not drawn on the frame."""
+    getattr(ax, f"set_{axis}scale")("symlog", linthresh=1.0)
+    getattr(ax, f"{axis}axis").set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    if pad:
+        low, high = getattr(ax, f"get_{axis}lim")()
+        getattr(ax, f"set_{axis}lim")(low * 1.6 if low < -1 else low, high * 1.6 if high > 1 else high)
+
+
 def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
     """Our Δ vs base against the paper's, Δ PPL (%) and Δ BLEU side by side, with the diagonal (perfect
     agreement); filled: scored on that panel's metric, hollow: the others; a symmetric log axis where one row dwarfs
@@ -122,23 +132,21 @@ def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
             )
             for _, r in part.iterrows():
                 ax.annotate(r["row"], (r[paper], r[ours]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        log = not df.empty and _spread(pd.concat([df[paper], df[ours]]))
         if df.empty:
             _no_data(ax, "no rows with both deltas yet")
             lim = 1.0
-        else:
-            lim = 1.1 * max(1e-3, df[paper].abs().max(), df[ours].abs().max())
+        else:  # a fifth of a decade beyond the farthest point on a log axis: not drawn on the frame
+            lim = (1.6 if log else 1.1) * max(1e-3, df[paper].abs().max(), df[ours].abs().max())
             ax.legend(fontsize=8, title=f"group (filled: scored on {metric.upper()})", title_fontsize=8)
         ax.plot([-lim, lim], [-lim, lim], color="gray", linestyle="--", linewidth=1, label="_diagonal")
         ax.axhline(0, color="black", linewidth=0.5)
         ax.axvline(0, color="black", linewidth=0.5)
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-lim, lim)
-        log = not df.empty and _spread(pd.concat([df[paper], df[ours]]))
-        if log:  # linear within ±1 (one BLEU, one percent), logarithmic beyond: no row squashes the others
-            ax.set_xscale("symlog", linthresh=1.0)
-            ax.set_yscale("symlog", linthresh=1.0)
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        if log:
+            _symlog(ax, "x", pad=False)
+            _symlog(ax, "y", pad=False)
         ax.set_xlabel(f"paper: {what} vs base" + (" (symmetric log)" if log else ""))
         ax.set_ylabel(f"ours: {what} vs base" + (" (symmetric log)" if log else ""))
         ax.grid(True, alpha=0.3)
@@ -150,9 +158,9 @@ def delta_vs_paper(table: pd.DataFrame, path: Path, title: str) -> Path:
 def forest(table: pd.DataFrame, path: Path, title: str, metric: str = "ppl") -> Path:
     """Each row's Δ against base on one metric (`ppl`: percent of dev PPL; `bleu`: BLEU points), mean over seeds with
     its 95% Welch interval, the paper's Δ as a cross, labelled with its verdict where it is scored on that metric; the
-    equivalence band of the rows registered equivalent. The PPL forest holds every row not scored on BLEU (scored
-    rows filled, the others hollow), the BLEU forest the rows scored on BLEU: no verdict sits beside another metric's
-    interval."""
+    equivalence band of the rows registered equivalent; a symmetric log axis where one row dwarfs the others. The
+    PPL forest holds every row not scored on BLEU (scored rows filled, the others hollow), the BLEU forest the rows
+    scored on BLEU: no verdict sits beside another metric's interval."""
     ppl = metric == "ppl"
     col, low_col, high_col, paper_col = (
         ("delta_ppl_pct", "delta_ppl_ci_low", "delta_ppl_ci_high", "paper_delta_ppl_pct")
@@ -187,9 +195,12 @@ def forest(table: pd.DataFrame, path: Path, title: str, metric: str = "ppl") -> 
         ax.set_yticklabels(names, fontsize=7)
         ax.legend(fontsize=7, loc="best")
     ax.axvline(0, color="black", linewidth=0.6)
+    log = not df.empty and _spread(pd.concat([df[col], df[paper_col]]))
+    if log:
+        _symlog(ax, "x")
     intervals = df[low_col].notna().any() if not df.empty else False
     bars = "; bars: 95% interval over seeds" if intervals else "; one seed a side: no interval"
-    what = "Δ dev PPL against base, %" if ppl else "Δ dev BLEU against base"
+    what = f"Δ dev {'PPL against base, %' if ppl else 'BLEU against base'}{', symmetric log' if log else ''}"
     ax.set_xlabel(f"{what} (filled: scored on it, its verdict beside it{bars})")
     ax.set_title(title, fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
@@ -238,11 +249,8 @@ def families(panels: list, path: Path, title: str) -> Path:
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_xlim(-0.6, len(ticks) - 0.4)
         log = _spread(pd.Series([sum(line.deltas) / len(line.deltas) for line in lines if line.row != "base"]))
-        if log:  # linear within ±1, logarithmic beyond, as in delta_vs_paper: no row squashes the others
-            ax.set_yscale("symlog", linthresh=1.0)
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            low, high = ax.get_ylim()
-            ax.set_ylim(low * 1.6 if low < -1 else low, high * 1.6 if high > 1 else high)
+        if log:
+            _symlog(ax, "y")
         what = f"Δ dev {'PPL, %' if metric == 'ppl' else 'BLEU'} against base{' (symmetric log)' if log else ''}"
         ax.set_title(f"{name}: {what}", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)

@@ -94,8 +94,7 @@ def test_every_reference_table_has_its_runs_and_their_curves():
     for table in TABLES:
         assert table.with_name(f"{table.stem}-runs.csv").exists(), f"{table} has no per-run CSV beside it"
         assert table.with_name(f"{table.stem}-curves.csv").exists(), f"{table} has no curves beside it"
-    # a run folder holds every attempt's logs/version_N: its curve runs to its last step without a gap (with only
-    # version_0, a resumed run's stops where it was first stopped)
+    # a run folder holds every attempt's logs/version_N: its curve runs to its last step (not version_0's) unbroken
     folders = sorted(m.parent for m in REFERENCE.rglob("metrics.json"))
     assert len(folders) >= 42, folders  # the real table's runs
     for folder in folders:
