@@ -293,13 +293,9 @@ def _points_text(v: verdicts.Verdict) -> str:
         return f": {deltas} at {fractions}%"
     if v.verdict != stats.NOT_STABLE or not v.points:
         return ""
-    passed = {pt.fraction: replace(v, verdict=pt.verdict).passed for pt in v.points}  # the test's rule
-    good = [f"{100 * pt.fraction:g}%" for pt in v.points if passed[pt.fraction]]
-    bad = [
-        f"{100 * pt.fraction:g}% ({pt.verdict}, Holm p {stats_p(pt.p_holm)})"
-        for pt in v.points
-        if not passed[pt.fraction]
-    ]
+    at = [(f"{100 * pt.fraction:g}%", pt, replace(v, verdict=pt.verdict).passed) for pt in v.points]  # the rule
+    good = [name for name, _, ok in at if ok]
+    bad = [f"{name} ({pt.verdict}, Holm p {stats_p(pt.p_holm)})" for name, pt, ok in at if not ok]
     return f": passed at {' and '.join(good)}, not at {' and '.join(bad)}"
 
 
