@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from aiayn.ablations.presets import PRESETS
@@ -73,9 +74,9 @@ def test_the_readmes_excerpt_of_the_main_jobs_report_is_in_the_committed_report(
 
 
 def test_the_readmes_results_are_the_committed_reports_scores():
-    """Each table the README sums up ("the paper passes 9 of 10", "'more parameters help, ...' passes 10") says what
-    its committed report's score says: a regenerated report that moves a count makes the summary stale, and this
-    fails."""
+    """Each table the README sums up ("the paper passes 9 of 10", "'more parameters help, ...' passes 10", "43 runs",
+    "stage 1 (42 runs") says what its committed report says: a regenerated report that moves a count makes the summary
+    stale, and this fails."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("## What the tables show") :].split("\n## ", 1)[0]
     checked = 0
@@ -89,6 +90,10 @@ def test_the_readmes_results_are_the_committed_reports_scores():
             p for p in (ROOT / "reports" / "reference").rglob(f"table3-{preset}.json") if "history" not in p.parts
         ]
         score = json.loads(found.read_text(encoding="utf-8"))["score"]
+        runs = pd.read_csv(found.with_name(f"table3-{preset}-runs.csv"))
+        for stage, n in re.findall(r"(?:stage (\d) \(|, )(\d+) runs[,)]", text):  # ", 43 runs)", "stage 1 (42 runs,"
+            assert int(n) == len(runs[runs["stage"] == int(stage)] if stage else runs), f"{preset}: {n} runs"
+            checked += 1
         for passed, scored in claims:
             assert (int(passed), int(scored)) == (score["passed"], score["scored"]), f"{preset}: {text}"
         labels = {b["label"]: b["passed"] for b in score["baselines"].values()}
