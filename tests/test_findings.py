@@ -54,24 +54,33 @@ def test_the_real_tables_d3_reads_inconclusive_and_its_bleu_rows_sit_on_the_bleu
 
 
 def test_each_miss_says_its_power_its_trend_and_the_regime(real):
-    """The figures a reader needs to read a miss, recomputed from the committed runs: A1's 75% test had about even
-    odds at the effect it measured (3 seeds, Holm's level); D3's dev PPL lead over base shrank over the last quarter
-    (p 0.006, as its curves give it); base still fell about 10% over its last quarter, at about 9 epochs."""
+    """The figures a reader needs to read a miss, recomputed from the committed runs. Stage 1 alone: A1's 75% test had
+    about even odds at the effect it measured (3 seeds, Holm's level); D3's dev PPL lead over base shrank over the last
+    quarter (p 0.006); base still fell about 10% over its last quarter, at about 9 epochs. Both stages: stage 2
+    decides A1 (no longer a miss) and leaves D3 a miss, its power at the paper's -0.5 BLEU and its trend beside it."""
     runs, (t3, _, _, _, family, baselines, staged, first) = real
     from aiayn.reports.build import _by_row, _evidence
 
-    ev, stage_of = _evidence(t3, staged, runs)
-    found = findings.build(t3.rows, family, first, stage_of, ev, baselines, ["real"], _by_row(t3, runs))
-    a1, d3 = found.misses["A1"], found.misses["D3"]
+    def build(later, decided):
+        ev, stage_of = _evidence(t3, later, runs)
+        return findings.build(t3.rows, decided, first, stage_of, ev, baselines, ["real"], _by_row(t3, runs))
+
+    alone, both = build([], first), build(staged, family)
+    a1, d3 = alone.misses["A1"], alone.misses["D3"]
     assert 0.45 < a1["power_observed"][0] < 0.8 and a1["power_observed"][-1] > 0.95
     assert d3["trend_p"] < 0.01 and d3["trend_pct_per_1000_steps"] > 0
     assert d3["seeds_for_observed"] > 500  # -0.06 BLEU against a spread of 0.4
-    assert "about 9 epochs" in found.predictors and "still falling 10." in found.predictors
-    (heads,) = [line for line in found.families if line.startswith("**Heads**")]
+    assert "about 9 epochs" in alone.predictors and "still falling 10." in alone.predictors
+    (heads,) = [line for line in alone.families if line.startswith("**Heads**")]
     assert "**not stable** (3 v 8 seeds): passed at 87.5% and 100%, not at 75% (agree, Holm p 0.054); power" in heads
     assert "power at the paper's difference" in heads
-    (smoothing,) = [line for line in found.families if line.startswith("**Label smoothing**")]
+    (smoothing,) = [line for line in alone.families if line.startswith("**Label smoothing**")]
     assert "**inconclusive** (8 v 8 seeds): +0.19/+0.27/-0.06 BLEU at 75/87.5/100%; power" in smoothing
+    assert sorted(both.misses) == ["D3", "E1"] and 0.7 < both.misses["D3"]["power_registered"][-1] < 0.8
+    (heads,) = [line for line in both.families if line.startswith("**Heads**")]
+    assert "**significant agree** (stage 2, 5 v 20 seeds; stage 1: `not stable`)" in heads
+    (smoothing,) = [line for line in both.families if line.startswith("**Label smoothing**")]
+    assert "**inconclusive** (stage 2, 20 v 20 seeds; stage 1: `inconclusive`)" in smoothing
 
 
 def _cell(values: dict, tests: dict | None = None, alpha: float = 0.05) -> verdicts.Cell:

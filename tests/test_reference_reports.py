@@ -270,16 +270,18 @@ def resolved_runs(command: str, out: Path) -> dict:
     return out
 
 
-@pytest.mark.parametrize("runs_csv, command", COMMANDS.itertuples(index=False), ids=list(COMMANDS["runs"]))
-def test_a_quoted_command_resolves_today_to_the_runs_its_report_recorded(runs_csv, command, tmp_path, monkeypatch):
-    """The command quoted beside a reference table trains, today, the runs its report recorded: the same (row, seed)
-    pairs, each at the steps and parameter count recorded, and, where the report recorded each run's experiment
-    fingerprint (its model, data, schedule, budget, tokens a step, precision), the same experiment. A default changed
-    since (sources ending in `</s>`) changes the fingerprint, so the quote must name the flag that keeps the old."""
+@pytest.mark.parametrize("runs_csv, commands", COMMANDS.groupby("runs")["command"].apply(list).items())
+def test_a_quoted_command_resolves_today_to_the_runs_its_report_recorded(runs_csv, commands, tmp_path, monkeypatch):
+    """The commands quoted beside a reference table (one per stage of it) train, today, the runs its report recorded:
+    the same (row, seed) pairs, each at the steps and parameter count recorded, and, where the report recorded each
+    run's experiment fingerprint (its model, data, schedule, budget, tokens a step, precision), the same experiment.
+    A default changed since (sources ending in `</s>`) changes the fingerprint, so the quote must name the flag that
+    keeps the old."""
     monkeypatch.chdir(REFERENCE.parents[1])  # a quoted --data-dir is relative to the checkout
     runs = pd.read_csv(REFERENCE / runs_csv)
     recorded = {(r.row, int(r.seed)): r for r in runs.itertuples(index=False)}
-    resolved = resolved_runs(command, tmp_path / "out")
+    resolved = {k: v for i, c in enumerate(commands) for k, v in resolved_runs(c, tmp_path / f"out{i}").items()}
+    command = " and ".join(commands)
     assert sorted(resolved) == sorted(recorded)
     for key, (steps, params, experiment) in resolved.items():
         run = recorded[key]
