@@ -142,8 +142,10 @@ def write_report(
     )
     title = f"Table 3 at preset {preset} ({data or 'unknown corpus'})"
     plot_dir = out_dir / f"{name}-plots"
-    panels = _family_panels(t3, staged, family)
-    plot_files = _write_plots(table, runs, panels, plot_dir, title, capped, scored=scored_preset is not None)
+    panels = _family_panels(t3, staged, family, first_stage)
+    plot_files = _write_plots(
+        table, _decided_rows(t3, staged), runs, panels, plot_dir, title, capped, scored=scored_preset is not None
+    )
     plots_alt = [(path.name, PLOTS[path.name]) for path in plot_files]
     facts = _facts(t3, runs, found, preset, data, family, baselines, scored_preset, convergence, reading)
     notes = report_notes(facts) + stage_notes(staged)
@@ -238,26 +240,43 @@ def _evidence(t3: Table3, staged: list, runs: list[Run]) -> tuple[dict, dict]:
     return out, stage_of
 
 
-def _family_panels(t3: Table3, staged: list, family: dict) -> list:
+def _decided_rows(t3: Table3, staged: list) -> pd.DataFrame:
+    """Stage 1's table with each row a whole later stage decided drawn from that stage's table (its Δ, interval and
+    verdict over its own seeds), named `ROW, stage N`: the forests and delta_vs_paper show the evidence each verdict on
+    the first screen stands on."""
+    table = t3.rows.copy()
+    for r in staged:
+        if r.whole:
+            for row in r.stage.tests:
+                line = r.t3.rows[r.t3.rows["row"] == row].assign(row=f"{row}, stage {r.stage.number}")
+                at = int((table["row"] == row).to_numpy().argmax())
+                table = pd.concat([table.iloc[:at], line, table.iloc[at + 1 :]], ignore_index=True)
+    return table
+
+
+def _family_panels(t3: Table3, staged: list, family: dict, first: dict) -> list:
     """The families figure's panels (plots.families): per family, its metric (BLEU where a test of it is scored on
     BLEU) and its lines: base's seeds (their noise), then per row each seed's Δ against its own stage's base, stage
     1's first, then each whole later stage's, with the row's interval, verdict and any equivalence band."""
     scored_on = {row: v.metric for (_, row), v in family.items() if v.metric}
-    tables = [(1, t3)] + [(r.stage.number, r.t3) for r in staged if r.whole]
+    tables = [(1, t3, first)] + [(r.stage.number, r.t3, r.family) for r in staged if r.whole]
     panels = []
     for name, rows in FAMILIES:
         metric = "bleu" if any(scored_on.get(r) == "bleu" for r in rows) else "ppl"
         lines = [plots.FamilyLine("base", 1, _seed_deltas(t3, "base", metric))]
         for row in rows:
-            for stage, t in tables:
+            for stage, t, judged in tables:
                 deltas = _seed_deltas(t, row, metric)
                 if deltas:
-                    lines.append(_family_line(t, row, stage, deltas, metric, _paper_delta(t3.rows, row, metric)))
+                    paper = _paper_delta(t3.rows, row, metric)
+                    margin = next((v.margin for (_, r), v in judged.items() if r == row), None)
+                    lines.append(_family_line(t, row, stage, deltas, metric, paper, margin))
         panels.append((name, metric, lines if len(lines) > 1 else []))
     return panels
 
 
-def _family_line(t: Table3, row: str, stage: int, deltas: list, metric: str, paper) -> plots.FamilyLine:
+def _family_line(t: Table3, row: str, stage: int, deltas: list, metric: str, paper, margin) -> plots.FamilyLine:
+    """A row's line in its family's panel; `margin`: its test's equivalence margin in the metric's scale, if any."""
     line = t.rows[t.rows["row"] == row].iloc[0]
     ci = (
         (line["delta_ppl_ci_low"], line["delta_ppl_ci_high"])
@@ -265,7 +284,9 @@ def _family_line(t: Table3, row: str, stage: int, deltas: list, metric: str, pap
         else (line["delta_bleu_ci_low"], line["delta_bleu_ci_high"])
     )
     scored = line["metric"] == metric and line["predicted"] in plots.SCORED_PREDICTIONS
-    band = line["margin_pct"] if metric == "ppl" and pd.notna(line["margin_pct"]) else None
+    band = None
+    if scored and margin:
+        band = margin if metric == "bleu" else float(line["margin_pct"])
     return plots.FamilyLine(row, stage, deltas, paper, ci, line["verdict"] if scored else "", band)
 
 
@@ -341,19 +362,20 @@ def _stage(stage: Stage, runs: list[Run], convergence: str, reading: str) -> Sta
 
 
 def _write_plots(
-    table, runs: list[Run], panels: list, plot_dir: Path, title: str, capped: list, scored: bool
+    table, decided, runs: list[Run], panels: list, plot_dir: Path, title: str, capped: list, scored: bool
 ) -> list[Path]:
     """The report's plots (PLOTS, in the order a reader meets them; the BLEU forest where a row is scored on BLEU);
-    every plot pasted alone says it is a look where runs were capped: the capped runs' numbers are no result."""
+    every plot pasted alone says it is a look where runs were capped: the capped runs' numbers are no result. The
+    forests and delta_vs_paper draw each row as its verdict was decided (`decided`: a later stage's where one did)."""
     look = f"{title}\na look: {len(capped)} run(s) capped by --max-steps, no verdict" if capped else title
     written = [
         plots.families(panels, plot_dir / "families.png", look),
-        plots.forest(table, plot_dir / "forest.png", look, "ppl"),
+        plots.forest(decided, plot_dir / "forest.png", look, "ppl"),
     ]
-    if table["metric"].eq("bleu").any():
-        written.append(plots.forest(table, plot_dir / "forest_bleu.png", look, "bleu"))
+    if decided["metric"].eq("bleu").any():
+        written.append(plots.forest(decided, plot_dir / "forest_bleu.png", look, "bleu"))
     return written + [
-        plots.delta_vs_paper(table, plot_dir / "delta_vs_paper.png", look),
+        plots.delta_vs_paper(decided, plot_dir / "delta_vs_paper.png", look),
         plots.curves(
             _curves(runs),
             plot_dir / "curves.png",

@@ -242,7 +242,7 @@ def families(panels: list, path: Path, title: str) -> Path:
                 ax.scatter([i], [line.paper], marker="x", color="C3", s=40, zorder=5)
             if line.band is not None:
                 ax.fill_between([i - 0.4, i + 0.4], -line.band, line.band, color="C2", alpha=0.2, linewidth=0)
-            stage = "" if line.stage == 1 else f" (stage {line.stage})"
+            stage = "" if line.stage == 1 else f", stage {line.stage}"
             ticks.append(f"{line.row}{stage}\n{line.verdict}" if line.verdict else f"{line.row}{stage}")
         ax.set_xticks(range(len(ticks)))
         ax.set_xticklabels(ticks, fontsize=7)

@@ -553,11 +553,12 @@ def set_verdicts(df: pd.DataFrame, judged: dict) -> None:
         df[f"p_holm_{suffix}"] = [
             judged[r].points[i].p_holm if r in judged and judged[r].points else np.nan for r in df["row"]
         ]
+    on_ppl = {r for r, v in judged.items() if v.metric == "ppl"}  # a BLEU margin is in BLEU points, not a percent
     df["margin_pct"] = [
-        100 * (np.exp(judged[r].margin) - 1) if r in judged and judged[r].margin else np.nan for r in df["row"]
+        100 * (np.exp(judged[r].margin) - 1) if r in on_ppl and judged[r].margin else np.nan for r in df["row"]
     ]
     df["center_pct"] = [
-        100 * (np.exp(judged[r].center) - 1) if r in judged and judged[r].center else np.nan for r in df["row"]
+        100 * (np.exp(judged[r].center) - 1) if r in on_ppl and judged[r].center else np.nan for r in df["row"]
     ]
 
 
