@@ -148,7 +148,8 @@ def key(table: pd.DataFrame, alpha: float = stats.ALPHA) -> str:
         f"equivalence whose {stats.tost_level(alpha)} interval (TOST's) lies wholly outside its margin. "
         f"`{stats.INCONCLUSIVE}`: neither shown (a sign that changes between the points among them). "
         "A difference predicted with an equivalence arm (a later "
-        f"stage's) that comes out `{stats.EQUIVALENT}` is a decided miss: the predicted difference ruled out. "
+        f"stage's) that comes out `{stats.EQUIVALENT}` is a decided miss: the predicted difference ruled out; one that "
+        f"shows neither arm at the end is `{stats.INCONCLUSIVE}`, whatever its sign. "
         f"`{stats.CHECK_PASSED}`: label smoothing's arithmetic floor, an implementation check, not a finding. "
         f"`{stats.NOT_SCORED}` / `{stats.NOT_TESTABLE}`: as registered, each with its reason in the notes."
         + (

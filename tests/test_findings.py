@@ -41,8 +41,8 @@ def test_the_real_tables_d3_reads_inconclusive_and_its_bleu_rows_sit_on_the_bleu
     """D3 agreed in sign only at the end (75% and 87.5% the other sign), never significant: `inconclusive` (it read
     `not stable`, a label its key defines as passed at the end). D1 and D3 are scored on BLEU: the PPL forest, whose
     intervals are PPL's, draws neither; the BLEU forest draws both, D3 as stage 2 decided it (A1 too on the PPL
-    forest), and the families panel its equivalence band in BLEU points. A row that dwarfs the others (as the main job's C4
-    at +224%) puts the forest on a symmetric log axis; the real table's rows keep it linear."""
+    forest), and the families panel its equivalence band in BLEU points. A row that dwarfs the others (as the main
+    job's C4 at +224%) puts the forest on a symmetric log axis; the real table's rows keep it linear."""
     from aiayn.reports.build import _decided_rows, _family_panels
 
     _, (t3, _, _, _, family, _, staged, first) = real
