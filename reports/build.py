@@ -382,6 +382,7 @@ def _write_plots(
             title,
             capped=capped,
             points=verdicts.STABILITY[:-1] if scored else (),
+            bleu_sets=_bleu_sets(runs),
         ),
         plots.bleu_vs_params(table, plot_dir / "bleu_vs_params.png", look),
     ]
@@ -488,6 +489,21 @@ def _belongs(path: Path, preset: str) -> bool:
     """A skipped file is listed in this preset's report unless its path puts it under another known preset."""
     first = path.parts[0] if len(path.parts) > 1 else None
     return first is None or first == preset or first not in PRESETS
+
+
+def _bleu_sets(runs: list[Run]) -> str:
+    """Which dev sentences the runs beam-decoded for BLEU at their validations, said only where runs differ (the real
+    table's stage 1 decoded the first 500, stage 2 all 1014): a row's line then mixes two instruments."""
+    sets = set()
+    for run in runs:
+        config, dev = run.config, run.metrics.dev_sentences
+        if config is not None and dev:
+            k = config.options.get("val_bleu_sentences")
+            k = config.spec.preset.val_bleu_sentences if k is None else k
+            sets.add("all" if k >= dev else f"the first {k}")
+    if len(sets) < 2:
+        return ""
+    return f"runs differ: {' or '.join(sorted(sets, key=lambda s: (s == 'all', s)))} dev sentences"
 
 
 def _curves(runs: list[Run]) -> dict[tuple[str, int], pd.DataFrame]:

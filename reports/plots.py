@@ -273,8 +273,10 @@ def curves(
     title: str,
     capped: list[str] = (),
     points: tuple[float, ...] = (),
+    bleu_sets: str = "",
 ) -> Path:
-    """Training loss, learning rate, dev PPL and, where the runs logged it, dev BLEU against step: one panel each,
+    """Training loss, learning rate, dev PPL and, where the runs logged it, dev BLEU against step (`bleu_sets`: which
+    dev sentences the runs decoded there, where they differ): one panel each,
     only the panels with data, one line per row (the mean over its seeds) with a band (their range), so the spread
     between seeds is seen beside the differences between rows. The learning rate is drawn once per distinct schedule
     (rows that share one are named together). Dev PPL is on a linear scale zoomed to the second half of training,
@@ -284,7 +286,7 @@ def curves(
         ("train/loss", "training loss per token (label-smoothed where the row smooths; running mean of 20 logs)"),
         ("lr", "learning rate"),
         ("val/ppl", "dev PPL (whole dev set), second half of training"),
-        ("val/bleu", "dev BLEU at validations"),
+        ("val/bleu", "dev BLEU at validations" + (f" ({bleu_sets})" if bleu_sets else "")),
     ]
     logged = lambda m: any(m in df and df[m].notna().any() for df in runs.values())
     shown_metrics = [m for m in metrics if logged(m[0])] or metrics[:1]

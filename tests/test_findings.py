@@ -41,11 +41,12 @@ def test_the_real_tables_d3_reads_inconclusive_and_its_bleu_rows_sit_on_the_bleu
     """D3 agreed in sign only at the end (75% and 87.5% the other sign), never significant: `inconclusive` (it read
     `not stable`, a label its key defines as passed at the end). D1 and D3 are scored on BLEU: the PPL forest, whose
     intervals are PPL's, draws neither; the BLEU forest draws both, D3 as stage 2 decided it (A1 too on the PPL
-    forest), and the families panel its equivalence band in BLEU points. A row that dwarfs the others (as the main
-    job's C4 at +224%) puts the forest on a symmetric log axis; the real table's rows keep it linear."""
-    from aiayn.reports.build import _decided_rows, _family_panels
+    forest), and the families panel its equivalence band in BLEU points; the curves say where runs decoded
+    different dev sentences. A row that dwarfs the others (as the main job's C4 at +224%) puts the forest on a
+    symmetric log axis; the real table's rows keep it linear."""
+    from aiayn.reports.build import _bleu_sets, _decided_rows, _family_panels
 
-    _, (t3, _, _, _, family, _, staged, first) = real
+    runs, (t3, _, _, _, family, _, staged, first) = real
     verdict = dict(zip(t3.rows["row"], t3.rows["verdict"]))
     assert verdict["D3"] == stats.INCONCLUSIVE and verdict["A1"] == stats.NOT_STABLE
     assert not set(plots.forest_rows(t3.rows, "ppl")["row"]) & {"D1", "D3"}
@@ -56,6 +57,9 @@ def test_the_real_tables_d3_reads_inconclusive_and_its_bleu_rows_sit_on_the_bleu
     assert set(plots.forest_rows(decided, "bleu")["row"]) == {"D1", "D3, stage 2"} and "A1" not in set(decided["row"])
     panels = _family_panels(t3, staged, family, first)
     assert [line.band for _, _, lines in panels for line in lines if line.row == "D3"] == [None, 0.5]
+    # the curves' dev BLEU panel says that its lines mix stage 1's 500-sentence readings with stage 2's whole dev set
+    assert _bleu_sets(runs) == "runs differ: the first 500 or all dev sentences"
+    assert _bleu_sets([r for r in runs if r.seed < 200]) == ""
     monkeypatch.setattr(plots, "save_png", lambda fig, path: fig)  # the figure drawn, not its file
     dwarfed = t3.rows.assign(delta_ppl_pct=t3.rows["delta_ppl_pct"].where(t3.rows["row"] != "C1", 300.0))
     scales = [plots.forest(table, tmp_path / "f.png", "title").axes[0].get_xscale() for table in (t3.rows, dwarfed)]
