@@ -132,6 +132,11 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _table_heading(page: Page) -> str:
+    """The table's heading: stage 1's where later stages follow it (each decides its own tests on its own seeds)."""
+    return "The table: stage 1 (each later stage's below, on its own seeds)" if page.stages else "The table"
+
+
 def key(table: pd.DataFrame, alpha: float = stats.ALPHA) -> str:
     """What the table's verdicts and columns mean, printed under every table."""
     single = table["n"].fillna(0).astype(int).le(1) & table["predicted"].isin(SCORED)
@@ -194,7 +199,7 @@ def markdown(page: Page, plot_links) -> str:
         lines += [page.lead, ""]
     lines += ["## Figures", ""]
     lines += [f"![{alt}]({path})" for path, alt in plot_links]
-    lines += ["", "## The table", "", _md_table(page.table), "", key(page.table, page.alpha), ""]
+    lines += ["", f"## {_table_heading(page)}", "", _md_table(page.table), "", key(page.table, page.alpha), ""]
     for heading, table in page.stages:
         lines += [f"### {heading}", "", _md_table(table), ""]
     lines += ["## Notes", ""]
@@ -258,7 +263,8 @@ def html_page(page: Page, plot_links) -> str:
         for path, alt in plot_links
     )
     parts.append(f'<section class="figures">{figures}</section>')
-    parts.append(f'<h2>The table</h2>\n<div class="scroll">{_styled(display(page.table), "table")}</div>')
+    heading = html.escape(_table_heading(page))
+    parts.append(f'<h2>{heading}</h2>\n<div class="scroll">{_styled(display(page.table), "table")}</div>')
     parts.append(f'<p class="key">{_html_text(key(page.table, page.alpha))}</p>')
     for i, (heading, table) in enumerate(page.stages):
         parts.append(
