@@ -6,6 +6,7 @@ Everything here is generated; each file's first line says by which command.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,14 +245,14 @@ def _decided_rows(t3: Table3, staged: list) -> pd.DataFrame:
     """Stage 1's table with each row a whole later stage decided drawn from that stage's table (its Δ, interval and
     verdict over its own seeds), named `ROW, stage N`: the forests and delta_vs_paper show the evidence each verdict on
     the first screen stands on."""
-    table = t3.rows.copy()
-    for r in staged:
-        if r.whole:
-            for row in r.stage.tests:
-                line = r.t3.rows[r.t3.rows["row"] == row].assign(row=f"{row}, stage {r.stage.number}")
-                at = int((table["row"] == row).to_numpy().argmax())
-                table = pd.concat([table.iloc[:at], line, table.iloc[at + 1 :]], ignore_index=True)
-    return table
+    later = {
+        row: r.t3.rows[r.t3.rows["row"] == row].assign(row=f"{row}, stage {r.stage.number}")
+        for r in staged
+        if r.whole
+        for row in r.stage.tests
+    }
+    lines = [later.get(row, t3.rows.iloc[[i]]) for i, row in enumerate(t3.rows["row"])]
+    return pd.concat(lines, ignore_index=True)
 
 
 def _family_panels(t3: Table3, staged: list, family: dict, first: dict) -> list:
@@ -284,9 +285,9 @@ def _family_line(t: Table3, row: str, stage: int, deltas: list, metric: str, pap
         else (line["delta_bleu_ci_low"], line["delta_bleu_ci_high"])
     )
     scored = line["metric"] == metric and line["predicted"] in plots.SCORED_PREDICTIONS
-    band = None
+    band = None  # half the band in the panel's units: BLEU points, or percent of dev PPL from a log-PPL margin
     if scored and margin:
-        band = margin if metric == "bleu" else float(line["margin_pct"])
+        band = margin if metric == "bleu" else 100 * math.expm1(margin)
     return plots.FamilyLine(row, stage, deltas, paper, ci, line["verdict"] if scored else "", band)
 
 
